@@ -1,0 +1,156 @@
+"""From measured steps to steady-state figures: which steps were warm-up or outliers, the step-time
+distribution, and the breakdown of step time into phases. A pure function of the kept step records."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from gpuscope.analysis import thresholds as th
+from gpuscope.collectors.steplog import TIMED_PHASES, StepRecord
+from gpuscope.record import PHASES, Breakdown, StepSample, Steps
+
+
+@dataclass(frozen=True, slots=True)
+class StepSummary:
+    """What ``summarize`` finds: the steps' figures and breakdowns (device-based where the device was timed)."""
+
+    steps: Steps
+    breakdown: Breakdown
+    host_breakdown: Breakdown | None
+
+
+def summarize(
+    records: Sequence[StepRecord],
+    total: int,
+    head: int,
+    body_weight: float,
+    source: str,
+) -> StepSummary:
+    """Summarise kept step records of a run that had ``total`` steps marked by ``source``: the first ``head``
+    steps one by one, each later one standing for ``body_weight`` steps of the run."""
+    if not records:
+        return StepSummary(Steps(total=total, source=source if total else "none"), Breakdown(), None)  # type: ignore[arg-type]
+
+    weights = [1.0 if r.index < head else body_weight for r in records]
+    warmup = _count_warmup(records, total)
+    later = [i for i, r in enumerate(records) if r.index >= warmup]
+    later_median = _quantile([records[i].wall_s for i in later], [weights[i] for i in later], 0.5)
+    outlier_at = {i for i in later if records[i].wall_s > th.OUTLIER_FACTOR * later_median}
+    if len(outlier_at) > max(1.0, th.MAX_OUTLIER_SHARE * len(later)):
+        outlier_at = set()  # too many to be accidents: a pattern of the loop, and part of its cost
+    steady = [i for i in later if i not in outlier_at]
+
+    walls = [records[i].wall_s for i in steady]
+    w = [weights[i] for i in steady]
+    count = round(sum(w))  # each kept step stands for its weight in steps of the run
+    status = ["warmup" if r.index < warmup else "outlier" if i in outlier_at else "steady" for i, r in enumerate(records)]
+
+    host = _host_breakdown([records[i] for i in steady], w)
+    device = _device_breakdown([records[i] for i in steady], w)
+    device_walls = [(records[i].device_wall_s, weights[i]) for i in steady if records[i].device_wall_s is not None]
+    steps = Steps(
+        count=count,
+        median_s=_quantile(walls, w, 0.5),
+        mean_s=sum(x * k for x, k in zip(walls, w)) / sum(w) if w else 0.0,
+        p10_s=_quantile(walls, w, 0.1),
+        p90_s=_quantile(walls, w, 0.9),
+        min_s=min(walls, default=0.0),
+        max_s=max(walls, default=0.0),
+        total=total,
+        warmup=warmup,
+        outliers=max(0, total - warmup - count),
+        source=source,  # type: ignore[arg-type]
+        breakdown_basis="device" if device is not None else "host",
+        device_median_s=_quantile([d for d, _ in device_walls], [k for _, k in device_walls], 0.5) if device_walls else None,
+        sampled=body_weight > 1.0,
+        sample=_sample(records, status),
+    )
+    if device is not None:
+        return StepSummary(steps, device, host)
+    return StepSummary(steps, host, None)
+
+
+def _count_warmup(records: Sequence[StepRecord], total: int) -> int:
+    """Leading steps left out: the first always (given enough steps), then those still far slower than the
+    slow end of the rest (their 90th percentile, so a loop whose steps alternate fast and slow loses none)."""
+    if total < th.MIN_STEPS_FOR_WARMUP:
+        return 0
+    rest = [r.wall_s for r in records[1:]]
+    reference = _quantile(rest, [1.0] * len(rest), 0.9)
+    limit = max(1, math.floor(th.MAX_WARMUP_SHARE * total))
+    warmup = 1
+    while warmup < limit and warmup < len(records) and records[warmup].index == warmup:
+        if records[warmup].wall_s <= th.WARMUP_FACTOR * reference:
+            break
+        warmup += 1
+    return warmup
+
+
+def _host_breakdown(records: Sequence[StepRecord], weights: Sequence[float]) -> Breakdown:
+    wall = sum(r.wall_s * k for r, k in zip(records, weights))
+    if wall <= 0:
+        return Breakdown()
+    shares = {p: sum(r.phases_s.get(p, 0.0) * k for r, k in zip(records, weights)) / wall for p in TIMED_PHASES}
+    return _normalised(shares)
+
+
+def _device_breakdown(records: Sequence[StepRecord], weights: Sequence[float]) -> Breakdown | None:
+    """The device's timeline split by phase, if at least half the steady steps were timed on the device."""
+    timed = [(r, k) for r, k in zip(records, weights) if r.device_phases_s is not None]
+    if not timed or 2 * len(timed) < len(records):
+        return None
+    wall = sum((r.device_wall_s or 0.0) * k for r, k in timed)
+    if wall <= 0:
+        return None
+    shares = {p: sum(r.device_phases_s.get(p, 0.0) * k for r, k in timed) / wall for p in TIMED_PHASES}  # type: ignore[union-attr]
+    return _normalised(shares)
+
+
+def _normalised(shares: dict[str, float]) -> Breakdown:
+    """Phase shares plus "other", the rest; float error never makes "other" negative."""
+    timed = sum(shares.values())
+    if timed > 1.0:
+        shares = {p: v / timed for p, v in shares.items()}
+        timed = 1.0
+    return Breakdown(other=max(0.0, 1.0 - timed), **shares)
+
+
+def _quantile(values: Sequence[float], weights: Sequence[float], q: float) -> float:
+    """Weighted quantile (lower value at ties): each value stands for ``weight`` steps."""
+    if not values:
+        return 0.0
+    pairs = sorted(zip(values, weights))
+    total = sum(weights)
+    if len(pairs) % 2 == 0 and q == 0.5 and all(k == 1 for _, k in pairs):
+        mid = len(pairs) // 2
+        return (pairs[mid - 1][0] + pairs[mid][0]) / 2  # the usual median of an even count
+    target = q * total
+    seen = 0.0
+    for value, k in pairs:
+        seen += k
+        if seen >= target:
+            return value
+    return pairs[-1][0]
+
+
+def _sample(records: Sequence[StepRecord], status: Sequence[str]) -> StepSample:
+    """An evenly thinned copy of the kept records, small enough for run.json."""
+    every = max(1, math.ceil(len(records) / th.SAMPLE_IN_RECORD))
+    picked = range(0, len(records), every)
+    return StepSample(
+        index=tuple(records[i].index for i in picked),
+        wall_s=tuple(records[i].wall_s for i in picked),
+        phases_s={
+            p: tuple(_phase_seconds(records[i], p) for i in picked) for p in PHASES
+        },
+        status=tuple(status[i] for i in picked),
+        device_wall_s=tuple(records[i].device_wall_s for i in picked),
+    )
+
+
+def _phase_seconds(record: StepRecord, phase: str) -> float:
+    if phase == "other":
+        return max(0.0, record.wall_s - sum(record.phases_s.get(p, 0.0) for p in TIMED_PHASES))
+    return record.phases_s.get(phase, 0.0)

@@ -1,0 +1,48 @@
+"""Every number gpuscope decides with, named, with where its value comes from.
+
+Change a value here and the tests that pin its behaviour tell you what moved.
+"""
+
+from __future__ import annotations
+
+# -- steady state ------------------------------------------------------------------------------------------
+MIN_STEPS_FOR_WARMUP = 3
+"""With fewer steps than this, none is left out as warm-up: there would be nothing left to measure."""
+
+WARMUP_FACTOR = 1.5
+"""A leading step slower than this multiple of the later steps' 90th percentile is still warming up (lazy
+initialisation, cuDNN autotuning and torch.compile's first compilations take several to hundreds of times a
+normal step; 1.5x the slow end leaves ordinary jitter and periodic slow steps in the steady state)."""
+
+MAX_WARMUP_SHARE = 0.25
+"""At most this share of the steps is ever called warm-up: a run that keeps getting faster for longer is not
+warming up, it is changing, and its figures should say so."""
+
+OUTLIER_FACTOR = 5.0
+"""A later step over this multiple of the median is an outlier (a checkpoint save, an evaluation pass or a
+recompilation inside the loop). Genuine periodic stalls, such as a loader whose workers fall behind every few
+steps, stay well under 5x in the workloads we measured, and are part of the cost, so they are kept."""
+
+MAX_OUTLIER_SHARE = 0.05
+"""If more than this share of the steps would be outliers, they are a pattern of the loop, not accidents:
+none is left out."""
+
+MIN_STEADY_STEPS = 5
+"""Fewer steady-state steps than this give an inconclusive verdict: a median of four is not a measurement."""
+
+# -- data loading ------------------------------------------------------------------------------------------
+DATA_WAIT_NOTABLE = 0.05
+"""TensorFlow's profiler calls a run moderately input-bound from 5% of step time spent waiting for input."""
+
+DATA_WAIT_BOUND = 0.20
+"""...and highly input-bound from 20%: from here on the loader, not the model, sets the pace."""
+
+# -- bounded cost ------------------------------------------------------------------------------------------
+STEP_HEAD = 64
+"""Steps kept one by one from the start of the run (warm-up is decided among them)."""
+
+STEP_CAPACITY = 4096
+"""Further steps kept as an evenly spaced sample of at most this many records (about 1 MB of memory)."""
+
+SAMPLE_IN_RECORD = 2000
+"""Steps written to run.json one by one; longer runs are thinned evenly (the figures use every kept step)."""

@@ -1,0 +1,145 @@
+"""The command line: ``gpuscope run|...``. Subcommands come from one list; ``main(argv)`` returns the exit status,
+and gpuscope's own errors become one line on stderr and exit status 2, in this one place."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn, Protocol
+
+from gpuscope.errors import USAGE_EXIT, GpuscopeError
+
+if TYPE_CHECKING:
+    from gpuscope.session import Session
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage problem is a one-line GpuscopeError rather than usage text and an exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise GpuscopeError(message)
+
+
+class Command(Protocol):
+    """One subcommand."""
+
+    name: str
+    help: str
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+class RunCommand:
+    """``gpuscope run [OPTIONS] SCRIPT [ARGS...]`` / ``gpuscope run [OPTIONS] -m MODULE [ARGS...]``."""
+
+    name = "run"
+    help = "run a training script under the profiler, exactly as python would run it"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.usage = "gpuscope run [-o DIR] [-q] (SCRIPT | -m MODULE) [ARGS...]"
+        parser.add_argument("-o", "--output", metavar="DIR",
+                            help="where the run's files go (default: ./gpuscope-runs/<script>-<timestamp>/)")
+        parser.add_argument("-q", "--quiet", action="store_true", help="print no summary at the end")
+        parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE",
+                            help="run a library module as a script, like python -m")
+        parser.add_argument("script", nargs="?", help="the training script; everything after it is its own")
+        parser.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    def run(self, args: argparse.Namespace) -> int:
+        from gpuscope.runner import resolve_target, run_target
+        from gpuscope.session import Session
+
+        if args.module is not None:
+            if args.script is not None or not args.module:
+                raise GpuscopeError("-m needs a module name, and takes no script")
+            target = resolve_target(None, args.module[0], args.module[1:])
+        else:
+            target = resolve_target(args.script, None, args.args)
+        run_dir = _run_dir(args.output, target.stem)
+        session = Session(run_dir, target.command)
+        session.start()
+
+        def finish(status: int) -> None:
+            _finish(session, status, args.quiet)
+
+        status = run_target(target, before_hard_exit=finish)
+        finish(status)
+        return status
+
+
+def _finish(session: Session, status: int, quiet: bool) -> None:
+    """Write the run's files and the summary; a failure here is reported, never raised over the script's status."""
+    try:
+        record = session.stop(status)
+    except Exception as exc:
+        print(f"gpuscope: error: could not write the run's files to {session.run_dir}: {exc}", file=sys.stderr)
+        return
+    if not quiet:
+        from gpuscope.summary import summary_lines
+
+        for line in summary_lines(record, session.run_dir):
+            print(line, file=sys.stderr)
+
+
+def _run_dir(output: str | None, stem: str) -> Path:
+    """The run's folder: the one asked for, else a new timestamped one under ./gpuscope-runs/."""
+    if output is not None:
+        path = Path(output)
+    else:
+        base = Path("gpuscope-runs") / f"{stem}-{datetime.now():%Y%m%d-%H%M%S}"
+        path, n = base, 1
+        while path.exists():
+            n += 1
+            path = base.with_name(f"{base.name}-{n}")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise GpuscopeError(f"cannot create the run folder {path}: {exc.strerror}") from None
+    return path.resolve()
+
+
+COMMANDS: tuple[Command, ...] = (RunCommand(),)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser for every subcommand in ``COMMANDS``."""
+    from gpuscope import __version__
+
+    parser = _Parser(prog="gpuscope", description="Why is my training loop slow, and which few lines make it faster?")
+    parser.add_argument("--version", action="version", version=f"gpuscope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in COMMANDS:
+        command_parser = sub.add_parser(command.name, help=command.help, description=command.help)
+        command.add_arguments(command_parser)
+        command_parser.set_defaults(handler=command)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run gpuscope with ``argv`` (default: the process's) and return the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        handler = getattr(args, "handler", None)
+        if handler is None:
+            names = ", ".join(c.name for c in COMMANDS)
+            raise GpuscopeError(f"a command is needed ({names}); see gpuscope --help")
+        return handler.run(args)
+    except GpuscopeError as exc:
+        print(f"gpuscope: error: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+def main_exit() -> NoReturn:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+__all__ = ["COMMANDS", "USAGE_EXIT", "build_parser", "main", "main_exit"]

@@ -1,0 +1,380 @@
+"""Turning hook events into timed steps, in bounded memory. Pure Python: no torch here, so all of it is tested
+without a GPU.
+
+- ``PhaseClock`` charges host time to the innermost open phase (data wait, forward, backward, optimizer), so
+  nested phases (a closure's forward inside ``optimizer.step``) are never counted twice and the phases plus
+  "other" add up to the step's wall time exactly.
+- ``StepLog`` keeps the first steps one by one and a uniform sample of the rest, so a run of a million
+  steps holds a few thousand records.
+- ``DeviceTimeline`` resolves device-side markers (CUDA events) once the device has passed them, without ever
+  waiting for the device, and splits the device's timeline by the host phase that queued each interval.
+- ``StepTracker`` ties them together: it decides where steps begin and end.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+TIMED_PHASES = ("data_wait", "forward", "backward", "optimizer")
+"""Phases timed by hooks; a step's remaining time is "other"."""
+OTHER = "other"
+
+SOURCE_PRIORITY = {"explicit": 3, "optimizer": 2, "dataloader": 1}
+"""Which kind of marker defines steps when several are seen: explicit marks win over optimizer steps,
+which win over DataLoader batches."""
+
+
+class PhaseClock:
+    """Exclusive host time per phase: time is charged to the innermost open phase only."""
+
+    __slots__ = ("_stack", "_last", "totals")
+
+    def __init__(self, now: float) -> None:
+        self._stack: list[list] = []  # [phase, depth] frames; re-entering the top phase only deepens it
+        self._last = now
+        self.totals = dict.fromkeys(TIMED_PHASES, 0.0)
+
+    @property
+    def current(self) -> str:
+        """The phase time is being charged to now."""
+        return self._stack[-1][0] if self._stack else OTHER
+
+    def enter(self, phase: str, now: float) -> bool:
+        """Open ``phase``; True when the phase being charged changed."""
+        stack = self._stack
+        if stack:
+            top = stack[-1]
+            if top[0] == phase:
+                top[1] += 1
+                return False
+            self.totals[top[0]] += now - self._last
+        self._last = now
+        stack.append([phase, 1])
+        return True
+
+    def exit(self, phase: str, now: float) -> bool:
+        """Close ``phase``; True when the phase being charged changed.
+
+        A close whose inner phases never closed (an exception skipped their hooks) unwinds them too.
+        """
+        stack = self._stack
+        for pos in range(len(stack) - 1, -1, -1):
+            if stack[pos][0] == phase:
+                break
+        else:
+            return False
+        changed = False
+        while len(stack) > pos + 1:
+            self.totals[stack.pop()[0]] += now - self._last
+            self._last = now
+            changed = True
+        top = stack[pos]
+        top[1] -= 1
+        if top[1] > 0:
+            return changed
+        self.totals[phase] += now - self._last
+        self._last = now
+        stack.pop()
+        return True
+
+    def skip(self, seconds: float) -> None:
+        """Leave the last ``seconds`` out of every phase (time gpuscope spent on itself)."""
+        self._last += seconds
+
+    def split(self, now: float) -> dict[str, float]:
+        """Return the phase totals since the last split (charging the open phase up to ``now``) and restart them."""
+        if self._stack:
+            self.totals[self._stack[-1][0]] += now - self._last
+        self._last = now
+        totals, self.totals = self.totals, dict.fromkeys(TIMED_PHASES, 0.0)
+        return totals
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One step as measured: host wall time and host phase times; device times once resolved (CUDA only)."""
+
+    index: int
+    wall_s: float
+    phases_s: dict[str, float]
+    device_wall_s: float | None = None
+    device_phases_s: dict[str, float] | None = None
+
+
+class StepLog:
+    """The first ``head`` steps one by one, then a uniform random sample of at most ``capacity`` later steps
+    (reservoir sampling, seeded, so runs are reproducible): memory stays bounded however long the run.
+
+    A random sample rather than every k-th step: loops are often periodic (gradient accumulation, a slow
+    batch every N), and a fixed stride can land on one phase of the period only.
+    """
+
+    def __init__(self, head: int = 64, capacity: int = 4096, seed: int = 0x5EED) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.head_size = head
+        self.capacity = capacity
+        self._seed = seed
+        self.clear()
+
+    def add(self, wall_s: float, phases_s: dict[str, float]) -> StepRecord | None:
+        """Count one step; return its record if it is kept."""
+        index = self.count
+        self.count += 1
+        record = StepRecord(index, wall_s, phases_s)
+        if index < self.head_size:
+            self._head.append(record)
+            return record
+        seen = index - self.head_size + 1
+        if len(self._body) < self.capacity:
+            self._body.append(record)
+        else:
+            slot = self._rng.randrange(seen)
+            if slot >= self.capacity:
+                return None
+            del self._by_index[self._body[slot].index]
+            self._body[slot] = record
+        self._by_index[index] = record
+        return record
+
+    @property
+    def body_weight(self) -> float:
+        """How many steps of the run each kept later step stands for (1.0 until sampling starts)."""
+        later = self.count - len(self._head)
+        return later / len(self._body) if self._body else 1.0
+
+    def find(self, index: int) -> StepRecord | None:
+        """The kept record of step ``index``, if it was kept."""
+        if index < len(self._head):
+            return self._head[index]
+        return self._by_index.get(index)
+
+    def records(self) -> list[StepRecord]:
+        """The kept records, in step order."""
+        return self._head + sorted(self._body, key=lambda r: r.index)
+
+    def clear(self) -> None:
+        """Forget every step."""
+        self.count = 0
+        self._head: list[StepRecord] = []
+        self._body: list[StepRecord] = []
+        self._by_index: dict[int, StepRecord] = {}
+        self._rng = random.Random(self._seed)
+
+
+class DeviceEvent(Protocol):
+    """What ``DeviceTimeline`` needs of a device marker (``torch.cuda.Event`` has this shape)."""
+
+    def record(self) -> None: ...
+    def query(self) -> bool: ...
+    def elapsed_time(self, end: DeviceEvent) -> float: ...  # milliseconds
+    def synchronize(self) -> None: ...
+
+
+@dataclass(slots=True)
+class _Mark:
+    event: DeviceEvent
+    step: int | None  # the step the interval starting here belongs to (None: between steps)
+    phase: str  # the host phase that queues the work of the interval starting here
+
+
+class DeviceTimeline:
+    """Device-side time per step and phase, from markers queued on the device's stream.
+
+    The interval between two consecutive markers is charged to the step and phase current when the first was
+    queued. If the device runs behind the host, a phase whose host time was hidden (the host waited for data
+    while the device still worked) gets little device time: that is the truth the breakdown should show.
+    Markers are only ever *queried*; nothing here waits for the device, except ``drain`` at the end.
+    """
+
+    MAX_PENDING = 4096
+    """Markers waiting for the device beyond this mean the device is not progressing; timing then stops."""
+
+    def __init__(self, make_event: Callable[[], DeviceEvent]) -> None:
+        self._make_event = make_event
+        self._pending: deque[_Mark] = deque()
+        self._last: _Mark | None = None  # newest resolved marker: the start of the next interval
+        self._free: list[DeviceEvent] = []
+        self._open: dict[int, dict[str, float]] = {}  # step -> device seconds per phase so far
+        self.gave_up = False
+
+    def mark(self, step: int | None, phase: str) -> None:
+        """Queue a marker: from here on the device's work belongs to ``step`` and ``phase``."""
+        if self.gave_up:
+            return
+        if len(self._pending) >= self.MAX_PENDING:
+            self.gave_up = True
+            self._pending.clear()
+            return
+        event = self._free.pop() if self._free else self._make_event()
+        event.record()
+        self._pending.append(_Mark(event, step, phase))
+
+    def poll(self) -> list[tuple[int, dict[str, float]]]:
+        """Resolve the markers the device has passed; return the steps whose device time is now complete."""
+        done: list[tuple[int, dict[str, float]]] = []
+        pending = self._pending
+        while pending and pending[0].event.query():
+            self._advance(pending.popleft(), done)
+        return done
+
+    def drain(self) -> list[tuple[int, dict[str, float]]]:
+        """Wait for every queued marker (end of run only) and return the steps completed."""
+        if self._pending:
+            self._pending[-1].event.synchronize()
+        done = self.poll()
+        if self._last is not None and self._last.step is not None:
+            # The last open step never reached its end marker: it is incomplete, not finished.
+            self._open.pop(self._last.step, None)
+        return done
+
+    def reset(self) -> None:
+        """Forget all markers and partial steps (the step numbering restarted)."""
+        self._pending.clear()
+        self._open.clear()
+        self._last = None
+
+    def _advance(self, mark: _Mark, done: list[tuple[int, dict[str, float]]]) -> None:
+        last = self._last
+        if last is not None:
+            if last.step is not None:
+                seconds = last.event.elapsed_time(mark.event) / 1000.0
+                phases = self._open.setdefault(last.step, {})
+                phases[last.phase] = phases.get(last.phase, 0.0) + seconds
+                if mark.step != last.step:
+                    done.append((last.step, self._open.pop(last.step)))
+            self._free.append(last.event)
+        self._last = mark
+
+
+class StepTracker:
+    """Decides where steps begin and end, from three kinds of marker, and times their phases.
+
+    - ``explicit`` (``gpuscope.step()``) and ``optimizer`` (``optimizer.step()`` ended) each end a step and
+      begin the next; the first step begins when tracking starts.
+    - ``dataloader``: a step begins at a ``__next__`` that delivers a batch and ends at the next ``__next__``;
+      used only for loops that never step an optimizer (inference).
+    The highest-priority kind seen defines the steps; when a higher one first appears, steps counted by a
+    lower one are dropped (they were counted by a coarser marker) and counting restarts.
+    """
+
+    def __init__(self, now: float, log: StepLog | None = None) -> None:
+        self.log = log if log is not None else StepLog()
+        self.clock = PhaseClock(now)
+        self.source: str | None = None
+        self.dropped = 0  # steps dropped when a higher-priority marker appeared
+        self.device: DeviceTimeline | None = None
+        self._t0 = now
+        self._open_t: float | None = now
+        self._anchor_optimizer: int | None = None
+
+    # -- phases ------------------------------------------------------------------------------------------
+    def enter(self, phase: str, now: float) -> None:
+        """A timed phase begins."""
+        if self.clock.enter(phase, now) and self.device is not None:
+            self.device.mark(self._device_step(), phase)
+
+    def exit(self, phase: str, now: float) -> None:
+        """A timed phase ends."""
+        if self.clock.exit(phase, now) and self.device is not None:
+            self.device.mark(self._device_step(), self.clock.current)
+
+    # -- markers -----------------------------------------------------------------------------------------
+    def optimizer_stepped(self, optimizer_id: int, now: float) -> None:
+        """``optimizer.step()`` returned. With several optimizers, the first one ever stepped ends the step."""
+        if self._anchor_optimizer is None:
+            self._anchor_optimizer = optimizer_id
+        elif optimizer_id != self._anchor_optimizer:
+            return
+        self._boundary("optimizer", now)
+
+    def explicit(self, now: float) -> None:
+        """``gpuscope.step()`` was called."""
+        self._boundary("explicit", now)
+
+    def batch_requested(self, now: float) -> None:
+        """A DataLoader iterator's ``__next__`` was called: under the ``dataloader`` kind, a step ends and the
+        next begins (cancelled by ``batch_exhausted`` if no batch comes)."""
+        if not self._takes("dataloader"):
+            return
+        if self._open_t is not None:
+            self._close_step(now)
+        else:
+            self.clock.split(now)  # time between epochs belongs to no step
+        self._open_t = now
+        if self.device is not None:
+            self.device.mark(self.log.count, self.clock.current)
+
+    def batch_exhausted(self, now: float) -> None:
+        """That ``__next__`` raised StopIteration: no step began."""
+        if self.source == "dataloader":
+            self._open_t = None
+            self.clock.split(now)
+            if self.device is not None:
+                self.device.mark(None, self.clock.current)
+
+    def attach_device(self, timeline: DeviceTimeline) -> None:
+        """Start device timing from now; the first step it times completely is the next one."""
+        self.device = timeline
+        timeline.mark(self._device_step(), self.clock.current)
+
+    def discount(self, start: float, end: float) -> None:
+        """Keep time gpuscope spent on itself, from ``start`` to ``end``, out of the open step and its phases."""
+        spent = end - start
+        if spent <= 0:
+            return
+        if self._open_t is not None:
+            self._open_t += spent
+        self.clock.skip(spent)
+
+    def finish(self) -> None:
+        """End of tracking: resolve outstanding device markers. The open step (after the last marker) is
+        not a step and is not counted."""
+        if self.device is not None:
+            self._attach_device_times(self.device.drain())
+
+    # -- internals ---------------------------------------------------------------------------------------
+    def _takes(self, source: str) -> bool:
+        """Whether markers of ``source`` define steps, switching to it if it outranks the current kind."""
+        current = self.source
+        if current == source:
+            return True
+        if current is not None and SOURCE_PRIORITY[source] < SOURCE_PRIORITY[current]:
+            return False
+        self.dropped += self.log.count
+        self.log.clear()
+        self.source = source
+        self._open_t = self._t0 if source != "dataloader" else None
+        if self.device is not None:
+            self.device.reset()
+        return True
+
+    def _boundary(self, source: str, now: float) -> None:
+        if not self._takes(source):
+            return
+        if self._open_t is not None:
+            self._close_step(now)
+        self._open_t = now
+        if self.device is not None:
+            self.device.mark(self.log.count, self.clock.current)
+
+    def _close_step(self, now: float) -> None:
+        wall = now - self._open_t  # type: ignore[operator]
+        phases = self.clock.split(now)
+        self.log.add(wall, phases)
+        if self.device is not None:
+            self._attach_device_times(self.device.poll())
+
+    def _device_step(self) -> int | None:
+        return self.log.count if self._open_t is not None else None
+
+    def _attach_device_times(self, done: list[tuple[int, dict[str, float]]]) -> None:
+        for index, phases in done:
+            record = self.log.find(index)
+            if record is not None:
+                record.device_phases_s = phases
+                record.device_wall_s = sum(phases.values())

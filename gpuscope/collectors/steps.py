@@ -1,0 +1,324 @@
+"""Step and phase timing with no change to the user's code.
+
+Hooks, all global and all removed at stop:
+- ``optimizer.step()``: torch's global optimizer step pre/post hooks: the optimizer phase, and the step's end.
+- DataLoader: ``_BaseDataLoaderIter.__next__`` is wrapped: the time spent in it is the step's data wait.
+- backward: ``torch.autograd.backward`` and ``torch.autograd.grad`` are wrapped (``Tensor.backward`` calls the
+  former).
+- forward: after the first step, forward hooks on the *root* modules only: the outermost modules holding the
+  parameters the optimizer trains (or, with no optimizer, every outermost module with parameters). Global module
+  hooks would put every submodule call on torch's slow path and cost a launch-bound loop several percent.
+- CUDA: once the script has initialised CUDA, events on the current stream at each phase change, resolved
+  when the GPU has passed them (never synchronising the loop), give the device-side breakdown.
+
+Only events from the thread that started the collector are counted (the training loop's thread).
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+from gpuscope.analysis import thresholds as th
+from gpuscope.analysis.steady import StepSummary, summarize
+from gpuscope.collectors.base import CollectorResult
+from gpuscope.collectors.steplog import DeviceTimeline, StepLog, StepTracker
+from gpuscope.importwatch import ImportWatch
+from gpuscope.record import CollectorStatus, Loader
+
+MAX_ROOT_MODULES = 32
+"""Forward hooks go on at most this many root modules."""
+MAX_LOADERS = 16
+"""Distinct DataLoader configurations described in the record."""
+
+
+@dataclass(frozen=True, slots=True)
+class StepsPayload:
+    """The steps collector's result."""
+
+    summary: StepSummary
+    loaders: tuple[Loader, ...]
+    device: str
+    notes: tuple[str, ...]
+
+
+class StepsCollector:
+    """Finds training steps and times their phases on the host (and on the GPU, under CUDA)."""
+
+    name: ClassVar[str] = "steps"
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._undo: list[Callable[[], None]] = []
+        self._optimizers: dict[int, weakref.ref[Any]] = {}
+        self._loaders: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._loader_depth = 0
+        self._roots_found = False
+        self._device_failed = False
+        self._roots: list[str] = []
+        self._failures: list[str] = []
+        self._torch: Any = None
+        self.tracker: StepTracker | None = None
+
+    def unavailable_reason(self) -> str | None:
+        return None
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    def start(self, run_dir: Path) -> None:
+        self._thread = threading.get_ident()
+        self._pid = os.getpid()
+        self.tracker = StepTracker(self._clock(), StepLog(th.STEP_HEAD, th.STEP_CAPACITY))
+        watch = ImportWatch("torch", self._install_torch_hooks)
+        self._undo.append(watch.remove)
+        watch.install()
+
+    def mark_step(self) -> None:
+        """An explicit step marker (``gpuscope.step()``)."""
+        if self._mine():
+            now = self._clock()
+            self.tracker.explicit(now)  # type: ignore[union-attr]
+            self._after_boundary(now)
+
+    def stop(self) -> CollectorResult:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+        tracker = self.tracker
+        assert tracker is not None, "stop() before start()"
+        notes = list(self._failures)
+        try:
+            tracker.finish()
+        except Exception as exc:  # a broken CUDA context must not cost the host figures
+            notes.append(f"device timing could not be resolved: {exc}")
+        log = tracker.log
+        summary = summarize(log.records(), log.count, log.head_size, log.body_weight, tracker.source or "none")
+        if tracker.dropped:
+            notes.append(
+                f"{tracker.dropped} steps first counted by a coarser marker were dropped when "
+                f"{tracker.source} markers appeared"
+            )
+        if self._roots:
+            notes.append("forward timed on root modules: " + ", ".join(self._roots))
+        if tracker.device is not None and tracker.device.gave_up:
+            notes.append("device timing stopped: the GPU did not progress past its markers")
+        device = "cuda" if self._cuda_initialized() else "cpu"
+        payload = StepsPayload(summary, self._loader_records(), device, tuple(notes))
+        return CollectorResult(CollectorStatus("ok"), payload)
+
+    # -- hook installation -------------------------------------------------------------------------------
+    def _install_torch_hooks(self) -> None:
+        try:
+            import torch
+            import torch.autograd
+            from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+            from torch.utils.data import dataloader
+        except Exception as exc:  # torch too old or broken: explicit markers still work
+            self._failures.append(f"torch hooks not installed: {exc}")
+            return
+        self._torch = torch
+        for handle in (
+            register_optimizer_step_pre_hook(self._optimizer_pre),
+            register_optimizer_step_post_hook(self._optimizer_post),
+        ):
+            self._undo.append(handle.remove)
+        self._patch(dataloader._BaseDataLoaderIter, "__next__", self._wrap_next)
+        self._patch(torch.autograd, "backward", self._wrap_phase("backward"))
+        self._patch(torch.autograd, "grad", self._wrap_phase("backward"))
+
+    def _patch(self, owner: Any, attr: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        original = getattr(owner, attr)
+        replacement = wrap(original)
+        replacement.__wrapped__ = original  # type: ignore[attr-defined]
+        for name in ("__name__", "__qualname__", "__doc__", "__module__"):
+            try:
+                setattr(replacement, name, getattr(original, name))
+            except (AttributeError, TypeError):
+                pass
+        setattr(owner, attr, replacement)
+        self._undo.append(lambda: setattr(owner, attr, original))
+
+    def _mine(self) -> bool:
+        return threading.get_ident() == self._thread and os.getpid() == self._pid
+
+    # -- hooks -------------------------------------------------------------------------------------------
+    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._mine():
+            self._optimizers.setdefault(id(optimizer), weakref.ref(optimizer))
+            self.tracker.enter("optimizer", self._clock())  # type: ignore[union-attr]
+
+    def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if self._mine():
+            now = self._clock()
+            tracker = self.tracker
+            tracker.exit("optimizer", now)  # type: ignore[union-attr]
+            tracker.optimizer_stepped(id(optimizer), now)  # type: ignore[union-attr]
+            self._after_boundary(now)
+
+    def _wrap_next(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        collector = self
+
+        def __next__(iterator: Any) -> Any:
+            if collector._loader_depth or not collector._mine():
+                return original(iterator)
+            tracker = collector.tracker
+            clock = collector._clock
+            start = clock()
+            tracker.batch_requested(start)  # type: ignore[union-attr]
+            tracker.enter("data_wait", start)  # type: ignore[union-attr]
+            collector._loader_depth += 1
+            try:
+                batch = original(iterator)
+            except StopIteration:
+                now = clock()
+                tracker.exit("data_wait", now)  # type: ignore[union-attr]
+                tracker.batch_exhausted(now)  # type: ignore[union-attr]
+                raise
+            except BaseException:
+                tracker.exit("data_wait", clock())  # type: ignore[union-attr]
+                raise
+            finally:
+                collector._loader_depth -= 1
+            now = clock()
+            tracker.exit("data_wait", now)  # type: ignore[union-attr]
+            collector._count_batch(iterator, now - start)
+            if tracker.source == "dataloader":  # type: ignore[union-attr]
+                collector._after_boundary(now)
+            return batch
+
+        return __next__
+
+    def _wrap_phase(self, phase: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        collector = self
+
+        def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+            def timed(*args: Any, **kwargs: Any) -> Any:
+                if not collector._mine():
+                    return original(*args, **kwargs)
+                tracker = collector.tracker
+                tracker.enter(phase, collector._clock())  # type: ignore[union-attr]
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    tracker.exit(phase, collector._clock())  # type: ignore[union-attr]
+
+            return timed
+
+        return wrap
+
+    def _forward_pre(self, module: Any, args: Any) -> None:
+        if self._mine():
+            self.tracker.enter("forward", self._clock())  # type: ignore[union-attr]
+
+    def _forward_post(self, module: Any, args: Any, output: Any) -> None:
+        if self._mine():
+            self.tracker.exit("forward", self._clock())  # type: ignore[union-attr]
+
+    # -- after each step boundary ------------------------------------------------------------------------
+    def _after_boundary(self, now: float) -> None:
+        """Once steps are being counted: hook the root modules, and start device timing when CUDA is up.
+        The time this takes is gpuscope's, and is kept out of the step it falls in."""
+        tracker = self.tracker
+        if self._torch is None or tracker is None:
+            return
+        if not self._roots_found:
+            self._roots_found = True
+            try:
+                self._hook_root_modules()
+            except Exception as exc:
+                self._failures.append(f"forward not timed: {exc}")
+        if tracker.device is None and not self._device_failed and self._cuda_initialized():
+            torch = self._torch
+            try:
+                tracker.attach_device(DeviceTimeline(lambda: torch.cuda.Event(enable_timing=True)))
+            except Exception as exc:
+                self._failures.append(f"device timing unavailable: {exc}")
+                self._device_failed = True
+        tracker.discount(now, self._clock())
+
+    def _hook_root_modules(self) -> None:
+        nn = self._torch.nn
+        trained = {
+            id(p)
+            for ref in self._optimizers.values()
+            if (opt := ref()) is not None
+            for group in opt.param_groups
+            for p in group["params"]
+        }
+        # type() rather than isinstance(): isinstance reads __class__, which some lazy objects answer with a warning
+        modules = [m for m in gc.get_objects() if issubclass(type(m), nn.Module)]
+        if trained:
+            owners = [m for m in modules if any(id(p) in trained for p in m.parameters())]
+        else:
+            owners = [m for m in modules if next(m.parameters(), None) is not None]
+        inner = {id(c) for m in owners for c in m.modules() if c is not m}
+        roots = [m for m in owners if id(m) not in inner][:MAX_ROOT_MODULES]
+        for module in roots:
+            pre = module.register_forward_pre_hook(self._forward_pre)
+            try:
+                post = module.register_forward_hook(self._forward_post, always_call=True)
+            except TypeError:  # torch without always_call
+                post = module.register_forward_hook(self._forward_post)
+            self._undo.extend((pre.remove, post.remove))
+        self._roots = sorted(type(m).__name__ for m in roots)
+
+    def _cuda_initialized(self) -> bool:
+        torch = self._torch if self._torch is not None else sys.modules.get("torch")
+        try:
+            return bool(torch is not None and torch.cuda.is_initialized())
+        except Exception:
+            return False
+
+    # -- DataLoader descriptions -------------------------------------------------------------------------
+    def _count_batch(self, iterator: Any, wait_s: float) -> None:
+        key = (type(getattr(iterator, "_dataset", None)).__name__, id(getattr(iterator, "_dataset", None)),
+               getattr(iterator, "_num_workers", 0), _batch_size(iterator))
+        entry = self._loaders.get(key)
+        if entry is None:
+            if len(self._loaders) >= MAX_LOADERS:
+                return
+            entry = self._loaders[key] = {"info": _describe(iterator), "batches": 0, "wait_s": 0.0}
+        entry["batches"] += 1
+        entry["wait_s"] += wait_s
+
+    def _loader_records(self) -> tuple[Loader, ...]:
+        return tuple(
+            Loader(batches=e["batches"], wait_s=e["wait_s"], **e["info"])
+            for e in sorted(self._loaders.values(), key=lambda e: -e["wait_s"])
+        )
+
+
+def _batch_size(iterator: Any) -> int | None:
+    sampler = getattr(iterator, "_index_sampler", None)
+    size = getattr(sampler, "batch_size", None)
+    return size if isinstance(size, int) else None
+
+
+def _describe(iterator: Any) -> dict[str, Any]:
+    """A DataLoader's settings, read off its iterator (private attributes, so every read is optional)."""
+    dataset = getattr(iterator, "_dataset", None)
+    kind = getattr(iterator, "_dataset_kind", 0)
+    workers = getattr(iterator, "_num_workers", 0)
+    context = None
+    if workers:
+        for worker in getattr(iterator, "_workers", ()) or ():
+            context = type(worker).__name__.replace("Process", "").lower() or None
+            break
+    prefetch = getattr(iterator, "_prefetch_factor", None)
+    return {
+        "dataset": type(dataset).__name__,
+        "num_workers": workers if isinstance(workers, int) else 0,
+        "batch_size": _batch_size(iterator),
+        "pin_memory": bool(getattr(iterator, "_pin_memory", False)),
+        "persistent_workers": bool(getattr(iterator, "_persistent_workers", False)),
+        "prefetch_factor": prefetch if isinstance(prefetch, int) else None,
+        "start_method": {"fork": "fork", "spawn": "spawn", "forkserver": "forkserver"}.get(context or ""),
+        "iterable": kind == 1,
+    }

@@ -1,0 +1,281 @@
+"""The run's record: one tree of frozen dataclasses that *is* ``run.json`` (schema ``gpuscope.run/1``).
+
+Every stage after the run (analysis, ``gpuscope report``, ``gpuscope compare``, the notebook) reads only this.
+Units are in the field names (``median_s``); fractions are 0..1. No live object (tensor, handle, file) ever
+appears here: collectors turn what they saw into numbers first.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Union
+
+from gpuscope.errors import GpuscopeError
+
+SCHEMA = "gpuscope.run/1"
+RUN_JSON = "run.json"
+
+Bound = Literal["data-loading", "cpu-launch", "compute", "inconclusive"]
+CollectorState = Literal["ok", "unavailable", "failed"]
+StepSource = Literal["explicit", "optimizer", "dataloader", "none"]
+"""What marked the steps: ``gpuscope.step()``, ``optimizer.step()``, or each DataLoader batch."""
+TimeBasis = Literal["host", "device"]
+
+PHASES = ("data_wait", "forward", "backward", "optimizer", "other")
+"""The parts of a step, in display order; ``other`` is the step's time outside the four timed phases."""
+
+
+@dataclass(frozen=True, slots=True)
+class Breakdown:
+    """Shares of steady-state step time per phase, each 0..1; together they add up to 1.
+
+    All zero when no steady-state step was seen.
+    """
+
+    data_wait: float = 0.0
+    forward: float = 0.0
+    backward: float = 0.0
+    optimizer: float = 0.0
+    other: float = 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        """The shares keyed by phase name, in ``PHASES`` order."""
+        return {name: getattr(self, name) for name in PHASES}
+
+
+@dataclass(frozen=True, slots=True)
+class StepSample:
+    """A bounded sample of individual steps, columnar; ``index`` says which steps of the run they are.
+
+    ``phases_s`` maps each phase of ``PHASES`` to per-step seconds; ``status`` says for each sampled step
+    whether it counts in the steady-state figures (``steady``) or was left out (``warmup``, ``outlier``).
+    ``device_wall_s`` holds per-step device time on CUDA runs (None where it was not resolved).
+    """
+
+    index: tuple[int, ...] = ()
+    wall_s: tuple[float, ...] = ()
+    phases_s: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    status: tuple[str, ...] = ()
+    device_wall_s: tuple[float | None, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Steps:
+    """Training steps found in the run. ``count`` and the ``*_s`` figures cover steady-state steps only."""
+
+    count: int = 0
+    median_s: float = 0.0
+    mean_s: float = 0.0
+    p10_s: float = 0.0
+    p90_s: float = 0.0
+    min_s: float = 0.0
+    max_s: float = 0.0
+    total: int = 0
+    """Every step seen, steady or not."""
+    warmup: int = 0
+    """Steps left out at the start (first steps, compilation, autotuning)."""
+    outliers: int = 0
+    """Steps left out later for taking far longer than the median (checkpoints, evaluation, recompiles)."""
+    source: StepSource = "none"
+    breakdown_basis: TimeBasis = "host"
+    """``device``: the breakdown splits the GPU's timeline by the host phase that queued the work."""
+    device_median_s: float | None = None
+    sampled: bool = False
+    """True when the run had more steps than are kept one by one; figures then rest on an even sample."""
+    sample: StepSample = field(default_factory=StepSample)
+
+
+@dataclass(frozen=True, slots=True)
+class Loader:
+    """One DataLoader configuration the run iterated over, with the time the steps waited on it."""
+
+    dataset: str = ""
+    num_workers: int = 0
+    batch_size: int | None = None
+    pin_memory: bool = False
+    persistent_workers: bool = False
+    prefetch_factor: int | None = None
+    start_method: str | None = None
+    iterable: bool = False
+    batches: int = 0
+    wait_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What bounds the run, how sure we are (0..1), and the measured facts behind it."""
+
+    bound: Bound = "inconclusive"
+    confidence: float = 0.0
+    evidence: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Recommendation:
+    """A change worth making; ``expected_gain`` is the estimated fraction of step time saved, or None."""
+
+    id: str = ""
+    title: str = ""
+    why: str = ""
+    fix: str = ""
+    expected_gain: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorStatus:
+    """Whether a collector produced data here, and if not, why."""
+
+    status: CollectorState = "ok"
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RunMeta:
+    """Facts about the run itself: when, how long, on what software."""
+
+    started_at: str = ""
+    """ISO 8601 local time with offset."""
+    duration_s: float = 0.0
+    python: str = ""
+    torch: str | None = None
+    platform: str = ""
+    notes: tuple[str, ...] = ()
+    """Plain statements about how the run was measured (e.g. which modules had forward timed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """The whole record of one run; ``to_json()`` is ``run.json``."""
+
+    schema: str = SCHEMA
+    gpuscope_version: str = ""
+    command: tuple[str, ...] = ()
+    exit_status: int = 0
+    device: Literal["cuda", "cpu"] = "cpu"
+    steps: Steps = field(default_factory=Steps)
+    breakdown: Breakdown = field(default_factory=Breakdown)
+    host_breakdown: Breakdown | None = None
+    """The host-timer breakdown, kept beside a device-based ``breakdown`` on CUDA runs."""
+    verdict: Verdict = field(default_factory=Verdict)
+    recommendations: tuple[Recommendation, ...] = ()
+    collectors: dict[str, CollectorStatus] = field(default_factory=dict)
+    loaders: tuple[Loader, ...] = ()
+    meta: RunMeta = field(default_factory=RunMeta)
+
+    def to_json(self) -> dict[str, Any]:
+        """The plain-JSON form of the record (``run.json``)."""
+        return _to_plain(self)
+
+    @classmethod
+    def from_json(cls, data: Any) -> RunRecord:
+        """Build a record from parsed ``run.json``; missing optional fields take defaults, unknown ones are ignored.
+
+        Raises GpuscopeError for another schema or values of the wrong type.
+        """
+        if not isinstance(data, dict):
+            raise GpuscopeError("run.json does not hold a JSON object")
+        schema = data.get("schema")
+        if schema != SCHEMA:
+            raise GpuscopeError(f"run.json has schema {schema!r}, expected {SCHEMA!r}")
+        try:
+            return _from_plain(cls, data)
+        except (TypeError, ValueError) as exc:
+            raise GpuscopeError(f"run.json is malformed: {exc}") from None
+
+
+def _to_plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _to_plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, dict):
+        return {str(k): _to_plain(v) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return [_to_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def _from_plain(cls: type, data: Any) -> Any:
+    if not isinstance(data, dict):
+        raise TypeError(f"{cls.__name__} must be an object, not {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            kwargs[f.name] = _convert(hints[f.name], data[f.name], f.name)
+    return cls(**kwargs)
+
+
+def _convert(tp: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (Union, types.UnionType):
+        options = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _convert(options[0], value, where)
+    if dataclasses.is_dataclass(tp):
+        return _from_plain(tp, value)
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise TypeError(f"{where} must be a list")
+        (item,) = typing.get_args(tp)[:1]
+        return tuple(_convert(item, v, where) for v in value)
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise TypeError(f"{where} must be an object")
+        _, item = typing.get_args(tp)
+        return {str(k): _convert(item, v, f"{where}.{k}") for k, v in value.items()}
+    if origin is Literal:
+        # Values from a newer gpuscope (a new bound, say) are kept as they are.
+        if not isinstance(value, str):
+            raise TypeError(f"{where} must be a string")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"{where} must be a number")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{where} must be an integer")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise TypeError(f"{where} must be true or false")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise TypeError(f"{where} must be a string")
+        return value
+    return value
+
+
+def write_record(record: RunRecord, run_dir: Path) -> Path:
+    """Write ``run.json`` into ``run_dir`` atomically (sorted keys, so runs diff cleanly)."""
+    path = run_dir / RUN_JSON
+    tmp = path.with_name(f".{RUN_JSON}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(record.to_json(), indent=1, sort_keys=True, allow_nan=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def load_record(run_dir: Path) -> RunRecord:
+    """Read ``RUN_DIR/run.json``; any problem becomes a one-line GpuscopeError."""
+    path = Path(run_dir) / RUN_JSON
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise GpuscopeError(f"no run.json in {run_dir}") from None
+    except OSError as exc:
+        raise GpuscopeError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise GpuscopeError(f"{path} is not valid JSON: {exc}") from None
+    return RunRecord.from_json(data)

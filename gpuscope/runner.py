@@ -1,0 +1,269 @@
+"""Run the user's script or module as ``__main__``, exactly as ``python`` would, and report its exit status.
+
+What ``python SCRIPT ARGS`` gives a script, it gets here: ``sys.argv``, ``__name__ == "__main__"``, ``__file__``
+(absolute), ``sys.path[0]`` (the script's real folder; the current folder for ``-m``), the cwd, its own
+standard streams, and its traceback on an uncaught exception (with gpuscope's and runpy's frames left out).
+DataLoader workers under spawn or forkserver re-import the *script* as ``__mp_main__``, since ``__main__`` is
+the script's module while it runs.
+
+Exit statuses: 0; the script's ``sys.exit`` code; 1 after an uncaught exception; 130 after Ctrl-C / SIGINT;
+143 after SIGTERM, which is turned into an exception so that the run's files can still be written.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+import traceback
+import types
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib.util import find_spec
+from pathlib import Path
+
+from gpuscope.errors import GpuscopeError
+
+EXIT_SIGINT = 128 + signal.SIGINT
+EXIT_SIGTERM = 128 + signal.SIGTERM
+
+_GPUSCOPE_DIR = str(Path(__file__).resolve().parent) + os.sep
+_RUNPY_FILE = runpy.__file__
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What to run: a script path or a module name, and its arguments."""
+
+    script: str | None
+    module: str | None
+    args: tuple[str, ...]
+
+    @property
+    def stem(self) -> str:
+        """A short name for the run's folder."""
+        if self.module is not None:
+            return self.module.rsplit(".", 1)[-1]
+        return Path(self.script or "run").stem or "run"  # type: ignore[arg-type]
+
+    @property
+    def command(self) -> tuple[str, ...]:
+        """The command line as the user would type it to python."""
+        head = ("-m", self.module) if self.module is not None else (self.script or "",)
+        return (*head, *self.args)
+
+
+def resolve_target(script: str | None, module: str | None, args: list[str]) -> Target:
+    """Check that the script or module exists; a problem is a GpuscopeError (one line, exit 2)."""
+    if module is not None:
+        if not module or module.startswith("."):
+            raise GpuscopeError(f"not a module name: {module!r}")
+        try:
+            spec = _find_module(module)
+        except (ImportError, ValueError) as exc:
+            raise GpuscopeError(f"cannot find module {module!r}: {exc}") from None
+        if spec is None:
+            raise GpuscopeError(f"no module named {module!r}")
+        return Target(None, module, tuple(args))
+    if script is None:
+        raise GpuscopeError("no script given: gpuscope run SCRIPT [ARGS...] or gpuscope run -m MODULE [ARGS...]")
+    path = Path(script)
+    if not path.exists():
+        raise GpuscopeError(f"no such script: {script}")
+    if path.is_dir() and not (path / "__main__.py").exists():
+        raise GpuscopeError(f"{script} is a folder with no __main__.py")
+    if not path.is_dir() and not os.access(path, os.R_OK):
+        raise GpuscopeError(f"cannot read script: {script}")
+    return Target(script, None, tuple(args))
+
+
+def _find_module(name: str) -> object:
+    """Look ``name`` up as ``python -m`` would: with the current folder first on sys.path."""
+    saved = list(sys.path)
+    if not getattr(sys.flags, "safe_path", False):
+        sys.path[:1] = [os.getcwd()]
+    try:
+        return find_spec(name)
+    finally:
+        sys.path[:] = saved
+
+
+class _Terminated(BaseException):
+    """Raised in the main thread on SIGTERM, so the run unwinds and its files are written."""
+
+
+def run_target(target: Target, before_hard_exit: Callable[[int], None] | None = None) -> int:
+    """Run ``target`` as ``__main__`` and return its exit status; print its traceback if it raised.
+
+    ``before_hard_exit(status)`` is called if the script ends the process with ``os._exit``, so the run's files
+    can be written first.
+    """
+    with _script_sys(target), _sigterm_raises(), _hard_exit_hook(before_hard_exit):
+        try:
+            if target.module is not None:
+                runpy.run_module(target.module, run_name="__main__", alter_sys=True)
+            else:
+                _run_script(target.script)  # type: ignore[arg-type]
+        except SystemExit as exc:
+            return _exit_status(exc)
+        except KeyboardInterrupt as exc:
+            _print_user_traceback(exc)
+            return EXIT_SIGINT
+        except _Terminated:
+            return EXIT_SIGTERM
+        except BaseException as exc:
+            _print_user_traceback(exc)
+            return 1
+    return 0
+
+
+def _run_script(script: str) -> None:
+    """Execute a script file (or a folder / zip with ``__main__.py``) as the ``__main__`` module.
+
+    A plain file gets the globals python gives it: absolute ``__file__``, a source loader, ``__spec__`` None,
+    while ``sys.argv[0]`` stays as typed (runpy.run_path would overwrite it with the path it is given).
+    """
+    path = os.path.abspath(script)
+    if os.path.isdir(path) or _is_zip(path):
+        runpy.run_path(path, run_name="__main__")
+        return
+    import builtins
+    import importlib.machinery
+    import io
+
+    with io.open_code(path) as f:
+        code = compile(f.read(), path, "exec", dont_inherit=True)
+    main = types.ModuleType("__main__")
+    main.__dict__.update(
+        __file__=path,
+        __cached__=None,
+        __loader__=importlib.machinery.SourceFileLoader("__main__", path),
+        __package__=None,
+        __spec__=None,
+        __builtins__=builtins,
+        __annotations__={},
+    )
+    saved = sys.modules.get("__main__")
+    sys.modules["__main__"] = main
+    try:
+        exec(code, main.__dict__)
+    finally:
+        if saved is not None:
+            sys.modules["__main__"] = saved
+
+
+def _exit_status(exc: SystemExit) -> int:
+    """The status python gives for ``sys.exit(code)``: None is 0, an int is itself, anything else is printed and 1."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    try:
+        print(code, file=sys.stderr)
+    except Exception:
+        pass
+    return 1
+
+
+@contextmanager
+def _script_sys(target: Target) -> Iterator[None]:
+    """``sys.argv`` and ``sys.path[0]`` as python sets them for the target; restored afterwards."""
+    saved_argv = sys.argv
+    saved_path0 = sys.path[0] if sys.path else None
+    if target.module is not None:
+        sys.argv = ["-m", *target.args]  # run_module replaces argv[0] with the module's file
+        path0 = os.getcwd()
+    else:
+        script = target.script or ""
+        sys.argv = [script, *target.args]
+        real = os.path.realpath(script)
+        path0 = real if os.path.isdir(real) or _is_zip(real) else os.path.dirname(real)
+    replace_path0 = bool(sys.path) and not getattr(sys.flags, "safe_path", False)
+    if replace_path0:
+        sys.path[0] = path0
+    try:
+        yield
+    finally:
+        sys.argv = saved_argv
+        if replace_path0 and saved_path0 is not None and sys.path and sys.path[0] == path0:
+            sys.path[0] = saved_path0
+
+
+def _is_zip(path: str) -> bool:
+    import zipfile
+
+    return os.path.isfile(path) and zipfile.is_zipfile(path)
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """Under python, SIGTERM ends the process at once and nothing is written. Here it raises ``_Terminated``
+    in the main process's main thread instead; forked children (DataLoader workers) still die at once."""
+    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield  # someone chose a handler (or to ignore it): leave theirs alone
+        return
+    pid = os.getpid()
+
+    def on_sigterm(signum: int, frame: types.FrameType | None) -> None:
+        if os.getpid() != pid:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        raise _Terminated
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    finally:
+        if signal.getsignal(signal.SIGTERM) is on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextmanager
+def _hard_exit_hook(before: Callable[[int], None] | None) -> Iterator[None]:
+    """Let ``os._exit`` from the script's own process write the run's files before it ends the process."""
+    if before is None:
+        yield
+        return
+    real_exit = os._exit
+    pid = os.getpid()
+
+    def _exit(status: int) -> None:  # same name, so tracebacks read naturally
+        if os.getpid() == pid:
+            try:
+                before(status)
+            except BaseException:
+                pass
+        real_exit(status)
+
+    os._exit = _exit  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        os._exit = real_exit
+
+
+def _print_user_traceback(exc: BaseException) -> None:
+    """Print the exception as python would for the script: through ``sys.excepthook``, with gpuscope's and
+    runpy's own frames removed from its traceback."""
+    tb = _user_frames(exc.__traceback__)
+    try:
+        sys.excepthook(type(exc), exc, tb)
+    except Exception:
+        traceback.print_exception(type(exc), exc, tb)
+
+
+def _user_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
+    frames = []
+    while tb is not None:
+        filename = tb.tb_frame.f_code.co_filename
+        if not (filename.startswith(_GPUSCOPE_DIR) or filename == _RUNPY_FILE):
+            frames.append(tb)
+        tb = tb.tb_next
+    rebuilt = None
+    for frame_tb in reversed(frames):
+        rebuilt = types.TracebackType(rebuilt, frame_tb.tb_frame, frame_tb.tb_lasti, frame_tb.tb_lineno)
+    return rebuilt

@@ -1,0 +1,40 @@
+"""The few lines printed at the end of ``gpuscope run``: plain text, readable in a terminal and in CI logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpuscope.record import RunRecord
+
+BOUND_LABELS = {
+    "data-loading": "data-loading-bound",
+    "cpu-launch": "CPU-launch-bound",
+    "inconclusive": "inconclusive",
+}
+
+
+def bound_label(record: RunRecord) -> str:
+    """The verdict as people say it: ``compute`` is GPU-compute-bound on CUDA runs, CPU-compute-bound otherwise."""
+    bound = record.verdict.bound
+    if bound == "compute":
+        return "GPU-compute-bound" if record.device == "cuda" else "CPU-compute-bound"
+    return BOUND_LABELS.get(bound, bound)
+
+
+def summary_lines(record: RunRecord, run_dir: Path) -> list[str]:
+    """The end-of-run summary: verdict and its evidence, the steps, and where the files are."""
+    verdict = record.verdict
+    steps = record.steps
+    lines = [f"gpuscope: {bound_label(record)} (confidence {verdict.confidence:.2f})"]
+    lines += [f"  - {fact}" for fact in verdict.evidence]
+    if steps.count:
+        shares = ", ".join(f"{name.replace('_', ' ')} {share:.0%}" for name, share in record.breakdown.as_dict().items())
+        lines.append(
+            f"  steps: {steps.count} steady ({steps.total} in all, {steps.warmup} warm-up, {steps.outliers} outliers "
+            f"left out), median {steps.median_s * 1e3:.1f} ms; {shares}"
+        )
+    for rec in record.recommendations[:3]:
+        gain = f" (~{rec.expected_gain:.0%} of step time)" if rec.expected_gain is not None else ""
+        lines.append(f"  * {rec.title}{gain}")
+    lines.append(f"  run record: {run_dir / 'run.json'}")
+    return lines

@@ -1,0 +1,60 @@
+"""Shared test helpers: building records by hand, and running gpuscope and python as a user would."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuscope.record import Breakdown, RunRecord, Steps
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLES = ROOT / "sample_workloads"
+SCRIPTS = Path(__file__).resolve().parent / "fixtures" / "scripts"
+
+
+def make_record(**overrides: Any) -> RunRecord:
+    """A plausible record of a finished run; keyword arguments replace its fields."""
+    base = RunRecord(
+        gpuscope_version="0.0.test",
+        command=("train.py", "--epochs", "1"),
+        steps=Steps(count=40, median_s=0.1, mean_s=0.1, total=42, warmup=2, source="optimizer"),
+        breakdown=Breakdown(data_wait=0.1, forward=0.3, backward=0.4, optimizer=0.1, other=0.1),
+    )
+    return dataclasses.replace(base, **overrides)
+
+
+def child_env() -> dict[str, str]:
+    """The environment for child processes: unbuffered, with no inherited coverage or debugging hooks."""
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.pop("PYTHONSTARTUP", None)
+    return env
+
+
+def run_python(args: list[str], cwd: Path, timeout: float = 120, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in ``cwd``."""
+    return subprocess.run([sys.executable, *args], cwd=cwd, env=child_env(), capture_output=True, text=True,
+                          timeout=timeout, **kwargs)
+
+
+def run_gpuscope(args: list[str], cwd: Path, timeout: float = 120, **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """``python -m gpuscope ARGS`` in ``cwd``."""
+    return run_python(["-m", "gpuscope", *args], cwd, timeout, **kwargs)
+
+
+def load_run(run_dir: Path) -> dict[str, Any]:
+    """The parsed run.json of a run folder."""
+    return json.loads((run_dir / "run.json").read_text())
+
+
+@pytest.fixture
+def scripts() -> Path:
+    """The folder of small test scripts."""
+    return SCRIPTS

@@ -1,0 +1,46 @@
+"""gpuscope's own bad input: one line on stderr and exit status 2, never a traceback."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuscope.cli import main
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "a command is needed"),
+        (["bogus"], "invalid choice: 'bogus'"),
+        (["run"], "no script given"),
+        (["run", "missing.py"], "no such script: missing.py"),
+        (["run", "--no-such-flag", "x.py"], "unrecognized arguments: --no-such-flag"),
+        (["run", "-m"], "-m needs a module name"),
+        (["run", "-m", "no_such_module_anywhere"], "no module named 'no_such_module_anywhere'"),
+    ],
+)
+def test_bad_input_prints_one_line_and_exits_2(argv, message, capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1
+    assert err.startswith("gpuscope: error: ")
+    assert message in err
+
+
+def test_a_run_folder_that_cannot_be_created_is_an_error(capsys, tmp_path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    script = tmp_path / "s.py"
+    script.write_text("")
+    assert main(["run", "-o", str(blocker / "sub"), str(script)]) == 2
+    assert "cannot create the run folder" in capsys.readouterr().err
+
+
+def test_help_exits_0(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["run", "--help"])
+    assert exit_.value.code == 0
+    usage = capsys.readouterr().out.splitlines()[0]
+    assert "(SCRIPT | -m MODULE) [ARGS...]" in usage

@@ -1,0 +1,261 @@
+"""Turning hook events into steps: exclusive phase time, bounded logs, step sources, device-side timing."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpuscope.collectors.steplog import DeviceTimeline, PhaseClock, StepLog, StepTracker
+
+
+class TestPhaseClock:
+    def test_time_goes_to_the_innermost_open_phase(self) -> None:
+        # given an optimizer step whose closure runs a forward pass
+        clock = PhaseClock(now=0.0)
+        clock.enter("optimizer", 1.0)
+        clock.enter("forward", 2.0)
+        clock.exit("forward", 5.0)
+        clock.exit("optimizer", 6.0)
+        # when the step is split off at 10 s
+        totals = clock.split(10.0)
+        # then forward has its 3 s, the optimizer only its own 2 s, and nothing is counted twice
+        assert totals == {"data_wait": 0.0, "forward": 3.0, "backward": 0.0, "optimizer": 2.0}
+
+    def test_reentering_the_open_phase_deepens_it_without_a_transition(self) -> None:
+        clock = PhaseClock(now=0.0)
+        assert clock.enter("forward", 0.0) is True
+        assert clock.enter("forward", 1.0) is False  # a root module called inside another
+        assert clock.exit("forward", 2.0) is False
+        assert clock.current == "forward"
+        assert clock.exit("forward", 3.0) is True
+        assert clock.current == "other"
+        assert clock.split(3.0)["forward"] == 3.0
+
+    def test_closing_an_outer_phase_unwinds_inner_phases_an_exception_left_open(self) -> None:
+        clock = PhaseClock(now=0.0)
+        clock.enter("backward", 0.0)
+        clock.enter("forward", 1.0)  # its exit hook never ran
+        clock.exit("backward", 4.0)
+        assert clock.current == "other"
+        assert clock.split(4.0) == {"data_wait": 0.0, "forward": 3.0, "backward": 1.0, "optimizer": 0.0}
+
+    def test_split_charges_the_open_phase_up_to_the_split(self) -> None:
+        clock = PhaseClock(now=0.0)
+        clock.enter("data_wait", 1.0)
+        assert clock.split(3.0)["data_wait"] == 2.0
+        assert clock.split(4.0)["data_wait"] == 1.0
+
+
+class TestStepLog:
+    def test_memory_stays_bounded_over_a_long_run(self) -> None:
+        log = StepLog(head=8, capacity=64)
+        for i in range(100_000):
+            log.add(0.01, {})
+        assert log.count == 100_000
+        assert len(log.records()) == 8 + 64
+        assert log.body_weight == pytest.approx((100_000 - 8) / 64)
+
+    def test_kept_steps_are_the_head_then_a_sample_spread_over_the_whole_run(self) -> None:
+        log = StepLog(head=4, capacity=50)
+        for i in range(10_000):
+            log.add(float(i), {})
+        indices = [r.index for r in log.records()]
+        assert indices[:4] == [0, 1, 2, 3]
+        assert indices == sorted(indices)
+        later = indices[4:]
+        assert min(later) < 2_500 and max(later) > 7_500
+        assert all(log.find(i) is not None and log.find(i).index == i for i in indices)
+        assert sum(log.find(i) is not None for i in range(4, 10_000)) == 50
+
+    def test_the_sample_is_the_same_on_every_run(self) -> None:
+        def kept() -> list[int]:
+            log = StepLog(head=2, capacity=10)
+            for _ in range(1_000):
+                log.add(1.0, {})
+            return [r.index for r in log.records()]
+
+        assert kept() == kept()
+
+
+class FakeEvent:
+    """A device marker whose completion and time the test controls (times in ms, like torch.cuda.Event)."""
+
+    def __init__(self, device: FakeDevice) -> None:
+        self.device = device
+        self.at: float | None = None
+
+    def record(self) -> None:
+        self.device.queue.append(self)
+
+    def query(self) -> bool:
+        return self.at is not None
+
+    def elapsed_time(self, end: FakeEvent) -> float:
+        assert self.at is not None and end.at is not None
+        return end.at - self.at
+
+    def synchronize(self) -> None:
+        self.device.run_until_idle()
+
+
+class FakeDevice:
+    """Markers are reached in order at the times the test gives."""
+
+    def __init__(self) -> None:
+        self.queue: list[FakeEvent] = []
+        self.passed = 0
+        self.syncs = 0
+
+    def reach(self, *times_ms: float) -> None:
+        for t in times_ms:
+            self.queue[self.passed].at = t
+            self.passed += 1
+
+    def run_until_idle(self) -> None:
+        self.syncs += 1
+        last = max((e.at for e in self.queue if e.at is not None), default=0.0)
+        while self.passed < len(self.queue):
+            last += 1.0
+            self.reach(last)
+
+    def timeline(self) -> DeviceTimeline:
+        return DeviceTimeline(lambda: FakeEvent(self))
+
+
+class TestDeviceTimeline:
+    def test_intervals_are_charged_to_the_step_and_phase_that_queued_them(self) -> None:
+        # given markers: step 0 forward, step 0 backward, step 1 starts
+        device = FakeDevice()
+        timeline = device.timeline()
+        timeline.mark(0, "forward")
+        timeline.mark(0, "backward")
+        timeline.mark(1, "other")
+        # when the device has passed all three
+        device.reach(0.0, 30.0, 100.0)
+        done = timeline.poll()
+        # then step 0 had 30 ms of forward and 70 ms of backward on the device
+        assert done == [(0, pytest.approx({"forward": 0.030, "backward": 0.070}))]
+
+    def test_polling_never_waits_for_markers_the_device_has_not_reached(self) -> None:
+        device = FakeDevice()
+        timeline = device.timeline()
+        timeline.mark(0, "forward")
+        timeline.mark(1, "forward")
+        device.reach(0.0)
+        assert timeline.poll() == []
+        assert device.syncs == 0
+        device.reach(12.0)
+        assert timeline.poll() == [(0, pytest.approx({"forward": 0.012}))]
+
+    def test_drain_waits_once_and_drops_the_unfinished_last_step(self) -> None:
+        device = FakeDevice()
+        timeline = device.timeline()
+        timeline.mark(0, "forward")
+        timeline.mark(1, "forward")  # step 1 never ends
+        done = timeline.drain()
+        assert device.syncs == 1
+        assert [step for step, _ in done] == [0]
+
+    def test_markers_are_reused_once_resolved(self) -> None:
+        device = FakeDevice()
+        made = []
+
+        def make() -> FakeEvent:
+            made.append(FakeEvent(device))
+            return made[-1]
+
+        timeline = DeviceTimeline(make)
+        for step in range(50):
+            timeline.mark(step, "forward")
+            device.reach(float(step))
+            timeline.poll()
+        assert len(made) <= 3
+
+    def test_a_device_that_never_progresses_stops_the_timing_instead_of_growing(self) -> None:
+        device = FakeDevice()
+        timeline = device.timeline()
+        for step in range(DeviceTimeline.MAX_PENDING + 10):
+            timeline.mark(step, "forward")
+        assert timeline.gave_up
+        assert len(device.queue) == DeviceTimeline.MAX_PENDING
+
+
+class TestStepTracker:
+    def test_optimizer_steps_end_steps_and_phases_add_up_to_the_wall_time(self) -> None:
+        tracker = StepTracker(now=0.0)
+        t = 0.0
+        for _ in range(3):
+            tracker.enter("data_wait", t)
+            tracker.exit("data_wait", t + 0.5)
+            tracker.enter("forward", t + 0.5)
+            tracker.exit("forward", t + 0.7)
+            tracker.enter("backward", t + 0.8)
+            tracker.exit("backward", t + 0.9)
+            tracker.enter("optimizer", t + 0.9)
+            tracker.exit("optimizer", t + 1.0)
+            tracker.optimizer_stepped(1, t + 1.0)
+            t += 1.0
+        records = tracker.log.records()
+        assert tracker.source == "optimizer"
+        assert [r.wall_s for r in records] == pytest.approx([1.0, 1.0, 1.0])
+        last = records[-1]
+        assert last.phases_s == pytest.approx({"data_wait": 0.5, "forward": 0.2, "backward": 0.1, "optimizer": 0.1})
+
+    def test_with_two_optimizers_the_first_one_stepped_ends_the_step(self) -> None:
+        tracker = StepTracker(now=0.0)
+        for i in range(4):
+            tracker.optimizer_stepped(10, 2.0 * i + 1.0)  # e.g. a GAN's discriminator, then its generator
+            tracker.optimizer_stepped(20, 2.0 * i + 1.5)
+        assert tracker.log.count == 4
+
+    def test_explicit_marks_take_over_from_optimizer_steps(self) -> None:
+        tracker = StepTracker(now=0.0)
+        tracker.optimizer_stepped(1, 1.0)
+        tracker.optimizer_stepped(1, 2.0)
+        tracker.explicit(2.5)
+        tracker.optimizer_stepped(1, 3.0)  # ignored from now on
+        tracker.explicit(3.5)
+        assert tracker.source == "explicit"
+        assert tracker.dropped == 2
+        assert [r.wall_s for r in tracker.log.records()] == pytest.approx([2.5, 1.0])
+
+    def test_without_an_optimizer_each_batch_is_a_step_and_epoch_ends_are_not(self) -> None:
+        tracker = StepTracker(now=0.0)
+        t = 10.0
+        for epoch in range(2):
+            for batch in range(3):
+                tracker.batch_requested(t)
+                tracker.enter("data_wait", t)
+                tracker.exit("data_wait", t + 0.25)
+                t += 1.0
+            tracker.batch_requested(t)  # the call that raises StopIteration
+            tracker.batch_exhausted(t)
+            t += 100.0  # an evaluation pass between epochs
+        assert tracker.source == "dataloader"
+        walls = [r.wall_s for r in tracker.log.records()]
+        assert walls == pytest.approx([1.0] * 6)
+        assert all(r.phases_s["data_wait"] == pytest.approx(0.25) for r in tracker.log.records())
+
+    def test_gpuscopes_own_time_is_kept_out_of_the_step(self) -> None:
+        tracker = StepTracker(now=0.0)
+        tracker.optimizer_stepped(1, 1.0)
+        tracker.discount(1.0, 1.4)  # e.g. finding the root modules
+        tracker.optimizer_stepped(1, 2.4)
+        assert tracker.log.records()[-1].wall_s == pytest.approx(1.0)
+
+    def test_device_times_attach_to_their_steps(self) -> None:
+        device = FakeDevice()
+        tracker = StepTracker(now=0.0)
+        tracker.optimizer_stepped(1, 1.0)
+        tracker.attach_device(device.timeline())
+        tracker.enter("forward", 1.1)
+        tracker.exit("forward", 1.2)
+        tracker.optimizer_stepped(1, 2.0)
+        tracker.enter("forward", 2.1)
+        # markers: step 1 begins, forward begins, forward ends, step 2 begins, step 2's forward begins
+        device.reach(0.0, 5.0, 45.0, 50.0, 52.0)
+        tracker.optimizer_stepped(1, 3.0)
+        tracker.finish()
+        step1 = tracker.log.find(1)
+        assert step1 is not None
+        assert step1.device_wall_s == pytest.approx(0.050)
+        assert step1.device_phases_s == pytest.approx({"other": 0.010, "forward": 0.040})
