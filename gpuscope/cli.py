@@ -45,21 +45,41 @@ class RunCommand:
         parser.add_argument("-o", "--output", metavar="DIR",
                             help="where the run's files go (default: ./gpuscope-runs/<script>-<timestamp>/)")
         parser.add_argument("-q", "--quiet", action="store_true", help="print no summary at the end")
-        parser.add_argument("-m", dest="module", nargs=argparse.REMAINDER, metavar="MODULE",
-                            help="run a library module as a script, like python -m")
-        parser.add_argument("script", nargs="?", help="the training script; everything after it is its own")
-        parser.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+        # For --help only: the target is split off before argparse sees the command line (split_target).
+        parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script, like python -m")
+        parser.add_argument("script", nargs="?", metavar="SCRIPT",
+                            help="the training script; everything after SCRIPT or MODULE is the script's own")
+
+    def split_target(self, parser: argparse.ArgumentParser, tokens: list[str]) -> tuple[list[str], list[str]]:
+        """Split ``run``'s tokens into gpuscope's options and the target (``SCRIPT ARGS`` or ``-m MODULE ARGS``).
+
+        Done by hand, as python does it: the first token that is not one of our options starts the target,
+        and nothing after it is ever read as ours, however much it looks like an option.
+        """
+        takes_value = {s for a in parser._actions if a.option_strings and a.nargs != 0 for s in a.option_strings}
+        i = 0
+        while i < len(tokens):
+            token = tokens[i]
+            if token == "--":
+                return tokens[:i], tokens[i + 1:]
+            if token == "-m" or not token.startswith("-") or token == "-":
+                return tokens[:i], tokens[i:]
+            if token.startswith("-m") and not token.startswith("--"):
+                return tokens[:i], ["-m", token[2:], *tokens[i + 1:]]
+            i += 2 if token in takes_value else 1
+        return tokens, []
 
     def run(self, args: argparse.Namespace) -> int:
         from gpuscope.runner import resolve_target, run_target
         from gpuscope.session import Session
 
-        if args.module is not None:
-            if args.script is not None or not args.module:
-                raise GpuscopeError("-m needs a module name, and takes no script")
-            target = resolve_target(None, args.module[0], args.module[1:])
+        target_tokens: list[str] = args.target
+        if target_tokens[:1] == ["-m"]:
+            if len(target_tokens) < 2:
+                raise GpuscopeError("-m needs a module name")
+            target = resolve_target(None, target_tokens[1], target_tokens[2:])
         else:
-            target = resolve_target(args.script, None, args.args)
+            target = resolve_target(target_tokens[0] if target_tokens else None, None, target_tokens[1:])
         run_dir = _run_dir(args.output, target.stem)
         session = Session(run_dir, target.command)
         session.start()
@@ -116,15 +136,36 @@ def build_parser() -> argparse.ArgumentParser:
     for command in COMMANDS:
         command_parser = sub.add_parser(command.name, help=command.help, description=command.help)
         command.add_arguments(command_parser)
-        command_parser.set_defaults(handler=command)
+        command_parser.set_defaults(handler=command, target=[])
     return parser
+
+
+def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespace:
+    """Parse ``argv``; a command that runs a target gets the target's tokens untouched, in ``args.target``."""
+    by_name = {c.name: c for c in COMMANDS}
+    command = by_name.get(argv[0]) if argv else None
+    split = getattr(command, "split_target", None)
+    if command is None or split is None:
+        return parser.parse_args(argv)
+    own, target = split(_subparser(parser, command.name), argv[1:])
+    args = parser.parse_args([command.name, *own])
+    args.target = target
+    return args
+
+
+def _subparser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return action.choices[name]
+    raise LookupError(name)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run gpuscope with ``argv`` (default: the process's) and return the exit status."""
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser.parse_args(argv)
+        args = _parse(parser, argv)
         handler = getattr(args, "handler", None)
         if handler is None:
             names = ", ".join(c.name for c in COMMANDS)

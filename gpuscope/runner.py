@@ -250,6 +250,7 @@ def _print_user_traceback(exc: BaseException) -> None:
     """Print the exception as python would for the script: through ``sys.excepthook``, with gpuscope's and
     runpy's own frames removed from its traceback."""
     tb = _user_frames(exc.__traceback__)
+    exc.__traceback__ = tb  # the default hook prints the exception's own traceback, not its argument
     try:
         sys.excepthook(type(exc), exc, tb)
     except Exception:

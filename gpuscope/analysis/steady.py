@@ -74,10 +74,11 @@ def summarize(
 
 def _count_warmup(records: Sequence[StepRecord], total: int) -> int:
     """Leading steps left out: the first always (given enough steps), then those still far slower than the
-    slow end of the rest (their 90th percentile, so a loop whose steps alternate fast and slow loses none)."""
+    slow end of the run's second half (its 90th percentile: past any warm-up, and high enough that a loop
+    whose steps alternate fast and slow loses none)."""
     if total < th.MIN_STEPS_FOR_WARMUP:
         return 0
-    rest = [r.wall_s for r in records[1:]]
+    rest = [r.wall_s for r in records[max(1, len(records) // 2):]]
     reference = _quantile(rest, [1.0] * len(rest), 0.9)
     limit = max(1, math.floor(th.MAX_WARMUP_SHARE * total))
     warmup = 1

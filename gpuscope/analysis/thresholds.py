@@ -10,7 +10,7 @@ MIN_STEPS_FOR_WARMUP = 3
 """With fewer steps than this, none is left out as warm-up: there would be nothing left to measure."""
 
 WARMUP_FACTOR = 1.5
-"""A leading step slower than this multiple of the later steps' 90th percentile is still warming up (lazy
+"""A leading step slower than this multiple of the run's second half's 90th percentile is still warming up (lazy
 initialisation, cuDNN autotuning and torch.compile's first compilations take several to hundreds of times a
 normal step; 1.5x the slow end leaves ordinary jitter and periodic slow steps in the steady state)."""
 

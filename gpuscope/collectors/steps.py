@@ -62,6 +62,7 @@ class StepsCollector:
         self._loaders: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._loader_depth = 0
         self._roots_found = False
+        self._discovery_s = 0.0
         self._device_failed = False
         self._roots: list[str] = []
         self._failures: list[str] = []
@@ -106,7 +107,10 @@ class StepsCollector:
                 f"{tracker.source} markers appeared"
             )
         if self._roots:
-            notes.append("forward timed on root modules: " + ", ".join(self._roots))
+            notes.append(
+                "forward timed on root modules: " + ", ".join(self._roots)
+                + f" (finding them took {self._discovery_s * 1e3:.0f} ms once, left out of the steps)"
+            )
         if tracker.device is not None and tracker.device.gave_up:
             notes.append("device timing stopped: the GPU did not progress past its markers")
         device = "cuda" if self._cuda_initialized() else "cpu"
@@ -228,12 +232,17 @@ class StepsCollector:
         tracker = self.tracker
         if self._torch is None or tracker is None:
             return
-        if not self._roots_found:
+        # Wait for the kind of marker that will define the steps: an optimizer usually steps within the first
+        # batch, and then only the modules it trains are hooked. A loop with no optimizer has shown itself
+        # after two batches.
+        settled = tracker.source != "dataloader" or tracker.log.count >= 2
+        if not self._roots_found and settled:
             self._roots_found = True
             try:
                 self._hook_root_modules()
             except Exception as exc:
                 self._failures.append(f"forward not timed: {exc}")
+            self._discovery_s = self._clock() - now
         if tracker.device is None and not self._device_failed and self._cuda_initialized():
             torch = self._torch
             try:

@@ -1,0 +1,110 @@
+"""Under ``gpuscope run`` a script behaves exactly as under ``python``, and its run's files are always written."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import SCRIPTS, load_run, run_gpuscope, run_python
+
+
+@pytest.fixture
+def project(tmp_path: Path) -> Path:
+    """A user's project: scripts in a subfolder (also importable as a package), run from the project root."""
+    sub = tmp_path / "proj" / "tools"
+    sub.mkdir(parents=True)
+    (sub / "__init__.py").write_text("")
+    for name in ("show_context.py", "exit_with.py", "stdin_and_warnings.py"):
+        shutil.copy(SCRIPTS / name, sub / name)
+    return tmp_path / "proj"
+
+
+@pytest.mark.parametrize(
+    "target",
+    [
+        ["tools/show_context.py"],
+        ["-m", "tools.show_context"],
+    ],
+    ids=["script", "module"],
+)
+def test_the_script_sees_what_python_gives_it(project: Path, target: list[str]) -> None:
+    # given arguments that look like gpuscope's own options
+    args = ["--output", "theirs", "-m", "x", "-q", "--", "last"]
+    # when the same command runs under python and under gpuscope
+    plain = run_python([*target, *args], project)
+    profiled = run_gpuscope(["run", "-q", "-o", str(project / "run"), *target, *args], project)
+    # then the script saw the same __name__, argv, sys.path[0], cwd and __file__
+    assert plain.returncode == profiled.returncode == 0, profiled.stderr
+    seen_plain, seen_profiled = json.loads(plain.stdout), json.loads(profiled.stdout)
+    assert seen_profiled == seen_plain
+    assert seen_profiled["name"] == "__main__"
+    assert seen_profiled["argv"][1:] == args
+    assert seen_profiled["main_is_me"]
+
+
+def test_stdin_stdout_stderr_and_warnings_pass_through(project: Path) -> None:
+    script = ["tools/stdin_and_warnings.py"]
+    plain = run_python(script, project, input="hello\n")
+    profiled = run_gpuscope(["run", "-q", "-o", str(project / "run"), *script], project, input="hello\n")
+    assert profiled.stdout == plain.stdout == "read: hello\n"
+    assert "DeprecationWarning: an old API" in plain.stderr
+    assert profiled.stderr == plain.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "stderr_has"),
+    [
+        (["ok"], 0, None),
+        (["code", "3"], 3, None),
+        (["message"], 1, "bye from the script"),
+        (["raise"], 1, "ValueError: boom from the script"),
+        (["os_exit"], 4, None),
+    ],
+    ids=["normal", "sys.exit(3)", "sys.exit(message)", "uncaught-exception", "os._exit"],
+)
+def test_exit_status_is_the_scripts_and_the_run_is_written(project: Path, args, status, stderr_has) -> None:
+    run_dir = project / "run"
+    plain = run_python(["tools/exit_with.py", *args], project)
+    profiled = run_gpuscope(["run", "-q", "-o", str(run_dir), "tools/exit_with.py", *args], project)
+    assert plain.returncode == status
+    assert profiled.returncode == status, profiled.stderr
+    if stderr_has:
+        assert stderr_has in profiled.stderr
+    record = load_run(run_dir)
+    assert record["exit_status"] == status
+    assert record["steps"]["total"] >= 6
+
+
+def test_an_uncaught_exception_shows_the_scripts_own_traceback(project: Path) -> None:
+    plain = run_python(["tools/exit_with.py", "raise"], project)
+    profiled = run_gpuscope(["run", "-q", "-o", str(project / "run"), "tools/exit_with.py", "raise"], project)
+    assert profiled.stderr.startswith("Traceback (most recent call last):")
+    assert profiled.stderr == plain.stderr  # no gpuscope or runpy frames in it
+
+
+def test_ctrl_c_exits_130_with_the_run_written(project: Path) -> None:
+    run_dir = project / "run"
+    profiled = run_gpuscope(["run", "-q", "-o", str(run_dir), "tools/exit_with.py", "sigint"], project)
+    assert profiled.returncode == 130
+    assert "KeyboardInterrupt" in profiled.stderr
+    assert load_run(run_dir)["exit_status"] == 130
+
+
+def test_sigterm_exits_143_with_the_run_written(project: Path) -> None:
+    run_dir = project / "run"
+    profiled = run_gpuscope(["run", "-q", "-o", str(run_dir), "tools/exit_with.py", "sigterm"], project)
+    assert profiled.returncode == 143
+    assert "finished" not in profiled.stdout
+    assert load_run(run_dir)["exit_status"] == 143
+
+
+def test_the_default_run_folder_is_named_for_the_script(project: Path) -> None:
+    profiled = run_gpuscope(["run", "tools/exit_with.py", "ok"], project)
+    assert profiled.returncode == 0
+    (run_dir,) = (project / "gpuscope-runs").iterdir()
+    assert run_dir.name.startswith("exit_with-")
+    assert (run_dir / "run.json").exists()
+    assert str(run_dir.name) in profiled.stderr  # the summary says where the run is

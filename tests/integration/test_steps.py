@@ -1,0 +1,60 @@
+"""Steps are found with no change to the script: optimizer steps, DataLoader batches, explicit marks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import SCRIPTS, load_run, run_gpuscope
+
+
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_a_dataloader_with_two_workers_runs_under_each_start_method(tmp_path: Path, start_method: str) -> None:
+    run_dir = tmp_path / "run"
+    result = run_gpuscope(
+        ["run", "-q", "-o", str(run_dir), str(SCRIPTS / "loader_workers.py"), "--start-method", start_method],
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "steps=16" in result.stdout
+    record = load_run(run_dir)
+    assert record["steps"]["total"] == 16
+    assert record["steps"]["source"] == "optimizer"
+    (loader,) = record["loaders"]
+    assert (loader["num_workers"], loader["start_method"], loader["batches"]) == (2, start_method, 16)
+
+
+def test_phases_are_timed_by_hooks(tmp_path: Path) -> None:
+    # given a loop whose data takes 20 ms, forward 30 ms and backward 10 ms of host time per step
+    run_dir = tmp_path / "run"
+    result = run_gpuscope(["run", "-q", "-o", str(run_dir), str(SCRIPTS / "phases.py")], tmp_path)
+    assert result.returncode == 0, result.stderr
+    record = load_run(run_dir)
+    steps, shares = record["steps"], record["breakdown"]
+    assert steps["total"] == 15
+    # then each phase has its share of the ~62 ms step (sleeps overshoot a little, so shares are loose)
+    assert steps["median_s"] == pytest.approx(0.062, rel=0.25)
+    assert shares["data_wait"] == pytest.approx(20 / 62, abs=0.08)
+    assert shares["forward"] == pytest.approx(30 / 62, abs=0.08)
+    assert shares["backward"] == pytest.approx(10 / 62, abs=0.06)
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert any("forward timed on root modules: SlowForward" in n for n in record["meta"]["notes"])
+
+
+def test_without_an_optimizer_each_batch_is_a_step(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = run_gpuscope(["run", "-q", "-o", str(run_dir), str(SCRIPTS / "no_optimizer.py")], tmp_path)
+    assert result.returncode == 0, result.stderr
+    steps = load_run(run_dir)["steps"]
+    assert (steps["source"], steps["total"]) == ("dataloader", 20)
+    # the pause between epochs belongs to no step
+    assert steps["max_s"] < 0.04
+
+
+def test_explicit_marks_define_the_steps(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    result = run_gpuscope(["run", "-q", "-o", str(run_dir), str(SCRIPTS / "no_optimizer.py"), "--mark"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    steps = load_run(run_dir)["steps"]
+    assert (steps["source"], steps["total"]) == ("explicit", 20)
