@@ -194,8 +194,9 @@ class DeviceTimeline:
     MAX_PENDING = 4096
     """Markers waiting for the device beyond this mean the device is not progressing; timing then stops."""
 
-    def __init__(self, make_event: Callable[[], DeviceEvent]) -> None:
+    def __init__(self, make_event: Callable[[], DeviceEvent], can_mark: Callable[[], bool] = lambda: True) -> None:
         self._make_event = make_event
+        self._can_mark = can_mark  # e.g. not while a CUDA graph is being captured
         self._pending: deque[_Mark] = deque()
         self._last: _Mark | None = None  # newest resolved marker: the start of the next interval
         self._free: list[DeviceEvent] = []
@@ -207,20 +208,34 @@ class DeviceTimeline:
         if self.gave_up:
             return
         if len(self._pending) >= self.MAX_PENDING:
-            self.gave_up = True
-            self._pending.clear()
+            self._give_up()
             return
-        event = self._free.pop() if self._free else self._make_event()
-        event.record()
+        try:
+            if not self._can_mark():
+                return
+            event = self._free.pop() if self._free else self._make_event()
+            event.record()
+        except Exception:  # device timing is a bonus: it must never break the user's step
+            self._give_up()
+            return
         self._pending.append(_Mark(event, step, phase))
 
     def poll(self) -> list[tuple[int, dict[str, float]]]:
         """Resolve the markers the device has passed; return the steps whose device time is now complete."""
         done: list[tuple[int, dict[str, float]]] = []
         pending = self._pending
-        while pending and pending[0].event.query():
-            self._advance(pending.popleft(), done)
+        try:
+            while pending and pending[0].event.query():
+                self._advance(pending.popleft(), done)
+        except Exception:
+            self._give_up()
         return done
+
+    def _give_up(self) -> None:
+        self.gave_up = True
+        self._pending.clear()
+        self._open.clear()
+        self._last = None
 
     def drain(self) -> list[tuple[int, dict[str, float]]]:
         """Wait for every queued marker (end of run only) and return the steps completed."""

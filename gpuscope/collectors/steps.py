@@ -112,7 +112,7 @@ class StepsCollector:
                 + f" (finding them took {self._discovery_s * 1e3:.0f} ms once, left out of the steps)"
             )
         if tracker.device is not None and tracker.device.gave_up:
-            notes.append("device timing stopped: the GPU did not progress past its markers")
+            notes.append("device timing stopped: its markers could not be recorded or read (see the host figures)")
         device = "cuda" if self._cuda_initialized() else "cpu"
         payload = StepsPayload(summary, self._loader_records(), device, tuple(notes))
         return CollectorResult(CollectorStatus("ok"), payload)
@@ -246,7 +246,11 @@ class StepsCollector:
         if tracker.device is None and not self._device_failed and self._cuda_initialized():
             torch = self._torch
             try:
-                tracker.attach_device(DeviceTimeline(lambda: torch.cuda.Event(enable_timing=True)))
+                tracker.attach_device(DeviceTimeline(
+                    lambda: torch.cuda.Event(enable_timing=True),
+                    # a timing event may not be recorded on a stream that is capturing a CUDA graph
+                    can_mark=lambda: not torch.cuda.is_current_stream_capturing(),
+                ))
             except Exception as exc:
                 self._failures.append(f"device timing unavailable: {exc}")
                 self._device_failed = True

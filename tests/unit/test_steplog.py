@@ -179,6 +179,28 @@ class TestDeviceTimeline:
         assert len(device.queue) == DeviceTimeline.MAX_PENDING
 
 
+    def test_no_marker_is_recorded_while_marking_is_not_allowed(self) -> None:
+        device = FakeDevice()
+        capturing = True
+        timeline = DeviceTimeline(lambda: FakeEvent(device), can_mark=lambda: not capturing)
+        timeline.mark(0, "forward")  # inside a CUDA graph capture
+        capturing = False
+        timeline.mark(0, "backward")
+        assert len(device.queue) == 1
+        assert not timeline.gave_up
+
+    def test_a_marker_that_fails_stops_device_timing_without_raising(self) -> None:
+        class Broken(FakeEvent):
+            def record(self) -> None:
+                raise RuntimeError("CUDA error: operation not permitted when stream is capturing")
+
+        timeline = DeviceTimeline(lambda: Broken(FakeDevice()))
+        timeline.mark(0, "forward")
+        timeline.mark(1, "forward")
+        assert timeline.gave_up
+        assert timeline.poll() == [] and timeline.drain() == []
+
+
 class TestStepTracker:
     def test_optimizer_steps_end_steps_and_phases_add_up_to_the_wall_time(self) -> None:
         tracker = StepTracker(now=0.0)

@@ -1,0 +1,86 @@
+"""How much does gpuscope slow a training loop down?
+
+Runs a sample workload alternately under plain ``python`` and under ``gpuscope run`` (default mode), PAIRS times,
+and reports the median ratio of:
+- the loop's own median step time, as the script measures it (the distortion of what is being measured);
+- the whole process's wall time (gpuscope's start-up and the writing of the run's files included).
+
+Alternating cancels slow drifts of the machine (thermal, other load); the median resists a stray slow run.
+
+    python benchmarks/overhead.py                      # compute_bound, 5 pairs
+    python benchmarks/overhead.py --pairs 7 cpu_launch_bound compute_bound
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LINE = re.compile(r"median_step_s=([0-9.]+)")
+
+
+def run_once(command: list[str]) -> tuple[float, float]:
+    """Run ``command``; return (the script's own median step time, the process's wall time)."""
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
+    wall = time.perf_counter() - start
+    match = LINE.search(done.stdout)
+    if match is None:
+        raise SystemExit(f"no median_step_s= line in the output of {command}:\n{done.stdout}")
+    return float(match.group(1)), wall
+
+
+def measure(workload: str, pairs: int, extra: list[str]) -> dict[str, object]:
+    script = str(ROOT / "sample_workloads" / f"{workload}.py")
+    plain_cmd = [sys.executable, script, *extra]
+    step_ratios, wall_ratios, rows = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(pairs):
+            profiled_cmd = [sys.executable, "-m", "gpuscope", "run", "-q", "-o", f"{tmp}/run{i}", script, *extra]
+            # alternate which goes first, so neither always runs on a warmer machine
+            order = [("plain", plain_cmd), ("gpuscope", profiled_cmd)]
+            if i % 2:
+                order.reverse()
+            result = {name: run_once(cmd) for name, cmd in order}
+            (p_step, p_wall), (g_step, g_wall) = result["plain"], result["gpuscope"]
+            step_ratios.append(g_step / p_step)
+            wall_ratios.append(g_wall / p_wall)
+            rows.append({"plain_step_s": p_step, "gpuscope_step_s": g_step, "plain_wall_s": p_wall,
+                         "gpuscope_wall_s": g_wall})
+            print(f"  {workload} pair {i + 1}: step {p_step * 1e3:8.2f} ms -> {g_step * 1e3:8.2f} ms   "
+                  f"wall {p_wall:6.2f} s -> {g_wall:6.2f} s", flush=True)
+    return {
+        "workload": workload,
+        "args": extra,
+        "pairs": pairs,
+        "step_time_overhead": statistics.median(step_ratios) - 1.0,
+        "wall_time_overhead": statistics.median(wall_ratios) - 1.0,
+        "runs": rows,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("workloads", nargs="*", default=["compute_bound"])
+    parser.add_argument("--pairs", type=int, default=5)
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    results = [measure(w, args.pairs, []) for w in args.workloads]
+    print()
+    for r in results:
+        print(f"{r['workload']:>20}: step time {r['step_time_overhead']:+.1%}, "
+              f"process wall time {r['wall_time_overhead']:+.1%}  (median of {r['pairs']} alternating pairs)")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
