@@ -1,0 +1,65 @@
+"""Each sample workload, run through gpuscope as a user would: the steps it ran are found, and the data wait
+gpuscope measures matches the script's own measurement."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import SAMPLES, load_run, run_gpuscope
+
+LINE = re.compile(r"steps=(\d+) median_step_s=([0-9.]+) data_wait_fraction=([0-9.]+)")
+
+
+def profile(tmp_path: Path, workload: str, *args: str) -> tuple[dict, dict[str, float]]:
+    """Run a sample under gpuscope; return its run.json and what the script measured of itself."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    run_dir = tmp_path / "run"
+    result = run_gpuscope(["run", "-q", "-o", str(run_dir), str(SAMPLES / f"{workload}.py"), *args], tmp_path,
+                          timeout=180)
+    assert result.returncode == 0, result.stderr
+    match = LINE.search(result.stdout)
+    assert match, result.stdout
+    own = {"steps": int(match.group(1)), "median_step_s": float(match.group(2)),
+           "data_wait_fraction": float(match.group(3))}
+    return load_run(run_dir), own
+
+
+@pytest.mark.parametrize(
+    ("workload", "args", "data_wait_above", "data_wait_below"),
+    [
+        ("data_loading_bound", ["--steps", "24"], 0.5, 1.0),
+        ("cpu_launch_bound", ["--steps", "150"], 0.0, 0.15),
+        ("compute_bound", ["--steps", "12"], 0.0, 0.15),
+    ],
+    ids=["data-loading-bound", "cpu-launch-bound", "compute-bound"],
+)
+def test_each_sample_has_its_steps_found_and_its_data_wait_measured(
+    tmp_path: Path, workload: str, args: list[str], data_wait_above: float, data_wait_below: float
+) -> None:
+    record, own = profile(tmp_path, workload, *args)
+    steps = record["steps"]
+    assert steps["total"] == own["steps"]
+    assert steps["source"] == "optimizer"
+    assert steps["count"] >= own["steps"] * 0.7
+    data_wait = record["breakdown"]["data_wait"]
+    assert data_wait_above < data_wait < data_wait_below
+    assert data_wait == pytest.approx(own["data_wait_fraction"], abs=0.08)
+    assert steps["median_s"] == pytest.approx(own["median_step_s"], rel=0.25)
+
+
+def test_the_data_bound_sample_is_named_data_loading_bound(tmp_path: Path) -> None:
+    record, _ = profile(tmp_path, "data_loading_bound", "--steps", "24")
+    assert record["verdict"]["bound"] == "data-loading"
+    assert record["loaders"][0]["num_workers"] == 0
+
+
+def test_workers_fix_the_data_bound_sample(tmp_path: Path) -> None:
+    slow, _ = profile(tmp_path / "slow", "data_loading_bound", "--steps", "24")
+    fixed, _ = profile(tmp_path / "fixed", "data_loading_bound", "--steps", "24", "--workers", "2")
+    assert fixed["loaders"][0]["num_workers"] == 2
+    assert fixed["breakdown"]["data_wait"] < slow["breakdown"]["data_wait"] / 2
+    assert fixed["steps"]["median_s"] < slow["steps"]["median_s"]
+    assert fixed["verdict"]["bound"] != "data-loading"
