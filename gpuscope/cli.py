@@ -41,10 +41,19 @@ class RunCommand:
     help = "run a training script under the profiler, exactly as python would run it"
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
-        parser.usage = "gpuscope run [-o DIR] [-q] (SCRIPT | -m MODULE) [ARGS...]"
+        parser.usage = "gpuscope run [OPTIONS] (SCRIPT | -m MODULE) [ARGS...]"
         parser.add_argument("-o", "--output", metavar="DIR",
                             help="where the run's files go (default: ./gpuscope-runs/<script>-<timestamp>/)")
         parser.add_argument("-q", "--quiet", action="store_true", help="print no summary at the end")
+        parser.add_argument("--cprofile-steps", metavar="N", type=_count, default=5,
+                            help="steps cProfile covers after the start-up (default 5); profiled steps are left "
+                                 "out of the step figures")
+        parser.add_argument("--cprofile-all", action="store_true",
+                            help="profile the whole run with cProfile (slows Python-heavy loops)")
+        parser.add_argument("--trace-steps", metavar="N", type=_count, default=3,
+                            help="steps torch.profiler records into trace.json (default 3; 0: none)")
+        parser.add_argument("--trace-max-mb", metavar="MB", type=_positive_float, default=50.0,
+                            help="trace.json's size cap in MB (default 50); detail is dropped to meet it")
         # For --help only: the target is split off before argparse sees the command line (split_target).
         parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script, like python -m")
         parser.add_argument("script", nargs="?", metavar="SCRIPT",
@@ -70,6 +79,7 @@ class RunCommand:
         return tokens, []
 
     def run(self, args: argparse.Namespace) -> int:
+        from gpuscope.collectors import CollectOptions, default_collectors
         from gpuscope.runner import resolve_target, run_target
         from gpuscope.session import Session
 
@@ -81,7 +91,14 @@ class RunCommand:
         else:
             target = resolve_target(target_tokens[0] if target_tokens else None, None, target_tokens[1:])
         run_dir = _run_dir(args.output, target.stem)
-        session = Session(run_dir, target.command)
+        cprofile_steps = None if args.cprofile_all else args.cprofile_steps
+        options = CollectOptions(
+            cprofile_steps=cprofile_steps,
+            trace_start=(cprofile_steps or 0) + 1,
+            trace_steps=args.trace_steps,
+            trace_max_bytes=int(args.trace_max_mb * 1024 * 1024),
+        )
+        session = Session(run_dir, target.command, default_collectors(options))
         session.start()
 
         def finish(status: int) -> None:
@@ -106,6 +123,26 @@ def _finish(session: Session, status: int, quiet: bool) -> None:
             print(line, file=sys.stderr)
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0: {text}")
+    return value
+
+
 def _run_dir(output: str | None, stem: str) -> Path:
     """The run's folder: the one asked for, else a new timestamped one under ./gpuscope-runs/."""
     if output is not None:
@@ -123,7 +160,40 @@ def _run_dir(output: str | None, stem: str) -> Path:
     return path.resolve()
 
 
-COMMANDS: tuple[Command, ...] = (RunCommand(),)
+class ViewCommand:
+    """``gpuscope view RUN_DIR``: serve the run's python.prof with snakeviz on localhost and print the URL."""
+
+    name = "view"
+    help = "serve RUN_DIR/python.prof with snakeviz on localhost (no browser needed) and print its URL"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("run_dir", metavar="RUN_DIR", help="a run's folder (it holds python.prof)")
+        parser.add_argument("--port", type=_count, default=8080,
+                            help="port to serve on (default 8080; a free one is picked if it is taken)")
+
+    def run(self, args: argparse.Namespace) -> int:
+        import importlib.util
+        import subprocess
+
+        from gpuscope.collectors.cprofile import PROF_FILE
+
+        path = Path(args.run_dir) / PROF_FILE
+        if not path.is_file():
+            raise GpuscopeError(f"no {PROF_FILE} in {args.run_dir}")
+        if importlib.util.find_spec("snakeviz") is None:
+            raise GpuscopeError("snakeviz is not installed: pip install snakeviz")
+        print(f"gpuscope: serving {path} with snakeviz on 127.0.0.1 (Ctrl-C stops); open the URL below", flush=True)
+        server = subprocess.Popen([sys.executable, "-m", "snakeviz", "--server", "--hostname", "127.0.0.1",
+                                   "--port", str(args.port), str(path.resolve())])
+        try:
+            return server.wait()
+        except KeyboardInterrupt:
+            server.terminate()
+            server.wait()
+            return 0
+
+
+COMMANDS: tuple[Command, ...] = (RunCommand(), ViewCommand())
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -55,7 +55,8 @@ class StepSample:
     """A bounded sample of individual steps, columnar; ``index`` says which steps of the run they are.
 
     ``phases_s`` maps each phase of ``PHASES`` to per-step seconds; ``status`` says for each sampled step
-    whether it counts in the steady-state figures (``steady``) or was left out (``warmup``, ``outlier``).
+    whether it counts in the steady-state figures (``steady``) or was left out (``warmup``, ``outlier``,
+    ``profiled``).
     ``device_wall_s`` holds per-step device time on CUDA runs (None where it was not resolved).
     """
 
@@ -83,6 +84,8 @@ class Steps:
     """Steps left out at the start (first steps, compilation, autotuning)."""
     outliers: int = 0
     """Steps left out later for taking far longer than the median (checkpoints, evaluation, recompiles)."""
+    profiled: int = 0
+    """Steps left out because a profiler (cProfile, torch.profiler) was running during them."""
     source: StepSource = "none"
     breakdown_basis: TimeBasis = "host"
     """``device``: the breakdown splits the GPU's timeline by the host phase that queued the work."""
@@ -137,6 +140,151 @@ class CollectorStatus:
 
 
 @dataclass(frozen=True, slots=True)
+class Window:
+    """The steps a profiling window covered, ``first_step`` to ``last_step`` inclusive (None: no step), and
+    whether it also covered the run's start-up (before the first step)."""
+
+    first_step: int | None = None
+    last_step: int | None = None
+    startup: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FunctionStat:
+    """One Python function in the cProfile statistics."""
+
+    function: str = ""
+    file: str = ""
+    line: int = 0
+    calls: int = 0
+    own_s: float = 0.0
+    cumulative_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class PythonProfile:
+    """cProfile over a window of the run (``python.prof``), and the top functions of its steps (the start-up,
+    imports included, is in ``startup_s`` and in python.prof, not in the top lists)."""
+
+    window: Window = field(default_factory=Window)
+    whole_run: bool = False
+    total_s: float = 0.0
+    startup_s: float = 0.0
+    """Profiled time up to the end of the first step."""
+    top_own: tuple[FunctionStat, ...] = ()
+    top_cumulative: tuple[FunctionStat, ...] = ()
+    workers_profiled: bool = False
+    workers_note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class OpStat:
+    """One torch op (or CUDA kernel) over the profiled steps: calls and time, totals over the window."""
+
+    name: str = ""
+    calls: int = 0
+    self_host_s: float = 0.0
+    device_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class KernelTimeline:
+    """The GPU's kernel timeline over the profiled steps (fractions are of the steps' wall time, 0..1).
+
+    Idle time is split as Holistic Trace Analysis does: ``host_wait`` (the next kernel was launched only after
+    the previous one ended: the host was late), ``kernel_wait`` (short gaps between kernels already queued),
+    ``other`` (the rest: syncs, copies, waits on other streams).
+    """
+
+    busy_fraction: float = 0.0
+    idle_host_wait_fraction: float = 0.0
+    idle_kernel_wait_fraction: float = 0.0
+    idle_other_fraction: float = 0.0
+    kernels: int = 0
+    kernels_per_step: float = 0.0
+    mean_kernel_s: float = 0.0
+    tensor_core_share: float = 0.0
+    """Share of kernel time in kernels that use Tensor Cores (recognised by name)."""
+    h2d_copies: int = 0
+    h2d_pageable_copies: int = 0
+    h2d_copy_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class OpProfile:
+    """torch.profiler over a few steady-state steps (``trace.json``)."""
+
+    window: Window = field(default_factory=Window)
+    steps: int = 0
+    trace_bytes: int = 0
+    trace_detail: str = "full"
+    """``full``, or what was dropped to keep trace.json under its cap."""
+    ops: int = 0
+    ops_per_step: float = 0.0
+    mean_op_s: float = 0.0
+    top_host: tuple[OpStat, ...] = ()
+    top_device: tuple[OpStat, ...] = ()
+    kernels: KernelTimeline | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HostMemory:
+    """Resident memory of the process and of its child processes (DataLoader workers), sampled over time."""
+
+    interval_s: float = 0.0
+    peak_bytes: int = 0
+    """Highest sum of the process's and its children's RSS at one sample."""
+    peak_process_bytes: int = 0
+    peak_workers_bytes: int = 0
+    max_workers: int = 0
+    t_s: tuple[float, ...] = ()
+    process_bytes: tuple[int, ...] = ()
+    workers_bytes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class GpuDevice:
+    """One GPU as NVML saw it, sampled over time; series are columnar, aligned with ``t_s``."""
+
+    index: int = 0
+    name: str = ""
+    memory_total_bytes: int = 0
+    t_s: tuple[float, ...] = ()
+    sm_util: tuple[float, ...] = ()
+    """Fraction of time a kernel was running, 0..1 (NVML's utilization.gpu)."""
+    memory_util: tuple[float, ...] = ()
+    memory_used_bytes: tuple[int, ...] = ()
+    power_w: tuple[float | None, ...] = ()
+    sm_clock_mhz: tuple[int | None, ...] = ()
+    temperature_c: tuple[int | None, ...] = ()
+    pcie_tx_bytes_s: tuple[float | None, ...] = ()
+    pcie_rx_bytes_s: tuple[float | None, ...] = ()
+    throttle_reasons: tuple[str, ...] = ()
+    """Every throttle reason seen active in any sample (idle excluded)."""
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSamples:
+    """NVML sampling of every visible GPU."""
+
+    interval_s: float = 0.0
+    driver: str | None = None
+    devices: tuple[GpuDevice, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CudaMemory:
+    """CUDA caching-allocator memory at the end of sampled steps (bytes)."""
+
+    peak_allocated_bytes: int = 0
+    peak_reserved_bytes: int = 0
+    step: tuple[int, ...] = ()
+    allocated_bytes: tuple[int, ...] = ()
+    reserved_bytes: tuple[int, ...] = ()
+    peak_bytes: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class RunMeta:
     """Facts about the run itself: when, how long, on what software."""
 
@@ -167,6 +315,11 @@ class RunRecord:
     recommendations: tuple[Recommendation, ...] = ()
     collectors: dict[str, CollectorStatus] = field(default_factory=dict)
     loaders: tuple[Loader, ...] = ()
+    python_profile: PythonProfile | None = None
+    op_profile: OpProfile | None = None
+    host_memory: HostMemory | None = None
+    gpus: GpuSamples | None = None
+    cuda_memory: CudaMemory | None = None
     meta: RunMeta = field(default_factory=RunMeta)
 
     def to_json(self) -> dict[str, Any]:

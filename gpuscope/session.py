@@ -15,7 +15,26 @@ from gpuscope.analysis import analyze
 from gpuscope.collectors import Collector, CollectorResult, default_collectors
 from gpuscope.collectors.steps import StepsCollector, StepsPayload
 from gpuscope.errors import GpuscopeError
-from gpuscope.record import CollectorStatus, RunMeta, RunRecord, write_record
+from gpuscope.record import (
+    CollectorStatus,
+    CudaMemory,
+    GpuSamples,
+    HostMemory,
+    OpProfile,
+    PythonProfile,
+    RunMeta,
+    RunRecord,
+    write_record,
+)
+
+_PAYLOAD_FIELDS: dict[type, str] = {
+    PythonProfile: "python_profile",
+    OpProfile: "op_profile",
+    HostMemory: "host_memory",
+    GpuSamples: "gpus",
+    CudaMemory: "cuda_memory",
+}
+"""Collector payloads that go into the record as they are, and the record field each fills."""
 
 
 class _Active:
@@ -33,6 +52,8 @@ class Session:
     """Collectors around a stretch of the user's code; ``stop`` returns the finished record."""
 
     def __init__(self, run_dir: Path, command: Sequence[str], collectors: Sequence[Collector] | None = None) -> None:
+        """``collectors`` default to ``default_collectors()``; the steps collector must come before those
+        that follow its steps."""
         self.run_dir = Path(run_dir)
         self.command = tuple(command)
         self.collectors = list(collectors) if collectors is not None else default_collectors()
@@ -47,13 +68,19 @@ class Session:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._started_at = datetime.now().astimezone()
         self._t0 = time.perf_counter()
+        steps: StepsCollector | None = None
         for collector in self.collectors:
             try:
                 reason = collector.unavailable_reason()
                 if reason is not None:
                     self._statuses[collector.name] = CollectorStatus("unavailable", reason)
                     continue
+                bind = getattr(collector, "bind_steps", None)
+                if bind is not None and steps is not None:
+                    bind(steps)  # a collector that profiles a window of steps follows them
                 collector.start(self.run_dir)
+                if isinstance(collector, StepsCollector):
+                    steps = collector
             except Exception as exc:
                 self._statuses[collector.name] = CollectorStatus("failed", _describe(exc))
                 continue
@@ -74,17 +101,20 @@ class Session:
             _Active.session = None
         duration = time.perf_counter() - self._t0
         results: dict[str, CollectorResult] = {}
+        collector_notes: list[str] = []
         for collector in reversed(self._started):
             try:
                 results[collector.name] = collector.stop()
             except Exception as exc:
                 results[collector.name] = CollectorResult(CollectorStatus("failed", _describe(exc)))
+            collector_notes += [f"{collector.name}: {note}" for note in getattr(collector, "notes", ())]
         meta = RunMeta(
             started_at=self._started_at.isoformat(timespec="seconds"),
             duration_s=duration,
             python=platform.python_version(),
             torch=getattr(sys.modules.get("torch"), "__version__", None),
             platform=platform.platform(terse=True),
+            notes=tuple(collector_notes),
         )
         record = assemble(self.command, exit_status, meta, self._statuses, results)
         verdict, recommendations = analyze(record)
@@ -109,7 +139,10 @@ def assemble(
     for name, result in results.items():
         collectors[name] = result.status
         payload = result.payload
-        if isinstance(payload, StepsPayload):
+        field_name = _PAYLOAD_FIELDS.get(type(payload))
+        if field_name is not None:
+            fields[field_name] = payload
+        elif isinstance(payload, StepsPayload):
             summary = payload.summary
             fields.update(
                 steps=summary.steps,
@@ -124,7 +157,7 @@ def assemble(
         command=tuple(command),
         exit_status=exit_status,
         collectors=dict(sorted(collectors.items())),
-        meta=dataclasses.replace(meta, notes=tuple(notes)),
+        meta=dataclasses.replace(meta, notes=(*notes, *meta.notes)),
         **fields,  # type: ignore[arg-type]
     )
 

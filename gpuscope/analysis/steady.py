@@ -35,7 +35,8 @@ def summarize(
 
     weights = [1.0 if r.index < head else body_weight for r in records]
     warmup = _count_warmup(records, total)
-    later = [i for i, r in enumerate(records) if r.index >= warmup]
+    profiled = [i for i, r in enumerate(records) if r.index >= warmup and r.profiled]
+    later = [i for i, r in enumerate(records) if r.index >= warmup and not r.profiled]
     later_median = _quantile([records[i].wall_s for i in later], [weights[i] for i in later], 0.5)
     outlier_at = {i for i in later if records[i].wall_s > th.OUTLIER_FACTOR * later_median}
     if len(outlier_at) > max(1.0, th.MAX_OUTLIER_SHARE * len(later)):
@@ -45,7 +46,11 @@ def summarize(
     walls = [records[i].wall_s for i in steady]
     w = [weights[i] for i in steady]
     count = round(sum(w))  # each kept step stands for its weight in steps of the run
-    status = ["warmup" if r.index < warmup else "outlier" if i in outlier_at else "steady" for i, r in enumerate(records)]
+    profiled_count = round(sum(weights[i] for i in profiled))
+    status = [
+        "warmup" if r.index < warmup else "profiled" if r.profiled else "outlier" if i in outlier_at else "steady"
+        for i, r in enumerate(records)
+    ]
 
     host = _host_breakdown([records[i] for i in steady], w)
     device = _device_breakdown([records[i] for i in steady], w)
@@ -60,7 +65,8 @@ def summarize(
         max_s=max(walls, default=0.0),
         total=total,
         warmup=warmup,
-        outliers=max(0, total - warmup - count),
+        profiled=profiled_count,
+        outliers=max(0, total - warmup - profiled_count - count),
         source=source,  # type: ignore[arg-type]
         breakdown_basis="device" if device is not None else "host",
         device_median_s=_quantile([d for d, _ in device_walls], [k for _, k in device_walls], 0.5) if device_walls else None,

@@ -2,14 +2,40 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gpuscope.collectors.base import Collector, CollectorResult
 
 
-def default_collectors() -> list[Collector]:
-    """Fresh instances of the collectors a run uses by default, in start order."""
+@dataclass(frozen=True, slots=True)
+class CollectOptions:
+    """What the user chose on the command line (or in ``gpuscope.profile()``)."""
+
+    cprofile_steps: int | None = 5
+    """Steps cProfile covers after the start-up; None: the whole run."""
+    trace_start: int = 6
+    trace_steps: int = 3
+    """Steps torch.profiler records; 0: no torch.profiler."""
+    trace_max_bytes: int = 50 * 1024 * 1024
+
+
+def default_collectors(options: CollectOptions | None = None) -> list[Collector]:
+    """Fresh instances of the collectors a run uses, in start order (the steps collector first: the others
+    follow its steps)."""
+    from gpuscope.collectors.cprofile import CProfileCollector
+    from gpuscope.collectors.memory import HostMemoryCollector
+    from gpuscope.collectors.nvml import NvmlCollector
     from gpuscope.collectors.steps import StepsCollector
+    from gpuscope.collectors.torch_trace import TorchTraceCollector
 
-    return [StepsCollector()]
+    options = options or CollectOptions()
+    return [
+        StepsCollector(),
+        CProfileCollector(options.cprofile_steps),
+        TorchTraceCollector(options.trace_start, options.trace_steps, options.trace_max_bytes),
+        HostMemoryCollector(),
+        NvmlCollector(),
+    ]
 
 
-__all__ = ["Collector", "CollectorResult", "default_collectors"]
+__all__ = ["CollectOptions", "Collector", "CollectorResult", "default_collectors"]

@@ -101,6 +101,7 @@ class StepRecord:
     index: int
     wall_s: float
     phases_s: dict[str, float]
+    profiled: bool = False  # a profiler (cProfile, torch.profiler) ran during some of it
     device_wall_s: float | None = None
     device_phases_s: dict[str, float] | None = None
 
@@ -121,11 +122,11 @@ class StepLog:
         self._seed = seed
         self.clear()
 
-    def add(self, wall_s: float, phases_s: dict[str, float]) -> StepRecord | None:
+    def add(self, wall_s: float, phases_s: dict[str, float], profiled: bool = False) -> StepRecord | None:
         """Count one step; return its record if it is kept."""
         index = self.count
         self.count += 1
-        record = StepRecord(index, wall_s, phases_s)
+        record = StepRecord(index, wall_s, phases_s, profiled)
         if index < self.head_size:
             self._head.append(record)
             return record
@@ -275,10 +276,14 @@ class StepTracker:
       used only for loops that never step an optimizer (inference).
     The highest-priority kind seen defines the steps; when a higher one first appears, steps counted by a
     lower one are dropped (they were counted by a coarser marker) and counting restarts.
+
+    Profilers open *windows* (``window_opened`` / ``window_closed``); a step during any part of which a window
+    was open is marked ``profiled``. ``listeners`` are called with the index of each step as it begins.
     """
 
-    def __init__(self, now: float, log: StepLog | None = None) -> None:
+    def __init__(self, now: float, log: StepLog | None = None, clock: Callable[[], float] | None = None) -> None:
         self.log = log if log is not None else StepLog()
+        self._clock = clock  # times the listeners, whose work is gpuscope's and kept out of the step
         self.clock = PhaseClock(now)
         self.source: str | None = None
         self.dropped = 0  # steps dropped when a higher-priority marker appeared
@@ -286,6 +291,9 @@ class StepTracker:
         self._t0 = now
         self._open_t: float | None = now
         self._anchor_optimizer: int | None = None
+        self._windows = 0
+        self._profiled = False
+        self.listeners: list[Callable[[int], None]] = []
 
     # -- phases ------------------------------------------------------------------------------------------
     def enter(self, phase: str, now: float) -> None:
@@ -297,6 +305,16 @@ class StepTracker:
         """A timed phase ends."""
         if self.clock.exit(phase, now) and self.device is not None:
             self.device.mark(self._device_step(), self.clock.current)
+
+    # -- profiling windows -------------------------------------------------------------------------------
+    def window_opened(self) -> None:
+        """A profiler started: the current step, and every step until it stops, is profiled."""
+        self._windows += 1
+        self._profiled = True
+
+    def window_closed(self) -> None:
+        """A profiler stopped."""
+        self._windows = max(0, self._windows - 1)
 
     # -- markers -----------------------------------------------------------------------------------------
     def optimizer_stepped(self, optimizer_id: int, now: float) -> None:
@@ -320,9 +338,11 @@ class StepTracker:
             self._close_step(now)
         else:
             self.clock.split(now)  # time between epochs belongs to no step
+            self._profiled = self._windows > 0
         self._open_t = now
         if self.device is not None:
             self.device.mark(self.log.count, self.clock.current)
+        self._notify()
 
     def batch_exhausted(self, now: float) -> None:
         """That ``__next__`` raised StopIteration: no step began."""
@@ -376,13 +396,26 @@ class StepTracker:
         self._open_t = now
         if self.device is not None:
             self.device.mark(self.log.count, self.clock.current)
+        self._notify()
 
     def _close_step(self, now: float) -> None:
         wall = now - self._open_t  # type: ignore[operator]
         phases = self.clock.split(now)
-        self.log.add(wall, phases)
+        self.log.add(wall, phases, self._profiled)
+        self._profiled = self._windows > 0
         if self.device is not None:
             self._attach_device_times(self.device.poll())
+
+    def _notify(self) -> None:
+        if not self.listeners:
+            return
+        started = self._clock() if self._clock is not None else 0.0
+        for listener in self.listeners:
+            listener(self.log.count)
+        if self._clock is not None:
+            self.discount(started, self._clock())
+        # a window opened or closed by a listener did so exactly at this step's start
+        self._profiled = self._windows > 0
 
     def _device_step(self) -> int | None:
         return self.log.count if self._open_t is not None else None

@@ -76,7 +76,9 @@ class StepsCollector:
     def start(self, run_dir: Path) -> None:
         self._thread = threading.get_ident()
         self._pid = os.getpid()
-        self.tracker = StepTracker(self._clock(), StepLog(th.STEP_HEAD, th.STEP_CAPACITY))
+        self.tracker = StepTracker(self._clock(), StepLog(th.STEP_HEAD, th.STEP_CAPACITY), self._clock)
+        # first listener, so its one-time work comes before any profiler window opens or switches
+        self.tracker.listeners.append(self._after_boundary)
         watch = ImportWatch("torch", self._install_torch_hooks)
         self._undo.append(watch.remove)
         watch.install()
@@ -86,7 +88,24 @@ class StepsCollector:
         if self._mine():
             now = self._clock()
             self.tracker.explicit(now)  # type: ignore[union-attr]
-            self._after_boundary(now)
+
+    # -- for collectors that profile a window of steps -------------------------------------------------
+    def add_step_listener(self, listener: Callable[[int], None]) -> None:
+        """Call ``listener(index)`` as each step begins (in the training loop's thread, at the step boundary).
+        Time the listener takes is gpuscope's and is kept out of the step's figures."""
+        self.tracker.listeners.append(listener)  # type: ignore[union-attr]
+
+    def window_opened(self) -> None:
+        """A profiler started: steps it touches are left out of the steady-state figures."""
+        self.tracker.window_opened()  # type: ignore[union-attr]
+
+    def window_closed(self) -> None:
+        """A profiler stopped."""
+        self.tracker.window_closed()  # type: ignore[union-attr]
+
+    def steps_seen(self) -> int:
+        """Steps counted so far."""
+        return self.tracker.log.count  # type: ignore[union-attr]
 
     def stop(self) -> CollectorResult:
         for undo in reversed(self._undo):
@@ -164,7 +183,6 @@ class StepsCollector:
             tracker = self.tracker
             tracker.exit("optimizer", now)  # type: ignore[union-attr]
             tracker.optimizer_stepped(id(optimizer), now)  # type: ignore[union-attr]
-            self._after_boundary(now)
 
     def _wrap_next(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
         collector = self
@@ -174,8 +192,8 @@ class StepsCollector:
                 return original(iterator)
             tracker = collector.tracker
             clock = collector._clock
-            start = clock()
-            tracker.batch_requested(start)  # type: ignore[union-attr]
+            tracker.batch_requested(clock())  # type: ignore[union-attr]
+            start = clock()  # after any listener that ran at the step boundary
             tracker.enter("data_wait", start)  # type: ignore[union-attr]
             collector._loader_depth += 1
             try:
@@ -193,8 +211,6 @@ class StepsCollector:
             now = clock()
             tracker.exit("data_wait", now)  # type: ignore[union-attr]
             collector._count_batch(iterator, now - start)
-            if tracker.source == "dataloader":  # type: ignore[union-attr]
-                collector._after_boundary(now)
             return batch
 
         return __next__
@@ -226,23 +242,24 @@ class StepsCollector:
             self.tracker.exit("forward", self._clock())  # type: ignore[union-attr]
 
     # -- after each step boundary ------------------------------------------------------------------------
-    def _after_boundary(self, now: float) -> None:
-        """Once steps are being counted: hook the root modules, and start device timing when CUDA is up.
-        The time this takes is gpuscope's, and is kept out of the step it falls in."""
+    def _after_boundary(self, index: int) -> None:
+        """A step begins (a step listener): once steps are being counted, hook the root modules; start device
+        timing when CUDA is up. The tracker keeps the time this takes out of the step."""
         tracker = self.tracker
         if self._torch is None or tracker is None:
             return
         # Wait for the kind of marker that will define the steps: an optimizer usually steps within the first
         # batch, and then only the modules it trains are hooked. A loop with no optimizer has shown itself
         # after two batches.
-        settled = tracker.source != "dataloader" or tracker.log.count >= 2
+        settled = tracker.source != "dataloader" or index >= 2
         if not self._roots_found and settled:
             self._roots_found = True
+            started = self._clock()
             try:
                 self._hook_root_modules()
             except Exception as exc:
                 self._failures.append(f"forward not timed: {exc}")
-            self._discovery_s = self._clock() - now
+            self._discovery_s = self._clock() - started
         if tracker.device is None and not self._device_failed and self._cuda_initialized():
             torch = self._torch
             try:
@@ -254,7 +271,6 @@ class StepsCollector:
             except Exception as exc:
                 self._failures.append(f"device timing unavailable: {exc}")
                 self._device_failed = True
-        tracker.discount(now, self._clock())
 
     def _hook_root_modules(self) -> None:
         nn = self._torch.nn

@@ -40,6 +40,16 @@ def test_warmup_and_outliers_are_left_out_of_the_steady_state(walls, warmup, out
     assert steps.total == len(walls)
 
 
+def test_profiled_steps_are_left_out_and_counted() -> None:
+    recs = records([5.0] + [1.0] * 4 + [3.0] * 3 + [1.0] * 12)
+    for r in recs[5:8]:
+        r.profiled = True  # cProfile made them slower
+    steps = summarize(recs, total=20, head=64, body_weight=1.0, source="optimizer").steps
+    assert (steps.warmup, steps.profiled, steps.outliers, steps.count) == (1, 3, 0, 16)
+    assert steps.max_s == 1.0
+    assert steps.sample.status[5:8] == ("profiled",) * 3
+
+
 def test_warmup_never_swallows_more_than_a_quarter_of_the_run() -> None:
     walls = [10.0 - i * 0.5 for i in range(16)] + [1.0] * 4  # a run that keeps speeding up
     steps = summary_of(walls).steps

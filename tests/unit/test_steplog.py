@@ -264,6 +264,34 @@ class TestStepTracker:
         tracker.optimizer_stepped(1, 2.4)
         assert tracker.log.records()[-1].wall_s == pytest.approx(1.0)
 
+    def test_steps_touched_by_a_profiling_window_are_marked_profiled(self) -> None:
+        tracker = StepTracker(now=0.0)
+        begun = []
+        tracker.listeners.append(begun.append)
+        tracker.optimizer_stepped(1, 1.0)  # step 0: no window
+        tracker.window_opened()  # during step 1
+        tracker.optimizer_stepped(1, 2.0)
+        tracker.optimizer_stepped(1, 3.0)  # step 2: wholly inside
+        tracker.window_closed()  # during step 3
+        tracker.optimizer_stepped(1, 4.0)
+        tracker.optimizer_stepped(1, 5.0)  # step 4: after
+        assert [r.profiled for r in tracker.log.records()] == [False, True, True, True, False]
+        assert begun == [1, 2, 3, 4, 5]
+
+    def test_a_window_a_listener_opens_at_a_steps_start_covers_that_step_only_from_then(self) -> None:
+        tracker = StepTracker(now=0.0)
+
+        def profile_step_2_only(index: int) -> None:
+            if index == 2:
+                tracker.window_opened()
+            elif index == 3:
+                tracker.window_closed()
+
+        tracker.listeners.append(profile_step_2_only)
+        for t in range(1, 6):
+            tracker.optimizer_stepped(1, float(t))
+        assert [r.profiled for r in tracker.log.records()] == [False, False, True, False, False]
+
     def test_device_times_attach_to_their_steps(self) -> None:
         device = FakeDevice()
         tracker = StepTracker(now=0.0)

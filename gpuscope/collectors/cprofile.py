@@ -1,0 +1,146 @@
+"""Python functions, by cProfile: ``python.prof`` (``snakeviz python.prof`` or ``gpuscope view RUN_DIR``) and the
+top functions by own and cumulative time.
+
+cProfile can double the time of a Python-heavy loop, so by default it covers the start-up and the first
+``steps`` steps only; those steps are marked profiled and left out of the steady-state figures. It profiles the
+thread that runs the script (cProfile is per thread).
+
+Two profiles are kept: the start-up (through the first step, which also pays for imports and lazy
+initialisation) and the loop (the later steps of the window). ``python.prof`` holds both; the top functions
+come from the loop, so the training loop's hot spots are not drowned by ``import torch``.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import os
+import pstats
+import sys
+import sysconfig
+from pathlib import Path
+from typing import Any, ClassVar
+
+from gpuscope.collectors.base import CollectorResult
+from gpuscope.record import CollectorStatus, FunctionStat, PythonProfile, Window
+
+PROF_FILE = "python.prof"
+DEFAULT_STEPS = 5
+"""Steps profiled after the start-up: enough to see the loop's hot functions, few enough to cost little."""
+TOP_FUNCTIONS = 15
+_GPUSCOPE_DIR = str(Path(__file__).resolve().parent.parent) + os.sep
+
+
+class CProfileCollector:
+    """cProfile over the start-up and a window of steps (``steps=None``: the whole run)."""
+
+    name: ClassVar[str] = "cprofile"
+
+    def __init__(self, steps: int | None = DEFAULT_STEPS) -> None:
+        self.steps = steps
+        self._startup = cProfile.Profile()
+        self._loop: cProfile.Profile | None = None
+        self._active: cProfile.Profile | None = None
+        self._steps_collector: Any = None
+        self._last_step: int | None = None
+        self._error: str | None = None
+
+    def unavailable_reason(self) -> str | None:
+        if sys.getprofile() is not None:
+            return "another profiler (or a debugger) is already using sys.setprofile"
+        return None
+
+    def bind_steps(self, steps_collector: Any) -> None:
+        """Follow the run's steps: switch from the start-up to the loop profile, then close the window."""
+        self._steps_collector = steps_collector
+        steps_collector.add_step_listener(self._on_step)
+
+    def start(self, run_dir: Path) -> None:
+        self._run_dir = run_dir
+        self._switch(self._startup)
+        if self._steps_collector is not None:
+            self._steps_collector.window_opened()
+
+    def _on_step(self, index: int) -> None:
+        """Step ``index`` begins."""
+        if self._active is None:
+            return
+        if self.steps is not None and index >= self.steps:
+            self._close(last_step=index - 1)
+        elif self._active is self._startup and index >= 1:  # the first step belongs to the start-up
+            self._loop = cProfile.Profile()
+            self._switch(self._loop)
+
+    def _switch(self, profile: cProfile.Profile | None) -> None:
+        try:
+            if self._active is not None:
+                self._active.disable()
+            if profile is not None:
+                profile.enable()
+        except Exception as exc:  # never into the user's step
+            self._error = f"cProfile could not be switched: {exc}"
+            profile = None
+        self._active = profile
+
+    def _close(self, last_step: int | None) -> None:
+        self._switch(None)
+        self._last_step = last_step
+        if self._steps_collector is not None:
+            self._steps_collector.window_closed()
+
+    def stop(self) -> CollectorResult:
+        whole_run = self._active is not None
+        if self._active is not None:
+            seen = self._steps_collector.steps_seen() if self._steps_collector is not None else 0
+            self._close(last_step=seen - 1)
+        if self._error:
+            return CollectorResult(CollectorStatus("failed", self._error))
+        path = self._run_dir / PROF_FILE
+        startup = pstats.Stats(self._startup)
+        combined = pstats.Stats(self._startup)
+        loop = pstats.Stats(self._loop) if self._loop is not None else None
+        if loop is not None:
+            combined.add(loop)
+        combined.dump_stats(str(path))
+        focus = loop if loop is not None else startup  # no loop: the whole run was start-up
+        last = self._last_step if self._last_step is not None and self._last_step >= 0 else None
+        profile = PythonProfile(
+            window=Window(first_step=0 if last is not None else None, last_step=last, startup=True),
+            whole_run=whole_run,
+            total_s=combined.total_tt,  # type: ignore[attr-defined]
+            startup_s=startup.total_tt,  # type: ignore[attr-defined]
+            top_own=top_functions(focus, by="own"),
+            top_cumulative=top_functions(focus, by="cumulative"),
+            workers_profiled=False,
+            workers_note="DataLoader worker processes are not profiled; with num_workers=0 the data pipeline "
+                         "runs in the main process and is in python.prof",
+        )
+        return CollectorResult(CollectorStatus("ok"), profile)
+
+
+def top_functions(stats: pstats.Stats, by: str, limit: int = TOP_FUNCTIONS) -> tuple[FunctionStat, ...]:
+    """The user's heaviest functions by own (``own``) or cumulative (``cumulative``) time; gpuscope's own
+    functions and the profiler's are left out (python.prof keeps everything)."""
+    rows = []
+    for (file, line, function), (_, calls, own, cumulative, _) in stats.stats.items():  # type: ignore[attr-defined]
+        if file.startswith(_GPUSCOPE_DIR) or "_lsprof.Profiler" in function:
+            continue
+        rows.append(FunctionStat(function, short_path(file), line, calls, own, cumulative))
+    key = (lambda r: r.own_s) if by == "own" else (lambda r: r.cumulative_s)
+    return tuple(sorted(rows, key=lambda r: (-key(r), r.file, r.line, r.function))[:limit])
+
+
+def short_path(file: str) -> str:
+    """A function's file as the user knows it: relative to the cwd, from site-packages, or from the stdlib;
+    never a home directory."""
+    if file == "~" or not os.path.isabs(file):
+        return file  # built-ins ("~") and synthetic names ("<string>")
+    cwd = os.getcwd() + os.sep
+    if file.startswith(cwd):
+        return file[len(cwd):]
+    for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
+        if marker in file:
+            return file.split(marker, 1)[1]
+    stdlib = sysconfig.get_paths()["stdlib"] + os.sep
+    if file.startswith(stdlib):
+        return "<stdlib>/" + file[len(stdlib):]
+    return os.path.basename(file)

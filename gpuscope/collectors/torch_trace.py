@@ -1,0 +1,280 @@
+"""torch.profiler over a few steady-state steps: ``trace.json`` (Perfetto, chrome://tracing) under a size cap, the
+top ops by host and device time, op counts per step, and on CUDA the kernel timeline figures.
+
+The window is placed by ``trace_window``, a pure function of the step index (like ``torch.profiler.schedule``):
+after the cProfile window and a clean step, one warm-up step (the profiler runs, nothing is kept) and
+``active`` recorded steps. Steps in the window are marked profiled and left out of the steady-state figures.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from gpuscope.collectors.base import CollectorResult
+from gpuscope.record import CollectorStatus, OpProfile, OpStat, Window
+
+TRACE_FILE = "trace.json"
+DEFAULT_START = 6
+"""First step of the window: after cProfile's default window (steps 0-4) and one clean step."""
+DEFAULT_ACTIVE = 3
+"""Steps recorded: a few are enough to see the loop's ops and kernels; each costs trace size."""
+WARMUP_STEPS = 1
+"""torch.profiler's own warm-up: the profiler runs a step before recording, so its start-up cost is not traced."""
+DEFAULT_MAX_BYTES = 50 * 1024 * 1024
+"""trace.json's cap: Perfetto and chrome://tracing open 50 MB comfortably; much larger traces do not open."""
+TOP_OPS = 15
+SHORT_OP_US = 10.0
+"""When a trace must shrink, CPU ops shorter than this (microseconds) go first: they are the most numerous."""
+
+Phase = Literal["before", "warmup", "active", "after"]
+
+
+def trace_window(index: int, start: int, active: int) -> Phase:
+    """Where step ``index`` lies relative to the window starting at ``start``."""
+    if index < start:
+        return "before"
+    if index < start + WARMUP_STEPS:
+        return "warmup"
+    if index < start + WARMUP_STEPS + active:
+        return "active"
+    return "after"
+
+
+class TorchTraceCollector:
+    """torch.profiler over a window of steps."""
+
+    name: ClassVar[str] = "torch-trace"
+
+    def __init__(self, start: int = DEFAULT_START, active: int = DEFAULT_ACTIVE,
+                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.start_step = start
+        self.active = active
+        self.max_bytes = max_bytes
+        self._prof: Any = None
+        self._finished = False
+        self._steps_collector: Any = None
+        self._stats: list[OpStat] | None = None
+        self._ops = 0
+        self._self_host_s = 0.0
+        self._recorded: list[int] = []
+        self._error: str | None = None
+        self._cuda = False
+
+    def unavailable_reason(self) -> str | None:
+        if self.active <= 0:
+            return "turned off (--trace-steps 0)"
+        return None
+
+    def bind_steps(self, steps_collector: Any) -> None:
+        """Follow the run's steps, to open and close the window."""
+        self._steps_collector = steps_collector
+        steps_collector.add_step_listener(self._on_step)
+
+    def start(self, run_dir: Path) -> None:
+        self._run_dir = run_dir
+
+    # -- at each step boundary -----------------------------------------------------------------------------
+    def _on_step(self, index: int) -> None:
+        if self._error is not None or self._finished or "torch" not in sys.modules:
+            return
+        phase = trace_window(index, self.start_step, self.active)
+        try:
+            if self._prof is None:
+                if phase != "before":
+                    self._begin(index)
+                return
+            if phase == "active":
+                self._recorded.append(index)
+            with _kineto_quiet():
+                self._prof.step()
+            if phase == "after":
+                self._end()
+        except Exception as exc:  # the user's step goes on; this collector reports failed
+            self._error = f"torch.profiler failed: {exc}"
+            self._abandon()
+
+    def _begin(self, index: int) -> None:
+        import torch
+        from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        self._cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        if self._cuda:
+            activities.append(ProfilerActivity.CUDA)
+        def schedule(step: int) -> ProfilerAction:
+            phase = trace_window(step, self.start_step, self.active)
+            if phase == "warmup":
+                return ProfilerAction.WARMUP
+            if phase == "active":
+                last = step == self.start_step + WARMUP_STEPS + self.active - 1
+                return ProfilerAction.RECORD_AND_SAVE if last else ProfilerAction.RECORD
+            return ProfilerAction.NONE
+
+        self._prof = profile(
+            activities=activities,
+            schedule=schedule,
+            on_trace_ready=self._trace_ready,
+            record_shapes=False,
+            with_stack=False,  # stacks make traces many times larger; cProfile has the Python side
+        )
+        # count the profiler's steps as gpuscope does, so trace.json's ProfilerStep#N is run.json's step N
+        self._prof.step_num = index
+        self._prof.current_action = schedule(index)
+        with _kineto_quiet():
+            self._prof.start()
+        self._steps_collector.window_opened()
+
+    def _trace_ready(self, prof: Any) -> None:
+        """The recorded steps are done: save the trace and the op table (plain numbers) now; the rest of the
+        analysis waits for the end of the run."""
+        prof.export_chrome_trace(str(self._run_dir / TRACE_FILE))
+        self._stats, self._ops, self._self_host_s = _op_table(prof.key_averages())
+
+    def _end(self) -> None:
+        prof, self._prof = self._prof, None
+        self._finished = True
+        with _kineto_quiet():
+            prof.stop()
+        self._steps_collector.window_closed()
+
+    def _abandon(self) -> None:
+        if self._prof is not None:
+            try:
+                self._end()
+            except Exception:
+                self._prof = None
+
+    # -- end of the run ------------------------------------------------------------------------------------
+    def stop(self) -> CollectorResult:
+        if self._prof is not None:
+            try:
+                self._end()  # the run ended inside the window: keep what was recorded
+            except Exception as exc:
+                self._error = self._error or f"torch.profiler failed: {exc}"
+        if self._error is not None:
+            return CollectorResult(CollectorStatus("failed", self._error))
+        if self._stats is None:
+            return CollectorResult(CollectorStatus(
+                "unavailable",
+                f"the run ended before the profiled steps ({self.start_step + WARMUP_STEPS}-"
+                f"{self.start_step + WARMUP_STEPS + self.active - 1}); run more steps to get trace.json"))
+        path = self._run_dir / TRACE_FILE
+        events, detail = cap_trace(path, self.max_bytes)
+        steps = max(1, len(self._recorded))
+        from gpuscope.analysis.kernels import kernel_timeline
+
+        kernels = kernel_timeline(events, window_wall_s(events), steps) if self._cuda else None
+        top_host = tuple(sorted(self._stats, key=lambda o: (-o.self_host_s, o.name))[:TOP_OPS])
+        top_device = tuple(o for o in sorted(self._stats, key=lambda o: (-o.device_s, o.name)) if o.device_s > 0)
+        profile = OpProfile(
+            window=Window(self._recorded[0] if self._recorded else None,
+                          self._recorded[-1] if self._recorded else None),
+            steps=len(self._recorded),
+            trace_bytes=path.stat().st_size,
+            trace_detail=detail,
+            ops=self._ops,
+            ops_per_step=self._ops / steps,
+            mean_op_s=self._self_host_s / self._ops if self._ops else 0.0,
+            top_host=top_host,
+            top_device=top_device[:TOP_OPS],
+            kernels=kernels,
+        )
+        return CollectorResult(CollectorStatus("ok"), profile)
+
+
+def _op_table(averages: Any) -> tuple[list[OpStat], int, float]:
+    """Per-op totals from ``key_averages()``; user annotations (ProfilerStep#, Optimizer.step#...) are ranges,
+    not ops, and are left out."""
+    stats, ops, self_host = [], 0, 0.0
+    for avg in averages:
+        if getattr(avg, "is_user_annotation", False) or avg.key.startswith("ProfilerStep"):
+            continue
+        device_us = getattr(avg, "self_device_time_total", 0.0) or 0.0
+        stats.append(OpStat(avg.key, int(avg.count), avg.self_cpu_time_total / 1e6, device_us / 1e6))
+        ops += int(avg.count)
+        self_host += avg.self_cpu_time_total / 1e6
+    return stats, ops, self_host
+
+
+def window_wall_s(events: list[dict[str, Any]]) -> float:
+    """Wall time of the recorded steps: from the first ProfilerStep# range's start to the last one's end."""
+    spans = [(e["ts"], e["ts"] + e.get("dur", 0)) for e in events
+             if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    if not spans:
+        return 0.0
+    return (max(end for _, end in spans) - min(start for start, _ in spans)) / 1e6
+
+
+def cap_trace(path: Path, max_bytes: int) -> tuple[list[dict[str, Any]], str]:
+    """Keep ``path`` under ``max_bytes``, dropping detail in steps: short CPU ops first, then all but the first
+    recorded step, then the shortest events. Returns the events kept and what was dropped ("full": nothing)."""
+    trace = json.loads(path.read_text())
+    events: list[dict[str, Any]] = trace.get("traceEvents", [])
+    if path.stat().st_size <= max_bytes:
+        return events, "full"
+    cuts: list[tuple[str, Callable[[list[dict[str, Any]]], list[dict[str, Any]]]]] = [
+        (f"CPU ops under {SHORT_OP_US:.0f} us dropped", lambda ev: [
+            e for e in ev if not (e.get("cat") == "cpu_op" and e.get("dur", 0) < SHORT_OP_US)]),
+        ("first recorded step only", _first_step_only),
+        ("longest events only", lambda ev: sorted(ev, key=lambda e: -e.get("dur", 0))[: max(1, len(ev) // 2)]),
+    ]
+    detail = "full"
+    for label, cut in cuts:
+        events = cut(events)
+        detail = label if detail == "full" else f"{detail}; {label}"
+        if _write_trace(path, trace, events) <= max_bytes:
+            return events, detail
+    while len(events) > 1 and _write_trace(path, trace, events) > max_bytes:
+        events = events[: len(events) // 2]
+    return events, detail
+
+
+def _first_step_only(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    steps = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in events
+                   if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X")
+    if not steps:
+        return events
+    start, end = steps[0]
+    return [e for e in events if "ts" not in e or start <= e["ts"] <= end]
+
+
+def _write_trace(path: Path, trace: dict[str, Any], events: list[dict[str, Any]]) -> int:
+    trace["traceEvents"] = events
+    path.write_text(json.dumps(trace, separators=(",", ":")))
+    return path.stat().st_size
+
+
+@contextmanager
+def _kineto_quiet() -> Iterator[None]:
+    """Kineto prints ``USDT: ... profiler_start`` lines straight to file descriptor 2 on each start and stop,
+    and no setting turns them off. Capture fd 2 around the profiler's calls and pass on every other line, so
+    the user's stderr reads as it would without gpuscope."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        capture = tempfile.TemporaryFile()
+        os.dup2(capture.fileno(), 2)
+    except (OSError, ValueError):
+        yield
+        return
+    try:
+        yield
+    finally:
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(saved, 2)
+        os.close(saved)
+        capture.seek(0)
+        kept = [line for line in capture.read().splitlines(keepends=True) if not line.startswith(b"USDT:")]
+        capture.close()
+        if kept:
+            os.write(2, b"".join(kept))

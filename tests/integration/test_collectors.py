@@ -1,0 +1,119 @@
+"""The collectors on real runs: python.prof, trace.json, the records they feed, and faults that stay contained."""
+
+from __future__ import annotations
+
+import json
+import pstats
+from pathlib import Path
+
+import pytest
+
+from conftest import SAMPLES, SCRIPTS, load_run, run_gpuscope
+from gpuscope.collectors.base import CollectorResult
+from gpuscope.collectors.steps import StepsCollector
+from gpuscope.record import CollectorStatus
+from gpuscope.session import Session
+
+
+def profile(tmp_path: Path, script: Path, *args: str, options: tuple[str, ...] = ()) -> tuple[Path, dict]:
+    run_dir = tmp_path / "run"
+    result = run_gpuscope(["run", "-q", "-o", str(run_dir), *options, str(script), *args], tmp_path, timeout=180)
+    assert result.returncode == 0, result.stderr
+    return run_dir, load_run(run_dir)
+
+
+@pytest.fixture(scope="module")
+def data_bound_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    return profile(tmp_path_factory.mktemp("data"), SAMPLES / "data_loading_bound.py", "--steps", "16")
+
+
+def test_python_prof_loads_with_pstats_and_names_the_workloads_hot_function(data_bound_run) -> None:
+    run_dir, record = data_bound_run
+    stats = pstats.Stats(str(run_dir / "python.prof"))
+    functions = {name for (_, _, name) in stats.stats}  # type: ignore[attr-defined]
+    assert {"blur", "__getitem__"} <= functions
+    top = [f["function"] for f in record["python_profile"]["top_cumulative"]]
+    assert "__getitem__" in top
+    assert record["python_profile"]["window"] == {"first_step": 0, "last_step": 4, "startup": True}
+
+
+def test_trace_json_holds_the_profiled_steps_ops(data_bound_run) -> None:
+    run_dir, record = data_bound_run
+    trace = json.loads((run_dir / "trace.json").read_text())
+    names = {e.get("name", "") for e in trace["traceEvents"]}
+    assert {"ProfilerStep#7", "ProfilerStep#8", "ProfilerStep#9"} <= names
+    assert any(n.startswith("aten::conv") for n in names)
+    ops = record["op_profile"]
+    assert ops["window"] == {"first_step": 7, "last_step": 9, "startup": False}
+    assert ops["trace_bytes"] == (run_dir / "trace.json").stat().st_size
+    assert ops["ops_per_step"] > 10
+    assert any(o["name"].startswith("aten::") for o in ops["top_host"])
+    assert ops["kernels"] is None  # a CPU run has no kernel timeline
+
+
+def test_profiled_steps_are_left_out_of_the_step_figures(data_bound_run) -> None:
+    _, record = data_bound_run
+    steps = record["steps"]
+    assert steps["profiled"] == 8  # cProfile's steps 1-4, torch.profiler's 6-9 (step 0 is warm-up)
+    assert steps["count"] == steps["total"] - steps["warmup"] - steps["profiled"] - steps["outliers"]
+    status = dict(zip(steps["sample"]["index"], steps["sample"]["status"]))
+    assert [status[i] for i in (5, 6, 9, 10)] == ["steady", "profiled", "profiled", "steady"]
+
+
+def test_trace_json_stays_under_its_cap(tmp_path: Path) -> None:
+    run_dir, record = profile(tmp_path, SAMPLES / "cpu_launch_bound.py", "--steps", "60",
+                              options=("--trace-max-mb", "0.05"))
+    size = (run_dir / "trace.json").stat().st_size
+    assert size <= 0.05 * 1024 * 1024
+    assert record["op_profile"]["trace_detail"] != "full"
+    json.loads((run_dir / "trace.json").read_text())
+
+
+def test_a_run_too_short_for_the_trace_window_says_so(tmp_path: Path) -> None:
+    _, record = profile(tmp_path, SCRIPTS / "exit_with.py", "ok")  # 6 steps
+    status = record["collectors"]["torch-trace"]
+    assert status["status"] == "unavailable"
+    assert "run more steps" in status["reason"]
+
+
+def test_the_whole_run_can_be_profiled_by_cprofile(tmp_path: Path) -> None:
+    _, record = profile(tmp_path, SCRIPTS / "loader_workers.py", "--workers", "0", options=("--cprofile-all",))
+    assert record["python_profile"]["whole_run"]
+    assert record["steps"]["profiled"] == record["steps"]["total"] - record["steps"]["warmup"]
+
+
+class Broken:
+    """A collector that fails wherever it is asked to."""
+
+    name = "broken"
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def unavailable_reason(self) -> str | None:
+        return None
+
+    def start(self, run_dir: Path) -> None:
+        if self.where == "start":
+            raise RuntimeError("injected fault at start")
+
+    def stop(self) -> CollectorResult:
+        raise RuntimeError("injected fault at stop")
+
+
+@pytest.mark.parametrize("where", ["start", "stop"])
+def test_a_failing_collector_is_reported_and_the_others_keep_their_data(tmp_path: Path, where: str) -> None:
+    torch = pytest.importorskip("torch")
+    session = Session(tmp_path, ["in-process"], [StepsCollector(), Broken(where)])
+    session.start()
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(8):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+    record = session.stop(3)
+    assert record.collectors["broken"] == CollectorStatus("failed", f"RuntimeError: injected fault at {where}")
+    assert record.collectors["steps"].status == "ok"
+    assert record.steps.total == 8
+    assert record.exit_status == 3
+    assert load_run(tmp_path)["collectors"]["broken"]["status"] == "failed"

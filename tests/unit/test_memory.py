@@ -1,0 +1,167 @@
+"""Host memory sampling: real RSS of the process and its children, bounded and evenly spaced series, peaks."""
+
+from __future__ import annotations
+
+import multiprocessing
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuscope.collectors.memory import (
+    BoundedSeries,
+    HostMemoryCollector,
+    MemoryPeaks,
+    MemorySample,
+    build_host_memory,
+    next_deadline,
+    peaks_of,
+    thin,
+)
+from gpuscope.record import CollectorStatus, HostMemory
+
+MB = 1 << 20
+
+
+def _hold_memory(size: int, ready: Any, release: Any) -> None:
+    """A worker's body: touch ``size`` bytes, say so, and keep them until released."""
+    block = b"\x01" * size  # written, so resident (a zeroed allocation may not be)
+    ready.set()
+    release.wait(10)
+    del block
+
+
+def _stop(collector: HostMemoryCollector) -> HostMemory:
+    """Stop the collector and return its (successful) payload."""
+    result = collector.stop()
+    assert result.status == CollectorStatus("ok")
+    assert isinstance(result.payload, HostMemory)
+    return result.payload
+
+
+class TestHostMemoryCollector:
+    def test_an_allocation_held_during_the_run_shows_in_the_peak(self, tmp_path: Path) -> None:
+        # given a collector sampling a run that holds 200 MB for half a second, then frees it before stop
+        collector = HostMemoryCollector(interval_s=0.05)
+        assert collector.unavailable_reason() is None
+        collector.start(tmp_path)
+        block = b"\x01" * (200 * MB)
+        time.sleep(0.5)
+        del block
+        # when it stops
+        memory = _stop(collector)
+        # then the sampling thread caught the allocation while it was held
+        assert memory.peak_process_bytes - memory.process_bytes[0] >= 150 * MB
+        assert memory.peak_bytes >= memory.peak_process_bytes
+        assert len(memory.t_s) == len(memory.process_bytes) == len(memory.workers_bytes) >= 5
+        assert list(memory.t_s) == sorted(memory.t_s) and memory.t_s[0] == pytest.approx(0.0, abs=0.05)
+
+    def test_a_child_process_counts_as_a_worker(self, tmp_path: Path) -> None:
+        # given a forked child holding 100 MB while the collector runs
+        context = multiprocessing.get_context("fork")
+        ready, release = context.Event(), context.Event()
+        collector = HostMemoryCollector(interval_s=0.05, children_scan_s=0.05)
+        collector.start(tmp_path)
+        child = context.Process(target=_hold_memory, args=(100 * MB, ready, release), daemon=True)
+        child.start()
+        try:
+            assert ready.wait(10)
+            time.sleep(0.15)
+            # when the collector stops while the child is alive
+            memory = _stop(collector)
+        finally:
+            release.set()
+            child.join(10)
+        # then the child's memory is in the workers' series, and it was counted
+        assert memory.max_workers >= 1
+        assert memory.peak_workers_bytes >= 90 * MB
+        assert max(memory.workers_bytes) == memory.peak_workers_bytes
+        assert memory.peak_bytes >= memory.peak_workers_bytes + min(memory.process_bytes)
+
+    def test_a_very_short_run_still_has_a_first_and_a_last_sample(self, tmp_path: Path) -> None:
+        collector = HostMemoryCollector(interval_s=10.0)
+        collector.start(tmp_path)
+        memory = _stop(collector)
+        assert len(memory.t_s) >= 2
+        assert memory.interval_s == 10.0
+        assert min(memory.process_bytes) > 0
+        assert memory.max_workers == 0 and memory.peak_workers_bytes == 0
+
+    def test_a_long_run_stays_bounded_with_a_coarser_interval(self, tmp_path: Path) -> None:
+        # given a tiny capacity and a fast interval
+        collector = HostMemoryCollector(interval_s=0.005, max_samples=8)
+        collector.start(tmp_path)
+        time.sleep(0.3)
+        memory = _stop(collector)
+        # then at most 8 samples are kept, the final one included, and the interval has doubled each time
+        assert len(memory.t_s) <= 8
+        assert memory.interval_s >= 0.01
+        assert memory.interval_s / 0.005 in {2.0**k for k in range(1, 12)}
+
+
+class TestBoundedSeries:
+    def test_thinning_keeps_every_other_sample_from_the_first(self) -> None:
+        assert thin(list(range(10))) == [0, 2, 4, 6, 8]
+        assert thin([7]) == [7]
+        assert thin([]) == []
+
+    def test_a_full_series_halves_and_doubles_its_interval(self) -> None:
+        # given a series of at most 8 samples, fed on the schedule its interval sets (as the sampler does)
+        series: BoundedSeries[float] = BoundedSeries(interval_s=1.0, max_samples=8)
+        t = 0.0
+        for _ in range(20):
+            series.add(t)
+            t += series.interval_s
+            # then it never holds more than 8 samples, all evenly spaced at the current interval
+            kept = series.samples
+            assert len(kept) <= 8
+            assert {b - a for a, b in zip(kept, kept[1:])} <= {series.interval_s}
+        # and it spans the whole run at a coarser interval (thinned at the 9th, 13th and 17th sample)
+        assert series.interval_s == 8.0
+        assert series.samples == [0.0, 8.0, 16.0, 24.0, 32.0, 40.0, 48.0, 56.0]
+
+    def test_an_odd_capacity_is_rounded_up_to_keep_the_spacing_even(self) -> None:
+        series: BoundedSeries[int] = BoundedSeries(interval_s=1.0, max_samples=5)
+        assert series.max_samples == 6
+
+    @pytest.mark.parametrize("interval_s, max_samples", [(0.0, 10), (-1.0, 10), (0.1, 1)])
+    def test_nonsense_settings_are_refused(self, interval_s: float, max_samples: int) -> None:
+        with pytest.raises(ValueError):
+            BoundedSeries(interval_s, max_samples)
+
+
+class TestPeaks:
+    SAMPLES = [
+        MemorySample(0.0, 100, 0, 0),
+        MemorySample(0.1, 300, 50, 2),
+        MemorySample(0.2, 200, 400, 4),
+        MemorySample(0.3, 150, 10, 1),
+    ]
+
+    def test_peaks_are_the_highest_readings_and_the_highest_sum_at_one_sample(self) -> None:
+        peaks = peaks_of(self.SAMPLES)
+        assert peaks == MemoryPeaks(total_bytes=600, process_bytes=300, workers_bytes=400, workers=4)
+
+    def test_the_record_carries_the_series_and_the_peaks(self) -> None:
+        memory = build_host_memory(self.SAMPLES, interval_s=0.1)
+        assert memory == HostMemory(
+            interval_s=0.1, peak_bytes=600, peak_process_bytes=300, peak_workers_bytes=400, max_workers=4,
+            t_s=(0.0, 0.1, 0.2, 0.3), process_bytes=(100, 300, 200, 150), workers_bytes=(0, 50, 400, 10),
+        )
+
+    def test_peaks_of_thinned_samples_are_not_lost(self) -> None:
+        # given peaks from samples that thinning dropped
+        earlier = MemoryPeaks(total_bytes=5000, process_bytes=4000, workers_bytes=1000, workers=8)
+        memory = build_host_memory(self.SAMPLES[::2], interval_s=0.2, peaks=earlier)
+        assert (memory.peak_bytes, memory.peak_process_bytes, memory.peak_workers_bytes, memory.max_workers) == (
+            5000, 4000, 1000, 8)
+        assert memory.t_s == (0.0, 0.2)
+
+
+class TestSchedule:
+    def test_the_next_sample_is_one_interval_after_the_last_deadline(self) -> None:
+        assert next_deadline(10.0, 0.5, now=10.2) == 10.5
+
+    def test_an_overrun_restarts_the_schedule_instead_of_bursting(self) -> None:
+        assert next_deadline(10.0, 0.5, now=11.3) == pytest.approx(11.8)
