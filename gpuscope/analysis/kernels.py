@@ -24,36 +24,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gpuscope.analysis.thresholds import KERNEL_WAIT_MAX_GAP_S, TENSOR_CORE_KERNEL_PATTERNS
 from gpuscope.record import KernelTimeline
-
-# -- thresholds (to move to gpuscope/analysis/thresholds.py) --------------------------------------------------
-KERNEL_WAIT_MAX_GAP_S = 30e-6
-"""A gap between kernels shorter than this, with the next kernel already queued, is the cost of starting the next
-kernel (kernel wait), not a stall. Holistic Trace Analysis's default ``consecutive_kernel_delay=30``
-(``TraceAnalysis.get_idle_time_breakdown``): its docstring says nanoseconds, but HTA compares it with gaps in the
-trace's own unit, Kineto's microseconds (its parser keeps ``ts`` in us), so in effect 30 us. HTA's PR #283 gives
-the same order: queued consecutive kernels typically start within 10 us of the previous one ending."""
-
-TENSOR_CORE_KERNEL_PATTERNS: tuple[str, ...] = (
-    # PyProf's tc.py list, kept by the PyTorch TensorBoard plugin (kineto tb_plugin ``TC_Allowlist``) and by
-    # TensorFlow's profiler (``IsKernelUsingTensorCore``): cuBLAS/cuDNN names carry the MMA shape,
-    # e.g. volta_h884gemm, turing_fp16_s1688cudnn, ampere_fp16_s16816gemm, ampere_tf32_s1688gemm.
-    "h884", "s884", "i884", "h1688", "s1688", "i1688", "c1688", "i8816", "16816",
-    # The MMA instruction families in cuDNN/cuBLAS/CUTLASS names: sm80_xmma_gemm..., sm90_xmma_fprop_implicit_gemm...
-    "xmma", "hmma", "imma",
-    # CUTLASS calls Tensor Core kernels ``TensorOp`` (CUDA-core ones ``Simt``): cutlass_80_tensorop_s16816gemm...,
-    # cutlass3x_sm90_tensorop_gemm...
-    "tensorop",
-    # Hopper warpgroup MMA (``wgmma`` / ``gmma`` in CUTLASS 3 and cuBLAS names).
-    "wgmma", "gmma",
-    # cuBLAS 12.x's GEMMs for Hopper and later (nvjet_hsh_..., nvjet_tst_...), warpgroup MMA kernels.
-    "nvjet",
-    # FlashAttention-2 (torch's scaled_dot_product_attention flash backend): fp16/bf16 only, built on mma.sync.
-    "flash_fwd", "flash_bwd",
-)
-"""Substrings of kernel names that show Tensor Core use, matched case-insensitively. A name heuristic: a kernel
-that uses Tensor Cores under an unlisted name counts as not using them. The TensorBoard plugin's cuDNN-only entries
-(``conv1x1``, ``direct_group``...) are left out: they name a convolution shape, not the instruction used."""
 
 _US_PER_S = 1e6  # Kineto (like the Chrome trace format) writes ts and dur in microseconds
 _LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})

@@ -23,8 +23,10 @@ def default_collectors(options: CollectOptions | None = None) -> list[Collector]
     """Fresh instances of the collectors a run uses, in start order (the steps collector first: the others
     follow its steps)."""
     from gpuscope.collectors.cprofile import CProfileCollector
+    from gpuscope.collectors.cuda_memory import CudaMemoryCollector
     from gpuscope.collectors.memory import HostMemoryCollector
     from gpuscope.collectors.nvml import NvmlCollector
+    from gpuscope.collectors.nvtx import NvtxCollector
     from gpuscope.collectors.steps import StepsCollector
     from gpuscope.collectors.torch_trace import TorchTraceCollector
 
@@ -35,6 +37,8 @@ def default_collectors(options: CollectOptions | None = None) -> list[Collector]
         TorchTraceCollector(options.trace_start, options.trace_steps, options.trace_max_bytes),
         HostMemoryCollector(),
         NvmlCollector(),
+        NvtxCollector(),
+        CudaMemoryCollector(),
     ]
 
 

@@ -294,17 +294,25 @@ class StepTracker:
         self._windows = 0
         self._profiled = False
         self.listeners: list[Callable[[int], None]] = []
+        self.phase_listeners: list[Callable[[str], None]] = []  # called with the phase now charged
 
     # -- phases ------------------------------------------------------------------------------------------
     def enter(self, phase: str, now: float) -> None:
         """A timed phase begins."""
-        if self.clock.enter(phase, now) and self.device is not None:
-            self.device.mark(self._device_step(), phase)
+        if self.clock.enter(phase, now):
+            self._phase_changed()
 
     def exit(self, phase: str, now: float) -> None:
         """A timed phase ends."""
-        if self.clock.exit(phase, now) and self.device is not None:
-            self.device.mark(self._device_step(), self.clock.current)
+        if self.clock.exit(phase, now):
+            self._phase_changed()
+
+    def _phase_changed(self) -> None:
+        phase = self.clock.current
+        if self.device is not None:
+            self.device.mark(self._device_step(), phase)
+        for listener in self.phase_listeners:
+            listener(phase)
 
     # -- profiling windows -------------------------------------------------------------------------------
     def window_opened(self) -> None:

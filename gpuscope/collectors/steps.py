@@ -95,6 +95,15 @@ class StepsCollector:
         Time the listener takes is gpuscope's and is kept out of the step's figures."""
         self.tracker.listeners.append(listener)  # type: ignore[union-attr]
 
+    def add_phase_listener(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(phase)`` whenever the phase being timed changes ("other" between phases). Called on
+        the loop's hot path: keep it to a few microseconds."""
+        self.tracker.phase_listeners.append(listener)  # type: ignore[union-attr]
+
+    def cuda_in_use(self) -> bool:
+        """Whether the script has initialised CUDA (gpuscope never does it first)."""
+        return self._cuda_initialized()
+
     def window_opened(self) -> None:
         """A profiler started: steps it touches are left out of the steady-state figures."""
         self.tracker.window_opened()  # type: ignore[union-attr]

@@ -25,6 +25,23 @@ def test_a_dataloader_with_two_workers_runs_under_each_start_method(tmp_path: Pa
     assert (loader["num_workers"], loader["start_method"], loader["batches"]) == (2, start_method, 16)
 
 
+@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
+def test_four_workers_run_under_each_start_method_and_their_memory_is_counted(tmp_path: Path, start_method: str) -> None:
+    run_dir = tmp_path / "run"
+    result = run_gpuscope(
+        ["run", "-q", "-o", str(run_dir), str(SCRIPTS / "loader_workers.py"), "--workers", "4",
+         "--start-method", start_method, "--epochs", "3"],
+        tmp_path,
+    )
+    assert result.returncode == 0, result.stderr
+    record = load_run(run_dir)
+    assert record["steps"]["total"] == 24
+    memory = record["host_memory"]
+    assert memory["max_workers"] >= 4
+    assert memory["peak_workers_bytes"] > 4 * 20 * 2**20  # each worker holds a Python with torch
+    assert memory["peak_bytes"] >= memory["peak_process_bytes"]
+
+
 def test_phases_are_timed_by_hooks(tmp_path: Path) -> None:
     # given a loop whose data takes 20 ms, forward 30 ms and backward 10 ms of host time per step
     run_dir = tmp_path / "run"

@@ -1,0 +1,88 @@
+"""CUDA caching-allocator memory at each step boundary: allocated, reserved, and the peak so far. Read from the
+allocator's host-side counters (no synchronisation), only once the script has initialised CUDA.
+
+Observe only: the peak is never reset (``reset_peak_memory_stats`` would change what the script itself may
+read), so per-step peaks are "peak so far".
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, NamedTuple
+
+from gpuscope.collectors.base import CollectorResult
+from gpuscope.collectors.memory import BoundedSeries
+from gpuscope.record import CollectorStatus, CudaMemory
+
+MAX_STEPS_KEPT = 2000
+"""Steps recorded one by one; longer runs keep every k-th step, k doubling as needed."""
+
+
+class _Reading(NamedTuple):
+    step: int
+    allocated: int
+    reserved: int
+    peak: int
+
+
+class CudaMemoryCollector:
+    """Allocator memory per step on CUDA runs."""
+
+    name: ClassVar[str] = "cuda-memory"
+
+    def __init__(self, cuda: Any = None, max_steps: int = MAX_STEPS_KEPT) -> None:
+        self._cuda = cuda  # torch.cuda (tests pass a fake)
+        self._series: BoundedSeries[_Reading] = BoundedSeries(1.0, max_steps)  # interval in steps
+        self._steps_collector: Any = None
+        self._active = False
+        self._error: str | None = None
+
+    def unavailable_reason(self) -> str | None:
+        return None
+
+    def bind_steps(self, steps_collector: Any) -> None:
+        self._steps_collector = steps_collector
+        steps_collector.add_step_listener(self._on_step)
+
+    def start(self, run_dir: object) -> None:
+        pass
+
+    def _on_step(self, index: int) -> None:
+        """Step ``index`` begins: the allocator's counters now are those at the end of step ``index - 1``."""
+        if self._error is not None or index < 1:
+            return
+        try:
+            if not self._active:
+                if not self._steps_collector.cuda_in_use():
+                    return
+                if self._cuda is None:
+                    import torch.cuda
+
+                    self._cuda = torch.cuda
+                self._active = True
+            step = index - 1
+            if step % int(self._series.interval_s) == 0:
+                cuda = self._cuda
+                self._series.add(_Reading(step, cuda.memory_allocated(), cuda.memory_reserved(),
+                                          cuda.max_memory_allocated()))
+        except Exception as exc:
+            self._error = f"CUDA memory could not be read: {exc}"
+
+    def stop(self) -> CollectorResult:
+        if self._error is not None:
+            return CollectorResult(CollectorStatus("failed", self._error))
+        if not self._active:
+            return CollectorResult(CollectorStatus("unavailable", "the script did not use CUDA"))
+        readings = self._series.samples
+        try:
+            peak_allocated = int(self._cuda.max_memory_allocated())
+            peak_reserved = int(self._cuda.max_memory_reserved())
+        except Exception as exc:
+            return CollectorResult(CollectorStatus("failed", f"CUDA memory could not be read: {exc}"))
+        return CollectorResult(CollectorStatus("ok"), CudaMemory(
+            peak_allocated_bytes=peak_allocated,
+            peak_reserved_bytes=peak_reserved,
+            step=tuple(r.step for r in readings),
+            allocated_bytes=tuple(r.allocated for r in readings),
+            reserved_bytes=tuple(r.reserved for r in readings),
+            peak_bytes=tuple(r.peak for r in readings),
+        ))

@@ -1,0 +1,91 @@
+"""NVTX ranges for each step and its phases, so ``nsys profile gpuscope run train.py`` shows them on the
+timeline (domain "gpuscope"). Only once the script has initialised CUDA; a no-op otherwise.
+
+NVTX calls cost little (a function-pointer call until a tool such as Nsight Systems injects itself), so the
+ranges are on by default; start/end ranges rather than push/pop, because a step's phases do not nest in it
+strictly (a DataLoader wait can begin one step and the optimizer end the previous one).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from gpuscope.collectors.base import CollectorResult
+from gpuscope.record import CollectorStatus
+
+DOMAIN = "gpuscope"
+
+
+class NvtxCollector:
+    """Emits NVTX ranges ``step N`` and ``data_wait`` / ``forward`` / ``backward`` / ``optimizer``."""
+
+    name: ClassVar[str] = "nvtx"
+
+    def __init__(self, nvtx: Any = None) -> None:
+        self._nvtx = nvtx  # the nvtx module (tests pass a fake)
+        self._steps_collector: Any = None
+        self._active = False
+        self._step_range: Any = None
+        self._phase_range: Any = None
+        self.ranges = 0
+        self._error: str | None = None
+
+    def unavailable_reason(self) -> str | None:
+        if self._nvtx is None:
+            try:
+                import nvtx
+            except ImportError as exc:
+                return f"the nvtx package is not installed ({exc})"
+            self._nvtx = nvtx
+        return None
+
+    def bind_steps(self, steps_collector: Any) -> None:
+        self._steps_collector = steps_collector
+        steps_collector.add_step_listener(self._on_step)
+
+    def start(self, run_dir: object) -> None:
+        pass
+
+    def _on_step(self, index: int) -> None:
+        if self._error is not None:
+            return
+        try:
+            if not self._active:
+                if not self._steps_collector.cuda_in_use():
+                    return
+                self._active = True
+                self._steps_collector.add_phase_listener(self._on_phase)
+            self._end(self._step_range)
+            self._step_range = self._begin(f"step {index}")
+        except Exception as exc:
+            self._error = f"NVTX failed: {exc}"
+
+    def _on_phase(self, phase: str) -> None:
+        if self._error is not None:
+            return
+        try:
+            self._end(self._phase_range)
+            self._phase_range = self._begin(phase) if phase != "other" else None
+        except Exception as exc:
+            self._error = f"NVTX failed: {exc}"
+
+    def _begin(self, message: str) -> Any:
+        self.ranges += 1
+        return self._nvtx.start_range(message=message, domain=DOMAIN)
+
+    def _end(self, handle: Any) -> None:
+        if handle is not None:
+            self._nvtx.end_range(handle)
+
+    def stop(self) -> CollectorResult:
+        if self._active and self._error is None:
+            try:
+                self._end(self._phase_range)
+                self._end(self._step_range)
+            except Exception as exc:
+                self._error = f"NVTX failed: {exc}"
+        if self._error is not None:
+            return CollectorResult(CollectorStatus("failed", self._error))
+        if not self._active:
+            return CollectorResult(CollectorStatus("unavailable", "the script did not use CUDA"))
+        return CollectorResult(CollectorStatus("ok"))

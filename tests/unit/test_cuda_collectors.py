@@ -1,0 +1,115 @@
+"""The CUDA-only collectors, driven through a real step tracker with fake CUDA and NVTX modules: they stay idle
+until the script initialises CUDA, then follow every step and phase."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuscope.collectors.cuda_memory import CudaMemoryCollector
+from gpuscope.collectors.nvtx import NvtxCollector
+from gpuscope.collectors.steplog import StepTracker
+
+
+class FakeSteps:
+    """The part of the steps collector that windowed collectors use, over a real tracker."""
+
+    def __init__(self) -> None:
+        self.tracker = StepTracker(now=0.0)
+        self.cuda = False
+
+    def add_step_listener(self, listener: Any) -> None:
+        self.tracker.listeners.append(listener)
+
+    def add_phase_listener(self, listener: Any) -> None:
+        self.tracker.phase_listeners.append(listener)
+
+    def cuda_in_use(self) -> bool:
+        return self.cuda
+
+    def train_step(self, t: float) -> None:
+        self.tracker.enter("forward", t + 0.1)
+        self.tracker.exit("forward", t + 0.2)
+        self.tracker.enter("optimizer", t + 0.8)
+        self.tracker.exit("optimizer", t + 0.9)
+        self.tracker.optimizer_stepped(1, t + 1.0)
+
+
+class FakeNvtx:
+    def __init__(self) -> None:
+        self.log: list[str] = []
+        self.open: dict[int, str] = {}
+
+    def start_range(self, message: str, domain: str) -> int:
+        assert domain == "gpuscope"
+        handle = len(self.log)
+        self.log.append(f"+{message}")
+        self.open[handle] = message
+        return handle
+
+    def end_range(self, handle: int) -> None:
+        self.log.append(f"-{self.open.pop(handle)}")
+
+
+class FakeCuda:
+    def __init__(self) -> None:
+        self.allocated = 0
+
+    def memory_allocated(self) -> int:
+        return self.allocated
+
+    def memory_reserved(self) -> int:
+        return 2 * self.allocated
+
+    def max_memory_allocated(self) -> int:
+        return self.allocated + 100
+
+    def max_memory_reserved(self) -> int:
+        return 2 * self.allocated + 100
+
+
+def test_nvtx_ranges_mark_steps_and_phases_once_cuda_is_in_use() -> None:
+    # given a CPU step, then CUDA initialised by the script
+    steps, nvtx = FakeSteps(), FakeNvtx()
+    collector = NvtxCollector(nvtx)
+    assert collector.unavailable_reason() is None
+    collector.bind_steps(steps)
+    steps.train_step(0.0)
+    assert nvtx.log == []
+    steps.cuda = True
+    # when two more steps run
+    steps.train_step(1.0)
+    steps.train_step(2.0)
+    result = collector.stop()
+    # then from the first step that begins with CUDA up, each step and each phase is a range, and every range
+    # is closed at the end
+    assert result.status.status == "ok"
+    assert nvtx.log == [
+        "+step 2", "+forward", "-forward", "+optimizer", "-optimizer", "-step 2", "+step 3", "-step 3",
+    ]
+    assert nvtx.open == {}
+
+
+def test_nvtx_is_unavailable_when_the_script_never_used_cuda() -> None:
+    steps = FakeSteps()
+    collector = NvtxCollector(FakeNvtx())
+    collector.bind_steps(steps)
+    steps.train_step(0.0)
+    result = collector.stop()
+    assert (result.status.status, result.status.reason) == ("unavailable", "the script did not use CUDA")
+
+
+def test_cuda_memory_is_read_at_each_step_end_and_bounded() -> None:
+    steps, cuda = FakeSteps(), FakeCuda()
+    collector = CudaMemoryCollector(cuda, max_steps=8)
+    collector.bind_steps(steps)
+    steps.cuda = True
+    for i in range(40):
+        cuda.allocated = 1000 * (i + 1)
+        steps.train_step(float(i))
+    memory = collector.stop().payload
+    assert memory is not None
+    assert len(memory.step) <= 8
+    assert memory.step[0] == 0 and memory.allocated_bytes[0] == 1000
+    assert all(a == 1000 * (s + 1) for s, a in zip(memory.step, memory.allocated_bytes))
+    assert memory.reserved_bytes[0] == 2000
+    assert memory.peak_allocated_bytes == 40_100
