@@ -175,6 +175,8 @@ class PythonProfile:
     top_cumulative: tuple[FunctionStat, ...] = ()
     workers_profiled: bool = False
     workers_note: str = ""
+    workers_top_own: tuple[FunctionStat, ...] = ()
+    """DataLoader workers' heaviest functions (``workers.prof``), where they were profiled."""
 
 
 @dataclass(frozen=True, slots=True)

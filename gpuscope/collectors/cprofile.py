@@ -5,6 +5,9 @@ cProfile can double the time of a Python-heavy loop, so by default it covers the
 ``steps`` steps only; those steps are marked profiled and left out of the steady-state figures. It profiles the
 thread that runs the script (cProfile is per thread).
 
+DataLoader workers started by fork are profiled over their first batches (``workers.prof``, see workers.py);
+a forked worker never keeps the main thread's profiler running (it would run profiled, and slower, to no use).
+
 Two profiles are kept: the start-up (through the first step, which also pays for imports and lazy
 initialisation) and the loop (the later steps of the window). ``python.prof`` holds both; the top functions
 come from the loop, so the training loop's hot spots are not drowned by ``import torch``.
@@ -17,10 +20,13 @@ import os
 import pstats
 import sys
 import sysconfig
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
 from gpuscope.collectors.base import CollectorResult
+from gpuscope.collectors.workers import WORKERS_PROF, WorkerProfiler, merge_worker_profiles
+from gpuscope.importwatch import ImportWatch
 from gpuscope.record import CollectorStatus, FunctionStat, PythonProfile, Window
 
 PROF_FILE = "python.prof"
@@ -34,6 +40,8 @@ class CProfileCollector:
     """cProfile over the start-up and a window of steps (``steps=None``: the whole run)."""
 
     name: ClassVar[str] = "cprofile"
+    _running: ClassVar[CProfileCollector | None] = None  # read in a forked child, to stop the inherited profile
+    _fork_hook: ClassVar[bool] = False
 
     def __init__(self, steps: int | None = DEFAULT_STEPS) -> None:
         self.steps = steps
@@ -43,6 +51,8 @@ class CProfileCollector:
         self._steps_collector: Any = None
         self._last_step: int | None = None
         self._error: str | None = None
+        self._unwrap: Callable[[], None] | None = None
+        self._workers_error: str | None = None
 
     def unavailable_reason(self) -> str | None:
         if sys.getprofile() is not None:
@@ -56,9 +66,22 @@ class CProfileCollector:
 
     def start(self, run_dir: Path) -> None:
         self._run_dir = run_dir
+        if not CProfileCollector._fork_hook:  # at-fork hooks cannot be removed: one for the process
+            os.register_at_fork(after_in_child=_stop_inherited_profile)
+            CProfileCollector._fork_hook = True
+        CProfileCollector._running = self
+        self._workers = WorkerProfiler(run_dir)
+        self._watch = ImportWatch("torch", self._wrap_fetchers)
+        self._watch.install()
         self._switch(self._startup)
         if self._steps_collector is not None:
             self._steps_collector.window_opened()
+
+    def _wrap_fetchers(self) -> None:
+        try:
+            self._unwrap = self._workers.install()
+        except Exception as exc:  # an older torch: workers are just not profiled
+            self._workers_error = f"DataLoader workers not profiled: {exc}"
 
     def _on_step(self, index: int) -> None:
         """Step ``index`` begins."""
@@ -88,6 +111,10 @@ class CProfileCollector:
             self._steps_collector.window_closed()
 
     def stop(self) -> CollectorResult:
+        CProfileCollector._running = None
+        self._watch.remove()
+        if self._unwrap is not None:
+            self._unwrap()
         whole_run = self._active is not None
         if self._active is not None:
             seen = self._steps_collector.steps_seen() if self._steps_collector is not None else 0
@@ -110,11 +137,36 @@ class CProfileCollector:
             startup_s=startup.total_tt,  # type: ignore[attr-defined]
             top_own=top_functions(focus, by="own"),
             top_cumulative=top_functions(focus, by="cumulative"),
-            workers_profiled=False,
-            workers_note="DataLoader worker processes are not profiled; with num_workers=0 the data pipeline "
-                         "runs in the main process and is in python.prof",
+            **self._worker_fields(),
         )
         return CollectorResult(CollectorStatus("ok"), profile)
+
+
+    def _worker_fields(self) -> dict[str, Any]:
+        stats, workers = merge_worker_profiles(self._run_dir)
+        if stats is None:
+            note = self._workers_error or (
+                "no DataLoader worker was forked (workers started by spawn or forkserver are not profiled; "
+                "with num_workers=0 the data pipeline runs in the main process and is in python.prof)")
+            return {"workers_profiled": False, "workers_note": note}
+        return {
+            "workers_profiled": True,
+            "workers_note": f"{workers} forked DataLoader worker processes, their first {self._workers.batches} batches "
+                            f"each: {WORKERS_PROF}",
+            "workers_top_own": top_functions(stats, by="own"),
+        }
+
+
+def _stop_inherited_profile() -> None:
+    """In a forked child: stop the profile the parent's thread had running; the child's copy would never be
+    read, and would slow the child (a DataLoader worker) all its life."""
+    collector = CProfileCollector._running
+    if collector is not None and collector._active is not None:
+        try:
+            collector._active.disable()
+        except Exception:
+            pass
+        collector._active = None
 
 
 def top_functions(stats: pstats.Stats, by: str, limit: int = TOP_FUNCTIONS) -> tuple[FunctionStat, ...]:

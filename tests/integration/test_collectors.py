@@ -117,3 +117,25 @@ def test_a_failing_collector_is_reported_and_the_others_keep_their_data(tmp_path
     assert record.steps.total == 8
     assert record.exit_status == 3
     assert load_run(tmp_path)["collectors"]["broken"]["status"] == "failed"
+
+
+def test_forked_workers_profile_only_their_first_batches(tmp_path: Path) -> None:
+    # given two workers forked while the main thread is under cProfile, each fetching 10 batches of 8 samples
+    run_dir = tmp_path / "run"
+    result = run_gpuscope(["run", "-q", "-o", str(run_dir), str(SCRIPTS / "profiled_workers.py")], tmp_path)
+    assert result.returncode == 0, result.stderr
+    # then each worker's first 4 batches ran under a profiler, and nothing else did (2 workers x 4 x 8 samples):
+    # a worker does not keep the profiler the main thread had running when it was forked
+    assert "profiled_samples=64" in result.stdout
+    python = load_run(run_dir)["python_profile"]
+    assert python["workers_profiled"]
+    stats = pstats.Stats(str(run_dir / "workers.prof"))
+    assert "__getitem__" in {name for (_, _, name) in stats.stats}  # type: ignore[attr-defined]
+    assert not (run_dir / "workers").exists()
+
+
+def test_workers_started_by_spawn_are_not_profiled_and_the_record_says_so(tmp_path: Path) -> None:
+    _, record = profile(tmp_path, SCRIPTS / "loader_workers.py", "--start-method", "spawn")
+    python = record["python_profile"]
+    assert not python["workers_profiled"]
+    assert "spawn" in python["workers_note"]
