@@ -23,19 +23,24 @@ class _NotifyingLoader(importlib.abc.Loader):
         try:
             self._loader.exec_module(module)
         finally:
-            # Put the real loader back, so nothing of gpuscope stays visible on the module.
+            # Put the real loader back (under every watcher's wrapper), so nothing of gpuscope stays on the module.
+            real = self._loader
+            while isinstance(real, _NotifyingLoader):
+                real = real._loader
             if module.__spec__ is not None:
-                module.__spec__.loader = self._loader
-            module.__loader__ = self._loader
+                module.__spec__.loader = real
+            module.__loader__ = real
         self._callback()
 
 
 class ImportWatch(importlib.abc.MetaPathFinder):
-    """A one-shot finder: when ``name`` is imported, calls ``callback`` once its module has run."""
+    """A one-shot finder: when ``name`` is imported, calls ``before`` (if given) as its import begins and
+    ``callback`` once its module has run."""
 
-    def __init__(self, name: str, callback: Callable[[], None]) -> None:
+    def __init__(self, name: str, callback: Callable[[], None], before: Callable[[], None] | None = None) -> None:
         self.name = name
         self._callback = callback
+        self._before = before
 
     def install(self) -> None:
         """Start watching (calls back at once if the module is already imported)."""
@@ -57,5 +62,7 @@ class ImportWatch(importlib.abc.MetaPathFinder):
         self.remove()  # one shot; also keeps the lookup below from finding us again
         spec = importlib.util.find_spec(fullname)
         if spec is not None and spec.loader is not None:
+            if self._before is not None:
+                self._before()
             spec.loader = _NotifyingLoader(spec.loader, self._callback)  # type: ignore[arg-type]
         return spec

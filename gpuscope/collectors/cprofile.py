@@ -8,8 +8,9 @@ thread that runs the script (cProfile is per thread).
 DataLoader workers started by fork are profiled over their first batches (``workers.prof``, see workers.py);
 a forked worker never keeps the main thread's profiler running (it would run profiled, and slower, to no use).
 
-Two profiles are kept: the start-up (through the first step, which also pays for imports and lazy
-initialisation) and the loop (the later steps of the window). ``python.prof`` holds both; the top functions
+Two profiles are kept: the start-up (through the first step, which also pays for lazy initialisation) and the
+loop (the later steps of the window). The start-up profile pauses while torch itself is imported: that takes
+seconds, is not the user's to fix, and under cProfile takes half as long again. ``python.prof`` holds both; the top functions
 come from the loop, so the training loop's hot spots are not drowned by ``import torch``.
 """
 
@@ -71,13 +72,19 @@ class CProfileCollector:
             CProfileCollector._fork_hook = True
         CProfileCollector._running = self
         self._workers = WorkerProfiler(run_dir)
-        self._watch = ImportWatch("torch", self._wrap_fetchers)
-        self._watch.install()
         self._switch(self._startup)
+        self._watch = ImportWatch("torch", self._torch_imported, before=self._torch_importing)
+        self._watch.install()
         if self._steps_collector is not None:
             self._steps_collector.window_opened()
 
-    def _wrap_fetchers(self) -> None:
+    def _torch_importing(self) -> None:
+        if self._active is self._startup:
+            self._startup.disable()
+
+    def _torch_imported(self) -> None:
+        if self._active is self._startup:
+            self._startup.enable()
         try:
             self._unwrap = self._workers.install()
         except Exception as exc:  # an older torch: workers are just not profiled
