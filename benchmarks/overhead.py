@@ -4,6 +4,8 @@ Runs a sample workload alternately under plain ``python`` and under ``gpuscope r
 and reports the median ratio of:
 - the loop's own median step time, as the script measures it (the distortion of what is being measured);
 - the whole process's wall time (gpuscope's start-up and the writing of the run's files included).
+It also reports what each profiling window costs while it is open: from each run's run.json, the median time of
+the steps inside the cProfile window and inside the torch.profiler window, against the steady-state median.
 
 Alternating cancels slow drifts of the machine (thermal, other load); the median resists a stray slow run.
 
@@ -25,6 +27,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LINE = re.compile(r"median_step_s=([0-9.]+)")
+RUN_ARGS = {"compute_bound": ["--steps", "60"], "data_loading_bound": ["--steps", "120"]}
+"""Longer than the samples' defaults: the profiling windows cost a fixed dozen steps, and real runs are long."""
 
 
 def run_once(command: list[str]) -> tuple[float, float]:
@@ -38,10 +42,28 @@ def run_once(command: list[str]) -> tuple[float, float]:
     return float(match.group(1)), wall
 
 
+def window_costs(run_dir: Path) -> dict[str, float]:
+    """Median step time inside each profiling window over the steady-state median (1.0 = no cost)."""
+    record = json.loads((run_dir / "run.json").read_text())
+    sample = record["steps"]["sample"]
+    walls = dict(zip(sample["index"], sample["wall_s"]))
+    steady = [w for w, status in zip(sample["wall_s"], sample["status"]) if status == "steady"]
+    costs = {}
+    for name, key in (("cprofile", "python_profile"), ("torch.profiler", "op_profile")):
+        window = (record.get(key) or {}).get("window") or {}
+        first = max(1, window.get("first_step") or 0)  # step 0 is warm-up, whoever profiles it
+        last = window.get("last_step")
+        inside = [walls[i] for i in range(first, (last or -1) + 1) if i in walls]
+        if inside and steady:
+            costs[name] = statistics.median(inside) / statistics.median(steady)
+    return costs
+
+
 def measure(workload: str, pairs: int, extra: list[str]) -> dict[str, object]:
     script = str(ROOT / "sample_workloads" / f"{workload}.py")
     plain_cmd = [sys.executable, script, *extra]
     step_ratios, wall_ratios, rows = [], [], []
+    windows: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(pairs):
             profiled_cmd = [sys.executable, "-m", "gpuscope", "run", "-q", "-o", f"{tmp}/run{i}", script, *extra]
@@ -51,6 +73,8 @@ def measure(workload: str, pairs: int, extra: list[str]) -> dict[str, object]:
                 order.reverse()
             result = {name: run_once(cmd) for name, cmd in order}
             (p_step, p_wall), (g_step, g_wall) = result["plain"], result["gpuscope"]
+            for name, cost in window_costs(Path(f"{tmp}/run{i}")).items():
+                windows.setdefault(name, []).append(cost)
             step_ratios.append(g_step / p_step)
             wall_ratios.append(g_wall / p_wall)
             rows.append({"plain_step_s": p_step, "gpuscope_step_s": g_step, "plain_wall_s": p_wall,
@@ -63,6 +87,7 @@ def measure(workload: str, pairs: int, extra: list[str]) -> dict[str, object]:
         "pairs": pairs,
         "step_time_overhead": statistics.median(step_ratios) - 1.0,
         "wall_time_overhead": statistics.median(wall_ratios) - 1.0,
+        "window_step_cost": {name: statistics.median(v) - 1.0 for name, v in windows.items()},
         "runs": rows,
     }
 
@@ -73,11 +98,13 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
-    results = [measure(w, args.pairs, []) for w in args.workloads]
+    results = [measure(w, args.pairs, RUN_ARGS.get(w, [])) for w in args.workloads]
     print()
     for r in results:
         print(f"{r['workload']:>20}: step time {r['step_time_overhead']:+.1%}, "
               f"process wall time {r['wall_time_overhead']:+.1%}  (median of {r['pairs']} alternating pairs)")
+        for name, cost in r["window_step_cost"].items():  # type: ignore[union-attr]
+            print(f"{'':>20}  a step inside the {name} window: {cost:+.0%} (left out of the step figures)")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
 

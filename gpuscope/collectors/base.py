@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 from gpuscope.record import CollectorStatus
 
@@ -33,3 +33,18 @@ class Collector(Protocol):
     def stop(self) -> CollectorResult:
         """Stop, undo every hook, and return what was collected."""
         ...
+
+
+class StepFollower:
+    """Base of collectors that follow the run's steps: ``bind_steps`` (called by the session before ``start``)
+    registers ``_on_step``, called with each step's index as it begins."""
+
+    _steps_collector: Any = None
+
+    def bind_steps(self, steps_collector: Any) -> None:
+        """Follow ``steps_collector``'s steps (a ``StepsCollector``)."""
+        self._steps_collector = steps_collector
+        steps_collector.add_step_listener(self._on_step)
+
+    def _on_step(self, index: int) -> None:
+        raise NotImplementedError

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from gpuscope.collectors.base import CollectorResult
+from gpuscope.collectors.base import CollectorResult, StepFollower
 from gpuscope.collectors.workers import WORKERS_PROF, WorkerProfiler, merge_worker_profiles
 from gpuscope.importwatch import ImportWatch
 from gpuscope.record import CollectorStatus, FunctionStat, PythonProfile, Window
@@ -37,7 +37,7 @@ TOP_FUNCTIONS = 15
 _GPUSCOPE_DIR = str(Path(__file__).resolve().parent.parent) + os.sep
 
 
-class CProfileCollector:
+class CProfileCollector(StepFollower):
     """cProfile over the start-up and a window of steps (``steps=None``: the whole run)."""
 
     name: ClassVar[str] = "cprofile"
@@ -49,7 +49,6 @@ class CProfileCollector:
         self._startup = cProfile.Profile()
         self._loop: cProfile.Profile | None = None
         self._active: cProfile.Profile | None = None
-        self._steps_collector: Any = None
         self._last_step: int | None = None
         self._error: str | None = None
         self._unwrap: Callable[[], None] | None = None
@@ -60,10 +59,6 @@ class CProfileCollector:
             return "another profiler (or a debugger) is already using sys.setprofile"
         return None
 
-    def bind_steps(self, steps_collector: Any) -> None:
-        """Follow the run's steps: switch from the start-up to the loop profile, then close the window."""
-        self._steps_collector = steps_collector
-        steps_collector.add_step_listener(self._on_step)
 
     def start(self, run_dir: Path) -> None:
         self._run_dir = run_dir

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, NamedTuple
 
-from gpuscope.collectors.base import CollectorResult
+from gpuscope.collectors.base import CollectorResult, StepFollower
 from gpuscope.collectors.memory import BoundedSeries
 from gpuscope.record import CollectorStatus, CudaMemory
 
@@ -24,7 +24,7 @@ class _Reading(NamedTuple):
     peak: int
 
 
-class CudaMemoryCollector:
+class CudaMemoryCollector(StepFollower):
     """Allocator memory per step on CUDA runs."""
 
     name: ClassVar[str] = "cuda-memory"
@@ -32,16 +32,12 @@ class CudaMemoryCollector:
     def __init__(self, cuda: Any = None, max_steps: int = MAX_STEPS_KEPT) -> None:
         self._cuda = cuda  # torch.cuda (tests pass a fake)
         self._series: BoundedSeries[_Reading] = BoundedSeries(1.0, max_steps)  # interval in steps
-        self._steps_collector: Any = None
         self._active = False
         self._error: str | None = None
 
     def unavailable_reason(self) -> str | None:
         return None
 
-    def bind_steps(self, steps_collector: Any) -> None:
-        self._steps_collector = steps_collector
-        steps_collector.add_step_listener(self._on_step)
 
     def start(self, run_dir: object) -> None:
         pass

@@ -10,20 +10,19 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from gpuscope.collectors.base import CollectorResult
+from gpuscope.collectors.base import CollectorResult, StepFollower
 from gpuscope.record import CollectorStatus
 
 DOMAIN = "gpuscope"
 
 
-class NvtxCollector:
+class NvtxCollector(StepFollower):
     """Emits NVTX ranges ``step N`` and ``data_wait`` / ``forward`` / ``backward`` / ``optimizer``."""
 
     name: ClassVar[str] = "nvtx"
 
     def __init__(self, nvtx: Any = None) -> None:
         self._nvtx = nvtx  # the nvtx module (tests pass a fake)
-        self._steps_collector: Any = None
         self._active = False
         self._step_range: Any = None
         self._phase_range: Any = None
@@ -39,9 +38,6 @@ class NvtxCollector:
             self._nvtx = nvtx
         return None
 
-    def bind_steps(self, steps_collector: Any) -> None:
-        self._steps_collector = steps_collector
-        steps_collector.add_step_listener(self._on_step)
 
     def start(self, run_dir: object) -> None:
         pass

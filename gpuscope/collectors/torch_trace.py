@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
-from gpuscope.collectors.base import CollectorResult
+from gpuscope.collectors.base import CollectorResult, StepFollower
 from gpuscope.record import CollectorStatus, OpProfile, OpStat, Window
 
 TRACE_FILE = "trace.json"
@@ -47,7 +47,7 @@ def trace_window(index: int, start: int, active: int) -> Phase:
     return "after"
 
 
-class TorchTraceCollector:
+class TorchTraceCollector(StepFollower):
     """torch.profiler over a window of steps."""
 
     name: ClassVar[str] = "torch-trace"
@@ -59,7 +59,6 @@ class TorchTraceCollector:
         self.max_bytes = max_bytes
         self._prof: Any = None
         self._finished = False
-        self._steps_collector: Any = None
         self._stats: list[OpStat] | None = None
         self._ops = 0
         self._self_host_s = 0.0
@@ -72,10 +71,6 @@ class TorchTraceCollector:
             return "turned off (--trace-steps 0)"
         return None
 
-    def bind_steps(self, steps_collector: Any) -> None:
-        """Follow the run's steps, to open and close the window."""
-        self._steps_collector = steps_collector
-        steps_collector.add_step_listener(self._on_step)
 
     def start(self, run_dir: Path) -> None:
         self._run_dir = run_dir
