@@ -21,6 +21,12 @@ def bound_label(record: RunRecord) -> str:
     return BOUND_LABELS.get(bound, bound)
 
 
+def left_out(record: RunRecord) -> str:
+    """Why steps are not in the steady-state figures, e.g. "left out: 1 warm-up, 8 profiled, 0 outliers"."""
+    steps = record.steps
+    return f"left out: {steps.warmup} warm-up, {steps.profiled} profiled, {steps.outliers} outliers"
+
+
 def summary_lines(record: RunRecord, run_dir: Path) -> list[str]:
     """The end-of-run summary: verdict and its evidence, the steps, and where the files are."""
     verdict = record.verdict
@@ -29,10 +35,8 @@ def summary_lines(record: RunRecord, run_dir: Path) -> list[str]:
     lines += [f"  - {fact}" for fact in verdict.evidence]
     if steps.count:
         shares = ", ".join(f"{name.replace('_', ' ')} {share:.0%}" for name, share in record.breakdown.as_dict().items())
-        lines.append(
-            f"  steps: {steps.count} steady ({steps.total} in all, {steps.warmup} warm-up, {steps.outliers} outliers "
-            f"left out), median {steps.median_s * 1e3:.1f} ms; {shares}"
-        )
+        lines.append(f"  steps: {steps.count} steady of {steps.total} ({left_out(record)}), "
+                     f"median {steps.median_s * 1e3:.1f} ms; {shares}")
     for rec in record.recommendations[:3]:
         gain = f" (~{rec.expected_gain:.0%} of step time)" if rec.expected_gain is not None else ""
         lines.append(f"  * {rec.title}{gain}")

@@ -14,7 +14,8 @@ from gpuscope.record import RunRecord, Verdict
 def classify(record: RunRecord) -> Verdict:
     """The verdict on ``record``, with its confidence and the numbers it rests on."""
     steps = record.steps
-    left_out = f"{steps.total} steps in all, {steps.warmup} warm-up and {steps.outliers} outliers left out"
+    left_out = (f"{steps.total} steps in all; left out: {steps.warmup} warm-up, {steps.profiled} profiled, "
+                f"{steps.outliers} outliers")
     if steps.count < th.MIN_STEADY_STEPS:
         return Verdict(
             "inconclusive",

@@ -3,6 +3,8 @@ gpuscope measures matches the script's own measurement."""
 
 from __future__ import annotations
 
+import json
+import pstats
 import re
 from pathlib import Path
 
@@ -11,6 +13,10 @@ import pytest
 from conftest import SAMPLES, load_run, run_gpuscope
 
 LINE = re.compile(r"steps=(\d+) median_step_s=([0-9.]+) data_wait_fraction=([0-9.]+)")
+
+
+HOT_FUNCTION = {"data_loading_bound": "blur", "cpu_launch_bound": "forward", "compute_bound": "forward"}
+"""A function of each sample's own file that must show in its python.prof."""
 
 
 def profile(tmp_path: Path, workload: str, *args: str) -> tuple[dict, dict[str, float]]:
@@ -24,7 +30,9 @@ def profile(tmp_path: Path, workload: str, *args: str) -> tuple[dict, dict[str, 
     assert match, result.stdout
     own = {"steps": int(match.group(1)), "median_step_s": float(match.group(2)),
            "data_wait_fraction": float(match.group(3))}
-    return load_run(run_dir), own
+    record = load_run(run_dir)
+    record["_run_dir"] = run_dir
+    return record, own
 
 
 @pytest.mark.parametrize(
@@ -50,6 +58,31 @@ def test_each_sample_has_its_steps_found_and_its_data_wait_measured(
     assert data_wait_above < data_wait < data_wait_below
     assert data_wait == pytest.approx(own["data_wait_fraction"], abs=0.08)
     assert steps["median_s"] == pytest.approx(own["median_step_s"], rel=0.25)
+
+
+@pytest.mark.parametrize(
+    ("workload", "args"),
+    [("data_loading_bound", ["--steps", "16"]), ("cpu_launch_bound", ["--steps", "60"]),
+     ("compute_bound", ["--steps", "12"])],
+)
+def test_each_sample_gets_every_cpu_collectors_output(tmp_path: Path, workload: str, args: list[str]) -> None:
+    record, _ = profile(tmp_path, workload, *args)
+    run_dir = record["_run_dir"]
+    # python.prof loads and names the workload's own hot function
+    stats = pstats.Stats(str(run_dir / "python.prof"))
+    own = {name for (file, _, name) in stats.stats if file.endswith(f"{workload}.py")}  # type: ignore[attr-defined]
+    assert HOT_FUNCTION[workload] in own
+    # trace.json parses and holds the profiled steps' ops; run.json has the top ops
+    events = json.loads((run_dir / "trace.json").read_text())["traceEvents"]
+    assert any(e.get("cat") == "cpu_op" and e.get("name", "").startswith("aten::") for e in events)
+    assert record["op_profile"]["top_host"]
+    # host memory: a peak and a timeline
+    memory = record["host_memory"]
+    assert memory["peak_bytes"] > 100 * 2**20
+    assert len(memory["t_s"]) == len(memory["process_bytes"]) >= 2
+    # no GPU here: NVML says why
+    nvml = record["collectors"]["nvml"]
+    assert nvml["status"] == "unavailable" and nvml["reason"]
 
 
 def test_the_data_bound_sample_is_named_data_loading_bound(tmp_path: Path) -> None:
