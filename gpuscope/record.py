@@ -287,6 +287,17 @@ class CudaMemory:
 
 
 @dataclass(frozen=True, slots=True)
+class Calibration:
+    """This machine's fixed cost per torch op, measured after the run on a model of tiny tensors, where the
+    arithmetic is nil and a step's time is all per-op overhead (Python, dispatch, autograd)."""
+
+    op_overhead_s: float = 0.0
+    """Seconds per op, ops counted as torch.profiler counts them (the same count as ``OpProfile.ops``)."""
+    ops_per_step: float = 0.0
+    step_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class RunMeta:
     """Facts about the run itself: when, how long, on what software."""
 
@@ -322,6 +333,7 @@ class RunRecord:
     host_memory: HostMemory | None = None
     gpus: GpuSamples | None = None
     cuda_memory: CudaMemory | None = None
+    calibration: Calibration | None = None
     meta: RunMeta = field(default_factory=RunMeta)
 
     def to_json(self) -> dict[str, Any]:

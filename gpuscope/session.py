@@ -16,6 +16,7 @@ from gpuscope.collectors import Collector, CollectorResult, default_collectors
 from gpuscope.collectors.steps import StepsCollector, StepsPayload
 from gpuscope.errors import GpuscopeError
 from gpuscope.record import (
+    Calibration,
     CollectorStatus,
     CudaMemory,
     GpuSamples,
@@ -33,6 +34,7 @@ _PAYLOAD_FIELDS: dict[type, str] = {
     HostMemory: "host_memory",
     GpuSamples: "gpus",
     CudaMemory: "cuda_memory",
+    Calibration: "calibration",
 }
 """Collector payloads that go into the record as they are, and the record field each fills."""
 

@@ -1,8 +1,13 @@
-"""The verdict: what bounds the run, from the record's measurements.
+"""The verdict: what bounds the run, from the record's measurements, with the numbers it rests on.
 
-This first version decides data-loading-bound runs from the step breakdown alone. Telling launch-bound from
-compute-bound needs the op-level profile (torch.profiler collector); until it is collected the verdict says so
-rather than guess.
+In order:
+1. too few steady-state steps: inconclusive;
+2. data-loading: the step waits for the next batch (on CUDA, the GPU's timeline does);
+3. on CUDA, the kernel timeline (or, without one, NVML's utilisation): a busy GPU is compute-bound, a GPU starved
+   while the host is late launching is CPU-launch-bound;
+4. on a CPU run, the ops issued per step times this machine's measured fixed cost per op, against the step's time:
+   mostly overhead is CPU-launch-bound, mostly arithmetic is compute-bound.
+Every threshold is in thresholds.py.
 """
 
 from __future__ import annotations
@@ -14,34 +19,106 @@ from gpuscope.record import RunRecord, Verdict
 def classify(record: RunRecord) -> Verdict:
     """The verdict on ``record``, with its confidence and the numbers it rests on."""
     steps = record.steps
-    left_out = (f"{steps.total} steps in all; left out: {steps.warmup} warm-up, {steps.profiled} profiled, "
-                f"{steps.outliers} outliers")
     if steps.count < th.MIN_STEADY_STEPS:
-        return Verdict(
-            "inconclusive",
-            0.0,
-            (f"only {steps.count} steady-state steps were measured ({left_out}); "
-             f"at least {th.MIN_STEADY_STEPS} are needed",),
-        )
+        left_out = (f"{steps.total} steps in all; left out: {steps.warmup} warm-up, {steps.profiled} profiled, "
+                    f"{steps.outliers} outliers")
+        return Verdict("inconclusive", 0.0, (
+            f"only {steps.count} steady-state steps were measured ({left_out}); at least {th.MIN_STEADY_STEPS} "
+            f"are needed",))
     share = record.breakdown.data_wait
     basis = "of the GPU's step time" if steps.breakdown_basis == "device" else "of each step"
-    loaders = sorted(record.loaders, key=lambda l: -l.wait_s)
     if share >= th.DATA_WAIT_BOUND:
         evidence = [f"{share:.0%} {basis} waits for the next batch (median step {steps.median_s * 1e3:.1f} ms, "
                     f"{steps.count} steady-state steps)"]
-        if loaders:
-            top = loaders[0]
+        if record.loaders:
+            top = max(record.loaders, key=lambda loader: loader.wait_s)
             evidence.append(f"the {top.dataset} loader has {top.num_workers} worker processes")
-        return Verdict("data-loading", _data_confidence(share), tuple(evidence))
-    return Verdict(
-        "inconclusive",
-        0.0,
-        (f"{share:.0%} {basis} waits for data, under the {th.DATA_WAIT_BOUND:.0%} at which loading bounds the run",
-         "telling launch-bound from compute-bound needs the op-level profile, which this run did not collect"),
-    )
+        return Verdict("data-loading", _rising(share, th.DATA_WAIT_BOUND, 0.5), tuple(evidence))
+    waiting = f"data wait is {share:.0%} {basis}, under the {th.DATA_WAIT_BOUND:.0%} at which loading bounds the run"
+    verdict = _classify_cuda(record) if record.device == "cuda" else _classify_cpu(record)
+    return Verdict(verdict.bound, verdict.confidence, (*verdict.evidence, waiting))
 
 
-def _data_confidence(share: float) -> float:
-    """0.6 at the data-bound threshold, rising linearly to 0.95 where the wait is half the step or more."""
-    span = 0.5 - th.DATA_WAIT_BOUND
-    return round(min(0.95, 0.6 + 0.35 * (share - th.DATA_WAIT_BOUND) / span), 2)
+def _classify_cpu(record: RunRecord) -> Verdict:
+    ops, calibration, steps = record.op_profile, record.calibration, record.steps
+    if ops is None or not ops.ops or calibration is None or not calibration.op_overhead_s:
+        missing = "the op-level profile" if ops is None or not ops.ops else "the per-op cost calibration"
+        reason = record.collectors.get("torch-trace" if missing.startswith("the op") else "calibration")
+        why = f" ({reason.reason})" if reason is not None and reason.reason else ""
+        return Verdict("inconclusive", 0.0, (f"launch-bound or compute-bound cannot be told without {missing}{why}",))
+    overhead_s = ops.ops_per_step * calibration.op_overhead_s
+    share = min(1.0, overhead_s / steps.median_s) if steps.median_s else 0.0
+    facts = [
+        f"{ops.ops_per_step:.0f} torch ops per step at {calibration.op_overhead_s * 1e6:.2f} us of fixed cost each "
+        f"(measured here on tiny tensors) make {overhead_s * 1e3:.2f} ms: {share:.0%} of the "
+        f"{steps.median_s * 1e3:.2f} ms step",
+        f"mean op self time {ops.mean_op_s * 1e6:.1f} us",
+    ]
+    if share >= th.LAUNCH_BOUND_OVERHEAD:
+        return Verdict("cpu-launch", _rising(share, th.LAUNCH_BOUND_OVERHEAD, 0.9), tuple(facts))
+    if share <= th.COMPUTE_BOUND_MAX_OVERHEAD:
+        facts.extend(_top_ops(record))
+        confidence = _rising(1 - share, 1 - th.COMPUTE_BOUND_MAX_OVERHEAD, 0.99)
+        return Verdict("compute", confidence, tuple(facts))
+    facts.append(f"between {th.COMPUTE_BOUND_MAX_OVERHEAD:.0%} and {th.LAUNCH_BOUND_OVERHEAD:.0%} of the step is "
+                 "per-op overhead: both the op count and the arithmetic matter")
+    return Verdict("inconclusive", 0.3, tuple(facts))
+
+
+def _classify_cuda(record: RunRecord) -> Verdict:
+    kernels = record.op_profile.kernels if record.op_profile is not None else None
+    if kernels is not None:
+        busy, host_wait = kernels.busy_fraction, kernels.idle_host_wait_fraction
+        facts = [
+            f"the GPU ran kernels {busy:.0%} of the profiled steps; idle {1 - busy:.0%}: host wait {host_wait:.0%}, "
+            f"kernel wait {kernels.idle_kernel_wait_fraction:.0%}, other {kernels.idle_other_fraction:.0%}",
+            f"{kernels.kernels_per_step:.0f} kernels per step, {kernels.mean_kernel_s * 1e6:.1f} us each on average",
+        ]
+        if busy >= th.GPU_BUSY_COMPUTE:
+            facts.append(f"{kernels.tensor_core_share:.0%} of kernel time ran on Tensor Cores")
+            facts.extend(_top_ops(record, device=True))
+            return Verdict("compute", _rising(busy, th.GPU_BUSY_COMPUTE, 0.95), tuple(facts))
+        idle = 1 - busy
+        if busy < th.GPU_BUSY_STARVED and idle > 0 and host_wait / idle >= th.HOST_WAIT_DOMINANT:
+            return Verdict("cpu-launch", _rising(host_wait / idle, th.HOST_WAIT_DOMINANT, 1.0), tuple(facts))
+        return Verdict("inconclusive", 0.3, (
+            *facts,
+            f"the GPU is neither busy (kernels >= {th.GPU_BUSY_COMPUTE:.0%} of the time) nor starved by late launches "
+            f"(kernels < {th.GPU_BUSY_STARVED:.0%}, host wait >= {th.HOST_WAIT_DOMINANT:.0%} of the idle time)"))
+    utilisation = _nvml_mean_utilisation(record)
+    if utilisation is None:
+        return Verdict("inconclusive", 0.0, ("a CUDA run without a kernel timeline or NVML samples",))
+    fact = f"NVML: the GPU ran kernels {utilisation:.0%} of the time, on average over the run (no kernel timeline)"
+    if utilisation >= th.GPU_BUSY_COMPUTE:
+        return Verdict("compute", 0.5, (fact,))
+    if utilisation < th.GPU_BUSY_STARVED:
+        return Verdict("cpu-launch", 0.4, (fact, "without a kernel timeline, host wait cannot be told from other idle"))
+    return Verdict("inconclusive", 0.2, (fact,))
+
+
+def _top_ops(record: RunRecord, device: bool = False) -> list[str]:
+    ops = record.op_profile
+    if ops is None:
+        return []
+    top = ops.top_device if device else ops.top_host
+    total = sum(o.device_s for o in top) if device else ops.mean_op_s * ops.ops
+    if not top or total <= 0:
+        return []
+    lead = top[0]
+    seconds = lead.device_s if device else lead.self_host_s
+    where = "device" if device else "op"
+    return [f"{lead.name} takes {seconds / total:.0%} of {where} time ({lead.calls} calls in the profiled steps)"]
+
+
+def _nvml_mean_utilisation(record: RunRecord) -> float | None:
+    if record.gpus is None:
+        return None
+    values = [u for device in record.gpus.devices for u in device.sm_util]
+    return sum(values) / len(values) if values else None
+
+
+def _rising(value: float, threshold: float, sure_at: float) -> float:
+    """Confidence 0.6 at the threshold, rising linearly to 0.95 at ``sure_at`` and beyond."""
+    if sure_at <= threshold:
+        return 0.95
+    return round(min(0.95, 0.6 + 0.35 * (value - threshold) / (sure_at - threshold)), 2)

@@ -37,6 +37,28 @@ DATA_WAIT_NOTABLE = 0.05
 DATA_WAIT_BOUND = 0.20
 """...and highly input-bound from 20%: from here on the loader, not the model, sets the pace."""
 
+# -- launch-bound vs compute-bound ---------------------------------------------------------------------------
+LAUNCH_BOUND_OVERHEAD = 0.5
+"""On a CPU run, when the ops issued per step times this machine's fixed cost per op (measured on tiny tensors)
+explain at least half of the step, per-op overhead bounds it: fewer, larger ops (fusion, graphs, bigger batches)
+pay more than faster arithmetic. Half is where the two costs are equal."""
+
+COMPUTE_BOUND_MAX_OVERHEAD = 0.25
+"""...and when they explain at most a quarter, the arithmetic bounds it. Between the two the run is mixed and the
+verdict says inconclusive, with both figures."""
+
+GPU_BUSY_COMPUTE = 0.7
+"""A GPU running kernels 70% or more of the step is busy: what is left to win is in the kernels themselves.
+(The PyTorch TensorBoard plugin and Holistic Trace Analysis both treat low GPU utilisation as the first thing to
+fix; NVIDIA's guides aim at keeping the GPU busy above roughly 70-80%.)"""
+
+GPU_BUSY_STARVED = 0.5
+"""A GPU idle half the step or more is starved; if the host was late for most of that idle time (host wait), the
+host cannot launch work fast enough: CPU-launch-bound."""
+
+HOST_WAIT_DOMINANT = 0.5
+"""Host wait must make up at least half of the GPU's idle time to blame the launch rate."""
+
 # -- GPU kernel timeline (analysis/kernels.py) ------------------------------------------------------------
 KERNEL_WAIT_MAX_GAP_S = 30e-6
 """A gap between kernels shorter than this, with the next kernel already queued, is the cost of starting the next

@@ -22,6 +22,7 @@ class CollectOptions:
 def default_collectors(options: CollectOptions | None = None) -> list[Collector]:
     """Fresh instances of the collectors a run uses, in start order (the steps collector first: the others
     follow its steps)."""
+    from gpuscope.collectors.calibration import CalibrationCollector
     from gpuscope.collectors.cprofile import CProfileCollector
     from gpuscope.collectors.cuda_memory import CudaMemoryCollector
     from gpuscope.collectors.memory import HostMemoryCollector
@@ -39,6 +40,7 @@ def default_collectors(options: CollectOptions | None = None) -> list[Collector]
         NvmlCollector(),
         NvtxCollector(),
         CudaMemoryCollector(),
+        CalibrationCollector(),  # stopped first, right after the script
     ]
 
 

@@ -87,7 +87,7 @@ class TorchTraceCollector(StepFollower):
                 return
             if phase == "active":
                 self._recorded.append(index)
-            with _kineto_quiet():
+            with kineto_quiet():
                 self._prof.step()
             if phase == "after":
                 self._end()
@@ -122,7 +122,7 @@ class TorchTraceCollector(StepFollower):
         # count the profiler's steps as gpuscope does, so trace.json's ProfilerStep#N is run.json's step N
         self._prof.step_num = index
         self._prof.current_action = schedule(index)
-        with _kineto_quiet():
+        with kineto_quiet():
             self._prof.start()
         self._steps_collector.window_opened()
 
@@ -135,7 +135,7 @@ class TorchTraceCollector(StepFollower):
     def _end(self) -> None:
         prof, self._prof = self._prof, None
         self._finished = True
-        with _kineto_quiet():
+        with kineto_quiet():
             prof.stop()
         self._steps_collector.window_closed()
 
@@ -247,7 +247,7 @@ def _write_trace(path: Path, trace: dict[str, Any], events: list[dict[str, Any]]
 
 
 @contextmanager
-def _kineto_quiet() -> Iterator[None]:
+def kineto_quiet() -> Iterator[None]:
     """Kineto prints ``USDT: ... profiler_start`` lines straight to file descriptor 2 on each start and stop,
     and no setting turns them off. Capture fd 2 around the profiler's calls and pass on every other line, so
     the user's stderr reads as it would without gpuscope."""

@@ -61,13 +61,18 @@ def test_each_sample_has_its_steps_found_and_its_data_wait_measured(
 
 
 @pytest.mark.parametrize(
-    ("workload", "args"),
-    [("data_loading_bound", ["--steps", "16"]), ("cpu_launch_bound", ["--steps", "60"]),
-     ("compute_bound", ["--steps", "12"])],
+    ("workload", "args", "bound"),
+    [("data_loading_bound", ["--steps", "16"], "data-loading"),
+     ("cpu_launch_bound", ["--steps", "60"], "cpu-launch"),
+     ("compute_bound", ["--steps", "18"], "compute")],
 )
-def test_each_sample_gets_every_cpu_collectors_output(tmp_path: Path, workload: str, args: list[str]) -> None:
+def test_each_sample_gets_its_verdict_and_every_cpu_collectors_output(
+    tmp_path: Path, workload: str, args: list[str], bound: str
+) -> None:
     record, _ = profile(tmp_path, workload, *args)
     run_dir = record["_run_dir"]
+    # the verdict its name promises
+    assert record["verdict"]["bound"] == bound, record["verdict"]["evidence"]
     # python.prof loads and names the workload's own hot function
     stats = pstats.Stats(str(run_dir / "python.prof"))
     own = {name for (file, _, name) in stats.stats if file.endswith(f"{workload}.py")}  # type: ignore[attr-defined]

@@ -6,7 +6,16 @@ import pytest
 
 from conftest import make_record
 from gpuscope.analysis.classify import classify
-from gpuscope.record import Breakdown, Loader, Steps
+from gpuscope.record import (
+    Breakdown,
+    Calibration,
+    CollectorStatus,
+    KernelTimeline,
+    Loader,
+    OpProfile,
+    OpStat,
+    Steps,
+)
 
 
 @pytest.mark.parametrize(
@@ -14,7 +23,7 @@ from gpuscope.record import Breakdown, Loader, Steps
     [(0.62, "data-loading"), (0.20, "data-loading"), (0.19, "inconclusive"), (0.02, "inconclusive")],
 )
 def test_data_wait_share_decides_data_loading(data_wait, bound) -> None:
-    record = make_record(breakdown=Breakdown(data_wait=data_wait, forward=1 - data_wait))
+    record = make_record(breakdown=Breakdown(data_wait=data_wait, forward=1 - data_wait))  # no op profile
     assert classify(record).bound == bound
 
 
@@ -35,3 +44,70 @@ def test_too_few_steady_steps_is_inconclusive_and_says_so() -> None:
     verdict = classify(record)
     assert verdict.bound == "inconclusive"
     assert "only 3 steady-state steps" in verdict.evidence[0]
+
+
+def cpu_record(ops_per_step: float, op_overhead_s: float, median_s: float, data_wait: float = 0.02):
+    return make_record(
+        device="cpu",
+        steps=Steps(count=40, median_s=median_s, total=50, warmup=1, profiled=9),
+        breakdown=Breakdown(data_wait=data_wait, forward=1 - data_wait),
+        op_profile=OpProfile(ops=int(ops_per_step * 3), ops_per_step=ops_per_step, mean_op_s=2e-6,
+                             top_host=(OpStat("aten::addmm", 30, 0.5, 0.0),)),
+        calibration=Calibration(op_overhead_s=op_overhead_s, ops_per_step=379, step_s=379 * op_overhead_s),
+    )
+
+
+def cuda_record(busy: float, host_wait: float, kernel_wait: float = 0.0, data_wait: float = 0.02):
+    other = 1 - busy - host_wait - kernel_wait
+    return make_record(
+        device="cuda",
+        steps=Steps(count=40, median_s=0.01, total=50, warmup=1, profiled=9, breakdown_basis="device"),
+        breakdown=Breakdown(data_wait=data_wait, forward=1 - data_wait),
+        op_profile=OpProfile(ops=300, ops_per_step=100, top_device=(OpStat("ampere_sgemm_128x64", 30, 0.0, 0.02),),
+                             kernels=KernelTimeline(busy_fraction=busy, idle_host_wait_fraction=host_wait,
+                                                    idle_kernel_wait_fraction=kernel_wait, idle_other_fraction=other,
+                                                    kernels=300, kernels_per_step=100, mean_kernel_s=5e-6)),
+    )
+
+
+@pytest.mark.parametrize(
+    ("record", "bound"),
+    [
+        # CPU: 3600 ops x 0.6 us = 2.2 ms of a 3 ms step: per-op overhead bounds it
+        (cpu_record(3600, 0.6e-6, 0.003), "cpu-launch"),
+        # CPU: 150 ops x 0.6 us = 0.09 ms of a 250 ms step: the arithmetic does
+        (cpu_record(150, 0.6e-6, 0.250), "compute"),
+        # CPU: a third of the step is overhead: mixed, and said so
+        (cpu_record(1000, 1e-6, 0.003), "inconclusive"),
+        # CPU: loading still comes first
+        (cpu_record(3600, 0.6e-6, 0.003, data_wait=0.4), "data-loading"),
+        # CUDA: a starved GPU with tiny kernels, the host late for most idle time
+        (cuda_record(busy=0.25, host_wait=0.6), "cpu-launch"),
+        # CUDA: a busy GPU with large GEMMs
+        (cuda_record(busy=0.92, host_wait=0.02), "compute"),
+        # CUDA: a GPU idle while the loader works
+        (cuda_record(busy=0.3, host_wait=0.1, data_wait=0.6), "data-loading"),
+        # CUDA: idle, but not waiting on the host (syncs, copies): not launch-bound
+        (cuda_record(busy=0.3, host_wait=0.1), "inconclusive"),
+    ],
+    ids=["cpu-overhead", "cpu-arithmetic", "cpu-mixed", "cpu-data", "cuda-starved", "cuda-busy", "cuda-data",
+         "cuda-idle-other"],
+)
+def test_the_verdict_follows_the_evidence(record, bound) -> None:
+    verdict = classify(record)
+    assert verdict.bound == bound
+    assert verdict.evidence
+    assert all(any(ch.isdigit() for ch in fact) for fact in verdict.evidence)  # every fact carries its number
+
+
+def test_launch_bound_evidence_names_the_op_count_and_the_measured_cost() -> None:
+    verdict = classify(cpu_record(3600, 0.6e-6, 0.003))
+    assert "3600 torch ops per step at 0.60 us" in verdict.evidence[0]
+    assert "72% of the 3.00 ms step" in verdict.evidence[0]
+
+
+def test_without_an_op_profile_a_cpu_run_is_inconclusive_and_says_why() -> None:
+    record = make_record(collectors={"torch-trace": CollectorStatus("unavailable", "turned off (--trace-steps 0)")})
+    verdict = classify(record)
+    assert verdict.bound == "inconclusive"
+    assert "turned off (--trace-steps 0)" in verdict.evidence[0]

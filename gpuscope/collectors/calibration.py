@@ -1,0 +1,76 @@
+"""This machine's fixed cost per torch op, so the diagnosis can say how much of a step is per-op overhead.
+
+After the script has ended (nothing of the user's is timed or disturbed), a few training steps of a model made of
+tiny tensors: their arithmetic is nil, so their time is all fixed cost per op. Ops are counted by torch.profiler,
+exactly as the user's ops are counted in the trace window, so ``ops per step x cost per op`` compares with the
+user's step time. The global RNG state is restored afterwards.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+from gpuscope.collectors.base import CollectorResult
+from gpuscope.record import Calibration, CollectorStatus
+
+LAYERS = 8
+"""Linear layers of width 2 in the calibration model: a forward, a backward and an SGD step of a few hundred ops."""
+TIMED_STEPS = 200
+WARM_STEPS = 20
+COUNTED_STEPS = 5
+
+
+class CalibrationCollector:
+    """Measures the fixed cost per op at the end of the run (CPU only: on CUDA the kernel timeline says more)."""
+
+    name: ClassVar[str] = "calibration"
+
+    def unavailable_reason(self) -> str | None:
+        return None
+
+    def start(self, run_dir: Path) -> None:
+        pass
+
+    def stop(self) -> CollectorResult:
+        torch = sys.modules.get("torch")
+        if torch is None:
+            return CollectorResult(CollectorStatus("unavailable", "the script did not use torch"))
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return CollectorResult(CollectorStatus("unavailable", "a CUDA run: the kernel timeline is the evidence"))
+        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+            return CollectorResult(CollectorStatus("ok"), measure_op_overhead(torch))
+
+
+def measure_op_overhead(torch: Any) -> Calibration:
+    """Time and count the ops of a tiny model's training steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from gpuscope.collectors.torch_trace import kineto_quiet
+
+    model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(LAYERS)])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.ones(1, 2)
+
+    def step() -> None:
+        loss = model(x).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    for _ in range(WARM_STEPS):
+        step()
+    started = time.perf_counter()
+    for _ in range(TIMED_STEPS):
+        step()
+    step_s = (time.perf_counter() - started) / TIMED_STEPS
+    with kineto_quiet():
+        prof = profile(activities=[ProfilerActivity.CPU])
+        prof.start()
+        for _ in range(COUNTED_STEPS):
+            step()
+        prof.stop()
+    ops = sum(a.count for a in prof.key_averages() if not getattr(a, "is_user_annotation", False)) / COUNTED_STEPS
+    return Calibration(op_overhead_s=step_s / ops if ops else 0.0, ops_per_step=ops, step_s=step_s)
