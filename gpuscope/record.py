@@ -129,6 +129,17 @@ class Recommendation:
     why: str = ""
     fix: str = ""
     expected_gain: float | None = None
+    evidence: tuple[str, ...] = ()
+    """The measured facts the rule fired on, each with its number."""
+
+
+@dataclass(frozen=True, slots=True)
+class RuleCheck:
+    """What became of one rule: ``fired`` (see recommendations), ``clear`` (checked, nothing found) or
+    ``not-checked`` (an input it needs was not collected; ``reason`` says which and why)."""
+
+    status: Literal["fired", "clear", "not-checked"] = "clear"
+    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +235,8 @@ class OpProfile:
     ops: int = 0
     ops_per_step: float = 0.0
     mean_op_s: float = 0.0
+    calls_by_kind: dict[str, int] = field(default_factory=dict)
+    """Op calls by kind: ``elementwise``, ``matmul``, ``conv``, ``other``."""
     top_host: tuple[OpStat, ...] = ()
     top_device: tuple[OpStat, ...] = ()
     kernels: KernelTimeline | None = None
@@ -306,6 +319,8 @@ class RunMeta:
     duration_s: float = 0.0
     python: str = ""
     torch: str | None = None
+    cpu_count: int = 0
+    """Logical CPUs this process may use (worker-count advice is capped by it)."""
     platform: str = ""
     notes: tuple[str, ...] = ()
     """Plain statements about how the run was measured (e.g. which modules had forward timed)."""
@@ -326,6 +341,8 @@ class RunRecord:
     """The host-timer breakdown, kept beside a device-based ``breakdown`` on CUDA runs."""
     verdict: Verdict = field(default_factory=Verdict)
     recommendations: tuple[Recommendation, ...] = ()
+    checks: dict[str, RuleCheck] = field(default_factory=dict)
+    """Every diagnosis rule by id, and whether it fired, found nothing, or could not be checked."""
     collectors: dict[str, CollectorStatus] = field(default_factory=dict)
     loaders: tuple[Loader, ...] = ()
     python_profile: PythonProfile | None = None

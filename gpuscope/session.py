@@ -4,6 +4,7 @@ record. Shared by ``gpuscope run`` and the notebook API."""
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 import sys
 import time
@@ -115,12 +116,12 @@ class Session:
             duration_s=duration,
             python=platform.python_version(),
             torch=getattr(sys.modules.get("torch"), "__version__", None),
+            cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
             platform=platform.platform(terse=True),
             notes=tuple(collector_notes),
         )
         record = assemble(self.command, exit_status, meta, self._statuses, results)
-        verdict, recommendations = analyze(record)
-        self.record = dataclasses.replace(record, verdict=verdict, recommendations=recommendations)
+        self.record = analyze(record)
         write_record(self.record, self.run_dir)
         return self.record
 

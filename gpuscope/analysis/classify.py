@@ -13,6 +13,7 @@ Every threshold is in thresholds.py.
 from __future__ import annotations
 
 from gpuscope.analysis import thresholds as th
+from gpuscope.analysis.evidence import cpu_overhead
 from gpuscope.record import RunRecord, Verdict
 
 
@@ -40,19 +41,19 @@ def classify(record: RunRecord) -> Verdict:
 
 
 def _classify_cpu(record: RunRecord) -> Verdict:
-    ops, calibration, steps = record.op_profile, record.calibration, record.steps
-    if ops is None or not ops.ops or calibration is None or not calibration.op_overhead_s:
+    ops, steps = record.op_profile, record.steps
+    overhead = cpu_overhead(record)
+    if overhead is None:
         missing = "the op-level profile" if ops is None or not ops.ops else "the per-op cost calibration"
         reason = record.collectors.get("torch-trace" if missing.startswith("the op") else "calibration")
         why = f" ({reason.reason})" if reason is not None and reason.reason else ""
         return Verdict("inconclusive", 0.0, (f"launch-bound or compute-bound cannot be told without {missing}{why}",))
-    overhead_s = ops.ops_per_step * calibration.op_overhead_s
-    share = min(1.0, overhead_s / steps.median_s) if steps.median_s else 0.0
+    share = overhead.share
     facts = [
-        f"{ops.ops_per_step:.0f} torch ops per step at {calibration.op_overhead_s * 1e6:.2f} us of fixed cost each "
-        f"(measured here on tiny tensors) make {overhead_s * 1e3:.2f} ms: {share:.0%} of the "
+        f"{overhead.ops_per_step:.0f} torch ops per step at {overhead.op_cost_s * 1e6:.2f} us of fixed cost each "
+        f"(measured here on tiny tensors) make {overhead.seconds * 1e3:.2f} ms: {share:.0%} of the "
         f"{steps.median_s * 1e3:.2f} ms step",
-        f"mean op self time {ops.mean_op_s * 1e6:.1f} us",
+        f"mean op self time {ops.mean_op_s * 1e6:.1f} us",  # type: ignore[union-attr]
     ]
     if share >= th.LAUNCH_BOUND_OVERHEAD:
         return Verdict("cpu-launch", _rising(share, th.LAUNCH_BOUND_OVERHEAD, 0.9), tuple(facts))

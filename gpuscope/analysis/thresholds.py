@@ -59,6 +59,25 @@ host cannot launch work fast enough: CPU-launch-bound."""
 HOST_WAIT_DOMINANT = 0.5
 """Host wait must make up at least half of the GPU's idle time to blame the launch rate."""
 
+# -- recommendations -----------------------------------------------------------------------------------------
+LAUNCH_NOTABLE = 0.3
+"""Per-op overhead (or host-wait idle on a GPU) from which launch-cutting advice is worth giving: below a third of
+the step, the arithmetic or the loader matters more."""
+
+ELEMENTWISE_NOTABLE = 0.3
+"""Fusion is worth suggesting when at least this share of the op calls are element-wise chains' material."""
+
+PINNED_COPY_SAVING = 0.5
+"""Pinned host memory copies at about twice the speed of pageable memory (NVIDIA's bandwidth test figures), so
+about half the pageable copy time is saved."""
+
+TENSOR_CORE_ENOUGH = 0.5
+"""With half or more of the kernel time already on Tensor Cores, mixed precision is (mostly) in use."""
+
+AMP_TIME_SAVED = 0.45
+"""Mixed precision cut measured training time to 45-60% of fp32 (the seeds: T4, VGG16 to EfficientNet): at least
+40% of the Tensor-Core-able time is saved; 0.45 is the middle of the conservative end."""
+
 # -- GPU kernel timeline (analysis/kernels.py) ------------------------------------------------------------
 KERNEL_WAIT_MAX_GAP_S = 30e-6
 """A gap between kernels shorter than this, with the next kernel already queued, is the cost of starting the next

@@ -176,6 +176,7 @@ class TorchTraceCollector(StepFollower):
             trace_detail=detail,
             ops=self._ops,
             ops_per_step=self._ops / steps,
+            calls_by_kind=calls_by_kind(self._stats),
             mean_op_s=self._self_host_s / self._ops if self._ops else 0.0,
             top_host=top_host,
             top_device=top_device[:TOP_OPS],
@@ -196,6 +197,16 @@ def _op_table(averages: Any) -> tuple[list[OpStat], int, float]:
         ops += int(avg.count)
         self_host += avg.self_cpu_time_total / 1e6
     return stats, ops, self_host
+
+
+def calls_by_kind(stats: list[OpStat]) -> dict[str, int]:
+    """Op calls tallied by kind (``analysis.evidence.op_kind``), sorted by kind."""
+    from gpuscope.analysis.evidence import op_kind
+
+    kinds: dict[str, int] = {}
+    for op in stats:
+        kinds[op_kind(op.name)] = kinds.get(op_kind(op.name), 0) + op.calls
+    return dict(sorted(kinds.items()))
 
 
 def window_wall_s(events: list[dict[str, Any]]) -> float:

@@ -71,8 +71,11 @@ def test_each_sample_gets_its_verdict_and_every_cpu_collectors_output(
 ) -> None:
     record, _ = profile(tmp_path, workload, *args)
     run_dir = record["_run_dir"]
-    # the verdict its name promises
+    # the verdict its name promises, and the first recommendation that goes with it
     assert record["verdict"]["bound"] == bound, record["verdict"]["evidence"]
+    first = {"data-loading": "more-dataloader-workers", "cpu-launch": "larger-batch"}.get(bound)
+    if first is not None:
+        assert record["recommendations"][0]["id"] == first
     # python.prof loads and names the workload's own hot function
     stats = pstats.Stats(str(run_dir / "python.prof"))
     own = {name for (file, _, name) in stats.stats if file.endswith(f"{workload}.py")}  # type: ignore[attr-defined]
@@ -103,3 +106,6 @@ def test_workers_fix_the_data_bound_sample(tmp_path: Path) -> None:
     assert fixed["breakdown"]["data_wait"] < slow["breakdown"]["data_wait"] / 2
     assert fixed["steps"]["median_s"] < slow["steps"]["median_s"]
     assert fixed["verdict"]["bound"] != "data-loading"
+    # the recommendation that was applied no longer fires
+    assert "more-dataloader-workers" in [r["id"] for r in slow["recommendations"]]
+    assert fixed["checks"]["more-dataloader-workers"]["status"] == "clear"

@@ -1,0 +1,35 @@
+"""The diagnosis rules, one module per theme; ``evaluate`` runs them all on a record."""
+
+from __future__ import annotations
+
+from gpuscope.analysis.rules import dataloader, launch, precision  # noqa: F401  (registers the rules)
+from gpuscope.analysis.rules.base import RULES, Finding, Rule, missing_input
+from gpuscope.record import Recommendation, RuleCheck, RunRecord
+
+
+def evaluate(record: RunRecord) -> tuple[tuple[Recommendation, ...], dict[str, RuleCheck]]:
+    """Every rule on ``record``: the recommendations (most valuable first; ties in registry order, unknown gains
+    last) and what became of each rule."""
+    fired: list[tuple[int, Rule, Finding]] = []
+    checks: dict[str, RuleCheck] = {}
+    for position, r in enumerate(RULES):
+        reason = missing_input(record, r.needs)
+        if reason is not None:
+            checks[r.id] = RuleCheck("not-checked", reason)
+            continue
+        finding = r.check(record)
+        if finding is None:
+            checks[r.id] = RuleCheck("clear")
+            continue
+        checks[r.id] = RuleCheck("fired")
+        fired.append((position, r, finding))
+    fired.sort(key=lambda item: (-(item[2].gain if item[2].gain is not None else -1.0), item[0]))
+    recommendations = tuple(
+        Recommendation(id=r.id, title=r.title, why="; ".join(f.evidence), fix=f.fix or r.fix,
+                       expected_gain=round(f.gain, 3) if f.gain is not None else None, evidence=f.evidence)
+        for _, r, f in fired
+    )
+    return recommendations, checks
+
+
+__all__ = ["RULES", "evaluate"]

@@ -1,0 +1,73 @@
+"""The rule registry: one rule per recommendation id, each declaring the record inputs it needs, so that a rule
+whose inputs were not collected reports "not checked" (and why) rather than a silent nothing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from gpuscope.record import RunRecord
+
+Needs = tuple[str, ...]
+"""Record fields a rule reads: "op_profile", "calibration", "loaders", "kernels" (the CUDA kernel timeline),
+"cuda" (a CUDA run)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A rule fired: its estimated gain (fraction of step time, or None where no estimate is sound) and the
+    measured facts it rests on, each with its number."""
+
+    gain: float | None
+    evidence: tuple[str, ...]
+    fix: str | None = None
+    """A fix adapted to this run (e.g. with the worker count filled in); the rule's generic fix otherwise."""
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    """A diagnosis rule; ``check`` returns a Finding when the rule fires, None when it checked and found nothing."""
+
+    id: str
+    title: str
+    fix: str
+    needs: Needs
+    check: Callable[[RunRecord], Finding | None]
+
+
+RULES: list[Rule] = []
+"""Registered rules, in registry order (which breaks ties in expected gain)."""
+
+
+def rule(id: str, title: str, fix: str, needs: Needs = ()) -> Callable[[Callable[[RunRecord], Finding | None]], Any]:
+    """Register a check function as the rule ``id``."""
+
+    def register(check: Callable[[RunRecord], Finding | None]) -> Callable[[RunRecord], Finding | None]:
+        if any(r.id == id for r in RULES):
+            raise ValueError(f"rule {id} registered twice")
+        RULES.append(Rule(id, title, fix, needs, check))
+        return check
+
+    return register
+
+
+def missing_input(record: RunRecord, needs: Needs) -> str | None:
+    """Why the rule cannot be checked on this record, or None if everything it needs was collected."""
+    for need in needs:
+        if need == "cuda" and record.device != "cuda":
+            return "a CPU-only run: this is about GPU work"
+        if need == "kernels" and (record.op_profile is None or record.op_profile.kernels is None):
+            return "no CUDA kernel timeline" + _collector_reason(record, "torch-trace")
+        if need == "op_profile" and (record.op_profile is None or not record.op_profile.ops):
+            return "no op-level profile" + _collector_reason(record, "torch-trace")
+        if need == "calibration" and record.calibration is None:
+            return "no per-op cost calibration" + _collector_reason(record, "calibration")
+        if need == "loaders" and not record.loaders:
+            return "no DataLoader was iterated"
+    return None
+
+
+def _collector_reason(record: RunRecord, name: str) -> str:
+    status = record.collectors.get(name)
+    return f" ({name}: {status.reason})" if status is not None and status.reason else ""

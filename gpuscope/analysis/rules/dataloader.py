@@ -1,0 +1,67 @@
+"""Rules about feeding the model: DataLoader workers, pinned memory."""
+
+from __future__ import annotations
+
+import math
+
+from gpuscope.analysis import thresholds as th
+from gpuscope.analysis.rules.base import Finding, rule
+from gpuscope.record import RunRecord
+
+
+@rule(id="more-dataloader-workers",
+      title="Give the DataLoader more worker processes",
+      fix="DataLoader(..., num_workers=N, persistent_workers=True)",
+      needs=("loaders",))
+def more_dataloader_workers(run: RunRecord) -> Finding | None:
+    """Signal: steps wait for the next batch for a notable share of their time while the loader has fewer
+    workers than the machine has cores.
+    Why it matters: the model idles while Python builds the batch; workers build the next batches meanwhile.
+    Fix: DataLoader(num_workers=N, persistent_workers=True), N from the measured times: a batch takes
+    T_b = (data wait x workers, or the wait itself with 0 workers) to prepare, the model consumes one every
+    (step - wait); N = ceil(T_b / (step - wait)) keeps up, capped at the cores."""
+    share, median = run.breakdown.data_wait, run.steps.median_s
+    loader = max(run.loaders, key=lambda l: l.wait_s)
+    cores = run.meta.cpu_count or 1
+    if share < th.DATA_WAIT_NOTABLE or loader.num_workers >= cores or not median:
+        return None
+    compute_s = max(median * (1 - share), 1e-9)
+    if loader.num_workers == 0:
+        batch_s = share * median  # the main process prepared each batch itself, in the wait
+    else:
+        batch_s = median * loader.num_workers  # the workers together deliver one batch per step
+    needed = max(loader.num_workers + 1, math.ceil(batch_s / compute_s))
+    workers = min(needed, cores)
+    new_step = max(compute_s, batch_s / workers)
+    gain = max(0.0, 1 - new_step / median)
+    evidence = (
+        f"{share:.0%} of each step waits for the next batch (median step {median * 1e3:.1f} ms)",
+        f"the {loader.dataset} loader has {loader.num_workers} workers; this machine has {cores} cores",
+        f"a batch takes about {batch_s * 1e3:.0f} ms to prepare and the model uses one every "
+        f"{compute_s * 1e3:.0f} ms: {needed} workers keep up" + (f" ({cores} cores allow {workers})"
+                                                                 if workers < needed else ""),
+    )
+    return Finding(gain, evidence, fix=f"DataLoader(..., num_workers={workers}, persistent_workers=True)")
+
+
+@rule(id="pin-memory",
+      title="Pin the DataLoader's memory and copy without blocking",
+      fix="DataLoader(..., pin_memory=True)  and  batch.to(device, non_blocking=True)",
+      needs=("cuda", "loaders", "kernels"))
+def pin_memory(run: RunRecord) -> Finding | None:
+    """Signal: host-to-device copies come from pageable memory while a loader runs without pin_memory.
+    Why it matters: pageable copies are staged through a pinned buffer by the driver, about half the speed of
+    copies from pinned memory, and they cannot overlap with compute.
+    Fix: DataLoader(pin_memory=True) and .to(device, non_blocking=True)."""
+    kernels = run.op_profile.kernels  # type: ignore[union-attr]
+    unpinned = [l for l in run.loaders if not l.pin_memory]
+    if not unpinned or not kernels.h2d_pageable_copies:  # type: ignore[union-attr]
+        return None
+    window_s = run.steps.median_s * max(1, run.op_profile.steps)  # type: ignore[union-attr]
+    copy_share = min(1.0, kernels.h2d_copy_s / window_s) if window_s else 0.0  # type: ignore[union-attr]
+    evidence = (
+        f"{kernels.h2d_pageable_copies} of {kernels.h2d_copies} host-to-device copies in the profiled steps came "  # type: ignore[union-attr]
+        f"from pageable memory, {kernels.h2d_copy_s * 1e3:.2f} ms in all ({copy_share:.0%} of the steps' time)",  # type: ignore[union-attr]
+        f"the {unpinned[0].dataset} loader has pin_memory=False",
+    )
+    return Finding(copy_share * th.PINNED_COPY_SAVING, evidence)

@@ -1,0 +1,114 @@
+"""Diagnosis rules on hand-built records: each fires on its signal with its evidence, stays clear without it,
+and says "not checked" when an input it needs was not collected."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from conftest import ROOT, make_record
+from gpuscope.analysis.rules import RULES, evaluate
+from gpuscope.record import (
+    Breakdown,
+    Calibration,
+    CollectorStatus,
+    KernelTimeline,
+    Loader,
+    OpProfile,
+    RunMeta,
+    Steps,
+)
+
+
+def contract_ids() -> set[str]:
+    contract = (ROOT.parent / "shared" / "CONTRACT.md").read_text()
+    section = contract.split("## Recommendation ids", 1)[1]
+    return set(re.findall(r"^\| `([a-z0-9-]+)` \|", section, flags=re.M))
+
+
+def cpu_run(data_wait: float = 0.02, workers: int = 0, ops_per_step: float = 3600, elementwise: float = 0.1,
+            median_s: float = 0.003, batch: int = 2):
+    ops = int(ops_per_step * 3)
+    return make_record(
+        device="cpu",
+        steps=Steps(count=40, median_s=median_s, total=50, warmup=1, profiled=9),
+        breakdown=Breakdown(data_wait=data_wait, forward=1 - data_wait),
+        loaders=(Loader(dataset="Images", num_workers=workers, batch_size=batch, batches=50, wait_s=1.0),),
+        op_profile=OpProfile(steps=3, ops=ops, ops_per_step=ops_per_step, mean_op_s=1e-6,
+                             calls_by_kind={"elementwise": int(ops * elementwise), "other": ops - int(ops * elementwise)}),
+        calibration=Calibration(op_overhead_s=0.6e-6, ops_per_step=379, step_s=2.3e-4),
+        meta=RunMeta(cpu_count=8),
+    )
+
+
+def cuda_run(busy: float, host_wait: float, tensor_core: float = 0.0, pageable: int = 0, pinned: bool = False):
+    return make_record(
+        device="cuda",
+        steps=Steps(count=40, median_s=0.01, total=50, warmup=1, profiled=9, breakdown_basis="device"),
+        loaders=(Loader(dataset="Images", num_workers=4, batch_size=64, pin_memory=pinned, batches=50, wait_s=0.1),),
+        op_profile=OpProfile(steps=3, ops=900, ops_per_step=300, mean_op_s=5e-6, kernels=KernelTimeline(
+            busy_fraction=busy, idle_host_wait_fraction=host_wait, idle_other_fraction=1 - busy - host_wait,
+            kernels=300, kernels_per_step=100, mean_kernel_s=5e-6, tensor_core_share=tensor_core,
+            h2d_copies=3, h2d_pageable_copies=pageable, h2d_copy_s=0.003)),
+        meta=RunMeta(cpu_count=8),
+    )
+
+
+def fired(record) -> dict[str, object]:
+    recommendations, _ = evaluate(record)
+    return {r.id: r for r in recommendations}
+
+
+# one positive and one negative record per rule
+CASES = [
+    ("more-dataloader-workers", cpu_run(data_wait=0.6, median_s=0.2, ops_per_step=100), cpu_run(data_wait=0.02)),
+    ("more-dataloader-workers", cpu_run(data_wait=0.6, median_s=0.2, ops_per_step=100),
+     cpu_run(data_wait=0.6, median_s=0.2, workers=8)),
+    ("larger-batch", cpu_run(), cpu_run(ops_per_step=100, median_s=0.25)),
+    ("jit-fusion", cpu_run(elementwise=0.5), cpu_run(elementwise=0.1)),
+    ("static-graph", cuda_run(busy=0.2, host_wait=0.7), cuda_run(busy=0.9, host_wait=0.05)),
+    ("mixed-precision", cuda_run(busy=0.9, host_wait=0.05, tensor_core=0.1),
+     cuda_run(busy=0.9, host_wait=0.05, tensor_core=0.8)),
+    ("pin-memory", cuda_run(busy=0.5, host_wait=0.1, pageable=3), cuda_run(busy=0.5, host_wait=0.1, pinned=True)),
+]
+
+
+@pytest.mark.parametrize(("rule_id", "positive", "negative"), CASES, ids=[c[0] for c in CASES])
+def test_each_rule_fires_on_its_signal_and_only_then(rule_id, positive, negative) -> None:
+    recommendation = fired(positive).get(rule_id)
+    assert recommendation is not None
+    # every fact carries the number it rests on, or the setting (name=value) it reads
+    assert recommendation.evidence and all(re.search(r"\d|\w=\w", fact) for fact in recommendation.evidence)
+    assert recommendation.fix
+    assert recommendation.expected_gain is None or 0 < recommendation.expected_gain <= 1
+    assert rule_id not in fired(negative)
+    assert evaluate(negative)[1][rule_id].status == "clear"
+
+
+def test_the_worker_count_suggested_is_measured_and_capped_by_the_cores() -> None:
+    # a batch takes 0.6 x 200 = 120 ms to prepare; the model uses one every 80 ms: 2 workers keep up
+    recommendation = fired(cpu_run(data_wait=0.6, median_s=0.2, ops_per_step=100))["more-dataloader-workers"]
+    assert recommendation.fix == "DataLoader(..., num_workers=2, persistent_workers=True)"
+    assert recommendation.expected_gain == pytest.approx(0.6)
+
+
+def test_recommendations_come_most_valuable_first() -> None:
+    recommendations, _ = evaluate(cpu_run(elementwise=0.5))
+    gains = [r.expected_gain for r in recommendations]
+    assert [r.id for r in recommendations] == ["larger-batch", "jit-fusion"]
+    assert gains == sorted(gains, reverse=True)
+
+
+def test_a_rule_whose_input_was_not_collected_is_not_checked_and_says_why() -> None:
+    record = make_record(collectors={"torch-trace": CollectorStatus("unavailable", "turned off (--trace-steps 0)")})
+    _, checks = evaluate(record)
+    assert checks["larger-batch"].status == "not-checked"
+    assert checks["larger-batch"].reason == "no op-level profile (torch-trace: turned off (--trace-steps 0))"
+    assert checks["static-graph"].reason == "a CPU-only run: this is about GPU work"
+
+
+def test_every_registered_rule_id_is_a_contract_id() -> None:
+    ids = [r.id for r in RULES]
+    assert len(ids) == len(set(ids))
+    assert set(ids) <= contract_ids()
