@@ -8,6 +8,7 @@ user's step time. The global RNG state is restored afterwards.
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -18,7 +19,10 @@ from gpuscope.record import Calibration, CollectorStatus
 
 LAYERS = 8
 """Linear layers of width 2 in the calibration model: a forward, a backward and an SGD step of a few hundred ops."""
-TIMED_STEPS = 200
+TIMED_STEPS = 40
+REPEATS = 7
+"""The cost per step is the median of REPEATS timings of TIMED_STEPS steps: one burst can land on a moment when
+the machine is busy with something else; the median of several does not."""
 WARM_STEPS = 20
 COUNTED_STEPS = 5
 
@@ -62,10 +66,13 @@ def measure_op_overhead(torch: Any) -> Calibration:
 
     for _ in range(WARM_STEPS):
         step()
-    started = time.perf_counter()
-    for _ in range(TIMED_STEPS):
-        step()
-    step_s = (time.perf_counter() - started) / TIMED_STEPS
+    timings = []
+    for _ in range(REPEATS):
+        started = time.perf_counter()
+        for _ in range(TIMED_STEPS):
+            step()
+        timings.append((time.perf_counter() - started) / TIMED_STEPS)
+    step_s = statistics.median(timings)
     with kineto_quiet():
         prof = profile(activities=[ProfilerActivity.CPU])
         prof.start()

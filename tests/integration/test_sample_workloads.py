@@ -63,7 +63,7 @@ def test_each_sample_has_its_steps_found_and_its_data_wait_measured(
 @pytest.mark.parametrize(
     ("workload", "args", "bound"),
     [("data_loading_bound", ["--steps", "16"], "data-loading"),
-     ("cpu_launch_bound", ["--steps", "60"], "cpu-launch"),
+     ("cpu_launch_bound", ["--steps", "400"], "cpu-launch"),
      ("compute_bound", ["--steps", "18"], "compute")],
 )
 def test_each_sample_gets_its_verdict_and_every_cpu_collectors_output(
