@@ -56,7 +56,7 @@ class Session:
 
     def __init__(self, run_dir: Path, command: Sequence[str], collectors: Sequence[Collector] | None = None) -> None:
         """``collectors`` default to ``default_collectors()``; the steps collector must come before those
-        that follow its steps."""
+        that follow its steps. Collectors stop in reverse order."""
         self.run_dir = Path(run_dir)
         self.command = tuple(command)
         self.collectors = list(collectors) if collectors is not None else default_collectors()

@@ -20,8 +20,8 @@ class CollectOptions:
 
 
 def default_collectors(options: CollectOptions | None = None) -> list[Collector]:
-    """Fresh instances of the collectors a run uses, in start order (the steps collector first: the others
-    follow its steps)."""
+    """Fresh instances of the collectors a run uses, in start order (the steps collector before those that follow
+    its steps)."""
     from gpuscope.collectors.calibration import CalibrationCollector
     from gpuscope.collectors.cprofile import CProfileCollector
     from gpuscope.collectors.cuda_memory import CudaMemoryCollector
@@ -33,6 +33,9 @@ def default_collectors(options: CollectOptions | None = None) -> list[Collector]
 
     options = options or CollectOptions()
     return [
+        # stopped last (collectors stop in reverse order): it runs a few training steps of its own, which no hook
+        # or profiling window of the others may see
+        CalibrationCollector(),
         StepsCollector(),
         CProfileCollector(options.cprofile_steps),
         TorchTraceCollector(options.trace_start, options.trace_steps, options.trace_max_bytes),
@@ -40,7 +43,6 @@ def default_collectors(options: CollectOptions | None = None) -> list[Collector]
         NvmlCollector(),
         NvtxCollector(),
         CudaMemoryCollector(),
-        CalibrationCollector(),  # stopped first, right after the script
     ]
 
 

@@ -1,6 +1,7 @@
 """This machine's fixed cost per torch op, so the diagnosis can say how much of a step is per-op overhead.
 
-After the script has ended (nothing of the user's is timed or disturbed), a few training steps of a model made of
+After the script has ended and every other collector has stopped (nothing of the user's is timed or disturbed,
+no hook sees these steps), a few training steps of a model made of
 tiny tensors: their arithmetic is nil, so their time is all fixed cost per op. Ops are counted by torch.profiler,
 exactly as the user's ops are counted in the trace window, so ``ops per step x cost per op`` compares with the
 user's step time. The global RNG state is restored afterwards.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -44,7 +46,8 @@ class CalibrationCollector:
             return CollectorResult(CollectorStatus("unavailable", "the script did not use torch"))
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             return CollectorResult(CollectorStatus("unavailable", "a CUDA run: the kernel timeline is the evidence"))
-        with torch.random.fork_rng(devices=[]), torch.enable_grad():
+        with torch.random.fork_rng(devices=[]), torch.enable_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch.profiler's warnings are not the user's business
             return CollectorResult(CollectorStatus("ok"), measure_op_overhead(torch))
 
 
