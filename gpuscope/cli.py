@@ -10,6 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
+from gpuscope.collectors import CollectOptions
 from gpuscope.errors import USAGE_EXIT, GpuscopeError
 
 if TYPE_CHECKING:
@@ -45,15 +46,17 @@ class RunCommand:
         parser.add_argument("-o", "--output", metavar="DIR",
                             help="where the run's files go (default: ./gpuscope-runs/<script>-<timestamp>/)")
         parser.add_argument("-q", "--quiet", action="store_true", help="print no summary at the end")
-        parser.add_argument("--cprofile-steps", metavar="N", type=_count, default=5,
-                            help="steps cProfile covers after the start-up (default 5); profiled steps are left "
-                                 "out of the step figures")
+        defaults = CollectOptions()
+        parser.add_argument("--cprofile-steps", metavar="N", type=_count, default=defaults.cprofile_steps,
+                            help="steps cProfile covers after the start-up (default %(default)s); profiled steps "
+                                 "are left out of the step figures")
         parser.add_argument("--cprofile-all", action="store_true",
                             help="profile the whole run with cProfile (slows Python-heavy loops)")
-        parser.add_argument("--trace-steps", metavar="N", type=_count, default=3,
-                            help="steps torch.profiler records into trace.json (default 3; 0: none)")
-        parser.add_argument("--trace-max-mb", metavar="MB", type=_positive_float, default=50.0,
-                            help="trace.json's size cap in MB (default 50); detail is dropped to meet it")
+        parser.add_argument("--trace-steps", metavar="N", type=_count, default=defaults.trace_steps,
+                            help="steps torch.profiler records into trace.json (default %(default)s; 0: none)")
+        parser.add_argument("--trace-max-mb", metavar="MB", type=_positive_float,
+                            default=defaults.trace_max_bytes / 2**20,
+                            help="trace.json's size cap in MB (default %(default)g); detail is dropped to meet it")
         # For --help only: the target is split off before argparse sees the command line (split_target).
         parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script, like python -m")
         parser.add_argument("script", nargs="?", metavar="SCRIPT",
@@ -79,7 +82,7 @@ class RunCommand:
         return tokens, []
 
     def run(self, args: argparse.Namespace) -> int:
-        from gpuscope.collectors import CollectOptions, default_collectors
+        from gpuscope.collectors import default_collectors
         from gpuscope.runner import resolve_target, run_target
         from gpuscope.session import Session
 
@@ -91,12 +94,10 @@ class RunCommand:
         else:
             target = resolve_target(target_tokens[0] if target_tokens else None, None, target_tokens[1:])
         run_dir = _run_dir(args.output, target.stem)
-        cprofile_steps = None if args.cprofile_all else args.cprofile_steps
         options = CollectOptions(
-            cprofile_steps=cprofile_steps,
-            trace_start=(cprofile_steps or 0) + 1,
+            cprofile_steps=None if args.cprofile_all else args.cprofile_steps,
             trace_steps=args.trace_steps,
-            trace_max_bytes=int(args.trace_max_mb * 1024 * 1024),
+            trace_max_bytes=int(args.trace_max_mb * 2**20),
         )
         session = Session(run_dir, target.command, default_collectors(options))
         session.start()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from gpuscope.analysis import thresholds as th
 from gpuscope.analysis.evidence import cpu_overhead
+from gpuscope.analysis.rules.base import missing_input
 from gpuscope.record import RunRecord, Verdict
 
 
@@ -44,10 +45,8 @@ def _classify_cpu(record: RunRecord) -> Verdict:
     ops, steps = record.op_profile, record.steps
     overhead = cpu_overhead(record)
     if overhead is None:
-        missing = "the op-level profile" if ops is None or not ops.ops else "the per-op cost calibration"
-        reason = record.collectors.get("torch-trace" if missing.startswith("the op") else "calibration")
-        why = f" ({reason.reason})" if reason is not None and reason.reason else ""
-        return Verdict("inconclusive", 0.0, (f"launch-bound or compute-bound cannot be told without {missing}{why}",))
+        missing = missing_input(record, ("op_profile", "calibration")) or "no step time"
+        return Verdict("inconclusive", 0.0, (f"launch-bound or compute-bound cannot be told: {missing}",))
     share = overhead.share
     facts = [
         f"{overhead.ops_per_step:.0f} torch ops per step at {overhead.op_cost_s * 1e6:.2f} us of fixed cost each "

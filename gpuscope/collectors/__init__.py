@@ -4,19 +4,24 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpuscope.collectors import cprofile, torch_trace
 from gpuscope.collectors.base import Collector, CollectorResult
 
 
 @dataclass(frozen=True, slots=True)
 class CollectOptions:
-    """What the user chose on the command line (or in ``gpuscope.profile()``)."""
+    """What the user chose on the command line (or in ``gpuscope.profile()``); defaults are the collectors' own."""
 
-    cprofile_steps: int | None = 5
+    cprofile_steps: int | None = cprofile.DEFAULT_STEPS
     """Steps cProfile covers after the start-up; None: the whole run."""
-    trace_start: int = 6
-    trace_steps: int = 3
+    trace_steps: int = torch_trace.DEFAULT_ACTIVE
     """Steps torch.profiler records; 0: no torch.profiler."""
-    trace_max_bytes: int = 50 * 1024 * 1024
+    trace_max_bytes: int = torch_trace.DEFAULT_MAX_BYTES
+
+    @property
+    def trace_start(self) -> int:
+        """torch.profiler's window begins one clean step after cProfile's."""
+        return (self.cprofile_steps or 0) + 1
 
 
 def default_collectors(options: CollectOptions | None = None) -> list[Collector]:

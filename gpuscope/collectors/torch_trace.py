@@ -209,10 +209,15 @@ def calls_by_kind(stats: list[OpStat]) -> dict[str, int]:
     return dict(sorted(kinds.items()))
 
 
+def _step_spans(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """The (start, end) of each recorded step's ProfilerStep# range, in trace microseconds, in order."""
+    return sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in events
+                  if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"))
+
+
 def window_wall_s(events: list[dict[str, Any]]) -> float:
     """Wall time of the recorded steps: from the first ProfilerStep# range's start to the last one's end."""
-    spans = [(e["ts"], e["ts"] + e.get("dur", 0)) for e in events
-             if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    spans = _step_spans(events)
     if not spans:
         return 0.0
     return (max(end for _, end in spans) - min(start for start, _ in spans)) / 1e6
@@ -243,8 +248,7 @@ def cap_trace(path: Path, max_bytes: int) -> tuple[list[dict[str, Any]], str]:
 
 
 def _first_step_only(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    steps = sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in events
-                   if str(e.get("name", "")).startswith("ProfilerStep#") and e.get("ph") == "X")
+    steps = _step_spans(events)
     if not steps:
         return events
     start, end = steps[0]
