@@ -29,8 +29,10 @@ def test_a_dataloader_with_two_workers_runs_under_each_start_method(tmp_path: Pa
 def test_four_workers_run_under_each_start_method_and_their_memory_is_counted(tmp_path: Path, start_method: str) -> None:
     run_dir = tmp_path / "run"
     result = run_gpuscope(
+        # workers that live as a training run's do: across epochs, with real work per sample (about a second in
+        # all), so the memory sampler's child-process scans (every 0.5 s) see them
         ["run", "-q", "-o", str(run_dir), str(SCRIPTS / "loader_workers.py"), "--workers", "4",
-         "--start-method", start_method, "--epochs", "3"],
+         "--start-method", start_method, "--epochs", "3", "--persistent", "--sample-ms", "20"],
         tmp_path,
     )
     assert result.returncode == 0, result.stderr
