@@ -109,6 +109,8 @@ class Loader:
     iterable: bool = False
     batches: int = 0
     wait_s: float = 0.0
+    batch_tensors: tuple[str, ...] = ()
+    """The tensors of its first batch, as ``dtype[shape] device`` (``float16[64, 3, 96, 96] cpu``), at most eight."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +223,16 @@ class KernelTimeline:
     h2d_copies: int = 0
     h2d_pageable_copies: int = 0
     h2d_copy_s: float = 0.0
+    conv_share: float = 0.0
+    """Share of kernel time in convolution kernels (cuDNN's and CUTLASS's, recognised by name)."""
+    fp32_gemm_share: float = 0.0
+    """Share of kernel time in float32 matrix multiplies on CUDA cores (``sgemm`` without Tensor Cores)."""
+    layout_transform_share: float = 0.0
+    """Share of kernel time converting between NCHW and NHWC layouts (``nchwToNhwc``, ``nhwcToNchw``)."""
+    sync_calls: int = 0
+    """Host calls that wait for the GPU (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, ...)."""
+    sync_wait_s: float = 0.0
+    """The host's time blocked in those calls."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -311,6 +323,95 @@ class Calibration:
 
 
 @dataclass(frozen=True, slots=True)
+class CallSite:
+    """A line of the user's code that made a call gpuscope watches for, and how many times it did."""
+
+    file: str = ""
+    line: int = 0
+    function: str = ""
+    code: str = ""
+    calls: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Practices:
+    """Framework settings and habits seen while the script trained: debug APIs left on, how gradients are
+    cleared, the model's layer patterns, and the backend flags that decide which kernels run."""
+
+    torch_version: str = ""
+    steps_checked: int = 0
+    """Step boundaries at which the debug-API state was read."""
+    anomaly_steps: int = 0
+    """Of those, steps during which anomaly detection was on (at the boundary, or switched on within the step)."""
+    anomaly_sites: tuple[CallSite, ...] = ()
+    profiler_steps: int = 0
+    """Steps at whose boundary torch's autograd profiler (or emit_nvtx) was on, outside gpuscope's own window."""
+    gradcheck_sites: tuple[CallSite, ...] = ()
+    zero_grad_calls: int = 0
+    zero_grad_fill_calls: int = 0
+    """``zero_grad`` calls that zero-filled gradients (``set_to_none=False``) instead of dropping them."""
+    zero_grad_fill_sites: tuple[CallSite, ...] = ()
+    modules_inspected: bool = False
+    bias_before_norm: tuple[str, ...] = ()
+    """Layers with a bias whose output goes straight into BatchNorm: ``features.0 (Conv2d) -> features.1 (BatchNorm2d)``."""
+    wasted_bias_params: int = 0
+    data_parallel: tuple[str, ...] = ()
+    """``DataParallel`` wrappers in use, as ``DataParallel(Net) on N devices``."""
+    conv_layers: int = 0
+    channels_last_convs: int = 0
+    """Convolution layers whose weights are in channels_last memory format."""
+    cudnn_benchmark: bool | None = None
+    matmul_allow_tf32: bool | None = None
+    cudnn_allow_tf32: bool | None = None
+    float32_matmul_precision: str | None = None
+    cuda_capability: str | None = None
+    """The GPU's compute capability (``8.0``), on CUDA runs."""
+
+
+@dataclass(frozen=True, slots=True)
+class LineCost:
+    """One line of the dataset's code, timed while the data probe fetched items."""
+
+    file: str = ""
+    line: int = 0
+    function: str = ""
+    code: str = ""
+    own_s: float = 0.0
+    """Seconds per item on this line itself, not in the user functions it called."""
+    float16: bool = False
+    """The line produced float16 arrays or tensors."""
+
+
+@dataclass(frozen=True, slots=True)
+class DataProbe:
+    """A few items of the slowest loader's dataset fetched again after the run, under a line tracer: where
+    building an item spends its time, and how much of it on float16 data."""
+
+    dataset: str = ""
+    items: int = 0
+    item_s: float = 0.0
+    """Mean time to fetch one item, under the tracer."""
+    float16_s: float = 0.0
+    """Of which on lines that produced float16 arrays or tensors."""
+    lines: tuple[LineCost, ...] = ()
+    numpy_float16_slowdown: float | None = None
+    """How many times slower the same element-wise NumPy arithmetic runs in float16 than in float32 here."""
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SyncProfile:
+    """Host-device synchronisations counted over a few steady-state steps with torch's CUDA sync debug mode."""
+
+    window: Window = field(default_factory=Window)
+    steps: int = 0
+    syncs: int = 0
+    per_step: float = 0.0
+    sites: tuple[CallSite, ...] = ()
+    """The user's lines that synchronised, most frequent first."""
+
+
+@dataclass(frozen=True, slots=True)
 class RunMeta:
     """Facts about the run itself: when, how long, on what software."""
 
@@ -351,6 +452,9 @@ class RunRecord:
     gpus: GpuSamples | None = None
     cuda_memory: CudaMemory | None = None
     calibration: Calibration | None = None
+    practices: Practices | None = None
+    data_probe: DataProbe | None = None
+    syncs: SyncProfile | None = None
     meta: RunMeta = field(default_factory=RunMeta)
 
     def to_json(self) -> dict[str, Any]:

@@ -20,12 +20,15 @@ from gpuscope.record import (
     Calibration,
     CollectorStatus,
     CudaMemory,
+    DataProbe,
     GpuSamples,
     HostMemory,
     OpProfile,
+    Practices,
     PythonProfile,
     RunMeta,
     RunRecord,
+    SyncProfile,
     write_record,
 )
 
@@ -36,6 +39,9 @@ _PAYLOAD_FIELDS: dict[type, str] = {
     GpuSamples: "gpus",
     CudaMemory: "cuda_memory",
     Calibration: "calibration",
+    Practices: "practices",
+    DataProbe: "data_probe",
+    SyncProfile: "syncs",
 }
 """Collector payloads that go into the record as they are, and the record field each fills."""
 

@@ -65,6 +65,7 @@ class StepsCollector:
         self._discovery_s = 0.0
         self._device_failed = False
         self._roots: list[str] = []
+        self._root_refs: list[weakref.ref[Any]] = []
         self._failures: list[str] = []
         self._torch: Any = None
         self.tracker: StepTracker | None = None
@@ -219,7 +220,7 @@ class StepsCollector:
                 collector._loader_depth -= 1
             now = clock()
             tracker.exit("data_wait", now)  # type: ignore[union-attr]
-            collector._count_batch(iterator, now - start)
+            collector._count_batch(iterator, batch, now - start)
             return batch
 
         return __next__
@@ -306,6 +307,7 @@ class StepsCollector:
                 post = module.register_forward_hook(self._forward_post)
             self._undo.extend((pre.remove, post.remove))
         self._roots = sorted(type(m).__name__ for m in roots)
+        self._root_refs = [weakref.ref(m) for m in roots]
 
     def _cuda_initialized(self) -> bool:
         torch = self._torch if self._torch is not None else sys.modules.get("torch")
@@ -315,16 +317,30 @@ class StepsCollector:
             return False
 
     # -- DataLoader descriptions -------------------------------------------------------------------------
-    def _count_batch(self, iterator: Any, wait_s: float) -> None:
-        key = (type(getattr(iterator, "_dataset", None)).__name__, id(getattr(iterator, "_dataset", None)),
-               getattr(iterator, "_num_workers", 0), _batch_size(iterator))
+    def _count_batch(self, iterator: Any, batch: Any, wait_s: float) -> None:
+        dataset = getattr(iterator, "_dataset", None)
+        key = (type(dataset).__name__, id(dataset), getattr(iterator, "_num_workers", 0), _batch_size(iterator))
         entry = self._loaders.get(key)
         if entry is None:
             if len(self._loaders) >= MAX_LOADERS:
                 return
-            entry = self._loaders[key] = {"info": _describe(iterator), "batches": 0, "wait_s": 0.0}
+            info = _describe(iterator)
+            info["batch_tensors"] = tuple(describe_tensors(batch))
+            # kept (strongly: the script's loader may be gone by the end) for the data probe, after the run
+            entry = self._loaders[key] = {"info": info, "batches": 0, "wait_s": 0.0, "dataset": dataset}
         entry["batches"] += 1
         entry["wait_s"] += wait_s
+
+    def probe_dataset(self) -> Any:
+        """The map-style dataset the steps waited on longest (for the data probe), or None."""
+        for entry in sorted(self._loaders.values(), key=lambda e: -e["wait_s"]):
+            if not entry["info"]["iterable"] and entry["dataset"] is not None:
+                return entry["dataset"]
+        return None
+
+    def root_modules(self) -> list[Any]:
+        """The root modules whose forward is timed, while they are alive (found at the first steps)."""
+        return [m for ref in self._root_refs if (m := ref()) is not None]
 
     def _loader_records(self) -> tuple[Loader, ...]:
         return tuple(
@@ -337,6 +353,27 @@ def _batch_size(iterator: Any) -> int | None:
     sampler = getattr(iterator, "_index_sampler", None)
     size = getattr(sampler, "batch_size", None)
     return size if isinstance(size, int) else None
+
+
+MAX_BATCH_TENSORS = 8
+
+
+def describe_tensors(batch: Any, depth: int = 0) -> list[str]:
+    """The tensors (and NumPy arrays) in a batch, as ``dtype[shape] device``, first MAX_BATCH_TENSORS of them."""
+    shape = getattr(batch, "shape", None)
+    dtype = getattr(batch, "dtype", None)
+    if shape is not None and dtype is not None:
+        name = str(dtype).removeprefix("torch.")
+        return [f"{name}[{', '.join(str(int(d)) for d in shape)}] {getattr(batch, 'device', 'cpu')}"]
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    found: list[str] = []
+    if isinstance(batch, (list, tuple)) and depth < 4:
+        for item in batch:
+            found.extend(describe_tensors(item, depth + 1))
+            if len(found) >= MAX_BATCH_TENSORS:
+                return found[:MAX_BATCH_TENSORS]
+    return found
 
 
 def _describe(iterator: Any) -> dict[str, Any]:

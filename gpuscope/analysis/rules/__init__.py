@@ -1,10 +1,16 @@
-"""The diagnosis rules, one module per theme; ``evaluate`` runs them all on a record."""
+"""The diagnosis rules, one module per theme (each registers its rules as it is imported: every module of this
+package is); ``evaluate`` runs them all on a record."""
 
 from __future__ import annotations
 
-from gpuscope.analysis.rules import dataloader, launch, precision  # noqa: F401  (registers the rules)
+import importlib
+import pkgutil
+
 from gpuscope.analysis.rules.base import RULES, Finding, Rule, missing_input
 from gpuscope.record import Recommendation, RuleCheck, RunRecord
+
+for _theme in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_theme}")  # registry order: alphabetical by module, then as written
 
 
 def evaluate(record: RunRecord) -> tuple[tuple[Recommendation, ...], dict[str, RuleCheck]]:

@@ -11,7 +11,7 @@ from gpuscope.record import RunRecord
 
 Needs = tuple[str, ...]
 """Record fields a rule reads: "op_profile", "calibration", "loaders", "kernels" (the CUDA kernel timeline),
-"cuda" (a CUDA run)."""
+"cuda" (a CUDA run), "practices", "data_probe", "syncs"."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +65,18 @@ def missing_input(record: RunRecord, needs: Needs) -> str | None:
             return "no per-op cost calibration" + _collector_reason(record, "calibration")
         if need == "loaders" and not record.loaders:
             return "no DataLoader was iterated"
+        if need in _COLLECTED_BY and getattr(record, need) is None:
+            name, what = _COLLECTED_BY[need]
+            return what + _collector_reason(record, name)
     return None
+
+
+_COLLECTED_BY = {
+    "practices": ("practices", "the framework's settings were not read"),
+    "data_probe": ("data-probe", "the dataset was not probed"),
+    "syncs": ("syncs", "host-device syncs were not counted"),
+}
+"""Record fields filled by one collector each: the collector's name, and what their absence means."""
 
 
 def _collector_reason(record: RunRecord, name: str) -> str:
