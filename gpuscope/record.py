@@ -320,6 +320,9 @@ class Calibration:
     """Seconds per op, ops counted as torch.profiler counts them (the same count as ``OpProfile.ops``)."""
     ops_per_step: float = 0.0
     step_s: float = 0.0
+    anomaly_op_overhead_s: float | None = None
+    """Extra seconds per op with anomaly detection on (measured only when the run used it); ops counted as
+    torch.profiler counts them under anomaly detection, which adds ops of its own (NaN checks)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -116,3 +116,101 @@ STEP_CAPACITY = 4096
 
 SAMPLE_IN_RECORD = 2000
 """Steps written to run.json one by one; longer runs are thinned evenly (the figures use every kept step)."""
+
+# -- preprocessing -----------------------------------------------------------------------------------------
+FLOAT16_SHARE_NOTABLE = 0.3
+"""float16 work is worth moving to float32 from this share of an item's build time on (the data probe's lines
+that produced float16 data). A float32 pipeline that casts to float16 at its very end has only that cast on
+float16 lines: measured at up to a fifth of the item's time when the float32 math is light (a 96x96 image), so
+from 30% on the float16 time is arithmetic, not the final cast."""
+
+FLOAT16_SLOWDOWN_NOTABLE = 1.5
+"""NumPy float16 arithmetic must run at least this many times slower than float32 on the machine (timed by the
+data probe) for float32 to be worth it. Without native float16 arithmetic NumPy converts each element to float32
+and back around every operation (19x slower measured on an AMD EPYC with F16C but no AVX512-FP16). CPUs with
+native float16 arithmetic (AVX512-FP16, ARMv8.2 FP16) should come out near 1x, where float32 only doubles the
+bytes moved; 1.5x leaves room for timing noise between the two."""
+
+# -- CUDA settings (analysis/kernels.py kernel kinds; rules/cuda_settings.py) --------------------------------
+CONV_KERNEL_PATTERNS: tuple[str, ...] = (
+    # cuDNN's classic convolution engines: cudnn::detail::implicit_convolve_sgemm, explicit_convolve_sgemm,
+    # precomputed_convolve_sgemm, convolve_common_engine_float_NHWC, cudnn::detail::wgrad_alg0_engine,
+    # dgrad_engine, dgrad2d_alg1_1; and the Winograd ones (cudnn::winograd_nonfused::winogradForwardData4x4...).
+    "convolve", "wgrad", "dgrad", "winograd",
+    # cuDNN 8/9 runtime-fused and precompiled engines and CUTLASS conv kernels: sm80_xmma_fprop_implicit_gemm...,
+    # sm90_xmma_dgrad_implicit_gemm..., cutlass_tensorop_s1688fprop_optimized..., cutlass::conv::kernel::
+    # ImplicitGemmConvolution<...>.
+    "fprop", "implicit_gemm", "implicitgemm", "convolution",
+    # cuBLAS-style cuDNN kernels named for their arch and MMA: volta_scudnn_128x64_relu_interior_nn_v1,
+    # ampere_scudnn_winograd_128x128..., turing_fp16_s1688cudnn_fp16_256x128_ldg8_relu_f2f_exp_small_nhwc_tn_v1.
+    # ("cudnn_", not "cudnn": cudnn::bn_fw_tr_1C11..., cudnn::ops::nchwToNhwcKernel... are batch norm and layout.)
+    "scudnn", "cudnn_",
+    # cuDNN's FFT convolution (fft2d_r2c_32x32, fft2d_c2r_32x32); cuFFT's own kernels are named regular_fft...
+    "fft2d_r2c", "fft2d_c2r",
+    # PyTorch's native CUDA convolutions (ATen DepthwiseConv2d.cu / DepthwiseConv3d.cu, conv_depthwise2d_forward_
+    # kernel...) and Triton templates from torch.compile (triton_tem_fused_convolution...: caught above).
+    "conv_depthwise", "conv1d", "conv2d", "conv3d",
+)
+"""Substrings of convolution kernels' names, matched case-insensitively. Plain "conv" is left out: it also names
+conversions (``convert``). A convolution cuDNN runs as a plain GEMM (a 1x1 convolution may become
+``ampere_sgemm_...``) counts as a GEMM: a name heuristic, like ``TENSOR_CORE_KERNEL_PATTERNS``."""
+
+FP32_GEMM_KERNEL_PATTERNS: tuple[str, ...] = ("sgemm",)
+"""Single-precision GEMMs: cuBLAS ``ampere_sgemm_128x64_nn``, ``volta_sgemm_128x64_nn``, CUTLASS
+``cutlass_80_simt_sgemm_128x128_8x4_nn_align1`` (BLAS's ``s`` prefix: float32). A name that also matches
+``TENSOR_CORE_KERNEL_PATTERNS`` (``ampere_tf32_s1688gemm...``) or ``CONV_KERNEL_PATTERNS``
+(``implicit_convolve_sgemm``: cuDNN's, governed by ``cudnn.allow_tf32``, not by the matmul flag) does not count."""
+
+LAYOUT_TRANSFORM_KERNEL_PATTERNS: tuple[str, ...] = ("nchwtonhwc", "nhwctonchw")
+"""cuDNN's layout conversions around Tensor Core convolutions of NCHW tensors: ``cudnn::ops::nchwToNhwcKernel``,
+``cudnn::ops::nhwcToNchwKernel`` (``cudnn::engines_precompiled::`` in cuDNN 9), matched case-insensitively."""
+
+SYNCS_PER_STEP_NOTABLE = 1.0
+"""A training step needs no host-device synchronisation at all: the host can queue step after step. From one per
+step (a logged ``loss.item()``) the host waits for the GPU to drain its queue every step, and the GPU then waits
+for the host to queue the next work (PyTorch's performance tuning guide: avoid unnecessary CPU-GPU syncs)."""
+
+TF32_MIN_CAPABILITY = (8, 0)
+"""TF32 Tensor Cores came with Ampere (compute capability 8.0, A100); earlier GPUs run float32 GEMMs on CUDA
+cores whatever the setting."""
+
+TF32_DEFAULT_OFF_SINCE = (1, 12)
+"""torch 1.12 turned TF32 off for matmuls by default (``torch.backends.cuda.matmul.allow_tf32 = False``, and
+``torch.set_float32_matmul_precision`` added with default "highest"); torch 1.7-1.11 used TF32 by default."""
+
+FP32_GEMM_NOTABLE = 0.1
+"""TF32 is worth suggesting when float32 CUDA-core GEMMs take at least a tenth of kernel time: at the conservative
+speedup below, that is 5% of the GPU's busy time."""
+
+TF32_GEMM_SPEEDUP = 2.0
+"""How many times faster a float32 GEMM runs on TF32 Tensor Cores, conservatively. NVIDIA's A100 whitepaper: TF32
+Tensor Core math at 156 TFLOPS against 19.5 TFLOPS of FP32 FMA (8x; "up to 10x" against V100); PyTorch's CUDA
+notes time a 10240x10240 matmul at 0.11 s in full FP32 and 0.016 s in TF32 on a GA100 (about 7x). Training GEMMs
+are smaller and partly memory-bound, and GeForce Ampere parts have TF32 no faster than FP32 on paper: 2x, half the
+GEMM time saved, is the low end."""
+
+CONV_SHARE_NOTABLE = 0.2
+"""Convolution-specific advice is worth giving from a fifth of kernel time in convolutions: below that, even the
+seeds' autotuning gain (next) is worth under 1.5% of the step."""
+
+CUDNN_BENCHMARK_SAVING = 0.07
+"""Share of convolution time saved by cuDNN autotuning (``cudnn.benchmark = True``). The seeds: ResNet-50 on a V100
+went from 8.32 to 8.93 it/s with cuDNN's autotuner, 6.8% of the whole step; applied to convolution time alone this
+undercounts, on purpose (the heuristic's choice is often already the fastest)."""
+
+REDUCED_PRECISION_TC_SHARE = 0.2
+"""With at least a fifth of kernel time on Tensor Cores the convolutions run in reduced precision (autocast), where
+cuDNN's Tensor Core kernels want NHWC data."""
+
+CHANNELS_LAST_FEW = 0.5
+"""A net with fewer than half of its convolution weights in channels_last is an NCHW net."""
+
+LAYOUT_TRANSFORM_NOTABLE = 0.05
+"""cuDNN converting NCHW <-> NHWC for 5% of kernel time or more is worth removing: channels_last makes those
+kernels disappear outright. (PyTorch's channels_last tutorial measured AMP training 22% faster on ResNet-50 and
+8-35% across the models it tried on a V100; only the conversions' own time is counted here.)"""
+
+# -- habits (analysis/rules/habits.py) ----------------------------------------------------------------------
+BIAS_BEFORE_NORM_MIN_LAYERS = 1
+"""One biased layer feeding BatchNorm is enough to say so: its bias is wasted work wherever it is, and the fix is a
+keyword argument."""

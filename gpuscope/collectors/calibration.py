@@ -9,10 +9,13 @@ user's step time. The global RNG state is restored afterwards.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import statistics
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -30,9 +33,13 @@ COUNTED_STEPS = 5
 
 
 class CalibrationCollector:
-    """Measures the fixed cost per op at the end of the run (CPU only: on CUDA the kernel timeline says more)."""
+    """Measures the fixed cost per op at the end of the run (CPU only: on CUDA the kernel timeline says more);
+    also what anomaly detection adds per op, when ``anomaly_used()`` says the run had it on."""
 
     name: ClassVar[str] = "calibration"
+
+    def __init__(self, anomaly_used: Callable[[], bool] | None = None) -> None:
+        self._anomaly_used = anomaly_used
 
     def unavailable_reason(self) -> str | None:
         return None
@@ -47,12 +54,19 @@ class CalibrationCollector:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             return CollectorResult(CollectorStatus("unavailable", "a CUDA run: the kernel timeline is the evidence"))
         with torch.random.fork_rng(devices=[]), torch.enable_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch.profiler's warnings are not the user's business
-            return CollectorResult(CollectorStatus("ok"), measure_op_overhead(torch))
+            warnings.simplefilter("ignore")  # torch.profiler's and anomaly mode's warnings are not the user's business
+            calibration = measure_op_overhead(torch)
+            if self._anomaly_used is not None and self._anomaly_used():
+                anomalous = measure_op_overhead(torch, anomaly=True)
+                extra = anomalous.step_s - calibration.step_s
+                calibration = dataclasses.replace(
+                    calibration, anomaly_op_overhead_s=max(0.0, extra) / anomalous.ops_per_step
+                    if anomalous.ops_per_step else None)
+            return CollectorResult(CollectorStatus("ok"), calibration)
 
 
-def measure_op_overhead(torch: Any) -> Calibration:
-    """Time and count the ops of a tiny model's training steps."""
+def measure_op_overhead(torch: Any, anomaly: bool = False) -> Calibration:
+    """Time and count the ops of a tiny model's training steps (under anomaly detection if ``anomaly``)."""
     from torch.profiler import ProfilerActivity, profile
 
     from gpuscope.collectors.torch_trace import kineto_quiet
@@ -60,11 +74,13 @@ def measure_op_overhead(torch: Any) -> Calibration:
     model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(LAYERS)])
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.ones(1, 2)
+    mode = torch.autograd.detect_anomaly if anomaly else contextlib.nullcontext
 
     def step() -> None:
-        loss = model(x).sum()
-        optimizer.zero_grad()
-        loss.backward()
+        with mode():
+            loss = model(x).sum()
+            optimizer.zero_grad()
+            loss.backward()
         optimizer.step()
 
     for _ in range(WARM_STEPS):

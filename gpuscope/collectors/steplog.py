@@ -324,6 +324,11 @@ class StepTracker:
         """A profiler stopped."""
         self._windows = max(0, self._windows - 1)
 
+    @property
+    def in_window(self) -> bool:
+        """Whether one of gpuscope's profilers is running now."""
+        return self._windows > 0
+
     # -- markers -----------------------------------------------------------------------------------------
     def optimizer_stepped(self, optimizer_id: int, now: float) -> None:
         """``optimizer.step()`` returned. With several optimizers, the first one ever stepped ends the step."""

@@ -113,6 +113,10 @@ class StepsCollector:
         """A profiler stopped."""
         self.tracker.window_closed()  # type: ignore[union-attr]
 
+    def in_window(self) -> bool:
+        """Whether one of gpuscope's profilers is running now."""
+        return self.tracker.in_window  # type: ignore[union-attr]
+
     def steps_seen(self) -> int:
         """Steps counted so far."""
         return self.tracker.log.count  # type: ignore[union-attr]

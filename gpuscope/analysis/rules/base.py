@@ -11,7 +11,7 @@ from gpuscope.record import RunRecord
 
 Needs = tuple[str, ...]
 """Record fields a rule reads: "op_profile", "calibration", "loaders", "kernels" (the CUDA kernel timeline),
-"cuda" (a CUDA run), "practices", "data_probe", "syncs"."""
+"cuda" (a CUDA run), "practices", "data_probe", "syncs", "model" (the model's layers, inspected)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +68,8 @@ def missing_input(record: RunRecord, needs: Needs) -> str | None:
         if need in _COLLECTED_BY and getattr(record, need) is None:
             name, what = _COLLECTED_BY[need]
             return what + _collector_reason(record, name)
+        if need == "model" and (record.practices is None or not record.practices.modules_inspected):
+            return "the model's layers were not inspected (fewer than three steps, or no trained module found)"
     return None
 
 

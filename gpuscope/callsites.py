@@ -1,0 +1,67 @@
+"""The user's line behind a call: advice is worth most when it names the line to change.
+
+A hook that sees a call (``zero_grad``, a synchronising op, anomaly detection switched on) walks the Python stack
+outwards to the first frame of the user's own code, and counts calls per line.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import sysconfig
+from collections import Counter
+from types import FrameType
+
+from gpuscope.record import CallSite
+
+_LIBRARY_ROOTS = tuple(
+    os.path.realpath(p) + os.sep
+    for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
+)
+_GPUSCOPE_ROOT = os.path.dirname(os.path.realpath(__file__)) + os.sep
+
+
+def is_user_file(file: str) -> bool:
+    """Whether ``file`` is the user's code: a real file outside the stdlib, site-packages and gpuscope."""
+    if not file or file.startswith("<"):
+        return False  # <frozen importlib._bootstrap>, <string>: nobody's line to change
+    path = os.path.realpath(file)
+    if path.startswith(_GPUSCOPE_ROOT) or path.startswith(_LIBRARY_ROOTS):
+        return False
+    return os.sep + "site-packages" + os.sep not in path and os.sep + "dist-packages" + os.sep not in path
+
+
+def user_frame(start: FrameType | None = None) -> FrameType | None:
+    """The innermost frame of the user's code at or outside ``start`` (default: the caller's caller)."""
+    frame = start if start is not None else sys._getframe(2)
+    while frame is not None and not is_user_file(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
+
+
+class SiteCounter:
+    """Calls counted per user line; ``sites()`` turns them into record entries, most frequent first."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, int, str]] = Counter()
+
+    def count(self, frame: FrameType | None) -> None:
+        """Count one call made from ``frame`` (None: from no user code, counted as an unknown site)."""
+        if frame is None:
+            self.counts[("", 0, "")] += 1
+        else:
+            self.counts[(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name)] += 1
+
+    def total(self) -> int:
+        return sum(self.counts.values())
+
+    def sites(self, limit: int = 5) -> tuple[CallSite, ...]:
+        from gpuscope.collectors.cprofile import short_path
+
+        ranked = sorted(self.counts.items(), key=lambda item: (-item[1], item[0]))[:limit]
+        return tuple(
+            CallSite(file=short_path(file) if file else "", line=line, function=function,
+                     code=linecache.getline(file, line).strip() if file else "", calls=calls)
+            for (file, line, function), calls in ranked
+        )

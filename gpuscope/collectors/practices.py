@@ -1,0 +1,225 @@
+"""Framework settings and training habits that cost time, read while the script trains.
+
+- Debug APIs left on: anomaly detection (``torch.set_anomaly_enabled``, through which ``detect_anomaly`` and
+  ``set_detect_anomaly`` switch it, is wrapped to name the line that turned it on; its state is read at each step
+  boundary), torch's autograd profiler or ``emit_nvtx`` (on at a boundary outside gpuscope's own windows), and
+  ``torch.autograd.gradcheck`` / ``gradgradcheck`` calls.
+- How gradients are cleared: ``Optimizer.zero_grad`` and ``Module.zero_grad`` are wrapped to count the calls that
+  zero-fill gradients (``set_to_none=False``) and name their lines.
+- The model, once, at the first steps: layers with a bias feeding BatchNorm, ``DataParallel`` wrappers,
+  convolutions and their memory format.
+- Backend flags, once: ``cudnn.benchmark``, TF32 for matmuls and cuDNN, float32 matmul precision, and the GPU's
+  compute capability on CUDA runs.
+
+Every wrapper is one Python call and a counter; the reads at a boundary are a few C calls.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from gpuscope.callsites import SiteCounter, user_frame
+from gpuscope.collectors.base import CollectorResult, StepFollower
+from gpuscope.importwatch import ImportWatch
+from gpuscope.record import CollectorStatus, Practices
+
+INSPECT_AT_STEP = 2
+"""Model and flags are read at this step's start: the optimizer has stepped and the loop is set up."""
+
+
+class PracticesCollector(StepFollower):
+    """Reads the run's debug-API state, gradient clearing, model layers and backend flags."""
+
+    name: ClassVar[str] = "practices"
+
+    def __init__(self) -> None:
+        self._undo: list[Callable[[], None]] = []
+        self._torch: Any = None
+        self._steps_checked = 0
+        self._anomaly_steps = 0
+        self._anomaly_switched_on = False
+        self._profiler_steps = 0
+        self._anomaly_sites = SiteCounter()
+        self._gradcheck_sites = SiteCounter()
+        self._zero_grad_calls = 0
+        self._fill_sites = SiteCounter()
+        self._inspected: dict[str, Any] = {}
+        self.notes: list[str] = []
+
+    def unavailable_reason(self) -> str | None:
+        return None
+
+    def start(self, run_dir: Path) -> None:
+        watch = ImportWatch("torch", self._install)
+        self._undo.append(watch.remove)
+        watch.install()
+
+    def stop(self) -> CollectorResult:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+        torch = self._torch
+        if torch is None:
+            return CollectorResult(CollectorStatus("unavailable", "the script did not use torch"))
+        if not self._inspected:  # fewer steps than INSPECT_AT_STEP: read the flags now, the model is unknown
+            self._inspected = {"modules_inspected": False, **_flags(torch)}
+        return CollectorResult(CollectorStatus("ok"), Practices(
+            torch_version=str(getattr(torch, "__version__", "")),
+            steps_checked=self._steps_checked,
+            anomaly_steps=self._anomaly_steps,
+            anomaly_sites=self._anomaly_sites.sites(),
+            profiler_steps=self._profiler_steps,
+            gradcheck_sites=self._gradcheck_sites.sites(),
+            zero_grad_calls=self._zero_grad_calls,
+            zero_grad_fill_calls=self._fill_sites.total(),
+            zero_grad_fill_sites=self._fill_sites.sites(),
+            **self._inspected,
+        ))
+
+    def anomaly_seen(self) -> bool:
+        """Whether anomaly detection was on during a step (so calibration measures what it costs)."""
+        return self._anomaly_steps > 0
+
+    # -- hooks -------------------------------------------------------------------------------------------
+    def _install(self) -> None:
+        import torch
+
+        self._torch = torch
+        self._patch(torch, "set_anomaly_enabled", self._wrap_anomaly)
+        for name in ("gradcheck", "gradgradcheck"):
+            if callable(getattr(torch.autograd, name, None)):
+                self._patch(torch.autograd, name, self._wrap_counted(self._gradcheck_sites))
+        self._patch(torch.optim.Optimizer, "zero_grad", self._wrap_zero_grad)
+        self._patch(torch.nn.Module, "zero_grad", self._wrap_zero_grad)
+
+    def _patch(self, owner: Any, attr: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
+        original = getattr(owner, attr)
+        replacement = wrap(original)
+        for name in ("__name__", "__qualname__", "__doc__", "__module__", "__wrapped__"):
+            try:
+                setattr(replacement, name, getattr(original, name) if name != "__wrapped__" else original)
+            except (AttributeError, TypeError):
+                pass
+        setattr(owner, attr, replacement)
+        self._undo.append(lambda: setattr(owner, attr, original))
+
+    def _wrap_anomaly(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        collector = self
+
+        def set_anomaly_enabled(enabled: bool, *args: Any, **kwargs: Any) -> Any:
+            if enabled and not collector._torch.is_anomaly_enabled():  # switched on, not restored on exit
+                collector._anomaly_switched_on = True
+                collector._anomaly_sites.count(user_frame(sys._getframe(1)))
+            return original(enabled, *args, **kwargs)
+
+        return set_anomaly_enabled
+
+    def _wrap_counted(self, sites: SiteCounter) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+            def counted(*args: Any, **kwargs: Any) -> Any:
+                sites.count(user_frame(sys._getframe(1)))
+                return original(*args, **kwargs)
+
+            return counted
+
+        return wrap
+
+    def _wrap_zero_grad(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        collector = self
+        # the default this torch gives set_to_none (False before torch 2.0, True since)
+        default = inspect.signature(original).parameters.get("set_to_none")
+        fills_by_default = default is not None and default.default is False
+
+        def zero_grad(module_or_optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            collector._zero_grad_calls += 1
+            set_to_none = kwargs.get("set_to_none", args[0] if args else not fills_by_default)
+            if not set_to_none:
+                collector._fill_sites.count(user_frame(sys._getframe(1)))
+            return original(module_or_optimizer, *args, **kwargs)
+
+        return zero_grad
+
+    # -- at each step boundary ---------------------------------------------------------------------------
+    def _on_step(self, index: int) -> None:
+        torch = self._torch
+        if torch is None:
+            return
+        self._steps_checked += 1
+        on_now = bool(torch.is_anomaly_enabled())
+        if on_now or self._anomaly_switched_on:
+            self._anomaly_steps += 1
+        self._anomaly_switched_on = on_now
+        steps = self._steps_collector
+        if torch.autograd._profiler_enabled() and not (steps is not None and steps.in_window()):
+            self._profiler_steps += 1
+        if index >= INSPECT_AT_STEP and not self._inspected:
+            roots = steps.root_modules() if steps is not None else []
+            try:
+                self._inspected = {**inspect_modules(torch, roots), **_flags(torch)}
+            except Exception as exc:  # an exotic module must not break the user's step
+                self.notes.append(f"model not inspected: {exc}")
+                self._inspected = {"modules_inspected": False, **_flags(torch)}
+
+
+def inspect_modules(torch: Any, roots: list[Any]) -> dict[str, Any]:
+    """Layer patterns of the models being trained. A layer "feeds" the BatchNorm registered right after it in the
+    same parent (``nn.Sequential`` runs children in that order; hand-written blocks almost always declare
+    ``conv1, bn1`` in the order they run), and the norm's feature count must match the layer's output."""
+    nn = torch.nn
+    norms = (nn.modules.batchnorm._BatchNorm,)
+    biased = (nn.modules.conv._ConvNd, nn.Linear)
+    pairs: list[str] = []
+    wasted = 0
+    parallel: list[str] = []
+    convs = channels_last = 0
+    seen: set[int] = set()
+    for root in roots:
+        for prefix, module in root.named_modules():
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            if isinstance(module, nn.DataParallel):
+                devices = len(getattr(module, "device_ids", None) or ())
+                where = f"{prefix}: " if prefix else ""
+                parallel.append(f"{where}DataParallel({type(module.module).__name__}) "
+                                f"on {devices} device{'s' if devices != 1 else ''}")
+            if isinstance(module, nn.modules.conv._ConvNd):
+                convs += 1
+                weight = module.weight
+                if weight.dim() == 4 and weight.is_contiguous(memory_format=torch.channels_last):
+                    channels_last += 1
+            for (first, layer), (second, norm) in itertools.pairwise(module.named_children()):
+                if (isinstance(layer, biased) and getattr(layer, "bias", None) is not None
+                        and isinstance(norm, norms) and norm.num_features == _out_features(layer)):
+                    where = f"{prefix}." if prefix else ""
+                    pairs.append(f"{where}{first} ({type(layer).__name__}) -> {where}{second} ({type(norm).__name__})")
+                    wasted += layer.bias.numel()
+    return {"modules_inspected": True, "bias_before_norm": tuple(pairs), "wasted_bias_params": wasted,
+            "data_parallel": tuple(parallel), "conv_layers": convs, "channels_last_convs": channels_last}
+
+
+def _out_features(layer: Any) -> int | None:
+    return getattr(layer, "out_channels", None) or getattr(layer, "out_features", None)
+
+
+def _flags(torch: Any) -> dict[str, Any]:
+    """The backend flags that decide which kernels run."""
+    backends = torch.backends
+    flags: dict[str, Any] = {
+        "cudnn_benchmark": bool(backends.cudnn.benchmark),
+        "cudnn_allow_tf32": bool(backends.cudnn.allow_tf32),
+        "matmul_allow_tf32": bool(backends.cuda.matmul.allow_tf32),
+        "float32_matmul_precision": str(torch.get_float32_matmul_precision()),
+    }
+    try:
+        if torch.cuda.is_initialized():
+            major, minor = torch.cuda.get_device_capability()
+            flags["cuda_capability"] = f"{major}.{minor}"
+    except Exception:  # a broken CUDA context: the capability stays unknown
+        pass
+    return flags

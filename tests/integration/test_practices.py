@@ -1,0 +1,131 @@
+"""The practices collector, in this process on real torch: it sees debug APIs left on, zero-filled gradients,
+biases feeding BatchNorm and DataParallel, names the user's lines, and leaves torch as it found it."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from gpuscope.collectors.practices import PracticesCollector, inspect_modules  # noqa: E402
+from gpuscope.collectors.steps import StepsCollector  # noqa: E402
+from gpuscope.session import Session  # noqa: E402
+
+
+def practices_of(tmp_path: Path, train, steps: int = 6):
+    """Run ``train(model, opt, i)`` for each step under a session of the steps and practices collectors."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    session = Session(tmp_path, ["in-process"], [StepsCollector(), PracticesCollector()])
+    session.start()
+    try:
+        for i in range(steps):
+            train(model, opt, i)
+    finally:
+        record = session.stop(0)
+    assert record.collectors["practices"].status == "ok"
+    return record.practices
+
+
+def plain_step(model, opt, i, set_to_none=True):
+    loss = model(torch.randn(16, 4)).sum()
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=set_to_none)
+
+
+def test_a_clean_loop_shows_no_bad_habit(tmp_path: Path) -> None:
+    practices = practices_of(tmp_path, plain_step)
+    assert practices.steps_checked >= 5
+    assert (practices.anomaly_steps, practices.profiler_steps, practices.zero_grad_fill_calls) == (0, 0, 0)
+    assert practices.zero_grad_calls == 6
+    assert practices.gradcheck_sites == () and practices.data_parallel == ()
+    assert practices.modules_inspected
+    assert practices.torch_version == torch.__version__
+
+
+def test_anomaly_detection_inside_each_step_is_counted_with_its_line(tmp_path: Path) -> None:
+    def step(model, opt, i):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with torch.autograd.detect_anomaly():  # the line to name
+                loss = model(torch.randn(16, 4)).sum()
+                loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    practices = practices_of(tmp_path, step)
+    assert practices.anomaly_steps >= 5
+    (site,) = practices.anomaly_sites
+    assert site.file.endswith("test_practices.py") and site.calls == 6
+    assert site.code == "with torch.autograd.detect_anomaly():  # the line to name"
+    assert not torch.is_anomaly_enabled()
+
+
+def test_anomaly_detection_switched_on_for_the_whole_run_is_counted_every_step(tmp_path: Path) -> None:
+    def step(model, opt, i):
+        if i == 0:
+            torch.autograd.set_detect_anomaly(True)
+        plain_step(model, opt, i)
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            practices = practices_of(tmp_path, step)
+    finally:
+        torch.autograd.set_detect_anomaly(False)
+    assert practices.anomaly_steps == practices.steps_checked
+    assert [s.calls for s in practices.anomaly_sites] == [1]
+
+
+def test_the_users_own_autograd_profiler_and_gradcheck_are_seen(tmp_path: Path) -> None:
+    def step(model, opt, i):
+        if i == 1:
+            torch.autograd.gradcheck(torch.sin, (torch.randn(3, dtype=torch.double, requires_grad=True),))
+        with torch.autograd.profiler.profile():
+            plain_step(model, opt, i)
+            if i < 5:
+                opt.zero_grad()  # so a step boundary falls inside the profiler
+                model(torch.randn(16, 4)).sum().backward()
+                opt.step()
+
+    practices = practices_of(tmp_path, step)
+    assert practices.profiler_steps >= 4
+    assert [s.calls for s in practices.gradcheck_sites] == [1]
+    assert "gradcheck" in practices.gradcheck_sites[0].code
+
+
+def test_zero_filled_gradients_are_counted_with_their_line(tmp_path: Path) -> None:
+    practices = practices_of(tmp_path, lambda m, o, i: plain_step(m, o, i, set_to_none=False))
+    assert (practices.zero_grad_calls, practices.zero_grad_fill_calls) == (6, 6)
+    assert practices.zero_grad_fill_sites[0].code == "opt.zero_grad(set_to_none=set_to_none)"
+
+
+def test_the_model_is_read_for_biases_before_batchnorm_data_parallel_and_conv_layout() -> None:
+    net = nn.Sequential(
+        nn.Conv2d(3, 8, 3, bias=True), nn.BatchNorm2d(8),          # wasted bias: 8
+        nn.Conv2d(8, 8, 3, bias=False), nn.BatchNorm2d(8),         # fine
+        nn.Conv2d(8, 4, 3), nn.ReLU(), nn.BatchNorm2d(4),          # not directly feeding
+        nn.Flatten(), nn.Linear(4, 6), nn.BatchNorm1d(6),          # wasted bias: 6
+        nn.Linear(6, 5), nn.BatchNorm1d(6),                        # widths differ: another tensor
+    ).to(memory_format=torch.channels_last)
+    facts = inspect_modules(torch, [nn.DataParallel(net)])
+    assert facts["bias_before_norm"] == (
+        "module.0 (Conv2d) -> module.1 (BatchNorm2d)",
+        "module.8 (Linear) -> module.9 (BatchNorm1d)",
+    )
+    assert facts["wasted_bias_params"] == 14
+    assert facts["data_parallel"] == ("DataParallel(Sequential) on 0 devices",)
+    assert (facts["conv_layers"], facts["channels_last_convs"]) == (3, 3)
+
+
+def test_every_patch_is_undone(tmp_path: Path) -> None:
+    before = (torch.set_anomaly_enabled, torch.autograd.gradcheck, torch.optim.Optimizer.zero_grad,
+              nn.Module.zero_grad)
+    practices_of(tmp_path, plain_step)
+    assert (torch.set_anomaly_enabled, torch.autograd.gradcheck, torch.optim.Optimizer.zero_grad,
+            nn.Module.zero_grad) == before

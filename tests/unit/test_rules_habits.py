@@ -1,0 +1,131 @@
+"""Rules about habits (debug APIs, zero-filled gradients, biases before BatchNorm, DataParallel) on hand-built
+records: each fires on its signal with the numbers and lines it rests on, stays clear without it, and is not
+checked without the facts it needs."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from conftest import make_record
+from gpuscope.analysis.rules import evaluate
+from gpuscope.record import Calibration, CallSite, CollectorStatus, OpProfile, OpStat, Practices, Steps
+
+LINE = CallSite(file="train.py", line=42, function="main", code="optimizer.zero_grad(set_to_none=False)", calls=50)
+ANOMALY = CallSite(file="train.py", line=30, function="main", code="with torch.autograd.detect_anomaly():", calls=50)
+
+
+def run_with(practices: Practices | None = None, **overrides):
+    return make_record(
+        steps=Steps(count=40, median_s=0.1, total=50, warmup=2, profiled=8, source="optimizer"),
+        practices=practices if practices is not None else Practices(
+            torch_version="2.13.0", steps_checked=50, zero_grad_calls=50, modules_inspected=True),
+        op_profile=OpProfile(steps=3, ops=3000, ops_per_step=1000, top_host=(
+            OpStat("aten::mm", 30, 0.15), OpStat("aten::ne", 300, 0.03), OpStat("aten::any", 300, 0.015),
+            OpStat("aten::fill_", 150, 0.006))),
+        calibration=Calibration(op_overhead_s=0.5e-6, ops_per_step=379, step_s=2e-4, anomaly_op_overhead_s=4e-6),
+        **overrides,
+    )
+
+
+def outcome(record, rule_id):
+    recommendations, checks = evaluate(record)
+    found = {r.id: r for r in recommendations}
+    return checks[rule_id], found.get(rule_id)
+
+
+def habits(**changes) -> Practices:
+    return dataclasses.replace(run_with().practices, **changes)
+
+
+def test_anomaly_detection_left_on_is_costed_from_its_nan_checks_and_stack_capture() -> None:
+    check, rec = outcome(run_with(habits(anomaly_steps=50, anomaly_sites=(ANOMALY,))), "disable-debug-apis")
+    assert check.status == "fired"
+    assert rec.evidence[0] == ("anomaly detection was on in 50 of 50 steps, switched on at train.py:30 "
+                               "`with torch.autograd.detect_anomaly():` (50x)")
+    # NaN checks: (0.03 + 0.015) s / 3 steps = 15 ms; stacks: 4 us x 1000 ops = 4 ms; of a 100 ms step
+    assert "it cost about 19.0 ms of the 100.0 ms step (19%)" in rec.evidence[1]
+    assert "aten::ne x300, aten::any x300 in 3 steps" in rec.evidence[1]
+    assert rec.expected_gain == pytest.approx(0.19)
+    assert rec.fix.startswith("train.py:30 `with torch.autograd.detect_anomaly():`")
+
+
+def test_anomaly_detection_on_in_some_steps_scales_the_gain() -> None:
+    _, rec = outcome(run_with(habits(anomaly_steps=25, anomaly_sites=(ANOMALY,))), "disable-debug-apis")
+    assert rec.expected_gain == pytest.approx(0.095)
+
+
+@pytest.mark.parametrize(("changes", "fact"), [
+    ({"profiler_steps": 12}, "torch's autograd profiler (or emit_nvtx) was on in 12 of 50 steps, outside "
+                               "gpuscope's own profiling window"),
+    ({"gradcheck_sites": (dataclasses.replace(LINE, code="torch.autograd.gradcheck(f, x)", calls=2),)},
+     "gradcheck ran during training: train.py:42 `torch.autograd.gradcheck(f, x)` (2x)"),
+])
+def test_the_profiler_and_gradcheck_fire_without_an_estimate(changes, fact) -> None:
+    check, rec = outcome(run_with(habits(**changes)), "disable-debug-apis")
+    assert check.status == "fired" and rec.evidence == (fact,) and rec.expected_gain is None
+
+
+def test_no_debug_api_is_clear() -> None:
+    assert outcome(run_with(), "disable-debug-apis")[0].status == "clear"
+
+
+def test_zero_filled_gradients_fire_with_the_line_and_the_fill_time() -> None:
+    check, rec = outcome(run_with(habits(zero_grad_fill_calls=50, zero_grad_fill_sites=(LINE,))),
+                         "zero-grad-set-to-none")
+    assert check.status == "fired"
+    assert rec.evidence[0] == ("50 of 50 zero_grad calls zero-filled the gradients: train.py:42 "
+                               "`optimizer.zero_grad(set_to_none=False)` (50x)")
+    assert rec.evidence[1] == "torch 2.13.0 drops gradients by default (set_to_none=True); these calls pass False"
+    assert rec.evidence[2].startswith("zero-filling took 2.00 ms per profiled step (2% of the step)")
+    assert rec.expected_gain == pytest.approx(0.02)
+    assert rec.fix == "train.py:42 `optimizer.zero_grad(set_to_none=False)`: zero_grad(set_to_none=True)"
+
+
+def test_before_torch_2_the_default_itself_zero_fills() -> None:
+    _, rec = outcome(run_with(habits(torch_version="1.13.1", zero_grad_fill_calls=50, zero_grad_fill_sites=(LINE,))),
+                     "zero-grad-set-to-none")
+    assert rec.evidence[1] == "torch 1.13.1 zero-fills by default: pass set_to_none=True"
+
+
+def test_gradients_set_to_none_are_clear() -> None:
+    assert outcome(run_with(), "zero-grad-set-to-none")[0].status == "clear"
+
+
+def test_biases_feeding_batchnorm_are_named() -> None:
+    pairs = tuple(f"features.{i} (Conv2d) -> features.{i + 1} (BatchNorm2d)" for i in range(0, 12, 2))
+    check, rec = outcome(run_with(habits(bias_before_norm=pairs, wasted_bias_params=384)), "bias-before-batchnorm")
+    assert check.status == "fired" and rec.expected_gain is None
+    assert rec.evidence[0].startswith("6 layers with a bias feed a BatchNorm, which cancels it: "
+                                      "features.0 (Conv2d) -> features.1 (BatchNorm2d); ")
+    assert rec.evidence[0].endswith("; and 2 more")
+    assert rec.evidence[1] == "384 bias parameters are computed, reduced in backward and updated for nothing"
+
+
+def test_data_parallel_is_named() -> None:
+    check, rec = outcome(run_with(habits(data_parallel=("DataParallel(ResNet) on 4 devices",))),
+                         "distributed-data-parallel")
+    assert check.status == "fired"
+    assert rec.evidence[0] == "the model is wrapped in DataParallel(ResNet) on 4 devices"
+
+
+@pytest.mark.parametrize("rule_id", ["bias-before-batchnorm", "distributed-data-parallel"])
+def test_a_model_without_those_patterns_is_clear(rule_id) -> None:
+    assert outcome(run_with(), rule_id)[0].status == "clear"
+
+
+@pytest.mark.parametrize("rule_id", ["bias-before-batchnorm", "distributed-data-parallel"])
+def test_an_uninspected_model_is_not_checked(rule_id) -> None:
+    check, _ = outcome(run_with(habits(modules_inspected=False)), rule_id)
+    assert check.status == "not-checked" and "not inspected" in check.reason
+
+
+@pytest.mark.parametrize("rule_id", ["disable-debug-apis", "zero-grad-set-to-none", "bias-before-batchnorm",
+                                     "distributed-data-parallel"])
+def test_without_the_practices_collector_nothing_is_checked(rule_id) -> None:
+    record = dataclasses.replace(run_with(), practices=None,
+                                 collectors={"practices": CollectorStatus("failed", "boom")})
+    check, _ = outcome(record, rule_id)
+    assert check == dataclasses.replace(check, status="not-checked")
+    assert "practices: boom" in check.reason
