@@ -2,8 +2,9 @@
 
 A pure function of the trace's ``traceEvents`` (the caller keeps only the profiled steps): how much of the steps'
 wall time a kernel was running, why the GPU sat idle otherwise (Holistic Trace Analysis's host wait / kernel wait
-/ other), which share of kernel time went to Tensor Core kernels, and how many host-to-device copies came from
-pageable memory.
+/ other), which shares of kernel time went to Tensor Core kernels, convolutions, float32 GEMMs on CUDA cores and
+NCHW <-> NHWC conversions (the kinds the backend flags decide), how many host-to-device copies came from pageable
+memory, and how often and how long the host blocked waiting for the GPU.
 
 Kineto writes ``ts`` and ``dur`` in microseconds. The events read here (libkineto ``output_json.cpp`` and
 ``CuptiActivity.cpp``):
@@ -14,21 +15,40 @@ Kineto writes ``ts`` and ``dur`` in microseconds. The events read here (libkinet
 - ``cat: "ac2g"``, ``ph: "s"``: the flow arrow from that call to the kernel, ``id`` the correlation, ``ts`` the
   call's start (read when the runtime events themselves were dropped);
 - ``cat: "gpu_memcpy"``: copies, named ``Memcpy HtoD (Pageable -> Device)``, ``Memcpy HtoD (Pinned -> Device)``...
+- ``cat: "cuda_sync"``: CUPTI's synchronisation records (``Stream Sync``, ``Event Sync``, ``Context Sync``,
+  ``Stream Wait Event``), on the device's track, with the ``args.correlation`` of the host call that waited.
 
 Copies, memsets, ``cuda_sync`` and ``gpu_user_annotation`` events are not kernels: the GPU counts as idle under them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from gpuscope.analysis.thresholds import KERNEL_WAIT_MAX_GAP_S, TENSOR_CORE_KERNEL_PATTERNS
+from gpuscope.analysis.thresholds import (
+    CONV_KERNEL_PATTERNS,
+    FP32_GEMM_KERNEL_PATTERNS,
+    KERNEL_WAIT_MAX_GAP_S,
+    LAYOUT_TRANSFORM_KERNEL_PATTERNS,
+    TENSOR_CORE_KERNEL_PATTERNS,
+)
 from gpuscope.record import KernelTimeline
 
 _US_PER_S = 1e6  # Kineto (like the Chrome trace format) writes ts and dur in microseconds
 _LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+SYNC_CALLS = frozenset({
+    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+    "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize",
+})
+"""Runtime and driver calls that block the host until the GPU has finished the work they wait for."""
+BLOCKING_COPY_PREFIXES = ("cudaMemcpy", "cuMemcpy")
+"""Copies named so block the host until they are done, unless their name says ``Async`` (``cudaMemcpy``,
+``cudaMemcpy2D``, ``cuMemcpyDtoH_v2``; not ``cudaMemcpyAsync``)."""
+HOST_BLOCKING_SYNC_KINDS = frozenset({"Stream Sync", "Event Sync", "Context Sync"})
+"""``cuda_sync`` records that block the host (libkineto's ``syncTypeString``); ``Stream Wait Event`` makes a stream
+wait on the device and leaves the host free."""
 
 IdleCategory = Literal["host_wait", "kernel_wait", "other"]
 
@@ -51,7 +71,9 @@ def kernel_timeline(events: Sequence[Mapping[str, Any]], window_wall_s: float, s
     to 1); each gap between busy stretches is host wait, kernel wait or other (``classify_gap``); whatever is left
     of the window (before the first kernel, after the last one) is other. If the kernels span more than the window
     (the GPU ran on after the host's steps ended), the idle shares are scaled down to fit what ``busy`` leaves.
-    Without a positive ``window_wall_s`` the kernels' own span stands in for it (HTA's denominator).
+    Without a positive ``window_wall_s`` the kernels' own span stands in for it (HTA's denominator). The kernel
+    kinds (Tensor Core, convolution, float32 GEMM, layout conversion) are shares of the kernels' summed time, which
+    counts concurrent kernels each in full; the host's waits are ``host_syncs``.
     """
     launches = index_launches(events)
     kernels = [e for e in events if e.get("cat") == "kernel" and _timed(e)]
@@ -67,10 +89,15 @@ def kernel_timeline(events: Sequence[Mapping[str, Any]], window_wall_s: float, s
     window_us = window_wall_s * _US_PER_S if window_wall_s > 0 else busy[-1].end_us - busy[0].start_us
     busy_f, host_f, kernel_f, other_f = _fractions(busy_us, idle_us, window_us)
 
+    names = [str(k.get("name", "")) for k in kernels]
     durations_us = [float(k["dur"]) for k in kernels]
     total_us = sum(durations_us)
-    tensor_core_us = sum(d for k, d in zip(kernels, durations_us) if uses_tensor_cores(str(k.get("name", ""))))
+
+    def share(kind: Callable[[str], bool]) -> float:
+        return sum(d for n, d in zip(names, durations_us) if kind(n)) / total_us if total_us > 0 else 0.0
+
     h2d = [e for e in events if e.get("cat") == "gpu_memcpy" and "htod" in str(e.get("name", "")).lower()]
+    sync_calls, sync_wait_us = host_syncs(events)
     return KernelTimeline(
         busy_fraction=busy_f,
         idle_host_wait_fraction=host_f,
@@ -79,10 +106,15 @@ def kernel_timeline(events: Sequence[Mapping[str, Any]], window_wall_s: float, s
         kernels=len(kernels),
         kernels_per_step=len(kernels) / steps if steps > 0 else 0.0,
         mean_kernel_s=total_us / len(kernels) / _US_PER_S,
-        tensor_core_share=tensor_core_us / total_us if total_us > 0 else 0.0,
+        tensor_core_share=share(uses_tensor_cores),
         h2d_copies=len(h2d),
         h2d_pageable_copies=sum("pageable" in str(e.get("name", "")).lower() for e in h2d),
         h2d_copy_s=sum(float(e["dur"]) for e in h2d if _timed(e)) / _US_PER_S,
+        conv_share=share(is_convolution),
+        fp32_gemm_share=share(is_fp32_cuda_core_gemm),
+        layout_transform_share=share(is_layout_transform),
+        sync_calls=sync_calls,
+        sync_wait_s=sync_wait_us / _US_PER_S,
     )
 
 
@@ -144,6 +176,62 @@ def uses_tensor_cores(kernel_name: str) -> bool:
     """Whether a kernel's name shows Tensor Core use (any of ``TENSOR_CORE_KERNEL_PATTERNS``, any case)."""
     name = kernel_name.lower()
     return any(pattern in name for pattern in TENSOR_CORE_KERNEL_PATTERNS)
+
+
+def is_convolution(kernel_name: str) -> bool:
+    """Whether a kernel's name shows a convolution (any of ``CONV_KERNEL_PATTERNS``, any case): the kernels
+    ``cudnn.benchmark`` chooses among."""
+    name = kernel_name.lower()
+    return any(pattern in name for pattern in CONV_KERNEL_PATTERNS)
+
+
+def is_fp32_cuda_core_gemm(kernel_name: str) -> bool:
+    """Whether a kernel is a float32 matrix multiply on CUDA cores (``FP32_GEMM_KERNEL_PATTERNS``): the kernels TF32
+    would move to Tensor Cores. Tensor Core kernels and cuDNN's convolutions (``implicit_convolve_sgemm``, under
+    ``cudnn.allow_tf32``, which is on by default) do not count."""
+    name = kernel_name.lower()
+    return (any(pattern in name for pattern in FP32_GEMM_KERNEL_PATTERNS)
+            and not uses_tensor_cores(kernel_name) and not is_convolution(kernel_name))
+
+
+def is_layout_transform(kernel_name: str) -> bool:
+    """Whether a kernel converts between NCHW and NHWC (``LAYOUT_TRANSFORM_KERNEL_PATTERNS``): cuDNN's work around
+    Tensor Core convolutions of tensors that are not channels_last."""
+    name = kernel_name.lower()
+    return any(pattern in name for pattern in LAYOUT_TRANSFORM_KERNEL_PATTERNS)
+
+
+def host_syncs(events: Iterable[Mapping[str, Any]]) -> tuple[int, float]:
+    """How many times the host blocked waiting for the GPU, and for how long in all (trace microseconds).
+
+    Counted: runtime/driver calls in ``SYNC_CALLS``, blocking copies (``BLOCKING_COPY_PREFIXES`` without
+    ``Async``), and ``cuda_sync`` records of a host-blocking kind whose host call is not in the trace already
+    (the two share ``args.correlation``; a sync is counted once, with the host call's duration).
+    """
+    calls = 0
+    wait_us = 0.0
+    seen: set[int] = set()
+    records: list[Mapping[str, Any]] = []
+    for e in events:
+        cat, name = e.get("cat"), str(e.get("name", ""))
+        if cat == "cuda_sync":
+            records.append(e)
+        elif cat in _LAUNCH_CATEGORIES and (name in SYNC_CALLS or _blocking_copy(name)):
+            calls += 1
+            wait_us += float(e["dur"]) if _number(e.get("dur")) else 0.0
+            corr = (e.get("args") or {}).get("correlation")
+            if isinstance(corr, int):
+                seen.add(corr)
+    for e in records:
+        corr = (e.get("args") or {}).get("correlation")
+        if str(e.get("name", "")) in HOST_BLOCKING_SYNC_KINDS and not (isinstance(corr, int) and corr in seen):
+            calls += 1
+            wait_us += float(e["dur"]) if _number(e.get("dur")) else 0.0
+    return calls, wait_us
+
+
+def _blocking_copy(name: str) -> bool:
+    return name.startswith(BLOCKING_COPY_PREFIXES) and "Async" not in name
 
 
 def _fractions(busy_us: float, idle_us: Mapping[str, float], window_us: float) -> tuple[float, float, float, float]:

@@ -1,4 +1,5 @@
-"""The GPU's kernel timeline from a Kineto trace: busy time, idle time split as HTA does, Tensor Core share, copies.
+"""The GPU's kernel timeline from a Kineto trace: busy time, idle time split as HTA does, the shares of kernel time
+by kind (Tensor Cores, convolutions, float32 GEMMs, layout conversions), copies, and the host's waits on the GPU.
 
 Small traces are built by hand in Kineto's event layout; the expected figures are worked out in the comments.
 """
@@ -14,6 +15,9 @@ import pytest
 from gpuscope.analysis.kernels import (
     KERNEL_WAIT_MAX_GAP_S,
     classify_gap,
+    is_convolution,
+    is_fp32_cuda_core_gemm,
+    is_layout_transform,
     kernel_timeline,
     uses_tensor_cores,
 )
@@ -26,6 +30,16 @@ DEVICE = 0
 ELEMENTWISE = "void at::native::vectorized_elementwise_kernel<4, at::native::CUDAFunctor_add<float>, " \
               "at::detail::Array<char*, 3> >(int, at::native::CUDAFunctor_add<float>, at::detail::Array<char*, 3>)"
 TC_GEMM = "ampere_fp16_s16816gemm_fp16_128x64_ldg8_f2f_stages_64x4_tn"
+FP32_GEMM = "ampere_sgemm_128x64_nn"
+CONV_FP32 = "void cudnn::detail::implicit_convolve_sgemm<float, float, 1024, 5, 5, 3, 3, 3, 1, false, false, true>" \
+            "(int, int, int, float const*, int, float*, float const*, kernel_conv_params, unsigned long long, int, " \
+            "float, float, int, float const*, float const*, bool, int, int)"
+CONV_TC = "sm80_xmma_fprop_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize128x128x32_stage4_warpsize2x2x1_g1" \
+          "_tensor16x8x16_kernel"
+TO_NHWC = "void cudnn::ops::nchwToNhwcKernel<__half, __half, float, false, true, (cudnnKernelDataType_t)0>" \
+          "(cudnn::ops::nchw2nhwc_params_t<float>, __half const*, __half*)"
+TO_NCHW = "void cudnn::ops::nhwcToNchwKernel<__half, __half, float, true, false, (cudnnKernelDataType_t)0>" \
+          "(cudnn::ops::nhwc2nchw_params_t<float>, __half const*, __half*)"
 
 
 class Trace:
@@ -62,6 +76,20 @@ class Trace:
         self._device(category, name, start, dur, stream, {
             "External id": corr, "device": DEVICE, "context": 1, "stream": stream, "correlation": corr,
             "bytes": 4096, "memory bandwidth (GB/s)": 4096 / (dur * 1e3)})
+        return self
+
+    def host_call(self, name: str, ts: float, dur: float, category: str = "cuda_runtime") -> Trace:
+        """A runtime (or driver) call with no device work of its own, such as ``cudaStreamSynchronize``."""
+        corr = self._next()
+        self._host(category, name, ts, dur, {"External id": corr, "cbid": 131, "correlation": corr})
+        return self
+
+    def sync_record(self, kind: str, ts: float, dur: float, correlation: int | None = None) -> Trace:
+        """CUPTI's record of a synchronisation (``cat: "cuda_sync"``), for the host call ``correlation`` (default:
+        the call just added)."""
+        corr = self._correlation if correlation is None else correlation
+        self._device("cuda_sync", kind, ts, dur, 7, {"cuda_sync_kind": kind, "stream": 7, "correlation": corr,
+                                                     "device": DEVICE, "context": 1})
         return self
 
     def cpu_op(self, name: str, ts: float, dur: float, category: str = "cpu_op") -> Trace:
@@ -317,6 +345,126 @@ def test_tensor_core_share_is_of_kernel_time() -> None:
     assert timeline is not None and timeline.tensor_core_share == pytest.approx(0.75)
 
 
+# -- kernel kinds the backend flags decide -------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        CONV_FP32,
+        CONV_TC,
+        "sm80_xmma_dgrad_implicit_gemm_indexed_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize64x64x64_stage4_warpsize2x2x1"
+        "_g1_tensor16x8x16_kernel",
+        "sm80_xmma_wgrad_implicit_gemm_f16f16_f16f32_f32_nhwckrsc_nhwc_tilesize128x128x32_stage4_warpsize2x2x1_g1"
+        "_tensor16x8x16_kernel",
+        "void cudnn::detail::wgrad_alg0_engine<float, 128, 5, 5, 3, 3, 3, false, 512>(int, int, int, float const*, "
+        "int, float*, float const*, kernel_grad_params, unsigned long long, int, float, int, int, int, int)",
+        "void cudnn::winograd_nonfused::winogradForwardData4x4<float, float>(cudnn::winograd_nonfused::"
+        "WinogradDataParams<float, float>)",
+        "volta_scudnn_128x64_relu_interior_nn_v1",
+        "turing_fp16_s1688cudnn_fp16_256x128_ldg8_relu_f2f_exp_small_nhwc_tn_v1",
+        "void cutlass::Kernel<cutlass_tensorop_s1688fprop_optimized_tf32_64x64_16x10_nhwc_align4>"
+        "(cutlass_tensorop_s1688fprop_optimized_tf32_64x64_16x10_nhwc_align4::Params)",
+        "void fft2d_r2c_32x32<float, false, 1u, false>(float2*, float const*, int, int, int, int, int, int, int, "
+        "int, int, cudnn::reduced_divisor, bool, int2, int, int)",
+        "void at::native::(anonymous namespace)::conv_depthwise2d_forward_kernel<1, float, int>("
+        "at::GenericPackedTensorAccessor<float const, 4ul, at::DefaultPtrTraits, int>, ...)",
+        "triton_tem_fused_convolution_0",
+    ],
+)
+def test_convolution_kernels_are_recognised_by_name(name: str) -> None:
+    assert is_convolution(name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        FP32_GEMM,
+        TC_GEMM,
+        ELEMENTWISE,
+        TO_NHWC,
+        "void cudnn::bn_fw_tr_1C11_kernel_NCHW<__half, float, 512, true, 1>(cudnnTensorStruct, __half const*, "
+        "cudnnTensorStruct, __half*, float const*, float const*, float, float, float*, float*, float*, float*, "
+        "float, float)",
+        "void cudnn::detail::pooling_fw_4d_kernel<float, float, cudnn::detail::maxpooling_func<float, "
+        "(cudnnNanPropagation_t)0>, 0, false>(cudnnTensorStruct, float const*, cudnnTensorStruct, float*, "
+        "cudnnPoolingStruct, float, float, int, cudnn::reduced_divisor, cudnn::reduced_divisor)",
+    ],
+)
+def test_matmuls_norms_pooling_and_layout_kernels_are_not_convolutions(name: str) -> None:
+    assert not is_convolution(name)
+
+
+@pytest.mark.parametrize(
+    ("name", "fp32_gemm"),
+    [
+        (FP32_GEMM, True),
+        ("volta_sgemm_128x64_tn", True),
+        ("void cutlass::Kernel<cutlass_80_simt_sgemm_128x128_8x4_nn_align1>(cutlass_80_simt_sgemm_128x128_8x4_nn"
+         "_align1::Params)", True),
+        # TF32 and fp16 GEMMs already run on Tensor Cores
+        ("ampere_tf32_s1688gemm_tf32_128x128_ldg8_f2f_stages_32x3_nn", False),
+        (TC_GEMM, False),
+        # cuDNN's float32 convolution: cudnn.allow_tf32 (on by default) governs it, not the matmul flag
+        (CONV_FP32, False),
+        (ELEMENTWISE, False),
+    ],
+)
+def test_float32_gemms_on_cuda_cores_are_told_from_tensor_core_gemms_and_convolutions(name: str,
+                                                                                     fp32_gemm: bool) -> None:
+    assert is_fp32_cuda_core_gemm(name) is fp32_gemm
+
+
+@pytest.mark.parametrize(("name", "transform"), [(TO_NHWC, True), (TO_NCHW, True), (CONV_TC, False),
+                                                 (ELEMENTWISE, False)])
+def test_cudnn_layout_conversions_are_recognised_by_name(name: str, transform: bool) -> None:
+    assert is_layout_transform(name) is transform
+
+
+def test_kernel_kinds_are_shares_of_kernel_time() -> None:
+    # given, in 1000 us of kernels: a 200 us fp32 convolution (its name says sgemm) and a 300 us Tensor Core one,
+    # 100 us of fp32 GEMM, NCHW -> NHWC and back (60 + 40 us), and 300 us of element-wise work
+    trace = (Trace().kernel(-90, 0, 200, name=CONV_FP32).kernel(-80, 200, 60, name=TO_NHWC)
+             .kernel(-70, 260, 300, name=CONV_TC).kernel(-60, 560, 40, name=TO_NCHW)
+             .kernel(-50, 600, 100, name=FP32_GEMM).kernel(-40, 700, 300))
+    # when
+    timeline = kernel_timeline(trace.events, window_wall_s=us(1000), steps=1)
+    # then convolutions 500/1000, float32 GEMMs on CUDA cores 100/1000 (not the convolution), conversions 100/1000
+    assert timeline is not None
+    assert timeline.conv_share == pytest.approx(0.5)
+    assert timeline.fp32_gemm_share == pytest.approx(0.1)
+    assert timeline.layout_transform_share == pytest.approx(0.1)
+    assert timeline.tensor_core_share == pytest.approx(0.3)
+
+
+# -- the host waiting on the GPU ---------------------------------------------------------------------------------
+
+def test_host_syncs_are_counted_with_the_time_the_host_blocked() -> None:
+    # given a kernel, then every way the host waits on the GPU in one step, and calls that do not wait
+    trace = (Trace().kernel(-10, 0, 500)
+             .host_call("cudaMemcpyAsync", 10, 5)                    # queues a copy: no wait
+             .host_call("cudaStreamSynchronize", 20, 200)            # loss.item(): waits 200 us
+             .sync_record("Stream Sync", 20, 200)                    # CUPTI's record of that same wait: once only
+             .host_call("cudaDeviceSynchronize", 230, 50)
+             .host_call("cudaMemcpy", 290, 30)                       # a blocking copy
+             .host_call("cudaEventSynchronize", 330, 20)
+             .host_call("cuStreamSynchronize", 360, 10, category="cuda_driver")
+             .host_call("cudaStreamWaitEvent", 380, 3)               # the device waits, not the host
+             .sync_record("Stream Wait Event", 380, 3)
+             .sync_record("Event Sync", 400, 15, correlation=99))    # a wait whose host call the trace lacks
+    # when
+    timeline = kernel_timeline(trace.events, window_wall_s=us(500), steps=1)
+    # then six waits: 200 + 50 + 30 + 20 + 10 + 15 = 325 us
+    assert timeline is not None
+    assert timeline.sync_calls == 6
+    assert timeline.sync_wait_s == pytest.approx(325e-6)
+
+
+def test_a_trace_without_waits_has_no_host_syncs() -> None:
+    timeline = kernel_timeline(busy_gpu().events, window_wall_s=us(400), steps=2)
+    assert timeline is not None
+    assert (timeline.sync_calls, timeline.sync_wait_s) == (0, 0.0)
+
+
 # -- no GPU --------------------------------------------------------------------------------------------------------
 
 def test_a_trace_with_cpu_ops_only_has_no_kernel_timeline() -> None:
@@ -366,3 +514,7 @@ def test_a_small_cuda_training_trace_gives_the_hand_computed_figures() -> None:
     assert timeline.tensor_core_share == pytest.approx(40 / 59)
     assert (timeline.h2d_copies, timeline.h2d_pageable_copies) == (3, 3)
     assert timeline.h2d_copy_s == pytest.approx(60e-6)
+    # an MLP: no convolutions, its GEMMs in fp16 on Tensor Cores, no layout conversions; loss.item() shows only
+    # as its cudaMemcpyAsync here, which queues the copy and does not itself wait
+    assert (timeline.conv_share, timeline.fp32_gemm_share, timeline.layout_transform_share) == (0.0, 0.0, 0.0)
+    assert (timeline.sync_calls, timeline.sync_wait_s) == (0, 0.0)
