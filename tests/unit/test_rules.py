@@ -8,7 +8,7 @@ import re
 import pytest
 
 from conftest import ROOT, make_record
-from gpuscope.analysis.rules import RULES, evaluate
+from gpuscope.analysis.rules import RULES, Finding, evaluate
 from gpuscope.record import (
     Breakdown,
     Calibration,
@@ -108,7 +108,20 @@ def test_a_rule_whose_input_was_not_collected_is_not_checked_and_says_why() -> N
     assert checks["static-graph"].reason == "a CPU-only run: this is about GPU work"
 
 
-def test_every_registered_rule_id_is_a_contract_id() -> None:
+def test_every_contract_id_has_exactly_one_rule() -> None:
     ids = [r.id for r in RULES]
     assert len(ids) == len(set(ids))
-    assert set(ids) <= contract_ids()
+    assert len(contract_ids()) == 15
+    assert set(ids) == contract_ids()
+
+
+def test_every_rule_says_why_and_how_to_fix() -> None:
+    for r in RULES:
+        assert r.title and r.fix, r.id
+        assert r.check.__doc__ and "Signal:" in r.check.__doc__ and "Fix:" in r.check.__doc__, r.id
+
+
+@pytest.mark.parametrize("evidence", [(), ("the loader is slow",)])
+def test_a_finding_without_measured_evidence_cannot_be_made(evidence) -> None:
+    with pytest.raises(ValueError, match="evidence"):
+        Finding(0.1, evidence)

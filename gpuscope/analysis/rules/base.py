@@ -24,6 +24,11 @@ class Finding:
     fix: str | None = None
     """A fix adapted to this run (e.g. with the worker count filled in); the rule's generic fix otherwise."""
 
+    def __post_init__(self) -> None:
+        # no rule fires without evidence, and evidence carries the numbers it rests on
+        if not self.evidence or not any(ch.isdigit() for fact in self.evidence for ch in fact):
+            raise ValueError(f"a finding needs evidence with its numbers, got {self.evidence!r}")
+
 
 @dataclass(frozen=True, slots=True)
 class Rule:
