@@ -1,0 +1,328 @@
+"""Where building one dataset item spends its time, line by line, and how much of it on float16 data.
+
+After the script has ended and every other collector has stopped (no hook, profiler or step window sees it), a
+few items of the map-style dataset the steps waited on longest are fetched again, ``dataset[i]``, under a
+``sys.settrace`` line tracer that follows the user's own code only. Per line it keeps the line's own time (the
+time to its next line, less the time in traced user functions it called: NumPy's and torch's calls count as the
+line's) and whether the line produced float16 arrays or tensors. NumPy float16 arithmetic is emulated on most
+CPUs and many times slower than float32; so that the advice rests on this machine rather than on folklore, the
+same element-wise expression is also timed in both precisions here.
+
+The probe leaves no trace: the global RNG states (Python's, NumPy's, torch's CPU generator) and any trace
+function already set are restored, and an item that fails to build says so in the collector's status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import linecache
+import os
+import random
+import re
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import CodeType, FrameType
+from typing import Any, ClassVar
+
+from gpuscope.callsites import is_user_file
+from gpuscope.collectors.base import CollectorResult, StepFollower
+from gpuscope.collectors.cprofile import short_path
+from gpuscope.record import CollectorStatus, DataProbe, LineCost
+
+ITEMS = 3
+"""Items fetched, spread over the dataset (first, a third and two thirds in): one item can be an odd one."""
+BUDGET_S = 2.0
+"""No further item is fetched once the probe has taken this long: the run is over and the user is waiting."""
+TOP_LINES = 8
+"""Lines kept in the record, heaviest first."""
+SLOWDOWN_ELEMENTS = 256 * 1024
+"""Elements per array in the float16/float32 timing: a 96x96 RGB image is 27k, so a small batch of them; large
+enough that the per-call overhead of a ufunc (microseconds) is noise."""
+SLOWDOWN_REPEATS = 5
+"""The slowdown is the ratio of the medians of this many timings in each precision."""
+NOTE = ("times measured under a line tracer: every traced Python line costs a few microseconds more; the "
+        "NumPy and torch calls the lines make run at full speed")
+_OPERATOR = r"(?://|\*\*|>>|<<|[-+*/%@&|^])"
+_AUGMENTED = re.compile(rf"\s*([A-Za-z_]\w*)\s*(?:\[.*\]\s*{_OPERATOR}?|{_OPERATOR})=(?!=)")
+"""A line that writes into an existing array by name: ``x *= 0.5``, ``x[..., 0] += m``, ``x[:] = y``."""
+
+
+class DataProbeCollector(StepFollower):
+    """Fetches a few items of the slowest loader's dataset after the run, timing the user's lines.
+
+    The dataset is found through the steps collector: bound by the session when listed after it, or handed over
+    at construction (``default_collectors`` lists the probe first, so that it stops last).
+    """
+
+    name: ClassVar[str] = "data-probe"
+
+    def __init__(self, steps_collector: Any = None, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._steps_collector = steps_collector
+        self._clock = clock
+
+    def unavailable_reason(self) -> str | None:
+        return None
+
+    def start(self, run_dir: Path) -> None:
+        pass
+
+    def _on_step(self, index: int) -> None:
+        pass  # the probe acts after the run; it follows the steps only to find the dataset
+
+    def stop(self) -> CollectorResult:
+        steps = self._steps_collector
+        dataset = steps.probe_dataset() if steps is not None else None
+        if dataset is None:
+            return CollectorResult(CollectorStatus("unavailable", "no map-style dataset was iterated"))
+        try:
+            with _rng_kept():
+                probe = probe_dataset(dataset, self._clock)
+        except DatasetError as exc:
+            return CollectorResult(CollectorStatus("unavailable", str(exc)))
+        numpy = sys.modules.get("numpy")
+        slowdown = measure_float16_slowdown(numpy, self._clock) if numpy is not None else None
+        return CollectorResult(CollectorStatus("ok"), DataProbe(
+            dataset=type(dataset).__name__,
+            items=probe.items,
+            item_s=probe.item_s,
+            float16_s=probe.float16_s,
+            lines=probe.lines,
+            numpy_float16_slowdown=slowdown,
+            note=NOTE,
+        ))
+
+
+class DatasetError(Exception):
+    """The user's dataset raised while the probe fetched an item (the message is the one-line reason)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """What fetching the items showed, per item."""
+
+    items: int
+    item_s: float
+    float16_s: float
+    lines: tuple[LineCost, ...]
+
+
+def probe_dataset(dataset: Any, clock: Callable[[], float] = time.perf_counter, items: int = ITEMS,
+                  budget_s: float = BUDGET_S) -> Probe:
+    """Fetch up to ``items`` items of ``dataset`` under the line tracer, within ``budget_s`` (at least one).
+
+    Raises DatasetError if the dataset raises. Restores the trace function that was set before.
+    """
+    try:
+        length = len(dataset)
+    except TypeError:  # a map-style dataset need not have a length
+        length = 1
+    if length < 1:
+        raise DatasetError("the dataset was empty when fetched again after the run")
+    indices = sorted({k * length // items for k in range(items)})
+    tracer = LineTracer(clock)
+    fetched, wall_s = 0, 0.0
+    started = clock()
+    previous = sys.gettrace()
+    try:
+        for index in indices:
+            if fetched and clock() - started > budget_s:
+                break
+            before = clock()
+            sys.settrace(tracer)
+            try:
+                dataset[index]
+            finally:
+                sys.settrace(previous)
+            wall_s += clock() - before
+            fetched += 1
+    except Exception as exc:  # the user's code failing is not gpuscope's to report as its own failure
+        message = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
+        raise DatasetError(f"the dataset raised {type(exc).__name__}{': ' + message if message else ''} "
+                           "when fetched again after the run") from None
+    lines = tracer.line_costs(fetched)
+    float16_s = sum(c.own_s for c in lines if c.float16)
+    ranked = sorted(lines, key=lambda c: (-c.own_s, c.file, c.line))[:TOP_LINES]
+    return Probe(fetched, wall_s / fetched, float16_s, tuple(ranked))
+
+
+@dataclass(slots=True)
+class _Frame:
+    """A traced call of a user function: the line running now, since when, and the time in traced calls it made."""
+
+    parent: _Frame | None
+    entered: float
+    line: int = 0
+    started: float = 0.0
+    child_s: float = 0.0
+    arrays: dict[str, Any] | None = None
+    """The frame's locals bound to arrays or tensors when the current line began."""
+
+
+class LineTracer:
+    """A ``sys.settrace`` function that times the user's lines and tells which produced float16 data.
+
+    The tracer's own work is kept out of the lines' times: a line's clock starts when the tracer returns and stops
+    when the next event comes in; a traced call's whole time (the tracer's work in it included) is taken off the
+    calling line.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+        self._user: dict[CodeType, bool] = {}
+        self._library = _library_dirs()
+        self._current: _Frame | None = None
+        self._own: dict[tuple[str, int], float] = {}
+        self._float16: set[tuple[str, int]] = set()
+        self._functions: dict[tuple[str, int], str] = {}
+        self._targets: dict[tuple[str, int], str | None] = {}
+        numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+        self._ndarray = numpy.ndarray if numpy is not None else None
+        self._tensor = torch.Tensor if torch is not None else None
+        self._torch_half = torch.float16 if torch is not None else None
+        self._array_types = tuple(t for t in (self._ndarray, self._tensor) if t is not None)
+
+    def __call__(self, frame: FrameType, event: str, arg: Any) -> Callable[..., Any] | None:
+        if event != "call":
+            return None
+        code = frame.f_code
+        user = self._user.get(code)
+        if user is None:
+            user = self._user[code] = code.co_name != "<module>" and self._is_user(code.co_filename)
+        if not user:
+            return None
+        state = _Frame(parent=self._current, entered=self._clock())
+        self._current = state
+
+        def local(frame: FrameType, event: str, arg: Any) -> Callable[..., Any]:
+            self._event(state, frame, event, arg)
+            return local
+
+        return local
+
+    def _event(self, state: _Frame, frame: FrameType, event: str, arg: Any) -> None:
+        now = self._clock()
+        if event == "exception":  # the line has not finished: its time goes on
+            state.started += self._clock() - now
+            return
+        if state.line:
+            self._close_line(state, frame, now - state.started - state.child_s, event == "return", arg)
+        if event == "line":
+            state.line = frame.f_lineno
+            state.arrays = self._arrays(frame)
+            state.child_s = 0.0
+            state.started = self._clock()
+        elif event == "return":
+            self._current = state.parent
+            if state.parent is not None:
+                state.parent.child_s += self._clock() - state.entered
+
+    def _close_line(self, state: _Frame, frame: FrameType, own_s: float, returning: bool, value: Any) -> None:
+        code = frame.f_code
+        key = (code.co_filename, state.line)
+        self._own[key] = self._own.get(key, 0.0) + max(own_s, 0.0)
+        if key not in self._functions:
+            self._functions[key] = getattr(code, "co_qualname", code.co_name)
+        if key in self._float16:
+            return
+        if self._produced_float16(state, frame, key) or (returning and self._holds_float16(value, 0)):
+            self._float16.add(key)
+
+    def _produced_float16(self, state: _Frame, frame: FrameType, key: tuple[str, int]) -> bool:
+        before = state.arrays or {}
+        after = self._arrays(frame)
+        for name, value in after.items():
+            if before.get(name) is not value and self._is_float16(value):
+                return True  # a name newly bound to float16 data
+        target = self._targets.get(key, "")
+        if target == "":
+            match = _AUGMENTED.match(linecache.getline(*key))
+            target = self._targets[key] = match.group(1) if match else None
+        return target is not None and target in after and self._is_float16(after[target])
+
+    def _arrays(self, frame: FrameType) -> dict[str, Any]:
+        types = self._array_types
+        if not types:
+            return {}
+        return {name: value for name, value in frame.f_locals.items() if isinstance(value, types)}
+
+    def _is_float16(self, value: Any) -> bool:
+        if self._ndarray is not None and isinstance(value, self._ndarray):
+            return value.dtype.char == "e"
+        return self._tensor is not None and isinstance(value, self._tensor) and value.dtype is self._torch_half
+
+    def _holds_float16(self, value: Any, depth: int) -> bool:
+        if isinstance(value, self._array_types):
+            return self._is_float16(value)
+        if depth < 3 and isinstance(value, (tuple, list, dict)):
+            values = value.values() if isinstance(value, dict) else value
+            return any(self._holds_float16(v, depth + 1) for v in list(values)[:32])
+        return False
+
+    def _is_user(self, file: str) -> bool:
+        if not is_user_file(file):
+            return False
+        path = os.path.realpath(file)
+        return not any(path.startswith(d) for d in self._library)
+
+    def line_costs(self, items: int) -> list[LineCost]:
+        """Every traced line with its own time per item (``items`` fetched)."""
+        return [
+            LineCost(file=short_path(file), line=line, function=self._functions[(file, line)],
+                     code=linecache.getline(file, line).strip()[:160], own_s=own_s / max(items, 1),
+                     float16=(file, line) in self._float16)
+            for (file, line), own_s in self._own.items()
+        ]
+
+
+def _library_dirs() -> tuple[str, ...]:
+    """torch's and NumPy's own folders, wherever they are installed (a source checkout is not in site-packages)."""
+    dirs = []
+    for name in ("numpy", "torch"):
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file:
+            dirs.append(os.path.dirname(os.path.realpath(file)) + os.sep)
+    return tuple(dirs)
+
+
+@contextlib.contextmanager
+def _rng_kept() -> Iterator[None]:
+    """Restore Python's, NumPy's and torch's global RNG states afterwards: the probe changes nothing the user
+    would see, however the dataset draws its randomness."""
+    numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
+    python_state = random.getstate()
+    numpy_state = numpy.random.get_state() if numpy is not None else None
+    try:
+        with torch.random.fork_rng(devices=[]) if torch is not None else contextlib.nullcontext():
+            yield
+    finally:
+        random.setstate(python_state)
+        if numpy is not None:
+            numpy.random.set_state(numpy_state)
+
+
+def measure_float16_slowdown(numpy: Any, clock: Callable[[], float] = time.perf_counter,
+                             elements: int = SLOWDOWN_ELEMENTS, repeats: int = SLOWDOWN_REPEATS) -> float:
+    """How many times longer the same element-wise NumPy expression takes in float16 than in float32 here.
+
+    The expression mixes what preprocessing does: multiply-add (scaling, normalising), a division and an ``exp``.
+    """
+    base = numpy.random.default_rng(0).random(elements)  # its own generator: the global state is not touched
+
+    def median_s(dtype: Any) -> float:
+        a = base.astype(dtype)
+        b = (base[::-1] + 0.5).astype(dtype)
+        c = (base * 0.25).astype(dtype)
+        timings = []
+        for _ in range(repeats + 1):  # the first run warms caches and allocations up and is not kept
+            started = clock()
+            a * b + c
+            numpy.exp(-a) / (b + c)
+            timings.append(clock() - started)
+        return statistics.median(timings[1:])
+
+    float32_s = median_s(numpy.float32)
+    return median_s(numpy.float16) / float32_s if float32_s > 0 else 1.0

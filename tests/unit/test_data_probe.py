@@ -1,0 +1,220 @@
+"""The data probe on small datasets defined here: it times the dataset's own lines, tells which produced float16
+data, names them, and leaves the process as it found it (RNG states, trace function)."""
+
+from __future__ import annotations
+
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gpuscope.collectors.data_probe import DataProbeCollector, measure_float16_slowdown, probe_dataset
+from gpuscope.record import DataProbe, LineCost
+
+HERE = Path(__file__).name
+SIZE = (3, 64, 64)
+
+
+class FakeSteps:
+    """Stands in for the steps collector: hands over the dataset the steps waited on longest."""
+
+    def __init__(self, dataset: object) -> None:
+        self.dataset = dataset
+
+    def probe_dataset(self) -> object:
+        return self.dataset
+
+
+class HalfImages:
+    """Preprocessing done in float16 throughout."""
+
+    def __len__(self) -> int:
+        return 30
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        img = np.full(SIZE, index / 30, dtype=np.float16)
+        img = (img - 0.5) / 0.25  # math: normalise
+        for _ in range(3):
+            img = img * 0.9 + np.exp(-img) * 0.1  # math: filter
+        img *= 0.5  # math: in place
+        return img, index % 10
+
+
+class SingleImages:
+    """The same math in float32, cast to float16 once at the end."""
+
+    def __len__(self) -> int:
+        return 30
+
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        img = np.full(SIZE, index / 30, dtype=np.float16).astype(np.float32)
+        img = (img - 0.5) / 0.25
+        for _ in range(3):
+            img = img * 0.9 + np.exp(-img) * 0.1
+        img *= 0.5
+        return img.astype(np.float16), index % 10  # the cast
+
+
+class HalfTensors:
+    """float16 made with torch rather than NumPy, through a helper function."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        x = torch.ones(8, dtype=torch.float32)
+        return halve(x)
+
+
+def halve(x: torch.Tensor) -> torch.Tensor:
+    return x.half()  # to float16
+
+
+class Sleepy:
+    """Its time is in a helper it calls: the calling line's own time leaves the helper's out."""
+
+    def __len__(self) -> int:
+        return 1
+
+    def __getitem__(self, index: int) -> int:
+        value = wait_a_little()  # the call
+        return value
+
+
+def wait_a_little() -> int:
+    time.sleep(0.03)  # the wait
+    return 1
+
+
+class RandomDraws:
+    """Draws from every global generator, as augmentations often do."""
+
+    def __len__(self) -> int:
+        return 10
+
+    def __getitem__(self, index: int) -> float:
+        return random.random() + float(np.random.rand()) + float(torch.rand(1))
+
+
+class Broken:
+    def __len__(self) -> int:
+        return 5
+
+    def __getitem__(self, index: int) -> None:
+        raise ValueError("image 0 is missing\nsecond line")
+
+
+def line_of(marker: str) -> int:
+    """The line of this file that ends with ``marker`` (a comment)."""
+    for number, text in enumerate(Path(__file__).read_text().splitlines(), start=1):
+        if text.rstrip().endswith(marker):
+            return number
+    raise AssertionError(marker)
+
+
+def probe(dataset: object) -> DataProbe:
+    result = DataProbeCollector(FakeSteps(dataset)).stop()
+    assert result.status.status == "ok", result.status.reason
+    assert isinstance(result.payload, DataProbe)
+    return result.payload
+
+
+def float16_lines(data: DataProbe) -> dict[int, LineCost]:
+    return {c.line: c for c in data.lines if c.float16 and c.file.endswith(HERE)}
+
+
+def test_float16_math_lines_are_marked_and_named() -> None:
+    # when
+    data = probe(HalfImages())
+    # then every line that computes in float16 is marked, with its file, function and code
+    lines = float16_lines(data)
+    for marker in ("# math: normalise", "# math: filter", "# math: in place"):
+        assert line_of(marker) in lines
+    filtering = lines[line_of("# math: filter")]
+    assert filtering.file.endswith(HERE) and filtering.function == "HalfImages.__getitem__"
+    assert filtering.code == "img = img * 0.9 + np.exp(-img) * 0.1  # math: filter"
+    # the loop's header produced nothing
+    assert not any(c.float16 for c in data.lines if c.code.startswith("for "))
+    assert data.dataset == "HalfImages" and data.items == 3
+    assert 0 < data.float16_s <= data.item_s
+    assert data.float16_s / data.item_s > 0.5
+    assert "line tracer" in data.note
+
+
+def test_float32_math_with_a_final_cast_has_only_the_cast_on_float16() -> None:
+    # when
+    data = probe(SingleImages())
+    # then the cast is the one line that produced float16
+    assert set(float16_lines(data)) == {line_of("# the cast")}
+    half = probe(HalfImages())
+    assert data.float16_s / data.item_s < half.float16_s / half.item_s
+
+
+def test_torch_float16_is_recognised_in_the_function_that_makes_it() -> None:
+    data = probe(HalfTensors())
+    assert line_of("# to float16") in float16_lines(data)
+    assert float16_lines(data)[line_of("# to float16")].function == "halve"
+
+
+def test_a_lines_own_time_leaves_out_the_user_functions_it_calls() -> None:
+    data = probe(Sleepy())
+    own = {c.line: c.own_s for c in data.lines if c.file.endswith(HERE)}
+    assert own[line_of("# the wait")] >= 0.025
+    assert own[line_of("# the call")] < 0.005
+    assert data.items == 1  # a dataset of one item
+
+
+def test_fetching_stops_once_over_the_time_budget() -> None:
+    assert probe_dataset(HalfImages(), budget_s=0.0).items == 1
+
+
+def test_the_global_random_states_are_as_before() -> None:
+    # given
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    expected = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    random.seed(1), np.random.seed(2), torch.manual_seed(3)
+    # when
+    probe(RandomDraws())
+    # then the next draws are those the script would have seen without the probe
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == expected
+
+
+def test_a_dataset_that_raises_makes_the_probe_unavailable_with_its_reason() -> None:
+    result = DataProbeCollector(FakeSteps(Broken())).stop()
+    assert result.status.status == "unavailable"
+    assert result.status.reason == "the dataset raised ValueError: image 0 is missing when fetched again after the run"
+    assert result.payload is None
+
+
+def test_no_dataset_makes_the_probe_unavailable() -> None:
+    result = DataProbeCollector(FakeSteps(None)).stop()
+    assert result.status.status == "unavailable"
+    assert result.status.reason == "no map-style dataset was iterated"
+
+
+@pytest.mark.parametrize("dataset", [HalfImages(), Broken()], ids=["fetched", "raised"])
+def test_the_previous_trace_function_is_restored(dataset: object) -> None:
+    # given a trace function already set (a debugger, coverage)
+    def previous(frame, event, arg):  # type: ignore[no-untyped-def]
+        return None
+
+    sys.settrace(previous)
+    try:
+        # when
+        DataProbeCollector(FakeSteps(dataset)).stop()
+        # then
+        assert sys.gettrace() is previous
+    finally:
+        sys.settrace(None)
+
+
+def test_float16_slowdown_is_measured_with_numpy_and_skipped_without(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert measure_float16_slowdown(np, elements=4096, repeats=2) > 0
+    # a script that never imported NumPy gets no NumPy measurement
+    monkeypatch.delitem(sys.modules, "numpy")
+    data = probe(Sleepy())
+    assert data.numpy_float16_slowdown is None

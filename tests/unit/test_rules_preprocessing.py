@@ -1,0 +1,99 @@
+"""The ``fp32-preprocessing`` rule on hand-built records: it fires when the steps wait for data, the dataset's
+float16 lines take a notable share of an item, and float16 is measured slow here; it names the lines, with their
+numbers, and says "not checked" without a data probe."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import make_record
+from gpuscope.analysis.rules import evaluate
+from gpuscope.record import Breakdown, CollectorStatus, DataProbe, LineCost, Loader, Recommendation, RunRecord, Steps
+
+RULE = "fp32-preprocessing"
+
+LINES = (
+    LineCost("dataset.py", 42, "Images.__getitem__", "img = img * 0.5 + noise", own_s=0.0091, float16=True),
+    LineCost("dataset.py", 40, "Images.__getitem__", "img = decode(path)", own_s=0.0030, float16=False),
+    LineCost("dataset.py", 47, "Images.__getitem__", "img = (img - MEAN) / STD", own_s=0.0032, float16=True),
+    LineCost("dataset.py", 39, "Images.__getitem__", "img = self.images[index]", own_s=0.0001, float16=True),
+    LineCost("dataset.py", 48, "Images.__getitem__", "return torch.from_numpy(img), label", own_s=0.0001,
+             float16=True),
+)
+
+
+HALF_BATCH = ("float16[64, 3, 96, 96] cpu", "int64[64] cpu")
+
+
+def fp16_run(data_wait: float = 0.62, float16_s: float = 0.0123, slowdown: float | None = 9.4,
+             probe: bool = True, tensors: tuple[str, ...] = HALF_BATCH) -> RunRecord:
+    """A CPU run whose loader feeds the model float16 images built by ``dataset.py``."""
+    return make_record(
+        steps=Steps(count=40, median_s=0.25, total=50, warmup=1, profiled=9, source="optimizer"),
+        breakdown=Breakdown(data_wait=data_wait, forward=(1 - data_wait) / 2, backward=(1 - data_wait) / 2),
+        loaders=(Loader(dataset="Images", batch_size=64, batches=50, wait_s=7.75, batch_tensors=tensors),),
+        data_probe=DataProbe(dataset="Images", items=3, item_s=0.0158, float16_s=float16_s, lines=LINES,
+                             numpy_float16_slowdown=slowdown, note="times measured under a line tracer")
+        if probe else None,
+        collectors={} if probe else {"data-probe": CollectorStatus("unavailable", "no map-style dataset was iterated")},
+    )
+
+
+def recommendation(record: RunRecord) -> Recommendation | None:
+    recommendations, _ = evaluate(record)
+    return next((r for r in recommendations if r.id == RULE), None)
+
+
+def test_float16_preprocessing_on_a_data_bound_run_is_named_with_its_numbers() -> None:
+    # when
+    found = recommendation(fp16_run())
+    # then
+    assert found is not None
+    assert found.evidence == (
+        "62% of each step waits for the next batch (median step 250.0 ms)",
+        ("78% of fetching one Images item (12.3 ms of 15.8 ms, under a line tracer) is on lines producing float16 "
+         "data: dataset.py:42 `img = img * 0.5 + noise` (9.1 ms), dataset.py:47 `img = (img - MEAN) / STD` (3.2 ms), "
+         "dataset.py:39 `img = self.images[index]` (0.1 ms)"),
+        "NumPy float16 arithmetic ran 9.4x slower than float32 on this machine",
+        "the Images loader's batches hold float16[64, 3, 96, 96] cpu",
+    )
+    assert found.fix == ("dataset.py:42, :47, :39: compute in float32 (`x = x.astype(np.float32)` first) and cast "
+                         "to float16 at the end, or on the GPU")
+    # data wait x float16 share x the share of float16 time float32 saves
+    assert found.expected_gain == pytest.approx(0.62 * (0.0123 / 0.0158) * (1 - 1 / 9.4), abs=1e-3)
+
+
+CASES = [
+    ("data-bound, float16-heavy, float16 slow", fp16_run(), "fired"),
+    ("float32 batches: the lines still compute in float16", fp16_run(tensors=("float32[64, 3, 96, 96] cpu",)), "fired"),
+    ("slowdown not measured", fp16_run(slowdown=None), "fired"),
+    ("little data wait", fp16_run(data_wait=0.02), "clear"),
+    ("float16 a small share of the item (a final cast)", fp16_run(float16_s=0.0012), "clear"),
+    ("float16 as fast as float32 here", fp16_run(slowdown=1.1), "clear"),
+    ("no data probe", fp16_run(probe=False), "not-checked"),
+    ("no loader", make_record(data_probe=fp16_run().data_probe), "not-checked"),
+]
+
+
+@pytest.mark.parametrize(("case", "record", "status"), CASES, ids=[c[0] for c in CASES])
+def test_the_rule_fires_only_on_its_signal(case: str, record: RunRecord, status: str) -> None:
+    _, checks = evaluate(record)
+    assert checks[RULE].status == status
+    assert (recommendation(record) is not None) == (status == "fired")
+
+
+def test_without_a_measured_slowdown_the_gain_is_unknown() -> None:
+    found = recommendation(fp16_run(slowdown=None))
+    assert found is not None and found.expected_gain is None
+    assert not any("slower than float32" in fact for fact in found.evidence)
+    assert "`x = x.float()`" in found.fix
+
+
+def test_float32_batches_are_not_called_float16() -> None:
+    found = recommendation(fp16_run(tensors=("float32[64, 3, 96, 96] cpu",)))
+    assert found is not None and not any("batches hold" in fact for fact in found.evidence)
+
+
+def test_without_a_data_probe_the_rule_says_why_it_was_not_checked() -> None:
+    _, checks = evaluate(fp16_run(probe=False))
+    assert checks[RULE].reason == "the dataset was not probed (data-probe: no map-style dataset was iterated)"
