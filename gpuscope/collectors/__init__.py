@@ -23,6 +23,12 @@ class CollectOptions:
         """torch.profiler's window begins one clean step after cProfile's."""
         return (self.cprofile_steps or 0) + 1
 
+    @property
+    def sync_start(self) -> int:
+        """Syncs are counted from the step at whose start torch.profiler's window (one warm-up step, then
+        ``trace_steps`` recorded ones) closes: the two never overlap."""
+        return self.trace_start + self.trace_steps + 1
+
 
 def default_collectors(options: CollectOptions | None = None) -> list[Collector]:
     """Fresh instances of the collectors a run uses, in start order (the steps collector before those that follow
@@ -30,24 +36,35 @@ def default_collectors(options: CollectOptions | None = None) -> list[Collector]
     from gpuscope.collectors.calibration import CalibrationCollector
     from gpuscope.collectors.cprofile import CProfileCollector
     from gpuscope.collectors.cuda_memory import CudaMemoryCollector
+    from gpuscope.collectors.data_probe import DataProbeCollector
     from gpuscope.collectors.memory import HostMemoryCollector
     from gpuscope.collectors.nvml import NvmlCollector
     from gpuscope.collectors.nvtx import NvtxCollector
+    from gpuscope.collectors.practices import PracticesCollector
     from gpuscope.collectors.steps import StepsCollector
+    from gpuscope.collectors.syncs import SyncCollector
     from gpuscope.collectors.torch_trace import TorchTraceCollector
 
     options = options or CollectOptions()
+    practices = PracticesCollector()
+    steps = StepsCollector()
     return [
-        # stopped last (collectors stop in reverse order): it runs a few training steps of its own, which no hook
-        # or profiling window of the others may see
-        CalibrationCollector(),
-        StepsCollector(),
+        # stopped after all the others (collectors stop in reverse order), calibration included: it runs the
+        # user's dataset code again under a line tracer, which no hook, profiler or timing of theirs may see.
+        # Listed before the steps collector, it is not bound to it by the session: it gets it here.
+        DataProbeCollector(steps),
+        # stopped next to last: it runs a few training steps of its own, which no hook or profiling window of the
+        # others may see
+        CalibrationCollector(anomaly_used=practices.anomaly_seen),
+        steps,
         CProfileCollector(options.cprofile_steps),
         TorchTraceCollector(options.trace_start, options.trace_steps, options.trace_max_bytes),
+        SyncCollector(options.sync_start),
         HostMemoryCollector(),
         NvmlCollector(),
         NvtxCollector(),
         CudaMemoryCollector(),
+        practices,
     ]
 
 

@@ -109,3 +109,15 @@ def test_workers_fix_the_data_bound_sample(tmp_path: Path) -> None:
     # the recommendation that was applied no longer fires
     assert "more-dataloader-workers" in [r["id"] for r in slow["recommendations"]]
     assert fixed["checks"]["more-dataloader-workers"]["status"] == "clear"
+
+
+def test_a_larger_batch_fixes_the_launch_bound_sample(tmp_path: Path) -> None:
+    small, own_small = profile(tmp_path / "small", "cpu_launch_bound", "--steps", "400")
+    large, own_large = profile(tmp_path / "large", "cpu_launch_bound", "--steps", "150", "--batch-size", "2048")
+    assert small["checks"]["larger-batch"]["status"] == "fired"
+    assert large["checks"]["larger-batch"]["status"] == "clear"
+    assert large["verdict"]["bound"] != "cpu-launch"
+    # the step takes longer but carries 1024x the samples: time per sample falls far
+    per_sample_small = own_small["median_step_s"] / 2
+    per_sample_large = own_large["median_step_s"] / 2048
+    assert per_sample_large < per_sample_small / 10

@@ -1,0 +1,37 @@
+"""The habits sample: a compute-bound conv net with anomaly detection on, zero-filled gradients, biases before
+BatchNorm and a DataParallel wrapper. Each habit is found, with the sample's own line where there is one; with
+the fixes applied none is, and the loop runs faster."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import SAMPLES
+from test_sample_workloads import profile
+
+HABITS = ("disable-debug-apis", "zero-grad-set-to-none", "bias-before-batchnorm", "distributed-data-parallel")
+
+
+def test_each_habit_is_found_and_each_fix_clears_it(tmp_path: Path) -> None:
+    sample = (SAMPLES / "compute_bound_habits.py").read_text().splitlines()
+    habits, own_habits = profile(tmp_path / "habits", "compute_bound_habits", "--steps", "30")
+    fixed, own_fixed = profile(tmp_path / "fixed", "compute_bound_habits", "--steps", "30", "--fixed")
+
+    assert habits["verdict"]["bound"] == "compute", habits["verdict"]["evidence"]
+    assert fixed["verdict"]["bound"] == "compute", fixed["verdict"]["evidence"]
+    found = {r["id"]: r for r in habits["recommendations"]}
+    assert set(HABITS) <= set(found)
+    for rule_id in HABITS:
+        assert fixed["checks"][rule_id]["status"] == "clear", rule_id
+        assert found[rule_id]["evidence"], rule_id
+
+    # the lines named are the sample's own
+    anomaly_line = sample.index("        with debugging():") + 1
+    zero_grad_line = sample.index("        optimizer.zero_grad(set_to_none=args.set_to_none)") + 1
+    assert f"compute_bound_habits.py:{anomaly_line} `with debugging():`" in found["disable-debug-apis"]["fix"]
+    assert f"compute_bound_habits.py:{zero_grad_line}" in found["zero-grad-set-to-none"]["fix"]
+    assert "features.0.0 (Conv2d) -> module.features.0.1 (BatchNorm2d)" in found["bias-before-batchnorm"]["why"]
+    assert "DataParallel(ConvNet)" in found["distributed-data-parallel"]["why"]
+    # anomaly detection's cost is measured, and removing it pays
+    assert found["disable-debug-apis"]["expected_gain"] > 0.05
+    assert own_fixed["median_step_s"] < own_habits["median_step_s"]
