@@ -15,6 +15,7 @@ function already set are restored, and an item that fails to build says so in th
 from __future__ import annotations
 
 import contextlib
+import io
 import linecache
 import os
 import random
@@ -28,6 +29,7 @@ from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any, ClassVar
 
+from gpuscope.analysis.thresholds import DATA_WAIT_NOTABLE
 from gpuscope.callsites import is_user_file
 from gpuscope.collectors.base import CollectorResult, StepFollower
 from gpuscope.collectors.cprofile import short_path
@@ -78,8 +80,14 @@ class DataProbeCollector(StepFollower):
         dataset = steps.probe_dataset() if steps is not None else None
         if dataset is None:
             return CollectorResult(CollectorStatus("unavailable", "no map-style dataset was iterated"))
+        summary = getattr(steps, "summary", None)
+        if summary is not None and summary.breakdown.data_wait < DATA_WAIT_NOTABLE:
+            # the user's dataset code runs again only when loading matters
+            return CollectorResult(CollectorStatus("unavailable", f"data wait was {summary.breakdown.data_wait:.0%} "
+                                                   f"of the step, under {DATA_WAIT_NOTABLE:.0%}: not probed"))
         try:
-            with _rng_kept():
+            # what the dataset prints while probed is not the user's run's output
+            with _rng_kept(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
                 probe = probe_dataset(dataset, self._clock)
         except DatasetError as exc:
             return CollectorResult(CollectorStatus("unavailable", str(exc)))

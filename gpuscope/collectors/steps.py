@@ -69,6 +69,8 @@ class StepsCollector:
         self._failures: list[str] = []
         self._torch: Any = None
         self.tracker: StepTracker | None = None
+        self.summary: StepSummary | None = None
+        """The steady-state figures, once stopped (collectors stopped after this one read them)."""
 
     def unavailable_reason(self) -> str | None:
         return None
@@ -134,6 +136,7 @@ class StepsCollector:
             notes.append(f"device timing could not be resolved: {exc}")
         log = tracker.log
         summary = summarize(log.records(), log.count, log.head_size, log.body_weight, tracker.source or "none")
+        self.summary = summary
         if tracker.dropped:
             notes.append(
                 f"{tracker.dropped} steps first counted by a coarser marker were dropped when "

@@ -7,13 +7,14 @@ import random
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from gpuscope.collectors.data_probe import DataProbeCollector, measure_float16_slowdown, probe_dataset
-from gpuscope.record import DataProbe, LineCost
+from gpuscope.record import Breakdown, DataProbe, LineCost
 
 HERE = Path(__file__).name
 SIZE = (3, 64, 64)
@@ -22,8 +23,9 @@ SIZE = (3, 64, 64)
 class FakeSteps:
     """Stands in for the steps collector: hands over the dataset the steps waited on longest."""
 
-    def __init__(self, dataset: object) -> None:
+    def __init__(self, dataset: object, data_wait: float | None = None) -> None:
         self.dataset = dataset
+        self.summary = None if data_wait is None else SimpleNamespace(breakdown=Breakdown(data_wait=data_wait))
 
     def probe_dataset(self) -> object:
         return self.dataset
@@ -218,3 +220,21 @@ def test_float16_slowdown_is_measured_with_numpy_and_skipped_without(monkeypatch
     monkeypatch.delitem(sys.modules, "numpy")
     data = probe(Sleepy())
     assert data.numpy_float16_slowdown is None
+
+
+def test_a_run_that_hardly_waits_for_data_is_not_probed() -> None:
+    result = DataProbeCollector(FakeSteps(HalfImages(), data_wait=0.02)).stop()
+    assert result.status.status == "unavailable"
+    assert result.status.reason == "data wait was 2% of the step, under 5%: not probed"
+
+
+class Chatty(HalfImages):
+    def __getitem__(self, index: int) -> tuple[np.ndarray, int]:
+        print(f"loading {index}")
+        return super().__getitem__(index)
+
+
+def test_what_the_dataset_prints_while_probed_is_not_shown(capsys: pytest.CaptureFixture[str]) -> None:
+    result = DataProbeCollector(FakeSteps(Chatty(), data_wait=0.6)).stop()
+    assert result.status.status == "ok"
+    assert capsys.readouterr() == ("", "")
