@@ -14,6 +14,7 @@ from gpuscope.collectors import CollectOptions
 from gpuscope.errors import USAGE_EXIT, GpuscopeError
 
 if TYPE_CHECKING:
+    from gpuscope.record import RunRecord
     from gpuscope.session import Session
 
 
@@ -46,6 +47,7 @@ class RunCommand:
         parser.add_argument("-o", "--output", metavar="DIR",
                             help="where the run's files go (default: ./gpuscope-runs/<script>-<timestamp>/)")
         parser.add_argument("-q", "--quiet", action="store_true", help="print no summary at the end")
+        parser.add_argument("--open", action="store_true", help="open report.html in the browser when done")
         defaults = CollectOptions()
         parser.add_argument("--cprofile-steps", metavar="N", type=_count, default=defaults.cprofile_steps,
                             help="steps cProfile covers after the start-up (default %(default)s); profiled steps "
@@ -103,25 +105,52 @@ class RunCommand:
         session.start()
 
         def finish(status: int) -> None:
-            _finish(session, status, args.quiet)
+            _finish(session, status, args.quiet, args.open)
 
         status = run_target(target, before_hard_exit=finish)
         finish(status)
         return status
 
 
-def _finish(session: Session, status: int, quiet: bool) -> None:
-    """Write the run's files and the summary; a failure here is reported, never raised over the script's status."""
+def _finish(session: Session, status: int, quiet: bool, open_report: bool = False) -> None:
+    """Write the run's files, the report and the summary; a failure here is reported in one line, never raised
+    over the script's exit status."""
     try:
         record = session.stop(status)
     except Exception as exc:
         print(f"gpuscope: error: could not write the run's files to {session.run_dir}: {exc}", file=sys.stderr)
         return
+    report_path = _write_report_softly(record, session.run_dir)
     if not quiet:
         from gpuscope.summary import summary_lines
 
-        for line in summary_lines(record, session.run_dir):
+        for line in summary_lines(record, session.run_dir, report_path):
             print(line, file=sys.stderr)
+    if open_report and report_path is not None:
+        _open_in_browser(report_path)
+
+
+def _write_report_softly(record: RunRecord, run_dir: Path) -> Path | None:
+    """report.html for a finished run, or None after one line on stderr saying why it could not be written."""
+    from gpuscope.report import write_report
+
+    try:
+        return write_report(record, run_dir)
+    except GpuscopeError as exc:
+        reason = exc.message
+    except Exception as exc:  # a rendering bug must not cost the user the run: run.json is already written
+        reason = f"{type(exc).__name__}: {exc}"
+    print(f"gpuscope: error: could not write the report (run.json is written; retry with gpuscope report "
+          f"{run_dir}): {reason}", file=sys.stderr)
+    return None
+
+
+def _open_in_browser(path: Path) -> None:
+    """Open a report in the user's browser (only ever on request: --open)."""
+    import webbrowser
+
+    if not webbrowser.open(path.resolve().as_uri()):
+        print(f"gpuscope: no browser could be opened; the report is {path}", file=sys.stderr)
 
 
 def _count(text: str) -> int:
@@ -194,7 +223,35 @@ class ViewCommand:
             return 0
 
 
-COMMANDS: tuple[Command, ...] = (RunCommand(), ViewCommand())
+class ReportCommand:
+    """``gpuscope report RUN_DIR``: re-render RUN_DIR/report.html from RUN_DIR/run.json."""
+
+    name = "report"
+    help = "re-render RUN_DIR/report.html from RUN_DIR/run.json"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("run_dir", metavar="RUN_DIR", help="a run's folder (it holds run.json)")
+        parser.add_argument("--open", action="store_true", help="open the report in the browser")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from gpuscope.record import load_record
+        from gpuscope.report import write_report
+
+        run_dir = Path(args.run_dir)
+        record = load_record(run_dir)
+        try:
+            path = write_report(record, run_dir)
+        except GpuscopeError:
+            raise
+        except Exception as exc:  # one line, never a traceback: the contract's promise for gpuscope's errors
+            raise GpuscopeError(f"could not render the report of {run_dir}: {type(exc).__name__}: {exc}") from None
+        print(f"gpuscope: report written to {path}")
+        if args.open:
+            _open_in_browser(path)
+        return 0
+
+
+COMMANDS: tuple[Command, ...] = (RunCommand(), ReportCommand(), ViewCommand())
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -27,8 +27,9 @@ def left_out(record: RunRecord) -> str:
     return f"left out: {steps.warmup} warm-up, {steps.profiled} profiled, {steps.outliers} outliers"
 
 
-def summary_lines(record: RunRecord, run_dir: Path) -> list[str]:
-    """The end-of-run summary: verdict and its evidence, the steps, and where the files are."""
+def summary_lines(record: RunRecord, run_dir: Path, report_path: Path | None = None) -> list[str]:
+    """The end-of-run summary: verdict and its evidence, the steps, the top three recommendations, and where the
+    files are (``report_path``: the report, where one was written)."""
     verdict = record.verdict
     steps = record.steps
     lines = [f"gpuscope: {bound_label(record)} (confidence {verdict.confidence:.2f})"]
@@ -41,4 +42,6 @@ def summary_lines(record: RunRecord, run_dir: Path) -> list[str]:
         gain = f" (~{rec.expected_gain:.0%} of step time)" if rec.expected_gain is not None else ""
         lines.append(f"  * {rec.title}{gain}")
     lines.append(f"  run record: {run_dir / 'run.json'}")
+    if report_path is not None:
+        lines.append(f"  report: {report_path}")
     return lines

@@ -58,3 +58,15 @@ def load_run(run_dir: Path) -> dict[str, Any]:
 def scripts() -> Path:
     """The folder of small test scripts."""
     return SCRIPTS
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    """``pytest --update-golden`` rewrites the report's golden files instead of comparing with them."""
+    parser.addoption("--update-golden", action="store_true", default=False,
+                     help="rewrite tests/report/golden/*.html from the current templates")
+
+
+@pytest.fixture
+def update_golden(request: pytest.FixtureRequest) -> bool:
+    """Whether this run rewrites golden files (``--update-golden``)."""
+    return bool(request.config.getoption("--update-golden"))

@@ -62,3 +62,116 @@ def test_help_exits_0(capsys) -> None:
     assert exit_.value.code == 0
     usage = capsys.readouterr().out.splitlines()[0]
     assert "(SCRIPT | -m MODULE) [ARGS...]" in usage
+
+
+# -- gpuscope report, and the report at the end of gpuscope run --------------------------------------------------
+
+def _write_run_json(run_dir, text: str) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "run.json").write_text(text)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (None, "no run.json in"),
+        ("{not json", "is not valid JSON"),
+        ('{"schema": "other/9"}', "expected 'gpuscope.run/1'"),
+        ('{"schema": "gpuscope.run/1", "steps": {"count": "many"}}', "run.json is malformed"),
+    ],
+    ids=["missing", "corrupt", "wrong-schema", "wrong-type"],
+)
+def test_report_of_an_unreadable_run_prints_one_line_and_exits_2(content, message, tmp_path, capsys) -> None:
+    # given a run folder whose run.json is missing or broken
+    run_dir = tmp_path / "run"
+    if content is not None:
+        _write_run_json(run_dir, content)
+    # when it is re-rendered
+    status = main(["report", str(run_dir)])
+    # then one line says why, and nothing is written
+    out, err = capsys.readouterr()
+    assert status == 2
+    assert out == "" and err.count("\n") == 1 and err.startswith("gpuscope: error: ")
+    assert message in err
+    assert not (run_dir / "report.html").exists()
+
+
+def test_report_of_an_older_run_renders_what_is_there(tmp_path, capsys) -> None:
+    # given a run.json from an older gpuscope, with most fields missing and one unknown
+    run_dir = tmp_path / "old"
+    _write_run_json(run_dir, '{"schema": "gpuscope.run/1", "command": ["train.py"], "exit_status": 0, '
+                             '"verdict": {"bound": "data-loading", "confidence": 0.5}, "retired_field": 1}')
+    # when it is re-rendered
+    assert main(["report", str(run_dir)]) == 0
+    # then the page holds what the record had
+    html = (run_dir / "report.html").read_text()
+    assert "data-loading-bound" in html and "train.py" in html
+    assert str(run_dir / "report.html") in capsys.readouterr().out
+
+
+def test_report_open_opens_the_page_in_a_browser(tmp_path, monkeypatch) -> None:
+    from conftest import make_record
+    from gpuscope.record import write_record
+
+    opened: list[str] = []
+    monkeypatch.setattr("webbrowser.open", lambda url: opened.append(url) or True)
+    write_record(make_record(), tmp_path)
+    assert main(["report", str(tmp_path)]) == 0
+    assert opened == []
+    assert main(["report", "--open", str(tmp_path)]) == 0
+    assert opened == [(tmp_path / "report.html").resolve().as_uri()]
+
+
+class _StoppedSession:
+    """A session whose run has ended: ``stop`` returns a fixed record."""
+
+    def __init__(self, run_dir) -> None:
+        from conftest import make_record
+
+        self.run_dir = run_dir
+        self.record = make_record()
+
+    def stop(self, status: int):
+        return self.record
+
+
+def test_a_finished_run_writes_its_report_and_names_it_in_the_summary(tmp_path, capsys, monkeypatch) -> None:
+    from gpuscope.cli import _finish
+
+    opened: list[str] = []
+    monkeypatch.setattr("webbrowser.open", lambda url: opened.append(url) or True)
+    _finish(_StoppedSession(tmp_path), 0, quiet=False)
+    err = capsys.readouterr().err
+    assert (tmp_path / "report.html").is_file()
+    assert f"  report: {tmp_path / 'report.html'}" in err.splitlines()
+    assert opened == []  # never opened unless asked
+
+
+def test_quiet_silences_the_summary_and_open_opens_the_report(tmp_path, capsys, monkeypatch) -> None:
+    from gpuscope.cli import _finish
+
+    opened: list[str] = []
+    monkeypatch.setattr("webbrowser.open", lambda url: opened.append(url) or True)
+    _finish(_StoppedSession(tmp_path), 0, quiet=True, open_report=True)
+    assert capsys.readouterr().err == ""
+    assert opened == [(tmp_path / "report.html").resolve().as_uri()]
+
+
+def test_a_report_that_cannot_be_rendered_costs_one_line_not_the_run(tmp_path, capsys, monkeypatch) -> None:
+    from gpuscope.cli import _finish
+
+    def broken(record, run_dir):
+        raise RuntimeError("template exploded")
+
+    monkeypatch.setattr("gpuscope.report.write_report", broken)
+    _finish(_StoppedSession(tmp_path), 3, quiet=True)  # raises nothing: the script's status stands
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "could not write the report" in err and "template exploded" in err
+
+
+def test_run_accepts_open_before_the_script() -> None:
+    from gpuscope.cli import COMMANDS, _subparser, build_parser
+
+    run = next(c for c in COMMANDS if c.name == "run")
+    assert run.split_target(_subparser(build_parser(), "run"), ["--open", "t.py", "--open"]) == (
+        ["--open"], ["t.py", "--open"])

@@ -1,0 +1,254 @@
+"""Plotly figures of the report, as plain dicts built from the record (no HTML here).
+
+Each figure is ``{"data": [...], "layout": {...}}``; the page passes it to ``Plotly.newPlot`` as it is. Series are
+thinned to at most ``MAX_POINTS`` points and numbers are rounded to a few significant digits, so a run of any length
+gives a page of bounded size; rounding happens here, at display time, never in the record.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from gpuscope.record import PHASES, Breakdown, GpuDevice, RunRecord
+
+Figure = dict[str, Any]
+
+MAX_POINTS = 2000
+"""Most bars or points one series draws; longer series are thinned evenly (the record's own sample is 2000)."""
+
+PHASE_COLORS = {
+    "data_wait": "#e4572e",
+    "forward": "#4c78a8",
+    "backward": "#72b7b2",
+    "optimizer": "#54a24b",
+    "other": "#b8b0a8",
+}
+PHASE_NAMES = {"data_wait": "data wait", "forward": "forward", "backward": "backward", "optimizer": "optimizer",
+               "other": "other"}
+LEFT_OUT_OPACITY = 0.35
+"""Bars of steps left out of the figures (warm-up, profiled, outlier) are drawn faded."""
+CLIP_RATIO = 3.0
+"""When a left-out step is this many times longer than the longest steady one, the y axis is cut to show the
+steady steps; hovering still gives every bar's value."""
+MIB = 2**20
+GIB = 2**30
+
+
+def _r(value: float | None) -> float | None:
+    """``value`` rounded to 4 significant digits (None for missing or non-finite values)."""
+    if value is None or not math.isfinite(value):
+        return None
+    return float(f"{value:.4g}")
+
+
+def _thin(n: int) -> range:
+    """Indices of an even selection of at most ``MAX_POINTS`` of ``n`` items."""
+    return range(0, n, max(1, math.ceil(n / MAX_POINTS)))
+
+
+def _pick(series: Sequence[Any], keep: range, scale: float = 1.0) -> list[float | None]:
+    return [_r(series[i] * scale) if series[i] is not None else None for i in keep if i < len(series)]
+
+
+def _layout(height: int = 300, **extra: Any) -> dict[str, Any]:
+    layout: dict[str, Any] = {
+        "height": height,
+        "margin": {"l": 60, "r": 20, "t": 40, "b": 45},
+        "font": {"family": "-apple-system, 'Segoe UI', Roboto, 'Helvetica Neue', Arial, sans-serif", "size": 12,
+                 "color": "#333"},
+        "paper_bgcolor": "rgba(0,0,0,0)",
+        "plot_bgcolor": "rgba(0,0,0,0)",
+        "legend": {"orientation": "h", "x": 0, "y": 1.0, "yanchor": "bottom", "traceorder": "normal"},
+        "hovermode": "closest",
+    }
+    layout.update(extra)
+    return layout
+
+
+def _axis(title: str, **extra: Any) -> dict[str, Any]:
+    return {"title": {"text": title}, "gridcolor": "#eee", "zerolinecolor": "#ccc", **extra}
+
+
+def step_bars(record: RunRecord) -> Figure | None:
+    """Per-step stacked bars of the phases (ms), left-out steps faded; None without a step sample."""
+    sample = record.steps.sample
+    if not sample.index or not sample.phases_s:
+        return None
+    keep = _thin(len(sample.index))
+    x = [sample.index[i] for i in keep]
+    status = [sample.status[i] if i < len(sample.status) else "steady" for i in keep]
+    opacity = [1.0 if s == "steady" else LEFT_OUT_OPACITY for s in status]
+    data = []
+    for phase in PHASES:
+        values = sample.phases_s.get(phase)
+        if values is None:
+            continue
+        data.append({
+            "type": "bar", "name": PHASE_NAMES[phase], "x": x, "y": _pick(values, keep, 1e3),
+            "customdata": status, "marker": {"color": PHASE_COLORS[phase], "opacity": opacity},
+            "hovertemplate": f"step %{{x}} (%{{customdata}})<br>{PHASE_NAMES[phase]}: %{{y:.2f}} ms<extra></extra>",
+        })
+    yaxis = _axis("ms per step", rangemode="tozero")
+    annotations = []
+    steady = [sample.wall_s[i] for i in range(len(sample.wall_s)) if i < len(sample.status)
+              and sample.status[i] == "steady"]
+    if steady and sample.wall_s and max(sample.wall_s) > CLIP_RATIO * max(steady):
+        yaxis["range"] = [0, _r(max(steady) * 1.4e3)]
+        annotations.append({"text": "longer left-out steps are cut off at the top: hover for their values",
+                            "xref": "paper", "yref": "paper", "x": 1, "y": 1.0, "yanchor": "bottom",
+                            "xanchor": "right", "showarrow": False, "font": {"size": 11, "color": "#59636e"}})
+    layout = _layout(340, barmode="stack", bargap=0.1 if len(x) < 200 else 0, xaxis=_axis("step"), yaxis=yaxis,
+                     annotations=annotations)
+    return {"data": data, "layout": layout}
+
+
+def breakdown_bar(record: RunRecord) -> Figure | None:
+    """The median step split into phases, as one horizontal stacked bar per basis; None before any steady step."""
+    rows: list[tuple[str, Breakdown]] = []
+    if record.steps.count:
+        main = "GPU timeline" if record.steps.breakdown_basis == "device" else "host timers"
+        rows.append((main, record.breakdown))
+        if record.host_breakdown is not None and record.steps.breakdown_basis == "device":
+            rows.append(("host timers", record.host_breakdown))
+    if not rows:
+        return None
+    data = []
+    for phase in PHASES:
+        shares = [getattr(b, phase) for _, b in rows]
+        data.append({
+            "type": "bar", "orientation": "h", "name": PHASE_NAMES[phase], "y": [name for name, _ in rows],
+            "x": [_r(s * 100) for s in shares], "marker": {"color": PHASE_COLORS[phase]},
+            "text": [f"{s:.0%}" if s >= 0.04 else "" for s in shares], "textposition": "inside",
+            "hovertemplate": f"{PHASE_NAMES[phase]}: %{{x:.1f}}%<extra></extra>",
+        })
+    layout = _layout(110 + 40 * len(rows), barmode="stack", xaxis=_axis("% of the median step", range=[0, 100]),
+                     yaxis={"automargin": True}, margin={"l": 90, "r": 20, "t": 40, "b": 40})
+    return {"data": data, "layout": layout}
+
+
+GPU_METRICS: tuple[tuple[str, str, str, float], ...] = (
+    ("util", "sm_util", "GPU utilisation (%)", 100.0),
+    ("memory", "memory_used_bytes", "memory used (GiB)", 1 / GIB),
+    ("power", "power_w", "power (W)", 1.0),
+    ("clock", "sm_clock_mhz", "SM clock (MHz)", 1.0),
+)
+"""(chart key, GpuDevice series, axis title, scale) of each NVML timeline."""
+
+
+def gpu_timelines(record: RunRecord) -> dict[str, Figure]:
+    """NVML timelines (utilisation, memory, power, clock), one line per GPU; empty without NVML samples."""
+    devices: tuple[GpuDevice, ...] = record.gpus.devices if record.gpus is not None else ()
+    figures: dict[str, Figure] = {}
+    for key, attr, title, scale in GPU_METRICS:
+        data = []
+        for device in devices:
+            series = getattr(device, attr)
+            if not device.t_s or not any(v is not None for v in series):
+                continue
+            keep = _thin(len(device.t_s))
+            data.append({"type": "scatter", "mode": "lines", "name": f"GPU {device.index}",
+                         "x": _pick(device.t_s, keep), "y": _pick(series, keep, scale),
+                         "hovertemplate": "%{x:.1f} s: %{y}<extra>GPU " + str(device.index) + "</extra>"})
+        if data:
+            yaxis = _axis(title, rangemode="tozero")
+            if key == "util":
+                yaxis["range"] = [0, 105]
+            figures[f"gpu-{key}"] = {"data": data, "layout": _layout(240, showlegend=len(data) > 1,
+                                                                   xaxis=_axis("seconds into the run"),
+                                                                   yaxis=yaxis)}
+    return figures
+
+
+IDLE_PARTS = (
+    ("busy_fraction", "busy", "#4c78a8"),
+    ("idle_host_wait_fraction", "idle: waiting for the host", "#e4572e"),
+    ("idle_kernel_wait_fraction", "idle: between queued kernels", "#f2a541"),
+    ("idle_other_fraction", "idle: other (syncs, copies)", "#b8b0a8"),
+)
+
+
+def kernel_split(record: RunRecord) -> Figure | None:
+    """The GPU's time over the profiled steps: busy, and idle split by cause; None without a kernel timeline."""
+    kernels = record.op_profile.kernels if record.op_profile is not None else None
+    if kernels is None:
+        return None
+    data = [{"type": "bar", "orientation": "h", "name": name, "y": ["GPU"], "x": [_r(getattr(kernels, attr) * 100)],
+             "marker": {"color": color}, "text": [f"{getattr(kernels, attr):.0%}"], "textposition": "inside",
+             "hovertemplate": f"{name}: %{{x:.1f}}%<extra></extra>"} for attr, name, color in IDLE_PARTS]
+    layout = _layout(150, barmode="stack", xaxis=_axis("% of the profiled steps' wall time", range=[0, 100]),
+                     yaxis={"automargin": True})
+    return {"data": data, "layout": layout}
+
+
+def top_ops(record: RunRecord) -> Figure | None:
+    """Top torch ops by host self time, with their device time beside; None without an op profile."""
+    profile = record.op_profile
+    if profile is None or not profile.top_host:
+        return None
+    ops = list(profile.top_host[:12])[::-1]  # plotly draws horizontal bars bottom-up
+    names = [op.name for op in ops]
+    data = [{"type": "bar", "orientation": "h", "name": "host (self)", "y": names,
+             "x": [_r(op.self_host_s * 1e3) for op in ops], "marker": {"color": "#4c78a8"},
+             "hovertemplate": "%{y}: %{x:.2f} ms host<extra></extra>"}]
+    if any(op.device_s for op in ops):
+        data.append({"type": "bar", "orientation": "h", "name": "device", "y": names,
+                     "x": [_r(op.device_s * 1e3) for op in ops], "marker": {"color": "#54a24b"},
+                     "hovertemplate": "%{y}: %{x:.2f} ms device<extra></extra>"})
+    layout = _layout(90 + 24 * len(ops), barmode="group", xaxis=_axis("ms over the profiled steps"),
+                     yaxis={"automargin": True, "tickfont": {"family": "ui-monospace, Menlo, Consolas, monospace"}},
+                     margin={"l": 10, "r": 20, "t": 40, "b": 45})
+    return {"data": data, "layout": layout}
+
+
+def host_memory(record: RunRecord) -> Figure | None:
+    """Resident memory over time, the process and its DataLoader workers stacked; None without samples."""
+    memory = record.host_memory
+    if memory is None or not memory.t_s:
+        return None
+    keep = _thin(len(memory.t_s))
+    x = _pick(memory.t_s, keep)
+    data = [{"type": "scatter", "mode": "lines", "stackgroup": "rss", "name": "process", "x": x,
+             "y": _pick(memory.process_bytes, keep, 1 / MIB), "line": {"color": "#4c78a8"},
+             "hovertemplate": "%{x:.1f} s: %{y:.0f} MiB<extra>process</extra>"}]
+    if any(memory.workers_bytes):
+        data.append({"type": "scatter", "mode": "lines", "stackgroup": "rss", "name": "DataLoader workers", "x": x,
+                     "y": _pick(memory.workers_bytes, keep, 1 / MIB), "line": {"color": "#f2a541"},
+                     "hovertemplate": "%{x:.1f} s: %{y:.0f} MiB<extra>workers</extra>"})
+    layout = _layout(280, xaxis=_axis("seconds into the run"), yaxis=_axis("resident memory (MiB)",
+                                                                          rangemode="tozero"))
+    return {"data": data, "layout": layout}
+
+
+def cuda_memory(record: RunRecord) -> Figure | None:
+    """CUDA caching-allocator memory at the end of sampled steps; None without CUDA memory samples."""
+    memory = record.cuda_memory
+    if memory is None or not memory.step:
+        return None
+    keep = _thin(len(memory.step))
+    x = [memory.step[i] for i in keep]
+    data = []
+    for name, series, color in (("allocated", memory.allocated_bytes, "#4c78a8"),
+                                ("reserved", memory.reserved_bytes, "#72b7b2"),
+                                ("step peak", memory.peak_bytes, "#e4572e")):
+        if series:
+            data.append({"type": "scatter", "mode": "lines", "name": name, "x": x, "y": _pick(series, keep, 1 / MIB),
+                         "line": {"color": color}, "hovertemplate": "step %{x}: %{y:.0f} MiB<extra>" + name +
+                         "</extra>"})
+    layout = _layout(280, xaxis=_axis("step"), yaxis=_axis("CUDA memory (MiB)", rangemode="tozero"))
+    return {"data": data, "layout": layout}
+
+
+def build_charts(record: RunRecord) -> dict[str, Figure]:
+    """Every figure the record supports, keyed by the id of the element that shows it."""
+    charts: dict[str, Figure | None] = {
+        "steps": step_bars(record),
+        "breakdown": breakdown_bar(record),
+        "kernels": kernel_split(record),
+        "ops": top_ops(record),
+        "host-memory": host_memory(record),
+        "cuda-memory": cuda_memory(record),
+        **gpu_timelines(record),
+    }
+    return {key: figure for key, figure in charts.items() if figure is not None}

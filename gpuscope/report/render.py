@@ -1,0 +1,114 @@
+"""Render the HTML report from a run's record: one Jinja environment, the templates' one lookup, and plotly.js
+inlined once so the page works offline from a file.
+
+Python passes the templates only the record, the chart dicts and a few derived facts; all markup is in
+``reports/templates`` (shipped in the wheel as ``gpuscope/_templates``).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+from typing import Any
+
+from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from markupsafe import Markup
+
+from gpuscope.errors import GpuscopeError
+from gpuscope.record import PHASES, RunRecord
+from gpuscope.report import charts, facts
+from gpuscope.summary import bound_label, left_out
+
+REPORT_HTML = "report.html"
+TEMPLATE = "report.html"
+PLOTLY_JS = ("package_data", "plotly.min.js")
+"""Where the installed ``plotly`` package keeps its bundle of plotly.js."""
+DEVICE_COLLECTORS = ("nvml", "cuda-memory", "nvtx", "syncs")
+"""Collectors that only have something to say about a GPU; on a CPU run their reasons explain the Device section."""
+
+
+def template_dir() -> Path:
+    """The report's templates: ``gpuscope/_templates`` in an installed wheel, else the repository's
+    ``reports/templates`` (a source checkout or an editable install). The one place that looks them up."""
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "_templates", package.parent / "reports" / "templates"):
+        if (candidate / TEMPLATE).is_file():
+            return candidate
+    raise GpuscopeError("the report's templates are missing from this gpuscope install (reinstall gpuscope)")
+
+
+def environment() -> Environment:
+    """The Jinja environment: autoescaping on, undefined names an error, JSON with sorted keys."""
+    env = Environment(
+        loader=FileSystemLoader(str(template_dir())),
+        autoescape=True,
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.policies["json.dumps_kwargs"] = {"sort_keys": True, "allow_nan": False}
+    env.filters.update(seconds=facts.seconds, percent=facts.percent, size=facts.size)
+    return env
+
+
+def plotly_js() -> str:
+    """The text of plotly.js from the installed ``plotly`` package (read, never fetched)."""
+    spec = importlib.util.find_spec("plotly")
+    if spec is None or not spec.submodule_search_locations:
+        raise GpuscopeError("plotly is not installed: pip install plotly")
+    path = Path(next(iter(spec.submodule_search_locations)), *PLOTLY_JS)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise GpuscopeError(f"cannot read plotly.js from the plotly package ({path}): {exc.strerror}") from None
+    if "</script" in text.lower():  # would end the inline <script> early; never seen in a release
+        raise GpuscopeError("this plotly.js cannot be inlined (it contains '</script')")
+    return text
+
+
+def context(record: RunRecord) -> dict[str, Any]:
+    """Everything the templates read: the record, its charts, and facts derived from it."""
+    from gpuscope import __version__
+
+    collectors = record.collectors
+    return {
+        "record": record,
+        "charts": charts.build_charts(record),
+        "label": bound_label(record),
+        "left_out": left_out(record),
+        "command": facts.mask_command(record.command),
+        "fixes": {i: facts.fix_lines(rec.fix) for i, rec in enumerate(record.recommendations)},
+        "not_checked": facts.not_checked(record),
+        "clear_checks": facts.clear_checks(record),
+        "artifacts": facts.artifacts(record),
+        "phases": PHASES,
+        "phase_names": charts.PHASE_NAMES,
+        "phase_colors": charts.PHASE_COLORS,
+        "device_missing": [(name, collectors[name]) for name in DEVICE_COLLECTORS
+                           if name in collectors and collectors[name].status != "ok"],
+        "window_text": facts.window_text,
+        "renderer_version": __version__,
+    }
+
+
+def render_report(record: RunRecord, *, inline_plotly: bool = True) -> str:
+    """The report's HTML text. ``inline_plotly=False`` leaves a marker where plotly.js goes (for tests)."""
+    js = plotly_js() if inline_plotly else "/* plotly.js */"
+    template = environment().get_template(TEMPLATE)
+    return template.render(plotly_js=Markup(js), **context(record))
+
+
+def write_report(record: RunRecord, run_dir: Path) -> Path:
+    """Render the report into ``RUN_DIR/report.html`` (atomically) and return its path."""
+    path = Path(run_dir) / REPORT_HTML
+    html = render_report(record)
+    tmp = path.with_name(f".{REPORT_HTML}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(html, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise GpuscopeError(f"cannot write {path}: {exc.strerror}") from None
+    return path

@@ -1,0 +1,126 @@
+"""Each report opened in a real headless browser (Debian's chromium, driven by Playwright): no console error,
+every chart drawn, the verdict shown, no network request; a screenshot of each lands in ci-artifacts/.
+
+Skipped where chromium or Playwright is missing, except under CI (env CI set), where that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from report_records import SAMPLE_RECORDS, gpu_record, hostile_record, sample_record
+
+from conftest import ROOT, SAMPLES, run_gpuscope
+from gpuscope.record import load_record
+from gpuscope.report import write_report
+from gpuscope.summary import bound_label
+
+CHROMIUM = os.environ.get("GPUSCOPE_CHROMIUM", "/usr/bin/chromium")
+ARTIFACTS = ROOT / "ci-artifacts"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+LOCAL = ("file:", "data:", "about:", "blob:")
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason}; CI must install it (.ci/run)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists() and shutil.which("chromium") is None:
+        _unavailable(f"no chromium at {CHROMIUM}")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        _unavailable("playwright is not installed (pip install -e '.[test]')")
+    executable = CHROMIUM if Path(CHROMIUM).exists() else shutil.which("chromium")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def open_report(browser: Any, path: Path, name: str) -> tuple[Any, dict[str, list[str]]]:
+    """Open a report from its file; return the page and what went wrong (console errors, requests, dialogs)."""
+    seen: dict[str, list[str]] = {"errors": [], "requests": [], "dialogs": []}
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+
+    def route(route: Any) -> None:
+        url = route.request.url
+        if url.startswith(LOCAL):
+            route.continue_()
+        else:
+            seen["requests"].append(url)
+            route.abort()
+
+    context.route("**/*", route)
+    page = context.new_page()
+    page.on("console", lambda message: message.type == "error" and seen["errors"].append(message.text))
+    page.on("pageerror", lambda error: seen["errors"].append(str(error)))
+    page.on("dialog", lambda dialog: (seen["dialogs"].append(dialog.message), dialog.dismiss()))
+    page.goto(path.resolve().as_uri(), wait_until="load")
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('[data-chart]')].every(el => el.querySelector('svg.main-svg'))",
+        timeout=15_000)
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"report-{name}.png"), full_page=True)
+    return page, seen
+
+
+def assert_report_works(browser: Any, path: Path, name: str, label: str) -> Any:
+    page, seen = open_report(browser, path, name)
+    assert seen["errors"] == []
+    assert seen["requests"] == [], "the page must make no network request"
+    assert seen["dialogs"] == []
+    charts = page.locator("[data-chart]")
+    assert charts.count() >= 2  # at least the median step and the step bars
+    assert page.locator("[data-chart] svg.main-svg").count() >= charts.count()
+    for i in range(charts.count()):
+        assert charts.nth(i).locator("svg.main-svg").count() >= 1, charts.nth(i).get_attribute("id")
+    assert page.inner_text("#verdict-label").strip() == label
+    return page
+
+
+@pytest.mark.parametrize("name", SAMPLE_RECORDS)
+def test_each_sample_workloads_report_works_in_a_browser(browser, tmp_path, name) -> None:
+    record = sample_record(name)
+    path = write_report(record, tmp_path)
+    page = assert_report_works(browser, path, name, bound_label(record))
+    if record.device == "cpu":
+        assert "This run used the CPU only" in page.inner_text("#device")
+    page.context.close()
+
+
+def test_a_full_gpu_report_draws_every_device_chart(browser, tmp_path) -> None:
+    path = write_report(gpu_record(), tmp_path)
+    page = assert_report_works(browser, path, "gpu-full", "GPU-compute-bound")
+    for chart in ("gpu-util", "gpu-memory", "gpu-power", "gpu-clock", "kernels", "ops", "host-memory", "cuda-memory"):
+        assert page.locator(f"#chart-{chart} svg.main-svg").count() >= 1, chart
+    page.context.close()
+
+
+def test_hostile_names_stay_text_in_a_browser(browser, tmp_path) -> None:
+    path = write_report(hostile_record(), tmp_path)
+    page = assert_report_works(browser, path, "hostile", "GPU-compute-bound")
+    assert page.evaluate("() => window.__pwned") is None
+    assert "<script>alert(1)</script>" in page.inner_text("header")
+    page.context.close()
+
+
+def test_the_report_of_a_fresh_run_works_in_a_browser(browser, tmp_path) -> None:
+    # given a short real run of a sample workload (its report written by gpuscope run itself)
+    run_dir = tmp_path / "run"
+    result = run_gpuscope(["run", "-q", "--cprofile-steps", "2", "--trace-steps", "1", "-o", str(run_dir),
+                           str(SAMPLES / "data_loading_bound.py"), "--steps", "8"], tmp_path, timeout=180)
+    assert result.returncode == 0, result.stderr
+    # then its page works
+    page = assert_report_works(browser, run_dir / "report.html", "fresh-run", bound_label(load_record(run_dir)))
+    page.context.close()
