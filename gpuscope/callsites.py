@@ -23,13 +23,25 @@ _GPUSCOPE_ROOT = os.path.dirname(os.path.realpath(__file__)) + os.sep
 
 
 def is_user_file(file: str) -> bool:
-    """Whether ``file`` is the user's code: a real file outside the stdlib, site-packages and gpuscope."""
+    """Whether ``file`` is the user's code: a real file outside the stdlib, site-packages, gpuscope, and torch's
+    and NumPy's own folders (which a source checkout puts outside site-packages)."""
     if not file or file.startswith("<"):
         return False  # <frozen importlib._bootstrap>, <string>: nobody's line to change
     path = os.path.realpath(file)
-    if path.startswith(_GPUSCOPE_ROOT) or path.startswith(_LIBRARY_ROOTS):
+    if path.startswith(_GPUSCOPE_ROOT) or path.startswith(_LIBRARY_ROOTS) or path.startswith(_framework_dirs()):
         return False
     return os.sep + "site-packages" + os.sep not in path and os.sep + "dist-packages" + os.sep not in path
+
+
+def _framework_dirs() -> tuple[str, ...]:
+    """torch's and NumPy's folders, wherever they are installed; only those already imported (gpuscope never
+    imports them itself)."""
+    dirs = []
+    for name in ("numpy", "torch"):
+        file = getattr(sys.modules.get(name), "__file__", None)
+        if file:
+            dirs.append(os.path.dirname(os.path.realpath(file)) + os.sep)
+    return tuple(dirs)
 
 
 def user_frame(start: FrameType | None = None) -> FrameType | None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import io
 import linecache
-import os
 import random
 import re
 import statistics
@@ -181,7 +180,6 @@ class LineTracer:
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
         self._user: dict[CodeType, bool] = {}
-        self._library = _library_dirs()
         self._current: _Frame | None = None
         self._own: dict[tuple[str, int], float] = {}
         self._float16: set[tuple[str, int]] = set()
@@ -199,7 +197,7 @@ class LineTracer:
         code = frame.f_code
         user = self._user.get(code)
         if user is None:
-            user = self._user[code] = code.co_name != "<module>" and self._is_user(code.co_filename)
+            user = self._user[code] = code.co_name != "<module>" and is_user_file(code.co_filename)
         if not user:
             return None
         state = _Frame(parent=self._current, entered=self._clock())
@@ -270,12 +268,6 @@ class LineTracer:
             return any(self._holds_float16(v, depth + 1) for v in list(values)[:32])
         return False
 
-    def _is_user(self, file: str) -> bool:
-        if not is_user_file(file):
-            return False
-        path = os.path.realpath(file)
-        return not any(path.startswith(d) for d in self._library)
-
     def line_costs(self, items: int) -> list[LineCost]:
         """Every traced line with its own time per item (``items`` fetched)."""
         return [
@@ -284,16 +276,6 @@ class LineTracer:
                      float16=(file, line) in self._float16)
             for (file, line), own_s in self._own.items()
         ]
-
-
-def _library_dirs() -> tuple[str, ...]:
-    """torch's and NumPy's own folders, wherever they are installed (a source checkout is not in site-packages)."""
-    dirs = []
-    for name in ("numpy", "torch"):
-        file = getattr(sys.modules.get(name), "__file__", None)
-        if file:
-            dirs.append(os.path.dirname(os.path.realpath(file)) + os.sep)
-    return tuple(dirs)
 
 
 @contextlib.contextmanager
