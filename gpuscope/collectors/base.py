@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
 from typing import Any, ClassVar, Protocol
 
 from gpuscope.record import CollectorStatus
@@ -48,3 +49,18 @@ class StepFollower:
 
     def _on_step(self, index: int) -> None:
         raise NotImplementedError
+
+
+def patch(owner: Any, attr: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Callable[[], None]:
+    """Replace ``owner.attr`` with ``wrap(original)``, looking like the original (name, docstring, ``__wrapped__``);
+    returns the undo."""
+    original = getattr(owner, attr)
+    replacement = wrap(original)
+    replacement.__wrapped__ = original  # type: ignore[attr-defined]
+    for name in ("__name__", "__qualname__", "__doc__", "__module__"):
+        try:
+            setattr(replacement, name, getattr(original, name))
+        except (AttributeError, TypeError):
+            pass
+    setattr(owner, attr, replacement)
+    return lambda: setattr(owner, attr, original)

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from gpuscope.callsites import SiteCounter, user_frame
-from gpuscope.collectors.base import CollectorResult, StepFollower
+from gpuscope.collectors.base import CollectorResult, StepFollower, patch
 from gpuscope.importwatch import ImportWatch
 from gpuscope.record import CollectorStatus, Practices
 
@@ -90,23 +90,12 @@ class PracticesCollector(StepFollower):
         import torch
 
         self._torch = torch
-        self._patch(torch, "set_anomaly_enabled", self._wrap_anomaly)
+        self._undo.append(patch(torch, "set_anomaly_enabled", self._wrap_anomaly))
         for name in ("gradcheck", "gradgradcheck"):
             if callable(getattr(torch.autograd, name, None)):
-                self._patch(torch.autograd, name, self._wrap_counted(self._gradcheck_sites))
-        self._patch(torch.optim.Optimizer, "zero_grad", self._wrap_zero_grad)
-        self._patch(torch.nn.Module, "zero_grad", self._wrap_zero_grad)
-
-    def _patch(self, owner: Any, attr: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-        original = getattr(owner, attr)
-        replacement = wrap(original)
-        for name in ("__name__", "__qualname__", "__doc__", "__module__", "__wrapped__"):
-            try:
-                setattr(replacement, name, getattr(original, name) if name != "__wrapped__" else original)
-            except (AttributeError, TypeError):
-                pass
-        setattr(owner, attr, replacement)
-        self._undo.append(lambda: setattr(owner, attr, original))
+                self._undo.append(patch(torch.autograd, name, self._wrap_counted(self._gradcheck_sites)))
+        self._undo.append(patch(torch.optim.Optimizer, "zero_grad", self._wrap_zero_grad))
+        self._undo.append(patch(torch.nn.Module, "zero_grad", self._wrap_zero_grad))
 
     def _wrap_anomaly(self, original: Callable[..., Any]) -> Callable[..., Any]:
         collector = self

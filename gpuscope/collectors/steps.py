@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from gpuscope.analysis import thresholds as th
 from gpuscope.analysis.steady import StepSummary, summarize
-from gpuscope.collectors.base import CollectorResult
+from gpuscope.collectors.base import CollectorResult, patch
 from gpuscope.collectors.steplog import DeviceTimeline, StepLog, StepTracker
 from gpuscope.importwatch import ImportWatch
 from gpuscope.record import CollectorStatus, Loader
@@ -169,21 +169,9 @@ class StepsCollector:
             register_optimizer_step_post_hook(self._optimizer_post),
         ):
             self._undo.append(handle.remove)
-        self._patch(dataloader._BaseDataLoaderIter, "__next__", self._wrap_next)
-        self._patch(torch.autograd, "backward", self._wrap_phase("backward"))
-        self._patch(torch.autograd, "grad", self._wrap_phase("backward"))
-
-    def _patch(self, owner: Any, attr: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> None:
-        original = getattr(owner, attr)
-        replacement = wrap(original)
-        replacement.__wrapped__ = original  # type: ignore[attr-defined]
-        for name in ("__name__", "__qualname__", "__doc__", "__module__"):
-            try:
-                setattr(replacement, name, getattr(original, name))
-            except (AttributeError, TypeError):
-                pass
-        setattr(owner, attr, replacement)
-        self._undo.append(lambda: setattr(owner, attr, original))
+        self._undo.append(patch(dataloader._BaseDataLoaderIter, "__next__", self._wrap_next))
+        self._undo.append(patch(torch.autograd, "backward", self._wrap_phase("backward")))
+        self._undo.append(patch(torch.autograd, "grad", self._wrap_phase("backward")))
 
     def _mine(self) -> bool:
         return threading.get_ident() == self._thread and os.getpid() == self._pid
