@@ -6,7 +6,8 @@ In order:
 3. on CUDA, the kernel timeline (or, without one, NVML's utilisation): a busy GPU is compute-bound, a GPU starved
    while the host is late launching is CPU-launch-bound;
 4. on a CPU run, the ops issued per step times this machine's measured fixed cost per op, against the step's time:
-   mostly overhead is CPU-launch-bound, mostly arithmetic is compute-bound.
+   mostly overhead is CPU-launch-bound, mostly arithmetic is compute-bound; the mean op's self time against that
+   fixed cost tells tiny ops (launch-bound even when a noisy machine shrinks the share) from ops with work in them.
 Every threshold is in thresholds.py.
 """
 
@@ -48,14 +49,23 @@ def _classify_cpu(record: RunRecord) -> Verdict:
         missing = missing_input(record, ("op_profile", "calibration")) or "no step time"
         return Verdict("inconclusive", 0.0, (f"launch-bound or compute-bound cannot be told: {missing}",))
     share = overhead.share
+    ratio = ops.mean_op_s / overhead.op_cost_s  # type: ignore[union-attr]
     facts = [
         f"{overhead.ops_per_step:.0f} torch ops per step at {overhead.op_cost_s * 1e6:.2f} us of fixed cost each "
         f"(measured here on tiny tensors) make {overhead.seconds * 1e3:.2f} ms: {share:.0%} of the "
         f"{steps.median_s * 1e3:.2f} ms step",
-        f"mean op self time {ops.mean_op_s * 1e6:.1f} us",  # type: ignore[union-attr]
+        f"mean op self time {ops.mean_op_s * 1e6:.1f} us, {ratio:.1f}x the fixed cost of an op",  # type: ignore[union-attr]
     ]
     if share >= th.LAUNCH_BOUND_OVERHEAD:
         return Verdict("cpu-launch", _rising(share, th.LAUNCH_BOUND_OVERHEAD, 0.9), tuple(facts))
+    if share > th.COMPUTE_BOUND_MAX_OVERHEAD and ratio <= th.TINY_OP_RATIO:
+        facts.append(f"the ops are tiny (mean self time at most {th.TINY_OP_RATIO:.0f}x their fixed cost): the step "
+                     "is made of per-op overhead, not arithmetic")
+        return Verdict("cpu-launch", _rising(th.TINY_OP_RATIO / max(ratio, 1e-9), 1.0, th.TINY_OP_RATIO), tuple(facts))
+    if share <= th.COMPUTE_BOUND_MAX_OVERHEAD and ratio <= th.TINY_OP_RATIO:
+        facts.append(f"the ops are tiny yet their fixed cost explains only {share:.0%} of the step: most of it is "
+                     "spent outside torch ops")
+        return Verdict("inconclusive", 0.3, tuple(facts))
     if share <= th.COMPUTE_BOUND_MAX_OVERHEAD:
         facts.extend(_top_ops(record))
         confidence = _rising(1 - share, 1 - th.COMPUTE_BOUND_MAX_OVERHEAD, 0.99)

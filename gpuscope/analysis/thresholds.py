@@ -47,6 +47,14 @@ COMPUTE_BOUND_MAX_OVERHEAD = 0.25
 """...and when they explain at most a quarter, the arithmetic bounds it. Between the two the run is mixed and the
 verdict says inconclusive, with both figures."""
 
+TINY_OP_RATIO = 4.0
+"""...unless the ops themselves are tiny: when the mean op's own (self) time is at most 4x the measured fixed cost of
+an op, the ops do next to no arithmetic each, and a step with at least COMPUTE_BOUND_MAX_OVERHEAD of fixed cost is
+made of such ops: CPU-launch-bound, with less confidence. The share alone swings from 40% to 73% between repeated
+runs of the same tiny-op workload on a shared 2-core VM (the step time doubles from one process to the next while the
+calibration does not); the ratio stays between 1.3x and 2x there, against 300x and more for the compute-bound
+samples, so it is the steadier of the two signals."""
+
 GPU_BUSY_COMPUTE = 0.7
 """A GPU running kernels 70% or more of the step is busy: what is left to win is in the kernels themselves.
 (The PyTorch TensorBoard plugin and Holistic Trace Analysis both treat low GPU utilisation as the first thing to

@@ -46,12 +46,13 @@ def test_too_few_steady_steps_is_inconclusive_and_says_so() -> None:
     assert "only 3 steady-state steps" in verdict.evidence[0]
 
 
-def cpu_record(ops_per_step: float, op_overhead_s: float, median_s: float, data_wait: float = 0.02):
+def cpu_record(ops_per_step: float, op_overhead_s: float, median_s: float, data_wait: float = 0.02,
+               mean_op_s: float = 20e-6):
     return make_record(
         device="cpu",
         steps=Steps(count=40, median_s=median_s, total=50, warmup=1, profiled=9),
         breakdown=Breakdown(data_wait=data_wait, forward=1 - data_wait),
-        op_profile=OpProfile(ops=int(ops_per_step * 3), ops_per_step=ops_per_step, mean_op_s=2e-6,
+        op_profile=OpProfile(ops=int(ops_per_step * 3), ops_per_step=ops_per_step, mean_op_s=mean_op_s,
                              top_host=(OpStat("aten::addmm", 30, 0.5, 0.0),)),
         calibration=Calibration(op_overhead_s=op_overhead_s, ops_per_step=379, step_s=379 * op_overhead_s),
     )
@@ -79,6 +80,10 @@ def cuda_record(busy: float, host_wait: float, kernel_wait: float = 0.0, data_wa
         (cpu_record(150, 0.6e-6, 0.250), "compute"),
         # CPU: a third of the step is overhead: mixed, and said so
         (cpu_record(1000, 1e-6, 0.003), "inconclusive"),
+        # CPU: 40% of the step is fixed cost and the mean op is only 2x that cost: tiny ops, launch-bound
+        (cpu_record(3600, 0.55e-6, 0.005, mean_op_s=1.1e-6), "cpu-launch"),
+        # CPU: tiny ops, but fixed cost explains too little of the step to call it
+        (cpu_record(300, 0.55e-6, 0.005, mean_op_s=1.1e-6), "inconclusive"),
         # CPU: loading still comes first
         (cpu_record(3600, 0.6e-6, 0.003, data_wait=0.4), "data-loading"),
         # CUDA: a starved GPU with tiny kernels, the host late for most idle time
@@ -90,7 +95,7 @@ def cuda_record(busy: float, host_wait: float, kernel_wait: float = 0.0, data_wa
         # CUDA: idle, but not waiting on the host (syncs, copies): not launch-bound
         (cuda_record(busy=0.3, host_wait=0.1), "inconclusive"),
     ],
-    ids=["cpu-overhead", "cpu-arithmetic", "cpu-mixed", "cpu-data", "cuda-starved", "cuda-busy", "cuda-data",
+    ids=["cpu-overhead", "cpu-arithmetic", "cpu-mixed", "cpu-tiny-ops", "cpu-tiny-ops-little-overhead", "cpu-data", "cuda-starved", "cuda-busy", "cuda-data",
          "cuda-idle-other"],
 )
 def test_the_verdict_follows_the_evidence(record, bound) -> None:
