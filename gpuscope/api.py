@@ -1,0 +1,178 @@
+"""``gpuscope.profile()``: the profiler inside a script or a notebook, with the same collectors, record, diagnosis
+and report as ``gpuscope run``.
+
+    with gpuscope.profile(output="runs/exp1") as prof:
+        train()
+    prof.verdict.bound, prof.report_path
+    prof                # in Jupyter: the report, inline
+
+or ``prof = gpuscope.profile(); prof.start(); ...; prof.stop()``. One profile at a time per process (a second one
+inside the first is a clear error); every hook the collectors set is removed when it stops, also when the block
+raises, so a kernel can profile again and again.
+"""
+
+from __future__ import annotations
+
+import html
+import sys
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING
+
+from gpuscope.collectors import CollectOptions, cprofile, torch_trace
+from gpuscope.errors import GpuscopeError
+
+if TYPE_CHECKING:
+    from gpuscope.record import RunRecord, Verdict
+    from gpuscope.session import Session
+
+EXIT_INTERRUPTED = 130
+"""The status a run stopped by Ctrl-C gets, as under ``gpuscope run``."""
+IFRAME_HEIGHT_PX = 900
+
+
+class ProfileError(GpuscopeError):
+    """A profile used out of order (started twice, read before it stopped, nested in another one)."""
+
+
+class Profile:
+    """One profiled stretch of the user's code; see the module's documentation."""
+
+    def __init__(self, output: str | Path | None = None, *, cprofile_steps: int | None = cprofile.DEFAULT_STEPS,
+                 trace_steps: int = torch_trace.DEFAULT_ACTIVE, trace_max_mb: float | None = None,
+                 quiet: bool | None = None) -> None:
+        """``output``: the run's folder (default ``./gpuscope-runs/<name>-<timestamp>/``, as the CLI's).
+        ``cprofile_steps`` (None: cProfile over everything), ``trace_steps`` and ``trace_max_mb`` are
+        ``gpuscope run``'s options of the same names. ``quiet``: print no summary at the end; by default the
+        summary goes to stderr outside notebooks, and a notebook shows the report inline instead."""
+        self.output = output
+        self.options = CollectOptions(
+            cprofile_steps=cprofile_steps,
+            trace_steps=trace_steps,
+            trace_max_bytes=torch_trace.DEFAULT_MAX_BYTES if trace_max_mb is None else int(trace_max_mb * 2**20),
+        )
+        self.quiet = _in_notebook() if quiet is None else quiet
+        self.run_dir: Path | None = None
+        self.record: RunRecord | None = None
+        self.report_path: Path | None = None
+        """report.html once stopped (None if it could not be written: the reason was printed)."""
+        self._session: Session | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    def start(self) -> Profile:
+        """Start the collectors; raises ProfileError if this profile already ran or another is running."""
+        from gpuscope.collectors import default_collectors
+        from gpuscope.rundirs import new_run_dir
+        from gpuscope.session import Session, active_session
+
+        if self._session is not None:
+            raise ProfileError("this gpuscope profile has already been started; create a new one with gpuscope.profile()")
+        if active_session() is not None:
+            raise ProfileError("another gpuscope profile is already running in this process (profiles cannot nest; "
+                               "under `gpuscope run` the whole script is already profiled)")
+        name, command = _caller()
+        self.run_dir = new_run_dir(self.output, name)
+        session = Session(self.run_dir, command, default_collectors(self.options))
+        session.start()
+        self._session = session
+        return self
+
+    def step(self) -> None:
+        """Mark the end of one step, as ``gpuscope.step()`` does (only needed without ``optimizer.step()``)."""
+        if self._session is not None and self.record is None:
+            self._session.mark_step()
+
+    def stop(self, exit_status: int = 0) -> RunRecord:
+        """Stop the collectors, diagnose, write run.json and report.html; ``exit_status`` is recorded as the
+        run's (1 when the profiled code raised). Calling it again returns the same record."""
+        if self._session is None:
+            raise ProfileError("this gpuscope profile was never started: call start() first, or use it in a with block")
+        if self.record is not None:
+            return self.record
+        from gpuscope.report import write_report_softly
+        from gpuscope.summary import summary_lines
+
+        self.record = self._session.stop(exit_status)
+        self.report_path = write_report_softly(self.record, self._session.run_dir)
+        if not self.quiet:
+            for line in summary_lines(self.record, self._session.run_dir, self.report_path):
+                print(line, file=sys.stderr)
+        return self.record
+
+    def __enter__(self) -> Profile:
+        return self.start()
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.stop(_exit_status(exc))  # the exception itself goes on to the caller, untouched
+
+    # -- results -------------------------------------------------------------------------------------------
+    @property
+    def verdict(self) -> Verdict:
+        """The diagnosis (``run.json``'s ``verdict``), once stopped."""
+        return self._finished().verdict
+
+    def summary(self) -> None:
+        """Print the terminal summary: verdict, evidence, steps, top recommendations, where the files are."""
+        from gpuscope.summary import summary_lines
+
+        record = self._finished()
+        print("\n".join(summary_lines(record, self.run_dir, self.report_path)))  # type: ignore[arg-type]
+
+    def _finished(self) -> RunRecord:
+        if self.record is None:
+            raise ProfileError("the profile has not stopped yet: its results exist after the with block (or stop())")
+        return self.record
+
+    def _repr_html_(self) -> str:
+        """The report, inline in Jupyter, inside an iframe so its styles and scripts cannot touch the notebook's
+        (``sandbox`` without ``allow-same-origin`` gives it an origin of its own)."""
+        if self.record is None:
+            state = "running" if self._session is not None else "not started"
+            return f"<p>gpuscope profile: {state}</p>"
+        if self.report_path is None or not self.report_path.is_file():
+            from gpuscope.summary import summary_lines
+
+            lines = summary_lines(self.record, self.run_dir, None)  # type: ignore[arg-type]
+            return f"<pre>{html.escape(chr(10).join(lines))}</pre>"
+        page = self.report_path.read_text(encoding="utf-8")
+        return (f'<iframe srcdoc="{html.escape(page, quote=True)}" sandbox="allow-scripts allow-popups" '
+                f'style="width:100%;height:{IFRAME_HEIGHT_PX}px;border:1px solid #ddd" '
+                f'title="gpuscope report: {html.escape(str(self.report_path), quote=True)}"></iframe>')
+
+    def __repr__(self) -> str:
+        if self.record is None:
+            return f"<gpuscope.Profile {'running' if self._session is not None else 'not started'}>"
+        return f"<gpuscope.Profile {self.record.verdict.bound}: {self.report_path or self.run_dir}>"
+
+
+def profile(output: str | Path | None = None, **options: object) -> Profile:
+    """A profile of the code that follows: ``with gpuscope.profile() as prof: ...`` (see ``Profile``)."""
+    return Profile(output, **options)  # type: ignore[arg-type]
+
+
+def _exit_status(exc: BaseException | None) -> int:
+    """The status ``python`` would end with had ``exc`` reached the top."""
+    if exc is None:
+        return 0
+    if isinstance(exc, SystemExit):
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    return 1
+
+
+def _in_notebook() -> bool:
+    """True inside an IPython kernel (Jupyter), where the report shows inline."""
+    shell = sys.modules.get("IPython")
+    get = getattr(shell, "get_ipython", None)
+    return get is not None and type(get()).__name__ == "ZMQInteractiveShell"
+
+
+def _caller() -> tuple[str, tuple[str, ...]]:
+    """A name for the run's folder and the command the record names: the script being run (``sys.argv``), or
+    ``notebook`` in a Jupyter kernel."""
+    if _in_notebook():
+        return "notebook", ("notebook",)
+    script = sys.argv[0] if sys.argv else ""
+    return (Path(script).stem if script.endswith(".py") else "profile"), tuple(sys.argv) or ("profile",)
