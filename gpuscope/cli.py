@@ -6,15 +6,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from gpuscope.collectors import CollectOptions
 from gpuscope.errors import USAGE_EXIT, GpuscopeError
+from gpuscope.rundirs import new_run_dir
 
 if TYPE_CHECKING:
-    from gpuscope.record import RunRecord
     from gpuscope.session import Session
 
 
@@ -59,6 +58,9 @@ class RunCommand:
         parser.add_argument("--trace-max-mb", metavar="MB", type=_positive_float,
                             default=defaults.trace_max_bytes / 2**20,
                             help="trace.json's size cap in MB (default %(default)g); detail is dropped to meet it")
+        parser.add_argument("--probe-loader", action="store_true",
+                            help="after the run, time the slowest DataLoader with 0, 1, 2, 4... workers (a few "
+                                 "seconds) even when data wait was under 5%% of the step (above, it always runs)")
         # For --help only: the target is split off before argparse sees the command line (split_target).
         parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script, like python -m")
         parser.add_argument("script", nargs="?", metavar="SCRIPT",
@@ -95,11 +97,12 @@ class RunCommand:
             target = resolve_target(None, target_tokens[1], target_tokens[2:])
         else:
             target = resolve_target(target_tokens[0] if target_tokens else None, None, target_tokens[1:])
-        run_dir = _run_dir(args.output, target.stem)
+        run_dir = new_run_dir(args.output, target.stem)
         options = CollectOptions(
             cprofile_steps=None if args.cprofile_all else args.cprofile_steps,
             trace_steps=args.trace_steps,
             trace_max_bytes=int(args.trace_max_mb * 2**20),
+            probe_loader=args.probe_loader,
         )
         session = Session(run_dir, target.command, default_collectors(options))
         session.start()
@@ -120,7 +123,9 @@ def _finish(session: Session, status: int, quiet: bool, open_report: bool = Fals
     except Exception as exc:
         print(f"gpuscope: error: could not write the run's files to {session.run_dir}: {exc}", file=sys.stderr)
         return
-    report_path = _write_report_softly(record, session.run_dir)
+    from gpuscope.report import write_report_softly
+
+    report_path = write_report_softly(record, session.run_dir)
     if not quiet:
         from gpuscope.summary import summary_lines
 
@@ -128,21 +133,6 @@ def _finish(session: Session, status: int, quiet: bool, open_report: bool = Fals
             print(line, file=sys.stderr)
     if open_report and report_path is not None:
         _open_in_browser(report_path)
-
-
-def _write_report_softly(record: RunRecord, run_dir: Path) -> Path | None:
-    """report.html for a finished run, or None after one line on stderr saying why it could not be written."""
-    from gpuscope.report import write_report
-
-    try:
-        return write_report(record, run_dir)
-    except GpuscopeError as exc:
-        reason = exc.message
-    except Exception as exc:  # a rendering bug must not cost the user the run: run.json is already written
-        reason = f"{type(exc).__name__}: {exc}"
-    print(f"gpuscope: error: could not write the report (run.json is written; retry with gpuscope report "
-          f"{run_dir}): {reason}", file=sys.stderr)
-    return None
 
 
 def _open_in_browser(path: Path) -> None:
@@ -171,23 +161,6 @@ def _positive_float(text: str) -> float:
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be more than 0: {text}")
     return value
-
-
-def _run_dir(output: str | None, stem: str) -> Path:
-    """The run's folder: the one asked for, else a new timestamped one under ./gpuscope-runs/."""
-    if output is not None:
-        path = Path(output)
-    else:
-        base = Path("gpuscope-runs") / f"{stem}-{datetime.now():%Y%m%d-%H%M%S}"
-        path, n = base, 1
-        while path.exists():
-            n += 1
-            path = base.with_name(f"{base.name}-{n}")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise GpuscopeError(f"cannot create the run folder {path}: {exc.strerror}") from None
-    return path.resolve()
 
 
 class ViewCommand:
@@ -251,7 +224,61 @@ class ReportCommand:
         return 0
 
 
-COMMANDS: tuple[Command, ...] = (RunCommand(), ReportCommand(), ViewCommand())
+class CompareCommand:
+    """``gpuscope compare RUN_DIR_A RUN_DIR_B``: before/after report of two runs, in the terminal and in HTML."""
+
+    name = "compare"
+    help = "before/after report of two runs (A = before, B = after): speed-up, breakdown, verdict, recommendations"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("run_dir_a", metavar="RUN_DIR_A", help="the run before the change (it holds run.json)")
+        parser.add_argument("run_dir_b", metavar="RUN_DIR_B", help="the run after the change (it holds run.json)")
+        parser.add_argument("-o", "--output", metavar="OUT.html",
+                            help="where the HTML page goes (default: RUN_DIR_B/compare.html)")
+        parser.add_argument("--fail-if-slower", metavar="PCT", type=_percent,
+                            help="exit with status 1 when B's median step is more than PCT percent slower than A's "
+                                 "(a CI gate; compares the point estimates of the medians, not the interval)")
+        parser.add_argument("--open", action="store_true", help="open the page in the browser")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from gpuscope.compare import compare, gate_text, summary_lines
+        from gpuscope.record import load_record
+        from gpuscope.report.render import COMPARE_HTML, write_compare
+
+        a, b = load_record(Path(args.run_dir_a)), load_record(Path(args.run_dir_b))
+        comparison = compare(a, b)
+        path = Path(args.output) if args.output is not None else Path(args.run_dir_b) / COMPARE_HTML
+        try:
+            path = write_compare(a, b, path, comparison)
+        except GpuscopeError:
+            raise
+        except Exception as exc:  # one line, never a traceback: the contract's promise for gpuscope's errors
+            raise GpuscopeError(f"could not render the comparison: {type(exc).__name__}: {exc}") from None
+        for line in summary_lines(comparison, path):
+            print(line)
+        if args.open:
+            _open_in_browser(path)
+        if args.fail_if_slower is None:
+            return 0
+        try:
+            failed, line = gate_text(comparison.speedup, args.fail_if_slower)
+        except ValueError as exc:
+            raise GpuscopeError(f"--fail-if-slower cannot be checked: {exc}") from None
+        print(f"  {line}")
+        return 1 if failed else 0
+
+
+def _percent(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (value >= 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a percentage of 0 or more: {text}")
+    return value
+
+
+COMMANDS: tuple[Command, ...] = (RunCommand(), ReportCommand(), CompareCommand(), ViewCommand())
 
 
 def build_parser() -> argparse.ArgumentParser:

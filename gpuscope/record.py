@@ -22,7 +22,7 @@ from gpuscope.errors import GpuscopeError
 SCHEMA = "gpuscope.run/1"
 RUN_JSON = "run.json"
 
-Bound = Literal["data-loading", "cpu-launch", "compute", "inconclusive"]
+Bound = Literal["data-loading", "cpu-launch", "compute", "communication", "inconclusive"]
 CollectorState = Literal["ok", "unavailable", "failed"]
 StepSource = Literal["explicit", "optimizer", "dataloader", "none"]
 """What marked the steps: ``gpuscope.step()``, ``optimizer.step()``, or each DataLoader batch."""
@@ -236,6 +236,20 @@ class KernelTimeline:
 
 
 @dataclass(frozen=True, slots=True)
+class Communication:
+    """Collectives (gloo's, NCCL's) over the profiled steps, per step: ``comm_s`` while any collective was in
+    flight, ``exposed_s`` of it while the training thread ran no op (waiting, not overlapped with compute)."""
+
+    calls_per_step: float = 0.0
+    comm_s: float = 0.0
+    exposed_s: float = 0.0
+    overlap: float = 0.0
+    """Share of the collectives' time hidden behind the training thread's ops (0..1)."""
+    backend: str = ""
+    """``gloo`` or ``nccl``, from the events' names."""
+
+
+@dataclass(frozen=True, slots=True)
 class OpProfile:
     """torch.profiler over a few steady-state steps (``trace.json``)."""
 
@@ -252,6 +266,7 @@ class OpProfile:
     top_host: tuple[OpStat, ...] = ()
     top_device: tuple[OpStat, ...] = ()
     kernels: KernelTimeline | None = None
+    communication: Communication | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -415,6 +430,72 @@ class SyncProfile:
 
 
 @dataclass(frozen=True, slots=True)
+class LoaderRate:
+    """One DataLoader configuration timed by the loader probe: batches delivered per second, in isolation."""
+
+    num_workers: int = 0
+    pin_memory: bool = False
+    batches_per_s: float | None = None
+    """None when no rate could be measured within its share of the time budget (``note`` says why)."""
+    batches: int = 0
+    """Batches timed (after the first round, which includes the workers' start-up)."""
+    startup_s: float = 0.0
+    """From creating the iterator to the first batch (worker start-up included)."""
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderProbe:
+    """The slowest loader's dataset and collate function timed after the run with several worker counts, each
+    in isolation and for a bounded time: how fast each configuration delivers batches."""
+
+    dataset: str = ""
+    batch_size: int | None = None
+    start_method: str | None = None
+    rates: tuple[LoaderRate, ...] = ()
+    consume_batches_per_s: float | None = None
+    """The rate the training step consumes batches: 1 / (median step x (1 - data wait share))."""
+    main_threads: int | None = None
+    """torch's intra-op threads in the main process at the end of the run."""
+    budget_s: float = 0.0
+    elapsed_s: float = 0.0
+    pin_memory_note: str = ""
+    """Why pin_memory was not varied (e.g. a CPU-only machine: it only matters for copies to a GPU)."""
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedOfLight:
+    """FLOPs of one training step (torch's FLOP counter, on one step outside the figures) against the device's
+    peak. ``achieved_flops_per_s`` and ``mfu`` (0..1) are filled in by the analysis from the median step."""
+
+    flops_per_step: int = 0
+    flops_by_op: dict[str, int] = field(default_factory=dict)
+    step: int | None = None
+    """The step that was counted."""
+    dtype: str | None = None
+    """dtype of the step's matrix multiplies (``float32``, ``bfloat16``...), when they all had one."""
+    device_name: str | None = None
+    peak_flops_per_s: float | None = None
+    peak_source: str = ""
+    """Where the peak comes from: a datasheet figure, or this machine's measured matmul benchmark."""
+    peak_measured: bool = False
+    achieved_flops_per_s: float | None = None
+    mfu: float | None = None
+    """Model FLOPs utilisation: achieved / peak, 0..1."""
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIf:
+    """An estimate: the step time if the verdict's bottleneck were removed, and how it was worked out."""
+
+    step_s: float = 0.0
+    speedup: float = 1.0
+    explanation: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class RunMeta:
     """Facts about the run itself: when, how long, on what software."""
 
@@ -428,6 +509,48 @@ class RunMeta:
     platform: str = ""
     notes: tuple[str, ...] = ()
     """Plain statements about how the run was measured (e.g. which modules had forward timed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Distributed:
+    """Where this process stood in a ``torch.distributed`` job, from torchrun's environment."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    host: str = ""
+    backend: str | None = None
+    """The process group's backend (``gloo``, ``nccl``) if the script had one when it ended."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankSummary:
+    """One rank's figures in a job's merged record (its own record is ``rank-N/run.json``)."""
+
+    rank: int = 0
+    host: str = ""
+    exit_status: int = 0
+    steps: int = 0
+    median_s: float = 0.0
+    breakdown: Breakdown = field(default_factory=Breakdown)
+    comm_s: float | None = None
+    """Per step: collectives in flight, and the part the training thread spent waiting (no op running)."""
+    comm_exposed_s: float | None = None
+    bound: Bound = "inconclusive"
+
+
+@dataclass(frozen=True, slots=True)
+class Straggler:
+    """The rank the others wait for: its own work per step (step less exposed communication) against the others'
+    median, and the phase that makes the difference."""
+
+    rank: int = 0
+    late_s: float = 0.0
+    late_share: float = 0.0
+    """``late_s`` as a share of the job's median step."""
+    cause: str = ""
+    """The step phase (``data_wait``, ``forward``, ``backward``, ``optimizer``, ``other``) most over the others'."""
+    evidence: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -458,7 +581,18 @@ class RunRecord:
     practices: Practices | None = None
     data_probe: DataProbe | None = None
     syncs: SyncProfile | None = None
+    loader_probe: LoaderProbe | None = None
+    speed_of_light: SpeedOfLight | None = None
+    what_if: WhatIf | None = None
+    """An estimate of the step without the verdict's bottleneck (filled in by the analysis)."""
     meta: RunMeta = field(default_factory=RunMeta)
+    distributed: Distributed | None = None
+    """This rank's place in a torch.distributed job (None: not one)."""
+    ranks: tuple[RankSummary, ...] = ()
+    """A job's merged record: every rank found in the run folder."""
+    missing_ranks: tuple[int, ...] = ()
+    """Ranks of the job's world that left no record (killed, or still running)."""
+    straggler: Straggler | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The plain-JSON form of the record (``run.json``)."""

@@ -21,13 +21,16 @@ from gpuscope.record import (
     CollectorStatus,
     CudaMemory,
     DataProbe,
+    Distributed,
     GpuSamples,
     HostMemory,
+    LoaderProbe,
     OpProfile,
     Practices,
     PythonProfile,
     RunMeta,
     RunRecord,
+    SpeedOfLight,
     SyncProfile,
     write_record,
 )
@@ -42,6 +45,8 @@ _PAYLOAD_FIELDS: dict[type, str] = {
     Practices: "practices",
     DataProbe: "data_probe",
     SyncProfile: "syncs",
+    LoaderProbe: "loader_probe",
+    SpeedOfLight: "speed_of_light",
 }
 """Collector payloads that go into the record as they are, and the record field each fills."""
 
@@ -60,10 +65,13 @@ def active_session() -> Session | None:
 class Session:
     """Collectors around a stretch of the user's code; ``stop`` returns the finished record."""
 
-    def __init__(self, run_dir: Path, command: Sequence[str], collectors: Sequence[Collector] | None = None) -> None:
+    def __init__(self, run_dir: Path, command: Sequence[str], collectors: Sequence[Collector] | None = None,
+                 distributed: Distributed | None = None) -> None:
         """``collectors`` default to ``default_collectors()``; the steps collector must come before those
-        that follow its steps. Collectors stop in reverse order."""
+        that follow its steps. Collectors stop in reverse order. ``distributed``: this process's rank in a
+        torchrun job (its backend is read when the session stops)."""
         self.run_dir = Path(run_dir)
+        self.distributed = distributed
         self.command = tuple(command)
         self.collectors = list(collectors) if collectors is not None else default_collectors()
         self._started: list[Collector] = []
@@ -127,6 +135,11 @@ class Session:
             notes=tuple(collector_notes),
         )
         record = assemble(self.command, exit_status, meta, self._statuses, results)
+        if self.distributed is not None:
+            from gpuscope.distributed import backend_now
+
+            record = dataclasses.replace(
+                record, distributed=dataclasses.replace(self.distributed, backend=backend_now()))
         self.record = analyze(record)
         write_record(self.record, self.run_dir)
         return self.record

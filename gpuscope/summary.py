@@ -9,6 +9,7 @@ from gpuscope.record import RunRecord
 BOUND_LABELS = {
     "data-loading": "data-loading-bound",
     "cpu-launch": "CPU-launch-bound",
+    "communication": "communication-bound",
     "inconclusive": "inconclusive",
 }
 
@@ -32,8 +33,20 @@ def summary_lines(record: RunRecord, run_dir: Path, report_path: Path | None = N
     files are (``report_path``: the report, where one was written)."""
     verdict = record.verdict
     steps = record.steps
-    lines = [f"gpuscope: {bound_label(record)} (confidence {verdict.confidence:.2f})"]
+    from gpuscope.analysis.speed import headroom_text
+
+    headroom = headroom_text(record)
+    lines = [f"gpuscope: {bound_label(record)}{' ' + headroom if headroom else ''} "
+             f"(confidence {verdict.confidence:.2f})"]
     lines += [f"  - {fact}" for fact in verdict.evidence]
+    sol = record.speed_of_light
+    if sol is not None and sol.achieved_flops_per_s is not None:
+        peak = f" of a {sol.peak_flops_per_s / 1e9:.1f} GFLOP/s peak" if sol.peak_flops_per_s else ""
+        lines.append(f"  speed of light: {sol.flops_per_step / 1e9:.2f} GFLOP a step, achieved "
+                     f"{sol.achieved_flops_per_s / 1e9:.1f} GFLOP/s{peak}")
+    if record.what_if is not None:
+        lines.append(f"  what if (estimate): step {record.what_if.step_s * 1e3:.1f} ms, "
+                     f"{record.what_if.speedup:.2f}x faster, {record.what_if.explanation}")
     if steps.count:
         shares = ", ".join(f"{name.replace('_', ' ')} {share:.0%}" for name, share in record.breakdown.as_dict().items())
         lines.append(f"  steps: {steps.count} steady of {steps.total} ({left_out(record)}), "

@@ -11,6 +11,10 @@ from gpuscope.record import RunRecord
 def analyze(record: RunRecord) -> RunRecord:
     """``record`` with its verdict, recommendations (most valuable first) and rule checks filled in."""
     from gpuscope.analysis.rules import evaluate
+    from gpuscope.analysis.speed import complete_speed_of_light, what_if
 
+    record = dataclasses.replace(record, speed_of_light=complete_speed_of_light(record))
     recommendations, checks = evaluate(record)
-    return dataclasses.replace(record, verdict=classify(record), recommendations=recommendations, checks=checks)
+    verdict = classify(record)
+    return dataclasses.replace(record, verdict=verdict, recommendations=recommendations, checks=checks,
+                               what_if=what_if(record, verdict))

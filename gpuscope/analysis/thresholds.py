@@ -37,6 +37,11 @@ DATA_WAIT_NOTABLE = 0.05
 DATA_WAIT_BOUND = 0.20
 """...and highly input-bound from 20%: from here on the loader, not the model, sets the pace."""
 
+LOADER_KEEPS_UP_MARGIN = 0.1
+"""A worker count hides loading when the loader probe measured it delivering batches at least 10% faster than the
+training step consumes them: the probe times the loader alone, and in training the workers share the machine with
+the step (and the rate varies from batch to batch), so a bare 1.0x would leave the step waiting part of the time."""
+
 # -- launch-bound vs compute-bound ---------------------------------------------------------------------------
 LAUNCH_BOUND_OVERHEAD = 0.5
 """On a CPU run, when the ops issued per step times this machine's fixed cost per op (measured on tiny tensors)
@@ -66,6 +71,25 @@ host cannot launch work fast enough: CPU-launch-bound."""
 
 HOST_WAIT_DOMINANT = 0.5
 """Host wait must make up at least half of the GPU's idle time to blame the launch rate."""
+
+# -- data-parallel jobs ---------------------------------------------------------------------------------------
+COMM_BOUND = 0.5
+"""A rank whose training thread waits on collectives (gradient all-reduce) for half its step or more is bound by
+communication: more bandwidth, or less to send per sample, pays more than faster arithmetic. Half is where the
+two are equal, as for LAUNCH_BOUND_OVERHEAD."""
+
+COMM_NOTABLE = 0.2
+"""Waiting on collectives for a fifth of the step is worth cutting (the 20% at which TensorFlow's profiler calls
+input highly bound, applied to the other thing a data-parallel step waits on)."""
+
+ACCUMULATION_STEPS = 4
+"""Micro-batches per all-reduce in the suggested gradient accumulation: communication falls to a quarter per
+sample; the expected gain is that share of the exposed wait."""
+
+STRAGGLER_SHARE = 0.25
+"""A rank whose own work per step exceeds the other ranks' median by a quarter of the step holds them all back:
+under that, rank-to-rank jitter explains it (two balanced ranks sharing a 2-core machine differed by 12%; an
+injected 64 ms loading delay showed as 79%)."""
 
 # -- recommendations -----------------------------------------------------------------------------------------
 LAUNCH_NOTABLE = 0.3

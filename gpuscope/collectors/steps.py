@@ -322,7 +322,8 @@ class StepsCollector:
             info = _describe(iterator)
             info["batch_tensors"] = tuple(describe_tensors(batch))
             # kept (strongly: the script's loader may be gone by the end) for the data probe, after the run
-            entry = self._loaders[key] = {"info": info, "batches": 0, "wait_s": 0.0, "dataset": dataset}
+            entry = self._loaders[key] = {"info": info, "batches": 0, "wait_s": 0.0, "dataset": dataset,
+                                          "loading": _loading(iterator)}
         entry["batches"] += 1
         entry["wait_s"] += wait_s
 
@@ -331,6 +332,15 @@ class StepsCollector:
         for entry in sorted(self._loaders.values(), key=lambda e: -e["wait_s"]):
             if not entry["info"]["iterable"] and entry["dataset"] is not None:
                 return entry["dataset"]
+        return None
+
+    def probe_loader(self) -> dict[str, Any] | None:
+        """What the loader probe needs of the loader the steps waited on longest: its description (``info``),
+        ``batches`` and ``wait_s`` as measured, and the ``dataset``, ``collate_fn``, ``drop_last`` and
+        ``worker_init_fn`` it loaded with (kept strongly); None when no DataLoader was iterated."""
+        for entry in sorted(self._loaders.values(), key=lambda e: -e["wait_s"]):
+            return {"info": entry["info"], "batches": entry["batches"], "wait_s": entry["wait_s"],
+                    "dataset": entry["dataset"], **entry.get("loading", {})}
         return None
 
     def root_modules(self) -> list[Any]:
@@ -369,6 +379,16 @@ def describe_tensors(batch: Any, depth: int = 0) -> list[str]:
             if len(found) >= MAX_BATCH_TENSORS:
                 return found[:MAX_BATCH_TENSORS]
     return found
+
+
+def _loading(iterator: Any) -> dict[str, Any]:
+    """How a DataLoader builds its batches, read off its iterator, for the loader probe to rebuild it."""
+    sampler = getattr(iterator, "_index_sampler", None)
+    return {
+        "collate_fn": getattr(iterator, "_collate_fn", None),
+        "drop_last": bool(getattr(sampler, "drop_last", getattr(iterator, "_drop_last", False))),
+        "worker_init_fn": getattr(iterator, "_worker_init_fn", None),
+    }
 
 
 def _describe(iterator: Any) -> dict[str, Any]:

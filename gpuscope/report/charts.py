@@ -240,11 +240,37 @@ def cuda_memory(record: RunRecord) -> Figure | None:
     return {"data": data, "layout": layout}
 
 
+def loader_curve(record: RunRecord) -> Figure | None:
+    """The loader probe's batches/s per worker count (with and without pin_memory where both were timed), and the
+    rate the training step consumes batches as a line; None without a measured curve."""
+    probe = record.loader_probe
+    if probe is None or not any(r.batches_per_s for r in probe.rates):
+        return None
+    data = []
+    for pin, name, color in ((False, "batches/s delivered", "#4c78a8"), (True, "with pin_memory", "#72b7b2")):
+        rates = [r for r in probe.rates if r.pin_memory == pin and r.batches_per_s]
+        if rates:
+            data.append({"type": "scatter", "mode": "lines+markers", "name": name,
+                         "x": [r.num_workers for r in rates], "y": [_r(r.batches_per_s) for r in rates],
+                         "line": {"color": color},
+                         "hovertemplate": "%{x} workers: %{y:.2f} batches/s<extra></extra>"})
+    workers = [r.num_workers for r in probe.rates]
+    if probe.consume_batches_per_s:
+        data.append({"type": "scatter", "mode": "lines", "name": "the training step consumes",
+                     "x": [min(workers), max(workers)], "y": [_r(probe.consume_batches_per_s)] * 2,
+                     "line": {"color": "#e4572e", "dash": "dash"},
+                     "hovertemplate": "consumed: %{y:.2f} batches/s<extra></extra>"})
+    layout = _layout(280, xaxis=_axis("DataLoader workers", tickvals=workers),
+                     yaxis=_axis("batches per second", rangemode="tozero"))
+    return {"data": data, "layout": layout}
+
+
 def build_charts(record: RunRecord) -> dict[str, Figure]:
     """Every figure the record supports, keyed by the id of the element that shows it."""
     charts: dict[str, Figure | None] = {
         "steps": step_bars(record),
         "breakdown": breakdown_bar(record),
+        "loader-probe": loader_curve(record),
         "kernels": kernel_split(record),
         "ops": top_ops(record),
         "host-memory": host_memory(record),

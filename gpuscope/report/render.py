@@ -15,13 +15,18 @@ from typing import Any
 from jinja2 import Environment, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
+from gpuscope.analysis.speed import headroom_text
+from gpuscope.compare import Comparison, compare
 from gpuscope.errors import GpuscopeError
 from gpuscope.record import PHASES, RunRecord
-from gpuscope.report import charts, facts
+from gpuscope.report import charts, compare_charts, facts
 from gpuscope.summary import bound_label, left_out
 
 REPORT_HTML = "report.html"
 TEMPLATE = "report.html"
+COMPARE_HTML = "compare.html"
+"""The comparison page's default name, in run B's folder (``gpuscope compare A B``)."""
+COMPARE_TEMPLATE = "compare.html"
 PLOTLY_JS = ("package_data", "plotly.min.js")
 """Where the installed ``plotly`` package keeps its bundle of plotly.js."""
 DEVICE_COLLECTORS = ("nvml", "cuda-memory", "nvtx", "syncs")
@@ -77,6 +82,7 @@ def context(record: RunRecord) -> dict[str, Any]:
         "record": record,
         "charts": charts.build_charts(record),
         "label": bound_label(record),
+        "headroom": headroom_text(record),
         "left_out": left_out(record),
         "command": facts.mask_command(record.command),
         "fixes": {i: facts.fix_lines(rec.fix) for i, rec in enumerate(record.recommendations)},
@@ -102,13 +108,49 @@ def render_report(record: RunRecord, *, inline_plotly: bool = True) -> str:
 
 def write_report(record: RunRecord, run_dir: Path) -> Path:
     """Render the report into ``RUN_DIR/report.html`` (atomically) and return its path."""
-    path = Path(run_dir) / REPORT_HTML
-    html = render_report(record)
-    tmp = path.with_name(f".{REPORT_HTML}.{os.getpid()}.tmp")
+    return _write_atomically(Path(run_dir) / REPORT_HTML, render_report(record))
+
+
+def _write_atomically(path: Path, html: str) -> Path:
+    """Write ``html`` to ``path`` through a temporary file beside it (creating the folder): a reader never sees
+    half a page, and a failure is one line."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         tmp.write_text(html, encoding="utf-8")
         os.replace(tmp, path)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise GpuscopeError(f"cannot write {path}: {exc.strerror}") from None
     return path
+
+
+def compare_context(a: RunRecord, b: RunRecord, comparison: Comparison) -> dict[str, Any]:
+    """Everything the comparison page reads: both records, the comparison, its charts and the runs' facts."""
+    from gpuscope import __version__
+
+    return {
+        "a": a,
+        "b": b,
+        "comparison": comparison,
+        "charts": compare_charts.build_compare_charts(a, b, comparison),
+        "commands": (facts.mask_command(a.command), facts.mask_command(b.command)),
+        "phase_names": charts.PHASE_NAMES,
+        "phase_colors": charts.PHASE_COLORS,
+        "renderer_version": __version__,
+    }
+
+
+def render_compare(a: RunRecord, b: RunRecord, comparison: Comparison | None = None, *,
+                   inline_plotly: bool = True) -> str:
+    """The comparison page's HTML text, run A (before) against run B (after). ``comparison`` defaults to
+    ``compare(a, b)``; ``inline_plotly=False`` leaves a marker where plotly.js goes (for tests)."""
+    js = plotly_js() if inline_plotly else "/* plotly.js */"
+    comparison = compare(a, b) if comparison is None else comparison
+    template = environment().get_template(COMPARE_TEMPLATE)
+    return template.render(plotly_js=Markup(js), **compare_context(a, b, comparison))
+
+
+def write_compare(a: RunRecord, b: RunRecord, path: Path, comparison: Comparison | None = None) -> Path:
+    """Render the comparison page into ``path`` (atomically, creating its folder) and return the path."""
+    return _write_atomically(Path(path), render_compare(a, b, comparison))

@@ -54,10 +54,11 @@ def test_trace_json_holds_the_profiled_steps_ops(data_bound_run) -> None:
 def test_profiled_steps_are_left_out_of_the_step_figures(data_bound_run) -> None:
     _, record = data_bound_run
     steps = record["steps"]
-    assert steps["profiled"] == 8  # cProfile's steps 1-4, torch.profiler's 6-9 (step 0 is warm-up)
+    # cProfile's steps 1-4, torch.profiler's 6-9 and the FLOP counter's 10 (step 0 is warm-up)
+    assert steps["profiled"] == 9
     assert steps["count"] == steps["total"] - steps["warmup"] - steps["profiled"] - steps["outliers"]
     status = dict(zip(steps["sample"]["index"], steps["sample"]["status"]))
-    assert [status[i] for i in (5, 6, 9, 10)] == ["steady", "profiled", "profiled", "steady"]
+    assert [status[i] for i in (5, 6, 9, 10, 11)] == ["steady", "profiled", "profiled", "profiled", "steady"]
 
 
 def test_trace_json_stays_under_its_cap(tmp_path: Path) -> None:

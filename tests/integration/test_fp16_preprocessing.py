@@ -55,3 +55,9 @@ def test_float16_preprocessing_is_named_and_float32_fixes_it(tmp_path: Path) -> 
     assert fixed["steps"]["median_s"] < slow["steps"]["median_s"]
     assert fixed["checks"]["fp32-preprocessing"]["status"] == "clear"
     assert fixed["data_probe"]["float16_s"] / fixed["data_probe"]["item_s"] < th.FLOAT16_SHARE_NOTABLE
+
+    # and compare shows the speed-up and the rule resolved
+    result = run_gpuscope(["compare", str(tmp_path / "fp16"), str(tmp_path / "fp32")], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"speed-up \d+\.\d+x .*B is faster", result.stdout), result.stdout
+    assert "fp32-preprocessing: resolved" in result.stdout, result.stdout

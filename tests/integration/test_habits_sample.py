@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from conftest import SAMPLES
-from test_sample_workloads import profile
+from test_sample_workloads import compare, profile
 
 HABITS = ("disable-debug-apis", "zero-grad-set-to-none", "bias-before-batchnorm", "distributed-data-parallel")
 
@@ -35,3 +35,9 @@ def test_each_habit_is_found_and_each_fix_clears_it(tmp_path: Path) -> None:
     # anomaly detection's cost is measured, and removing it pays
     assert found["disable-debug-apis"]["expected_gain"] > 0.05
     assert own_fixed["median_step_s"] < own_habits["median_step_s"]
+    # compare marks each applied fix resolved, with the figure that changed
+    result = compare(habits, fixed)
+    assert result.returncode == 0, result.stderr
+    assert "speed-up" in result.stdout
+    for rule_id in HABITS:
+        assert f"{rule_id}: resolved" in result.stdout, result.stdout

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import pstats
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,11 @@ def test_each_sample_gets_its_verdict_and_every_cpu_collectors_output(
     assert nvml["status"] == "unavailable" and nvml["reason"]
 
 
+def compare(slow: dict, fixed: dict, *options: str) -> subprocess.CompletedProcess[str]:
+    """``gpuscope compare`` of two sample runs (``profile``'s records)."""
+    return run_gpuscope(["compare", str(slow["_run_dir"]), str(fixed["_run_dir"]), *options], slow["_run_dir"])
+
+
 def test_the_data_bound_sample_is_named_data_loading_bound(tmp_path: Path) -> None:
     record, _ = profile(tmp_path, "data_loading_bound", "--steps", "24")
     assert record["verdict"]["bound"] == "data-loading"
@@ -109,6 +115,14 @@ def test_workers_fix_the_data_bound_sample(tmp_path: Path) -> None:
     # the recommendation that was applied no longer fires
     assert "more-dataloader-workers" in [r["id"] for r in slow["recommendations"]]
     assert fixed["checks"]["more-dataloader-workers"]["status"] == "clear"
+    # compare shows the speed-up, marks the fix resolved, and passes a CI gate
+    result = compare(slow, fixed, "--fail-if-slower", "5")
+    assert result.returncode == 0, result.stderr
+    assert float(re.search(r"speed-up (\d+\.\d+)x", result.stdout)[1]) > 1.1, result.stdout
+    assert re.search(r"more-dataloader-workers: resolved, data wait \d+% -> \d+%", result.stdout), result.stdout
+    assert (fixed["_run_dir"] / "compare.html").is_file()
+    # the other way round, the gate fails: B is the slow run
+    assert compare(fixed, slow, "--fail-if-slower", "5").returncode == 1
 
 
 def test_a_larger_batch_fixes_the_launch_bound_sample(tmp_path: Path) -> None:
@@ -121,3 +135,9 @@ def test_a_larger_batch_fixes_the_launch_bound_sample(tmp_path: Path) -> None:
     per_sample_small = own_small["median_step_s"] / 2
     per_sample_large = own_large["median_step_s"] / 2048
     assert per_sample_large < per_sample_small / 10
+    # compare says so too: the step is slower, the sample far faster, and larger-batch is resolved
+    result = compare(small, large)
+    assert result.returncode == 0, result.stderr
+    ratio = float(re.search(r"per sample \(batch 2 -> 2048\): .*: (\d+\.\d+)x the throughput", result.stdout)[1])
+    assert ratio > 10
+    assert "larger-batch: resolved" in result.stdout

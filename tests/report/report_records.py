@@ -11,6 +11,7 @@ from pathlib import Path
 from conftest import make_record
 
 from gpuscope.record import (
+    Breakdown,
     CallSite,
     CollectorStatus,
     CudaMemory,
@@ -45,6 +46,28 @@ SAMPLE_RECORDS = sorted(p.stem for p in RECORDS.glob("*.json"))
 def sample_record(name: str) -> RunRecord:
     """The recorded run of a sample workload."""
     return RunRecord.from_json(json.loads((RECORDS / f"{name}.json").read_text()))
+
+
+def fixed_data_loading_record() -> RunRecord:
+    """The recorded data-loading-bound run as it would look with its fix applied: each step waits a tenth as long
+    for data, ``more-dataloader-workers`` is clear, and the verdict is CPU-compute-bound (the "after" of a
+    before/after comparison with ``sample_record("data_loading_bound")``)."""
+    before = sample_record("data_loading_bound")
+    sample = before.steps.sample
+    waits = sample.phases_s["data_wait"]
+    wall_s = tuple(t - 0.9 * w for t, w in zip(sample.wall_s, waits))
+    phases_s = {**sample.phases_s, "data_wait": tuple(0.1 * w for w in waits)}
+    steady = sorted(t for t, s in zip(wall_s, sample.status) if s == "steady")
+    median_s = steady[len(steady) // 2]
+    scale = before.steps.median_s / median_s
+    others = {name: share * scale for name, share in before.breakdown.as_dict().items() if name != "data_wait"}
+    steps = dataclasses.replace(before.steps, median_s=median_s, min_s=steady[0], max_s=steady[-1],
+                                sample=dataclasses.replace(sample, wall_s=wall_s, phases_s=phases_s))
+    return dataclasses.replace(
+        before, steps=steps, breakdown=Breakdown(data_wait=1 - sum(others.values()), **others),
+        command=(*before.command, "--workers", "2"), recommendations=(),
+        checks={**before.checks, "more-dataloader-workers": RuleCheck("clear")},
+        verdict=Verdict(bound="compute", confidence=0.8, evidence=("the steps compute most of the time",)))
 
 
 def step_sample(n: int) -> StepSample:

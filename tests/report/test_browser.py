@@ -13,11 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from report_records import SAMPLE_RECORDS, gpu_record, hostile_record, sample_record
+from report_records import SAMPLE_RECORDS, fixed_data_loading_record, gpu_record, hostile_record, sample_record
 
 from conftest import ROOT, SAMPLES, run_gpuscope
 from gpuscope.record import load_record
 from gpuscope.report import write_report
+from gpuscope.report.render import write_compare
 from gpuscope.summary import bound_label
 
 CHROMIUM = os.environ.get("GPUSCOPE_CHROMIUM", "/usr/bin/chromium")
@@ -112,6 +113,22 @@ def test_hostile_names_stay_text_in_a_browser(browser, tmp_path) -> None:
     page = assert_report_works(browser, path, "hostile", "GPU-compute-bound")
     assert page.evaluate("() => window.__pwned") is None
     assert "<script>alert(1)</script>" in page.inner_text("header")
+    page.context.close()
+
+
+def test_the_compare_page_works_in_a_browser(browser, tmp_path) -> None:
+    # given the recorded data-loading-bound run and the same run with its data wait fixed
+    path = write_compare(sample_record("data_loading_bound"), fixed_data_loading_record(), tmp_path / "compare.html")
+    # when the comparison page is opened
+    page, seen = open_report(browser, path, "compare")
+    # then it works offline and draws both charts
+    assert seen == {"errors": [], "requests": [], "dialogs": []}
+    charts = page.locator("[data-chart]")
+    assert charts.count() == 2
+    for i in range(charts.count()):
+        assert charts.nth(i).locator("svg.main-svg").count() >= 1, charts.nth(i).get_attribute("id")
+    assert page.inner_text("#speedup-label").strip() == "1.43x"
+    assert "resolved" in page.inner_text("#recommendations")
     page.context.close()
 
 

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import pytest
 from report_records import (
-    HOSTILE,
     SAMPLE_RECORDS,
     cpu_bare_record,
     gpu_record,

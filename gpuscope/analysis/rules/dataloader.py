@@ -6,6 +6,7 @@ import math
 
 from gpuscope.analysis import thresholds as th
 from gpuscope.analysis.rules.base import Finding, rule
+from gpuscope.analysis.speed import LoaderPlan, loader_plan
 from gpuscope.record import RunRecord
 
 
@@ -19,12 +20,18 @@ def more_dataloader_workers(run: RunRecord) -> Finding | None:
     Why it matters: the model idles while Python builds the batch; workers build the next batches meanwhile.
     Fix: DataLoader(num_workers=N, persistent_workers=True), N from the measured times: a batch takes
     T_b = (data wait x workers, or the wait itself with 0 workers) to prepare, the model consumes one every
-    (step - wait); N = ceil(T_b / (step - wait)) keeps up, capped at the cores."""
+    (step - wait); N = ceil(T_b / (step - wait)) keeps up, capped at the cores.
+    With the loader probe's measured curve (batches/s per worker count, after the run), N is instead the smallest
+    measured count delivering at least LOADER_KEEPS_UP_MARGIN more than the step consumes (1 / compute time), or
+    the fastest measured one, and the gain is the step it predicts (``analysis.speed.loader_plan``)."""
     share, median = run.breakdown.data_wait, run.steps.median_s
     loader = max(run.loaders, key=lambda l: l.wait_s)
     cores = run.meta.cpu_count or 1
     if share < th.DATA_WAIT_NOTABLE or loader.num_workers >= cores or not median:
         return None
+    plan = loader_plan(run)
+    if plan is not None:
+        return _from_probe(run, plan, loader.dataset, loader.num_workers, share, median)
     compute_s = max(median * (1 - share), 1e-9)
     if loader.num_workers == 0:
         batch_s = share * median  # the main process prepared each batch itself, in the wait
@@ -42,6 +49,35 @@ def more_dataloader_workers(run: RunRecord) -> Finding | None:
                                                                  if workers < needed else ""),
     )
     return Finding(gain, evidence, fix=f"DataLoader(..., num_workers={workers}, persistent_workers=True)")
+
+
+def _from_probe(run: RunRecord, plan: LoaderPlan, dataset: str, current: int, share: float,
+                median: float) -> Finding | None:
+    """The finding from the loader probe's curve (None when the probe finds no more workers worth having)."""
+    if plan.workers <= current:
+        return None
+    probe = run.loader_probe
+    curve = ", ".join(f"{r.num_workers}: {r.batches_per_s:.1f}" for r in probe.rates  # type: ignore[union-attr]
+                      if r.batches_per_s and not r.pin_memory)
+    evidence = [
+        f"{share:.0%} of each step waits for the next batch (median step {median * 1e3:.1f} ms)",
+        f"measured after the run, the {dataset} loader alone delivers (workers: batches/s) {curve}",
+        f"the training step consumes {plan.consume_batches_per_s:.1f} batches/s (one per "
+        f"{plan.compute_s * 1e3:.1f} ms of compute)",
+    ]
+    rate = plan.rate.batches_per_s or 0.0
+    if plan.keeps_up:
+        evidence.append(f"{plan.workers} workers are the fewest that keep up ({rate:.1f} batches/s, at least "
+                        f"{1 + th.LOADER_KEEPS_UP_MARGIN:.1f}x the consumption)")
+    else:
+        evidence.append(f"no measured worker count keeps up; {plan.workers} deliver the most ({rate:.1f} batches/s)")
+    if plan.shared_cpu_s is not None:
+        evidence.append(f"on this CPU-only run the workers share {run.meta.cpu_count} cores with the step: its "
+                        f"compute keeps the cores the workers leave (torch.set_num_threads(cores - workers)), and "
+                        f"a step's CPU work spread over all of them takes at least {plan.shared_cpu_s * 1e3:.1f} ms")
+    evidence.append(f"predicted step {plan.step_s * 1e3:.1f} ms, {median / plan.step_s:.2f}x faster (an estimate)")
+    gain = max(0.0, 1 - plan.step_s / median)
+    return Finding(gain, tuple(evidence), fix=f"DataLoader(..., num_workers={plan.workers}, persistent_workers=True)")
 
 
 @rule(id="pin-memory",

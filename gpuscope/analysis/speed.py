@@ -1,0 +1,145 @@
+"""Distances: to the hardware's limit (model FLOPs utilisation), and to the step without its bottleneck (what-if).
+
+Pure functions of the record, shared by the verdict's what-if line and the ``more-dataloader-workers`` rule.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from gpuscope.analysis import thresholds as th
+from gpuscope.analysis.evidence import cpu_overhead
+from gpuscope.record import LoaderRate, RunRecord, SpeedOfLight, Verdict, WhatIf
+
+
+def complete_speed_of_light(record: RunRecord) -> SpeedOfLight | None:
+    """The record's FLOP count with achieved FLOP/s (FLOPs per step / steady median step) and MFU filled in."""
+    sol, steps = record.speed_of_light, record.steps
+    if sol is None or not steps.count or not steps.median_s or not sol.flops_per_step:
+        return sol
+    achieved = sol.flops_per_step / steps.median_s
+    mfu = achieved / sol.peak_flops_per_s if sol.peak_flops_per_s else None
+    return dataclasses.replace(sol, achieved_flops_per_s=achieved, mfu=mfu)
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderPlan:
+    """The worker count the loader probe suggests and the step it predicts."""
+
+    workers: int
+    rate: LoaderRate
+    keeps_up: bool
+    compute_s: float
+    step_s: float
+    shared_cpu_s: float | None
+    """On a CPU run, the step's floor when the workers and the step share the cores (None on CUDA)."""
+    consume_batches_per_s: float
+
+
+def loader_plan(record: RunRecord) -> LoaderPlan | None:
+    """From the loader probe's curve: the smallest measured worker count delivering batches at least
+    ``LOADER_KEEPS_UP_MARGIN`` faster than the step consumes them (else the one predicting the shortest step), and
+    the step it predicts: max(compute, one batch at that rate). On a CPU run the workers and the step share the
+    cores, so also no less than the compute on the cores the N workers leave (the main process keeping
+    cores - N intra-op threads, as it should: more busy threads than cores stall each other), nor all the CPU work of
+    a step (one batch's build, ~1 / the one-worker rate, plus the compute on the main process's threads) spread
+    over the cores. None without a probe curve or step figures."""
+    probe, median, share = record.loader_probe, record.steps.median_s, record.breakdown.data_wait
+    if probe is None or not median or not record.steps.count:
+        return None
+    measured = [r for r in probe.rates if r.batches_per_s and not r.pin_memory] or \
+               [r for r in probe.rates if r.batches_per_s]
+    # with 0 workers the main process builds each batch between steps: nothing is hidden, whatever its rate
+    candidates = [r for r in measured if r.num_workers > 0]
+    if not candidates:
+        return None
+    compute_s = max(median * (1 - share), 1e-9)
+    consume = 1 / compute_s
+    needed = consume * (1 + th.LOADER_KEEPS_UP_MARGIN)
+    cores = record.meta.cpu_count or 1
+    threads = min(probe.main_threads or 1, cores)
+    one = next((r for r in measured if r.num_workers == 1), None) or next(
+        (r for r in measured if r.num_workers == 0), None)
+    shared = None
+    if record.device == "cpu" and one is not None:
+        shared = (1 / one.batches_per_s + compute_s * threads) / cores  # type: ignore[operator]
+
+    def step_with(rate: LoaderRate) -> float:
+        step = max(compute_s, 1 / rate.batches_per_s)  # type: ignore[operator]
+        if shared is not None:
+            # the N workers take N cores; the step's compute gets what is left (at least one)
+            step = max(step, compute_s * threads / max(1, min(threads, cores - rate.num_workers)), shared)
+        return step
+
+    keeping = [r for r in candidates if r.batches_per_s >= needed]  # type: ignore[operator]
+    rate = min(keeping, key=lambda r: r.num_workers) if keeping else \
+        min(candidates, key=lambda r: (step_with(r), r.num_workers))
+    step_s = step_with(rate)
+    return LoaderPlan(rate.num_workers, rate, bool(keeping), compute_s, step_s, shared, consume)
+
+
+def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
+    """An estimate of the median step with the verdict's bottleneck removed; None where none is sound."""
+    median = record.steps.median_s
+    if not record.steps.count or not median:
+        return None
+    step_s, explanation = None, ""
+    if verdict.bound == "data-loading":
+        share = record.breakdown.data_wait
+        plan = loader_plan(record)
+        if plan is not None:
+            step_s = plan.step_s
+            explanation = (f"with {plan.workers} DataLoader workers, measured after the run delivering "
+                           f"{plan.rate.batches_per_s:.1f} batches/s: max(compute {plan.compute_s * 1e3:.1f} ms, "
+                           f"one batch {1e3 / plan.rate.batches_per_s:.1f} ms)")  # type: ignore[operator]
+            if plan.shared_cpu_s is not None:
+                explanation += (f"; on this CPU-only run the workers take {plan.workers} of {record.meta.cpu_count} "
+                                f"cores from the step, whose CPU work over all cores takes "
+                                f"{plan.shared_cpu_s * 1e3:.1f} ms")
+        else:
+            data_s, compute_s = share * median, median * (1 - share)
+            step_s = max(data_s, compute_s)
+            explanation = (f"data wait hidden behind compute by workers: max(data {data_s * 1e3:.1f} ms, compute "
+                           f"{compute_s * 1e3:.1f} ms) a step")
+    elif verdict.bound == "cpu-launch":
+        overhead = cpu_overhead(record) if record.device == "cpu" else None
+        kernels = record.op_profile.kernels if record.op_profile is not None else None
+        if overhead is not None:
+            step_s = max(median - overhead.seconds, 0.0)
+            explanation = (f"without the per-op fixed cost ({overhead.ops_per_step:.0f} ops x "
+                           f"{overhead.op_cost_s * 1e6:.2f} us = {overhead.seconds * 1e3:.2f} ms a step): fewer, "
+                           "larger ops")
+        elif kernels is not None:
+            step_s = median * (1 - kernels.idle_host_wait_fraction)
+            explanation = (f"without the GPU's idle time waiting for launches ({kernels.idle_host_wait_fraction:.0%} "
+                           "of the step)")
+    elif verdict.bound == "compute":
+        sol = complete_speed_of_light(record)
+        if sol is not None and sol.peak_flops_per_s and sol.flops_per_step:
+            step_s = sol.flops_per_step / sol.peak_flops_per_s
+            explanation = (f"at the speed of light: {sol.flops_per_step / 1e9:.2f} GFLOP a step at the "
+                           f"{_peak_name(sol)} peak of {sol.peak_flops_per_s / 1e12:.2f} TFLOP/s")
+    if step_s is None or step_s <= 0:
+        return None
+    return WhatIf(step_s=step_s, speedup=median / step_s, explanation=explanation)
+
+
+def _peak_name(sol: SpeedOfLight) -> str:
+    dtype = sol.dtype or "float32"
+    return f"measured {dtype} matmul" if sol.peak_measured else f"{sol.device_name or 'GPU'} {dtype}"
+
+
+def headroom_text(record: RunRecord) -> str | None:
+    """``at 31% of the H100 SXM's bfloat16 peak`` (or of this machine's measured float32 matmul peak), for a
+    compute-bound run with an MFU; None otherwise."""
+    sol = record.speed_of_light
+    if record.verdict.bound != "compute" or sol is None or sol.mfu is None:
+        return None
+    dtype = sol.dtype or "float32"
+    if sol.peak_measured:
+        return f"at {sol.mfu:.0%} of this machine's measured {dtype} matmul peak"
+    from gpuscope.analysis.peaks import find_gpu
+
+    gpu = find_gpu(sol.device_name or "")
+    return f"at {sol.mfu:.0%} of the {gpu.name if gpu else sol.device_name}'s {dtype} peak"

@@ -1,0 +1,285 @@
+"""How fast the slowest loader could deliver batches with more workers: measured, before the user changes a line.
+
+After the script has ended and every other collector has stopped (no hook, profiler or step window sees it), the
+dataset and collate function of the DataLoader the steps waited on longest are loaded again through
+``torch.utils.data.DataLoader`` itself, with 0, 1, 2, 4, ... worker processes up to the machine's cores (and, on a
+CUDA run, with and without ``pin_memory``), each configuration in isolation for its share of a fixed time budget.
+Per configuration: the batches delivered per second once the workers are up. Workers build batches in lockstep
+(batch i goes to worker i mod N), so batches arrive in rounds of N; rates are taken over whole rounds after the
+first (which includes the workers' start-up), else the first round's burst would count as speed.
+
+Bounded: the budget is split between the configurations and never exceeded by more than one worker shutdown;
+waits on workers use the DataLoader's own ``timeout``, and workers are killed, not drained, when a configuration
+ends. The probe stops early once a worker count keeps up with the rate the training step consumes batches.
+
+The probe leaves no trace: the global RNG states (Python's, NumPy's, torch's CPU generator) are restored, its own
+samplers and worker seeds use their own generators, and whatever the dataset prints is swallowed. A dataset that
+cannot be pickled for spawn/forkserver workers, an iterable dataset, or a dataset that raises is a note, never a
+failure of the run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import multiprocessing
+import pickle
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, ClassVar
+
+from gpuscope.analysis import thresholds as th
+from gpuscope.collectors.base import CollectorResult
+from gpuscope.collectors.data_probe import _rng_kept
+from gpuscope.record import CollectorStatus, LoaderProbe, LoaderRate
+
+BUDGET_S = 5.0
+"""The whole probe's time: the run is over and the user is waiting. Each configuration gets an equal share."""
+ROUNDS = 4
+"""A configuration stops after this many whole rounds past the first (4 x N batches), or at its share of the
+budget, whichever comes first."""
+MIN_ROUNDS = 2
+"""...but not before this many rounds when time allows: one round is one lockstep burst, a noisy measurement."""
+MAX_WORKERS = 32
+"""Worker counts tried stop here even on a larger machine."""
+ON_CPU_PIN = "not applicable: a CPU-only run (pin_memory only speeds up copies to a GPU)"
+
+
+class LoaderProbeCollector:
+    """Times the slowest loader's batches with several worker counts after the run.
+
+    Runs when ``forced`` (``--probe-loader``), or when the steps waited for data at least
+    ``thresholds.DATA_WAIT_NOTABLE`` of their time (decided at stop, from the steps collector's figures).
+    """
+
+    name: ClassVar[str] = "loader-probe"
+
+    def __init__(self, steps_collector: Any = None, forced: bool = False, budget_s: float = BUDGET_S,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
+        self._steps_collector = steps_collector
+        self._forced = forced
+        self._budget_s = budget_s
+        self._clock = clock
+
+    def unavailable_reason(self) -> str | None:
+        return None
+
+    def start(self, run_dir: Path) -> None:
+        pass
+
+    def stop(self) -> CollectorResult:
+        steps = self._steps_collector
+        loader = steps.probe_loader() if steps is not None else None
+        torch = sys.modules.get("torch")
+        if loader is None or torch is None:
+            return CollectorResult(CollectorStatus("unavailable", "no DataLoader was iterated"))
+        summary = getattr(steps, "summary", None)
+        share = summary.breakdown.data_wait if summary is not None else 0.0
+        if not self._forced and share < th.DATA_WAIT_NOTABLE:
+            return CollectorResult(CollectorStatus("unavailable", f"data wait was {share:.0%} of the step, under "
+                                                   f"{th.DATA_WAIT_NOTABLE:.0%}: not probed (--probe-loader forces it)"))
+        info = loader["info"]
+        if info.get("iterable"):
+            return CollectorResult(CollectorStatus("unavailable", (
+                f"the {info['dataset']} loader iterates an IterableDataset: with N workers each one iterates the "
+                "whole stream unless the dataset splits it itself (torch.utils.data.get_worker_info()), so worker "
+                "counts were not timed")))
+        consume = None
+        if summary is not None and summary.steps.count and summary.steps.median_s:
+            compute_s = summary.steps.median_s * (1 - share)
+            consume = 1 / compute_s if compute_s > 0 else None
+        estimate = loader["wait_s"] / loader["batches"] if info.get("num_workers") == 0 and loader["batches"] else None
+        try:
+            with _rng_kept(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                    warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                probe = probe_loader(
+                    torch, loader["dataset"], batch_size=info.get("batch_size"), collate_fn=loader.get("collate_fn"),
+                    drop_last=loader.get("drop_last", False), worker_init_fn=loader.get("worker_init_fn"),
+                    start_method=info.get("start_method"), cores=_cores(), consume_batches_per_s=consume,
+                    budget_s=self._budget_s, cuda=steps.cuda_in_use(), main_batch_s=estimate, clock=self._clock)
+        except DatasetError as exc:
+            return CollectorResult(CollectorStatus("unavailable", str(exc)))
+        return CollectorResult(CollectorStatus("ok"), probe)
+
+
+class DatasetError(Exception):
+    """The user's dataset (or collate function) raised while the probe loaded it (the message is the reason)."""
+
+
+def worker_counts(cores: int, limit: int = MAX_WORKERS) -> list[int]:
+    """0, 1, 2, 4, ... up to ``cores`` (``cores`` itself included), at most ``limit``."""
+    top = max(1, min(cores, limit))
+    counts, n = [0, 1], 2
+    while n < top:
+        counts.append(n)
+        n *= 2
+    if top not in counts:
+        counts.append(top)
+    return counts
+
+
+def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn: Any = None, drop_last: bool = False,
+                 worker_init_fn: Any = None, start_method: str | None = None, cores: int = 1,
+                 consume_batches_per_s: float | None = None, budget_s: float = BUDGET_S, cuda: bool = False,
+                 main_batch_s: float | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> LoaderProbe:
+    """Time batches delivered per second by ``DataLoader(dataset, ...)`` for each worker count, within
+    ``budget_s`` in all. ``main_batch_s``: a batch's time in the main process as measured in the run, if known
+    (a configuration whose batch cannot fit its share of the budget is not started).
+
+    Raises DatasetError when the dataset raises in the main process.
+    """
+    from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+
+    started = clock()
+    deadline = started + budget_s
+    notes: list[str] = []
+    counts = worker_counts(cores)
+    method = start_method or multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_start_method()
+    if method in ("spawn", "forkserver"):
+        try:
+            pickle.dumps((dataset, collate_fn, worker_init_fn))
+        except Exception as exc:
+            counts = [0]
+            notes.append(f"the dataset cannot be pickled, as {method} workers need it to be "
+                         f"({type(exc).__name__}: {_first_line(exc)}): only the main process (0 workers) was timed")
+    pins = (False, True) if cuda else (False,)
+    configs = [(n, pin) for n in counts for pin in pins]
+    share_s = budget_s / len(configs)
+    try:
+        length = len(dataset)
+    except TypeError:
+        length = None
+    rates: list[LoaderRate] = []
+    threads = torch.get_num_threads()
+    for workers, pin in configs:
+        remaining = deadline - clock()
+        if remaining <= 0.05 * share_s:
+            rates.append(LoaderRate(workers, pin, note="not timed: the probe's time budget was spent"))
+            continue
+        slot = remaining / (len(configs) - len(rates))  # time a configuration leaves goes to the next
+        if workers == 0 and main_batch_s is not None and main_batch_s > slot:
+            rates.append(LoaderRate(workers, pin, note=(
+                f"not timed: a batch took {main_batch_s:.2f} s in the main process during the run, over this "
+                f"configuration's {slot:.2f} s share of the budget")))
+            continue
+        generator = torch.Generator().manual_seed(0)
+        sampler = RandomSampler(dataset, generator=generator) if length else SequentialSampler(dataset)
+        kwargs: dict[str, Any] = {"batch_size": batch_size, "sampler": sampler, "drop_last": drop_last,
+                                  "num_workers": workers, "pin_memory": pin, "generator": torch.Generator()}
+        if collate_fn is not None:
+            kwargs["collate_fn"] = collate_fn
+        if workers:
+            kwargs.update(worker_init_fn=worker_init_fn, multiprocessing_context=start_method,
+                          timeout=max(slot, 0.01))
+        rate = _time_config(DataLoader(dataset, **kwargs), workers, pin, slot, clock)
+        rates.append(rate)
+        if (workers and rate.batches_per_s is not None and consume_batches_per_s is not None
+                and rate.batches_per_s >= consume_batches_per_s * (1 + th.LOADER_KEEPS_UP_MARGIN)):
+            break  # this count hides loading: larger ones are not needed to name the smallest
+    if len(rates) < len(configs):
+        notes.append(f"stopped after {rates[-1].num_workers} workers: they already deliver batches faster than "
+                     "the training step consumes them")
+    return LoaderProbe(
+        dataset=type(dataset).__name__, batch_size=batch_size, start_method=method, rates=tuple(rates),
+        consume_batches_per_s=consume_batches_per_s, main_threads=threads, budget_s=budget_s,
+        elapsed_s=clock() - started, pin_memory_note="" if cuda else ON_CPU_PIN, note="; ".join(notes))
+
+
+def _time_config(loader: Any, workers: int, pin: bool, slot_s: float, clock: Callable[[], float]) -> LoaderRate:
+    """Iterate ``loader`` for at most ``slot_s``: whole rounds of ``max(1, workers)`` batches after the first."""
+    started = clock()
+    deadline = started + slot_s
+    per_round = max(1, workers)
+    arrivals: list[float] = []
+    note = ""
+    iterator = None
+    try:
+        iterator = iter(loader)
+        while True:
+            if workers:
+                iterator._timeout = max(deadline - clock(), 0.01)  # each wait for a worker ends by the deadline
+            try:
+                next(iterator)
+            except StopIteration:
+                note = "the dataset ran out of batches"
+                break
+            now = clock()
+            arrivals.append(now)
+            done = len(arrivals) - per_round
+            if done < 0 or done % per_round:
+                continue  # rounds are timed whole
+            rounds = done // per_round
+            last_round_s = arrivals[-1] - (arrivals[-1 - per_round] if done else started)
+            if rounds >= ROUNDS or now + last_round_s > deadline:
+                break
+    except RuntimeError as exc:
+        if "timed out" not in str(exc):
+            raise _dataset_error(exc) from None
+        note = f"no further batch within this configuration's {slot_s:.2f} s"
+    except Exception as exc:
+        raise _dataset_error(exc) from None
+    finally:
+        _close(iterator)
+    startup = arrivals[0] - started if arrivals else slot_s
+    rounds = (len(arrivals) - per_round) // per_round if len(arrivals) >= per_round else 0
+    if rounds >= 1:
+        end = per_round - 1 + rounds * per_round
+        span = arrivals[end] - arrivals[per_round - 1]
+        return LoaderRate(workers, pin, rounds * per_round / span if span > 0 else None, rounds * per_round,
+                          startup, note)
+    if workers == 0 and arrivals:
+        return LoaderRate(workers, pin, 1 / startup if startup > 0 else None, 1, startup, note)
+    if len(arrivals) >= per_round and arrivals[per_round - 1] > started:
+        # only the first round: a lower bound, the workers' start-up included
+        lower = per_round / (arrivals[per_round - 1] - started)
+        return LoaderRate(workers, pin, lower, per_round, startup,
+                          note or "from the first round only, start-up included (a lower bound)")
+    return LoaderRate(workers, pin, None, 0, startup,
+                      note or f"fewer than {per_round} batches within this configuration's {slot_s:.2f} s")
+
+
+def _close(iterator: Any) -> None:
+    """Stop the iterator's workers now: killed rather than drained (a worker in the middle of a slow batch would
+    hold the shutdown up), after taking them off torch's SIGCHLD watch so their end raises nowhere."""
+    if iterator is None:
+        return
+    workers = getattr(iterator, "_workers", None)
+    if workers:
+        try:
+            if getattr(iterator, "_worker_pids_set", False):
+                from torch.utils.data._utils import signal_handling
+
+                signal_handling._remove_worker_pids(id(iterator))
+                iterator._worker_pids_set = False
+            for worker in workers:
+                if worker.is_alive():
+                    worker.terminate()
+            for worker in workers:
+                worker.join(timeout=1.0)
+        except Exception:  # torch's own shutdown below still ends them, only more slowly
+            pass
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
+
+
+def _dataset_error(exc: BaseException) -> DatasetError:
+    message = _first_line(exc)
+    return DatasetError(f"the dataset raised {type(exc).__name__}{': ' + message if message else ''} when the "
+                        "loader probe loaded it after the run")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:200] if text else ""
+
+
+def _cores() -> int:
+    import os
+
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -1,0 +1,426 @@
+"""Before/after comparison of two runs (A = before, B = after): the speed-up with its uncertainty, how each phase
+of the step moved, how the verdict changed, and what became of A's recommendations in B.
+
+A pure function of the two records: ``compare(a, b)`` returns a ``Comparison`` that the terminal summary
+(``summary_lines``) and the HTML page (``gpuscope.report.render_compare``) both read.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path, PurePath
+from typing import Literal
+
+from gpuscope.analysis.evidence import cpu_overhead
+from gpuscope.record import PHASES, KernelTimeline, RunRecord
+from gpuscope.summary import bound_label
+
+RESAMPLES = 1000
+"""Bootstrap resamples of each run's steady steps: enough for a stable 95% interval, quick in pure Python."""
+MAX_STEPS = 2000
+"""Most steady steps of a run the bootstrap uses: an even subsample beyond that keeps 100k-step runs fast."""
+MIN_STEPS = 5
+"""Fewest steady steps of each run for an interval: below that, resampling a median says little."""
+LEVEL = 0.95
+SEED = 20260101
+"""Fixed, so that comparing the same two runs always prints the same interval."""
+
+Status = Literal["resolved", "still there", "not checked in B", "unknown", "new in B"]
+Unit = Literal["share", "seconds", "number"]
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedUp:
+    """A's median step over B's (above 1: B is faster), with a 95% bootstrap interval of that ratio.
+
+    The point estimate uses each record's median of all its steady steps; the interval resamples the steady steps
+    kept in each record's step sample (``steps_a`` and ``steps_b`` of them). ``note`` says why there is no ratio
+    or no interval.
+    """
+
+    median_a_s: float | None
+    median_b_s: float | None
+    ratio: float | None
+    low: float | None = None
+    high: float | None = None
+    steps_a: int = 0
+    steps_b: int = 0
+    note: str | None = None
+
+    @property
+    def slower_pct(self) -> float | None:
+        """How much slower B's median step is than A's, in percent (negative: faster); None without both."""
+        if self.median_a_s is None or self.median_b_s is None:
+            return None
+        return (self.median_b_s / self.median_a_s - 1) * 100
+
+    def reading(self) -> str:
+        """What the figures say: B faster, B slower, or no clear difference (the interval holds 1)."""
+        if self.ratio is None:
+            return "no speed-up figure"
+        if self.low is not None and self.high is not None:
+            if self.low > 1:
+                return "B is faster"
+            if self.high < 1:
+                return "B is slower"
+            return "no clear difference"
+        word = "faster" if self.ratio > 1 else "slower" if self.ratio < 1 else "as fast"
+        return f"B is {word} (point estimate only)"
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseShift:
+    """One phase of the step in A and in B: its share of the median step (0..1) and its seconds per step."""
+
+    phase: str
+    share_a: float
+    share_b: float
+    seconds_a: float
+    seconds_b: float
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictChange:
+    """A's verdict and B's, as people say them (``bound_label``), with their confidences (0..1)."""
+
+    label_a: str
+    confidence_a: float
+    label_b: str
+    confidence_b: float
+
+    @property
+    def changed(self) -> bool:
+        """Whether B's bound differs from A's."""
+        return self.label_a != self.label_b
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One measured figure in A and in B, e.g. the data-wait share; ``unit`` says how to show it."""
+
+    name: str
+    a: float
+    b: float
+    unit: Unit
+
+    def text(self) -> str:
+        """The change in words: "data wait 64% -> 3%"."""
+        return f"{self.name} {_show(self.a, self.unit)} -> {_show(self.b, self.unit)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of a recommendation in B, with the figures that show the change."""
+
+    id: str
+    title: str
+    status: Status
+    reason: str | None = None
+    """B's reason for not checking the rule (status ``not checked in B``)."""
+    changes: tuple[Change, ...] = ()
+
+    def line(self) -> str:
+        """One line: "more-dataloader-workers: resolved, data wait 64% -> 3%"."""
+        status = f"{self.status} ({self.reason})" if self.reason else self.status
+        return ", ".join([f"{self.id}: {status}", *(c.text() for c in self.changes)])
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """Run A (before) against run B (after)."""
+
+    script_a: str
+    script_b: str
+    speedup: SpeedUp
+    phases: tuple[PhaseShift, ...]
+    verdict: VerdictChange
+    outcomes: tuple[Outcome, ...]
+    """A's recommendations in A's order, then those new in B (status ``new in B``)."""
+    flags: tuple[str, ...]
+    """Warnings that the runs differ in more than the change under test (script, device, torch, CPUs)."""
+    per_sample: PerSample | None = None
+    """When the batch size changed, the time per sample (what a larger batch is for)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PerSample:
+    """Median step over batch size, in A and B."""
+
+    batch_a: int
+    batch_b: int
+    seconds_a: float
+    seconds_b: float
+
+    def line(self) -> str:
+        return (f"per sample (batch {self.batch_a} -> {self.batch_b}): A {_show(self.seconds_a, 'seconds')} -> "
+                f"B {_show(self.seconds_b, 'seconds')}: {self.seconds_a / self.seconds_b:.2f}x the throughput")
+
+
+def per_sample(a: RunRecord, b: RunRecord) -> PerSample | None:
+    """Time per sample in both runs when their (main) loaders' batch sizes differ and both are known."""
+    batch_a, batch_b = (max((l.batch_size or 0 for l in r.loaders), default=0) for r in (a, b))
+    if not batch_a or not batch_b or batch_a == batch_b or not a.steps.median_s or not b.steps.median_s:
+        return None
+    return PerSample(batch_a, batch_b, a.steps.median_s / batch_a, b.steps.median_s / batch_b)
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """A figure read from a record to show a recommendation's change; ``read`` returns None where it is unknown."""
+
+    name: str
+    unit: Unit
+    read: Callable[[RunRecord], float | None]
+
+
+def _kernels(record: RunRecord) -> KernelTimeline | None:
+    return record.op_profile.kernels if record.op_profile is not None else None
+
+
+def _kernel_share(attr: str) -> Callable[[RunRecord], float | None]:
+    def read(record: RunRecord) -> float | None:
+        kernels = _kernels(record)
+        return getattr(kernels, attr) if kernels is not None else None
+    return read
+
+
+def _fixed_cost(record: RunRecord) -> float | None:
+    overhead = cpu_overhead(record) if record.device == "cpu" else None
+    return overhead.share if overhead is not None else None
+
+
+def _pageable_copies(record: RunRecord) -> float | None:
+    kernels, ops = _kernels(record), record.op_profile
+    return kernels.h2d_pageable_copies / ops.steps if kernels is not None and ops is not None and ops.steps else None
+
+
+def _zero_fill(record: RunRecord) -> float | None:
+    p = record.practices
+    return p.zero_grad_fill_calls / p.zero_grad_calls if p is not None and p.zero_grad_calls else None
+
+
+def _anomaly(record: RunRecord) -> float | None:
+    p = record.practices
+    return p.anomaly_steps / p.steps_checked if p is not None and p.steps_checked else None
+
+
+def _modules(attr: str) -> Callable[[RunRecord], float | None]:
+    def read(record: RunRecord) -> float | None:
+        p = record.practices
+        return float(len(getattr(p, attr))) if p is not None and p.modules_inspected else None
+    return read
+
+
+STEP = Metric("median step", "seconds", lambda r: r.steps.median_s if r.steps.count else None)
+DATA_WAIT = Metric("data wait", "share", lambda r: r.breakdown.data_wait if r.steps.count else None)
+FIXED_COST = Metric("per-op fixed cost", "share", _fixed_cost)
+HOST_WAIT = Metric("GPU idle waiting for the host", "share", _kernel_share("idle_host_wait_fraction"))
+
+METRICS: dict[str, tuple[Metric, ...]] = {
+    "more-dataloader-workers": (DATA_WAIT,),
+    "fp32-preprocessing": (DATA_WAIT,),
+    "pin-memory": (Metric("pageable copies per step", "number", _pageable_copies), DATA_WAIT),
+    "avoid-host-sync": (Metric("syncs per step", "number", lambda r: r.syncs.per_step if r.syncs else None), STEP),
+    "larger-batch": (FIXED_COST, HOST_WAIT, STEP),
+    "jit-fusion": (FIXED_COST, HOST_WAIT, STEP),
+    "static-graph": (HOST_WAIT, FIXED_COST, STEP),
+    "mixed-precision": (Metric("kernel time on Tensor Cores", "share", _kernel_share("tensor_core_share")), STEP),
+    "tf32": (Metric("float32 GEMMs on CUDA cores", "share", _kernel_share("fp32_gemm_share")), STEP),
+    "channels-last": (Metric("layout conversions", "share", _kernel_share("layout_transform_share")), STEP),
+    "zero-grad-set-to-none": (Metric("zero_grad calls that zero-fill", "share", _zero_fill), STEP),
+    "disable-debug-apis": (Metric("steps under anomaly detection", "share", _anomaly), STEP),
+    "bias-before-batchnorm": (Metric("biases before BatchNorm", "number", _modules("bias_before_norm")), STEP),
+    "distributed-data-parallel": (Metric("DataParallel wrappers", "number", _modules("data_parallel")), STEP),
+}
+"""The figures that show whether a recommendation's fix took, by id; any other id shows the median step."""
+
+
+def changes(rec_id: str, a: RunRecord, b: RunRecord) -> tuple[Change, ...]:
+    """The figures of ``rec_id``'s table row known in both runs; the median step where none is."""
+    found = []
+    for metric in METRICS.get(rec_id, (STEP,)):
+        value_a, value_b = metric.read(a), metric.read(b)
+        if value_a is not None and value_b is not None:
+            found.append(Change(metric.name, value_a, value_b, metric.unit))
+    if not found:
+        value_a, value_b = STEP.read(a), STEP.read(b)
+        if value_a is not None and value_b is not None:
+            found.append(Change(STEP.name, value_a, value_b, STEP.unit))
+    return tuple(found)
+
+
+def outcomes(a: RunRecord, b: RunRecord) -> tuple[Outcome, ...]:
+    """What became of each of A's recommendations in B, then the recommendations new in B."""
+    found = []
+    for rec in a.recommendations:
+        check = b.checks.get(rec.id)
+        status: Status
+        reason = None
+        if check is None:
+            status = "unknown"
+        elif check.status == "clear":
+            status = "resolved"
+        elif check.status == "fired":
+            status = "still there"
+        else:
+            status, reason = "not checked in B", check.reason or "an input it needs was not collected"
+        found.append(Outcome(rec.id, rec.title, status, reason, changes(rec.id, a, b)))
+    in_a = {rec.id for rec in a.recommendations}
+    found += [Outcome(rec.id, rec.title, "new in B", None, changes(rec.id, a, b))
+              for rec in b.recommendations if rec.id not in in_a]
+    return tuple(found)
+
+
+def steady_times(record: RunRecord, limit: int = MAX_STEPS) -> list[float]:
+    """Wall times (s) of the steady-state steps in the record's step sample, an even subsample of at most ``limit``."""
+    sample = record.steps.sample
+    times = [t for t, status in zip(sample.wall_s, sample.status) if status == "steady" and math.isfinite(t) and t > 0]
+    if len(times) <= limit:
+        return times
+    return [times[i * len(times) // limit] for i in range(limit)]
+
+
+def bootstrap_ratio(a: Sequence[float], b: Sequence[float], resamples: int = RESAMPLES, level: float = LEVEL,
+                    seed: int = SEED) -> tuple[float, float]:
+    """Percentile bootstrap interval of median(a) / median(b): each resample draws len(a) of ``a`` and len(b) of
+    ``b`` with replacement. Deterministic for a given seed."""
+    rng = random.Random(seed)
+    ratios = sorted(statistics.median(rng.choices(a, k=len(a))) / statistics.median(rng.choices(b, k=len(b)))
+                    for _ in range(resamples))
+    tail = (1 - level) / 2
+    return ratios[round(tail * (resamples - 1))], ratios[round((1 - tail) * (resamples - 1))]
+
+
+def speedup(a: RunRecord, b: RunRecord) -> SpeedUp:
+    """A's median step over B's, with its bootstrap interval where both step samples allow one."""
+    median_a = a.steps.median_s if a.steps.count and a.steps.median_s > 0 else None
+    median_b = b.steps.median_s if b.steps.count and b.steps.median_s > 0 else None
+    if median_a is None or median_b is None:
+        missing = " and ".join(name for name, m in (("A", median_a), ("B", median_b)) if m is None)
+        return SpeedUp(median_a, median_b, None, note=f"no steady-state step in {missing}: no speed-up figure")
+    ratio = median_a / median_b
+    times_a, times_b = steady_times(a), steady_times(b)
+    short = [f"{name} has {len(t)}" for name, t in (("A", times_a), ("B", times_b)) if len(t) < MIN_STEPS]
+    if short:
+        note = (f"no interval: too few steady steps in the step sample ({', '.join(short)}; "
+                f"at least {MIN_STEPS} each are needed)")
+        return SpeedUp(median_a, median_b, ratio, steps_a=len(times_a), steps_b=len(times_b), note=note)
+    low, high = bootstrap_ratio(times_a, times_b)
+    return SpeedUp(median_a, median_b, ratio, low, high, len(times_a), len(times_b))
+
+
+def phase_shifts(a: RunRecord, b: RunRecord) -> tuple[PhaseShift, ...]:
+    """Each phase's share of the median step and seconds per step, in A and in B."""
+    shares_a, shares_b = a.breakdown.as_dict(), b.breakdown.as_dict()
+    median_a = a.steps.median_s if a.steps.count else 0.0
+    median_b = b.steps.median_s if b.steps.count else 0.0
+    return tuple(PhaseShift(phase, shares_a[phase], shares_b[phase], shares_a[phase] * median_a,
+                            shares_b[phase] * median_b) for phase in PHASES)
+
+
+def script_name(record: RunRecord) -> str:
+    """The script's file name (``train.py``), or ``-m MODULE``; ``?`` when the record has no command."""
+    command = record.command
+    if not command:
+        return "?"
+    if command[0] == "-m" and len(command) > 1:
+        return f"-m {command[1]}"
+    return PurePath(command[0]).name or command[0]
+
+
+def _torch(record: RunRecord) -> str:
+    return record.meta.torch or (record.practices.torch_version if record.practices is not None else "") or ""
+
+
+def _gpu(record: RunRecord) -> str:
+    devices = record.gpus.devices if record.gpus is not None else ()
+    return devices[0].name if devices else ""
+
+
+def flags(a: RunRecord, b: RunRecord) -> tuple[str, ...]:
+    """Warnings that A and B differ in more than the change under test; a fact unknown in one run is not flagged."""
+    found = []
+    pairs = (("scripts", script_name(a), script_name(b)), ("devices", a.device, b.device),
+             ("GPUs", _gpu(a), _gpu(b)), ("torch versions", _torch(a), _torch(b)),
+             ("CPU counts", a.meta.cpu_count or "", b.meta.cpu_count or ""))
+    for what, value_a, value_b in pairs:
+        if value_a not in ("", "?") and value_b not in ("", "?") and value_a != value_b:
+            found.append(f"the runs have different {what} (A: {value_a}, B: {value_b}): the change is not only yours")
+    return tuple(found)
+
+
+def compare(a: RunRecord, b: RunRecord) -> Comparison:
+    """Compare run A (before) with run B (after)."""
+    return Comparison(
+        script_a=script_name(a),
+        script_b=script_name(b),
+        speedup=speedup(a, b),
+        phases=phase_shifts(a, b),
+        verdict=VerdictChange(bound_label(a), a.verdict.confidence, bound_label(b), b.verdict.confidence),
+        outcomes=outcomes(a, b),
+        flags=flags(a, b),
+        per_sample=per_sample(a, b),
+    )
+
+
+def _show(value: float, unit: Unit) -> str:
+    if unit == "share":
+        return f"{value:.0%}"
+    if unit == "seconds":
+        return f"{value * 1e3:.1f} ms"
+    return f"{value:.1f}".removesuffix(".0")
+
+
+def speedup_text(s: SpeedUp) -> str:
+    """The speed-up in words: "speed-up 1.52x (95% interval 1.41x to 1.63x): B is faster"."""
+    if s.ratio is None:
+        return s.note or "no speed-up figure"
+    interval = (f"{LEVEL:.0%} interval {s.low:.2f}x to {s.high:.2f}x" if s.low is not None and s.high is not None
+                else s.note or "no interval")
+    return f"speed-up {s.ratio:.2f}x ({interval}): {s.reading()}"
+
+
+def gate_text(s: SpeedUp, max_slower_pct: float) -> tuple[bool, str]:
+    """Whether B fails ``--fail-if-slower PCT`` (its median step slower than A's by more than PCT percent, point
+    estimate), and a line saying so. Raises ValueError when a median is missing."""
+    slower = s.slower_pct
+    if slower is None:
+        raise ValueError(s.note or "no speed-up figure")
+    failed = slower > max_slower_pct
+    change = f"{slower:.1f}% slower" if slower > 0 else f"{-slower:.1f}% faster"
+    verdict = "FAILED" if failed else "passed"
+    return failed, f"gate {verdict}: B's median step is {change} than A's (--fail-if-slower {max_slower_pct:g}%)"
+
+
+def summary_lines(comparison: Comparison, html_path: Path | None = None) -> list[str]:
+    """The comparison as a few plain lines for a terminal or a CI log."""
+    s, v = comparison.speedup, comparison.verdict
+    lines = [f"gpuscope compare: {speedup_text(s)}"]
+    if s.median_a_s is not None or s.median_b_s is not None:
+        change = f" ({s.slower_pct:+.1f}%)" if s.slower_pct is not None else ""
+        lines.append(f"  median step: A {_median(s.median_a_s)} -> B {_median(s.median_b_s)}{change}")
+    if comparison.per_sample is not None:
+        lines.append(f"  {comparison.per_sample.line()}")
+    lines.append(f"  verdict: {v.label_a} (confidence {v.confidence_a:.2f}) -> {v.label_b} "
+                 f"(confidence {v.confidence_b:.2f})")
+    lines.append("  ms per step, A -> B: " + ", ".join(
+        f"{p.phase.replace('_', ' ')} {p.seconds_a * 1e3:.1f} -> {p.seconds_b * 1e3:.1f}" for p in comparison.phases))
+    ours = [o for o in comparison.outcomes if o.status != "new in B"]
+    new = [o for o in comparison.outcomes if o.status == "new in B"]
+    lines.append("  A's recommendations:" if ours else "  A's recommendations: none")
+    lines += [f"    {o.line()}" for o in ours]
+    if new:
+        lines.append("  new in B:")
+        lines += [f"    {o.line()}" for o in new]
+    lines += [f"  warning: {flag}" for flag in comparison.flags]
+    if html_path is not None:
+        lines.append(f"  report: {html_path}")
+    return lines
+
+
+def _median(value: float | None) -> str:
+    return "n/a" if value is None else _show(value, "seconds")

@@ -1,0 +1,54 @@
+"""The loader probe's advice applied, and the speed of light of a compute-bound run, on the sample workloads."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from test_sample_workloads import profile
+
+FIX = re.compile(r"num_workers=(\d+)")
+
+
+def test_the_loader_probes_worker_count_applied_clears_the_data_wait_as_predicted(tmp_path: Path) -> None:
+    # This shared 2-core machine's load swings step times by 2x and more between runs: a pair spoiled by it is
+    # measured once more (a real error in the prediction fails both).
+    for attempt in range(2):
+        # given: the data-bound sample, run with no workers
+        slow, _ = profile(tmp_path / f"slow{attempt}", "data_loading_bound", "--steps", "24")
+        assert slow["collectors"]["loader-probe"]["status"] == "ok"
+        probe = slow["loader_probe"]
+        assert probe["elapsed_s"] <= probe["budget_s"] + 1.0
+        advice = next(r for r in slow["recommendations"] if r["id"] == "more-dataloader-workers")
+        workers = int(FIX.search(advice["fix"]).group(1))  # type: ignore[union-attr]
+        predicted = slow["what_if"]["speedup"]  # the same estimate as the advice's gain, not clipped at 0
+        # when: the suggested worker count is applied
+        fixed, _ = profile(tmp_path / f"fixed{attempt}", "data_loading_bound", "--steps", "24", "--workers",
+                           str(workers))
+        # steady-state medians: the script's own median includes the profiled steps, slower with workers
+        # (cProfile follows the forked workers' first batches)
+        measured = slow["steps"]["median_s"] / fixed["steps"]["median_s"]
+        cleared = fixed["verdict"]["bound"] != "data-loading"
+        if cleared and measured == pytest.approx(predicted, rel=0.25):
+            break
+    # then: loading no longer bounds the run, and the speed-up is the predicted one, within 25%
+    assert cleared, fixed["verdict"]["evidence"]
+    assert measured == pytest.approx(predicted, rel=0.25), (measured, predicted, advice["evidence"])
+
+
+def test_a_cpu_compute_bound_run_reports_its_achieved_flops_against_the_measured_peak(tmp_path: Path) -> None:
+    record, _ = profile(tmp_path, "compute_bound", "--steps", "14")
+    sol = record["speed_of_light"]
+    # 1024 -> 4096 -> 4096 -> 1024 on batches of 256: forward 2*256*(4M + 16M + 4M) FLOPs, backward twice that
+    # less the first layer's input gradient
+    forward = 2 * 256 * (1024 * 4096 + 4096 * 4096 + 4096 * 1024)
+    assert sol["flops_per_step"] == 3 * forward - 2 * 256 * 1024 * 4096
+    assert 0 < sol["achieved_flops_per_s"] < sol["peak_flops_per_s"]
+    assert sol["peak_measured"] and 0 < sol["mfu"] < 1
+    html = (record["_run_dir"] / "report.html").read_text()
+    assert f"{sol['achieved_flops_per_s'] / 1e9:.2f} GFLOP/s" in html
+    if record["verdict"]["bound"] == "compute":
+        assert "of this machine&#39;s measured float32 matmul peak" in html or \
+               "of this machine's measured float32 matmul peak" in html

@@ -1,0 +1,272 @@
+"""Comparing two runs (A = before, B = after) on hand-built records: the speed-up and its bootstrap interval, the
+breakdown's shifts, the verdict change, what became of A's recommendations, and the warnings for unlike runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import make_record
+from gpuscope.compare import (
+    MAX_STEPS,
+    compare,
+    gate_text,
+    speedup_text,
+    steady_times,
+    summary_lines,
+)
+from gpuscope.record import (
+    Breakdown,
+    Calibration,
+    OpProfile,
+    Practices,
+    Recommendation,
+    RuleCheck,
+    RunMeta,
+    StepSample,
+    Steps,
+    Verdict,
+)
+
+
+def jittered(median_s: float, n: int = 61) -> tuple[float, ...]:
+    """``n`` (odd) step times spread evenly over ``median_s`` +-15%, in a shuffled order; their median is ``median_s``."""
+    return tuple(median_s * (1 + 0.3 * ((i * 37) % n / (n - 1) - 0.5)) for i in range(n))
+
+
+def run(median_s: float = 0.1, times: tuple[float, ...] | None = None, status: tuple[str, ...] | None = None,
+        **overrides):
+    """A record whose step sample holds ``times`` (default: jittered around ``median_s``), all steady."""
+    times = jittered(median_s) if times is None else times
+    status = ("steady",) * len(times) if status is None else status
+    sample = StepSample(index=tuple(range(len(times))), wall_s=times, status=status)
+    steps = Steps(count=status.count("steady"), median_s=median_s, total=len(times), source="optimizer",
+                  sample=sample)
+    return make_record(steps=steps, **overrides)
+
+
+RECOMMENDATIONS = {
+    "more-dataloader-workers": Recommendation(id="more-dataloader-workers", title="Give the DataLoader more workers",
+                                              expected_gain=0.5),
+    "larger-batch": Recommendation(id="larger-batch", title="Raise the batch size", expected_gain=0.2),
+    "pin-memory": Recommendation(id="pin-memory", title="Pin the DataLoader's memory"),
+    "zero-grad-set-to-none": Recommendation(id="zero-grad-set-to-none", title="Drop gradients"),
+    "mixed-precision": Recommendation(id="mixed-precision", title="Train in mixed precision"),
+}
+
+
+# --- the speed-up and its interval ---------------------------------------------------------------------------------
+
+def test_speedup_is_a_medians_over_b_median_and_its_interval_holds_it() -> None:
+    # given two runs whose step times overlap, B a little faster
+    a, b = run(0.100), run(0.098)
+    # when they are compared
+    s = compare(a, b).speedup
+    # then the speed-up is the ratio of the medians, inside its interval
+    assert s.ratio == pytest.approx(0.100 / 0.098)
+    assert s.low is not None and s.high is not None
+    assert s.low <= s.ratio <= s.high
+    assert s.low < 1 < s.high
+    assert s.reading() == "no clear difference"
+    assert (s.steps_a, s.steps_b) == (61, 61)
+
+
+def test_a_clearly_faster_b_has_its_whole_interval_above_one() -> None:
+    s = compare(run(0.100), run(0.050)).speedup
+    assert s.ratio == pytest.approx(2.0)
+    assert 1 < s.low <= 2.0 <= s.high
+    assert s.reading() == "B is faster"
+    assert speedup_text(s).startswith("speed-up 2.00x (95% interval ")
+
+
+def test_a_clearly_slower_b_has_its_whole_interval_below_one() -> None:
+    s = compare(run(0.100), run(0.130)).speedup
+    assert s.high < 1
+    assert s.reading() == "B is slower"
+    assert s.slower_pct == pytest.approx(30.0)
+
+
+def test_the_interval_is_the_same_every_time() -> None:
+    a, b = run(0.1, times=tuple(0.1 + 0.01 * ((i * 37) % 11) for i in range(50))), run(0.08)
+    assert compare(a, b).speedup == compare(a, b).speedup
+
+
+def test_only_steady_steps_are_resampled() -> None:
+    # given warm-up and outlier steps ten times longer than the steady ones
+    times = (1.0, 1.0) + jittered(0.1, 21) + (1.0,)
+    status = ("warmup", "warmup") + ("steady",) * 21 + ("outlier",)
+    a = run(0.1, times=times, status=status)
+    # then neither the interval nor the distribution sees them
+    assert steady_times(a) == list(jittered(0.1, 21))
+    assert compare(a, run(0.05)).speedup.high < 2.5
+
+
+def test_long_runs_are_resampled_on_an_even_subsample() -> None:
+    # given a run whose sample keeps 100k steady steps
+    a = run(0.1, times=jittered(0.1, 100_001))
+    # then the bootstrap uses an even subsample of them, and still finds a clear speed-up
+    assert len(steady_times(a)) == MAX_STEPS
+    s = compare(a, run(0.05)).speedup
+    assert s.steps_a == MAX_STEPS
+    assert s.low > 1
+
+
+def test_without_a_step_sample_there_is_no_interval_and_the_summary_says_so() -> None:
+    # given runs that kept no per-step sample (make_record's steps have none)
+    a, b = make_record(), make_record(steps=Steps(count=40, median_s=0.05, total=42))
+    # when compared
+    comparison = compare(a, b)
+    s = comparison.speedup
+    # then the point estimate stands alone, and the reason is given
+    assert s.ratio == pytest.approx(2.0)
+    assert s.low is None and s.high is None
+    assert "no interval: too few steady steps in the step sample (A has 0, B has 0" in s.note
+    assert s.reading() == "B is faster (point estimate only)"
+    assert "no interval" in summary_lines(comparison)[0]
+
+
+def test_a_run_without_a_steady_step_has_no_speedup_figure() -> None:
+    comparison = compare(run(0.1), make_record(steps=Steps(count=0, total=3)))
+    s = comparison.speedup
+    assert s.ratio is None and s.slower_pct is None
+    assert s.note == "no steady-state step in B: no speed-up figure"
+    assert summary_lines(comparison)[0] == "gpuscope compare: no steady-state step in B: no speed-up figure"
+    with pytest.raises(ValueError, match="no steady-state step in B"):
+        gate_text(s, 10)
+
+
+@pytest.mark.parametrize(("median_b", "pct", "fails"), [(0.130, 10, True), (0.130, 50, False), (0.050, 0, False),
+                                                        (0.104, 5, False), (0.106, 5, True)])
+def test_the_gate_fails_when_b_is_slower_than_a_by_more_than_pct(median_b, pct, fails) -> None:
+    failed, line = gate_text(compare(run(0.1), run(median_b)).speedup, pct)
+    assert failed is fails
+    assert line.startswith("gate FAILED" if fails else "gate passed")
+    assert f"(--fail-if-slower {pct}%)" in line
+
+
+# --- breakdown and verdict -----------------------------------------------------------------------------------------
+
+def test_breakdown_shifts_give_each_phases_share_and_ms_per_step() -> None:
+    a = run(0.200, breakdown=Breakdown(data_wait=0.6, forward=0.1, backward=0.2, optimizer=0.05, other=0.05))
+    b = run(0.100, breakdown=Breakdown(data_wait=0.05, forward=0.3, backward=0.45, optimizer=0.1, other=0.1))
+    shifts = {p.phase: p for p in compare(a, b).phases}
+    assert list(shifts) == ["data_wait", "forward", "backward", "optimizer", "other"]
+    wait = shifts["data_wait"]
+    assert (wait.share_a, wait.share_b) == (0.6, 0.05)
+    assert wait.seconds_a == pytest.approx(0.120) and wait.seconds_b == pytest.approx(0.005)
+    assert shifts["backward"].seconds_a == pytest.approx(0.040) and shifts["backward"].seconds_b == pytest.approx(0.045)
+    assert "data wait 120.0 -> 5.0" in "\n".join(summary_lines(compare(a, b)))
+
+
+def test_the_verdict_change_is_said_as_people_say_it() -> None:
+    a = run(verdict=Verdict(bound="data-loading", confidence=0.9), device="cuda")
+    b = run(verdict=Verdict(bound="compute", confidence=0.7), device="cuda")
+    v = compare(a, b).verdict
+    assert (v.label_a, v.confidence_a, v.label_b, v.confidence_b) == ("data-loading-bound", 0.9, "GPU-compute-bound", 0.7)
+    assert v.changed
+    assert ("  verdict: data-loading-bound (confidence 0.90) -> GPU-compute-bound (confidence 0.70)"
+            in summary_lines(compare(a, b)))
+    assert not compare(a, a).verdict.changed
+
+
+# --- A's recommendations in B --------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(
+    ("rec_id", "check_b", "line"),
+    [
+        ("more-dataloader-workers", RuleCheck("clear"), "more-dataloader-workers: resolved, data wait 64% -> 3%"),
+        ("more-dataloader-workers", RuleCheck("fired"), "more-dataloader-workers: still there, data wait 64% -> 3%"),
+        ("pin-memory", RuleCheck("not-checked", "a CPU-only run: this is about GPU work"),
+         "pin-memory: not checked in B (a CPU-only run: this is about GPU work), data wait 64% -> 3%"),
+        ("zero-grad-set-to-none", None, "zero-grad-set-to-none: unknown, median step 100.0 ms -> 50.0 ms"),
+    ],
+)
+def test_each_recommendation_of_a_says_what_became_of_it_with_a_measured_figure(rec_id, check_b, line) -> None:
+    # given A with the recommendation, and B whose rule check is check_b (None: B lacks the check)
+    a = run(0.100, breakdown=Breakdown(data_wait=0.64, forward=0.36), recommendations=(RECOMMENDATIONS[rec_id],),
+            checks={rec_id: RuleCheck("fired")})
+    b = run(0.050, breakdown=Breakdown(data_wait=0.03, forward=0.97),
+            checks={} if check_b is None else {rec_id: check_b},
+            recommendations=(RECOMMENDATIONS[rec_id],) if check_b == RuleCheck("fired") else ())
+    # when compared
+    comparison = compare(a, b)
+    # then its outcome line carries the status and the figure
+    (outcome,) = comparison.outcomes
+    assert outcome.line() == line
+    assert f"    {line}" in summary_lines(comparison)
+
+
+def test_recommendations_new_in_b_are_listed_after_as() -> None:
+    a = run(0.1, recommendations=(RECOMMENDATIONS["more-dataloader-workers"],))
+    b = run(0.05, recommendations=(RECOMMENDATIONS["larger-batch"],),
+            checks={"more-dataloader-workers": RuleCheck("clear"), "larger-batch": RuleCheck("fired")})
+    comparison = compare(a, b)
+    assert [(o.id, o.status) for o in comparison.outcomes] == [("more-dataloader-workers", "resolved"),
+                                                               ("larger-batch", "new in B")]
+    lines = summary_lines(comparison)
+    assert lines.index("  new in B:") == lines.index("    larger-batch: new in B, median step 100.0 ms -> 50.0 ms") - 1
+
+
+def test_a_launch_recommendation_shows_the_per_op_fixed_cost_and_the_step() -> None:
+    # given CPU runs whose op profile and calibration give the per-op fixed cost: 1000 ops x 50 us of 100 ms, then
+    # 250 ops of 50 ms (a larger batch, fewer steps per sample)
+    def launch_run(median_s: float, ops_per_step: float, **overrides):
+        return run(median_s, device="cpu", op_profile=OpProfile(steps=3, ops=int(3 * ops_per_step),
+                                                                ops_per_step=ops_per_step),
+                   calibration=Calibration(op_overhead_s=50e-6), **overrides)
+
+    a = launch_run(0.100, 1000, recommendations=(RECOMMENDATIONS["larger-batch"],))
+    b = launch_run(0.050, 250, checks={"larger-batch": RuleCheck("clear")})
+    (outcome,) = compare(a, b).outcomes
+    assert outcome.line() == "larger-batch: resolved, per-op fixed cost 50% -> 25%, median step 100.0 ms -> 50.0 ms"
+
+
+def test_a_habit_recommendation_shows_its_own_count_and_the_step() -> None:
+    a = run(0.1, recommendations=(RECOMMENDATIONS["zero-grad-set-to-none"],),
+            practices=Practices(zero_grad_calls=40, zero_grad_fill_calls=40))
+    b = run(0.09, checks={"zero-grad-set-to-none": RuleCheck("clear")},
+            practices=Practices(zero_grad_calls=40, zero_grad_fill_calls=0))
+    (outcome,) = compare(a, b).outcomes
+    assert outcome.line() == ("zero-grad-set-to-none: resolved, zero_grad calls that zero-fill 100% -> 0%, "
+                              "median step 100.0 ms -> 90.0 ms")
+
+
+def test_a_figure_missing_from_either_run_falls_back_to_the_step_time() -> None:
+    # given a GPU rule whose kernel timeline neither run has
+    a = run(0.1, recommendations=(RECOMMENDATIONS["mixed-precision"],))
+    (outcome,) = compare(a, run(0.08)).outcomes
+    assert outcome.changes[0].text() == "median step 100.0 ms -> 80.0 ms"
+
+
+# --- unlike runs ---------------------------------------------------------------------------------------------------
+
+def test_like_runs_raise_no_warning() -> None:
+    a = run(command=("/home/me/train.py", "--workers", "0"), meta=RunMeta(torch="2.3.0", cpu_count=8))
+    b = run(command=("train.py", "--workers", "4"), meta=RunMeta(torch="2.3.0", cpu_count=8))
+    assert compare(a, b).flags == ()
+
+
+@pytest.mark.parametrize(
+    ("b_overrides", "flag"),
+    [
+        ({"command": ("eval.py",)}, "different scripts (A: train.py, B: eval.py)"),
+        ({"command": ("-m", "pkg.train")}, "different scripts (A: train.py, B: -m pkg.train)"),
+        ({"device": "cuda"}, "different devices (A: cpu, B: cuda)"),
+        ({"meta": RunMeta(torch="2.4.0", cpu_count=8)}, "different torch versions (A: 2.3.0, B: 2.4.0)"),
+        ({"meta": RunMeta(torch="2.3.0", cpu_count=2)}, "different CPU counts (A: 8, B: 2)"),
+    ],
+)
+def test_unlike_runs_are_compared_with_a_warning(b_overrides, flag) -> None:
+    a = run(command=("train.py",), meta=RunMeta(torch="2.3.0", cpu_count=8))
+    b = run(**{"command": ("train.py",), "meta": RunMeta(torch="2.3.0", cpu_count=8), **b_overrides})
+    comparison = compare(a, b)
+    (warning,) = comparison.flags
+    assert flag in warning
+    assert f"  warning: {warning}" in summary_lines(comparison)
+
+
+def test_the_summary_names_the_page_written() -> None:
+    lines = summary_lines(compare(run(0.1), run(0.05)), Path("runs/b/compare.html"))
+    assert lines[-1] == "  report: runs/b/compare.html"
+    assert lines[1] == "  median step: A 100.0 ms -> B 50.0 ms (-50.0%)"

@@ -1,0 +1,172 @@
+"""The loader probe: batches per second for several worker counts, bounded in time, leaving no trace; and the
+``more-dataloader-workers`` rule's worker count from its curve."""
+
+from __future__ import annotations
+
+import random
+import time
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from conftest import make_record
+from gpuscope.analysis.rules.dataloader import more_dataloader_workers
+from gpuscope.collectors.loader_probe import LoaderProbeCollector, probe_loader, worker_counts
+from gpuscope.record import Breakdown, Loader, LoaderProbe, LoaderRate, RunMeta, Steps
+
+torch = pytest.importorskip("torch")
+np = pytest.importorskip("numpy")
+
+
+class Squares(torch.utils.data.Dataset):
+    """Draws from every global RNG while building an item, and prints: the probe must hide both."""
+
+    def __init__(self, n: int = 64, sleep_s: float = 0.0) -> None:
+        self.n, self.sleep_s = n, sleep_s
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        print("fetching", i)
+        return torch.full((4,), float(i)) + torch.rand(4) + float(np.random.rand()) + random.random()
+
+
+class Unpicklable(Squares):
+    def __init__(self) -> None:
+        super().__init__()
+        self.transform = lambda x: x  # a lambda cannot be pickled for spawn workers
+
+
+class Failing(Squares):
+    def __getitem__(self, i: int) -> Any:
+        raise KeyError("missing.jpg")
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self) -> Any:
+        return iter(range(10))
+
+
+def fake_steps(dataset: Any, iterable: bool = False, data_wait: float = 0.5, median_s: float = 0.02) -> Any:
+    """The parts of a stopped steps collector the probe reads."""
+    info = {"dataset": type(dataset).__name__, "num_workers": 0, "batch_size": 4, "iterable": iterable,
+            "start_method": None}
+    summary = SimpleNamespace(breakdown=Breakdown(data_wait=data_wait, forward=1 - data_wait),
+                              steps=Steps(count=10, median_s=median_s))
+    return SimpleNamespace(
+        summary=summary, cuda_in_use=lambda: False,
+        probe_loader=lambda: {"info": info, "batches": 10, "wait_s": 0.01, "dataset": dataset, "collate_fn": None,
+                              "drop_last": False, "worker_init_fn": None})
+
+
+def rng_states() -> tuple[Any, ...]:
+    return random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state().tolist()
+
+
+def test_worker_counts_double_up_to_the_cores() -> None:
+    assert worker_counts(1) == [0, 1]
+    assert worker_counts(2) == [0, 1, 2]
+    assert worker_counts(6) == [0, 1, 2, 4, 6]
+    assert worker_counts(64) == [0, 1, 2, 4, 8, 16, 32]
+
+
+def test_the_probe_times_worker_counts_and_leaves_rng_and_output_untouched(capfd: pytest.CaptureFixture[str]) -> None:
+    # given
+    before = rng_states()
+    collector = LoaderProbeCollector(fake_steps(Squares()), budget_s=2.0)
+    # when
+    result = collector.stop()
+    # then
+    assert result.status.status == "ok", result.status.reason
+    probe = result.payload
+    assert [r.num_workers for r in probe.rates][:2] == [0, 1]
+    assert all(r.batches_per_s and r.batches_per_s > 0 for r in probe.rates)
+    assert probe.consume_batches_per_s == pytest.approx(1 / 0.01)
+    assert "not applicable" in probe.pin_memory_note  # a CPU-only run
+    assert rng_states() == before
+    assert "fetching" not in capfd.readouterr().out
+
+
+def test_the_probe_keeps_to_its_time_bound_with_a_slow_dataset() -> None:
+    # given: 50 ms an item, 4 items a batch: 200 ms a batch in one process
+    dataset = Squares(sleep_s=0.05)
+    # when
+    started = time.perf_counter()
+    probe = probe_loader(torch, dataset, batch_size=4, cores=2, budget_s=1.5)
+    elapsed = time.perf_counter() - started
+    # then: within the bound, give or take the workers' shutdown
+    assert elapsed <= 1.5 + 0.5
+    assert probe.elapsed_s <= 1.5 + 0.5
+    assert probe.rates[0].batches_per_s == pytest.approx(5.0, rel=0.5)
+
+
+def test_an_unpicklable_dataset_under_spawn_is_timed_in_the_main_process_only_with_a_note() -> None:
+    probe = probe_loader(torch, Unpicklable(), batch_size=4, start_method="spawn", cores=4, budget_s=1.0)
+    assert [r.num_workers for r in probe.rates] == [0]
+    assert "cannot be pickled" in probe.note and "spawn" in probe.note
+
+
+def test_an_iterable_dataset_is_not_probed_and_says_why() -> None:
+    result = LoaderProbeCollector(fake_steps(Stream(), iterable=True)).stop()
+    assert result.status.status == "unavailable"
+    assert "IterableDataset" in result.status.reason and "get_worker_info" in result.status.reason
+
+
+def test_a_dataset_that_raises_is_a_note_not_a_crash() -> None:
+    result = LoaderProbeCollector(fake_steps(Failing()), budget_s=1.0).stop()
+    assert result.status.status == "unavailable"
+    assert "KeyError" in result.status.reason and "missing.jpg" in result.status.reason
+
+
+def test_little_data_wait_is_not_probed_unless_forced() -> None:
+    steps = fake_steps(Squares(), data_wait=0.01)
+    assert LoaderProbeCollector(steps).stop().status.status == "unavailable"
+    assert LoaderProbeCollector(steps, forced=True, budget_s=1.0).stop().status.status == "ok"
+
+
+def probed_record(rates: dict[int, float], device: str = "cuda") -> Any:
+    probe = LoaderProbe(dataset="Images", batch_size=32, rates=tuple(LoaderRate(n, False, r, 8) for n, r in
+                                                                     rates.items()),
+                        consume_batches_per_s=20.0, main_threads=1)
+    return make_record(
+        device=device,
+        steps=Steps(count=40, median_s=0.1, total=42, source="optimizer"),
+        breakdown=Breakdown(data_wait=0.5, forward=0.3, backward=0.2),
+        loaders=(Loader(dataset="Images", num_workers=0, batch_size=32, batches=40, wait_s=2.0),),
+        meta=RunMeta(cpu_count=8), loader_probe=probe)
+
+
+def test_the_rule_names_the_fewest_measured_workers_that_keep_up() -> None:
+    # given: the step computes for 50 ms (20 batches/s); 2 workers deliver 23/s, at least 10% more
+    record = probed_record({0: 10.0, 1: 12.0, 2: 23.0, 4: 40.0})
+    # when
+    finding = more_dataloader_workers(record)
+    # then: the step becomes max(compute 50 ms, 1/23 s) = 50 ms: half the 100 ms step is saved
+    assert finding is not None
+    assert "num_workers=2" in finding.fix
+    assert finding.gain == pytest.approx(0.5)
+    assert any("2: 23.0" in fact and "4: 40.0" in fact for fact in finding.evidence)
+    assert any("20.0 batches/s" in fact for fact in finding.evidence)
+
+
+def test_when_no_worker_count_keeps_up_the_rule_names_the_fastest() -> None:
+    record = probed_record({0: 5.0, 1: 6.0, 2: 11.0, 4: 15.0})
+    finding = more_dataloader_workers(record)
+    assert finding is not None and "num_workers=4" in finding.fix
+    assert finding.gain == pytest.approx(1 - (1 / 15.0) / 0.1)
+    assert any("no measured worker count keeps up" in fact for fact in finding.evidence)
+
+
+def test_on_a_cpu_run_the_prediction_counts_the_cores_the_workers_share() -> None:
+    # given: 2 cores; one batch is 1/6 s of one core's work, the step 50 ms on 1 thread
+    record = probed_record({0: 5.0, 1: 6.0, 2: 11.0}, device="cpu")
+    record = record.__class__(**{**{f: getattr(record, f) for f in record.__slots__},
+                                 "meta": RunMeta(cpu_count=2)})
+    finding = more_dataloader_workers(record)
+    # then: (1/6 s + 50 ms) / 2 cores = 108 ms a step, over the 100 ms it takes now: nothing to gain
+    assert finding is not None and finding.gain == 0.0
+    assert any("share 2 cores" in fact for fact in finding.evidence)

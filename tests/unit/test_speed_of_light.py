@@ -1,0 +1,153 @@
+"""Speed of light: one training step's FLOPs counted by the flops collector, the GPU peak table, MFU and the
+verdict's what-if estimate."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from conftest import make_record
+from gpuscope.analysis import analyze
+from gpuscope.analysis.peaks import find_gpu, gpu_peak_flops
+from gpuscope.analysis.speed import complete_speed_of_light, headroom_text, what_if
+from gpuscope.collectors.flops import SpeedOfLightCollector, measure_cpu_peak
+from gpuscope.record import Breakdown, RunMeta, SpeedOfLight, Steps, Verdict
+
+torch = pytest.importorskip("torch")
+
+
+class FakeSteps:
+    """The part of the steps collector the flops collector uses."""
+
+    def __init__(self) -> None:
+        self.windows: list[str] = []
+
+    def add_step_listener(self, listener: Any) -> None:
+        self.listener = listener
+
+    def cuda_in_use(self) -> bool:
+        return False
+
+    def window_opened(self) -> None:
+        self.windows.append("open")
+
+    def window_closed(self) -> None:
+        self.windows.append("closed")
+
+
+def test_flops_of_an_mlp_training_step_match_a_hand_count() -> None:
+    # given: a two-layer MLP, batch 5, trained with SGD, its steps followed by the flops collector at step 3
+    batch, d_in, d_hidden, d_out = 5, 8, 16, 4
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(d_in, d_hidden), torch.nn.ReLU(), torch.nn.Linear(d_hidden, d_out))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(batch, d_in), torch.randn(batch, d_out)
+    steps = FakeSteps()
+    collector = SpeedOfLightCollector(start=3)
+    collector.bind_steps(steps)
+
+    # when: steps 2, 3 and 4 begin around training steps
+    for index in (2, 3, 4):
+        steps.listener(index)
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    result = collector.stop()
+
+    # then: torch's convention, 2 FLOPs (a multiply and an add) per term of a matmul: forward 2*B*in*out per
+    # Linear (addmm; the bias add is not counted); backward the weight gradient 2*B*in*out per Linear and the input
+    # gradient 2*B*in*out only where the input needs a gradient (not the first layer's input, the data)
+    forward = 2 * batch * d_in * d_hidden + 2 * batch * d_hidden * d_out
+    backward = 2 * batch * d_in * d_hidden + 2 * (2 * batch * d_hidden * d_out)
+    sol = result.payload
+    assert result.status.status == "ok"
+    assert sol.flops_per_step == forward + backward
+    assert sol.flops_by_op == {"addmm": forward, "mm": backward}
+    assert sol.step == 3 and sol.dtype == "float32"
+    assert steps.windows == ["open", "closed"]  # the counted step is left out of the figures
+    assert sol.peak_measured and sol.peak_flops_per_s > 0
+
+
+def test_a_run_that_ends_before_the_counted_step_says_so() -> None:
+    steps = FakeSteps()
+    collector = SpeedOfLightCollector(start=10)
+    collector.bind_steps(steps)
+    steps.listener(0)
+    result = collector.stop()
+    assert result.status.status == "unavailable" and "step 10" in result.status.reason
+
+
+def test_the_cpu_peak_benchmark_measures_a_positive_rate() -> None:
+    assert measure_cpu_peak(torch, torch.float32, size=128, repeats=3) > 0
+
+
+@pytest.mark.parametrize(("name", "dtype", "model", "tflops"), [
+    ("NVIDIA H100 80GB HBM3", "bfloat16", "H100 SXM", 989.5),
+    ("NVIDIA H100 PCIe", "float16", "H100 PCIe", 756),
+    ("NVIDIA H100 NVL", "tfloat32", "H100 NVL", 417.5),
+    ("NVIDIA H200", "bfloat16", "H200", 989.5),
+    ("NVIDIA A100-SXM4-80GB", "tfloat32", "A100 SXM", 156),
+    ("NVIDIA A100 80GB PCIe", "float32", "A100 PCIe", 19.5),
+    ("NVIDIA L40S", "bfloat16", "L40S", 362.05),
+    ("NVIDIA L4", "float16", "L4", 121),
+    ("NVIDIA A10", "float32", "A10", 31.2),
+    ("Tesla T4", "float16", "T4", 65),
+    ("Tesla V100-SXM2-16GB", "float16", "V100 SXM2", 125),
+    ("NVIDIA GeForce RTX 4090", "bfloat16", "RTX 4090", 165.2),
+    ("NVIDIA GeForce RTX 3090", "float32", "RTX 3090", 35.6),
+])
+def test_gpu_peaks_are_looked_up_by_model_and_dtype(name: str, dtype: str, model: str, tflops: float) -> None:
+    peak, source = gpu_peak_flops(name, dtype)
+    assert find_gpu(name).name == model  # type: ignore[union-attr]
+    assert peak == pytest.approx(tflops * 1e12)
+    assert "datasheet" in source or "whitepaper" in source
+
+
+def test_an_unknown_gpu_or_dtype_has_no_peak_and_says_why() -> None:
+    assert gpu_peak_flops("AMD Instinct MI300X", "bfloat16") == (None, "unknown GPU model 'AMD Instinct MI300X': "
+                                                                        "no peak in gpuscope's table")
+    peak, why = gpu_peak_flops("Tesla T4", "bfloat16")
+    assert peak is None and "no bfloat16 peak for the T4" in why
+    assert find_gpu("NVIDIA A10G") is None  # not the A10
+
+
+def compute_bound_record(**overrides: Any) -> Any:
+    sol = SpeedOfLight(flops_per_step=6_000_000_000, peak_flops_per_s=100e9, peak_measured=True, dtype="float32",
+                       peak_source="measured")
+    return make_record(steps=Steps(count=20, median_s=0.2, total=25, source="optimizer"), speed_of_light=sol,
+                       verdict=Verdict("compute", 0.9, ("x 1",)), **overrides)
+
+
+def test_mfu_is_achieved_flops_over_the_peak_and_leads_the_compute_headline() -> None:
+    record = compute_bound_record()
+    sol = complete_speed_of_light(record)
+    assert sol.achieved_flops_per_s == pytest.approx(30e9)  # 6 GFLOP / 0.2 s
+    assert sol.mfu == pytest.approx(0.3)
+    record = dataclasses.replace(record, speed_of_light=sol)
+    assert headroom_text(record) == "at 30% of this machine's measured float32 matmul peak"
+    gpu = dataclasses.replace(record, device="cuda", speed_of_light=dataclasses.replace(
+        sol, peak_measured=False, device_name="NVIDIA H100 80GB HBM3", dtype="bfloat16"))
+    assert headroom_text(gpu) == "at 30% of the H100 SXM's bfloat16 peak"
+
+
+def test_what_if_of_a_compute_bound_run_is_the_step_at_the_peak() -> None:
+    record = compute_bound_record()
+    estimate = what_if(record, record.verdict)
+    assert estimate.step_s == pytest.approx(0.06) and estimate.speedup == pytest.approx(0.2 / 0.06)
+    assert "speed of light" in estimate.explanation
+
+
+def test_what_if_of_a_data_bound_run_without_a_probe_hides_the_wait_behind_compute() -> None:
+    record = make_record(breakdown=Breakdown(data_wait=0.6, forward=0.2, backward=0.2), meta=RunMeta(cpu_count=4))
+    estimate = what_if(record, Verdict("data-loading", 0.9, ("x 1",)))
+    assert estimate.step_s == pytest.approx(0.06)  # max(data 60 ms, compute 40 ms)
+    assert what_if(record, Verdict("inconclusive", 0.0, ("x 1",))) is None
+
+
+def test_analysis_fills_in_mfu_and_the_what_if() -> None:
+    record = analyze(compute_bound_record())
+    assert record.speed_of_light.mfu == pytest.approx(0.3)  # type: ignore[union-attr]
+    assert record.what_if is None or record.what_if.step_s > 0
