@@ -4,16 +4,20 @@ and gpuscope's own errors become one line on stderr and exit status 2, in this o
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
+from gpuscope import distributed
 from gpuscope.collectors import CollectOptions
 from gpuscope.errors import USAGE_EXIT, GpuscopeError
 from gpuscope.rundirs import new_run_dir
 
 if TYPE_CHECKING:
+    from gpuscope.runner import Target
     from gpuscope.session import Session
 
 
@@ -47,6 +51,9 @@ class RunCommand:
                             help="where the run's files go (default: ./gpuscope-runs/<script>-<timestamp>/)")
         parser.add_argument("-q", "--quiet", action="store_true", help="print no summary at the end")
         parser.add_argument("--open", action="store_true", help="open report.html in the browser when done")
+        parser.add_argument("--nproc-per-node", metavar="N", type=_positive_int,
+                            help="run the script on N ranks through torch.distributed.run (torchrun), every rank "
+                                 "profiled into RUN_DIR/rank-K/, one merged report in RUN_DIR")
         defaults = CollectOptions()
         parser.add_argument("--cprofile-steps", metavar="N", type=_count, default=defaults.cprofile_steps,
                             help="steps cProfile covers after the start-up (default %(default)s); profiled steps "
@@ -97,22 +104,76 @@ class RunCommand:
             target = resolve_target(None, target_tokens[1], target_tokens[2:])
         else:
             target = resolve_target(target_tokens[0] if target_tokens else None, None, target_tokens[1:])
-        run_dir = new_run_dir(args.output, target.stem)
+        if args.nproc_per_node:
+            return _launch_ranks(args, target)
+        rank = distributed.rank_env()
+        job_dir = distributed.job_run_dir(args.output, target.stem) if rank is not None else None
+        run_dir = distributed.rank_dir(job_dir, rank.rank) if rank is not None else new_run_dir(args.output, target.stem)
         options = CollectOptions(
             cprofile_steps=None if args.cprofile_all else args.cprofile_steps,
             trace_steps=args.trace_steps,
             trace_max_bytes=int(args.trace_max_mb * 2**20),
             probe_loader=args.probe_loader,
         )
-        session = Session(run_dir, target.command, default_collectors(options))
+        session = Session(run_dir, target.command, default_collectors(options), distributed=rank)
         session.start()
 
         def finish(status: int) -> None:
-            _finish(session, status, args.quiet, args.open)
+            if job_dir is None:
+                _finish(session, status, args.quiet, args.open)
+                return
+            # torchrun sends the other ranks SIGTERM as soon as one fails: this rank's record is still written
+            with contextlib.suppress(ValueError):  # (not the main thread: nothing to change)
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            _finish(session, status, quiet=True)  # this rank's own files and report, then the job's
+            _finish_job(job_dir, args.quiet, args.open, only_if_complete=True)
 
         status = run_target(target, before_hard_exit=finish)
         finish(status)
         return status
+
+
+def _launch_ranks(args: argparse.Namespace, target: Target) -> int:
+    """``--nproc-per-node N``: torchrun starts N ranks, each under ``gpuscope run``; then the merged report."""
+    job_dir = new_run_dir(args.output, target.stem)
+    status = distributed.launch(args.nproc_per_node, job_dir, _forwarded(args.own_tokens), args.target)
+    _finish_job(job_dir, args.quiet, args.open)
+    return status
+
+
+def _forwarded(tokens: list[str]) -> list[str]:
+    """gpuscope's own options for each rank, less those the launcher answers for itself."""
+    dropped = {"--nproc-per-node": 1, "-o": 1, "--output": 1, "--open": 0, "-q": 0, "--quiet": 0}
+    out, i = [], 0
+    while i < len(tokens):
+        name = tokens[i].split("=", 1)[0]
+        if name in dropped:
+            i += 1 + (dropped[name] if "=" not in tokens[i] else 0)
+            continue
+        out.append(tokens[i])
+        i += 1
+    return out
+
+
+def _finish_job(job_dir: Path, quiet: bool, open_report: bool = False, only_if_complete: bool = False) -> None:
+    """Merge the job's rank records into RUN_DIR/run.json and report.html; the summary (unless ``quiet``) once
+    every rank is in, or from the launcher whatever is in."""
+    try:
+        record = distributed.merge_job(job_dir)
+    except Exception as exc:
+        print(f"gpuscope: error: could not merge the ranks' records in {job_dir}: {exc}", file=sys.stderr)
+        return
+    from gpuscope.report import write_report_softly
+
+    report_path = write_report_softly(record, job_dir)
+    if quiet or (only_if_complete and (record.missing_ranks or len(record.ranks) < 2)):
+        return
+    from gpuscope.summary import summary_lines
+
+    for line in summary_lines(record, job_dir, report_path):
+        print(line, file=sys.stderr)
+    if open_report and report_path is not None:
+        _open_in_browser(report_path)
 
 
 def _finish(session: Session, status: int, quiet: bool, open_report: bool = False) -> None:
@@ -141,6 +202,13 @@ def _open_in_browser(path: Path) -> None:
 
     if not webbrowser.open(path.resolve().as_uri()):
         print(f"gpuscope: no browser could be opened; the report is {path}", file=sys.stderr)
+
+
+def _positive_int(text: str) -> int:
+    value = _count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more: {text}")
+    return value
 
 
 def _count(text: str) -> int:
@@ -211,7 +279,8 @@ class ReportCommand:
         from gpuscope.report import write_report
 
         run_dir = Path(args.run_dir)
-        record = load_record(run_dir)
+        # a torchrun job's folder: merge whatever rank records it holds (a lost rank is named as missing)
+        record = distributed.merge_job(run_dir) if distributed.is_job_dir(run_dir) else load_record(run_dir)
         try:
             path = write_report(record, run_dir)
         except GpuscopeError:
@@ -304,7 +373,7 @@ def _parse(parser: argparse.ArgumentParser, argv: list[str]) -> argparse.Namespa
         return parser.parse_args(argv)
     own, target = split(_subparser(parser, command.name), argv[1:])
     args = parser.parse_args([command.name, *own])
-    args.target = target
+    args.target, args.own_tokens = target, own
     return args
 
 

@@ -3,6 +3,7 @@
 In order:
 1. too few steady-state steps: inconclusive;
 2. data-loading: the step waits for the next batch (on CUDA, the GPU's timeline does);
+   then communication: the training thread waits on collectives (a data-parallel job's all-reduce) half the step;
 3. on CUDA, the kernel timeline (or, without one, NVML's utilisation): a busy GPU is compute-bound, a GPU starved
    while the host is late launching is CPU-launch-bound;
 4. on a CPU run, the ops issued per step times this machine's measured fixed cost per op, against the step's time:
@@ -38,6 +39,15 @@ def classify(record: RunRecord) -> Verdict:
             evidence.append(f"the {top.dataset} loader has {top.num_workers} worker processes")
         return Verdict("data-loading", _rising(share, th.DATA_WAIT_BOUND, 0.5), tuple(evidence))
     waiting = f"data wait is {share:.0%} {basis}, under the {th.DATA_WAIT_BOUND:.0%} at which loading bounds the run"
+    comm = record.op_profile.communication if record.op_profile is not None else None
+    if comm is not None and steps.median_s and comm.exposed_s / steps.median_s >= th.COMM_BOUND:
+        exposed = comm.exposed_s / steps.median_s
+        return Verdict("communication", _rising(exposed, th.COMM_BOUND, 0.9), (
+            f"the training thread waits on {comm.backend} collectives (gradient all-reduce) {exposed:.0%} of each "
+            f"step: {comm.exposed_s * 1e3:.1f} ms of the {steps.median_s * 1e3:.1f} ms median step",
+            f"{comm.calls_per_step:.0f} collectives per step, in flight {comm.comm_s * 1e3:.1f} ms, "
+            f"{comm.overlap:.0%} of it overlapped with compute",
+            waiting))
     verdict = _classify_cuda(record) if record.device == "cuda" else _classify_cpu(record)
     return Verdict(verdict.bound, verdict.confidence, (*verdict.evidence, waiting))
 

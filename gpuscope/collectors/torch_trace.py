@@ -165,6 +165,8 @@ class TorchTraceCollector(StepFollower):
         steps = max(1, len(self._recorded))
         from gpuscope.analysis.kernels import kernel_timeline
 
+        from gpuscope.analysis.comms import communication
+
         kernels = kernel_timeline(events, window_wall_s(events), steps) if self._cuda else None
         top_host = tuple(sorted(self._stats, key=lambda o: (-o.self_host_s, o.name))[:TOP_OPS])
         top_device = tuple(o for o in sorted(self._stats, key=lambda o: (-o.device_s, o.name)) if o.device_s > 0)
@@ -181,6 +183,7 @@ class TorchTraceCollector(StepFollower):
             top_host=top_host,
             top_device=top_device[:TOP_OPS],
             kernels=kernels,
+            communication=communication(events, steps),
         )
         return CollectorResult(CollectorStatus("ok"), profile)
 

@@ -175,3 +175,18 @@ def test_run_accepts_open_before_the_script() -> None:
     run = next(c for c in COMMANDS if c.name == "run")
     assert run.split_target(_subparser(build_parser(), "run"), ["--open", "t.py", "--open"]) == (
         ["--open"], ["t.py", "--open"])
+
+
+def test_the_launcher_forwards_the_collector_options_to_each_rank_and_keeps_its_own() -> None:
+    from gpuscope.cli import _forwarded
+
+    own = ["--nproc-per-node", "2", "-o", "job", "--trace-steps", "2", "--open", "--cprofile-steps=3", "-q",
+           "--output=x", "--probe-loader"]
+    assert _forwarded(own) == ["--trace-steps", "2", "--cprofile-steps=3", "--probe-loader"]
+
+
+def test_nproc_per_node_must_be_a_positive_whole_number(tmp_path, capsys) -> None:
+    from gpuscope.cli import main
+
+    assert main(["run", "--nproc-per-node", "0", str(tmp_path / "train.py")]) == 2
+    assert "must be 1 or more" in capsys.readouterr().err

@@ -1,0 +1,165 @@
+"""Data-parallel jobs: every rank profiled into ``RUN_DIR/rank-N/``, and one merged record and report in RUN_DIR.
+
+Two ways in, one layout:
+- ``gpuscope run --nproc-per-node N SCRIPT ARGS`` starts ``torch.distributed.run`` with N copies of
+  ``gpuscope run`` (``launch``), then merges once every rank has ended, killed ones included;
+- ``torchrun [its options] -m gpuscope run SCRIPT ARGS`` (multi-node: the launcher runs on every node, RUN_DIR on a
+  shared filesystem): each rank finds its place in torchrun's environment (``rank_env``).
+Each rank merges what the folder holds when it ends, under a lock, so the last one to end leaves the complete
+merge; a rank that never ends (killed) is named as missing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+import socket
+import statistics
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from pathlib import Path
+
+from gpuscope.errors import GpuscopeError
+from gpuscope.record import RUN_JSON, Distributed, RankSummary, RunRecord, load_record, write_record
+
+RANK_DIR = "rank-{rank}"
+LOCK_FILE = ".merge.lock"
+
+
+def rank_env() -> Distributed | None:
+    """This process's place in a torchrun job (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``), or None outside one."""
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except (KeyError, ValueError):
+        return None
+    return Distributed(rank=rank, world_size=world, local_rank=int(os.environ.get("LOCAL_RANK", "0") or 0),
+                       host=socket.gethostname())
+
+
+def backend_now() -> str | None:
+    """The backend of the script's default process group, if it still has one."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            return str(dist.get_backend())
+    except Exception:
+        pass
+    return None
+
+
+def job_run_dir(output: str | None, stem: str) -> Path:
+    """The job's folder, the same for every rank: ``output``, else ``./gpuscope-runs/<stem>-<time the local launcher
+    started>`` (ranks on one node share their launcher; a multi-node job needs ``-o`` on a shared path)."""
+    if output is not None:
+        path = Path(output)
+    else:
+        started = _process_start(os.getppid()) or datetime.now()
+        path = Path("gpuscope-runs") / f"{stem}-{started:%Y%m%d-%H%M%S}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise GpuscopeError(f"cannot create the run folder {path}: {exc.strerror}") from None
+    return path.resolve()
+
+
+def _process_start(pid: int) -> datetime | None:
+    try:
+        import psutil
+
+        return datetime.fromtimestamp(psutil.Process(pid).create_time())
+    except Exception:
+        return None
+
+
+def rank_dir(job_dir: Path, rank: int) -> Path:
+    return job_dir / RANK_DIR.format(rank=rank)
+
+
+def launch(nproc: int, job_dir: Path, own_options: Sequence[str], target: Sequence[str]) -> int:
+    """Run ``target`` on ``nproc`` ranks through torch.distributed.run, each under ``gpuscope run``; torchrun's
+    exit status (non-zero when a rank failed)."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
+               "-m", "gpuscope", "run", "--quiet", "--output", str(job_dir), *own_options, *target]
+    try:
+        return subprocess.call(command)
+    except KeyboardInterrupt:
+        return 130
+
+
+@contextlib.contextmanager
+def _locked(job_dir: Path) -> Iterator[None]:
+    import fcntl
+
+    with open(job_dir / LOCK_FILE, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+def merge_job(job_dir: Path) -> RunRecord:
+    """Merge the rank records in ``job_dir`` into ``job_dir/run.json`` (under a lock) and return the merge."""
+    with _locked(job_dir):
+        record = merge(rank_records(job_dir))
+        write_record(record, job_dir)
+    return record
+
+
+def rank_records(job_dir: Path) -> list[RunRecord]:
+    """Every readable ``rank-N/run.json`` in the job's folder, by rank."""
+    records = []
+    for path in sorted(job_dir.glob(RANK_DIR.format(rank="*"))):
+        if (path / RUN_JSON).is_file():
+            with contextlib.suppress(GpuscopeError):
+                records.append(load_record(path))
+    return sorted(records, key=lambda r: r.distributed.rank if r.distributed else 0)
+
+
+def is_job_dir(run_dir: Path) -> bool:
+    """True when ``run_dir`` holds rank records (``gpuscope report`` then merges them)."""
+    return any((p / RUN_JSON).is_file() for p in Path(run_dir).glob(RANK_DIR.format(rank="*")))
+
+
+def merge(records: Sequence[RunRecord]) -> RunRecord:
+    """One record for the job: the figures of the rank the others wait for (the straggler; else the lowest rank),
+    every rank's summary, the straggler finding and the ranks that left no record."""
+    from gpuscope.analysis.ranks import job_verdict, straggler
+
+    if not records:
+        raise GpuscopeError("no rank records (rank-N/run.json) in this run folder")
+    world = max(r.distributed.world_size if r.distributed else 1 for r in records)
+    present = {r.distributed.rank if r.distributed else 0 for r in records}
+    summaries = tuple(summarise(r) for r in records)
+    late = straggler(summaries)
+    critical = next((r for r in records if r.distributed and late and r.distributed.rank == late.rank), records[0])
+    notes = (f"a {world}-rank job: the figures below are rank {summaries[records.index(critical)].rank}'s "
+             f"({'the straggler' if late else 'the lowest rank present'}); every rank is in the Ranks section",)
+    return dataclasses.replace(
+        critical,
+        exit_status=max((r.exit_status for r in records), key=abs),
+        ranks=summaries,
+        missing_ranks=tuple(sorted(set(range(world)) - present)),
+        straggler=late,
+        verdict=job_verdict(critical, late),
+        meta=dataclasses.replace(critical.meta, notes=(*notes, *critical.meta.notes)),
+    )
+
+
+def summarise(record: RunRecord) -> RankSummary:
+    comm = record.op_profile.communication if record.op_profile is not None else None
+    where = record.distributed or Distributed()
+    return RankSummary(
+        rank=where.rank, host=where.host, exit_status=record.exit_status, steps=record.steps.count,
+        median_s=record.steps.median_s, breakdown=record.breakdown,
+        comm_s=comm.comm_s if comm else None, comm_exposed_s=comm.exposed_s if comm else None,
+        bound=record.verdict.bound,
+    )
+
+
+def job_median_s(summaries: Sequence[RankSummary]) -> float:
+    values = [s.median_s for s in summaries if s.steps]
+    return statistics.median(values) if values else 0.0

@@ -1,0 +1,97 @@
+"""Data-parallel training with DistributedDataParallel, for torchrun (or ``gpuscope run --nproc-per-node N``).
+
+    torchrun --nproc-per-node 2 sample_workloads/ddp_training.py
+    gpuscope run --nproc-per-node 2 sample_workloads/ddp_training.py --straggler-rank 1
+
+gloo on CPU, NCCL on GPUs. Flags that make the classic multi-process problems happen:
+- ``--straggler-rank R``: rank R's dataset sleeps ``--straggler-ms`` per item, so the other ranks wait for it in
+  every gradient all-reduce. Fix: give that rank's loader workers (or find why its data is slow).
+- ``--comm-heavy``: a wide model (about 8M parameters, 32 MB of gradients) at batch size 2: each step's all-reduce
+  of the gradients costs more than the arithmetic. Fix: larger batches or gradient accumulation (``no_sync``).
+- ``--die-rank R --die-at-step K``: rank R is killed (SIGKILL, as the OOM killer does) at step K.
+"""
+import argparse
+import os
+import signal
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+from torch.utils.data.distributed import DistributedSampler
+
+
+class Points(Dataset):
+    def __init__(self, n, features, sleep_s, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, features, generator=g)
+        self.y = self.x.sum(dim=1, keepdim=True)
+        self.sleep_s = sleep_s
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        if self.sleep_s:
+            time.sleep(self.sleep_s)  # decoding, augmentation, a slow disk...
+        return self.x[i], self.y[i]
+
+
+def main():
+    parser = argparse.ArgumentParser(description="DistributedDataParallel training under torchrun.")
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--comm-heavy", action="store_true", help="a wide model at batch size 2")
+    parser.add_argument("--straggler-rank", type=int, default=None)
+    parser.add_argument("--straggler-ms", type=float, default=0.3, help="per item, on the straggler rank")
+    parser.add_argument("--die-rank", type=int, default=None)
+    parser.add_argument("--die-at-step", type=int, default=10)
+    args = parser.parse_args()
+
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    torch.manual_seed(0)
+
+    if args.comm_heavy:
+        width, depth, batch = 1024, 8, 2
+    else:
+        width, depth, batch = 512, 4, args.batch_size
+    model = nn.Sequential(*[layer for _ in range(depth) for layer in (nn.Linear(width, width), nn.ReLU())],
+                          nn.Linear(width, 1)).to(device)
+    model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+
+    sleep_s = args.straggler_ms / 1000 if rank == args.straggler_rank else 0.0
+    dataset = Points(batch * world * args.steps, width, sleep_s, seed=0)
+    sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0)
+    loader = DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=0)
+
+    step_times, last = [], time.perf_counter()
+    for step, (x, y) in enumerate(loader):
+        if step >= args.steps:
+            break
+        if rank == args.die_rank and step == args.die_at_step:
+            os.kill(os.getpid(), signal.SIGKILL)
+        x, y = x.to(device), y.to(device)
+        loss = F.mse_loss(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if cuda:
+            torch.cuda.synchronize()
+        now = time.perf_counter()
+        step_times.append(now - last)
+        last = now
+
+    print(f"rank={rank} world={world} steps={len(step_times)} "
+          f"median_step_s={statistics.median(step_times[1:] or step_times):.6f}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

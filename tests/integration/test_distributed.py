@@ -1,0 +1,79 @@
+"""Data-parallel jobs (DDP, gloo, 2 ranks on this CPU): every rank profiled, one merged record and report, through
+``gpuscope run --nproc-per-node`` and through ``torchrun -m gpuscope run``; a straggler named with its cause; the
+communication measured; a killed rank named as missing while the others are still reported."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import SAMPLES, load_run, run_gpuscope, run_python
+
+pytest.importorskip("torch.distributed")
+DDP = str(SAMPLES / "ddp_training.py")
+
+
+def ddp_job(tmp_path: Path, *args: str, torchrun: bool = False) -> tuple[dict, int]:
+    job = tmp_path / "job"
+    if torchrun:
+        result = run_python(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             "-m", "gpuscope", "run", "-o", str(job), DDP, *args], tmp_path, timeout=240)
+    else:
+        result = run_gpuscope(["run", "--nproc-per-node", "2", "-o", str(job), DDP, *args], tmp_path, timeout=240)
+    assert (job / "run.json").is_file(), result.stderr
+    record = load_run(job)
+    record["_dir"] = job
+    return record, result.returncode
+
+
+@pytest.mark.parametrize("torchrun", [False, True], ids=["gpuscope-launches", "torchrun-launches"])
+def test_every_rank_is_profiled_and_merged_into_one_report(tmp_path: Path, torchrun: bool) -> None:
+    record, status = ddp_job(tmp_path, "--steps", "24", torchrun=torchrun)
+    assert status == 0
+    assert [r["rank"] for r in record["ranks"]] == [0, 1]
+    assert record["missing_ranks"] == []
+    for rank in record["ranks"]:
+        assert rank["steps"] >= 10 and rank["median_s"] > 0
+        assert sum(rank["breakdown"].values()) == pytest.approx(1.0, abs=0.01)
+        assert rank["comm_s"] > 0  # gloo's all-reduce ranges were found in each rank's trace
+        own = load_run(record["_dir"] / f"rank-{rank['rank']}")
+        assert own["distributed"]["rank"] == rank["rank"] and own["distributed"]["world_size"] == 2
+    page = (record["_dir"] / "report.html").read_text()
+    assert 'id="ranks"' in page and "A data-parallel job of 2 ranks" in page
+
+
+def test_a_rank_slow_to_load_its_data_is_named_the_straggler(tmp_path: Path) -> None:
+    record, _ = ddp_job(tmp_path, "--steps", "24", "--straggler-rank", "1", "--straggler-ms", "2")
+    straggler = record["straggler"]
+    assert straggler is not None and straggler["rank"] == 1 and straggler["cause"] == "data_wait"
+    assert straggler["late_share"] > 0.25
+    assert record["verdict"]["evidence"][0].startswith("rank 1 is late by")
+    # the ranks it holds back are the ones waiting on the all-reduce
+    (waiting,) = [r for r in record["ranks"] if r["rank"] == 0]
+    assert waiting["comm_exposed_s"] > straggler["late_s"] / 2
+
+
+def test_a_communication_heavy_job_shows_its_measured_share(tmp_path: Path) -> None:
+    record, _ = ddp_job(tmp_path, "--steps", "20", "--comm-heavy")
+    comm = record["op_profile"]["communication"]
+    assert comm["backend"] == "gloo" and comm["calls_per_step"] >= 1
+    share = comm["exposed_s"] / record["steps"]["median_s"]
+    assert share > 0.1
+    assert "reduce-communication" in [r["id"] for r in record["recommendations"]] or share < 0.2
+    assert record["checks"]["reduce-communication"]["status"] in ("fired", "clear")
+
+
+def test_a_killed_rank_is_named_missing_and_the_others_are_reported(tmp_path: Path) -> None:
+    record, status = ddp_job(tmp_path, "--steps", "40", "--die-rank", "1", "--die-at-step", "12")
+    assert status != 0
+    assert record["missing_ranks"] == [1]
+    assert [r["rank"] for r in record["ranks"]] == [0]
+    page = (record["_dir"] / "report.html").read_text()
+    assert "left no record" in page
+    # and gpuscope report re-merges the folder the same way
+    result = run_gpuscope(["report", str(record["_dir"])], tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert load_run(record["_dir"])["missing_ranks"] == [1]
+    assert sys.executable  # the ranks ran under this interpreter (run_python)

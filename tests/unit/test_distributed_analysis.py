@@ -1,0 +1,83 @@
+"""Across ranks: collectives' time and overlap from a trace, the straggler and its cause, the merged record with its
+missing ranks."""
+
+from __future__ import annotations
+
+import pytest
+
+from conftest import make_record
+from gpuscope.analysis.classify import classify
+from gpuscope.analysis.comms import communication
+from gpuscope.analysis.ranks import straggler
+from gpuscope.distributed import merge
+from gpuscope.record import Breakdown, Communication, Distributed, OpProfile, RankSummary, Steps, Verdict
+
+
+def op(name: str, ts: float, dur: float, tid: int = 1, cat: str = "cpu_op") -> dict:
+    return {"ph": "X", "name": name, "ts": ts, "dur": dur, "tid": tid, "cat": cat}
+
+
+def test_collective_time_is_split_into_overlapped_and_exposed() -> None:
+    events = [
+        # the training thread: backward ops from 0 to 600 us, the optimizer from 1000 to 1100
+        *(op("aten::mm", t, 100) for t in range(0, 600, 100)),
+        op("aten::add_", 1000, 100),
+        # two buckets' all-reduces on gloo's threads: 400-700 (half under backward) and 650-1000 (all waited for)
+        op("gloo:all_reduce", 400, 300, tid=7, cat="user_annotation"),
+        op("gloo:all_reduce", 650, 350, tid=8, cat="user_annotation"),
+        op("c10d::allreduce_", 390, 5),  # the enqueue on the training thread is not the collective
+    ]
+    comm = communication(events, steps=1)
+    assert comm is not None and comm.backend == "gloo" and comm.calls_per_step == 2
+    assert comm.comm_s == pytest.approx(600e-6)  # 400 to 1000, the union
+    assert comm.exposed_s == pytest.approx(400e-6)  # 600 to 1000: no op on the training thread
+    assert comm.overlap == pytest.approx(200 / 600)
+
+
+def test_nccl_kernels_count_as_collectives_and_no_collective_is_none() -> None:
+    events = [op("aten::mm", 0, 100), op("ncclDevKernel_AllReduce_Sum_f32_RING_LL", 50, 100, tid=9, cat="kernel")]
+    assert communication(events, steps=1).backend == "nccl"
+    assert communication([op("aten::mm", 0, 100)], steps=1) is None
+
+
+def rank(r: int, median_s: float, data_wait: float, backward: float, exposed: float) -> RankSummary:
+    other = 1 - data_wait - backward - 0.2
+    return RankSummary(rank=r, steps=30, median_s=median_s, comm_s=exposed + 0.002, comm_exposed_s=exposed,
+                       breakdown=Breakdown(data_wait=data_wait, forward=0.2, backward=backward, other=other))
+
+
+def test_the_rank_the_others_wait_for_is_the_straggler_and_its_data_wait_the_cause() -> None:
+    ranks = [rank(0, 0.140, 0.01, 0.78, 0.120), rank(1, 0.140, 0.72, 0.07, 0.010), rank(2, 0.139, 0.01, 0.78, 0.118)]
+    found = straggler(ranks)
+    assert found is not None and found.rank == 1 and found.cause == "data_wait"
+    assert found.late_s == pytest.approx(0.130 - 0.020, abs=0.002)
+    assert "rank 1 is late by" in found.evidence[0] and "data wait" in found.evidence[1]
+
+
+def test_balanced_ranks_have_no_straggler() -> None:
+    assert straggler([rank(0, 0.032, 0.04, 0.6, 0.003), rank(1, 0.032, 0.05, 0.6, 0.007)]) is None
+    assert straggler([rank(0, 0.032, 0.04, 0.6, 0.003)]) is None  # one rank: nobody to wait for
+
+
+def rank_record(r: int, world: int, exposed: float, median_s: float = 0.1):
+    return make_record(
+        steps=Steps(count=30, median_s=median_s, total=40, warmup=1, profiled=9),
+        breakdown=Breakdown(data_wait=0.02, forward=0.2, backward=0.7, other=0.08),
+        op_profile=OpProfile(ops=300, ops_per_step=100, mean_op_s=1e-4,
+                             communication=Communication(2, exposed + 0.01, exposed, 0.1, "gloo")),
+        distributed=Distributed(rank=r, world_size=world, host="node1"),
+        verdict=Verdict("compute", 0.8, ("the arithmetic, 1 op",)),
+    )
+
+
+def test_a_job_that_lost_a_rank_names_it_and_reports_the_others() -> None:
+    merged = merge([rank_record(0, 4, 0.01), rank_record(2, 4, 0.01), rank_record(3, 4, 0.012)])
+    assert merged.missing_ranks == (1,)
+    assert [r.rank for r in merged.ranks] == [0, 2, 3]
+
+
+def test_waiting_on_collectives_half_the_step_is_communication_bound() -> None:
+    verdict = classify(rank_record(0, 2, exposed=0.06))
+    assert verdict.bound == "communication"
+    assert "60% of each step" in verdict.evidence[0]
+    assert classify(rank_record(0, 2, exposed=0.02)).bound != "communication"
