@@ -26,8 +26,6 @@ if TYPE_CHECKING:
     from gpuscope.record import RunRecord, Verdict
     from gpuscope.session import Session
 
-EXIT_INTERRUPTED = 130
-"""The status a run stopped by Ctrl-C gets, as under ``gpuscope run``."""
 IFRAME_HEIGHT_PX = 900
 
 
@@ -158,7 +156,9 @@ def _exit_status(exc: BaseException | None) -> int:
     if isinstance(exc, SystemExit):
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     if isinstance(exc, KeyboardInterrupt):
-        return EXIT_INTERRUPTED
+        from gpuscope.runner import EXIT_SIGINT
+
+        return EXIT_SIGINT
     return 1
 
 

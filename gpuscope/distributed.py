@@ -15,7 +15,6 @@ import contextlib
 import dataclasses
 import os
 import socket
-import statistics
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -24,6 +23,7 @@ from pathlib import Path
 
 from gpuscope.errors import GpuscopeError
 from gpuscope.record import RUN_JSON, Distributed, RankSummary, RunRecord, load_record, write_record
+from gpuscope.rundirs import RUNS_FOLDER, new_run_dir
 
 RANK_DIR = "rank-{rank}"
 LOCK_FILE = ".merge.lock"
@@ -53,16 +53,10 @@ def backend_now() -> str | None:
 def job_run_dir(output: str | None, stem: str) -> Path:
     """The job's folder, the same for every rank: ``output``, else ``./gpuscope-runs/<stem>-<time the local launcher
     started>`` (ranks on one node share their launcher; a multi-node job needs ``-o`` on a shared path)."""
-    if output is not None:
-        path = Path(output)
-    else:
+    if output is None:  # not new_run_dir's own default: that one differs between ranks that start a second apart
         started = _process_start(os.getppid()) or datetime.now()
-        path = Path("gpuscope-runs") / f"{stem}-{started:%Y%m%d-%H%M%S}"
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise GpuscopeError(f"cannot create the run folder {path}: {exc.strerror}") from None
-    return path.resolve()
+        output = Path(RUNS_FOLDER) / f"{stem}-{started:%Y%m%d-%H%M%S}"
+    return new_run_dir(output, stem)
 
 
 def _process_start(pid: int) -> datetime | None:
@@ -116,7 +110,7 @@ def rank_records(job_dir: Path) -> list[RunRecord]:
         if (path / RUN_JSON).is_file():
             with contextlib.suppress(GpuscopeError):
                 records.append(load_record(path))
-    return sorted(records, key=lambda r: r.distributed.rank if r.distributed else 0)
+    return sorted(records, key=lambda r: (r.distributed or Distributed()).rank)
 
 
 def is_job_dir(run_dir: Path) -> bool:
@@ -132,17 +126,17 @@ def merge(records: Sequence[RunRecord]) -> RunRecord:
     if not records:
         raise GpuscopeError("no rank records (rank-N/run.json) in this run folder")
     world = max(r.distributed.world_size if r.distributed else 1 for r in records)
-    present = {r.distributed.rank if r.distributed else 0 for r in records}
     summaries = tuple(summarise(r) for r in records)
     late = straggler(summaries)
-    critical = next((r for r in records if r.distributed and late and r.distributed.rank == late.rank), records[0])
-    notes = (f"a {world}-rank job: the figures below are rank {summaries[records.index(critical)].rank}'s "
+    shown = late.rank if late else summaries[0].rank
+    critical = records[[s.rank for s in summaries].index(shown)]
+    notes = (f"a {world}-rank job: the figures below are rank {shown}'s "
              f"({'the straggler' if late else 'the lowest rank present'}); every rank is in the Ranks section",)
     return dataclasses.replace(
         critical,
         exit_status=max((r.exit_status for r in records), key=abs),
         ranks=summaries,
-        missing_ranks=tuple(sorted(set(range(world)) - present)),
+        missing_ranks=tuple(sorted(set(range(world)) - {s.rank for s in summaries})),
         straggler=late,
         verdict=job_verdict(critical, late),
         meta=dataclasses.replace(critical.meta, notes=(*notes, *critical.meta.notes)),
@@ -159,7 +153,3 @@ def summarise(record: RunRecord) -> RankSummary:
         bound=record.verdict.bound,
     )
 
-
-def job_median_s(summaries: Sequence[RankSummary]) -> float:
-    values = [s.median_s for s in summaries if s.steps]
-    return statistics.median(values) if values else 0.0

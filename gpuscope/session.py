@@ -138,8 +138,10 @@ class Session:
         if self.distributed is not None:
             from gpuscope.distributed import backend_now
 
-            record = dataclasses.replace(
-                record, distributed=dataclasses.replace(self.distributed, backend=backend_now()))
+            # most scripts destroy their process group before the end: then the trace's collectives name it
+            comm = record.op_profile.communication if record.op_profile is not None else None
+            backend = backend_now() or (comm.backend if comm is not None else None)
+            record = dataclasses.replace(record, distributed=dataclasses.replace(self.distributed, backend=backend))
         self.record = analyze(record)
         write_record(self.record, self.run_dir)
         return self.record

@@ -23,7 +23,8 @@ def straggler(ranks: Sequence[RankSummary]) -> Straggler | None:
     own = {r.rank: r.median_s - (r.comm_exposed_s or 0.0) for r in timed}
     slow = max(timed, key=lambda r: own[r.rank])
     others = [r for r in timed if r is not slow]
-    late_s = own[slow.rank] - statistics.median(own[r.rank] for r in others)
+    others_own = statistics.median(own[r.rank] for r in others)
+    late_s = own[slow.rank] - others_own
     job_s = statistics.median(r.median_s for r in timed)
     if job_s <= 0 or late_s / job_s < th.STRAGGLER_SHARE:
         return None
@@ -34,7 +35,7 @@ def straggler(ranks: Sequence[RankSummary]) -> Straggler | None:
     evidence = (
         f"rank {slow.rank} is late by {late_s * 1e3:.1f} ms a step ({late_s / job_s:.0%} of the "
         f"{job_s * 1e3:.1f} ms step): its own work takes {own[slow.rank] * 1e3:.1f} ms, the others' "
-        f"{statistics.median(own[r.rank] for r in others) * 1e3:.1f} ms",
+        f"{others_own * 1e3:.1f} ms",
         f"its {cause.replace('_', ' ')} takes {_phase_s(slow, cause) * 1e3:.1f} ms a step, "
         f"{excess[cause] * 1e3:.1f} ms more than on the other ranks",
         f"meanwhile the other ranks wait {others_wait * 1e3:.1f} ms a step in gradient all-reduce",
