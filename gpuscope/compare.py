@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePath
 from typing import Literal
 
-from gpuscope.analysis.evidence import cpu_overhead
+from gpuscope.analysis.evidence import batch_size, cpu_overhead
 from gpuscope.record import PHASES, KernelTimeline, RunRecord
 from gpuscope.summary import bound_label
 
@@ -162,7 +162,7 @@ class PerSample:
 
 def per_sample(a: RunRecord, b: RunRecord) -> PerSample | None:
     """Time per sample in both runs when their (main) loaders' batch sizes differ and both are known."""
-    batch_a, batch_b = (max((l.batch_size or 0 for l in r.loaders), default=0) for r in (a, b))
+    batch_a, batch_b = batch_size(a), batch_size(b)
     if not batch_a or not batch_b or batch_a == batch_b or not a.steps.median_s or not b.steps.median_s:
         return None
     return PerSample(batch_a, batch_b, a.steps.median_s / batch_a, b.steps.median_s / batch_b)

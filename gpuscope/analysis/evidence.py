@@ -28,6 +28,11 @@ def cpu_overhead(record: RunRecord) -> Overhead | None:
     return Overhead(ops.ops_per_step, calibration.op_overhead_s, seconds, min(1.0, seconds / median))
 
 
+def batch_size(record: RunRecord) -> int:
+    """The largest batch size among the run's loaders (0 when none is known)."""
+    return max((loader.batch_size or 0 for loader in record.loaders), default=0)
+
+
 ELEMENTWISE = frozenset({
     "abs", "add", "addcdiv", "addcmul", "clamp", "clamp_min", "cos", "div", "erf", "exp", "fill", "gelu",
     "hardtanh", "leaky_relu", "lerp", "log", "log_sigmoid", "maximum", "minimum", "mul", "neg", "pow", "reciprocal",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import cpu_overhead
+from gpuscope.analysis.evidence import batch_size, cpu_overhead
 from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.record import RunRecord
 
@@ -37,7 +37,7 @@ def larger_batch(run: RunRecord) -> Finding | None:
     if found is None or found[0] < th.LAUNCH_NOTABLE:
         return None
     share, fact = found
-    batch = max((l.batch_size or 0 for l in run.loaders), default=0)
+    batch = batch_size(run)
     evidence = (fact,) + ((f"the batch size is {batch}",) if batch else ())
     # doubling the batch halves the fixed cost per sample: the time per sample falls by share / 2
     return Finding(share / 2, evidence,
