@@ -54,6 +54,7 @@ class RunCommand:
         parser.add_argument("--nproc-per-node", metavar="N", type=_positive_int,
                             help="run the script on N ranks through torch.distributed.run (torchrun), every rank "
                                  "profiled into RUN_DIR/rank-K/, one merged report in RUN_DIR")
+        parser.add_argument(distributed.LAUNCHED, action="store_true", help=argparse.SUPPRESS)
         defaults = CollectOptions()
         parser.add_argument("--cprofile-steps", metavar="N", type=_count, default=defaults.cprofile_steps,
                             help="steps cProfile covers after the start-up (default %(default)s); profiled steps "
@@ -126,7 +127,8 @@ class RunCommand:
             with contextlib.suppress(ValueError):  # (not the main thread: nothing to change)
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
             _finish(session, status, quiet=True)  # this rank's own files and report, then the job's
-            _finish_job(job_dir, args.quiet, args.open, only_if_complete=True)
+            if not args.launched_by_gpuscope:  # else the launcher merges, once, when every rank has ended
+                _finish_job(job_dir, args.quiet, args.open, only_if_complete=True)
 
         status = run_target(target, before_hard_exit=finish)
         finish(status)
@@ -143,7 +145,8 @@ def _launch_ranks(args: argparse.Namespace, target: Target) -> int:
 
 def _forwarded(tokens: list[str]) -> list[str]:
     """gpuscope's own options for each rank, less those the launcher answers for itself."""
-    dropped = {"--nproc-per-node": 1, "-o": 1, "--output": 1, "--open": 0, "-q": 0, "--quiet": 0}
+    dropped = {"--nproc-per-node": 1, "-o": 1, "--output": 1, "--open": 0, "-q": 0, "--quiet": 0,
+               distributed.LAUNCHED: 0}
     out, i = [], 0
     while i < len(tokens):
         name = tokens[i].split("=", 1)[0]

@@ -26,6 +26,9 @@ from gpuscope.record import RUN_JSON, Distributed, RankSummary, RunRecord, load_
 from gpuscope.rundirs import RUNS_FOLDER, new_run_dir
 
 RANK_DIR = "rank-{rank}"
+LAUNCHED = "--launched-by-gpuscope"
+"""The option ``launch`` gives each rank's ``gpuscope run``: the launcher merges once all ranks have ended, so the
+ranks themselves do not."""
 LOCK_FILE = ".merge.lock"
 
 
@@ -76,11 +79,13 @@ def launch(nproc: int, job_dir: Path, own_options: Sequence[str], target: Sequen
     """Run ``target`` on ``nproc`` ranks through torch.distributed.run, each under ``gpuscope run``; torchrun's
     exit status (non-zero when a rank failed)."""
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}",
-               "-m", "gpuscope", "run", "--quiet", "--output", str(job_dir), *own_options, *target]
+               "-m", "gpuscope", "run", LAUNCHED, "--quiet", "--output", str(job_dir), *own_options, *target]
     try:
         return subprocess.call(command)
     except KeyboardInterrupt:
-        return 130
+        from gpuscope.runner import EXIT_SIGINT
+
+        return EXIT_SIGINT
 
 
 @contextlib.contextmanager
