@@ -69,6 +69,10 @@ class RunCommand:
         parser.add_argument("--probe-loader", action="store_true",
                             help="after the run, time the slowest DataLoader with 0, 1, 2, 4... workers (a few "
                                  "seconds) even when data wait was under 5%% of the step (above, it always runs)")
+        parser.add_argument("--no-probes", dest="probes", action="store_false",
+                            help="skip the post-run probes (data probe, loader probe, per-op cost calibration): "
+                                 "a faster exit with the timings only; the CPU verdict then cannot tell "
+                                 "launch- from compute-bound")
         # For --help only: the target is split off before argparse sees the command line (split_target).
         parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script, like python -m")
         parser.add_argument("script", nargs="?", metavar="SCRIPT",
@@ -115,6 +119,7 @@ class RunCommand:
             trace_steps=args.trace_steps,
             trace_max_bytes=int(args.trace_max_mb * 2**20),
             probe_loader=args.probe_loader,
+            probes=args.probes,
         )
         session = Session(run_dir, target.command, default_collectors(options), distributed=rank)
         session.start()

@@ -20,6 +20,9 @@ class CollectOptions:
     probe_loader: bool = False
     """Time the slowest loader with several worker counts after the run even when data wait was under
     ``thresholds.DATA_WAIT_NOTABLE`` (it always runs above)."""
+    probes: bool = True
+    """Run the post-run probes (data probe, loader probe, calibration), which re-run code after the script;
+    False (``--no-probes``): a fast exit with the timings only."""
 
     @property
     def trace_start(self) -> int:
@@ -65,7 +68,7 @@ def default_collectors(options: CollectOptions | None = None) -> list[Collector]
     options = options or CollectOptions()
     practices = PracticesCollector()
     steps = StepsCollector()
-    return [
+    probes: list[Collector] = [
         # stopped after all the others (collectors stop in reverse order), calibration included: it runs the
         # user's dataset code again under a line tracer, which no hook, profiler or timing of theirs may see.
         # Listed before the steps collector, it is not bound to it by the session: it gets it here.
@@ -75,6 +78,9 @@ def default_collectors(options: CollectOptions | None = None) -> list[Collector]
         # stopped next to last: it runs a few training steps of its own, which no hook or profiling window of the
         # others may see
         CalibrationCollector(anomaly_used=practices.anomaly_seen),
+    ] if options.probes else []
+    return [
+        *probes,
         steps,
         # right after the steps collector: stopped after the profilers, so its end-of-run CPU matmul benchmark
         # is profiled by none of them
