@@ -150,6 +150,10 @@ class CollectorStatus:
 
     status: CollectorState = "ok"
     reason: str | None = None
+    field: str | None = None
+    """The record field the collector fills (None: none of its own), so a missing figure can name its collector."""
+    elapsed_s: float | None = None
+    """Post-run probes: how long it ran after the script (its budget is in its declaration)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,5 +1,14 @@
-"""A profiling session: starts the collectors around the user's code, then builds, analyses and writes the
-record. Shared by ``gpuscope run`` and the notebook API."""
+"""The collection stage: starts the live collectors around the user's code, stops them, reduces the steps, runs
+the post-run probes, then reduces every payload into the record, analyses and writes it. Shared by ``gpuscope run``
+and the notebook API.
+
+Order, all of it derived from the collectors' declarations (``collectors.default_collectors``):
+1. the steps collector starts first: it is the source of the step events the others follow;
+2. live collectors start in window order (the scheduler's), the rest after them, and stop in reverse;
+3. the steps are reduced (``analysis.steady``) so the probes know what the run measured;
+4. post-run probes run one at a time, each after every live hook is gone (they may run the user's code again);
+5. every payload becomes record fields (``analysis.reduce``), and the record is analysed and written.
+"""
 
 from __future__ import annotations
 
@@ -8,47 +17,20 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
-from gpuscope.analysis import analyze
+from gpuscope.analysis import analyze, thresholds
+from gpuscope.analysis.evidence import compute_time_s
+from gpuscope.analysis.reduce import record_fields
+from gpuscope.analysis.steady import summarize_capture
+from gpuscope.captures import PostRunFacts, StepCapture
 from gpuscope.collectors import Collector, CollectorResult, default_collectors
-from gpuscope.collectors.steps import StepsCollector, StepsPayload
+from gpuscope.collectors.steps import StepsCollector
 from gpuscope.errors import GpuscopeError
-from gpuscope.record import (
-    Calibration,
-    CollectorStatus,
-    CudaMemory,
-    DataProbe,
-    Distributed,
-    GpuSamples,
-    HostMemory,
-    LoaderProbe,
-    OpProfile,
-    Practices,
-    PythonProfile,
-    RunMeta,
-    RunRecord,
-    SpeedOfLight,
-    SyncProfile,
-    write_record,
-)
-
-_PAYLOAD_FIELDS: dict[type, str] = {
-    PythonProfile: "python_profile",
-    OpProfile: "op_profile",
-    HostMemory: "host_memory",
-    GpuSamples: "gpus",
-    CudaMemory: "cuda_memory",
-    Calibration: "calibration",
-    Practices: "practices",
-    DataProbe: "data_probe",
-    SyncProfile: "syncs",
-    LoaderProbe: "loader_probe",
-    SpeedOfLight: "speed_of_light",
-}
-"""Collector payloads that go into the record as they are, and the record field each fills."""
+from gpuscope.record import CollectorStatus, Distributed, RunMeta, RunRecord, write_record
 
 
 class _Active:
@@ -67,64 +49,54 @@ class Session:
 
     def __init__(self, run_dir: Path, command: Sequence[str], collectors: Sequence[Collector] | None = None,
                  distributed: Distributed | None = None) -> None:
-        """``collectors`` default to ``default_collectors()``; the steps collector must come before those
-        that follow its steps. Collectors stop in reverse order. ``distributed``: this process's rank in a
-        torchrun job (its backend is read when the session stops)."""
+        """``collectors`` default to ``default_collectors()``, in start order; the steps collector among them is
+        the source of step events the others follow. ``distributed``: this process's rank in a torchrun job (its
+        backend is read when the session stops)."""
         self.run_dir = Path(run_dir)
         self.distributed = distributed
         self.command = tuple(command)
         self.collectors = list(collectors) if collectors is not None else default_collectors()
-        self._started: list[Collector] = []
+        self._steps = next((c for c in self.collectors if isinstance(c, StepsCollector)), None)
+        self._started: list[Any] = []
         self._statuses: dict[str, CollectorStatus] = {}
         self.record: RunRecord | None = None
 
     def start(self) -> None:
-        """Start every collector that can run here; one that cannot, or fails, is recorded and skipped."""
+        """Start every live collector that can run here; one that cannot, or fails, is recorded and skipped."""
         if _Active.session is not None:
             raise GpuscopeError("a gpuscope session is already running in this process")
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._started_at = datetime.now().astimezone()
         self._t0 = time.perf_counter()
-        steps: StepsCollector | None = None
-        for collector in self.collectors:
+        for collector in self._live():
             try:
-                reason = collector.unavailable_reason()
-                if reason is not None:
-                    self._statuses[collector.name] = CollectorStatus("unavailable", reason)
+                if not self._available(collector):
                     continue
-                bind = getattr(collector, "bind_steps", None)
-                if bind is not None and steps is not None:
-                    bind(steps)  # a collector that profiles a window of steps follows them
-                collector.start(self.run_dir)
-                if isinstance(collector, StepsCollector):
-                    steps = collector
+                if collector is not self._steps and self._steps is not None and hasattr(collector, "follow"):
+                    collector.follow(self._steps)  # type: ignore[attr-defined]
+                collector.start(self.run_dir)  # type: ignore[attr-defined]
             except Exception as exc:
-                self._statuses[collector.name] = CollectorStatus("failed", _describe(exc))
+                self._statuses[collector.name] = _status(collector, "failed", describe(exc))
                 continue
             self._started.append(collector)
         _Active.session = self
 
     def mark_step(self) -> None:
         """An explicit step boundary (``gpuscope.step()``)."""
-        for collector in self._started:
-            if isinstance(collector, StepsCollector):
-                collector.mark_step()
+        if self._steps is not None and self._steps in self._started:
+            self._steps.mark_step()
 
     def stop(self, exit_status: int) -> RunRecord:
-        """Stop the collectors, build and analyse the record, write ``run.json``; idempotent."""
+        """Stop the collectors, run the probes, build and analyse the record, write ``run.json``; idempotent."""
         if self.record is not None:
             return self.record
         if _Active.session is self:
             _Active.session = None
         duration = time.perf_counter() - self._t0
-        results: dict[str, CollectorResult] = {}
-        collector_notes: list[str] = []
-        for collector in reversed(self._started):
-            try:
-                results[collector.name] = collector.stop()
-            except Exception as exc:
-                results[collector.name] = CollectorResult(CollectorStatus("failed", _describe(exc)))
-            collector_notes += [f"{collector.name}: {note}" for note in getattr(collector, "notes", ())]
+        results = self._stop_live()
+        facts = self._facts(results)
+        results.update(self._run_probes(facts))
+        notes = [f"{c.name}: {note}" for c in self.collectors for note in getattr(c, "notes", ())]
         meta = RunMeta(
             started_at=self._started_at.isoformat(timespec="seconds"),
             duration_s=duration,
@@ -132,9 +104,9 @@ class Session:
             torch=getattr(sys.modules.get("torch"), "__version__", None),
             cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
             platform=platform.platform(terse=True),
-            notes=tuple(collector_notes),
+            notes=tuple(notes),
         )
-        record = assemble(self.command, exit_status, meta, self._statuses, results)
+        record = assemble(self.command, exit_status, meta, self._statuses, results, self._fields())
         if self.distributed is not None:
             from gpuscope.distributed import backend_now
 
@@ -146,6 +118,73 @@ class Session:
         write_record(self.record, self.run_dir)
         return self.record
 
+    # -- stages ----------------------------------------------------------------------------------------------
+    def _live(self) -> list[Any]:
+        return [c for c in self.collectors if getattr(c, "stage", "live") == "live"]
+
+    def _fields(self) -> dict[str, str | None]:
+        return {c.name: getattr(c, "field", None) for c in self.collectors}
+
+    def _available(self, collector: Any) -> bool:
+        reason = collector.unavailable_reason()
+        if reason is not None:
+            self._statuses[collector.name] = _status(collector, "unavailable", reason)
+        return reason is None
+
+    def _stop_live(self) -> dict[str, CollectorResult]:
+        """Stop the live collectors, the last started first; one that fails is recorded as failed."""
+        results: dict[str, CollectorResult] = {}
+        for collector in reversed(self._started):
+            try:
+                results[collector.name] = collector.stop()
+            except Exception as exc:
+                results[collector.name] = CollectorResult(CollectorStatus("failed", describe(exc)))
+        return results
+
+    def _facts(self, results: Mapping[str, CollectorResult]) -> PostRunFacts:
+        """What the probes are told: the steps reduced, the slowest loader, the live collectors' payloads."""
+        payloads = {name: r.payload for name, r in results.items() if r.payload is not None}
+        capture = payloads.get("steps")
+        figures: dict[str, Any] = {}
+        if isinstance(capture, StepCapture):
+            summary = summarize_capture(capture)
+            figures = {"data_wait": summary.breakdown.data_wait, "median_s": summary.steps.median_s,
+                       "steps": summary.steps.count, "cuda": capture.device == "cuda"}
+        loaders = self._steps.loaders if self._steps is not None else None
+        return post_run_facts(**figures, loader=loaders.probe_loader() if loaders is not None else None,
+                              dataset=loaders.probe_dataset() if loaders is not None else None, payloads=payloads)
+
+    def _run_probes(self, facts: PostRunFacts) -> dict[str, CollectorResult]:
+        """Run each post-run probe in turn; each one's time is in its status, a failure is its status."""
+        results: dict[str, CollectorResult] = {}
+        for probe in (c for c in self.collectors if getattr(c, "stage", "live") == "post-run"):
+            started = time.perf_counter()
+            try:
+                if not self._available(probe):
+                    continue
+                result = probe.run(self.run_dir, facts)  # type: ignore[attr-defined]
+            except Exception as exc:
+                result = CollectorResult(CollectorStatus("failed", describe(exc)))
+            elapsed = time.perf_counter() - started
+            results[probe.name] = dataclasses.replace(
+                result, status=dataclasses.replace(result.status, elapsed_s=elapsed))
+        return results
+
+
+def post_run_facts(*, data_wait: float = 0.0, median_s: float | None = None, steps: int = 0, cuda: bool = False,
+                   loader: dict[str, object] | None = None, dataset: object | None = None,
+                   payloads: dict[str, object] | None = None) -> PostRunFacts:
+    """The facts the probes get from the run's steady steps (``data_wait`` share, ``median_s``, ``steps``): whether
+    data wait was notable, and the rate the step consumes batches."""
+    compute_s = compute_time_s(median_s, data_wait) if steps and median_s else None
+    return PostRunFacts(
+        data_wait=data_wait, median_s=median_s, steps=steps, cuda=cuda,
+        data_wait_notable=data_wait >= thresholds.DATA_WAIT_NOTABLE, notable_share=thresholds.DATA_WAIT_NOTABLE,
+        consume_batches_per_s=1 / compute_s if compute_s else None,
+        keeps_up_margin=thresholds.LOADER_KEEPS_UP_MARGIN,
+        loader=loader, dataset=dataset, payloads=payloads or {},
+    )
+
 
 def assemble(
     command: Sequence[str],
@@ -153,39 +192,40 @@ def assemble(
     meta: RunMeta,
     statuses: dict[str, CollectorStatus],
     results: dict[str, CollectorResult],
+    fields: Mapping[str, str | None] | None = None,
 ) -> RunRecord:
-    """The record of measurements (no verdict yet) from what each collector returned."""
+    """The record of measurements (no verdict yet) from what each collector returned: each payload fills the
+    record field its collector declares (``fields``, by collector name), reduced by ``analysis.reduce``."""
     from gpuscope import __version__
 
+    fields = fields or {}
     collectors = dict(statuses)
-    fields: dict[str, object] = {}
+    values: dict[str, object] = {}
     notes: list[str] = []
+    payloads = {name: r.payload for name, r in results.items() if r.payload is not None}
     for name, result in results.items():
-        collectors[name] = result.status
-        payload = result.payload
-        field_name = _PAYLOAD_FIELDS.get(type(payload))
-        if field_name is not None:
-            fields[field_name] = payload
-        elif isinstance(payload, StepsPayload):
-            summary = payload.summary
-            fields.update(
-                steps=summary.steps,
-                breakdown=summary.breakdown,
-                host_breakdown=summary.host_breakdown,
-                loaders=payload.loaders,
-                device=payload.device,
-            )
-            notes.extend(payload.notes)
+        field = fields.get(name)
+        collectors[name] = dataclasses.replace(result.status, field=field)
+        if result.payload is None or field is None:
+            continue
+        values.update(record_fields(field, result.payload, payloads))
+        if isinstance(result.payload, StepCapture):
+            notes.extend(result.payload.notes)
     return RunRecord(
         gpuscope_version=__version__,
         command=tuple(command),
         exit_status=exit_status,
         collectors=dict(sorted(collectors.items())),
         meta=dataclasses.replace(meta, notes=(*notes, *meta.notes)),
-        **fields,  # type: ignore[arg-type]
+        **values,  # type: ignore[arg-type]
     )
 
 
-def _describe(exc: BaseException) -> str:
+def _status(collector: Any, state: str, reason: str) -> CollectorStatus:
+    return CollectorStatus(state, reason, field=getattr(collector, "field", None))  # type: ignore[arg-type]
+
+
+def describe(exc: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -18,6 +18,12 @@ class Overhead:
     share: float
 
 
+def compute_time_s(median_s: float, data_wait: float) -> float:
+    """The part of a step that is not waiting for data: median step x (1 - data wait share), the time in which
+    the next batch must be ready for the step never to wait."""
+    return median_s * (1 - data_wait)
+
+
 def cpu_overhead(record: RunRecord) -> Overhead | None:
     """The share of the step that is per-op fixed cost, from the op profile and the calibration; None if either
     is missing."""

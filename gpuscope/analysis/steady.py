@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.collectors.steplog import TIMED_PHASES, StepRecord
+from gpuscope.captures import TIMED_PHASES, StepCapture, StepRecord
 from gpuscope.record import PHASES, Breakdown, StepSample, Steps
 
 
@@ -161,3 +161,8 @@ def _phase_seconds(record: StepRecord, phase: str) -> float:
     if phase == "other":
         return max(0.0, record.wall_s - sum(record.phases_s.get(p, 0.0) for p in TIMED_PHASES))
     return record.phases_s.get(phase, 0.0)
+
+
+def summarize_capture(capture: StepCapture) -> StepSummary:
+    """``summarize`` of what the steps collector captured."""
+    return summarize(capture.records, capture.count, capture.head, capture.body_weight, capture.source)

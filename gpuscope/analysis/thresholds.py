@@ -140,12 +140,6 @@ that uses Tensor Cores under an unlisted name counts as not using them. The Tens
 (``conv1x1``, ``direct_group``...) are left out: they name a convolution shape, not the instruction used."""
 
 # -- bounded cost ------------------------------------------------------------------------------------------
-STEP_HEAD = 64
-"""Steps kept one by one from the start of the run (warm-up is decided among them)."""
-
-STEP_CAPACITY = 4096
-"""Further steps kept as an evenly spaced sample of at most this many records (about 1 MB of memory)."""
-
 SAMPLE_IN_RECORD = 2000
 """Steps written to run.json one by one; longer runs are thinned evenly (the figures use every kept step)."""
 

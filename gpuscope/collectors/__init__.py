@@ -1,11 +1,25 @@
-"""One module per source of measurements; ``default_collectors()`` lists those a run starts with."""
+"""One module per source of measurements. A collector is a class in this package decorated with ``@register``,
+declaring its name, the record field it fills, its stage (live or post-run) and the steps it wants; the stage
+(``session.py``) builds them with ``default_collectors`` and the scheduler places their windows."""
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from dataclasses import dataclass
+from typing import Any
 
 from gpuscope.collectors import cprofile, torch_trace
-from gpuscope.collectors.base import Collector, CollectorResult
+from gpuscope.collectors.base import (
+    REGISTRY,
+    Collector,
+    CollectorResult,
+    LiveCollector,
+    Probe,
+    StepEvents,
+    WindowRequest,
+)
+from gpuscope.collectors.schedule import Plan, schedule
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,79 +35,53 @@ class CollectOptions:
     """Time the slowest loader with several worker counts after the run even when data wait was under
     ``thresholds.DATA_WAIT_NOTABLE`` (it always runs above)."""
     probes: bool = True
-    """Run the post-run probes (data probe, loader probe, calibration), which re-run code after the script;
-    False (``--no-probes``): a fast exit with the timings only."""
+    """Run the post-run probes (data probe, loader probe, calibration, the CPU's matmul peak), which run code
+    after the script; False (``--no-probes``): a fast exit with the timings only."""
 
-    @property
-    def trace_start(self) -> int:
-        """torch.profiler's window begins one clean step after cProfile's."""
-        return (self.cprofile_steps or 0) + 1
 
-    @property
-    def sync_start(self) -> int:
-        """Syncs are counted from the step at whose start torch.profiler's window (one warm-up step, then
-        ``trace_steps`` recorded ones) closes: the two never overlap."""
-        return self.trace_start + self.trace_steps + 1
+def collector_classes() -> list[Any]:
+    """Every registered collector class (importing each module of this package once), by name."""
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
+    return sorted(REGISTRY, key=lambda cls: cls.name)
 
-    @property
-    def flops_start(self) -> int:
-        """The step whose FLOPs are counted: the first after torch.profiler's window on a CPU run, the first after
-        the sync count's window (CUDA only) on a CUDA run."""
-        return self.sync_start
 
-    @property
-    def flops_cuda_start(self) -> int:
-        from gpuscope.collectors.syncs import DEFAULT_STEPS
+def window_requests(classes: list[Any], options: CollectOptions) -> list[tuple[str, WindowRequest | None]]:
+    """Each class's window request, in window order: a window follows the one it names in ``after``."""
+    wanted = {cls.name: cls.wants(options) for cls in classes}
+    ordered: list[tuple[str, WindowRequest | None]] = []
+    placed: set[str | None] = {None, *(name for name, request in wanted.items() if request is None)}
+    pending = [name for name in wanted if wanted[name] is not None]
+    while pending:
+        ready = [n for n in pending if wanted[n].after in placed or wanted[n].after not in wanted]  # type: ignore[union-attr]
+        if not ready:
+            raise ValueError(f"windows that follow each other in a circle: {', '.join(pending)}")
+        for name in ready:
+            ordered.append((name, wanted[name]))
+            placed.add(name)
+            pending.remove(name)
+    return ordered
 
-        return self.sync_start + DEFAULT_STEPS
+
+def plan_windows(options: CollectOptions) -> Plan:
+    """Where each collector's window lies for a run with ``options``."""
+    return schedule(window_requests(collector_classes(), options))
 
 
 def default_collectors(options: CollectOptions | None = None) -> list[Collector]:
-    """Fresh instances of the collectors a run uses, in start order (the steps collector before those that follow
-    its steps)."""
-    from gpuscope.collectors.calibration import CalibrationCollector
-    from gpuscope.collectors.cprofile import CProfileCollector
-    from gpuscope.collectors.cuda_memory import CudaMemoryCollector
-    from gpuscope.collectors.data_probe import DataProbeCollector
-    from gpuscope.collectors.flops import SpeedOfLightCollector
-    from gpuscope.collectors.loader_probe import LoaderProbeCollector
-    from gpuscope.collectors.memory import HostMemoryCollector
-    from gpuscope.collectors.nvml import NvmlCollector
-    from gpuscope.collectors.nvtx import NvtxCollector
-    from gpuscope.collectors.practices import PracticesCollector
+    """Fresh instances of the collectors a run uses, in start order: the steps collector (the stage's source of
+    steps), the window owners in window order, the other live collectors, then the post-run probes."""
     from gpuscope.collectors.steps import StepsCollector
-    from gpuscope.collectors.syncs import SyncCollector
-    from gpuscope.collectors.torch_trace import TorchTraceCollector
 
     options = options or CollectOptions()
-    practices = PracticesCollector()
-    steps = StepsCollector()
-    probes: list[Collector] = [
-        # stopped after all the others (collectors stop in reverse order), calibration included: it runs the
-        # user's dataset code again under a line tracer, which no hook, profiler or timing of theirs may see.
-        # Listed before the steps collector, it is not bound to it by the session: it gets it here.
-        DataProbeCollector(steps),
-        # after the data probe, like it: loads the user's dataset again with several worker counts
-        LoaderProbeCollector(steps, forced=options.probe_loader),
-        # stopped next to last: it runs a few training steps of its own, which no hook or profiling window of the
-        # others may see
-        CalibrationCollector(anomaly_used=practices.anomaly_seen),
-    ] if options.probes else []
-    return [
-        *probes,
-        steps,
-        # right after the steps collector: stopped after the profilers, so its end-of-run CPU matmul benchmark
-        # is profiled by none of them
-        SpeedOfLightCollector(options.flops_start, options.flops_cuda_start),
-        CProfileCollector(options.cprofile_steps),
-        TorchTraceCollector(options.trace_start, options.trace_steps, options.trace_max_bytes),
-        SyncCollector(options.sync_start),
-        HostMemoryCollector(),
-        NvmlCollector(),
-        NvtxCollector(),
-        CudaMemoryCollector(),
-        practices,
-    ]
+    classes = collector_classes()
+    requests = window_requests(classes, options)
+    plan = schedule(requests)
+    rank = {name: i for i, (name, _) in enumerate(requests)}
+    live = sorted((c for c in classes if c.stage == "live"), key=lambda c: (rank.get(c.name, len(rank)), c.name))
+    probes = [c for c in classes if c.stage == "post-run"]
+    return [StepsCollector(), *(cls.create(options, plan) for cls in (*live, *probes))]
 
 
-__all__ = ["CollectOptions", "Collector", "CollectorResult", "default_collectors"]
+__all__ = ["CollectOptions", "Collector", "CollectorResult", "LiveCollector", "Plan", "Probe", "StepEvents",
+           "collector_classes", "default_collectors", "plan_windows", "window_requests"]

@@ -14,12 +14,14 @@ import dataclasses
 import sys
 import time
 import warnings
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpuscope.collectors.base import CollectorResult
-from gpuscope.record import Calibration, CollectorStatus
+from gpuscope.collectors.base import CollectorResult, PostRunProbe, register
+from gpuscope.record import Calibration, CollectorStatus, Practices
+
+if TYPE_CHECKING:
+    from gpuscope.captures import PostRunFacts
 
 LAYERS = 8
 """Linear layers of width 2 in the calibration model: a forward, a backward and an SGD step of a few hundred ops."""
@@ -32,22 +34,16 @@ WARM_STEPS = 20
 COUNTED_STEPS = 5
 
 
-class CalibrationCollector:
+@register
+class CalibrationCollector(PostRunProbe):
     """Measures the fixed cost per op at the end of the run (CPU only: on CUDA the kernel timeline says more);
-    also what anomaly detection adds per op, when ``anomaly_used()`` says the run had it on."""
+    also what anomaly detection adds per op, when the practices collector saw the run use it."""
 
     name: ClassVar[str] = "calibration"
+    field: ClassVar[str | None] = "calibration"
+    budget_s: ClassVar[float] = 3.0
 
-    def __init__(self, anomaly_used: Callable[[], bool] | None = None) -> None:
-        self._anomaly_used = anomaly_used
-
-    def unavailable_reason(self) -> str | None:
-        return None
-
-    def start(self, run_dir: Path) -> None:
-        pass
-
-    def stop(self) -> CollectorResult:
+    def run(self, run_dir: Path, facts: PostRunFacts) -> CollectorResult:
         torch = sys.modules.get("torch")
         if torch is None:
             return CollectorResult(CollectorStatus("unavailable", "the script did not use torch"))
@@ -56,7 +52,8 @@ class CalibrationCollector:
         with torch.random.fork_rng(devices=[]), torch.enable_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # torch.profiler's and anomaly mode's warnings are not the user's business
             calibration = measure_op_overhead(torch)
-            if self._anomaly_used is not None and self._anomaly_used():
+            practices = facts.payloads.get("practices")
+            if isinstance(practices, Practices) and practices.anomaly_steps > 0:
                 anomalous = measure_op_overhead(torch, anomaly=True)
                 extra = anomalous.step_s - calibration.step_s
                 calibration = dataclasses.replace(

@@ -23,12 +23,16 @@ import sys
 import sysconfig
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpuscope.collectors.base import CollectorResult, StepFollower
+from gpuscope.collectors.base import CollectorResult, StepFollower, WindowRequest, register
 from gpuscope.collectors.workers import WORKERS_PROF, WorkerProfiler, merge_worker_profiles
 from gpuscope.importwatch import ImportWatch
 from gpuscope.record import CollectorStatus, FunctionStat, PythonProfile, Window
+
+if TYPE_CHECKING:
+    from gpuscope.collectors import CollectOptions
+    from gpuscope.collectors.schedule import Plan
 
 PROF_FILE = "python.prof"
 DEFAULT_STEPS = 5
@@ -37,10 +41,12 @@ TOP_FUNCTIONS = 15
 _GPUSCOPE_DIR = str(Path(__file__).resolve().parent.parent) + os.sep
 
 
+@register
 class CProfileCollector(StepFollower):
     """cProfile over the start-up and a window of steps (``steps=None``: the whole run)."""
 
     name: ClassVar[str] = "cprofile"
+    field: ClassVar[str | None] = "python_profile"
     _running: ClassVar[CProfileCollector | None] = None  # read in a forked child, to stop the inherited profile
     _fork_hook: ClassVar[bool] = False
 
@@ -53,6 +59,16 @@ class CProfileCollector(StepFollower):
         self._error: str | None = None
         self._unwrap: Callable[[], None] | None = None
         self._workers_error: str | None = None
+
+    @classmethod
+    def wants(cls, options: CollectOptions) -> WindowRequest | None:
+        """The first steps, from step 0 (the start-up runs profiled before it); the whole run profiles steps that
+        other windows own too, as the user asked."""
+        return WindowRequest(options.cprofile_steps, startup=True) if options.cprofile_steps is not None else None
+
+    @classmethod
+    def create(cls, options: CollectOptions, plan: Plan) -> CProfileCollector:
+        return cls(options.cprofile_steps)
 
     def unavailable_reason(self) -> str | None:
         if sys.getprofile() is not None:
@@ -70,8 +86,8 @@ class CProfileCollector(StepFollower):
         self._switch(self._startup)
         self._watch = ImportWatch("torch", self._torch_imported, before=self._torch_importing)
         self._watch.install()
-        if self._steps_collector is not None:
-            self._steps_collector.window_opened()
+        if self._events is not None:
+            self._events.window_opened()
 
     def _torch_importing(self) -> None:
         if self._active is self._startup:
@@ -109,8 +125,8 @@ class CProfileCollector(StepFollower):
     def _close(self, last_step: int | None) -> None:
         self._switch(None)
         self._last_step = last_step
-        if self._steps_collector is not None:
-            self._steps_collector.window_closed()
+        if self._events is not None:
+            self._events.window_closed()
 
     def stop(self) -> CollectorResult:
         CProfileCollector._running = None
@@ -119,7 +135,7 @@ class CProfileCollector(StepFollower):
             self._unwrap()
         whole_run = self._active is not None
         if self._active is not None:
-            seen = self._steps_collector.steps_seen() if self._steps_collector is not None else 0
+            seen = self._events.steps_seen() if self._events is not None else 0
             self._close(last_step=seen - 1)
         if self._error:
             return CollectorResult(CollectorStatus("failed", self._error))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, NamedTuple
 
-from gpuscope.collectors.base import CollectorResult, StepFollower
+from gpuscope.collectors.base import CollectorResult, StepFollower, register
 from gpuscope.collectors.memory import BoundedSeries
 from gpuscope.record import CollectorStatus, CudaMemory
 
@@ -24,10 +24,12 @@ class _Reading(NamedTuple):
     peak: int
 
 
+@register
 class CudaMemoryCollector(StepFollower):
     """Allocator memory per step on CUDA runs."""
 
     name: ClassVar[str] = "cuda-memory"
+    field: ClassVar[str | None] = "cuda_memory"
 
     def __init__(self, cuda: Any = None, max_steps: int = MAX_STEPS_KEPT) -> None:
         self._cuda = cuda  # torch.cuda (tests pass a fake)
@@ -48,7 +50,7 @@ class CudaMemoryCollector(StepFollower):
             return
         try:
             if not self._active:
-                if not self._steps_collector.cuda_in_use():
+                if not self._events.cuda_in_use():  # type: ignore[union-attr]
                     return
                 if self._cuda is None:
                     import torch.cuda

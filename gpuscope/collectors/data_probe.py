@@ -14,25 +14,25 @@ function already set are restored, and an item that fails to build says so in th
 
 from __future__ import annotations
 
-import contextlib
-import io
 import linecache
-import random
 import re
 import statistics
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import CodeType, FrameType
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpuscope.analysis.thresholds import DATA_WAIT_NOTABLE
 from gpuscope.callsites import is_user_file
-from gpuscope.collectors.base import CollectorResult, StepFollower
+from gpuscope.collectors.base import CollectorResult, PostRunProbe, register
 from gpuscope.collectors.cprofile import short_path
+from gpuscope.collectors.probing import DatasetError, dataset_error, unseen
 from gpuscope.record import CollectorStatus, DataProbe, LineCost
+
+if TYPE_CHECKING:
+    from gpuscope.captures import PostRunFacts
 
 ITEMS = 3
 """Items fetched, spread over the dataset (first, a third and two thirds in): one item can be an odd one."""
@@ -52,41 +52,27 @@ _AUGMENTED = re.compile(rf"\s*([A-Za-z_]\w*)\s*(?:\[.*\]\s*{_OPERATOR}?|{_OPERAT
 """A line that writes into an existing array by name: ``x *= 0.5``, ``x[..., 0] += m``, ``x[:] = y``."""
 
 
-class DataProbeCollector(StepFollower):
-    """Fetches a few items of the slowest loader's dataset after the run, timing the user's lines.
-
-    The dataset is found through the steps collector: bound by the session when listed after it, or handed over
-    at construction (``default_collectors`` lists the probe first, so that it stops last).
-    """
+@register
+class DataProbeCollector(PostRunProbe):
+    """Fetches a few items of the slowest loader's dataset after the run, timing the user's lines; only when the
+    steps waited for data a notable share of their time."""
 
     name: ClassVar[str] = "data-probe"
+    field: ClassVar[str | None] = "data_probe"
+    budget_s: ClassVar[float] = BUDGET_S
 
-    def __init__(self, steps_collector: Any = None, clock: Callable[[], float] = time.perf_counter) -> None:
-        self._steps_collector = steps_collector
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
 
-    def unavailable_reason(self) -> str | None:
-        return None
-
-    def start(self, run_dir: Path) -> None:
-        pass
-
-    def _on_step(self, index: int) -> None:
-        pass  # the probe acts after the run; it follows the steps only to find the dataset
-
-    def stop(self) -> CollectorResult:
-        steps = self._steps_collector
-        dataset = steps.probe_dataset() if steps is not None else None
+    def run(self, run_dir: Path, facts: PostRunFacts) -> CollectorResult:
+        dataset = facts.dataset
         if dataset is None:
             return CollectorResult(CollectorStatus("unavailable", "no map-style dataset was iterated"))
-        summary = getattr(steps, "summary", None)
-        if summary is not None and summary.breakdown.data_wait < DATA_WAIT_NOTABLE:
-            # the user's dataset code runs again only when loading matters
-            return CollectorResult(CollectorStatus("unavailable", f"data wait was {summary.breakdown.data_wait:.0%} "
-                                                   f"of the step, under {DATA_WAIT_NOTABLE:.0%}: not probed"))
+        if not facts.data_wait_notable:  # the user's dataset code runs again only when loading matters
+            return CollectorResult(CollectorStatus("unavailable", f"data wait was {facts.data_wait:.0%} "
+                                                   f"of the step, under {facts.notable_share:.0%}: not probed"))
         try:
-            # what the dataset prints while probed is not the user's run's output
-            with _rng_kept(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            with unseen():
                 probe = probe_dataset(dataset, self._clock)
         except DatasetError as exc:
             return CollectorResult(CollectorStatus("unavailable", str(exc)))
@@ -101,10 +87,6 @@ class DataProbeCollector(StepFollower):
             numpy_float16_slowdown=slowdown,
             note=NOTE,
         ))
-
-
-class DatasetError(Exception):
-    """The user's dataset raised while the probe fetched an item (the message is the one-line reason)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,9 +129,7 @@ def probe_dataset(dataset: Any, clock: Callable[[], float] = time.perf_counter, 
             wall_s += clock() - before
             fetched += 1
     except Exception as exc:  # the user's code failing is not gpuscope's to report as its own failure
-        message = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
-        raise DatasetError(f"the dataset raised {type(exc).__name__}{': ' + message if message else ''} "
-                           "when fetched again after the run") from None
+        raise dataset_error(exc, "when fetched again after the run") from None
     lines = tracer.line_costs(fetched)
     float16_s = sum(c.own_s for c in lines if c.float16)
     ranked = sorted(lines, key=lambda c: (-c.own_s, c.file, c.line))[:TOP_LINES]
@@ -276,22 +256,6 @@ class LineTracer:
                      float16=(file, line) in self._float16)
             for (file, line), own_s in self._own.items()
         ]
-
-
-@contextlib.contextmanager
-def _rng_kept() -> Iterator[None]:
-    """Restore Python's, NumPy's and torch's global RNG states afterwards: the probe changes nothing the user
-    would see, however the dataset draws its randomness."""
-    numpy, torch = sys.modules.get("numpy"), sys.modules.get("torch")
-    python_state = random.getstate()
-    numpy_state = numpy.random.get_state() if numpy is not None else None
-    try:
-        with torch.random.fork_rng(devices=[]) if torch is not None else contextlib.nullcontext():
-            yield
-    finally:
-        random.setstate(python_state)
-        if numpy is not None:
-            numpy.random.set_state(numpy_state)
 
 
 def measure_float16_slowdown(numpy: Any, clock: Callable[[], float] = time.perf_counter,

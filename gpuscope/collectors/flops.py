@@ -8,23 +8,37 @@ convolutions and attention with torch's formulas: 2 x M x N x K for a matmul (a 
 Element-wise ops and the optimizer's update are not counted, as in every MFU figure. The counted step runs slower
 (every op goes through Python), so it is marked profiled and left out of the step figures.
 
-The peak: on CUDA, the detected GPU model's datasheet figure for the matmuls' dtype (``analysis/peaks.py``); on a
-CPU run, this machine measured at the end of the run: the best of a few square matmuls in the step's dtype with the
-run's own thread count, which is what the step's matmuls could reach at most.
+The peak: on CUDA, the detected GPU model's datasheet figure for the matmuls' dtype (looked up by the analysis,
+``analysis/peaks.py``); on a CPU run, this machine measured after the run by the ``cpu-peak`` probe: the best of a
+few square matmuls in the step's dtype with the run's own thread count, which is what the step's matmuls could
+reach at most.
 """
 
 from __future__ import annotations
 
+import platform
 import sys
 import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpuscope.analysis.peaks import gpu_peak_flops
-from gpuscope.collectors.base import CollectorResult, StepFollower
-from gpuscope.record import CollectorStatus, SpeedOfLight
+from gpuscope.captures import CpuPeak, FlopCount
+from gpuscope.collectors.base import (
+    CollectorResult,
+    PostRunProbe,
+    StepFollower,
+    StepWindow,
+    WindowRequest,
+    register,
+)
+from gpuscope.record import CollectorStatus
+
+if TYPE_CHECKING:
+    from gpuscope.captures import PostRunFacts
+    from gpuscope.collectors import CollectOptions
+    from gpuscope.collectors.schedule import Plan
 
 BENCH_SIZE = 1024
 """Square matmul of the CPU peak benchmark: 2.1 GFLOP, tens of milliseconds on a few cores, large enough that the
@@ -35,27 +49,31 @@ BENCH_BUDGET_S = 1.0
 a shared machine only ever adds time, so the fastest is the least disturbed (``timeit``'s reasoning)."""
 TOP_OPS = 8
 
-State = Literal["waiting", "counting", "done", "failed"]
-
-
+@register
 class SpeedOfLightCollector(StepFollower):
-    """Counts one step's FLOPs under FlopCounterMode; at stop, finds the device's peak."""
+    """Counts one step's FLOPs under FlopCounterMode (the peak is the cpu-peak probe's, or the GPU's datasheet)."""
 
     name: ClassVar[str] = "flops"
+    field: ClassVar[str | None] = "speed_of_light"
 
-    def __init__(self, start: int, cuda_start: int | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, start: int, cuda_start: int | None = None) -> None:
         """Count step ``start`` on a CPU run, ``cuda_start`` (after the CUDA-only sync window) on a CUDA run."""
         self.start_step = start
-        self.cuda_start = cuda_start if cuda_start is not None else start
-        self._clock = clock
-        self._state: State = "waiting"
-        self._reason = ""
+        self._window = StepWindow(start, 1, self._open, self._close,
+                                  cuda_start=cuda_start if cuda_start is not None else start)
         self._mode: Any = None
         self._dtypes: dict[str, int] = {}
-        self._counted: int | None = None
         self._flops: dict[str, int] = {}
         self._tf32 = False
+
+    @classmethod
+    def wants(cls, options: CollectOptions) -> WindowRequest | None:
+        """One step, after every other profiling window."""
+        return WindowRequest(1, after="syncs")
+
+    @classmethod
+    def create(cls, options: CollectOptions, plan: Plan) -> SpeedOfLightCollector:
+        return cls(plan.start(cls.name) or 0, plan.start(cls.name, cuda=True))
 
     def unavailable_reason(self) -> str | None:
         return None
@@ -64,15 +82,7 @@ class SpeedOfLightCollector(StepFollower):
         pass
 
     def _on_step(self, index: int) -> None:
-        try:
-            if self._state == "waiting" and index >= self.start_step:
-                cuda = self._steps_collector.cuda_in_use()
-                if index >= (self.cuda_start if cuda else self.start_step):
-                    self._open(index)
-            elif self._state == "counting":
-                self._close()
-        except Exception as exc:  # the user's step goes on; this collector reports failed
-            self._fail(f"the FLOP counter failed: {type(exc).__name__}: {exc}")
+        self._window.on_step(index, self._events, "the FLOP counter")  # type: ignore[arg-type]
 
     def _open(self, index: int) -> None:
         from torch.utils.flop_counter import FlopCounterMode, flop_registry
@@ -98,81 +108,78 @@ class SpeedOfLightCollector(StepFollower):
         self._tf32 = bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False))
         mode.__enter__()
         self._mode = mode
-        self._state = "counting"
-        self._counted = index
-        self._steps_collector.window_opened()
 
     def _close(self) -> None:
         mode, self._mode = self._mode, None
-        self._state = "done"
-        try:
-            mode.__exit__(None, None, None)
-            counts = mode.get_flop_counts().get("Global", {})
-            self._flops = {str(op).removeprefix("aten."): int(n) for op, n in counts.items() if n}
-        finally:
-            self._steps_collector.window_closed()
-
-    def _fail(self, reason: str) -> None:
-        if self._state == "counting":
-            try:
-                self._close()
-            except Exception as exc:
-                reason = f"{reason}; leaving the FLOP counter failed: {exc}"
-        self._state, self._reason = "failed", reason
+        if mode is None:
+            return
+        mode.__exit__(None, None, None)
+        counts = mode.get_flop_counts().get("Global", {})
+        self._flops = {str(op).removeprefix("aten."): int(n) for op, n in counts.items() if n}
 
     def stop(self) -> CollectorResult:
-        if self._state == "counting":  # the run ended inside the counted step: it is not a whole step
+        window = self._window
+        if window.state == "open":  # the run ended inside the counted step: it is not a whole step
             try:
-                self._close()
+                window.finish()
             except Exception as exc:
-                self._fail(f"leaving the FLOP counter failed: {exc}")
-            if self._state != "failed":
-                self._state, self._reason = "failed", "the run ended inside the counted step"
-                return CollectorResult(CollectorStatus("unavailable", self._reason))
-        if self._state == "failed":
-            return CollectorResult(CollectorStatus("failed", self._reason))
-        if self._state == "waiting":
+                window.fail(f"leaving the FLOP counter failed: {exc}")
+            if window.state != "failed":
+                return CollectorResult(CollectorStatus("unavailable", "the run ended inside the counted step"))
+        if window.state == "failed":
+            return CollectorResult(CollectorStatus("failed", window.reason))
+        if window.state == "waiting":
             return CollectorResult(CollectorStatus(
                 "unavailable", f"the run ended before step {self.start_step}, the one whose FLOPs are counted"))
+        counted = window.counted[0]
         total = sum(self._flops.values())
         if not total:
             return CollectorResult(CollectorStatus(
-                "unavailable", f"step {self._counted} ran no matmul, convolution or attention that torch counts"))
-        torch = sys.modules["torch"]
+                "unavailable", f"step {counted} ran no matmul, convolution or attention that torch counts"))
         dtype = max(self._dtypes, key=lambda d: self._dtypes[d]) if self._dtypes else None
         top = dict(sorted(self._flops.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_OPS])
-        result = SpeedOfLight(flops_per_step=total, flops_by_op=top, step=self._counted, dtype=dtype)
-        if self._steps_collector.cuda_in_use():
-            result = self._gpu_peak(torch, result)
-        else:
-            result = self._cpu_peak(torch, result)
-        return CollectorResult(CollectorStatus("ok"), result)
+        cuda = self._events is not None and self._events.cuda_in_use()
+        name, note = _gpu_name() if cuda else (None, "")
+        return CollectorResult(CollectorStatus("ok"), FlopCount(
+            flops_per_step=total, flops_by_op=top, step=counted, dtype=dtype, cuda=cuda, device_name=name,
+            tf32=self._tf32, note=note))
 
-    def _gpu_peak(self, torch: Any, result: SpeedOfLight) -> SpeedOfLight:
-        import dataclasses
 
-        try:
-            name = torch.cuda.get_device_name(torch.cuda.current_device())
-        except Exception as exc:
-            return dataclasses.replace(result, note=f"the GPU's name could not be read: {exc}")
-        dtype = result.dtype or "float32"
-        table_dtype = "tfloat32" if dtype == "float32" and self._tf32 else dtype
-        peak, source = gpu_peak_flops(name, table_dtype)
-        return dataclasses.replace(result, device_name=name, peak_flops_per_s=peak, peak_source=source,
-                                   dtype=table_dtype if peak is not None else dtype,
-                                   note="" if peak is not None else source)
+def _gpu_name() -> tuple[str | None, str]:
+    """The current GPU's model name, or None and why not."""
+    torch = sys.modules["torch"]
+    try:
+        return torch.cuda.get_device_name(torch.cuda.current_device()), ""
+    except Exception as exc:
+        return None, f"the GPU's name could not be read: {exc}"
 
-    def _cpu_peak(self, torch: Any, result: SpeedOfLight) -> SpeedOfLight:
-        import dataclasses
-        import platform
 
-        dtype = result.dtype if result.dtype in ("float32", "bfloat16", "float16") else "float32"
+@register
+class CpuPeakProbe(PostRunProbe):
+    """After the run, on a CPU run whose step FLOPs were counted: this machine's matmul rate in the step's dtype,
+    the best of a few square matmuls with the run's own thread count (what the step's matmuls could reach)."""
+
+    name: ClassVar[str] = "cpu-peak"
+    field: ClassVar[str | None] = None  # read by the speed-of-light reduction, with the flops collector's count
+    budget_s: ClassVar[float] = BENCH_BUDGET_S
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self._clock = clock
+
+    def run(self, run_dir: Path, facts: PostRunFacts) -> CollectorResult:
+        count = facts.payloads.get("flops")
+        torch = sys.modules.get("torch")
+        if not isinstance(count, FlopCount) or torch is None:
+            return CollectorResult(CollectorStatus("unavailable", "no step's FLOPs were counted"))
+        if count.cuda:
+            return CollectorResult(CollectorStatus("unavailable", "a CUDA run: the GPU's datasheet peak is used"))
+        dtype = count.dtype if count.dtype in ("float32", "bfloat16", "float16") else "float32"
         threads = torch.get_num_threads()
         peak = measure_cpu_peak(torch, getattr(torch, dtype), clock=self._clock)
-        return dataclasses.replace(
-            result, device_name=platform.processor() or platform.machine() or "CPU", peak_flops_per_s=peak,
-            peak_measured=True, peak_source=(f"measured here after the run: the fastest of {BENCH_REPEATS} "
-                                             f"{BENCH_SIZE}x{BENCH_SIZE} {dtype} matmuls on {threads} threads"))
+        return CollectorResult(CollectorStatus("ok"), CpuPeak(
+            flops_per_s=peak, dtype=dtype, device_name=platform.processor() or platform.machine() or "CPU",
+            source=(f"measured here after the run: the fastest of {BENCH_REPEATS} {BENCH_SIZE}x{BENCH_SIZE} "
+                    f"{dtype} matmuls on {threads} threads")))
 
 
 def measure_cpu_peak(torch: Any, dtype: Any, size: int = BENCH_SIZE, repeats: int = BENCH_REPEATS,

@@ -20,21 +20,22 @@ failure of the run.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import multiprocessing
 import pickle
 import sys
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpuscope.analysis import thresholds as th
-from gpuscope.collectors.base import CollectorResult
-from gpuscope.collectors.data_probe import _rng_kept
+from gpuscope.collectors.base import CollectorResult, PostRunProbe, register
+from gpuscope.collectors.probing import DatasetError, dataset_error, first_line, unseen
 from gpuscope.record import CollectorStatus, LoaderProbe, LoaderRate
+
+if TYPE_CHECKING:
+    from gpuscope.captures import PostRunFacts
+    from gpuscope.collectors import CollectOptions
+    from gpuscope.collectors.schedule import Plan
 
 BUDGET_S = 5.0
 """The whole probe's time: the run is over and the user is waiting. Each configuration gets an equal share."""
@@ -48,66 +49,59 @@ MAX_WORKERS = 32
 ON_CPU_PIN = "not applicable: a CPU-only run (pin_memory only speeds up copies to a GPU)"
 
 
-class LoaderProbeCollector:
+@register
+class LoaderProbeCollector(PostRunProbe):
     """Times the slowest loader's batches with several worker counts after the run.
 
-    Runs when ``forced`` (``--probe-loader``), or when the steps waited for data at least
-    ``thresholds.DATA_WAIT_NOTABLE`` of their time (decided at stop, from the steps collector's figures).
+    Runs when ``forced`` (``--probe-loader``), or when the steps waited for data a notable share of their time
+    (``facts.data_wait_notable``, decided by the stage from the reduced steps).
     """
 
     name: ClassVar[str] = "loader-probe"
+    field: ClassVar[str | None] = "loader_probe"
+    budget_s: ClassVar[float] = BUDGET_S
 
-    def __init__(self, steps_collector: Any = None, forced: bool = False, budget_s: float = BUDGET_S,
+    def __init__(self, forced: bool = False, budget_s: float = BUDGET_S,
                  clock: Callable[[], float] = time.perf_counter) -> None:
-        self._steps_collector = steps_collector
         self._forced = forced
         self._budget_s = budget_s
         self._clock = clock
 
-    def unavailable_reason(self) -> str | None:
-        return None
+    @classmethod
+    def create(cls, options: CollectOptions, plan: Plan) -> LoaderProbeCollector:
+        probe = cls(forced=options.probe_loader)
+        probe.enabled = options.probes
+        return probe
 
-    def start(self, run_dir: Path) -> None:
-        pass
-
-    def stop(self) -> CollectorResult:
-        steps = self._steps_collector
-        loader = steps.probe_loader() if steps is not None else None
+    def run(self, run_dir: Path, facts: PostRunFacts) -> CollectorResult:
+        loader = facts.loader
         torch = sys.modules.get("torch")
         if loader is None or torch is None:
             return CollectorResult(CollectorStatus("unavailable", "no DataLoader was iterated"))
-        summary = getattr(steps, "summary", None)
-        share = summary.breakdown.data_wait if summary is not None else 0.0
-        if not self._forced and share < th.DATA_WAIT_NOTABLE:
+        share = facts.data_wait
+        if not self._forced and not facts.data_wait_notable:
             return CollectorResult(CollectorStatus("unavailable", f"data wait was {share:.0%} of the step, under "
-                                                   f"{th.DATA_WAIT_NOTABLE:.0%}: not probed (--probe-loader forces it)"))
-        info = loader["info"]
+                                                   f"{facts.notable_share:.0%}: not probed (--probe-loader forces it)"))
+        info: dict[str, Any] = loader["info"]  # type: ignore[assignment]
         if info.get("iterable"):
             return CollectorResult(CollectorStatus("unavailable", (
                 f"the {info['dataset']} loader iterates an IterableDataset: with N workers each one iterates the "
                 "whole stream unless the dataset splits it itself (torch.utils.data.get_worker_info()), so worker "
                 "counts were not timed")))
-        consume = None
-        if summary is not None and summary.steps.count and summary.steps.median_s:
-            compute_s = summary.steps.median_s * (1 - share)
-            consume = 1 / compute_s if compute_s > 0 else None
-        estimate = loader["wait_s"] / loader["batches"] if info.get("num_workers") == 0 and loader["batches"] else None
+        batches, wait_s = loader["batches"], loader["wait_s"]
+        estimate = wait_s / batches if info.get("num_workers") == 0 and batches else None  # type: ignore[operator]
         try:
-            with _rng_kept(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
-                    warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with unseen():
                 probe = probe_loader(
                     torch, loader["dataset"], batch_size=info.get("batch_size"), collate_fn=loader.get("collate_fn"),
-                    drop_last=loader.get("drop_last", False), worker_init_fn=loader.get("worker_init_fn"),
-                    start_method=info.get("start_method"), cores=_cores(), consume_batches_per_s=consume,
-                    budget_s=self._budget_s, cuda=steps.cuda_in_use(), main_batch_s=estimate, clock=self._clock)
+                    drop_last=bool(loader.get("drop_last", False)), worker_init_fn=loader.get("worker_init_fn"),
+                    start_method=info.get("start_method"), cores=_cores(),
+                    consume_batches_per_s=facts.consume_batches_per_s,
+                    keeps_up_margin=facts.keeps_up_margin, budget_s=self._budget_s, cuda=facts.cuda,
+                    main_batch_s=estimate, clock=self._clock)
         except DatasetError as exc:
             return CollectorResult(CollectorStatus("unavailable", str(exc)))
         return CollectorResult(CollectorStatus("ok"), probe)
-
-
-class DatasetError(Exception):
-    """The user's dataset (or collate function) raised while the probe loaded it (the message is the reason)."""
 
 
 def worker_counts(cores: int, limit: int = MAX_WORKERS) -> list[int]:
@@ -124,12 +118,13 @@ def worker_counts(cores: int, limit: int = MAX_WORKERS) -> list[int]:
 
 def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn: Any = None, drop_last: bool = False,
                  worker_init_fn: Any = None, start_method: str | None = None, cores: int = 1,
-                 consume_batches_per_s: float | None = None, budget_s: float = BUDGET_S, cuda: bool = False,
-                 main_batch_s: float | None = None,
+                 consume_batches_per_s: float | None = None, keeps_up_margin: float = 0.1,
+                 budget_s: float = BUDGET_S, cuda: bool = False, main_batch_s: float | None = None,
                  clock: Callable[[], float] = time.perf_counter) -> LoaderProbe:
     """Time batches delivered per second by ``DataLoader(dataset, ...)`` for each worker count, within
-    ``budget_s`` in all. ``main_batch_s``: a batch's time in the main process as measured in the run, if known
-    (a configuration whose batch cannot fit its share of the budget is not started).
+    ``budget_s`` in all, stopping at the first count delivering ``keeps_up_margin`` more than
+    ``consume_batches_per_s``. ``main_batch_s``: a batch's time in the main process as measured in the run, if
+    known (a configuration whose batch cannot fit its share of the budget is not started).
 
     Raises DatasetError when the dataset raises in the main process.
     """
@@ -138,15 +133,8 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
     started = clock()
     deadline = started + budget_s
     notes: list[str] = []
-    counts = worker_counts(cores)
     method = start_method or multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_start_method()
-    if method in ("spawn", "forkserver"):
-        try:
-            pickle.dumps((dataset, collate_fn, worker_init_fn))
-        except Exception as exc:
-            counts = [0]
-            notes.append(f"the dataset cannot be pickled, as {method} workers need it to be "
-                         f"({type(exc).__name__}: {_first_line(exc)}): only the main process (0 workers) was timed")
+    counts = _worker_counts_for(method, cores, (dataset, collate_fn, worker_init_fn), notes)
     pins = (False, True) if cuda else (False,)
     configs = [(n, pin) for n in counts for pin in pins]
     share_s = budget_s / len(configs)
@@ -179,7 +167,7 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
         rate = _time_config(DataLoader(dataset, **kwargs), workers, pin, slot, clock)
         rates.append(rate)
         if (workers and rate.batches_per_s is not None and consume_batches_per_s is not None
-                and rate.batches_per_s >= consume_batches_per_s * (1 + th.LOADER_KEEPS_UP_MARGIN)):
+                and rate.batches_per_s >= consume_batches_per_s * (1 + keeps_up_margin)):
             break  # this count hides loading: larger ones are not needed to name the smallest
     if len(rates) < len(configs):
         notes.append(f"stopped after {rates[-1].num_workers} workers: they already deliver batches faster than "
@@ -188,6 +176,18 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
         dataset=type(dataset).__name__, batch_size=batch_size, start_method=method, rates=tuple(rates),
         consume_batches_per_s=consume_batches_per_s, main_threads=threads, budget_s=budget_s,
         elapsed_s=clock() - started, pin_memory_note="" if cuda else ON_CPU_PIN, note="; ".join(notes))
+
+
+def _worker_counts_for(method: str, cores: int, pickled: tuple[Any, ...], notes: list[str]) -> list[int]:
+    """The worker counts to time: only 0 when spawn or forkserver workers could not be sent what they need."""
+    if method in ("spawn", "forkserver"):
+        try:
+            pickle.dumps(pickled)
+        except Exception as exc:
+            notes.append(f"the dataset cannot be pickled, as {method} workers need it to be "
+                         f"({type(exc).__name__}: {first_line(exc)}): only the main process (0 workers) was timed")
+            return [0]
+    return worker_counts(cores)
 
 
 def _time_config(loader: Any, workers: int, pin: bool, slot_s: float, clock: Callable[[], float]) -> LoaderRate:
@@ -219,10 +219,10 @@ def _time_config(loader: Any, workers: int, pin: bool, slot_s: float, clock: Cal
                 break
     except RuntimeError as exc:
         if "timed out" not in str(exc):
-            raise _dataset_error(exc) from None
+            raise dataset_error(exc, "when the loader probe loaded it after the run") from None
         note = f"no further batch within this configuration's {slot_s:.2f} s"
     except Exception as exc:
-        raise _dataset_error(exc) from None
+        raise dataset_error(exc, "when the loader probe loaded it after the run") from None
     finally:
         _close(iterator)
     startup = arrivals[0] - started if arrivals else slot_s
@@ -266,17 +266,6 @@ def _close(iterator: Any) -> None:
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()
-
-
-def _dataset_error(exc: BaseException) -> DatasetError:
-    message = _first_line(exc)
-    return DatasetError(f"the dataset raised {type(exc).__name__}{': ' + message if message else ''} when the "
-                        "loader probe loaded it after the run")
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return text[0][:200] if text else ""
 
 
 def _cores() -> int:

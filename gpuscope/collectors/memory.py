@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
-from gpuscope.collectors.base import CollectorResult
+from gpuscope.collectors.base import CollectorResult, Watcher, register
 from gpuscope.record import CollectorStatus, HostMemory
 
 T = TypeVar("T")
@@ -124,10 +124,12 @@ def build_host_memory(
     )
 
 
-class HostMemoryCollector:
+@register
+class HostMemoryCollector(Watcher):
     """Samples the RSS of this process and of its child processes (DataLoader workers) over the run."""
 
     name: ClassVar[str] = "memory"
+    field: ClassVar[str | None] = "host_memory"
 
     def __init__(
         self,

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from gpuscope.collectors.base import CollectorResult
+from gpuscope.collectors.base import CollectorResult, Watcher, register
 from gpuscope.collectors.memory import BoundedSeries, next_deadline
 from gpuscope.record import CollectorStatus, GpuDevice, GpuSamples
 
@@ -141,10 +141,12 @@ def select_devices(
     return chosen, note
 
 
-class NvmlCollector:
+@register
+class NvmlCollector(Watcher):
     """Samples every GPU that CUDA can see through NVML, reading only."""
 
     name: ClassVar[str] = "nvml"
+    field: ClassVar[str | None] = "gpus"
 
     def __init__(
         self,

@@ -10,16 +10,18 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from gpuscope.collectors.base import CollectorResult, StepFollower
+from gpuscope.collectors.base import CollectorResult, StepFollower, register
 from gpuscope.record import CollectorStatus
 
 DOMAIN = "gpuscope"
 
 
+@register
 class NvtxCollector(StepFollower):
     """Emits NVTX ranges ``step N`` and ``data_wait`` / ``forward`` / ``backward`` / ``optimizer``."""
 
     name: ClassVar[str] = "nvtx"
+    field: ClassVar[str | None] = None
 
     def __init__(self, nvtx: Any = None) -> None:
         self._nvtx = nvtx  # the nvtx module (tests pass a fake)
@@ -47,10 +49,10 @@ class NvtxCollector(StepFollower):
             return
         try:
             if not self._active:
-                if not self._steps_collector.cuda_in_use():
+                if not self._events.cuda_in_use():  # type: ignore[union-attr]
                     return
                 self._active = True
-                self._steps_collector.add_phase_listener(self._on_phase)
+                self._events.add_phase_listener(self._on_phase)  # type: ignore[union-attr]
             self._end(self._step_range)
             self._step_range = self._begin(f"step {index}")
         except Exception as exc:

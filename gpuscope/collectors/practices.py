@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from gpuscope.callsites import SiteCounter, user_frame
-from gpuscope.collectors.base import CollectorResult, StepFollower, patch
+from gpuscope.collectors.base import CollectorResult, StepFollower, patch, register
 from gpuscope.importwatch import ImportWatch
 from gpuscope.record import CollectorStatus, Practices
 
@@ -32,10 +32,12 @@ INSPECT_AT_STEP = 2
 """Model and flags are read at this step's start: the optimizer has stepped and the loop is set up."""
 
 
+@register
 class PracticesCollector(StepFollower):
     """Reads the run's debug-API state, gradient clearing, model layers and backend flags."""
 
     name: ClassVar[str] = "practices"
+    field: ClassVar[str | None] = "practices"
 
     def __init__(self) -> None:
         self._undo: list[Callable[[], None]] = []
@@ -80,10 +82,6 @@ class PracticesCollector(StepFollower):
             zero_grad_fill_sites=self._fill_sites.sites(),
             **self._inspected,
         ))
-
-    def anomaly_seen(self) -> bool:
-        """Whether anomaly detection was on during a step (so calibration measures what it costs)."""
-        return self._anomaly_steps > 0
 
     # -- hooks -------------------------------------------------------------------------------------------
     def _install(self) -> None:
@@ -143,7 +141,7 @@ class PracticesCollector(StepFollower):
         if on_now or self._anomaly_switched_on:
             self._anomaly_steps += 1
         self._anomaly_switched_on = on_now
-        steps = self._steps_collector
+        steps = self._events
         if torch.autograd._profiler_enabled() and not (steps is not None and steps.in_window()):
             self._profiler_steps += 1
         if index >= INSPECT_AT_STEP and not self._inspected:

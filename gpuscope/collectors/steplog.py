@@ -19,9 +19,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-TIMED_PHASES = ("data_wait", "forward", "backward", "optimizer")
-"""Phases timed by hooks; a step's remaining time is "other"."""
+from gpuscope.captures import TIMED_PHASES, StepRecord
+
 OTHER = "other"
+STEP_HEAD = 64
+"""Steps kept one by one from the start of the run (warm-up is decided among them)."""
+STEP_CAPACITY = 4096
+"""Further steps kept as a uniform sample of at most this many records (about 1 MB of memory)."""
 
 SOURCE_PRIORITY = {"explicit": 3, "optimizer": 2, "dataloader": 1}
 """Which kind of marker defines steps when several are seen: explicit marks win over optimizer steps,
@@ -94,18 +98,6 @@ class PhaseClock:
         return totals
 
 
-@dataclass(slots=True)
-class StepRecord:
-    """One step as measured: host wall time and host phase times; device times once resolved (CUDA only)."""
-
-    index: int
-    wall_s: float
-    phases_s: dict[str, float]
-    profiled: bool = False  # a profiler (cProfile, torch.profiler) ran during some of it
-    device_wall_s: float | None = None
-    device_phases_s: dict[str, float] | None = None
-
-
 class StepLog:
     """The first ``head`` steps one by one, then a uniform random sample of at most ``capacity`` later steps
     (reservoir sampling, seeded, so runs are reproducible): memory stays bounded however long the run.
@@ -114,7 +106,7 @@ class StepLog:
     batch every N), and a fixed stride can land on one phase of the period only.
     """
 
-    def __init__(self, head: int = 64, capacity: int = 4096, seed: int = 0x5EED) -> None:
+    def __init__(self, head: int = STEP_HEAD, capacity: int = STEP_CAPACITY, seed: int = 0x5EED) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.head_size = head

@@ -23,43 +23,33 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.steady import StepSummary, summarize
-from gpuscope.collectors.base import CollectorResult, patch
+from gpuscope.captures import StepCapture
+from gpuscope.collectors.base import CollectorResult, Stage, patch
+from gpuscope.collectors.loaders import LoaderBook
 from gpuscope.collectors.steplog import DeviceTimeline, StepLog, StepTracker
 from gpuscope.importwatch import ImportWatch
-from gpuscope.record import CollectorStatus, Loader
+from gpuscope.record import CollectorStatus
 
 MAX_ROOT_MODULES = 32
 """Forward hooks go on at most this many root modules."""
-MAX_LOADERS = 16
-"""Distinct DataLoader configurations described in the record."""
-
-
-@dataclass(frozen=True, slots=True)
-class StepsPayload:
-    """The steps collector's result."""
-
-    summary: StepSummary
-    loaders: tuple[Loader, ...]
-    device: str
-    notes: tuple[str, ...]
 
 
 class StepsCollector:
     """Finds training steps and times their phases on the host (and on the GPU, under CUDA)."""
 
     name: ClassVar[str] = "steps"
+    field: ClassVar[str | None] = "steps"
+    stage: ClassVar[Stage] = "live"
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
         self._clock = clock
         self._undo: list[Callable[[], None]] = []
         self._optimizers: dict[int, weakref.ref[Any]] = {}
-        self._loaders: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self.loaders = LoaderBook()
+        """The DataLoaders iterated (the post-run probes load the slowest one again)."""
         self._loader_depth = 0
         self._roots_found = False
         self._discovery_s = 0.0
@@ -69,8 +59,6 @@ class StepsCollector:
         self._failures: list[str] = []
         self._torch: Any = None
         self.tracker: StepTracker | None = None
-        self.summary: StepSummary | None = None
-        """The steady-state figures, once stopped (collectors stopped after this one read them)."""
 
     def unavailable_reason(self) -> str | None:
         return None
@@ -79,7 +67,7 @@ class StepsCollector:
     def start(self, run_dir: Path) -> None:
         self._thread = threading.get_ident()
         self._pid = os.getpid()
-        self.tracker = StepTracker(self._clock(), StepLog(th.STEP_HEAD, th.STEP_CAPACITY), self._clock)
+        self.tracker = StepTracker(self._clock(), StepLog(), self._clock)
         # first listener, so its one-time work comes before any profiler window opens or switches
         self.tracker.listeners.append(self._after_boundary)
         watch = ImportWatch("torch", self._install_torch_hooks)
@@ -92,7 +80,7 @@ class StepsCollector:
             now = self._clock()
             self.tracker.explicit(now)  # type: ignore[union-attr]
 
-    # -- for collectors that profile a window of steps -------------------------------------------------
+    # -- the step events other collectors follow (collectors.base.StepEvents) ----------------------------
     def add_step_listener(self, listener: Callable[[int], None]) -> None:
         """Call ``listener(index)`` as each step begins (in the training loop's thread, at the step boundary).
         Time the listener takes is gpuscope's and is kept out of the step's figures."""
@@ -135,8 +123,6 @@ class StepsCollector:
         except Exception as exc:  # a broken CUDA context must not cost the host figures
             notes.append(f"device timing could not be resolved: {exc}")
         log = tracker.log
-        summary = summarize(log.records(), log.count, log.head_size, log.body_weight, tracker.source or "none")
-        self.summary = summary
         if tracker.dropped:
             notes.append(
                 f"{tracker.dropped} steps first counted by a coarser marker were dropped when "
@@ -149,9 +135,11 @@ class StepsCollector:
             )
         if tracker.device is not None and tracker.device.gave_up:
             notes.append("device timing stopped: its markers could not be recorded or read (see the host figures)")
-        device = "cuda" if self._cuda_initialized() else "cpu"
-        payload = StepsPayload(summary, self._loader_records(), device, tuple(notes))
-        return CollectorResult(CollectorStatus("ok"), payload)
+        capture = StepCapture(
+            records=tuple(log.records()), count=log.count, head=log.head_size, body_weight=log.body_weight,
+            source=tracker.source or "none", loaders=self.loaders.records(),
+            device="cuda" if self._cuda_initialized() else "cpu", notes=tuple(notes))
+        return CollectorResult(CollectorStatus("ok"), capture)
 
     # -- hook installation -------------------------------------------------------------------------------
     def _install_torch_hooks(self) -> None:
@@ -215,7 +203,7 @@ class StepsCollector:
                 collector._loader_depth -= 1
             now = clock()
             tracker.exit("data_wait", now)  # type: ignore[union-attr]
-            collector._count_batch(iterator, batch, now - start)
+            collector.loaders.count_batch(iterator, batch, now - start)
             return batch
 
         return __next__
@@ -311,104 +299,6 @@ class StepsCollector:
         except Exception:
             return False
 
-    # -- DataLoader descriptions -------------------------------------------------------------------------
-    def _count_batch(self, iterator: Any, batch: Any, wait_s: float) -> None:
-        dataset = getattr(iterator, "_dataset", None)
-        key = (type(dataset).__name__, id(dataset), getattr(iterator, "_num_workers", 0), _batch_size(iterator))
-        entry = self._loaders.get(key)
-        if entry is None:
-            if len(self._loaders) >= MAX_LOADERS:
-                return
-            info = _describe(iterator)
-            info["batch_tensors"] = tuple(describe_tensors(batch))
-            # kept (strongly: the script's loader may be gone by the end) for the data probe, after the run
-            entry = self._loaders[key] = {"info": info, "batches": 0, "wait_s": 0.0, "dataset": dataset,
-                                          "loading": _loading(iterator)}
-        entry["batches"] += 1
-        entry["wait_s"] += wait_s
-
-    def probe_dataset(self) -> Any:
-        """The map-style dataset the steps waited on longest (for the data probe), or None."""
-        for entry in sorted(self._loaders.values(), key=lambda e: -e["wait_s"]):
-            if not entry["info"]["iterable"] and entry["dataset"] is not None:
-                return entry["dataset"]
-        return None
-
-    def probe_loader(self) -> dict[str, Any] | None:
-        """What the loader probe needs of the loader the steps waited on longest: its description (``info``),
-        ``batches`` and ``wait_s`` as measured, and the ``dataset``, ``collate_fn``, ``drop_last`` and
-        ``worker_init_fn`` it loaded with (kept strongly); None when no DataLoader was iterated."""
-        for entry in sorted(self._loaders.values(), key=lambda e: -e["wait_s"]):
-            return {"info": entry["info"], "batches": entry["batches"], "wait_s": entry["wait_s"],
-                    "dataset": entry["dataset"], **entry.get("loading", {})}
-        return None
-
     def root_modules(self) -> list[Any]:
         """The root modules whose forward is timed, while they are alive (found at the first steps)."""
         return [m for ref in self._root_refs if (m := ref()) is not None]
-
-    def _loader_records(self) -> tuple[Loader, ...]:
-        return tuple(
-            Loader(batches=e["batches"], wait_s=e["wait_s"], **e["info"])
-            for e in sorted(self._loaders.values(), key=lambda e: -e["wait_s"])
-        )
-
-
-def _batch_size(iterator: Any) -> int | None:
-    sampler = getattr(iterator, "_index_sampler", None)
-    size = getattr(sampler, "batch_size", None)
-    return size if isinstance(size, int) else None
-
-
-MAX_BATCH_TENSORS = 8
-
-
-def describe_tensors(batch: Any, depth: int = 0) -> list[str]:
-    """The tensors (and NumPy arrays) in a batch, as ``dtype[shape] device``, first MAX_BATCH_TENSORS of them."""
-    shape = getattr(batch, "shape", None)
-    dtype = getattr(batch, "dtype", None)
-    if shape is not None and dtype is not None:
-        name = str(dtype).removeprefix("torch.")
-        return [f"{name}[{', '.join(str(int(d)) for d in shape)}] {getattr(batch, 'device', 'cpu')}"]
-    if isinstance(batch, dict):
-        batch = list(batch.values())
-    found: list[str] = []
-    if isinstance(batch, (list, tuple)) and depth < 4:
-        for item in batch:
-            found.extend(describe_tensors(item, depth + 1))
-            if len(found) >= MAX_BATCH_TENSORS:
-                return found[:MAX_BATCH_TENSORS]
-    return found
-
-
-def _loading(iterator: Any) -> dict[str, Any]:
-    """How a DataLoader builds its batches, read off its iterator, for the loader probe to rebuild it."""
-    sampler = getattr(iterator, "_index_sampler", None)
-    return {
-        "collate_fn": getattr(iterator, "_collate_fn", None),
-        "drop_last": bool(getattr(sampler, "drop_last", getattr(iterator, "_drop_last", False))),
-        "worker_init_fn": getattr(iterator, "_worker_init_fn", None),
-    }
-
-
-def _describe(iterator: Any) -> dict[str, Any]:
-    """A DataLoader's settings, read off its iterator (private attributes, so every read is optional)."""
-    dataset = getattr(iterator, "_dataset", None)
-    kind = getattr(iterator, "_dataset_kind", 0)
-    workers = getattr(iterator, "_num_workers", 0)
-    context = None
-    if workers:
-        for worker in getattr(iterator, "_workers", ()) or ():
-            context = type(worker).__name__.replace("Process", "").lower() or None
-            break
-    prefetch = getattr(iterator, "_prefetch_factor", None)
-    return {
-        "dataset": type(dataset).__name__,
-        "num_workers": workers if isinstance(workers, int) else 0,
-        "batch_size": _batch_size(iterator),
-        "pin_memory": bool(getattr(iterator, "_pin_memory", False)),
-        "persistent_workers": bool(getattr(iterator, "_persistent_workers", False)),
-        "prefetch_factor": prefetch if isinstance(prefetch, int) else None,
-        "start_method": {"fork": "fork", "spawn": "spawn", "forkserver": "forkserver"}.get(context or ""),
-        "iterable": kind == 1,
-    }

@@ -24,12 +24,22 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.callsites import SiteCounter, user_frame
 from gpuscope.collectors import torch_trace
-from gpuscope.collectors.base import CollectorResult, StepFollower
+from gpuscope.collectors.base import (
+    CollectorResult,
+    StepFollower,
+    StepWindow,
+    WindowRequest,
+    register,
+)
 from gpuscope.record import CollectorStatus, SyncProfile, Window
+
+if TYPE_CHECKING:
+    from gpuscope.collectors import CollectOptions
+    from gpuscope.collectors.schedule import Plan
 
 DEFAULT_START = torch_trace.DEFAULT_START + torch_trace.WARMUP_STEPS + torch_trace.DEFAULT_ACTIVE
 """First step of the window: the step at whose start torch.profiler's default window closes (its warm-up step 6,
@@ -43,7 +53,10 @@ at ...)"."""
 WARN_MODE = 1
 """``set_sync_debug_mode`` levels: 0 default (silent), 1 warn, 2 error."""
 
-State = Literal["waiting", "counting", "done", "cpu", "left-alone", "failed"]
+
+
+class _LeftAlone(Exception):
+    """The window did not open, and rightly: the mode is not gpuscope's to change here (the reason)."""
 
 
 class SyncWarnings:
@@ -94,23 +107,35 @@ class SyncWarnings:
         self._filter = None
 
 
+@register
 class SyncCollector(StepFollower):
     """Counts host-device syncs per step and per user line over a window of steps, on CUDA runs."""
 
     name: ClassVar[str] = "syncs"
+    field: ClassVar[str | None] = "syncs"
 
     def __init__(self, start: int = DEFAULT_START, steps: int = DEFAULT_STEPS, cuda: Any = None) -> None:
         self.start_step = start
         self.steps = steps
         self._cuda = cuda  # torch.cuda (tests pass a fake)
-        self._state: State = "waiting"
-        self._reason = ""
+        self._window = StepWindow(None, steps, self._open, self._close, cuda_start=start)
+        self._left_alone = ""
+        self._mode_set = False
         self._previous_mode = 0
         self._capture: SyncWarnings | None = None
         self._thread = 0
         self._current = 0
-        self._counted: list[int] = []
         self._sites: dict[int, SiteCounter] = {}
+
+    @classmethod
+    def wants(cls, options: CollectOptions) -> WindowRequest | None:
+        """A few steps right after torch.profiler's window, on CUDA runs only."""
+        return WindowRequest(DEFAULT_STEPS, after="torch-trace", cuda_only=True)
+
+    @classmethod
+    def create(cls, options: CollectOptions, plan: Plan) -> SyncCollector:
+        start = plan.start(cls.name, cuda=True)
+        return cls(start if start is not None else DEFAULT_START, DEFAULT_STEPS)
 
     def unavailable_reason(self) -> str | None:
         if self.steps <= 0:
@@ -122,19 +147,8 @@ class SyncCollector(StepFollower):
 
     # -- at each step boundary -----------------------------------------------------------------------------
     def _on_step(self, index: int) -> None:
-        try:
-            if self._state == "waiting" and index >= self.start_step:
-                if not self._steps_collector.cuda_in_use():
-                    self._state = "cpu"
-                    return
-                self._open(index)
-            elif self._state == "counting":
-                self._counted.append(self._current)
-                self._current = index
-                if len(self._counted) >= self.steps:
-                    self._close()
-        except Exception as exc:  # the user's step goes on; this collector reports failed
-            self._fail(f"the CUDA sync debug mode failed: {exc}")
+        self._current = index
+        self._window.on_step(index, self._events, "the CUDA sync debug mode")  # type: ignore[arg-type]
 
     def _open(self, index: int) -> None:
         cuda = self._cuda
@@ -143,19 +157,16 @@ class SyncCollector(StepFollower):
 
             cuda = self._cuda = torch.cuda
         if not hasattr(cuda, "set_sync_debug_mode"):
-            self._state, self._reason = "left-alone", "this torch has no CUDA sync debug mode (torch 1.10 added it)"
-            return
+            self._left_alone = "this torch has no CUDA sync debug mode (torch 1.10 added it)"
+            raise _LeftAlone(self._left_alone)
         previous = int(cuda.get_sync_debug_mode())
         if previous != 0:
-            self._state = "left-alone"
-            self._reason = f"the script set torch.cuda.set_sync_debug_mode({previous}) itself: left as it was"
-            return
+            self._left_alone = f"the script set torch.cuda.set_sync_debug_mode({previous}) itself: left as it was"
+            raise _LeftAlone(self._left_alone)
         self._previous_mode = previous
         cuda.set_sync_debug_mode(WARN_MODE)
-        self._state = "counting"  # from here on, a failure closes the window (and restores the mode)
-        self._steps_collector.window_opened()
+        self._mode_set = True  # from here on, closing the window restores the mode
         self._thread = threading.get_ident()
-        self._current = index
         self._capture = SyncWarnings(self._on_sync)
         self._capture.install()
 
@@ -166,57 +177,51 @@ class SyncCollector(StepFollower):
 
     def _close(self) -> None:
         """End the window: restore the warnings machinery and the previous mode, whatever fails."""
-        self._state = "done"
         capture, self._capture = self._capture, None
         try:
-            self._cuda.set_sync_debug_mode(self._previous_mode)
+            if self._mode_set:
+                self._mode_set = False
+                self._cuda.set_sync_debug_mode(self._previous_mode)
         finally:
             if capture is not None:
                 capture.remove()
-            self._steps_collector.window_closed()
-
-    def _fail(self, reason: str) -> None:
-        if self._state == "counting":
-            try:
-                self._close()
-            except Exception as exc:
-                reason = f"{reason}; restoring the debug mode failed: {exc}"
-        self._state, self._reason = "failed", reason
 
     # -- end of the run ------------------------------------------------------------------------------------
     def stop(self) -> CollectorResult:
-        if self._state == "counting":  # the run ended inside the window: the open step is not a step
+        window = self._window
+        if window.state == "open":  # the run ended inside the window: the open step is not a step
             try:
-                self._close()
+                window.finish()
             except Exception as exc:
-                self._state, self._reason = "failed", f"the CUDA sync debug mode could not be restored: {exc}"
-        if self._state == "failed":
-            return CollectorResult(CollectorStatus("failed", self._reason))
-        if self._state == "left-alone":
-            return CollectorResult(CollectorStatus("unavailable", self._reason))
-        if self._steps_collector is None:
+                window.fail(f"the CUDA sync debug mode could not be restored: {exc}")
+        if self._left_alone:
+            return CollectorResult(CollectorStatus("unavailable", self._left_alone))
+        if window.state == "failed":
+            return CollectorResult(CollectorStatus("failed", window.reason))
+        if self._events is None:
             return CollectorResult(CollectorStatus("unavailable", "no steps were followed (no steps collector)"))
-        window = f"{self.start_step}-{self.start_step + self.steps - 1}"
-        if self._state in ("waiting", "cpu") and not self._steps_collector.cuda_in_use():
+        span = f"{self.start_step}-{self.start_step + self.steps - 1}"
+        cuda = self._events.cuda_in_use()
+        if window.state in ("waiting", "skipped") and not cuda:
             return CollectorResult(CollectorStatus("unavailable", "a CPU-only run: no host-device syncs to count"))
-        if self._state == "cpu":
+        if window.state == "skipped":
             return CollectorResult(CollectorStatus(
-                "unavailable", f"the script began using CUDA after the steps where syncs are counted ({window})"))
-        if self._state == "waiting" or not self._counted:
+                "unavailable", f"the script began using CUDA after the steps where syncs are counted ({span})"))
+        if window.state == "waiting" or not window.counted:
             return CollectorResult(CollectorStatus(
-                "unavailable", f"the run ended before the steps where syncs are counted ({window}) were complete"))
+                "unavailable", f"the run ended before the steps where syncs are counted ({span}) were complete"))
         return CollectorResult(CollectorStatus("ok"), self._profile())
 
     def _profile(self) -> SyncProfile:
         merged = SiteCounter()
-        for step in self._counted:
+        for step in self._window.counted:
             if step in self._sites:
                 merged.counts.update(self._sites[step].counts)
         syncs = merged.total()
         return SyncProfile(
-            window=Window(self._counted[0], self._counted[-1]),
-            steps=len(self._counted),
+            window=Window(self._window.counted[0], self._window.counted[-1]),
+            steps=len(self._window.counted),
             syncs=syncs,
-            per_step=syncs / len(self._counted),
+            per_step=syncs / len(self._window.counted),
             sites=merged.sites(TOP_SITES),
         )

@@ -15,10 +15,14 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from gpuscope.collectors.base import CollectorResult, StepFollower
+from gpuscope.collectors.base import CollectorResult, StepFollower, WindowRequest, register
 from gpuscope.record import CollectorStatus, OpProfile, OpStat, Window
+
+if TYPE_CHECKING:
+    from gpuscope.collectors import CollectOptions
+    from gpuscope.collectors.schedule import Plan
 
 TRACE_FILE = "trace.json"
 DEFAULT_START = 6
@@ -47,10 +51,12 @@ def trace_window(index: int, start: int, active: int) -> Phase:
     return "after"
 
 
+@register
 class TorchTraceCollector(StepFollower):
     """torch.profiler over a window of steps."""
 
     name: ClassVar[str] = "torch-trace"
+    field: ClassVar[str | None] = "op_profile"
 
     def __init__(self, start: int = DEFAULT_START, active: int = DEFAULT_ACTIVE,
                  max_bytes: int = DEFAULT_MAX_BYTES) -> None:
@@ -65,6 +71,17 @@ class TorchTraceCollector(StepFollower):
         self._recorded: list[int] = []
         self._error: str | None = None
         self._cuda = False
+
+    @classmethod
+    def wants(cls, options: CollectOptions) -> WindowRequest:
+        """Its warm-up step and the recorded ones, one clean step after cProfile's window (0 steps: turned off)."""
+        steps = WARMUP_STEPS + options.trace_steps if options.trace_steps > 0 else 0
+        return WindowRequest(steps, after="cprofile", gap=1)
+
+    @classmethod
+    def create(cls, options: CollectOptions, plan: Plan) -> TorchTraceCollector:
+        start = plan.start(cls.name)
+        return cls(start if start is not None else DEFAULT_START, options.trace_steps, options.trace_max_bytes)
 
     def unavailable_reason(self) -> str | None:
         if self.active <= 0:
@@ -124,7 +141,7 @@ class TorchTraceCollector(StepFollower):
         self._prof.current_action = schedule(index)
         with kineto_quiet():
             self._prof.start()
-        self._steps_collector.window_opened()
+        self._events.window_opened()  # type: ignore[union-attr]
 
     def _trace_ready(self, prof: Any) -> None:
         """The recorded steps are done: save the trace and the op table (plain numbers) now; the rest of the
@@ -137,7 +154,7 @@ class TorchTraceCollector(StepFollower):
         self._finished = True
         with kineto_quiet():
             prof.stop()
-        self._steps_collector.window_closed()
+        self._events.window_closed()  # type: ignore[union-attr]
 
     def _abandon(self) -> None:
         if self._prof is not None:

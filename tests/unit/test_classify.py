@@ -112,7 +112,7 @@ def test_launch_bound_evidence_names_the_op_count_and_the_measured_cost() -> Non
 
 
 def test_without_an_op_profile_a_cpu_run_is_inconclusive_and_says_why() -> None:
-    record = make_record(collectors={"torch-trace": CollectorStatus("unavailable", "turned off (--trace-steps 0)")})
+    record = make_record(collectors={"torch-trace": CollectorStatus("unavailable", "turned off (--trace-steps 0)", field="op_profile")})
     verdict = classify(record)
     assert verdict.bound == "inconclusive"
     assert "turned off (--trace-steps 0)" in verdict.evidence[0]

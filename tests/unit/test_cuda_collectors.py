@@ -72,7 +72,7 @@ def test_nvtx_ranges_mark_steps_and_phases_once_cuda_is_in_use() -> None:
     steps, nvtx = FakeSteps(), FakeNvtx()
     collector = NvtxCollector(nvtx)
     assert collector.unavailable_reason() is None
-    collector.bind_steps(steps)
+    collector.follow(steps)
     steps.train_step(0.0)
     assert nvtx.log == []
     steps.cuda = True
@@ -92,7 +92,7 @@ def test_nvtx_ranges_mark_steps_and_phases_once_cuda_is_in_use() -> None:
 def test_nvtx_is_unavailable_when_the_script_never_used_cuda() -> None:
     steps = FakeSteps()
     collector = NvtxCollector(FakeNvtx())
-    collector.bind_steps(steps)
+    collector.follow(steps)
     steps.train_step(0.0)
     result = collector.stop()
     assert (result.status.status, result.status.reason) == ("unavailable", "the script did not use CUDA")
@@ -101,7 +101,7 @@ def test_nvtx_is_unavailable_when_the_script_never_used_cuda() -> None:
 def test_cuda_memory_is_read_at_each_step_end_and_bounded() -> None:
     steps, cuda = FakeSteps(), FakeCuda()
     collector = CudaMemoryCollector(cuda, max_steps=8)
-    collector.bind_steps(steps)
+    collector.follow(steps)
     steps.cuda = True
     for i in range(40):
         cuda.allocated = 1000 * (i + 1)

@@ -7,28 +7,23 @@ import random
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
 from gpuscope.collectors.data_probe import DataProbeCollector, measure_float16_slowdown, probe_dataset
-from gpuscope.record import Breakdown, DataProbe, LineCost
+from gpuscope.captures import PostRunFacts
+from gpuscope.record import DataProbe, LineCost
+from gpuscope.session import post_run_facts
 
 HERE = Path(__file__).name
 SIZE = (3, 64, 64)
 
 
-class FakeSteps:
-    """Stands in for the steps collector: hands over the dataset the steps waited on longest."""
-
-    def __init__(self, dataset: object, data_wait: float | None = None) -> None:
-        self.dataset = dataset
-        self.summary = None if data_wait is None else SimpleNamespace(breakdown=Breakdown(data_wait=data_wait))
-
-    def probe_dataset(self) -> object:
-        return self.dataset
+def finished_run(dataset: object, data_wait: float = 0.5) -> PostRunFacts:
+    """What the stage tells the probe of a finished run whose steps waited on ``dataset`` ``data_wait`` of the time."""
+    return post_run_facts(data_wait=data_wait, median_s=0.1, steps=10, dataset=dataset)
 
 
 class HalfImages:
@@ -119,7 +114,7 @@ def line_of(marker: str) -> int:
 
 
 def probe(dataset: object) -> DataProbe:
-    result = DataProbeCollector(FakeSteps(dataset)).stop()
+    result = DataProbeCollector().run(Path("."), finished_run(dataset))
     assert result.status.status == "ok", result.status.reason
     assert isinstance(result.payload, DataProbe)
     return result.payload
@@ -186,14 +181,14 @@ def test_the_global_random_states_are_as_before() -> None:
 
 
 def test_a_dataset_that_raises_makes_the_probe_unavailable_with_its_reason() -> None:
-    result = DataProbeCollector(FakeSteps(Broken())).stop()
+    result = DataProbeCollector().run(Path("."), finished_run(Broken()))
     assert result.status.status == "unavailable"
     assert result.status.reason == "the dataset raised ValueError: image 0 is missing when fetched again after the run"
     assert result.payload is None
 
 
 def test_no_dataset_makes_the_probe_unavailable() -> None:
-    result = DataProbeCollector(FakeSteps(None)).stop()
+    result = DataProbeCollector().run(Path("."), finished_run(None))
     assert result.status.status == "unavailable"
     assert result.status.reason == "no map-style dataset was iterated"
 
@@ -207,7 +202,7 @@ def test_the_previous_trace_function_is_restored(dataset: object) -> None:
     sys.settrace(previous)
     try:
         # when
-        DataProbeCollector(FakeSteps(dataset)).stop()
+        DataProbeCollector().run(Path("."), finished_run(dataset))
         # then
         assert sys.gettrace() is previous
     finally:
@@ -223,7 +218,7 @@ def test_float16_slowdown_is_measured_with_numpy_and_skipped_without(monkeypatch
 
 
 def test_a_run_that_hardly_waits_for_data_is_not_probed() -> None:
-    result = DataProbeCollector(FakeSteps(HalfImages(), data_wait=0.02)).stop()
+    result = DataProbeCollector().run(Path("."), finished_run(HalfImages(), data_wait=0.02))
     assert result.status.status == "unavailable"
     assert result.status.reason == "data wait was 2% of the step, under 5%: not probed"
 
@@ -235,6 +230,6 @@ class Chatty(HalfImages):
 
 
 def test_what_the_dataset_prints_while_probed_is_not_shown(capsys: pytest.CaptureFixture[str]) -> None:
-    result = DataProbeCollector(FakeSteps(Chatty(), data_wait=0.6)).stop()
+    result = DataProbeCollector().run(Path("."), finished_run(Chatty(), data_wait=0.6))
     assert result.status.status == "ok"
     assert capsys.readouterr() == ("", "")

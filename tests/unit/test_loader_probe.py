@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 import time
-from types import SimpleNamespace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,6 +14,7 @@ from conftest import make_record
 from gpuscope.analysis.rules.dataloader import more_dataloader_workers
 from gpuscope.collectors.loader_probe import LoaderProbeCollector, probe_loader, worker_counts
 from gpuscope.record import Breakdown, Loader, LoaderProbe, LoaderRate, RunMeta, Steps
+from gpuscope.session import post_run_facts
 
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
@@ -51,16 +52,13 @@ class Stream(torch.utils.data.IterableDataset):
         return iter(range(10))
 
 
-def fake_steps(dataset: Any, iterable: bool = False, data_wait: float = 0.5, median_s: float = 0.02) -> Any:
-    """The parts of a stopped steps collector the probe reads."""
+def finished_run(dataset: Any, iterable: bool = False, data_wait: float = 0.5, median_s: float = 0.02) -> Any:
+    """What the stage tells the probe of a finished run whose steps waited on ``dataset``'s loader."""
     info = {"dataset": type(dataset).__name__, "num_workers": 0, "batch_size": 4, "iterable": iterable,
             "start_method": None}
-    summary = SimpleNamespace(breakdown=Breakdown(data_wait=data_wait, forward=1 - data_wait),
-                              steps=Steps(count=10, median_s=median_s))
-    return SimpleNamespace(
-        summary=summary, cuda_in_use=lambda: False,
-        probe_loader=lambda: {"info": info, "batches": 10, "wait_s": 0.01, "dataset": dataset, "collate_fn": None,
-                              "drop_last": False, "worker_init_fn": None})
+    loader = {"info": info, "batches": 10, "wait_s": 0.01, "dataset": dataset, "collate_fn": None,
+              "drop_last": False, "worker_init_fn": None}
+    return post_run_facts(data_wait=data_wait, median_s=median_s, steps=10, loader=loader)
 
 
 def rng_states() -> tuple[Any, ...]:
@@ -77,9 +75,9 @@ def test_worker_counts_double_up_to_the_cores() -> None:
 def test_the_probe_times_worker_counts_and_leaves_rng_and_output_untouched(capfd: pytest.CaptureFixture[str]) -> None:
     # given
     before = rng_states()
-    collector = LoaderProbeCollector(fake_steps(Squares()), budget_s=2.0)
+    collector = LoaderProbeCollector(budget_s=2.0)
     # when
-    result = collector.stop()
+    result = collector.run(Path("."), finished_run(Squares()))
     # then
     assert result.status.status == "ok", result.status.reason
     probe = result.payload
@@ -111,21 +109,21 @@ def test_an_unpicklable_dataset_under_spawn_is_timed_in_the_main_process_only_wi
 
 
 def test_an_iterable_dataset_is_not_probed_and_says_why() -> None:
-    result = LoaderProbeCollector(fake_steps(Stream(), iterable=True)).stop()
+    result = LoaderProbeCollector().run(Path("."), finished_run(Stream(), iterable=True))
     assert result.status.status == "unavailable"
     assert "IterableDataset" in result.status.reason and "get_worker_info" in result.status.reason
 
 
 def test_a_dataset_that_raises_is_a_note_not_a_crash() -> None:
-    result = LoaderProbeCollector(fake_steps(Failing()), budget_s=1.0).stop()
+    result = LoaderProbeCollector(budget_s=1.0).run(Path("."), finished_run(Failing()))
     assert result.status.status == "unavailable"
     assert "KeyError" in result.status.reason and "missing.jpg" in result.status.reason
 
 
 def test_little_data_wait_is_not_probed_unless_forced() -> None:
-    steps = fake_steps(Squares(), data_wait=0.01)
-    assert LoaderProbeCollector(steps).stop().status.status == "unavailable"
-    assert LoaderProbeCollector(steps, forced=True, budget_s=1.0).stop().status.status == "ok"
+    run = finished_run(Squares(), data_wait=0.01)
+    assert LoaderProbeCollector().run(Path("."), run).status.status == "unavailable"
+    assert LoaderProbeCollector(forced=True, budget_s=1.0).run(Path("."), run).status.status == "ok"
 
 
 def probed_record(rates: dict[int, float], device: str = "cuda") -> Any:

@@ -104,7 +104,7 @@ def test_recommendations_come_most_valuable_first() -> None:
 
 
 def test_a_rule_whose_input_was_not_collected_is_not_checked_and_says_why() -> None:
-    record = make_record(collectors={"torch-trace": CollectorStatus("unavailable", "turned off (--trace-steps 0)")})
+    record = make_record(collectors={"torch-trace": CollectorStatus("unavailable", "turned off (--trace-steps 0)", field="op_profile")})
     _, checks = evaluate(record)
     assert checks["larger-batch"].status == "not-checked"
     assert checks["larger-batch"].reason == "no op-level profile (torch-trace: turned off (--trace-steps 0))"

@@ -240,7 +240,7 @@ def test_without_the_frameworks_settings_the_settings_rules_are_not_checked() ->
     # given a CUDA run whose practices collector failed
     record = dataclasses.replace(
         cuda_run(fp32_gemm=0.4, conv=0.6, tensor_core=0.6, layout=0.1, settings=None),
-        collectors={"practices": CollectorStatus("failed", "RuntimeError: boom")})
+        collectors={"practices": CollectorStatus("failed", "RuntimeError: boom", field="practices")})
     _, checks = evaluate(record)
     for rule_id in ("tf32", "cudnn-benchmark", "channels-last"):
         assert (checks[rule_id].status, checks[rule_id].reason) == (
@@ -251,7 +251,7 @@ def test_without_counted_syncs_host_sync_advice_is_not_checked_and_says_why() ->
     record = dataclasses.replace(
         cuda_run(sync_calls=12, sync_wait_s=0.006),
         collectors={"syncs": CollectorStatus("unavailable", "the run ended before the steps where syncs are "
-                                                           "counted (10-12) were complete")})
+                                                           "counted (10-12) were complete", field="syncs")})
     _, checks = evaluate(record)
     assert checks["avoid-host-sync"].status == "not-checked"
     assert checks["avoid-host-sync"].reason == (

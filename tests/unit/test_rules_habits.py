@@ -125,7 +125,7 @@ def test_an_uninspected_model_is_not_checked(rule_id) -> None:
                                      "distributed-data-parallel"])
 def test_without_the_practices_collector_nothing_is_checked(rule_id) -> None:
     record = dataclasses.replace(run_with(), practices=None,
-                                 collectors={"practices": CollectorStatus("failed", "boom")})
+                                 collectors={"practices": CollectorStatus("failed", "boom", field="practices")})
     check, _ = outcome(record, rule_id)
     assert check == dataclasses.replace(check, status="not-checked")
     assert "practices: boom" in check.reason

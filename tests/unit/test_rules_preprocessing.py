@@ -35,7 +35,7 @@ def fp16_run(data_wait: float = 0.62, float16_s: float = 0.0123, slowdown: float
         data_probe=DataProbe(dataset="Images", items=3, item_s=0.0158, float16_s=float16_s, lines=LINES,
                              numpy_float16_slowdown=slowdown, note="times measured under a line tracer")
         if probe else None,
-        collectors={} if probe else {"data-probe": CollectorStatus("unavailable", "no map-style dataset was iterated")},
+        collectors={} if probe else {"data-probe": CollectorStatus("unavailable", "no map-style dataset was iterated", field="data_probe")},
     )
 
 

@@ -4,6 +4,7 @@ verdict's what-if estimate."""
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -12,8 +13,10 @@ from conftest import make_record
 from gpuscope.analysis import analyze
 from gpuscope.analysis.peaks import find_gpu, gpu_peak_flops
 from gpuscope.analysis.speed import complete_speed_of_light, headroom_text, what_if
-from gpuscope.collectors.flops import SpeedOfLightCollector, measure_cpu_peak
+from gpuscope.analysis.reduce import speed_of_light
+from gpuscope.collectors.flops import CpuPeakProbe, SpeedOfLightCollector, measure_cpu_peak
 from gpuscope.record import Breakdown, RunMeta, SpeedOfLight, Steps, Verdict
+from gpuscope.session import post_run_facts
 
 torch = pytest.importorskip("torch")
 
@@ -46,7 +49,7 @@ def test_flops_of_an_mlp_training_step_match_a_hand_count() -> None:
     x, y = torch.randn(batch, d_in), torch.randn(batch, d_out)
     steps = FakeSteps()
     collector = SpeedOfLightCollector(start=3)
-    collector.bind_steps(steps)
+    collector.follow(steps)
 
     # when: steps 2, 3 and 4 begin around training steps
     for index in (2, 3, 4):
@@ -56,14 +59,15 @@ def test_flops_of_an_mlp_training_step_match_a_hand_count() -> None:
         loss.backward()
         optimizer.step()
     result = collector.stop()
+    peak = CpuPeakProbe().run(Path("."), post_run_facts(payloads={"flops": result.payload}))
+    sol = speed_of_light(result.payload, peak.payload)
 
     # then: torch's convention, 2 FLOPs (a multiply and an add) per term of a matmul: forward 2*B*in*out per
     # Linear (addmm; the bias add is not counted); backward the weight gradient 2*B*in*out per Linear and the input
     # gradient 2*B*in*out only where the input needs a gradient (not the first layer's input, the data)
     forward = 2 * batch * d_in * d_hidden + 2 * batch * d_hidden * d_out
     backward = 2 * batch * d_in * d_hidden + 2 * (2 * batch * d_hidden * d_out)
-    sol = result.payload
-    assert result.status.status == "ok"
+    assert result.status.status == "ok" and peak.status.status == "ok"
     assert sol.flops_per_step == forward + backward
     assert sol.flops_by_op == {"addmm": forward, "mm": backward}
     assert sol.step == 3 and sol.dtype == "float32"
@@ -74,7 +78,7 @@ def test_flops_of_an_mlp_training_step_match_a_hand_count() -> None:
 def test_a_run_that_ends_before_the_counted_step_says_so() -> None:
     steps = FakeSteps()
     collector = SpeedOfLightCollector(start=10)
-    collector.bind_steps(steps)
+    collector.follow(steps)
     steps.listener(0)
     result = collector.stop()
     assert result.status.status == "unavailable" and "step 10" in result.status.reason

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from gpuscope.collectors import CollectOptions, default_collectors
+from gpuscope.collectors import CollectOptions, default_collectors, plan_windows
 from gpuscope.collectors.syncs import DEFAULT_START, SyncCollector
 from gpuscope.record import SyncProfile, Window
 
@@ -114,7 +114,7 @@ def run(steps: FakeSteps, cuda: FakeCuda, indices: range, work: Any = train_step
 def collector_for(steps: FakeSteps, cuda: FakeCuda, start: int = 2, count: int = 3) -> SyncCollector:
     collector = SyncCollector(start, count, cuda=cuda)
     assert collector.unavailable_reason() is None
-    collector.bind_steps(steps)
+    collector.follow(steps)
     collector.start(Path("."))
     return collector
 
@@ -289,8 +289,9 @@ def test_a_run_ending_before_the_window_says_which_steps_it_needed(shown: list[s
 
 def test_syncs_are_counted_right_after_torch_profilers_window() -> None:
     # torch.profiler's default window: warm-up step 6, recorded steps 7-9; it closes as step 10 begins
-    assert CollectOptions().sync_start == DEFAULT_START == 10
-    assert CollectOptions(trace_steps=5).sync_start == 12
-    assert CollectOptions(cprofile_steps=None, trace_steps=0).sync_start == 2
+    assert plan_windows(CollectOptions()).start("syncs", cuda=True) == DEFAULT_START == 10
+    assert plan_windows(CollectOptions(trace_steps=5)).start("syncs", cuda=True) == 12
+    # with neither cProfile's nor torch.profiler's window, the first step after the warm-up step 0
+    assert plan_windows(CollectOptions(cprofile_steps=None, trace_steps=0)).start("syncs", cuda=True) == 1
     names = [c.name for c in default_collectors()]
     assert names[names.index("torch-trace") + 1] == "syncs"

@@ -63,29 +63,29 @@ def missing_input(record: RunRecord, needs: Needs) -> str | None:
         if need == "cuda" and record.device != "cuda":
             return "a CPU-only run: this is about GPU work"
         if need == "kernels" and (record.op_profile is None or record.op_profile.kernels is None):
-            return "no CUDA kernel timeline" + _collector_reason(record, "torch-trace")
+            return "no CUDA kernel timeline" + _collector_reason(record, "op_profile")
         if need == "op_profile" and (record.op_profile is None or not record.op_profile.ops):
-            return "no op-level profile" + _collector_reason(record, "torch-trace")
-        if need == "calibration" and record.calibration is None:
-            return "no per-op cost calibration" + _collector_reason(record, "calibration")
+            return "no op-level profile" + _collector_reason(record, "op_profile")
         if need == "loaders" and not record.loaders:
             return "no DataLoader was iterated"
-        if need in _COLLECTED_BY and getattr(record, need) is None:
-            name, what = _COLLECTED_BY[need]
-            return what + _collector_reason(record, name)
+        if need in _ABSENT and getattr(record, need) is None:
+            return _ABSENT[need] + _collector_reason(record, need)
         if need == "model" and (record.practices is None or not record.practices.modules_inspected):
             return "the model's layers were not inspected (fewer than three steps, or no trained module found)"
     return None
 
 
-_COLLECTED_BY = {
-    "practices": ("practices", "the framework's settings were not read"),
-    "data_probe": ("data-probe", "the dataset was not probed"),
-    "syncs": ("syncs", "host-device syncs were not counted"),
+_ABSENT = {
+    "calibration": "no per-op cost calibration",
+    "practices": "the framework's settings were not read",
+    "data_probe": "the dataset was not probed",
+    "syncs": "host-device syncs were not counted",
 }
-"""Record fields filled by one collector each: the collector's name, and what their absence means."""
+"""Record fields filled by one collector each, and what their absence means."""
 
-
-def _collector_reason(record: RunRecord, name: str) -> str:
-    status = record.collectors.get(name)
-    return f" ({name}: {status.reason})" if status is not None and status.reason else ""
+def _collector_reason(record: RunRecord, field: str) -> str:
+    """" (NAME: why)" for the collector that fills ``field`` in ``record``, when it said why it did not."""
+    for name, status in record.collectors.items():
+        if status.field == field and status.reason:
+            return f" ({name}: {status.reason})"
+    return ""

@@ -1,0 +1,96 @@
+"""Raw, bounded measurements that collectors hand over and ``analysis`` reduces into the record's figures.
+
+A collector whose payload needs reducing (a steady-state split of the steps, the speed of light against a peak)
+returns one of these rather than a record type. They sit apart from both packages so that collectors (which
+produce them) and analysis (which reduces them) never import each other. Like the record, they hold plain
+numbers and strings: no torch object, no live handle.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gpuscope.record import Loader
+
+TIMED_PHASES = ("data_wait", "forward", "backward", "optimizer")
+"""Phases timed by hooks; a step's remaining time is "other"."""
+
+
+@dataclass(slots=True)
+class StepRecord:
+    """One step as measured: host wall time and host phase times; device times once resolved (CUDA only)."""
+
+    index: int
+    wall_s: float
+    phases_s: dict[str, float]
+    profiled: bool = False  # a profiler (cProfile, torch.profiler) ran during some of it
+    device_wall_s: float | None = None
+    device_phases_s: dict[str, float] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepCapture:
+    """The steps collector's payload: the kept step records and what the run's loaders and device were.
+
+    ``records`` are the first ``head`` steps one by one, then a uniform sample of later steps, each standing for
+    ``body_weight`` steps of the run; ``count`` steps were marked in all, by ``source``."""
+
+    records: tuple[StepRecord, ...]
+    count: int
+    head: int
+    body_weight: float
+    source: str
+    loaders: tuple[Loader, ...]
+    device: str
+    notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FlopCount:
+    """The FLOPs of one steady step, as ``FlopCounterMode`` counted them (the flops collector's payload).
+
+    ``flops_by_op`` holds the top ops; ``dtype`` is the one most FLOPs ran in; ``device_name`` the GPU's (None on a
+    CPU run); ``tf32`` whether float32 matmuls were allowed TF32 (which sets the GPU peak they are held against)."""
+
+    flops_per_step: int
+    flops_by_op: dict[str, int]
+    step: int
+    dtype: str | None
+    cuda: bool
+    device_name: str | None = None
+    tf32: bool = False
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class CpuPeak:
+    """This machine's measured float matmul rate (the cpu-peak probe's payload): what a CPU step could reach."""
+
+    flops_per_s: float
+    dtype: str
+    device_name: str
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class PostRunFacts:
+    """What the post-run probes are told of the finished run (the stage reduces the steps first).
+
+    ``loader`` is the DataLoader the steps waited on longest, with what the loader probe needs to build it again
+    (live objects, kept by the steps collector, never written anywhere); ``dataset`` the map-style dataset the data
+    probe fetches from; ``payloads`` what the live collectors returned, by collector name."""
+
+    data_wait: float
+    median_s: float | None
+    steps: int
+    cuda: bool
+    data_wait_notable: bool
+    """Whether data wait reached ``notable_share`` of the step (``thresholds.DATA_WAIT_NOTABLE``)."""
+    notable_share: float
+    consume_batches_per_s: float | None
+    """The rate the training step consumes batches: 1 / (median step x (1 - data wait))."""
+    keeps_up_margin: float
+    """How much faster than that a loader must deliver to hide loading (``thresholds.LOADER_KEEPS_UP_MARGIN``)."""
+    loader: dict[str, object] | None = None
+    dataset: object | None = None
+    payloads: dict[str, object] = field(default_factory=dict)

@@ -1,0 +1,116 @@
+"""DataLoaders as the steps collector sees them: each configuration's settings, read off its iterator (private
+attributes, so every read is optional), the tensors of its first batch, and what the post-run probes need to build
+it again. Kept strongly: the script's loader may be gone by the end."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gpuscope.record import Loader
+
+MAX_LOADERS = 16
+"""Distinct DataLoader configurations described in the record."""
+MAX_BATCH_TENSORS = 8
+
+
+class LoaderBook:
+    """The DataLoader configurations iterated in the loop: batches and time waited for each."""
+
+    def __init__(self) -> None:
+        self._entries: dict[tuple[Any, ...], dict[str, Any]] = {}
+
+    def count_batch(self, iterator: Any, batch: Any, wait_s: float) -> None:
+        """One batch came out of ``iterator`` after ``wait_s``."""
+        dataset = getattr(iterator, "_dataset", None)
+        key = (type(dataset).__name__, id(dataset), getattr(iterator, "_num_workers", 0), _batch_size(iterator))
+        entry = self._entries.get(key)
+        if entry is None:
+            if len(self._entries) >= MAX_LOADERS:
+                return
+            info = _describe(iterator)
+            info["batch_tensors"] = tuple(describe_tensors(batch))
+            entry = self._entries[key] = {"info": info, "batches": 0, "wait_s": 0.0, "dataset": dataset,
+                                          "loading": _loading(iterator)}
+        entry["batches"] += 1
+        entry["wait_s"] += wait_s
+
+    def _by_wait(self) -> list[dict[str, Any]]:
+        return sorted(self._entries.values(), key=lambda e: -e["wait_s"])
+
+    def probe_dataset(self) -> Any:
+        """The map-style dataset the steps waited on longest (for the data probe), or None."""
+        for entry in self._by_wait():
+            if not entry["info"]["iterable"] and entry["dataset"] is not None:
+                return entry["dataset"]
+        return None
+
+    def probe_loader(self) -> dict[str, Any] | None:
+        """What the loader probe needs of the loader the steps waited on longest: its description (``info``),
+        ``batches`` and ``wait_s`` as measured, and the ``dataset``, ``collate_fn``, ``drop_last`` and
+        ``worker_init_fn`` it loaded with; None when no DataLoader was iterated."""
+        for entry in self._by_wait():
+            return {"info": entry["info"], "batches": entry["batches"], "wait_s": entry["wait_s"],
+                    "dataset": entry["dataset"], **entry.get("loading", {})}
+        return None
+
+    def records(self) -> tuple[Loader, ...]:
+        """The loaders for the record, the longest waited on first."""
+        return tuple(Loader(batches=e["batches"], wait_s=e["wait_s"], **e["info"]) for e in self._by_wait())
+
+
+def _batch_size(iterator: Any) -> int | None:
+    sampler = getattr(iterator, "_index_sampler", None)
+    size = getattr(sampler, "batch_size", None)
+    return size if isinstance(size, int) else None
+
+
+
+def describe_tensors(batch: Any, depth: int = 0) -> list[str]:
+    """The tensors (and NumPy arrays) in a batch, as ``dtype[shape] device``, first MAX_BATCH_TENSORS of them."""
+    shape = getattr(batch, "shape", None)
+    dtype = getattr(batch, "dtype", None)
+    if shape is not None and dtype is not None:
+        name = str(dtype).removeprefix("torch.")
+        return [f"{name}[{', '.join(str(int(d)) for d in shape)}] {getattr(batch, 'device', 'cpu')}"]
+    if isinstance(batch, dict):
+        batch = list(batch.values())
+    found: list[str] = []
+    if isinstance(batch, (list, tuple)) and depth < 4:
+        for item in batch:
+            found.extend(describe_tensors(item, depth + 1))
+            if len(found) >= MAX_BATCH_TENSORS:
+                return found[:MAX_BATCH_TENSORS]
+    return found
+
+
+def _loading(iterator: Any) -> dict[str, Any]:
+    """How a DataLoader builds its batches, read off its iterator, for the loader probe to rebuild it."""
+    sampler = getattr(iterator, "_index_sampler", None)
+    return {
+        "collate_fn": getattr(iterator, "_collate_fn", None),
+        "drop_last": bool(getattr(sampler, "drop_last", getattr(iterator, "_drop_last", False))),
+        "worker_init_fn": getattr(iterator, "_worker_init_fn", None),
+    }
+
+
+def _describe(iterator: Any) -> dict[str, Any]:
+    """A DataLoader's settings, read off its iterator (private attributes, so every read is optional)."""
+    dataset = getattr(iterator, "_dataset", None)
+    kind = getattr(iterator, "_dataset_kind", 0)
+    workers = getattr(iterator, "_num_workers", 0)
+    context = None
+    if workers:
+        for worker in getattr(iterator, "_workers", ()) or ():
+            context = type(worker).__name__.replace("Process", "").lower() or None
+            break
+    prefetch = getattr(iterator, "_prefetch_factor", None)
+    return {
+        "dataset": type(dataset).__name__,
+        "num_workers": workers if isinstance(workers, int) else 0,
+        "batch_size": _batch_size(iterator),
+        "pin_memory": bool(getattr(iterator, "_pin_memory", False)),
+        "persistent_workers": bool(getattr(iterator, "_persistent_workers", False)),
+        "prefetch_factor": prefetch if isinstance(prefetch, int) else None,
+        "start_method": {"fork": "fork", "spawn": "spawn", "forkserver": "forkserver"}.get(context or ""),
+        "iterable": kind == 1,
+    }
