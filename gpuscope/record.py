@@ -24,7 +24,7 @@ RUN_JSON = "run.json"
 
 Bound = Literal["data-loading", "cpu-launch", "compute", "communication", "inconclusive"]
 CollectorState = Literal["ok", "unavailable", "failed"]
-StepSource = Literal["explicit", "optimizer", "dataloader", "none"]
+StepSource = Literal["explicit", "optimizer", "dataloader", "backward", "none"]
 """What marked the steps: ``gpuscope.step()``, ``optimizer.step()``, or each DataLoader batch."""
 TimeBasis = Literal["host", "device"]
 

@@ -25,9 +25,10 @@ STEP_HEAD = 64
 STEP_CAPACITY = 4096
 """Further steps kept as a uniform sample of at most this many records (about 1 MB of memory)."""
 
-SOURCE_PRIORITY = {"explicit": 3, "optimizer": 2, "dataloader": 1}
-"""Which kind of marker defines steps when several are seen: explicit marks win over optimizer steps,
-which win over DataLoader batches."""
+SOURCE_PRIORITY = {"explicit": 3, "optimizer": 2, "dataloader": 1, "backward": 0}
+"""Which kind of marker defines steps when several are seen: explicit marks win over optimizer steps, which win
+over DataLoader batches, which win over ``backward()`` calls (a loop that updates its parameters by hand and
+slices its batches out of a tensor has only those)."""
 
 
 class PhaseClock:
@@ -164,6 +165,10 @@ class StepTracker:
       begin the next; the first step begins when tracking starts.
     - ``dataloader``: a step begins at a ``__next__`` that delivers a batch and ends at the next ``__next__``;
       used only for loops that never step an optimizer (inference).
+    - ``backward``: a step ends and the next begins as each top-level ``backward()`` returns; used only for loops
+      with none of the above (parameters updated by hand, batches sliced from a tensor). The first ``backward()``'s
+      end is held as a possible boundary, and taken only if a second one ends with no other marker in between (an
+      optimizer usually steps right after the first): then the loop's steps equal its iterations.
     The highest-priority kind seen defines the steps; when a higher one first appears, steps counted by a
     lower one are dropped (they were counted by a coarser marker) and counting restarts.
 
@@ -181,6 +186,7 @@ class StepTracker:
         self._t0 = now
         self._open_t: float | None = now
         self._anchor_optimizer: int | None = None
+        self._held: tuple[float, dict[str, float]] | None = None  # the first backward's end, and the phases to it
         self._windows = 0
         self._profiled = False
         self.listeners: list[Callable[[int], None]] = []
@@ -227,6 +233,23 @@ class StepTracker:
         elif optimizer_id != self._anchor_optimizer:
             return
         self._boundary("optimizer", now)
+
+    def backward_ended(self, now: float) -> None:
+        """A top-level ``backward()`` (or ``autograd.grad``) returned: under the ``backward`` kind, a step ends and
+        the next begins."""
+        if self.source == "backward":
+            self._boundary("backward", now)
+        elif self.source is None and self._held is None:
+            self._held = (now, self.clock.split(now))
+        elif self.source is None:  # a second backward and no other marker: backward defines the steps
+            held_t, held_phases = self._held  # type: ignore[misc]
+            self._held = None
+            self._takes("backward")
+            self.log.add(held_t - self._t0, held_phases, self._profiled)
+            self._profiled = self._windows > 0
+            self._open_t = held_t
+            self._notify()
+            self._boundary("backward", now)
 
     def explicit(self, now: float) -> None:
         """``gpuscope.step()`` was called."""
@@ -285,6 +308,10 @@ class StepTracker:
             return False
         self.dropped += self.log.count
         self.log.clear()
+        if self._held is not None:  # the first backward's end was no boundary after all
+            for phase, seconds in self._held[1].items():
+                self.clock.totals[phase] += seconds
+            self._held = None
         self.source = source
         self._open_t = self._t0 if source != "dataloader" else None
         if self.device is not None:

@@ -4,7 +4,7 @@ Hooks, all global and all removed at stop:
 - ``optimizer.step()``: torch's global optimizer step pre/post hooks: the optimizer phase, and the step's end.
 - DataLoader: ``_BaseDataLoaderIter.__next__`` is wrapped: the time spent in it is the step's data wait.
 - backward: ``torch.autograd.backward`` and ``torch.autograd.grad`` are wrapped (``Tensor.backward`` calls the
-  former).
+  former). In a loop with no optimizer, explicit mark or DataLoader, each top-level one begins a step.
 - forward: after the first step, forward hooks on the *root* modules only: the outermost modules holding the
   parameters the optimizer trains (or, with no optimizer, every outermost module with parameters). Global module
   hooks would put every submodule call on torch's slow path and cost a launch-bound loop several percent.
@@ -51,6 +51,7 @@ class StepsCollector:
         self.loaders = LoaderBook()
         """The DataLoaders iterated (the post-run probes load the slowest one again)."""
         self._loader_depth = 0
+        self._backward_depth = 0  # backward() inside backward() (a gradient penalty) marks no step
         self._roots_found = False
         self._discovery_s = 0.0
         self._device_failed = False
@@ -125,7 +126,7 @@ class StepsCollector:
         log = tracker.log
         if tracker.dropped:
             notes.append(
-                f"{tracker.dropped} steps first counted by a coarser marker were dropped when "
+                f"{tracker.dropped} steps first counted by another kind of marker were dropped when "
                 f"{tracker.source} markers appeared"
             )
         if self._roots:
@@ -217,10 +218,15 @@ class StepsCollector:
                     return original(*args, **kwargs)
                 tracker = collector.tracker
                 tracker.enter(phase, collector._clock())  # type: ignore[union-attr]
+                collector._backward_depth += 1
                 try:
                     return original(*args, **kwargs)
                 finally:
-                    tracker.exit(phase, collector._clock())  # type: ignore[union-attr]
+                    collector._backward_depth -= 1
+                    now = collector._clock()
+                    tracker.exit(phase, now)  # type: ignore[union-attr]
+                    if not collector._backward_depth:
+                        tracker.backward_ended(now)  # type: ignore[union-attr]
 
             return timed
 

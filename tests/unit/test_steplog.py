@@ -257,6 +257,43 @@ class TestStepTracker:
         assert walls == pytest.approx([1.0] * 6)
         assert all(r.phases_s["data_wait"] == pytest.approx(0.25) for r in tracker.log.records())
 
+    def test_with_neither_optimizer_nor_loader_each_backward_ends_a_step(self) -> None:
+        # given: a loop that slices its batch from a tensor and updates its parameters by hand, 5 iterations
+        tracker = StepTracker(now=0.0)
+        t = 0.0
+        for _ in range(5):
+            tracker.enter("forward", t)
+            tracker.exit("forward", t + 0.3)
+            tracker.enter("backward", t + 0.3)
+            tracker.exit("backward", t + 0.8)
+            tracker.backward_ended(t + 0.8)
+            t += 1.0  # the hand-written update, then the next batch's slice
+        # then: one step per iteration, each ending as its backward returns
+        assert tracker.source == "backward" and tracker.dropped == 0
+        assert [r.wall_s for r in tracker.log.records()] == pytest.approx([0.8, 1.0, 1.0, 1.0, 1.0])
+        assert tracker.log.records()[0].phases_s == pytest.approx(
+            {"data_wait": 0.0, "forward": 0.3, "backward": 0.5, "optimizer": 0.0})
+        assert tracker.log.records()[-1].phases_s == pytest.approx(
+            {"data_wait": 0.0, "forward": 0.3, "backward": 0.5, "optimizer": 0.0})
+
+    def test_an_optimizer_stepping_after_the_first_backward_defines_the_steps_and_loses_no_time(self) -> None:
+        tracker = StepTracker(now=0.0)
+        for i in range(4):
+            tracker.enter("backward", i + 0.25)
+            tracker.exit("backward", i + 0.5)
+            tracker.backward_ended(i + 0.5)
+            tracker.optimizer_stepped(1, i + 1.0)
+        assert tracker.source == "optimizer" and tracker.dropped == 0
+        assert tracker.log.count == 4
+        assert tracker.log.records()[0].phases_s["backward"] == pytest.approx(0.25)  # held, then given back
+
+    def test_a_loader_outranks_backward_as_the_step_marker(self) -> None:
+        tracker = StepTracker(now=0.0)
+        for i in range(4):
+            tracker.batch_requested(float(i))
+            tracker.backward_ended(i + 0.5)
+        assert tracker.source == "dataloader"
+
     def test_gpuscopes_own_time_is_kept_out_of_the_step(self) -> None:
         tracker = StepTracker(now=0.0)
         tracker.optimizer_stepped(1, 1.0)
