@@ -223,8 +223,9 @@ class CompareCommand:
         parser.add_argument("--open", action="store_true", help="open the page in the browser")
 
     def run(self, args: argparse.Namespace) -> int:
-        from gpuscope.compare import compare, gate_text, summary_lines
+        from gpuscope.analysis.compare import compare
         from gpuscope.record import load_record
+        from gpuscope.report.compare_text import gate_text, summary_lines
         from gpuscope.report.render import COMPARE_HTML, write_compare
 
         a, b = load_record(Path(args.run_dir_a)), load_record(Path(args.run_dir_b))
