@@ -75,3 +75,33 @@ def test_a_bad_profile_keyword_is_a_clear_error() -> None:
         gpuscope.profile(trace_step=2)
     with pytest.raises(GpuscopeError, match="trace_steps must be a whole number"):
         gpuscope.profile(trace_steps=-1)
+
+
+def test_the_cell_magic_profiles_with_the_options_on_its_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("IPython")
+    from gpuscope import api, notebook
+
+    # given a notebook shell and a profile that records how it was made
+    made: list[RunOptions] = []
+
+    class RecordingProfile(api.Profile):
+        def start(self) -> api.Profile:
+            made.append(self.options)
+            return self
+
+        def stop(self, exit_status: int = 0) -> None:
+            return None
+
+    class Shell:
+        user_ns: dict[str, object] = {}
+
+        def run_cell(self, cell: str):
+            return type("Result", (), {"success": True})()
+
+    monkeypatch.setattr(api, "Profile", RecordingProfile)
+    magic = notebook._cell_magic(Shell())
+    # when a cell runs under the magic with options
+    magic(" ".join(CHOSEN), "pass")
+    # then its profile has them, as gpuscope run would
+    assert [m.collect_options() for m in made] == [EXPECTED]
+    assert made[0].output == "runs/x" and isinstance(Shell.user_ns[notebook.RESULT_NAME], RecordingProfile)
