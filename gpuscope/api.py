@@ -6,21 +6,24 @@ and report as ``gpuscope run``.
     prof.verdict.bound, prof.report_path
     prof                # in Jupyter: the report, inline
 
-or ``prof = gpuscope.profile(); prof.start(); ...; prof.stop()``. One profile at a time per process (a second one
+or ``prof = gpuscope.profile(); prof.start(); ...; prof.stop()``. The keyword arguments are ``gpuscope run``'s
+options (``gpuscope.options.RunOptions``): ``output``, ``cprofile_steps``, ``cprofile_all``, ``trace_steps``,
+``trace_max_mb``, ``probe_loader``, ``probes``, with the same defaults. One profile at a time per process (a second one
 inside the first is a clear error); every hook the collectors set is removed when it stops, also when the block
 raises, so a kernel can profile again and again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import sys
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from gpuscope.collectors import CollectOptions, cprofile, torch_trace
 from gpuscope.errors import GpuscopeError
+from gpuscope.options import RunOptions
 
 if TYPE_CHECKING:
     from gpuscope.record import RunRecord, Verdict
@@ -36,25 +39,25 @@ class ProfileError(GpuscopeError):
 class Profile:
     """One profiled stretch of the user's code; see the module's documentation."""
 
-    def __init__(self, output: str | Path | None = None, *, cprofile_steps: int | None = cprofile.DEFAULT_STEPS,
-                 trace_steps: int = torch_trace.DEFAULT_ACTIVE, trace_max_mb: float | None = None,
-                 quiet: bool | None = None) -> None:
-        """``output``: the run's folder (default ``./gpuscope-runs/<name>-<timestamp>/``, as the CLI's).
-        ``cprofile_steps`` (None: cProfile over everything), ``trace_steps`` and ``trace_max_mb`` are
-        ``gpuscope run``'s options of the same names. ``quiet``: print no summary at the end; by default the
-        summary goes to stderr outside notebooks, and a notebook shows the report inline instead."""
-        self.output = output
-        self.options = CollectOptions(
-            cprofile_steps=cprofile_steps,
-            trace_steps=trace_steps,
-            trace_max_bytes=torch_trace.DEFAULT_MAX_BYTES if trace_max_mb is None else int(trace_max_mb * 2**20),
-        )
+    def __init__(self, output: str | Path | None = None, *, quiet: bool | None = None, **options: Any) -> None:
+        """``output``: the run's folder (default ``./gpuscope-runs/<name>-<timestamp>/``, as the CLI's); ``options``:
+        the other fields of ``RunOptions`` by name, ``gpuscope run``'s options with ``_`` for ``-``
+        (``cprofile_steps=None`` means ``cprofile_all=True``; ``probes=False`` is ``--no-probes``).
+        ``quiet``: print no summary at the end; by default the summary goes to stderr outside notebooks, and a
+        notebook shows the report inline instead."""
+        names = [f.name for f in dataclasses.fields(RunOptions)]
+        unknown = sorted(set(options) - set(names))
+        if unknown:
+            raise TypeError(f"gpuscope.profile() has no option {', '.join(unknown)}; its options: "
+                            f"{', '.join(names)}, quiet")
+        self.options = RunOptions(output=output, **options)
         self.quiet = _in_notebook() if quiet is None else quiet
         self.run_dir: Path | None = None
         self.record: RunRecord | None = None
         self.report_path: Path | None = None
         """report.html once stopped (None if it could not be written: the reason was printed)."""
         self._session: Session | None = None
+        self._stopped = False
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> Profile:
@@ -69,8 +72,8 @@ class Profile:
             raise ProfileError("another gpuscope profile is already running in this process (profiles cannot nest; "
                                "under `gpuscope run` the whole script is already profiled)")
         name, command = _caller()
-        self.run_dir = new_run_dir(self.output, name)
-        session = Session(self.run_dir, command, default_collectors(self.options))
+        self.run_dir = new_run_dir(self.options.output, name)
+        session = Session(self.run_dir, command, default_collectors(self.options.collect_options()))
         session.start()
         self._session = session
         return self
@@ -80,21 +83,20 @@ class Profile:
         if self._session is not None and self.record is None:
             self._session.mark_step()
 
-    def stop(self, exit_status: int = 0) -> RunRecord:
+    def stop(self, exit_status: int = 0) -> RunRecord | None:
         """Stop the collectors, diagnose, write run.json and report.html; ``exit_status`` is recorded as the
-        run's (1 when the profiled code raised). Calling it again returns the same record."""
+        run's (1 when the profiled code raised). Calling it again returns the same record. None when the run's
+        files could not be written: the reason is one line on stderr, and nothing is raised over the code's own
+        outcome."""
         if self._session is None:
             raise ProfileError("this gpuscope profile was never started: call start() first, or use it in a with block")
-        if self.record is not None:
+        if self._stopped:
             return self.record
-        from gpuscope.report import write_report_softly
-        from gpuscope.summary import summary_lines
+        from gpuscope.finish import finish_session
 
-        self.record = self._session.stop(exit_status)
-        self.report_path = write_report_softly(self.record, self._session.run_dir)
-        if not self.quiet:
-            for line in summary_lines(self.record, self._session.run_dir, self.report_path):
-                print(line, file=sys.stderr)
+        self._stopped = True
+        finished = finish_session(self._session, exit_status, quiet=self.quiet)
+        self.record, self.report_path = finished.record, finished.report_path
         return self.record
 
     def __enter__(self) -> Profile:
@@ -118,6 +120,9 @@ class Profile:
         print("\n".join(summary_lines(record, self.run_dir, self.report_path)))  # type: ignore[arg-type]
 
     def _finished(self) -> RunRecord:
+        if self.record is None and self._stopped:
+            raise ProfileError(f"the profile's run could not be recorded in {self.run_dir} (the reason was printed "
+                               "when it stopped)")
         if self.record is None:
             raise ProfileError("the profile has not stopped yet: its results exist after the with block (or stop())")
         return self.record
@@ -126,8 +131,7 @@ class Profile:
         """The report, inline in Jupyter, inside an iframe so its styles and scripts cannot touch the notebook's
         (``sandbox`` without ``allow-same-origin`` gives it an origin of its own)."""
         if self.record is None:
-            state = "running" if self._session is not None else "not started"
-            return f"<p>gpuscope profile: {state}</p>"
+            return f"<p>gpuscope profile: {self._state()}</p>"
         if self.report_path is None or not self.report_path.is_file():
             from gpuscope.summary import summary_lines
 
@@ -140,13 +144,20 @@ class Profile:
 
     def __repr__(self) -> str:
         if self.record is None:
-            return f"<gpuscope.Profile {'running' if self._session is not None else 'not started'}>"
+            return f"<gpuscope.Profile {self._state()}>"
         return f"<gpuscope.Profile {self.record.verdict.bound}: {self.report_path or self.run_dir}>"
 
+    def _state(self) -> str:
+        """Where a profile without a record stands."""
+        if self._stopped:
+            return "stopped, not recorded (the reason was printed)"
+        return "running" if self._session is not None else "not started"
 
-def profile(output: str | Path | None = None, **options: object) -> Profile:
-    """A profile of the code that follows: ``with gpuscope.profile() as prof: ...`` (see ``Profile``)."""
-    return Profile(output, **options)  # type: ignore[arg-type]
+
+def profile(output: str | Path | None = None, *, quiet: bool | None = None, **options: Any) -> Profile:
+    """A profile of the code that follows: ``with gpuscope.profile() as prof: ...``; ``options`` are
+    ``gpuscope run``'s (``gpuscope.options.RunOptions``), e.g. ``trace_steps=0, probes=False`` (see ``Profile``)."""
+    return Profile(output, quiet=quiet, **options)
 
 
 def _exit_status(exc: BaseException | None) -> int:

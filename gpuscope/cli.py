@@ -12,20 +12,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from gpuscope import distributed
-from gpuscope.collectors import CollectOptions
 from gpuscope.errors import USAGE_EXIT, GpuscopeError
+from gpuscope.finish import finish, finish_session, open_in_browser
+from gpuscope.options import Parser, RunOptions, count, positive_int
 from gpuscope.rundirs import new_run_dir
 
 if TYPE_CHECKING:
+    from gpuscope.record import RunRecord
     from gpuscope.runner import Target
-    from gpuscope.session import Session
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse, but a usage problem is a one-line GpuscopeError rather than usage text and an exit."""
-
-    def error(self, message: str) -> NoReturn:
-        raise GpuscopeError(message)
 
 
 class Command(Protocol):
@@ -47,32 +41,13 @@ class RunCommand:
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.usage = "gpuscope run [OPTIONS] (SCRIPT | -m MODULE) [ARGS...]"
-        parser.add_argument("-o", "--output", metavar="DIR",
-                            help="where the run's files go (default: ./gpuscope-runs/<script>-<timestamp>/)")
+        RunOptions.add_arguments(parser)
         parser.add_argument("-q", "--quiet", action="store_true", help="print no summary at the end")
         parser.add_argument("--open", action="store_true", help="open report.html in the browser when done")
-        parser.add_argument("--nproc-per-node", metavar="N", type=_positive_int,
+        parser.add_argument("--nproc-per-node", metavar="N", type=positive_int,
                             help="run the script on N ranks through torch.distributed.run (torchrun), every rank "
                                  "profiled into RUN_DIR/rank-K/, one merged report in RUN_DIR")
         parser.add_argument(distributed.LAUNCHED, action="store_true", help=argparse.SUPPRESS)
-        defaults = CollectOptions()
-        parser.add_argument("--cprofile-steps", metavar="N", type=_count, default=defaults.cprofile_steps,
-                            help="steps cProfile covers after the start-up (default %(default)s); profiled steps "
-                                 "are left out of the step figures")
-        parser.add_argument("--cprofile-all", action="store_true",
-                            help="profile the whole run with cProfile (slows Python-heavy loops)")
-        parser.add_argument("--trace-steps", metavar="N", type=_count, default=defaults.trace_steps,
-                            help="steps torch.profiler records into trace.json (default %(default)s; 0: none)")
-        parser.add_argument("--trace-max-mb", metavar="MB", type=_positive_float,
-                            default=defaults.trace_max_bytes / 2**20,
-                            help="trace.json's size cap in MB (default %(default)g); detail is dropped to meet it")
-        parser.add_argument("--probe-loader", action="store_true",
-                            help="after the run, time the slowest DataLoader with 0, 1, 2, 4... workers (a few "
-                                 "seconds) even when data wait was under 5%% of the step (above, it always runs)")
-        parser.add_argument("--no-probes", dest="probes", action="store_false",
-                            help="skip the post-run probes (data probe, loader probe, per-op cost calibration): "
-                                 "a faster exit with the timings only; the CPU verdict then cannot tell "
-                                 "launch- from compute-bound")
         # For --help only: the target is split off before argparse sees the command line (split_target).
         parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script, like python -m")
         parser.add_argument("script", nargs="?", metavar="SCRIPT",
@@ -111,32 +86,27 @@ class RunCommand:
             target = resolve_target(target_tokens[0] if target_tokens else None, None, target_tokens[1:])
         if args.nproc_per_node:
             return _launch_ranks(args, target)
+        options = RunOptions.from_args(args)
         rank = distributed.rank_env()
-        job_dir = distributed.job_run_dir(args.output, target.stem) if rank is not None else None
-        run_dir = distributed.rank_dir(job_dir, rank.rank) if rank is not None else new_run_dir(args.output, target.stem)
-        options = CollectOptions(
-            cprofile_steps=None if args.cprofile_all else args.cprofile_steps,
-            trace_steps=args.trace_steps,
-            trace_max_bytes=int(args.trace_max_mb * 2**20),
-            probe_loader=args.probe_loader,
-            probes=args.probes,
-        )
-        session = Session(run_dir, target.command, default_collectors(options), distributed=rank)
+        job_dir = distributed.job_run_dir(options.output, target.stem) if rank is not None else None
+        run_dir = (distributed.rank_dir(job_dir, rank.rank) if job_dir is not None and rank is not None
+                   else new_run_dir(options.output, target.stem))
+        session = Session(run_dir, target.command, default_collectors(options.collect_options()), distributed=rank)
         session.start()
 
-        def finish(status: int) -> None:
+        def end(status: int) -> None:
             if job_dir is None:
-                _finish(session, status, args.quiet, args.open)
+                finish_session(session, status, quiet=args.quiet, open_report=args.open)
                 return
             # torchrun sends the other ranks SIGTERM as soon as one fails: this rank's record is still written
             with contextlib.suppress(ValueError):  # (not the main thread: nothing to change)
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            _finish(session, status, quiet=True)  # this rank's own files and report, then the job's
+            finish_session(session, status, quiet=True)  # this rank's own files and report, then the job's
             if not args.launched_by_gpuscope:  # else the launcher merges, once, when every rank has ended
                 _finish_job(job_dir, args.quiet, args.open, only_if_complete=True)
 
-        status = run_target(target, before_hard_exit=finish)
-        finish(status)
+        status = run_target(target, before_hard_exit=end)
+        end(status)
         return status
 
 
@@ -164,79 +134,14 @@ def _forwarded(tokens: list[str]) -> list[str]:
 
 
 def _finish_job(job_dir: Path, quiet: bool, open_report: bool = False, only_if_complete: bool = False) -> None:
-    """Merge the job's rank records into RUN_DIR/run.json and report.html; the summary (unless ``quiet``) once
-    every rank is in, or from the launcher whatever is in."""
-    try:
-        record = distributed.merge_job(job_dir)
-    except Exception as exc:
-        print(f"gpuscope: error: could not merge the ranks' records in {job_dir}: {exc}", file=sys.stderr)
-        return
-    from gpuscope.report import write_report_softly
+    """Merge the job's rank records into RUN_DIR/run.json and report.html; the summary (unless ``quiet``) and the
+    browser once every rank is in (``only_if_complete``), or from the launcher whatever is in."""
 
-    report_path = write_report_softly(record, job_dir)
-    if quiet or (only_if_complete and (record.missing_ranks or len(record.ranks) < 2)):
-        return
-    from gpuscope.summary import summary_lines
+    def complete(record: RunRecord) -> bool:
+        return not only_if_complete or (not record.missing_ranks and len(record.ranks) >= 2)
 
-    for line in summary_lines(record, job_dir, report_path):
-        print(line, file=sys.stderr)
-    if open_report and report_path is not None:
-        _open_in_browser(report_path)
-
-
-def _finish(session: Session, status: int, quiet: bool, open_report: bool = False) -> None:
-    """Write the run's files, the report and the summary; a failure here is reported in one line, never raised
-    over the script's exit status."""
-    try:
-        record = session.stop(status)
-    except Exception as exc:
-        print(f"gpuscope: error: could not write the run's files to {session.run_dir}: {exc}", file=sys.stderr)
-        return
-    from gpuscope.report import write_report_softly
-
-    report_path = write_report_softly(record, session.run_dir)
-    if not quiet:
-        from gpuscope.summary import summary_lines
-
-        for line in summary_lines(record, session.run_dir, report_path):
-            print(line, file=sys.stderr)
-    if open_report and report_path is not None:
-        _open_in_browser(report_path)
-
-
-def _open_in_browser(path: Path) -> None:
-    """Open a report in the user's browser (only ever on request: --open)."""
-    import webbrowser
-
-    if not webbrowser.open(path.resolve().as_uri()):
-        print(f"gpuscope: no browser could be opened; the report is {path}", file=sys.stderr)
-
-
-def _positive_int(text: str) -> int:
-    value = _count(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be 1 or more: {text}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more: {text}")
-    return value
-
-
-def _positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be more than 0: {text}")
-    return value
+    finish(lambda: distributed.merge_job(job_dir), job_dir, quiet=quiet, open_report=open_report, announce=complete,
+           failure=f"could not merge the ranks' records in {job_dir}")
 
 
 class ViewCommand:
@@ -247,7 +152,7 @@ class ViewCommand:
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
         parser.add_argument("run_dir", metavar="RUN_DIR", help="a run's folder (it holds python.prof)")
-        parser.add_argument("--port", type=_count, default=8080,
+        parser.add_argument("--port", type=count, default=8080,
                             help="port to serve on (default 8080; a free one is picked if it is taken)")
 
     def run(self, args: argparse.Namespace) -> int:
@@ -297,7 +202,7 @@ class ReportCommand:
             raise GpuscopeError(f"could not render the report of {run_dir}: {type(exc).__name__}: {exc}") from None
         print(f"gpuscope: report written to {path}")
         if args.open:
-            _open_in_browser(path)
+            open_in_browser(path)
         return 0
 
 
@@ -318,8 +223,9 @@ class CompareCommand:
         parser.add_argument("--open", action="store_true", help="open the page in the browser")
 
     def run(self, args: argparse.Namespace) -> int:
-        from gpuscope.compare import compare, gate_text, summary_lines
+        from gpuscope.analysis.compare import compare
         from gpuscope.record import load_record
+        from gpuscope.report.compare_text import gate_text, summary_lines
         from gpuscope.report.render import COMPARE_HTML, write_compare
 
         a, b = load_record(Path(args.run_dir_a)), load_record(Path(args.run_dir_b))
@@ -334,7 +240,7 @@ class CompareCommand:
         for line in summary_lines(comparison, path):
             print(line)
         if args.open:
-            _open_in_browser(path)
+            open_in_browser(path)
         if args.fail_if_slower is None:
             return 0
         try:
@@ -362,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The parser for every subcommand in ``COMMANDS``."""
     from gpuscope import __version__
 
-    parser = _Parser(prog="gpuscope", description="Why is my training loop slow, and which few lines make it faster?")
+    parser = Parser(prog="gpuscope", description="Why is my training loop slow, and which few lines make it faster?")
     parser.add_argument("--version", action="version", version=f"gpuscope {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS:

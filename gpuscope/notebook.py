@@ -5,13 +5,14 @@
         ...
 
 profiles the cell exactly as ``with gpuscope.profile(): ...`` would and shows the report below it. The profile is
-kept in the notebook's namespace as ``_gpuscope`` (``_gpuscope.verdict``, ``_gpuscope.report_path``).
+kept in the notebook's namespace as ``_gpuscope`` (``_gpuscope.verdict``, ``_gpuscope.report_path``). The magic's
+options are ``gpuscope run``'s (``gpuscope.options.RunOptions``): ``-o DIR``, ``--cprofile-steps N``,
+``--cprofile-all``, ``--trace-steps N``, ``--trace-max-mb MB``, ``--probe-loader``, ``--no-probes``.
 """
 
 from __future__ import annotations
 
-import argparse
-import shlex
+import dataclasses
 from typing import Any
 
 from gpuscope.errors import GpuscopeError
@@ -26,18 +27,20 @@ def load_ipython_extension(ipython: Any) -> None:
 
 def _cell_magic(ipython: Any) -> Any:
     def gpuscope(line: str, cell: str) -> None:
-        """%%gpuscope [-o DIR] [--trace-steps N] [--cprofile-steps N]: profile this cell and show the report."""
+        """%%gpuscope [OPTIONS]: profile this cell and show the report; the options are gpuscope run's
+        (-o DIR, --cprofile-steps N, --cprofile-all, --trace-steps N, --trace-max-mb MB, --probe-loader,
+        --no-probes)."""
         from IPython.display import display
 
         from gpuscope.api import Profile
+        from gpuscope.options import RunOptions
 
         try:
-            options = _parse(line)
+            options = RunOptions.parse(line, prog="%%gpuscope")
         except GpuscopeError as exc:
             print(f"gpuscope: error: {exc.message}")
             return
-        prof = Profile(options.output, cprofile_steps=options.cprofile_steps, trace_steps=options.trace_steps,
-                       quiet=True)
+        prof = Profile(quiet=True, **dataclasses.asdict(options))
         prof.start()
         status = 1
         try:
@@ -49,15 +52,3 @@ def _cell_magic(ipython: Any) -> Any:
         display(prof)
 
     return gpuscope
-
-
-def _parse(line: str) -> argparse.Namespace:
-    """The magic's options, with the CLI's parser (a bad option is a GpuscopeError, not an exit)."""
-    from gpuscope.cli import _count, _Parser
-    from gpuscope.collectors import cprofile, torch_trace
-
-    parser = _Parser(prog="%%gpuscope", add_help=False)
-    parser.add_argument("-o", "--output", default=None)
-    parser.add_argument("--trace-steps", type=_count, default=torch_trace.DEFAULT_ACTIVE)
-    parser.add_argument("--cprofile-steps", type=_count, default=cprofile.DEFAULT_STEPS)
-    return parser.parse_args(shlex.split(line))

@@ -1,10 +1,17 @@
-"""Figures derived from the record that several parts of the diagnosis rest on (computed in one place)."""
+"""Figures derived from the record that several parts of the diagnosis rest on (computed in one place), and the
+``Metric`` type with which each rule names the figure that shows its fix took (read by ``gpuscope compare``)."""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
-from gpuscope.record import RunRecord
+from gpuscope.record import KernelTimeline, RunRecord
+
+MIN_COMPUTE_S = 1e-9
+"""Floor of ``median_compute_s``: a step that is all data wait still consumes batches at a finite rate."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +41,18 @@ def cpu_overhead(record: RunRecord) -> Overhead | None:
     return Overhead(ops.ops_per_step, calibration.op_overhead_s, seconds, min(1.0, seconds / median))
 
 
+def median_compute_s(record: RunRecord) -> float:
+    """The part of the median step (s) that is not data wait: the time the step computes, at least
+    ``MIN_COMPUTE_S``."""
+    return max(record.steps.median_s * (1 - record.breakdown.data_wait), MIN_COMPUTE_S)
+
+
+def parse_version(text: str | None) -> tuple[int, int] | None:
+    """``"2.4.1+cu121"`` -> (2, 4); ``"8.0"`` -> (8, 0); None when there is no leading ``major.minor``."""
+    match = re.match(r"(\d+)\.(\d+)", text or "")
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
 def batch_size(record: RunRecord) -> int:
     """The largest batch size among the run's loaders (0 when none is known)."""
     return max((loader.batch_size or 0 for loader in record.loaders), default=0)
@@ -60,3 +79,51 @@ def op_kind(name: str) -> str:
     if "conv" in base:
         return "conv"
     return "other"
+
+
+# -- the figures that show a fix took ----------------------------------------------------------------------------
+
+Unit = Literal["share", "seconds", "number"]
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    """A figure read from a record, by which a rule's fix shows in a later run (each rule's ``resolved_by``);
+    ``read`` returns None where the record does not know it."""
+
+    name: str
+    unit: Unit
+    read: Callable[[RunRecord], float | None]
+
+
+def show(value: float, unit: Unit) -> str:
+    """A metric's value as people read it: ``64%``, ``12.5 ms``, ``3``."""
+    if unit == "share":
+        return f"{value:.0%}"
+    if unit == "seconds":
+        return f"{value * 1e3:.1f} ms"
+    return f"{value:.1f}".removesuffix(".0")
+
+
+def _kernels(record: RunRecord) -> KernelTimeline | None:
+    return record.op_profile.kernels if record.op_profile is not None else None
+
+
+def kernel_share(attr: str) -> Callable[[RunRecord], float | None]:
+    """A reader of one share of the CUDA kernel timeline (``tensor_core_share``...); None without a timeline."""
+    def read(record: RunRecord) -> float | None:
+        kernels = _kernels(record)
+        return getattr(kernels, attr) if kernels is not None else None
+    return read
+
+
+def _fixed_cost(record: RunRecord) -> float | None:
+    overhead = cpu_overhead(record) if record.device == "cpu" else None
+    return overhead.share if overhead is not None else None
+
+
+STEP = Metric("median step", "seconds", lambda r: r.steps.median_s if r.steps.count else None)
+"""What every fix is for in the end; also shown where a rule's own figures are unknown in either run."""
+DATA_WAIT = Metric("data wait", "share", lambda r: r.breakdown.data_wait if r.steps.count else None)
+FIXED_COST = Metric("per-op fixed cost", "share", _fixed_cost)
+HOST_WAIT = Metric("GPU idle waiting for the host", "share", kernel_share("idle_host_wait_fraction"))

@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import cpu_overhead
+from gpuscope.analysis.evidence import cpu_overhead, median_compute_s
 from gpuscope.record import LoaderRate, RunRecord, SpeedOfLight, Verdict, WhatIf
 
 
@@ -45,7 +45,7 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
     cores - N intra-op threads, as it should: more busy threads than cores stall each other), nor all the CPU work of
     a step (one batch's build, ~1 / the one-worker rate, plus the compute on the main process's threads) spread
     over the cores. None without a probe curve or step figures."""
-    probe, median, share = record.loader_probe, record.steps.median_s, record.breakdown.data_wait
+    probe, median = record.loader_probe, record.steps.median_s
     if probe is None or not median or not record.steps.count:
         return None
     measured = [r for r in probe.rates if r.batches_per_s and not r.pin_memory] or \
@@ -54,7 +54,7 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
     candidates = [r for r in measured if r.num_workers > 0]
     if not candidates:
         return None
-    compute_s = max(median * (1 - share), 1e-9)
+    compute_s = median_compute_s(record)
     consume = 1 / compute_s
     needed = consume * (1 + th.LOADER_KEEPS_UP_MARGIN)
     cores = record.meta.cpu_count or 1
@@ -98,7 +98,7 @@ def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
                                 f"cores from the step, whose CPU work over all cores takes "
                                 f"{plan.shared_cpu_s * 1e3:.1f} ms")
         else:
-            data_s, compute_s = share * median, median * (1 - share)
+            data_s, compute_s = share * median, median_compute_s(record)
             step_s = max(data_s, compute_s)
             explanation = (f"data wait hidden behind compute by workers: max(data {data_s * 1e3:.1f} ms, compute "
                            f"{compute_s * 1e3:.1f} ms) a step")

@@ -136,11 +136,11 @@ class _StoppedSession:
 
 
 def test_a_finished_run_writes_its_report_and_names_it_in_the_summary(tmp_path, capsys, monkeypatch) -> None:
-    from gpuscope.cli import _finish
+    from gpuscope.finish import finish_session
 
     opened: list[str] = []
     monkeypatch.setattr("webbrowser.open", lambda url: opened.append(url) or True)
-    _finish(_StoppedSession(tmp_path), 0, quiet=False)
+    finish_session(_StoppedSession(tmp_path), 0, quiet=False)
     err = capsys.readouterr().err
     assert (tmp_path / "report.html").is_file()
     assert f"  report: {tmp_path / 'report.html'}" in err.splitlines()
@@ -148,23 +148,23 @@ def test_a_finished_run_writes_its_report_and_names_it_in_the_summary(tmp_path, 
 
 
 def test_quiet_silences_the_summary_and_open_opens_the_report(tmp_path, capsys, monkeypatch) -> None:
-    from gpuscope.cli import _finish
+    from gpuscope.finish import finish_session
 
     opened: list[str] = []
     monkeypatch.setattr("webbrowser.open", lambda url: opened.append(url) or True)
-    _finish(_StoppedSession(tmp_path), 0, quiet=True, open_report=True)
+    finish_session(_StoppedSession(tmp_path), 0, quiet=True, open_report=True)
     assert capsys.readouterr().err == ""
     assert opened == [(tmp_path / "report.html").resolve().as_uri()]
 
 
 def test_a_report_that_cannot_be_rendered_costs_one_line_not_the_run(tmp_path, capsys, monkeypatch) -> None:
-    from gpuscope.cli import _finish
+    from gpuscope.finish import finish_session
 
     def broken(record, run_dir):
         raise RuntimeError("template exploded")
 
     monkeypatch.setattr("gpuscope.report.write_report", broken)
-    _finish(_StoppedSession(tmp_path), 3, quiet=True)  # raises nothing: the script's status stands
+    finish_session(_StoppedSession(tmp_path), 3, quiet=True)  # raises nothing: the script's status stands
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "could not write the report" in err and "template exploded" in err
 
@@ -190,3 +190,19 @@ def test_nproc_per_node_must_be_a_positive_whole_number(tmp_path, capsys) -> Non
 
     assert main(["run", "--nproc-per-node", "0", str(tmp_path / "train.py")]) == 2
     assert "must be 1 or more" in capsys.readouterr().err
+
+
+def test_a_run_whose_record_cannot_be_written_costs_one_line_not_the_run(tmp_path, capsys) -> None:
+    from gpuscope.finish import finish_session
+
+    # given a session that cannot write its record
+    class BrokenSession(_StoppedSession):
+        def stop(self, status: int):
+            raise OSError("disk full")
+
+    # when the run ends
+    finished = finish_session(BrokenSession(tmp_path), 3, open_report=True)  # raises nothing
+    # then one line says why, and there is neither record nor report
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "could not write the run's files" in err and "disk full" in err
+    assert finished.record is None and finished.report_path is None

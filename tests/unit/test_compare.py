@@ -8,14 +8,8 @@ from pathlib import Path
 import pytest
 
 from conftest import make_record
-from gpuscope.compare import (
-    MAX_STEPS,
-    compare,
-    gate_text,
-    speedup_text,
-    steady_times,
-    summary_lines,
-)
+from gpuscope.analysis.compare import MAX_STEPS, compare, steady_times
+from gpuscope.report.compare_text import gate_text, speedup_text, summary_lines
 from gpuscope.record import (
     Breakdown,
     Calibration,
@@ -237,6 +231,32 @@ def test_a_figure_missing_from_either_run_falls_back_to_the_step_time() -> None:
     a = run(0.1, recommendations=(RECOMMENDATIONS["mixed-precision"],))
     (outcome,) = compare(a, run(0.08)).outcomes
     assert outcome.changes[0].text() == "median step 100.0 ms -> 80.0 ms"
+
+
+def test_every_rule_declares_the_figures_that_show_it_resolved() -> None:
+    from gpuscope.analysis.evidence import Metric
+    from gpuscope.analysis.rules import RULES
+
+    assert RULES
+    for r in RULES:
+        assert r.resolved_by and all(isinstance(m, Metric) for m in r.resolved_by), r.id
+
+
+def test_a_recommendation_no_rule_knows_shows_the_step_time() -> None:
+    # given a recommendation from another gpuscope version, with an id no rule here has
+    retired = Recommendation(id="retired-advice", title="Old advice", why="it was so", fix="do it")
+    a = run(0.1, recommendations=(retired,))
+    # when compared
+    (outcome,) = compare(a, run(0.05)).outcomes
+    # then its outcome is unknown and shows the median step
+    assert outcome.line() == "retired-advice: unknown, median step 100.0 ms -> 50.0 ms"
+
+
+def test_a_rule_without_a_resolving_figure_cannot_register() -> None:
+    from gpuscope.analysis.rules.base import rule
+
+    with pytest.raises(ValueError, match="declares no figure"):
+        rule(id="unmeasured", title="t", fix="f", resolved_by=())(lambda run: None)
 
 
 # --- unlike runs ---------------------------------------------------------------------------------------------------

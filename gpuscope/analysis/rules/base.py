@@ -1,12 +1,14 @@
 """The rule registry: one rule per recommendation id, each declaring the record inputs it needs, so that a rule
-whose inputs were not collected reports "not checked" (and why) rather than a silent nothing."""
+whose inputs were not collected reports "not checked" (and why) rather than a silent nothing, and the figures that
+show its fix took in a later run (``gpuscope compare``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from gpuscope.analysis.evidence import Metric
 from gpuscope.record import RunRecord
 
 Needs = tuple[str, ...]
@@ -39,19 +41,25 @@ class Rule:
     fix: str
     needs: Needs
     check: Callable[[RunRecord], Finding | None]
+    resolved_by: tuple[Metric, ...]
+    """The figures, most telling first, whose change from one run to the next shows the fix took."""
 
 
 RULES: list[Rule] = []
 """Registered rules, in registry order (which breaks ties in expected gain)."""
 
 
-def rule(id: str, title: str, fix: str, needs: Needs = ()) -> Callable[[Callable[[RunRecord], Finding | None]], Any]:
-    """Register a check function as the rule ``id``."""
+def rule(id: str, title: str, fix: str, needs: Needs = (), *,
+         resolved_by: Sequence[Metric]) -> Callable[[Callable[[RunRecord], Finding | None]], Any]:
+    """Register a check function as the rule ``id``; ``resolved_by``: the figures that show its fix took (at
+    least one; ``evidence.STEP``, the median step, where nothing more telling is measured)."""
 
     def register(check: Callable[[RunRecord], Finding | None]) -> Callable[[RunRecord], Finding | None]:
         if any(r.id == id for r in RULES):
             raise ValueError(f"rule {id} registered twice")
-        RULES.append(Rule(id, title, fix, needs, check))
+        if not resolved_by:
+            raise ValueError(f"rule {id} declares no figure that shows it resolved")
+        RULES.append(Rule(id, title, fix, needs, check, tuple(resolved_by)))
         return check
 
     return register

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpuscope.analysis import thresholds as th
+from gpuscope.analysis.evidence import STEP
 from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.record import RunRecord
 
@@ -18,7 +19,8 @@ ACCUMULATE = f"""for i, (x, y) in enumerate(loader):
 @rule(id="reduce-communication",
       title="Send gradients less often: larger batches or gradient accumulation",
       fix=ACCUMULATE,
-      needs=("op_profile",))
+      needs=("op_profile",),
+      resolved_by=(STEP,))
 def reduce_communication(run: RunRecord) -> Finding | None:
     """Signal: the training thread waits on collectives (gradient all-reduce) for a notable share of the step.
     Why it matters: the gradients' size does not depend on the batch, so every step pays the whole all-reduce;

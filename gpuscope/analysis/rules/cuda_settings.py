@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 
 from gpuscope.analysis import thresholds as th
+from gpuscope.analysis.evidence import STEP, Metric, kernel_share, parse_version
 from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.record import CallSite, KernelTimeline, Practices, RunRecord, SyncProfile
 
@@ -15,7 +16,8 @@ SITES_IN_EVIDENCE = 3
 @rule(id="avoid-host-sync",
       title="Stop synchronising the host with the GPU every step",
       fix="keep per-step values on the GPU (accumulate `loss.detach()`) and read them every N steps",
-      needs=("cuda", "syncs"))
+      needs=("cuda", "syncs"),
+      resolved_by=(Metric("syncs per step", "number", lambda r: r.syncs.per_step if r.syncs else None), STEP))
 def avoid_host_sync(run: RunRecord) -> Finding | None:
     """Signal: the steps synchronise host and GPU at least ``SYNCS_PER_STEP_NOTABLE`` times each (counted with
     torch's CUDA sync debug mode over a few steady-state steps, with the lines that did it).
@@ -47,7 +49,8 @@ def avoid_host_sync(run: RunRecord) -> Finding | None:
 @rule(id="tf32",
       title="Let float32 matmuls use TF32 Tensor Cores",
       fix='torch.set_float32_matmul_precision("high")  # or torch.backends.cuda.matmul.allow_tf32 = True',
-      needs=("cuda", "kernels", "practices"))
+      needs=("cuda", "kernels", "practices"),
+      resolved_by=(Metric("float32 GEMMs on CUDA cores", "share", kernel_share("fp32_gemm_share")), STEP))
 def tf32(run: RunRecord) -> Finding | None:
     """Signal: on a GPU with TF32 Tensor Cores (compute capability 8.0 or later), TF32 is off for matmuls
     (``allow_tf32=False``, float32 matmul precision "highest") and float32 GEMMs on CUDA cores (``sgemm``
@@ -89,7 +92,8 @@ def tf32(run: RunRecord) -> Finding | None:
 @rule(id="cudnn-benchmark",
       title="Let cuDNN pick the fastest convolution algorithms",
       fix="torch.backends.cudnn.benchmark = True  # for fixed input shapes: each new shape is autotuned again",
-      needs=("cuda", "kernels", "practices"))
+      needs=("cuda", "kernels", "practices"),
+      resolved_by=(STEP,))
 def cudnn_benchmark(run: RunRecord) -> Finding | None:
     """Signal: ``cudnn.benchmark`` is off (the default) while convolution kernels take a notable share of kernel
     time in a model with convolution layers.
@@ -117,7 +121,8 @@ def cudnn_benchmark(run: RunRecord) -> Finding | None:
 @rule(id="channels-last",
       title="Keep the convolution net in channels_last memory format",
       fix="model = model.to(memory_format=torch.channels_last)  # and x = x.to(memory_format=torch.channels_last)",
-      needs=("cuda", "kernels", "practices"))
+      needs=("cuda", "kernels", "practices"),
+      resolved_by=(Metric("layout conversions", "share", kernel_share("layout_transform_share")), STEP))
 def channels_last(run: RunRecord) -> Finding | None:
     """Signal: a convolution net with few of its convolutions in channels_last runs them in reduced precision (a
     notable share of kernel time on Tensor Cores), and cuDNN converts layouts (NCHW <-> NHWC kernels) for a
@@ -164,12 +169,6 @@ def sync_hint(code: str) -> str:
         return "use a fixed-size form (torch.where, a multiplied mask): an output whose size depends on the data " \
                "makes the host wait for it"
     return "keep the value on the GPU and read it every N steps"
-
-
-def parse_version(text: str | None) -> tuple[int, int] | None:
-    """``"2.4.1+cu121"`` -> (2, 4); ``"8.0"`` -> (8, 0); None when there is no leading ``major.minor``."""
-    match = re.match(r"(\d+)\.(\d+)", text or "")
-    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def _site_fact(site: CallSite, steps: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 from gpuscope.analysis import thresholds as th
+from gpuscope.analysis.evidence import DATA_WAIT, Metric, median_compute_s
 from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.analysis.speed import LoaderPlan, loader_plan
 from gpuscope.record import RunRecord
@@ -13,7 +14,8 @@ from gpuscope.record import RunRecord
 @rule(id="more-dataloader-workers",
       title="Give the DataLoader more worker processes",
       fix="DataLoader(..., num_workers=N, persistent_workers=True)",
-      needs=("loaders",))
+      needs=("loaders",),
+      resolved_by=(DATA_WAIT,))
 def more_dataloader_workers(run: RunRecord) -> Finding | None:
     """Signal: steps wait for the next batch for a notable share of their time while the loader has fewer
     workers than the machine has cores.
@@ -32,7 +34,7 @@ def more_dataloader_workers(run: RunRecord) -> Finding | None:
     plan = loader_plan(run)
     if plan is not None:
         return _from_probe(run, plan, loader.dataset, loader.num_workers, share, median)
-    compute_s = max(median * (1 - share), 1e-9)
+    compute_s = median_compute_s(run)
     if loader.num_workers == 0:
         batch_s = share * median  # the main process prepared each batch itself, in the wait
     else:
@@ -80,10 +82,17 @@ def _from_probe(run: RunRecord, plan: LoaderPlan, dataset: str, current: int, sh
     return Finding(gain, tuple(evidence), fix=f"DataLoader(..., num_workers={plan.workers}, persistent_workers=True)")
 
 
+def _pageable_copies(record: RunRecord) -> float | None:
+    ops = record.op_profile
+    kernels = ops.kernels if ops is not None else None
+    return kernels.h2d_pageable_copies / ops.steps if kernels is not None and ops is not None and ops.steps else None
+
+
 @rule(id="pin-memory",
       title="Pin the DataLoader's memory and copy without blocking",
       fix="DataLoader(..., pin_memory=True)  and  batch.to(device, non_blocking=True)",
-      needs=("cuda", "loaders", "kernels"))
+      needs=("cuda", "loaders", "kernels"),
+      resolved_by=(Metric("pageable copies per step", "number", _pageable_copies), DATA_WAIT))
 def pin_memory(run: RunRecord) -> Finding | None:
     """Signal: host-to-device copies come from pageable memory while a loader runs without pin_memory.
     Why it matters: pageable copies are staged through a pinned buffer by the driver, about half the speed of

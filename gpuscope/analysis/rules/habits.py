@@ -3,7 +3,10 @@ that BatchNorm cancels, DataParallel."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from gpuscope.analysis import thresholds as th
+from gpuscope.analysis.evidence import STEP, Metric, parse_version
 from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.record import CallSite, RunRecord
 
@@ -16,19 +19,30 @@ def _sites(sites: tuple[CallSite, ...]) -> str:
     return ", ".join(f"{_site(s)} ({s.calls}x)" for s in sites[:3])
 
 
-def _major_minor(version: str) -> tuple[int, int]:
-    parts = version.split("+")[0].split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return (0, 0)
+def _zero_fill(record: RunRecord) -> float | None:
+    p = record.practices
+    return p.zero_grad_fill_calls / p.zero_grad_calls if p is not None and p.zero_grad_calls else None
+
+
+def _anomaly(record: RunRecord) -> float | None:
+    p = record.practices
+    return p.anomaly_steps / p.steps_checked if p is not None and p.steps_checked else None
+
+
+def _layers(attr: str) -> Callable[[RunRecord], float | None]:
+    """A reader of how many of the model's layers (or wrappers) the practices list under ``attr``."""
+    def read(record: RunRecord) -> float | None:
+        p = record.practices
+        return float(len(getattr(p, attr))) if p is not None and p.modules_inspected else None
+    return read
 
 
 @rule(id="disable-debug-apis",
       title="Turn off the debug APIs left on in training",
       fix="remove torch.autograd.detect_anomaly() / set_detect_anomaly(True), the autograd profiler or emit_nvtx, "
           "and gradcheck calls from the training loop",
-      needs=("practices",))
+      needs=("practices",),
+      resolved_by=(Metric("steps under anomaly detection", "share", _anomaly), STEP))
 def disable_debug_apis(run: RunRecord) -> Finding | None:
     """Signal: anomaly detection on during steps, torch's autograd profiler (or emit_nvtx) on outside gpuscope's
     own window, or gradcheck called while training.
@@ -90,7 +104,8 @@ def _anomaly_cost(run: RunRecord) -> tuple[float, list[str]]:
 @rule(id="zero-grad-set-to-none",
       title="Drop gradients instead of zero-filling them",
       fix="optimizer.zero_grad(set_to_none=True)",
-      needs=("practices",))
+      needs=("practices",),
+      resolved_by=(Metric("zero_grad calls that zero-fill", "share", _zero_fill), STEP))
 def zero_grad_set_to_none(run: RunRecord) -> Finding | None:
     """Signal: zero_grad calls that zero-fill the gradients (set_to_none=False, or the default before torch 2.0).
     Why it matters: zero-filling writes every gradient once more per step, and the next backward then adds into
@@ -102,7 +117,7 @@ def zero_grad_set_to_none(run: RunRecord) -> Finding | None:
     if not p.zero_grad_fill_calls:
         return None
     version = p.torch_version or "this torch"
-    if _major_minor(p.torch_version) >= (2, 0):
+    if (parse_version(p.torch_version) or (0, 0)) >= (2, 0):
         default = f"torch {version} drops gradients by default (set_to_none=True); these calls pass False"
     else:
         default = f"torch {version} zero-fills by default: pass set_to_none=True"
@@ -125,7 +140,8 @@ def zero_grad_set_to_none(run: RunRecord) -> Finding | None:
 @rule(id="bias-before-batchnorm",
       title="Drop the bias of layers that feed BatchNorm",
       fix="nn.Conv2d(..., bias=False)  # directly before nn.BatchNorm2d",
-      needs=("practices", "model"))
+      needs=("practices", "model"),
+      resolved_by=(Metric("biases before BatchNorm", "number", _layers("bias_before_norm")), STEP))
 def bias_before_batchnorm(run: RunRecord) -> Finding | None:
     """Signal: a convolution or linear layer with a bias registered right before a BatchNorm of its width.
     Why it matters: BatchNorm subtracts the batch mean, which removes any constant the layer added: the bias is
@@ -148,7 +164,8 @@ def bias_before_batchnorm(run: RunRecord) -> Finding | None:
       title="Use DistributedDataParallel instead of DataParallel",
       fix="torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])  # one process per GPU, "
           "launched with torchrun",
-      needs=("practices", "model"))
+      needs=("practices", "model"),
+      resolved_by=(Metric("DataParallel wrappers", "number", _layers("data_parallel")), STEP))
 def distributed_data_parallel(run: RunRecord) -> Finding | None:
     """Signal: a DataParallel wrapper around a trained model.
     Why it matters: DataParallel drives every GPU from one Python process: it scatters the batch, replicates the

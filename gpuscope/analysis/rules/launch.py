@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import batch_size, cpu_overhead
+from gpuscope.analysis.evidence import FIXED_COST, HOST_WAIT, STEP, batch_size, cpu_overhead
 from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.record import RunRecord
 
@@ -27,7 +27,8 @@ def _launch_evidence(run: RunRecord) -> tuple[float, str] | None:
 @rule(id="larger-batch",
       title="Raise the batch size",
       fix="DataLoader(..., batch_size=2 * B)  # then retune the learning rate and warm-up",
-      needs=("op_profile",))
+      needs=("op_profile",),
+      resolved_by=(FIXED_COST, HOST_WAIT, STEP))
 def larger_batch(run: RunRecord) -> Finding | None:
     """Signal: per-op overhead (CPU) or host-wait idle (GPU) is a notable share of the step.
     Why it matters: the op count per step does not grow with the batch, so a larger batch spreads the fixed cost
@@ -48,7 +49,8 @@ def larger_batch(run: RunRecord) -> Finding | None:
 @rule(id="jit-fusion",
       title="Fuse chains of element-wise ops with torch.compile",
       fix="model = torch.compile(model)",
-      needs=("op_profile",))
+      needs=("op_profile",),
+      resolved_by=(FIXED_COST, HOST_WAIT, STEP))
 def jit_fusion(run: RunRecord) -> Finding | None:
     """Signal: per-op overhead is notable and many of the ops are element-wise.
     Why it matters: each element-wise op is a launch and a round trip through memory; a fused kernel does a
@@ -68,7 +70,8 @@ def jit_fusion(run: RunRecord) -> Finding | None:
 @rule(id="static-graph",
       title="Replay the step as a static graph (CUDA graphs)",
       fix='model = torch.compile(model, mode="reduce-overhead")  # or capture the step with torch.cuda.graphs',
-      needs=("cuda", "kernels"))
+      needs=("cuda", "kernels"),
+      resolved_by=(HOST_WAIT, FIXED_COST, STEP))
 def static_graph(run: RunRecord) -> Finding | None:
     """Signal: the GPU is starved and idles mostly waiting for the host to launch kernels.
     Why it matters: replaying a captured graph launches all of a step's kernels at once; the per-kernel launch

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpuscope.analysis import thresholds as th
+from gpuscope.analysis.evidence import STEP, Metric, kernel_share
 from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.record import RunRecord
 
@@ -10,7 +11,8 @@ from gpuscope.record import RunRecord
 @rule(id="mixed-precision",
       title="Train in mixed precision (autocast + GradScaler)",
       fix="with torch.autocast('cuda', dtype=torch.bfloat16): loss = model(x)  # fp16: add torch.amp.GradScaler",
-      needs=("cuda", "kernels"))
+      needs=("cuda", "kernels"),
+      resolved_by=(Metric("kernel time on Tensor Cores", "share", kernel_share("tensor_core_share")), STEP))
 def mixed_precision(run: RunRecord) -> Finding | None:
     """Signal: the GPU is busy, and little of its kernel time runs on Tensor Cores.
     Why it matters: Tensor Cores do fp16/bf16 matrix math many times faster than fp32 on CUDA cores; measured

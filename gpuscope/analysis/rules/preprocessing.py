@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from gpuscope.analysis import thresholds as th
+from gpuscope.analysis.evidence import DATA_WAIT
 from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.record import DataProbe, LineCost, Loader, RunRecord
 
@@ -13,7 +14,8 @@ SHOWN_LINES = 3
 @rule(id="fp32-preprocessing",
       title="Keep the CPU preprocessing in float32",
       fix="compute in float32 (`x = x.astype(np.float32)` first) and cast to float16 at the end, or on the GPU",
-      needs=("loaders", "data_probe"))
+      needs=("loaders", "data_probe"),
+      resolved_by=(DATA_WAIT,))
 def fp32_preprocessing(run: RunRecord) -> Finding | None:
     """Signal: steps wait for data for a notable share of their time, and a notable share of building an item
     (measured by the data probe, line by line) is on lines of the user's dataset that produce float16 arrays or

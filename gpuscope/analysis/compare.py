@@ -2,7 +2,8 @@
 of the step moved, how the verdict changed, and what became of A's recommendations in B.
 
 A pure function of the two records: ``compare(a, b)`` returns a ``Comparison`` that the terminal summary
-(``summary_lines``) and the HTML page (``gpuscope.report.render_compare``) both read.
+(``gpuscope.report.compare_text``) and the HTML page (``gpuscope.report.render_compare``) both read. The figures that
+show a recommendation's fix took are the rule's own (``resolved_by`` in ``analysis/rules``).
 """
 
 from __future__ import annotations
@@ -10,13 +11,14 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path, PurePath
+from pathlib import PurePath
 from typing import Literal
 
-from gpuscope.analysis.evidence import batch_size, cpu_overhead
-from gpuscope.record import PHASES, KernelTimeline, RunRecord
+from gpuscope.analysis.evidence import STEP, Metric, Unit, batch_size, show
+from gpuscope.analysis.rules import RULES
+from gpuscope.record import PHASES, RunRecord
 from gpuscope.summary import bound_label
 
 RESAMPLES = 1000
@@ -30,7 +32,6 @@ SEED = 20260101
 """Fixed, so that comparing the same two runs always prints the same interval."""
 
 Status = Literal["resolved", "still there", "not checked in B", "unknown", "new in B"]
-Unit = Literal["share", "seconds", "number"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +110,7 @@ class Change:
 
     def text(self) -> str:
         """The change in words: "data wait 64% -> 3%"."""
-        return f"{self.name} {_show(self.a, self.unit)} -> {_show(self.b, self.unit)}"
+        return f"{self.name} {show(self.a, self.unit)} -> {show(self.b, self.unit)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,8 +157,9 @@ class PerSample:
     seconds_b: float
 
     def line(self) -> str:
-        return (f"per sample (batch {self.batch_a} -> {self.batch_b}): A {_show(self.seconds_a, 'seconds')} -> "
-                f"B {_show(self.seconds_b, 'seconds')}: {self.seconds_a / self.seconds_b:.2f}x the throughput")
+        """One line: "per sample (batch 32 -> 64): A 3.1 ms -> B 1.6 ms: 1.94x the throughput"."""
+        return (f"per sample (batch {self.batch_a} -> {self.batch_b}): A {show(self.seconds_a, 'seconds')} -> "
+                f"B {show(self.seconds_b, 'seconds')}: {self.seconds_a / self.seconds_b:.2f}x the throughput")
 
 
 def per_sample(a: RunRecord, b: RunRecord) -> PerSample | None:
@@ -168,81 +170,16 @@ def per_sample(a: RunRecord, b: RunRecord) -> PerSample | None:
     return PerSample(batch_a, batch_b, a.steps.median_s / batch_a, b.steps.median_s / batch_b)
 
 
-@dataclass(frozen=True, slots=True)
-class Metric:
-    """A figure read from a record to show a recommendation's change; ``read`` returns None where it is unknown."""
-
-    name: str
-    unit: Unit
-    read: Callable[[RunRecord], float | None]
-
-
-def _kernels(record: RunRecord) -> KernelTimeline | None:
-    return record.op_profile.kernels if record.op_profile is not None else None
-
-
-def _kernel_share(attr: str) -> Callable[[RunRecord], float | None]:
-    def read(record: RunRecord) -> float | None:
-        kernels = _kernels(record)
-        return getattr(kernels, attr) if kernels is not None else None
-    return read
-
-
-def _fixed_cost(record: RunRecord) -> float | None:
-    overhead = cpu_overhead(record) if record.device == "cpu" else None
-    return overhead.share if overhead is not None else None
-
-
-def _pageable_copies(record: RunRecord) -> float | None:
-    kernels, ops = _kernels(record), record.op_profile
-    return kernels.h2d_pageable_copies / ops.steps if kernels is not None and ops is not None and ops.steps else None
-
-
-def _zero_fill(record: RunRecord) -> float | None:
-    p = record.practices
-    return p.zero_grad_fill_calls / p.zero_grad_calls if p is not None and p.zero_grad_calls else None
-
-
-def _anomaly(record: RunRecord) -> float | None:
-    p = record.practices
-    return p.anomaly_steps / p.steps_checked if p is not None and p.steps_checked else None
-
-
-def _modules(attr: str) -> Callable[[RunRecord], float | None]:
-    def read(record: RunRecord) -> float | None:
-        p = record.practices
-        return float(len(getattr(p, attr))) if p is not None and p.modules_inspected else None
-    return read
-
-
-STEP = Metric("median step", "seconds", lambda r: r.steps.median_s if r.steps.count else None)
-DATA_WAIT = Metric("data wait", "share", lambda r: r.breakdown.data_wait if r.steps.count else None)
-FIXED_COST = Metric("per-op fixed cost", "share", _fixed_cost)
-HOST_WAIT = Metric("GPU idle waiting for the host", "share", _kernel_share("idle_host_wait_fraction"))
-
-METRICS: dict[str, tuple[Metric, ...]] = {
-    "more-dataloader-workers": (DATA_WAIT,),
-    "fp32-preprocessing": (DATA_WAIT,),
-    "pin-memory": (Metric("pageable copies per step", "number", _pageable_copies), DATA_WAIT),
-    "avoid-host-sync": (Metric("syncs per step", "number", lambda r: r.syncs.per_step if r.syncs else None), STEP),
-    "larger-batch": (FIXED_COST, HOST_WAIT, STEP),
-    "jit-fusion": (FIXED_COST, HOST_WAIT, STEP),
-    "static-graph": (HOST_WAIT, FIXED_COST, STEP),
-    "mixed-precision": (Metric("kernel time on Tensor Cores", "share", _kernel_share("tensor_core_share")), STEP),
-    "tf32": (Metric("float32 GEMMs on CUDA cores", "share", _kernel_share("fp32_gemm_share")), STEP),
-    "channels-last": (Metric("layout conversions", "share", _kernel_share("layout_transform_share")), STEP),
-    "zero-grad-set-to-none": (Metric("zero_grad calls that zero-fill", "share", _zero_fill), STEP),
-    "disable-debug-apis": (Metric("steps under anomaly detection", "share", _anomaly), STEP),
-    "bias-before-batchnorm": (Metric("biases before BatchNorm", "number", _modules("bias_before_norm")), STEP),
-    "distributed-data-parallel": (Metric("DataParallel wrappers", "number", _modules("data_parallel")), STEP),
-}
-"""The figures that show whether a recommendation's fix took, by id; any other id shows the median step."""
+def resolved_by(rec_id: str) -> tuple[Metric, ...]:
+    """The figures that show ``rec_id``'s fix took, as its rule declares them; the median step for an id no rule
+    of this gpuscope has (a record from another version)."""
+    return next((r.resolved_by for r in RULES if r.id == rec_id), (STEP,))
 
 
 def changes(rec_id: str, a: RunRecord, b: RunRecord) -> tuple[Change, ...]:
-    """The figures of ``rec_id``'s table row known in both runs; the median step where none is."""
+    """The figures of ``rec_id``'s rule known in both runs; the median step where none is."""
     found = []
-    for metric in METRICS.get(rec_id, (STEP,)):
+    for metric in resolved_by(rec_id):
         value_a, value_b = metric.read(a), metric.read(b)
         if value_a is not None and value_b is not None:
             found.append(Change(metric.name, value_a, value_b, metric.unit))
@@ -365,62 +302,3 @@ def compare(a: RunRecord, b: RunRecord) -> Comparison:
         flags=flags(a, b),
         per_sample=per_sample(a, b),
     )
-
-
-def _show(value: float, unit: Unit) -> str:
-    if unit == "share":
-        return f"{value:.0%}"
-    if unit == "seconds":
-        return f"{value * 1e3:.1f} ms"
-    return f"{value:.1f}".removesuffix(".0")
-
-
-def speedup_text(s: SpeedUp) -> str:
-    """The speed-up in words: "speed-up 1.52x (95% interval 1.41x to 1.63x): B is faster"."""
-    if s.ratio is None:
-        return s.note or "no speed-up figure"
-    interval = (f"{LEVEL:.0%} interval {s.low:.2f}x to {s.high:.2f}x" if s.low is not None and s.high is not None
-                else s.note or "no interval")
-    return f"speed-up {s.ratio:.2f}x ({interval}): {s.reading()}"
-
-
-def gate_text(s: SpeedUp, max_slower_pct: float) -> tuple[bool, str]:
-    """Whether B fails ``--fail-if-slower PCT`` (its median step slower than A's by more than PCT percent, point
-    estimate), and a line saying so. Raises ValueError when a median is missing."""
-    slower = s.slower_pct
-    if slower is None:
-        raise ValueError(s.note or "no speed-up figure")
-    failed = slower > max_slower_pct
-    change = f"{slower:.1f}% slower" if slower > 0 else f"{-slower:.1f}% faster"
-    verdict = "FAILED" if failed else "passed"
-    return failed, f"gate {verdict}: B's median step is {change} than A's (--fail-if-slower {max_slower_pct:g}%)"
-
-
-def summary_lines(comparison: Comparison, html_path: Path | None = None) -> list[str]:
-    """The comparison as a few plain lines for a terminal or a CI log."""
-    s, v = comparison.speedup, comparison.verdict
-    lines = [f"gpuscope compare: {speedup_text(s)}"]
-    if s.median_a_s is not None or s.median_b_s is not None:
-        change = f" ({s.slower_pct:+.1f}%)" if s.slower_pct is not None else ""
-        lines.append(f"  median step: A {_median(s.median_a_s)} -> B {_median(s.median_b_s)}{change}")
-    if comparison.per_sample is not None:
-        lines.append(f"  {comparison.per_sample.line()}")
-    lines.append(f"  verdict: {v.label_a} (confidence {v.confidence_a:.2f}) -> {v.label_b} "
-                 f"(confidence {v.confidence_b:.2f})")
-    lines.append("  ms per step, A -> B: " + ", ".join(
-        f"{p.phase.replace('_', ' ')} {p.seconds_a * 1e3:.1f} -> {p.seconds_b * 1e3:.1f}" for p in comparison.phases))
-    ours = [o for o in comparison.outcomes if o.status != "new in B"]
-    new = [o for o in comparison.outcomes if o.status == "new in B"]
-    lines.append("  A's recommendations:" if ours else "  A's recommendations: none")
-    lines += [f"    {o.line()}" for o in ours]
-    if new:
-        lines.append("  new in B:")
-        lines += [f"    {o.line()}" for o in new]
-    lines += [f"  warning: {flag}" for flag in comparison.flags]
-    if html_path is not None:
-        lines.append(f"  report: {html_path}")
-    return lines
-
-
-def _median(value: float | None) -> str:
-    return "n/a" if value is None else _show(value, "seconds")

@@ -1,0 +1,144 @@
+"""The options of a profiled run, declared once: ``gpuscope run``'s command line, ``gpuscope.profile(...)``'s keyword
+arguments and the ``%%gpuscope`` cell magic all read ``RunOptions``, with the same names, defaults and help.
+
+Each field carries its command-line spelling, type and help text (``dataclasses.field`` metadata);
+``RunOptions.add_arguments(parser)`` puts them on an argparse parser, ``RunOptions.from_args(args)`` reads them back,
+and ``collect_options()`` turns them into the collectors' ``CollectOptions``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+
+from gpuscope.collectors import CollectOptions
+from gpuscope.errors import GpuscopeError
+
+MB = 2**20
+_COLLECT = CollectOptions()
+"""The collectors' own defaults, which are the options' defaults."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage problem is a one-line GpuscopeError rather than usage text and an exit."""
+
+    def error(self, message: str) -> NoReturn:
+        raise GpuscopeError(message)
+
+
+def count(text: str) -> int:
+    """An argparse type: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more: {text}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number, 1 or more."""
+    value = count(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be 1 or more: {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a number above 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0: {text}")
+    return value
+
+
+def _option(default: Any, *flags: str, help: str, **argparse_kwargs: Any) -> Any:
+    """A field of ``RunOptions`` with its command-line spelling (``flags``), help and argparse settings."""
+    return field(default=default, metadata={"flags": flags, "help": help, **argparse_kwargs})
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """What the user chose for one profiled run; each field is also ``gpuscope run``'s option of that name."""
+
+    output: str | Path | None = _option(
+        None, "-o", "--output", metavar="DIR",
+        help="where the run's files go (default: ./gpuscope-runs/<script>-<timestamp>/)")
+    cprofile_steps: int | None = _option(
+        _COLLECT.cprofile_steps, "--cprofile-steps", metavar="N", type=count,
+        help="steps cProfile covers after the start-up (default %(default)s); profiled steps are left out of the "
+             "step figures")
+    """None (in ``gpuscope.profile()``) means the whole run, as ``cprofile_all`` does."""
+    cprofile_all: bool = _option(
+        False, "--cprofile-all", action="store_true",
+        help="profile the whole run with cProfile (slows Python-heavy loops)")
+    trace_steps: int = _option(
+        _COLLECT.trace_steps, "--trace-steps", metavar="N", type=count,
+        help="steps torch.profiler records into trace.json (default %(default)s; 0: none)")
+    trace_max_mb: float = _option(
+        _COLLECT.trace_max_bytes / MB, "--trace-max-mb", metavar="MB", type=positive_float,
+        help="trace.json's size cap in MB (default %(default)g); detail is dropped to meet it")
+    probe_loader: bool = _option(
+        False, "--probe-loader", action="store_true",
+        help="after the run, time the slowest DataLoader with 0, 1, 2, 4... workers (a few seconds) even when data "
+             "wait was under 5%% of the step (above, it always runs)")
+    probes: bool = _option(
+        True, "--no-probes", action="store_false",
+        help="skip the post-run probes (data probe, loader probe, per-op cost calibration): a faster exit with the "
+             "timings only; the CPU verdict then cannot tell launch- from compute-bound")
+
+    def __post_init__(self) -> None:
+        # the command line checks its text with the argparse types; keyword arguments are checked here
+        for name in ("cprofile_steps", "trace_steps"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+                raise GpuscopeError(f"{name} must be a whole number, 0 or more: {value!r}")
+        if not isinstance(self.trace_max_mb, (int, float)) or not self.trace_max_mb > 0:
+            raise GpuscopeError(f"trace_max_mb must be a number above 0: {self.trace_max_mb!r}")
+
+    @classmethod
+    def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
+        """Add every option to ``parser`` (``--no-probes`` sets ``probes``; each dest is the field's name)."""
+        for f in dataclasses.fields(cls):
+            settings = dict(f.metadata)
+            flags = settings.pop("flags")
+            parser.add_argument(*flags, dest=f.name, default=f.default, **settings)
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> RunOptions:
+        """The options a parser set up by ``add_arguments`` parsed."""
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+    @classmethod
+    def parse(cls, line: str, prog: str) -> RunOptions:
+        """The options in one line of text, as a shell would split it (the cell magic's line); a bad option is a
+        GpuscopeError."""
+        import shlex
+
+        parser = Parser(prog=prog, add_help=False)
+        cls.add_arguments(parser)
+        try:
+            tokens = shlex.split(line)
+        except ValueError as exc:
+            raise GpuscopeError(f"cannot read the options: {exc}") from None
+        return cls.from_args(parser.parse_args(tokens))
+
+    def collect_options(self) -> CollectOptions:
+        """The collectors' options for these choices."""
+        return CollectOptions(
+            cprofile_steps=None if self.cprofile_all else self.cprofile_steps,
+            trace_steps=self.trace_steps,
+            trace_max_bytes=int(self.trace_max_mb * MB),
+            probe_loader=self.probe_loader,
+            probes=self.probes,
+        )
+
+
+__all__ = ["Parser", "RunOptions", "count", "positive_float", "positive_int"]
