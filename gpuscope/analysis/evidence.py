@@ -25,12 +25,6 @@ class Overhead:
     share: float
 
 
-def compute_time_s(median_s: float, data_wait: float) -> float:
-    """The part of a step that is not waiting for data: median step x (1 - data wait share), the time in which
-    the next batch must be ready for the step never to wait."""
-    return median_s * (1 - data_wait)
-
-
 def cpu_overhead(record: RunRecord) -> Overhead | None:
     """The share of the step that is per-op fixed cost, from the op profile and the calibration; None if either
     is missing."""
@@ -44,7 +38,13 @@ def cpu_overhead(record: RunRecord) -> Overhead | None:
 def median_compute_s(record: RunRecord) -> float:
     """The part of the median step (s) that is not data wait: the time the step computes, at least
     ``MIN_COMPUTE_S``."""
-    return max(record.steps.median_s * (1 - record.breakdown.data_wait), MIN_COMPUTE_S)
+    return compute_time_s(record.steps.median_s, record.breakdown.data_wait)
+
+
+def compute_time_s(median_s: float, data_wait: float) -> float:
+    """median step x (1 - data wait share), at least ``MIN_COMPUTE_S``: the time in which the next batch must be
+    ready for the step never to wait (1 / it is the rate the step consumes batches)."""
+    return max(median_s * (1 - data_wait), MIN_COMPUTE_S)
 
 
 def parse_version(text: str | None) -> tuple[int, int] | None:
