@@ -15,10 +15,13 @@ import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from gpuscope.collectors.base import CollectorResult, StepFollower
 from gpuscope.record import CollectorStatus, OpProfile, OpStat, Window
+
+if TYPE_CHECKING:
+    from gpuscope.analysis.figures import TraceFigures
 
 TRACE_FILE = "trace.json"
 DEFAULT_START = 6
@@ -161,13 +164,8 @@ class TorchTraceCollector(StepFollower):
                 f"the run ended before the profiled steps ({self.start_step + WARMUP_STEPS}-"
                 f"{self.start_step + WARMUP_STEPS + self.active - 1}); run more steps to get trace.json"))
         path = self._run_dir / TRACE_FILE
-        events, detail = cap_trace(path, self.max_bytes)
+        figures, detail = reduce_and_cap(path, self.max_bytes)
         steps = max(1, len(self._recorded))
-        from gpuscope.analysis.kernels import kernel_timeline
-
-        from gpuscope.analysis.comms import communication
-
-        kernels = kernel_timeline(events, window_wall_s(events), steps) if self._cuda else None
         top_host = tuple(sorted(self._stats, key=lambda o: (-o.self_host_s, o.name))[:TOP_OPS])
         top_device = tuple(o for o in sorted(self._stats, key=lambda o: (-o.device_s, o.name)) if o.device_s > 0)
         profile = OpProfile(
@@ -182,8 +180,9 @@ class TorchTraceCollector(StepFollower):
             mean_op_s=self._self_host_s / self._ops if self._ops else 0.0,
             top_host=top_host,
             top_device=top_device[:TOP_OPS],
-            kernels=kernels,
-            communication=communication(events, steps),
+            kernels=figures.kernels if self._cuda else None,
+            devices=figures.devices if self._cuda else (),
+            communication=figures.communication,
         )
         return CollectorResult(CollectorStatus("ok"), profile)
 
@@ -226,10 +225,24 @@ def window_wall_s(events: list[dict[str, Any]]) -> float:
     return (max(end for _, end in spans) - min(start for start, _ in spans)) / 1e6
 
 
-def cap_trace(path: Path, max_bytes: int) -> tuple[list[dict[str, Any]], str]:
+def reduce_and_cap(path: Path, max_bytes: int) -> tuple[TraceFigures, str]:
+    """The trace's figures, from the whole trace, then the file capped to ``max_bytes``: capping is about the file
+    on disk, never about the figures (a capped trace keeps only the first recorded step, and per-step figures
+    divided by every recorded step would shrink by that factor). Returns the figures and what capping dropped."""
+    from gpuscope.analysis.figures import trace_figures
+    from gpuscope.analysis.trace import read_trace
+
+    trace = read_trace(path)
+    figures = trace_figures(trace["traceEvents"])
+    return figures, cap_trace(path, max_bytes, trace)[1]
+
+
+def cap_trace(path: Path, max_bytes: int, trace: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], str]:
     """Keep ``path`` under ``max_bytes``, dropping detail in steps: short CPU ops first, then all but the first
-    recorded step, then the shortest events. Returns the events kept and what was dropped ("full": nothing)."""
-    trace = json.loads(path.read_text())
+    recorded step, then the shortest events. Returns the events kept and what was dropped ("full": nothing).
+    ``trace``: the file's content, already parsed."""
+    if trace is None:
+        trace = json.loads(path.read_text(errors="replace"))
     events: list[dict[str, Any]] = trace.get("traceEvents", [])
     if path.stat().st_size <= max_bytes:
         return events, "full"
