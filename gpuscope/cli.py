@@ -15,6 +15,7 @@ from gpuscope import distributed
 from gpuscope.collectors import CollectOptions
 from gpuscope.errors import USAGE_EXIT, GpuscopeError
 from gpuscope.rundirs import new_run_dir
+from gpuscope.traceanalyze import AnalyzeCommand
 
 if TYPE_CHECKING:
     from gpuscope.runner import Target
@@ -355,7 +356,7 @@ def _percent(text: str) -> float:
     return value
 
 
-COMMANDS: tuple[Command, ...] = (RunCommand(), ReportCommand(), CompareCommand(), ViewCommand())
+COMMANDS: tuple[Command, ...] = (RunCommand(), ReportCommand(), CompareCommand(), ViewCommand(), AnalyzeCommand())
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,15 +18,14 @@ Either way, every figure is clipped to the steps, so no share of a step exceeds 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+from gpuscope.analysis.intervals import Span, clip, intersect, length, union
 from gpuscope.analysis.kernels import is_communication_kernel
 from gpuscope.analysis.trace import Kernel, StepSpan, TraceIndex, index_trace, recorded_steps
 from gpuscope.analysis.windows import DeviceWindow, device_window
 from gpuscope.record import Communication
-
-Span = tuple[float, float]
 
 
 def communication(events: Sequence[Mapping[str, Any]], steps: int) -> Communication | None:
@@ -59,34 +58,34 @@ def device_communication(kernels: Sequence[Kernel], window: Span | None, steps: 
     kernels there."""
     nccl = [(k.start_us, k.end_us) for k in kernels if is_communication_kernel(k.name)]
     compute = [(k.start_us, k.end_us) for k in kernels if not is_communication_kernel(k.name)]
-    in_flight = _clip(_union(nccl), window)
+    in_flight = clip(union(nccl), window)
     if not in_flight:
         return None
     calls = sum(1 for start, _ in nccl if window is None or window[0] <= start < window[1])
-    comm_us = _length(in_flight)
-    exposed_us = comm_us - _length(_intersect(in_flight, _clip(_union(compute), window)))
+    comm_us = length(in_flight)
+    exposed_us = comm_us - length(intersect(in_flight, clip(union(compute), window)))
     return _per_step(calls, comm_us, exposed_us, steps, "nccl", "device", device, True)
 
 
 def host_communication(index: TraceIndex, steps: Sequence[StepSpan], count: int) -> Communication | None:
     """gloo's collectives against the training thread's ops, within the steps (the whole trace when it has no
     step, and then the thread with the most ops stands for the training thread); None without a collective."""
-    within = _union((s.start_us, s.end_us) for s in steps) if steps else None
-    in_flight = _union(index.collectives)
+    within = union((s.start_us, s.end_us) for s in steps) if steps else None
+    in_flight = union(index.collectives)
     if within is not None:
-        in_flight = _intersect(in_flight, within)
+        in_flight = intersect(in_flight, within)
     if not in_flight:
         return None
     if steps:
         thread = steps[0].thread
     else:
         thread = max(index.ops, key=lambda t: len(index.ops[t])) if index.ops else None
-    ops = _union(index.ops.get(thread, []))
+    ops = union(index.ops.get(thread, []))
     if within is not None:
-        ops = _intersect(ops, within)
-    comm_us = _length(in_flight)
+        ops = intersect(ops, within)
+    comm_us = length(in_flight)
     measured = bool(ops)
-    exposed_us = comm_us - _length(_intersect(in_flight, ops)) if measured else 0.0
+    exposed_us = comm_us - length(intersect(in_flight, ops)) if measured else 0.0
     calls = sum(1 for start, _ in index.collectives if within is None or _inside(start, within))
     return _per_step(calls, comm_us, exposed_us, count, "gloo", "host", None, measured)
 
@@ -106,39 +105,5 @@ def _per_step(calls: int, comm_us: float, exposed_us: float, steps: int, backend
     )
 
 
-def _union(spans: Iterable[Span]) -> list[Span]:
-    merged: list[Span] = []
-    for start, end in sorted(spans):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
-
-
-def _clip(spans: list[Span], window: Span | None) -> list[Span]:
-    if window is None:
-        return spans
-    return [(max(s, window[0]), min(e, window[1])) for s, e in spans if e > window[0] and s < window[1]]
-
-
-def _intersect(a: list[Span], b: list[Span]) -> list[Span]:
-    """The overlap of two sorted, disjoint interval lists."""
-    out, i, j = [], 0, 0
-    while i < len(a) and j < len(b):
-        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
-        if start < end:
-            out.append((start, end))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return out
-
-
 def _inside(t: float, spans: list[Span]) -> bool:
     return any(start <= t < end for start, end in spans)
-
-
-def _length(spans: Iterable[Span]) -> float:
-    return sum(end - start for start, end in spans)

@@ -69,6 +69,11 @@ class TraceIndex:
     """Correlation id -> (start of the host call that queued the work, its pid)."""
     ops: dict[Thread, list[tuple[float, float]]] = field(default_factory=dict)
     """``cpu_op`` intervals by host thread."""
+    op_events: list[Mapping[str, Any]] = field(default_factory=list)
+    """The ``cpu_op`` events themselves (for the op table)."""
+    annotations: dict[Thread, list[tuple[float, float, str]]] = field(default_factory=dict)
+    """``user_annotation`` ranges (``## forward ##``, ``Optimizer.step#SGD.step``...) and DataLoader ``__next__``
+    ranges by host thread: start, end, name."""
     collectives: list[tuple[float, float]] = field(default_factory=list)
     """Host-side collectives (``gloo:all_reduce``...): start, end."""
     copies: dict[int, list[Mapping[str, Any]]] = field(default_factory=dict)
@@ -177,6 +182,11 @@ def _host_event(e: Mapping[str, Any], index: TraceIndex) -> None:
         index.collectives.append((start, end))
     elif e.get("cat") == "cpu_op":
         index.ops.setdefault((e.get("pid"), e.get("tid")), []).append((start, end))
+        index.op_events.append(e)
+        if "DataLoader" in name:
+            index.annotations.setdefault((e.get("pid"), e.get("tid")), []).append((start, end, name))
+    else:
+        index.annotations.setdefault((e.get("pid"), e.get("tid")), []).append((start, end, name))
 
 
 COLLECTIVES = ("all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "reducescatter", "broadcast",
