@@ -17,8 +17,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from gpuscope.analysis.thresholds import (
     CONV_KERNEL_PATTERNS,
@@ -27,19 +26,17 @@ from gpuscope.analysis.thresholds import (
     LAYOUT_TRANSFORM_KERNEL_PATTERNS,
     TENSOR_CORE_KERNEL_PATTERNS,
 )
-from gpuscope.analysis.trace import LAUNCH_CATEGORIES, Kernel, TraceIndex, index_trace
+from gpuscope.analysis.trace import (
+    BLOCKING_COPY_PREFIXES,
+    LAUNCH_CATEGORIES,
+    SYNC_CALLS,
+    Kernel,
+    TraceIndex,
+    index_trace,
+)
 from gpuscope.record import KernelTimeline
 
 _US_PER_S = 1e6  # Kineto (like the Chrome trace format) writes ts and dur in microseconds
-SYNC_CALLS = frozenset({
-    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-    "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize",
-    "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize",
-})
-"""Runtime and driver calls that block the host until the GPU has finished the work they wait for."""
-BLOCKING_COPY_PREFIXES = ("cudaMemcpy", "cuMemcpy", "hipMemcpy")
-"""Copies named so block the host until they are done, unless their name says ``Async`` (``cudaMemcpy``,
-``cudaMemcpy2D``, ``cuMemcpyDtoH_v2``, ``hipMemcpyWithStream``; not ``cudaMemcpyAsync``)."""
 HOST_BLOCKING_SYNC_KINDS = frozenset({"Stream Sync", "Event Sync", "Context Sync"})
 """``cuda_sync`` records that block the host (libkineto's ``syncTypeString``); ``Stream Wait Event`` makes a stream
 wait on the device and leaves the host free."""
@@ -57,10 +54,11 @@ Window = tuple[float, float]
 """(start, end) in trace microseconds."""
 
 
-@dataclass(frozen=True, slots=True)
-class Busy:
+class Busy(NamedTuple):
     """One stretch of time with at least one kernel running (all streams merged), in trace microseconds;
-    ``first_launch_us`` is when the host queued the kernel that opened it (None where the trace does not say)."""
+    ``first_launch_us`` is when the host queued the kernel that opened it (None where the trace does not say).
+    A named tuple rather than a frozen dataclass: a large trace makes tens of thousands, and a tuple is built
+    several times faster."""
 
     start_us: float
     end_us: float
@@ -106,17 +104,18 @@ def device_timeline(index: TraceIndex, kernels: Sequence[Kernel], steps: int, wi
     busy_f, host_f, kernel_f, other_f = _fractions(busy_us, idle_us, length_us)
 
     counted = [k for k in kernels if window is None or window[0] <= k.start_us < window[1]]
-    compute = [k for k in kernels if not is_communication_kernel(k.name)]
+    kinds = {name: kernel_kinds(name) for name in {k.name for k in kernels}}  # names repeat: classify each once
+    compute = [k for k in kernels if not kinds[k.name][0]]
     compute_us = _clipped_us(compute, window)
     total_us = _clipped_us(kernels, window)
     compute_busy = sum(b.end_us - b.start_us for b in clip_busy(merge_kernels(compute, _no_launch), window or _ALL))
 
-    def share(kind: Callable[[str], bool]) -> float:
-        return _clipped_us([k for k in compute if kind(k.name)], window) / compute_us if compute_us > 0 else 0.0
+    def share(kind: int) -> float:
+        return _clipped_us([k for k in compute if kinds[k.name][kind]], window) / compute_us if compute_us else 0.0
 
     h2d = [e for d, copies in index.copies.items() if device is None or d == device for e in copies
            if "htod" in str(e.get("name", "")).lower() and _inside(e, window)]
-    sync_calls, sync_wait_us = host_syncs(e for e in index.host_calls if _inside(e, window))
+    sync_calls, sync_wait_us = host_syncs(e for e in index.syncs if _inside(e, window))
     return KernelTimeline(
         busy_fraction=busy_f,
         idle_host_wait_fraction=host_f,
@@ -125,13 +124,13 @@ def device_timeline(index: TraceIndex, kernels: Sequence[Kernel], steps: int, wi
         kernels=len(counted),
         kernels_per_step=len(counted) / steps if steps > 0 else 0.0,
         mean_kernel_s=sum(k.end_us - k.start_us for k in counted) / max(1, len(counted)) / _US_PER_S,
-        tensor_core_share=share(uses_tensor_cores),
+        tensor_core_share=share(1),
         h2d_copies=len(h2d),
         h2d_pageable_copies=sum("pageable" in str(e.get("name", "")).lower() for e in h2d),
         h2d_copy_s=sum(float(e["dur"]) for e in h2d if _number(e.get("dur"))) / _US_PER_S,
-        conv_share=share(is_convolution),
-        fp32_gemm_share=share(is_fp32_cuda_core_gemm),
-        layout_transform_share=share(is_layout_transform),
+        conv_share=share(2),
+        fp32_gemm_share=share(3),
+        layout_transform_share=share(4),
         sync_calls=sync_calls,
         sync_wait_s=sync_wait_us / _US_PER_S,
         device=device,
@@ -139,7 +138,7 @@ def device_timeline(index: TraceIndex, kernels: Sequence[Kernel], steps: int, wi
         window_basis=basis,
         compute_busy_fraction=min(1.0, compute_busy / length_us) if length_us > 0 else 0.0,
         communication_share=1 - compute_us / total_us if total_us > 0 else 0.0,
-        gemm_share=share(is_gemm),
+        gemm_share=share(5),
     )
 
 
@@ -148,6 +147,13 @@ _ALL: Window = (float("-inf"), float("inf"))
 
 def _no_launch(kernel: Kernel) -> None:
     return None
+
+
+def kernel_kinds(name: str) -> tuple[bool, bool, bool, bool, bool, bool]:
+    """What a kernel's name says it is: communication, Tensor Core, convolution, float32 CUDA-core GEMM, layout
+    conversion, GEMM (in that order; ``device_timeline`` indexes them)."""
+    return (is_communication_kernel(name), uses_tensor_cores(name), is_convolution(name),
+            is_fp32_cuda_core_gemm(name), is_layout_transform(name), is_gemm(name))
 
 
 def merge_kernels(kernels: Iterable[Kernel], launch_of: Callable[[Kernel], tuple[float, Any] | None]) -> list[Busy]:
@@ -160,21 +166,25 @@ def merge_kernels(kernels: Iterable[Kernel], launch_of: Callable[[Kernel], tuple
         spans.append((k.start_us, k.end_us, launch[0] if launch is not None else None))
     spans.sort(key=lambda s: (s[0], float("inf") if s[2] is None else s[2]))
 
-    merged: list[Busy] = []
+    merged: list[list[Any]] = []
     for start, end, launch in spans:
-        if merged and start <= merged[-1].end_us:
-            last = merged[-1]
-            merged[-1] = Busy(last.start_us, max(last.end_us, end), last.first_launch_us)
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1][1] = end
         else:
-            merged.append(Busy(start, end, launch))
-    return merged
+            merged.append([start, end, launch])
+    return [Busy(start, end, launch) for start, end, launch in merged]
 
 
 def clip_busy(busy: Sequence[Busy], window: Window) -> list[Busy]:
     """Busy stretches cut to ``window``; those wholly outside it are dropped."""
     start, end = window
-    return [Busy(max(b.start_us, start), min(b.end_us, end), b.first_launch_us) for b in busy
-            if b.end_us > start and b.start_us < end]
+    kept = [b for b in busy if b.end_us > start and b.start_us < end]
+    if kept and kept[0].start_us < start:  # sorted and disjoint: only the first and last can stick out
+        kept[0] = Busy(start, kept[0].end_us, kept[0].first_launch_us)
+    if kept and kept[-1].end_us > end:
+        kept[-1] = Busy(kept[-1].start_us, end, kept[-1].first_launch_us)
+    return kept
 
 
 def _clipped_us(kernels: Iterable[Kernel], window: Window | None) -> float:
@@ -295,4 +305,4 @@ def _fractions(busy_us: float, idle_us: Mapping[str, float], window_us: float) -
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return type(value) in (int, float)  # not isinstance: True is no time

@@ -32,6 +32,16 @@ STEP_PREFIX = "ProfilerStep#"
 LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
 _HOST_STEP_CATEGORIES = frozenset({"user_annotation", "cpu_op"})
 
+SYNC_CALLS = frozenset({
+    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
+    "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize",
+    "hipStreamSynchronize", "hipDeviceSynchronize", "hipEventSynchronize",
+})
+"""Runtime and driver calls that block the host until the GPU has finished the work they wait for."""
+BLOCKING_COPY_PREFIXES = ("cudaMemcpy", "cuMemcpy", "hipMemcpy")
+"""Copies named so block the host until they are done, unless their name says ``Async`` (``cudaMemcpy``,
+``cudaMemcpy2D``, ``cuMemcpyDtoH_v2``, ``hipMemcpyWithStream``; not ``cudaMemcpyAsync``)."""
+
 Thread = tuple[Any, Any]
 """A host thread: (pid, tid) as the trace names them."""
 
@@ -80,6 +90,8 @@ class TraceIndex:
     """``gpu_memcpy`` events by device."""
     host_calls: list[Mapping[str, Any]] = field(default_factory=list)
     """Runtime and driver calls, and ``cuda_sync`` records (for the host's waits on the device)."""
+    syncs: list[Mapping[str, Any]] = field(default_factory=list)
+    """Of those, the calls that may block the host (``SYNC_CALLS``, blocking copies) and the ``cuda_sync`` records."""
     clashes: dict[int, list[tuple[float, Any]]] = field(default_factory=dict)
     """Correlation ids used by several processes (traces of several ranks merged into one list): every launch."""
 
@@ -135,24 +147,29 @@ def index_trace(events: Iterable[Mapping[str, Any]]) -> TraceIndex:
     kernels: dict[int, list[Kernel]] = {}
     index = TraceIndex(steps=steps, kernels=kernels, launches={})
     flows: dict[int, tuple[float, Any]] = {}
-    for e in events:
+    for e in events:  # the most frequent categories first: this loop is most of the cost of a large trace
         cat = e.get("cat")
-        if cat == "kernel":
+        if cat in _HOST_STEP_CATEGORIES:
+            if e.get("ph") == "X" and type(e.get("ts")) in _NUMBER_TYPES and type(e.get("dur")) in _NUMBER_TYPES:
+                _host_event(e, index)
+        elif cat in LAUNCH_CATEGORIES or cat == "cuda_sync":
+            index.host_calls.append(e)
+            name = e.get("name")
+            if cat == "cuda_sync" or name in SYNC_CALLS or (
+                    type(name) is str and name.startswith(BLOCKING_COPY_PREFIXES) and "Async" not in name):
+                index.syncs.append(e)
+            corr = (e.get("args") or {}).get("correlation")
+            if cat != "cuda_sync" and type(corr) is int and type(e.get("ts")) in _NUMBER_TYPES:
+                _add_launch(index, corr, (float(e["ts"]), e.get("pid")))
+        elif cat == "ac2g":
+            if e.get("ph") == "s" and type(e.get("id")) is int and type(e.get("ts")) in _NUMBER_TYPES:
+                flows[e["id"]] = (float(e["ts"]), e.get("pid"))
+        elif cat == "kernel":
             kernel = _kernel(e)
             if kernel is not None:
                 kernels.setdefault(kernel.device, []).append(kernel)
-        elif cat in LAUNCH_CATEGORIES or cat == "cuda_sync":
-            index.host_calls.append(e)
-            corr = (e.get("args") or {}).get("correlation")
-            if cat != "cuda_sync" and isinstance(corr, int) and _number(e.get("ts")):
-                _add_launch(index, corr, (float(e["ts"]), e.get("pid")))
-        elif cat == "ac2g":
-            if e.get("ph") == "s" and isinstance(e.get("id"), int) and _number(e.get("ts")):
-                flows[e["id"]] = (float(e["ts"]), e.get("pid"))
         elif cat == "gpu_memcpy":
             index.copies.setdefault(device_of(e), []).append(e)
-        elif cat in _HOST_STEP_CATEGORIES and e.get("ph") == "X" and _timed(e):
-            _host_event(e, index)
     for corr, launch in flows.items():
         if corr not in index.launches:
             index.launches[corr] = launch
@@ -164,7 +181,7 @@ def index_trace(events: Iterable[Mapping[str, Any]]) -> TraceIndex:
 
 
 def _add_launch(index: TraceIndex, corr: int, launch: tuple[float, Any]) -> None:
-    known = index.launches.get(corr)
+    known = index.launches.get(corr)  # the same id from another process: traces of several ranks merged
     if known is None:
         index.launches[corr] = launch
     elif known[1] != launch[1]:
@@ -172,19 +189,26 @@ def _add_launch(index: TraceIndex, corr: int, launch: tuple[float, Any]) -> None
 
 
 def _host_event(e: Mapping[str, Any], index: TraceIndex) -> None:
-    name = str(e.get("name", ""))
-    start, end = float(e["ts"]), float(e["ts"]) + float(e["dur"])
+    name = e.get("name", "")
+    if type(name) is not str:
+        name = str(name)
+    start = float(e["ts"])
+    end = start + e["dur"]
     if name.startswith(STEP_PREFIX):
         number = name[len(STEP_PREFIX):]
         span = StepSpan(int(number) if number.isdigit() else -1, start, end, (e.get("pid"), e.get("tid")))
         index.steps.setdefault(e.get("pid"), []).append(span)
-    elif name.lower().startswith("gloo:") and is_collective_name(name):
+    elif name[:5].lower() == "gloo:" and is_collective_name(name):
         index.collectives.append((start, end))
-    elif e.get("cat") == "cpu_op":
-        index.ops.setdefault((e.get("pid"), e.get("tid")), []).append((start, end))
+    elif e["cat"] == "cpu_op":
+        thread = (e.get("pid"), e.get("tid"))
+        ops = index.ops.get(thread)
+        if ops is None:
+            ops = index.ops[thread] = []
+        ops.append((start, end))
         index.op_events.append(e)
         if "DataLoader" in name:
-            index.annotations.setdefault((e.get("pid"), e.get("tid")), []).append((start, end, name))
+            index.annotations.setdefault(thread, []).append((start, end, name))
     else:
         index.annotations.setdefault((e.get("pid"), e.get("tid")), []).append((start, end, name))
 
@@ -237,9 +261,12 @@ def drop_stub(spans: Sequence[StepSpan], ops: Sequence[tuple[float, float]]) -> 
     return spans
 
 
+_NUMBER_TYPES = (int, float)
+
+
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return type(value) in _NUMBER_TYPES  # not isinstance: True is no time
 
 
 def _timed(event: Mapping[str, Any]) -> bool:
-    return _number(event.get("ts")) and _number(event.get("dur"))
+    return type(event.get("ts")) in _NUMBER_TYPES and type(event.get("dur")) in _NUMBER_TYPES
