@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuscope.record import Loader
+from gpuscope.record import Loader, OpStat
 
 TIMED_PHASES = ("data_wait", "forward", "backward", "optimizer")
 """Phases timed by hooks; a step's remaining time is "other"."""
@@ -43,6 +43,22 @@ class StepCapture:
     loaders: tuple[Loader, ...]
     device: str
     notes: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class TraceCapture:
+    """The torch-trace collector's payload: torch.profiler's window as recorded.
+
+    ``events`` are the whole trace's ``traceEvents`` (as exported, before ``trace.json`` was capped: the figures
+    are computed from all of them, the cap is about the file); ``stats`` the per-op totals of ``key_averages()``
+    over the recorded steps (``recorded``); ``trace_bytes`` and ``trace_detail`` what the file on disk holds."""
+
+    events: list[dict[str, object]]
+    stats: tuple[OpStat, ...]
+    recorded: tuple[int, ...]
+    cuda: bool
+    trace_bytes: int
+    trace_detail: str
 
 
 @dataclass(frozen=True, slots=True)

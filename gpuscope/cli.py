@@ -16,6 +16,7 @@ from gpuscope.errors import USAGE_EXIT, GpuscopeError
 from gpuscope.finish import finish, finish_session, open_in_browser
 from gpuscope.options import Parser, RunOptions, count, positive_int
 from gpuscope.rundirs import new_run_dir
+from gpuscope.traceanalyze import AnalyzeCommand
 
 if TYPE_CHECKING:
     from gpuscope.record import RunRecord
@@ -261,7 +262,7 @@ def _percent(text: str) -> float:
     return value
 
 
-COMMANDS: tuple[Command, ...] = (RunCommand(), ReportCommand(), CompareCommand(), ViewCommand())
+COMMANDS: tuple[Command, ...] = (RunCommand(), ReportCommand(), CompareCommand(), ViewCommand(), AnalyzeCommand())
 
 
 def build_parser() -> argparse.ArgumentParser:

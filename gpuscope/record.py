@@ -24,8 +24,10 @@ RUN_JSON = "run.json"
 
 Bound = Literal["data-loading", "cpu-launch", "compute", "communication", "inconclusive"]
 CollectorState = Literal["ok", "unavailable", "failed"]
-StepSource = Literal["explicit", "optimizer", "dataloader", "backward", "none"]
-"""What marked the steps: ``gpuscope.step()``, ``optimizer.step()``, or each DataLoader batch."""
+StepSource = Literal["explicit", "optimizer", "dataloader", "backward", "profiler", "none"]
+"""What marked the steps: ``gpuscope.step()``, ``optimizer.step()``, each DataLoader batch, each top-level
+``backward()`` (loops with none of those), or (a record built from a trace by ``gpuscope analyze``) torch.profiler's
+``ProfilerStep#N`` ranges."""
 TimeBasis = Literal["host", "device"]
 
 PHASES = ("data_wait", "forward", "backward", "optimizer", "other")
@@ -237,6 +239,23 @@ class KernelTimeline:
     """Host calls that wait for the GPU (``cudaStreamSynchronize``, ``cudaDeviceSynchronize``, ...)."""
     sync_wait_s: float = 0.0
     """The host's time blocked in those calls."""
+    device: int | None = None
+    """The device these figures are of (None: every device's kernels together, as records before per-device
+    figures had them)."""
+    window_s: float = 0.0
+    """Length of the device window the fractions are of (see ``window_basis``)."""
+    window_basis: str = ""
+    """``launches``: from the start of the first kernel launched in the first recorded step to the end of the last
+    kernel launched in the last one; ``host steps``: the host's steps (no launch link in the trace); ``kernels``:
+    the kernels' own span (no step in the trace)."""
+    compute_busy_fraction: float | None = None
+    """Share of the window with a compute kernel running (communication kernels, NCCL's, left out); None in
+    records made before it was measured."""
+    communication_share: float = 0.0
+    """Share of kernel time in communication kernels (NCCL/RCCL). The kind shares above are of the other kernels'
+    (compute) time."""
+    gemm_share: float = 0.0
+    """Share of compute-kernel time in matrix multiplies (cuBLAS, CUTLASS, ROCm Tensile ``Cijk_``...)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,6 +270,14 @@ class Communication:
     """Share of the collectives' time hidden behind the training thread's ops (0..1)."""
     backend: str = ""
     """``gloo`` or ``nccl``, from the events' names."""
+    measured_on: str = ""
+    """``device``: NCCL kernels against the compute kernels of ``device`` (exposed: no compute kernel running),
+    clipped to its window; ``host``: gloo's ranges against the ops of the thread that ran the steps, clipped to
+    the steps; empty in older records (the thread with the most ops)."""
+    device: int | None = None
+    exposure_measured: bool = True
+    """False when the trace holds no op of the training thread inside the steps (a sampled or stripped trace):
+    what it did meanwhile is unknown, so no wait is claimed (``exposed_s`` 0)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +297,10 @@ class OpProfile:
     top_host: tuple[OpStat, ...] = ()
     top_device: tuple[OpStat, ...] = ()
     kernels: KernelTimeline | None = None
+    """The kernel timeline of the device the run mainly used (the most kernel time), ``kernels.device``."""
     communication: Communication | None = None
+    devices: tuple[KernelTimeline, ...] = ()
+    """The kernel timeline of every device that ran kernels, by device (one process may drive several GPUs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -558,6 +588,29 @@ class Straggler:
 
 
 @dataclass(frozen=True, slots=True)
+class TraceDevice:
+    """A device as a trace's ``deviceProperties`` describe it."""
+
+    index: int = 0
+    name: str = ""
+    memory_total_bytes: int = 0
+    compute_capability: str | None = None
+    multiprocessors: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class TraceSource:
+    """Where a record made by ``gpuscope analyze`` came from: torch.profiler trace files alone, not a run."""
+
+    kind: str = "torch.profiler trace"
+    files: tuple[str, ...] = ()
+    """The trace files' names (one per rank for a job)."""
+    trace_bytes: int = 0
+    devices: tuple[TraceDevice, ...] = ()
+    """Devices the trace's ``deviceProperties`` list (every visible one, used or not)."""
+
+
+@dataclass(frozen=True, slots=True)
 class RunRecord:
     """The whole record of one run; ``to_json()`` is ``run.json``."""
 
@@ -597,6 +650,8 @@ class RunRecord:
     missing_ranks: tuple[int, ...] = ()
     """Ranks of the job's world that left no record (killed, or still running)."""
     straggler: Straggler | None = None
+    source: TraceSource | None = None
+    """Set when the record was built from a trace alone (``gpuscope analyze``); None for a profiled run."""
 
     def to_json(self) -> dict[str, Any]:
         """The plain-JSON form of the record (``run.json``)."""

@@ -1,31 +1,23 @@
-"""The GPU's kernel timeline over the profiled steps, from a torch.profiler (Kineto) Chrome trace.
+"""The GPU's kernel timeline over the recorded steps, from a torch.profiler (Kineto) Chrome trace, one device at a time.
 
-A pure function of the trace's ``traceEvents`` (the caller keeps only the profiled steps): how much of the steps'
-wall time a kernel was running, why the GPU sat idle otherwise (Holistic Trace Analysis's host wait / kernel wait
-/ other), which shares of kernel time went to Tensor Core kernels, convolutions, float32 GEMMs on CUDA cores and
-NCHW <-> NHWC conversions (the kinds the backend flags decide), how many host-to-device copies came from pageable
-memory, and how often and how long the host blocked waiting for the GPU.
+How much of the device window a kernel was running, why the GPU sat idle otherwise (Holistic Trace Analysis's host
+wait / kernel wait / other), which shares of compute-kernel time went to Tensor Core (matrix-core) kernels,
+convolutions, GEMMs, float32 GEMMs on CUDA cores and NCHW <-> NHWC conversions (the kinds the backend flags decide),
+how many host-to-device copies came from pageable memory, and how often and how long the host blocked waiting.
 
-Kineto writes ``ts`` and ``dur`` in microseconds. The events read here (libkineto ``output_json.cpp`` and
-``CuptiActivity.cpp``):
-
-- ``cat: "kernel"``: a kernel on the device (``pid`` is the device, ``tid`` the stream), with ``args.correlation``;
-- ``cat: "cuda_runtime"`` / ``"cuda_driver"``: the host call that queued it (``cudaLaunchKernel``,
-  ``cuLaunchKernel``, ``cudaMemcpyAsync``...), with the same ``args.correlation``;
-- ``cat: "ac2g"``, ``ph: "s"``: the flow arrow from that call to the kernel, ``id`` the correlation, ``ts`` the
-  call's start (read when the runtime events themselves were dropped);
-- ``cat: "gpu_memcpy"``: copies, named ``Memcpy HtoD (Pageable -> Device)``, ``Memcpy HtoD (Pinned -> Device)``...
-- ``cat: "cuda_sync"``: CUPTI's synchronisation records (``Stream Sync``, ``Event Sync``, ``Context Sync``,
-  ``Stream Wait Event``), on the device's track, with the ``args.correlation`` of the host call that waited.
-
-Copies, memsets, ``cuda_sync`` and ``gpu_user_annotation`` events are not kernels: the GPU counts as idle under them.
+The window is the device's (``analysis.windows``): the GPU may run well behind the host, so the host's steps are
+not the span of the kernels they launched. Numerator and denominator both come from that window: kernels are
+clipped to it, and busy + host wait + kernel wait + other = 1. Communication kernels (NCCL's, RCCL's) count as busy
+time but not in the kind shares, which are of compute-kernel time: mixed precision or TF32 do not speed up an
+all-reduce. Event layout: ``analysis.trace``. Copies, memsets, ``cuda_sync`` and ``gpu_user_annotation`` events
+are not kernels: the GPU counts as idle under them.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from gpuscope.analysis.thresholds import (
     CONV_KERNEL_PATTERNS,
@@ -34,127 +26,176 @@ from gpuscope.analysis.thresholds import (
     LAYOUT_TRANSFORM_KERNEL_PATTERNS,
     TENSOR_CORE_KERNEL_PATTERNS,
 )
+from gpuscope.analysis.trace import (
+    BLOCKING_COPY_PREFIXES,
+    LAUNCH_CATEGORIES,
+    SYNC_CALLS,
+    Kernel,
+    TraceIndex,
+    index_trace,
+)
 from gpuscope.record import KernelTimeline
 
 _US_PER_S = 1e6  # Kineto (like the Chrome trace format) writes ts and dur in microseconds
-_LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
-SYNC_CALLS = frozenset({
-    "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize",
-    "cuStreamSynchronize", "cuCtxSynchronize", "cuEventSynchronize",
-})
-"""Runtime and driver calls that block the host until the GPU has finished the work they wait for."""
-BLOCKING_COPY_PREFIXES = ("cudaMemcpy", "cuMemcpy")
-"""Copies named so block the host until they are done, unless their name says ``Async`` (``cudaMemcpy``,
-``cudaMemcpy2D``, ``cuMemcpyDtoH_v2``; not ``cudaMemcpyAsync``)."""
 HOST_BLOCKING_SYNC_KINDS = frozenset({"Stream Sync", "Event Sync", "Context Sync"})
 """``cuda_sync`` records that block the host (libkineto's ``syncTypeString``); ``Stream Wait Event`` makes a stream
 wait on the device and leaves the host free."""
+COMMUNICATION_KERNEL_PATTERNS = ("nccl", "rccl")
+"""Substrings (any case) of collective communication kernels: ``ncclKernel_AllReduce_RING_LL_Sum_float``,
+``ncclDevKernel_...`` (RCCL, ROCm's NCCL, keeps the ``nccl`` names). Holistic Trace Analysis's test is the same."""
+ROCM_MATRIX_CORE = re.compile(r"(?:^|_)mi\d+x\d+x\d+", re.IGNORECASE)
+"""ROCm Tensile / hipBLASLt GEMMs on matrix cores (MFMA) carry the instruction shape: ``Cijk_..._MI16x16x1_...``."""
+GEMM_KERNEL_PATTERNS = ("gemm", "cijk_", "nvjet", "matmul")
+"""Substrings (any case) of matrix-multiply kernels: cuBLAS ``ampere_sgemm_...``/``nvjet_...``, CUTLASS
+``..._s16816gemm_...``, ROCm Tensile ``Cijk_Ailk_Bljk_...``, Triton ``triton_..._matmul...``."""
 
 IdleCategory = Literal["host_wait", "kernel_wait", "other"]
+Window = tuple[float, float]
+"""(start, end) in trace microseconds."""
 
 
-@dataclass(frozen=True, slots=True)
-class Busy:
+class Busy(NamedTuple):
     """One stretch of time with at least one kernel running (all streams merged), in trace microseconds;
-    ``first_launch_us`` is when the host queued the kernel that opened it (None where the trace does not say)."""
+    ``first_launch_us`` is when the host queued the kernel that opened it (None where the trace does not say).
+    A named tuple rather than a frozen dataclass: a large trace makes tens of thousands, and a tuple is built
+    several times faster."""
 
     start_us: float
     end_us: float
     first_launch_us: float | None
 
 
-def kernel_timeline(events: Sequence[Mapping[str, Any]], window_wall_s: float, steps: int) -> KernelTimeline | None:
-    """The kernel timeline of the profiled steps: ``events`` is a Kineto trace's ``traceEvents`` list restricted to
-    those steps, ``window_wall_s`` their wall time, ``steps`` how many there were. None when no kernel ran.
+def kernel_timeline(events: Sequence[Mapping[str, Any]], window_wall_s: float, steps: int,
+                    window: Window | None = None, device: int | None = None) -> KernelTimeline | None:
+    """The kernel timeline of ``events`` (a Kineto trace's ``traceEvents``) over ``steps`` steps. None when no
+    kernel ran.
 
-    Fractions are of ``window_wall_s`` and add up to 1: ``busy_fraction`` is the union of kernel intervals (capped
-    to 1); each gap between busy stretches is host wait, kernel wait or other (``classify_gap``); whatever is left
-    of the window (before the first kernel, after the last one) is other. If the kernels span more than the window
-    (the GPU ran on after the host's steps ended), the idle shares are scaled down to fit what ``busy`` leaves.
-    Without a positive ``window_wall_s`` the kernels' own span stands in for it (HTA's denominator). The kernel
-    kinds (Tensor Core, convolution, float32 GEMM, layout conversion) are shares of the kernels' summed time, which
-    counts concurrent kernels each in full; the host's waits are ``host_syncs``.
+    With ``window`` (trace microseconds), kernels are clipped to it and the fractions are of its length. Without
+    it, the fractions are of ``window_wall_s``, or of the kernels' own span when that is not positive (HTA's
+    denominator); if the kernels then span more than ``window_wall_s``, the idle shares are scaled down to fit what
+    ``busy`` leaves. ``device``: that device's kernels only (default: all devices' together).
     """
-    launches = index_launches(events)
-    kernels = [e for e in events if e.get("cat") == "kernel" and _timed(e)]
+    index = index_trace(events)
+    if device is None:
+        kernels = sorted((k for ks in index.kernels.values() for k in ks), key=lambda k: k.start_us)
+    else:
+        kernels = index.kernels.get(device, [])
+    length_us = window_wall_s * _US_PER_S if window is None else window[1] - window[0]
+    return device_timeline(index, kernels, steps, window, length_us, device=device)
+
+
+def device_timeline(index: TraceIndex, kernels: Sequence[Kernel], steps: int, window: Window | None,
+                    length_us: float, device: int | None = None, basis: str = "") -> KernelTimeline | None:
+    """The timeline of ``kernels`` (one device's, in start order) in ``window`` of ``length_us`` (see
+    ``kernel_timeline``); copies and host waits are counted in the window too."""
+    if window is not None:
+        kernels = [k for k in kernels if k.end_us > window[0] and k.start_us < window[1]]
     if not kernels:
         return None
-
-    busy = merge_kernels(kernels, launches)
+    busy = merge_kernels(kernels, index.launch_of)
+    if window is not None:
+        busy = clip_busy(busy, window)
     busy_us = sum(b.end_us - b.start_us for b in busy)
     idle_us = {"host_wait": 0.0, "kernel_wait": 0.0, "other": 0.0}
     for prev, nxt in zip(busy, busy[1:]):
         idle_us[classify_gap(prev.end_us, nxt.start_us, nxt.first_launch_us)] += nxt.start_us - prev.end_us
+    if length_us <= 0:
+        length_us = busy[-1].end_us - busy[0].start_us if busy else 0.0
+    busy_f, host_f, kernel_f, other_f = _fractions(busy_us, idle_us, length_us)
 
-    window_us = window_wall_s * _US_PER_S if window_wall_s > 0 else busy[-1].end_us - busy[0].start_us
-    busy_f, host_f, kernel_f, other_f = _fractions(busy_us, idle_us, window_us)
+    counted = [k for k in kernels if window is None or window[0] <= k.start_us < window[1]]
+    kinds = {name: kernel_kinds(name) for name in {k.name for k in kernels}}  # names repeat: classify each once
+    compute = [k for k in kernels if not kinds[k.name][0]]
+    compute_us = _clipped_us(compute, window)
+    total_us = _clipped_us(kernels, window)
+    compute_busy = sum(b.end_us - b.start_us for b in clip_busy(merge_kernels(compute, _no_launch), window or _ALL))
 
-    names = [str(k.get("name", "")) for k in kernels]
-    durations_us = [float(k["dur"]) for k in kernels]
-    total_us = sum(durations_us)
+    def share(kind: int) -> float:
+        return _clipped_us([k for k in compute if kinds[k.name][kind]], window) / compute_us if compute_us else 0.0
 
-    def share(kind: Callable[[str], bool]) -> float:
-        return sum(d for n, d in zip(names, durations_us) if kind(n)) / total_us if total_us > 0 else 0.0
-
-    h2d = [e for e in events if e.get("cat") == "gpu_memcpy" and "htod" in str(e.get("name", "")).lower()]
-    sync_calls, sync_wait_us = host_syncs(events)
+    h2d = [e for d, copies in index.copies.items() if device is None or d == device for e in copies
+           if "htod" in str(e.get("name", "")).lower() and _inside(e, window)]
+    sync_calls, sync_wait_us = host_syncs(e for e in index.syncs if _inside(e, window))
     return KernelTimeline(
         busy_fraction=busy_f,
         idle_host_wait_fraction=host_f,
         idle_kernel_wait_fraction=kernel_f,
         idle_other_fraction=other_f,
-        kernels=len(kernels),
-        kernels_per_step=len(kernels) / steps if steps > 0 else 0.0,
-        mean_kernel_s=total_us / len(kernels) / _US_PER_S,
-        tensor_core_share=share(uses_tensor_cores),
+        kernels=len(counted),
+        kernels_per_step=len(counted) / steps if steps > 0 else 0.0,
+        mean_kernel_s=sum(k.end_us - k.start_us for k in counted) / max(1, len(counted)) / _US_PER_S,
+        tensor_core_share=share(1),
         h2d_copies=len(h2d),
         h2d_pageable_copies=sum("pageable" in str(e.get("name", "")).lower() for e in h2d),
-        h2d_copy_s=sum(float(e["dur"]) for e in h2d if _timed(e)) / _US_PER_S,
-        conv_share=share(is_convolution),
-        fp32_gemm_share=share(is_fp32_cuda_core_gemm),
-        layout_transform_share=share(is_layout_transform),
+        h2d_copy_s=sum(float(e["dur"]) for e in h2d if _number(e.get("dur"))) / _US_PER_S,
+        conv_share=share(2),
+        fp32_gemm_share=share(3),
+        layout_transform_share=share(4),
         sync_calls=sync_calls,
         sync_wait_s=sync_wait_us / _US_PER_S,
+        device=device,
+        window_s=length_us / _US_PER_S,
+        window_basis=basis,
+        compute_busy_fraction=min(1.0, compute_busy / length_us) if length_us > 0 else 0.0,
+        communication_share=1 - compute_us / total_us if total_us > 0 else 0.0,
+        gemm_share=share(5),
     )
 
 
-def index_launches(events: Iterable[Mapping[str, Any]]) -> dict[int, float]:
-    """When the host queued each piece of GPU work: correlation id -> start of the runtime/driver call (us).
-
-    The ``ac2g`` flow start (same id, same time) fills in correlations whose runtime event is missing.
-    """
-    calls: dict[int, float] = {}
-    flows: dict[int, float] = {}
-    for e in events:
-        cat = e.get("cat")
-        if cat in _LAUNCH_CATEGORIES:
-            corr = (e.get("args") or {}).get("correlation")
-            if isinstance(corr, int) and _number(e.get("ts")):
-                calls[corr] = float(e["ts"])
-        elif cat == "ac2g" and e.get("ph") == "s" and isinstance(e.get("id"), int) and _number(e.get("ts")):
-            flows[e["id"]] = float(e["ts"])
-    return {**flows, **calls}
+_ALL: Window = (float("-inf"), float("inf"))
 
 
-def merge_kernels(kernels: Iterable[Mapping[str, Any]], launches: Mapping[int, float]) -> list[Busy]:
+def _no_launch(kernel: Kernel) -> None:
+    return None
+
+
+def kernel_kinds(name: str) -> tuple[bool, bool, bool, bool, bool, bool]:
+    """What a kernel's name says it is: communication, Tensor Core, convolution, float32 CUDA-core GEMM, layout
+    conversion, GEMM (in that order; ``device_timeline`` indexes them)."""
+    return (is_communication_kernel(name), uses_tensor_cores(name), is_convolution(name),
+            is_fp32_cuda_core_gemm(name), is_layout_transform(name), is_gemm(name))
+
+
+def merge_kernels(kernels: Iterable[Kernel], launch_of: Callable[[Kernel], tuple[float, Any] | None]) -> list[Busy]:
     """The union of the kernels' intervals over all streams, in time order: overlapping or touching kernels make
-    one busy stretch. A stretch opened by several kernels at once takes the earliest launch among them."""
+    one busy stretch. A stretch opened by several kernels at once takes the earliest launch among them
+    (``launch_of``: the host call that queued a kernel, as ``TraceIndex.launch_of`` finds it)."""
     spans = []
     for k in kernels:
-        start = float(k["ts"])
-        corr = (k.get("args") or {}).get("correlation")
-        launch = launches.get(corr) if isinstance(corr, int) else None
-        spans.append((start, start + float(k["dur"]), launch))
+        launch = launch_of(k)
+        spans.append((k.start_us, k.end_us, launch[0] if launch is not None else None))
     spans.sort(key=lambda s: (s[0], float("inf") if s[2] is None else s[2]))
 
-    merged: list[Busy] = []
+    merged: list[list[Any]] = []
     for start, end, launch in spans:
-        if merged and start <= merged[-1].end_us:
-            last = merged[-1]
-            merged[-1] = Busy(last.start_us, max(last.end_us, end), last.first_launch_us)
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1][1] = end
         else:
-            merged.append(Busy(start, end, launch))
-    return merged
+            merged.append([start, end, launch])
+    return [Busy(start, end, launch) for start, end, launch in merged]
+
+
+def clip_busy(busy: Sequence[Busy], window: Window) -> list[Busy]:
+    """Busy stretches cut to ``window``; those wholly outside it are dropped."""
+    start, end = window
+    kept = [b for b in busy if b.end_us > start and b.start_us < end]
+    if kept and kept[0].start_us < start:  # sorted and disjoint: only the first and last can stick out
+        kept[0] = Busy(start, kept[0].end_us, kept[0].first_launch_us)
+    if kept and kept[-1].end_us > end:
+        kept[-1] = Busy(kept[-1].start_us, end, kept[-1].first_launch_us)
+    return kept
+
+
+def _clipped_us(kernels: Iterable[Kernel], window: Window | None) -> float:
+    """Summed kernel time (concurrent kernels each in full) within ``window``."""
+    if window is None:
+        return sum(k.end_us - k.start_us for k in kernels)
+    return sum(max(0.0, min(k.end_us, window[1]) - max(k.start_us, window[0])) for k in kernels)
+
+
+def _inside(event: Mapping[str, Any], window: Window | None) -> bool:
+    return window is None or (_number(event.get("ts")) and window[0] <= float(event["ts"]) < window[1])
 
 
 def classify_gap(prev_end_us: float, next_start_us: float, next_launch_us: float | None) -> IdleCategory:
@@ -173,9 +214,23 @@ def classify_gap(prev_end_us: float, next_start_us: float, next_launch_us: float
 
 
 def uses_tensor_cores(kernel_name: str) -> bool:
-    """Whether a kernel's name shows Tensor Core use (any of ``TENSOR_CORE_KERNEL_PATTERNS``, any case)."""
+    """Whether a kernel's name shows Tensor Core use (any of ``TENSOR_CORE_KERNEL_PATTERNS``, any case), or
+    matrix-core use on ROCm (``ROCM_MATRIX_CORE``)."""
     name = kernel_name.lower()
-    return any(pattern in name for pattern in TENSOR_CORE_KERNEL_PATTERNS)
+    return any(pattern in name for pattern in TENSOR_CORE_KERNEL_PATTERNS) or bool(ROCM_MATRIX_CORE.search(name))
+
+
+def is_communication_kernel(kernel_name: str) -> bool:
+    """Whether a kernel is a collective's (``COMMUNICATION_KERNEL_PATTERNS``), not compute."""
+    name = kernel_name.lower()
+    return any(pattern in name for pattern in COMMUNICATION_KERNEL_PATTERNS)
+
+
+def is_gemm(kernel_name: str) -> bool:
+    """Whether a kernel is a matrix multiply (``GEMM_KERNEL_PATTERNS``); convolutions run as implicit GEMMs do not
+    count (they are convolutions)."""
+    name = kernel_name.lower()
+    return any(pattern in name for pattern in GEMM_KERNEL_PATTERNS) and not is_convolution(kernel_name)
 
 
 def is_convolution(kernel_name: str) -> bool:
@@ -187,10 +242,11 @@ def is_convolution(kernel_name: str) -> bool:
 
 def is_fp32_cuda_core_gemm(kernel_name: str) -> bool:
     """Whether a kernel is a float32 matrix multiply on CUDA cores (``FP32_GEMM_KERNEL_PATTERNS``): the kernels TF32
-    would move to Tensor Cores. Tensor Core kernels and cuDNN's convolutions (``implicit_convolve_sgemm``, under
+    would move to Tensor Cores; ROCm Tensile single-precision GEMMs off the matrix cores likewise. Tensor Core kernels and cuDNN's convolutions (``implicit_convolve_sgemm``, under
     ``cudnn.allow_tf32``, which is on by default) do not count."""
     name = kernel_name.lower()
-    return (any(pattern in name for pattern in FP32_GEMM_KERNEL_PATTERNS)
+    tensile_fp32 = name.startswith("cijk_") and ("_sb_" in name or "_s_" in name)  # ROCm: S = single precision
+    return ((any(pattern in name for pattern in FP32_GEMM_KERNEL_PATTERNS) or tensile_fp32)
             and not uses_tensor_cores(kernel_name) and not is_convolution(kernel_name))
 
 
@@ -216,7 +272,7 @@ def host_syncs(events: Iterable[Mapping[str, Any]]) -> tuple[int, float]:
         cat, name = e.get("cat"), str(e.get("name", ""))
         if cat == "cuda_sync":
             records.append(e)
-        elif cat in _LAUNCH_CATEGORIES and (name in SYNC_CALLS or _blocking_copy(name)):
+        elif cat in LAUNCH_CATEGORIES and (name in SYNC_CALLS or _blocking_copy(name)):
             calls += 1
             wait_us += float(e["dur"]) if _number(e.get("dur")) else 0.0
             corr = (e.get("args") or {}).get("correlation")
@@ -249,8 +305,4 @@ def _fractions(busy_us: float, idle_us: Mapping[str, float], window_us: float) -
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _timed(event: Mapping[str, Any]) -> bool:
-    return _number(event.get("ts")) and _number(event.get("dur"))
+    return type(value) in (int, float)  # not isinstance: True is no time

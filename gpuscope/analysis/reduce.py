@@ -4,14 +4,19 @@ figures (the steady-state split of the steps, the speed of light against a peak)
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from gpuscope.analysis.evidence import op_kind
+from gpuscope.analysis.figures import TraceFigures, trace_figures
 from gpuscope.analysis.peaks import gpu_peak_flops
 from gpuscope.analysis.steady import StepSummary, summarize_capture
-from gpuscope.captures import CpuPeak, FlopCount, StepCapture
-from gpuscope.record import SpeedOfLight
+from gpuscope.captures import CpuPeak, FlopCount, StepCapture, TraceCapture
+from gpuscope.record import OpProfile, OpStat, SpeedOfLight, Window
+
+TOP_OPS = 15
+"""Ops listed by host and by device time."""
 
 
 def record_fields(field: str, payload: object, payloads: Mapping[str, object]) -> dict[str, Any]:
@@ -19,6 +24,8 @@ def record_fields(field: str, payload: object, payloads: Mapping[str, object]) -
     the collectors' results by collector name, for reductions that combine two (FLOPs and a measured peak)."""
     if isinstance(payload, StepCapture):
         return steps_fields(summarize_capture(payload), payload)
+    if isinstance(payload, TraceCapture):
+        return {field: trace_op_profile(payload)}
     if isinstance(payload, FlopCount):
         peak = next((p for p in payloads.values() if isinstance(p, CpuPeak)), None)
         return {field: speed_of_light(payload, peak)}
@@ -34,6 +41,36 @@ def steps_fields(summary: StepSummary, capture: StepCapture) -> dict[str, Any]:
         "loaders": capture.loaders,
         "device": capture.device,
     }
+
+
+def trace_op_profile(capture: TraceCapture) -> OpProfile:
+    """torch.profiler's window as figures: the op table, and from every event of the trace the kernel timeline
+    (per device), communication and the recorded steps."""
+    figures = trace_figures(capture.events)
+    window = Window(capture.recorded[0], capture.recorded[-1]) if capture.recorded else Window()
+    return op_profile(capture.stats, window, len(capture.recorded), figures, cuda=capture.cuda,
+                      trace_bytes=capture.trace_bytes, trace_detail=capture.trace_detail)
+
+
+def op_profile(stats: Sequence[OpStat], window: Window, steps: int, figures: TraceFigures, *, cuda: bool,
+               trace_bytes: int, trace_detail: str = "full") -> OpProfile:
+    """The op profile of ``steps`` recorded steps: per-op totals ``stats`` (as ``key_averages()`` gives them), the
+    top ops by host and device time, calls by kind, and the trace's figures (kernels only on a CUDA run)."""
+    ops = sum(s.calls for s in stats)
+    self_host_s = sum(s.self_host_s for s in stats)
+    kinds: dict[str, int] = {}
+    for op in stats:
+        kinds[op_kind(op.name)] = kinds.get(op_kind(op.name), 0) + op.calls
+    by_device = sorted((o for o in stats if o.device_s > 0), key=lambda o: (-o.device_s, o.name))
+    return OpProfile(
+        window=window, steps=steps, trace_bytes=trace_bytes, trace_detail=trace_detail, ops=ops,
+        ops_per_step=ops / max(1, steps), mean_op_s=self_host_s / ops if ops else 0.0,
+        calls_by_kind=dict(sorted(kinds.items())),
+        top_host=tuple(sorted(stats, key=lambda o: (-o.self_host_s, o.name))[:TOP_OPS]),
+        top_device=tuple(by_device[:TOP_OPS]),
+        kernels=figures.kernels if cuda else None, devices=figures.devices if cuda else (),
+        communication=figures.communication,
+    )
 
 
 def speed_of_light(count: FlopCount, cpu_peak: CpuPeak | None) -> SpeedOfLight:

@@ -12,13 +12,14 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from gpuscope.collectors.base import CollectorResult, StepFollower, WindowRequest, register
-from gpuscope.record import CollectorStatus, OpProfile, OpStat, Window
+from gpuscope.captures import TraceCapture
+from gpuscope.record import CollectorStatus, OpStat
 
 if TYPE_CHECKING:
     from gpuscope.collectors import CollectOptions
@@ -147,7 +148,7 @@ class TorchTraceCollector(StepFollower):
         """The recorded steps are done: save the trace and the op table (plain numbers) now; the rest of the
         analysis waits for the end of the run."""
         prof.export_chrome_trace(str(self._run_dir / TRACE_FILE))
-        self._stats, self._ops, self._self_host_s = _op_table(prof.key_averages())
+        self._stats = _op_table(prof.key_averages())
 
     def _end(self) -> None:
         prof, self._prof = self._prof, None
@@ -177,56 +178,20 @@ class TorchTraceCollector(StepFollower):
                 "unavailable",
                 f"the run ended before the profiled steps ({self.start_step + WARMUP_STEPS}-"
                 f"{self.start_step + WARMUP_STEPS + self.active - 1}); run more steps to get trace.json"))
-        path = self._run_dir / TRACE_FILE
-        events, detail = cap_trace(path, self.max_bytes)
-        steps = max(1, len(self._recorded))
-        from gpuscope.analysis.kernels import kernel_timeline
-
-        from gpuscope.analysis.comms import communication
-
-        kernels = kernel_timeline(events, window_wall_s(events), steps) if self._cuda else None
-        top_host = tuple(sorted(self._stats, key=lambda o: (-o.self_host_s, o.name))[:TOP_OPS])
-        top_device = tuple(o for o in sorted(self._stats, key=lambda o: (-o.device_s, o.name)) if o.device_s > 0)
-        profile = OpProfile(
-            window=Window(self._recorded[0] if self._recorded else None,
-                          self._recorded[-1] if self._recorded else None),
-            steps=len(self._recorded),
-            trace_bytes=path.stat().st_size,
-            trace_detail=detail,
-            ops=self._ops,
-            ops_per_step=self._ops / steps,
-            calls_by_kind=calls_by_kind(self._stats),
-            mean_op_s=self._self_host_s / self._ops if self._ops else 0.0,
-            top_host=top_host,
-            top_device=top_device[:TOP_OPS],
-            kernels=kernels,
-            communication=communication(events, steps),
-        )
-        return CollectorResult(CollectorStatus("ok"), profile)
+        capture = capture_trace(self._run_dir / TRACE_FILE, self.max_bytes, self._stats, self._recorded, self._cuda)
+        return CollectorResult(CollectorStatus("ok"), capture)
 
 
-def _op_table(averages: Any) -> tuple[list[OpStat], int, float]:
+def _op_table(averages: Any) -> list[OpStat]:
     """Per-op totals from ``key_averages()``; user annotations (ProfilerStep#, Optimizer.step#...) are ranges,
     not ops, and are left out."""
-    stats, ops, self_host = [], 0, 0.0
+    stats = []
     for avg in averages:
         if getattr(avg, "is_user_annotation", False) or avg.key.startswith("ProfilerStep"):
             continue
         device_us = getattr(avg, "self_device_time_total", 0.0) or 0.0
         stats.append(OpStat(avg.key, int(avg.count), avg.self_cpu_time_total / 1e6, device_us / 1e6))
-        ops += int(avg.count)
-        self_host += avg.self_cpu_time_total / 1e6
-    return stats, ops, self_host
-
-
-def calls_by_kind(stats: list[OpStat]) -> dict[str, int]:
-    """Op calls tallied by kind (``analysis.evidence.op_kind``), sorted by kind."""
-    from gpuscope.analysis.evidence import op_kind
-
-    kinds: dict[str, int] = {}
-    for op in stats:
-        kinds[op_kind(op.name)] = kinds.get(op_kind(op.name), 0) + op.calls
-    return dict(sorted(kinds.items()))
+    return stats
 
 
 def _step_spans(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
@@ -243,10 +208,24 @@ def window_wall_s(events: list[dict[str, Any]]) -> float:
     return (max(end for _, end in spans) - min(start for start, _ in spans)) / 1e6
 
 
-def cap_trace(path: Path, max_bytes: int) -> tuple[list[dict[str, Any]], str]:
+def capture_trace(path: Path, max_bytes: int, stats: Sequence[OpStat] = (), recorded: Sequence[int] = (),
+                  cuda: bool = False) -> TraceCapture:
+    """Read the exported trace, cap the file to ``max_bytes``, and keep every event for the figures: capping is
+    about the file on disk, never about the figures (a capped trace keeps only the first recorded step, and
+    per-step figures divided by every recorded step would shrink by that factor)."""
+    trace = json.loads(path.read_text(errors="replace"))
+    events = trace.get("traceEvents", [])
+    detail = cap_trace(path, max_bytes, trace)[1]
+    return TraceCapture(events=events, stats=tuple(stats), recorded=tuple(recorded), cuda=cuda,
+                        trace_bytes=path.stat().st_size, trace_detail=detail)
+
+
+def cap_trace(path: Path, max_bytes: int, trace: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], str]:
     """Keep ``path`` under ``max_bytes``, dropping detail in steps: short CPU ops first, then all but the first
-    recorded step, then the shortest events. Returns the events kept and what was dropped ("full": nothing)."""
-    trace = json.loads(path.read_text())
+    recorded step, then the shortest events. Returns the events kept and what was dropped ("full": nothing).
+    ``trace``: the file's content, already parsed."""
+    if trace is None:
+        trace = json.loads(path.read_text(errors="replace"))
     events: list[dict[str, Any]] = trace.get("traceEvents", [])
     if path.stat().st_size <= max_bytes:
         return events, "full"

@@ -141,3 +141,22 @@ def test_the_report_of_a_fresh_run_works_in_a_browser(browser, tmp_path) -> None
     # then its page works
     page = assert_report_works(browser, run_dir / "report.html", "fresh-run", bound_label(load_record(run_dir)))
     page.context.close()
+
+
+GPU_TRACES = sorted((ROOT / "tests" / "fixtures" / "gpu").glob("*.json.gz")) + [ROOT / "tests" / "fixtures" / "gpu" /
+                                                                                 "sampled-ranks"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trace", GPU_TRACES, ids=lambda p: p.name)
+def test_the_report_of_an_analyzed_trace_works_in_a_browser(browser, tmp_path, trace) -> None:
+    # given a real GPU trace (or the folder of two rank traces) analysed by gpuscope analyze
+    result = run_gpuscope(["analyze", "-q", str(trace), "-o", str(tmp_path / "out")], tmp_path)
+    assert result.returncode == 0, result.stderr
+    record = load_record(tmp_path / "out")
+    # then its page works offline, draws its charts and shows the verdict
+    name = "analyze-" + trace.name.removesuffix(".json.gz")
+    page = assert_report_works(browser, tmp_path / "out" / "report.html", name, bound_label(record))
+    if record.device == "cuda":
+        assert page.locator("#chart-kernels svg.main-svg").count() >= 1
+    page.context.close()

@@ -1,0 +1,45 @@
+"""Sets of time intervals as sorted lists of disjoint (start, end) pairs: union, intersection, clipping, length."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+Span = tuple[float, float]
+
+
+def union(spans: Iterable[Span]) -> list[Span]:
+    """The union of any intervals, as a sorted list of disjoint ones (touching intervals merge)."""
+    merged: list[Span] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def clip(spans: list[Span], window: Span | None) -> list[Span]:
+    """Sorted disjoint ``spans`` cut to ``window`` (None: left whole)."""
+    if window is None:
+        return spans
+    return [(max(s, window[0]), min(e, window[1])) for s, e in spans if e > window[0] and s < window[1]]
+
+
+def intersect(a: list[Span], b: list[Span]) -> list[Span]:
+    """The overlap of two sorted, disjoint interval lists."""
+    out, i, j = [], 0, 0
+    while i < len(a) and j < len(b):
+        start, end = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        if start < end:
+            out.append((start, end))
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return out
+
+
+def length(spans: Iterable[Span]) -> float:
+    """Total length of disjoint intervals."""
+    return sum(end - start for start, end in spans)

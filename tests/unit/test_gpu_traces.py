@@ -1,0 +1,219 @@
+"""The GPU figures on real torch.profiler traces recorded on A100, V100 and MI250 machines (tests/fixtures/gpu/).
+
+Every expected figure is computed here, independently, by a few lines over the raw events: the union of one
+device's kernel intervals, clipped to that device's window, over the window's length. The window of the recorded
+steps on a device: the kernels are grouped by the host step (``ProfilerStep#N`` range of the launching process)
+during which their launch call ran (runtime event with the same ``args.correlation``); the window runs from the
+first kernel start of the earliest such step to the last kernel end of the latest one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuscope.analysis import analyze
+from gpuscope.analysis.figures import TraceFigures, trace_figures
+from gpuscope.analysis.kernels import is_gemm, uses_tensor_cores
+from gpuscope.analysis.rules.precision import mixed_precision
+from gpuscope.analysis.trace import parse_trace
+from gpuscope.errors import GpuscopeError
+from gpuscope.record import KernelTimeline, OpProfile
+from gpuscope.tracefile import record_from_trace
+
+from conftest import make_record
+
+GPU = Path(__file__).resolve().parent.parent / "fixtures" / "gpu"
+RANKS = GPU / "sampled-ranks"
+Events = list[dict[str, Any]]
+
+
+def load(path: Path) -> Events:
+    return json.loads(gzip.decompress(path.read_bytes()).decode("utf-8", errors="replace"))["traceEvents"]
+
+
+@pytest.fixture(scope="module")
+def traces() -> dict[str, Events]:
+    """Every fixture trace's events, read once for the module; "merged" is the two rank traces in one list."""
+    found = {p.name.removesuffix(".json.gz"): load(p) for p in (*GPU.glob("*.json.gz"), *RANKS.glob("*.json.gz"))}
+    found["merged"] = found["sampled-rank0"] + found["sampled-rank1"]
+    return found
+
+
+@pytest.fixture(scope="module")
+def figures(traces: dict[str, Events]) -> dict[str, TraceFigures]:
+    return {name: trace_figures(events) for name, events in traces.items()}
+
+
+# -- the independent method ---------------------------------------------------------------------------------------
+
+def union(spans: list[tuple[float, float]]) -> list[list[float]]:
+    out: list[list[float]] = []
+    for s, e in sorted(spans):
+        if out and s <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], e)
+        else:
+            out.append([s, e])
+    return out
+
+
+def clipped(spans: list[list[float]], lo: float, hi: float) -> float:
+    return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in spans)
+
+
+def kernels(events: Events, device: int) -> Events:
+    return [e for e in events if e.get("cat") == "kernel" and e["args"].get("device", e["pid"]) == device]
+
+
+def window(events: Events, device: int) -> tuple[float, float]:
+    launch = {e["args"]["correlation"]: (e["ts"], e["pid"]) for e in events
+              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    steps = [(e["ts"], e["ts"] + e["dur"], e["pid"]) for e in events
+             if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
+    by_step: dict[float, list[dict]] = {}
+    for k in kernels(events, device):
+        ts, pid = launch[k["args"]["correlation"]]
+        for start, end, step_pid in steps:
+            if step_pid == pid and start <= ts <= end:
+                by_step.setdefault(start, []).append(k)
+    first, last = by_step[min(by_step)], by_step[max(by_step)]
+    return min(k["ts"] for k in first), max(k["ts"] + k["dur"] for k in last)
+
+
+def busy(events: Events, device: int, names: Any = lambda name: True) -> float:
+    lo, hi = window(events, device)
+    spans = union([(k["ts"], k["ts"] + k["dur"]) for k in kernels(events, device) if names(k["name"])])
+    return clipped(spans, lo, hi) / (hi - lo)
+
+
+def device_figures(figures: TraceFigures, device: int) -> KernelTimeline:
+    return next(t for t in figures.devices if t.device == device)
+
+
+# -- busy fraction, per device, within the device window ----------------------------------------------------------
+
+@pytest.mark.parametrize(("trace", "device"), [
+    ("a100-resnet-ddp-nccl", 0), ("v100-resnet-ns", 0), ("sampled-rank0", 0), ("sampled-rank1", 1),
+    ("mi250-rocm-toy", 2)])
+def test_busy_fraction_is_the_union_of_kernels_within_the_device_window(traces, figures, trace, device) -> None:
+    timeline = device_figures(figures[trace], device)
+    assert timeline.busy_fraction == pytest.approx(busy(traces[trace], device), abs=0.01)
+    assert timeline.window_basis == "launches"
+
+
+def test_a_gpu_running_behind_the_host_is_not_read_as_always_busy(traces, figures) -> None:
+    # given the V100 trace, whose kernels end ~89 ms after the host's last step
+    timeline = figures["v100-resnet-ns"].kernels
+    assert timeline is not None
+    # then busy is measured within one window, and the idle split is what busy leaves
+    assert timeline.busy_fraction < 0.99
+    idle = timeline.idle_host_wait_fraction + timeline.idle_kernel_wait_fraction + timeline.idle_other_fraction
+    assert idle == pytest.approx(1 - timeline.busy_fraction, abs=1e-9)
+    assert timeline.idle_other_fraction > 0
+
+
+def test_two_devices_driven_by_one_process_get_figures_each(traces, figures) -> None:
+    # given the two rank traces merged into one event list: one process driving devices 0 and 1
+    merged = figures["merged"]
+    # then each device has its own timeline, each as its own rank's trace gives it (not one union of both)
+    assert [t.device for t in merged.devices] == [0, 1]
+    for rank, device in (("sampled-rank0", 0), ("sampled-rank1", 1)):
+        expected = busy(traces[rank], device)
+        assert device_figures(merged, device).busy_fraction == pytest.approx(expected, abs=0.01)
+    assert 0.43 < device_figures(merged, 0).busy_fraction < 0.46
+    assert 0.45 < device_figures(merged, 1).busy_fraction < 0.48
+    # the headline is the device with the most kernel time, and the notes say so
+    assert merged.kernels is not None and merged.kernels.device == 1
+    assert any("device 1" in note for note in merged.notes)
+
+
+# -- communication --------------------------------------------------------------------------------------------------
+
+def test_nccl_communication_is_measured_on_the_device(traces, figures) -> None:
+    # independent overlap: NCCL kernel intervals of device 0 and the other kernels' intervals, each unioned and
+    # clipped to the device window; overlap = |NCCL and compute at once| / |NCCL|
+    events = traces["a100-resnet-ddp-nccl"]
+    lo, hi = window(events, 0)
+    nccl = union([(k["ts"], k["ts"] + k["dur"]) for k in kernels(events, 0) if "nccl" in k["name"].lower()])
+    compute = union([(k["ts"], k["ts"] + k["dur"]) for k in kernels(events, 0) if "nccl" not in k["name"].lower()])
+    both = union([(max(a, c), min(b, d)) for a, b in nccl for c, d in compute if min(b, d) > max(a, c)])
+    expected = clipped(both, lo, hi) / clipped(nccl, lo, hi)
+    comm = figures["a100-resnet-ddp-nccl"].communication
+    assert comm is not None and (comm.measured_on, comm.device, comm.backend) == ("device", 0, "nccl")
+    assert comm.overlap == pytest.approx(expected, abs=0.05)
+    assert comm.comm_s == pytest.approx(clipped(nccl, lo, hi) / 1e6 / 3, rel=0.01)
+
+
+def test_collectives_outside_the_steps_do_not_make_a_run_communication_bound(traces) -> None:
+    # given a gloo trace whose all-reduces mostly lie outside its one step, with no op of its training thread
+    events = traces["cpu-only-collectives"]
+    record = analyze(record_from_trace({"traceEvents": events}, "cpu-only-collectives.json.gz", 1))
+    comm = record.op_profile.communication
+    # then no share of the step exceeds the step, and no wait is claimed that the trace does not show
+    assert comm is not None and comm.measured_on == "host" and not comm.exposure_measured
+    assert comm.comm_s <= record.steps.median_s and comm.exposed_s <= record.steps.median_s
+    assert all(0 <= share <= 1 for share in record.breakdown.as_dict().values())
+    assert record.verdict.bound != "communication"
+    assert not any(r.id == "reduce-communication" for r in record.recommendations)
+
+
+# -- kinds of kernels: compute only ---------------------------------------------------------------------------------
+
+def test_kind_shares_are_of_compute_kernels_only(traces, figures) -> None:
+    # independent: Tensor Core kernels' time over the non-NCCL kernels' time, clipped to the window
+    events = traces["a100-resnet-ddp-nccl"]
+    lo, hi = window(events, 0)
+    compute = [k for k in kernels(events, 0) if "nccl" not in k["name"].lower()]
+    total = sum(max(0.0, min(k["ts"] + k["dur"], hi) - max(k["ts"], lo)) for k in compute)
+    tc = sum(max(0.0, min(k["ts"] + k["dur"], hi) - max(k["ts"], lo)) for k in compute if uses_tensor_cores(k["name"]))
+    timeline = figures["a100-resnet-ddp-nccl"].kernels
+    assert timeline is not None
+    assert timeline.tensor_core_share == pytest.approx(tc / total, abs=1e-6)
+    assert timeline.communication_share > 0.2  # NCCL: a large part of kernel time, left out of the shares
+    not_nccl = lambda name: "nccl" not in name.lower()  # noqa: E731
+    assert timeline.compute_busy_fraction == pytest.approx(busy(events, 0, not_nccl), abs=0.01)
+
+
+def test_the_mixed_precision_gain_leaves_communication_out() -> None:
+    # given a GPU busy 95% of the step, 35 points of it NCCL: compute 60%, under the 70% that makes a GPU busy
+    kernels = KernelTimeline(busy_fraction=0.95, compute_busy_fraction=0.6, tensor_core_share=0.1,
+                             communication_share=0.4)
+    record = make_record(device="cuda", op_profile=OpProfile(kernels=kernels))
+    assert mixed_precision(record) is None
+    # given compute kernels running 80% of the step, 10% on Tensor Cores: the gain is of that 80% alone
+    kernels = dataclasses.replace(kernels, compute_busy_fraction=0.8)
+    finding = mixed_precision(dataclasses.replace(record, op_profile=OpProfile(kernels=kernels)))
+    assert finding is not None and finding.gain == pytest.approx(0.8 * 0.9 * 0.45)
+
+
+def test_rocm_matrix_core_gemms_are_recognised(traces, figures) -> None:
+    events = traces["mi250-rocm-toy"]
+    cijk = [k for k in kernels(events, 2) if k["name"].startswith("Cijk_")]
+    assert cijk and all(uses_tensor_cores(k["name"]) and is_gemm(k["name"]) for k in cijk)
+    lo, hi = window(events, 2)
+    in_window = [k for k in kernels(events, 2) if k["ts"] < hi and k["ts"] + k["dur"] > lo]
+    share = sum(k["dur"] for k in in_window if k["name"].startswith("Cijk_")) / sum(k["dur"] for k in in_window)
+    timeline = figures["mi250-rocm-toy"].kernels
+    assert timeline is not None
+    assert timeline.tensor_core_share == pytest.approx(share, abs=1e-4) and share > 0.2
+    assert timeline.gemm_share == pytest.approx(share, abs=1e-4)
+
+
+# -- reading traces ---------------------------------------------------------------------------------------------------
+
+def test_traces_are_read_gzipped_or_not_and_with_invalid_utf8() -> None:
+    text = b'{"traceEvents": [{"ph": "X", "cat": "kernel", "name": "k\xff\xfe", "ts": 1, "dur": 2, "pid": 0}]}'
+    for raw in (text, gzip.compress(text)):
+        assert parse_trace(raw, "t")["traceEvents"][0]["name"].startswith("k")
+
+
+@pytest.mark.parametrize("raw", [b"hello\n", gzip.compress(b'{"traceEvents": []}')[:20], b'{"other": 1}'])
+def test_what_is_not_a_whole_trace_is_a_one_line_error(raw: bytes) -> None:
+    with pytest.raises(GpuscopeError) as caught:
+        parse_trace(raw, "t")
+    assert "\n" not in caught.value.message
