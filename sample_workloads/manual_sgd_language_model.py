@@ -27,7 +27,7 @@ class RNNModel(nn.Module):
         super().__init__()
         self.drop = nn.Dropout(dropout)
         self.encoder = nn.Embedding(ntoken, ninp)
-        self.rnn = nn.LSTM(ninp, nhid, nlayers, dropout=dropout)
+        self.rnn = nn.RNN(ninp, nhid, nlayers, nonlinearity="tanh", dropout=dropout)
         self.decoder = nn.Linear(nhid, ntoken)
         self.nhid, self.nlayers = nhid, nlayers
 
@@ -38,7 +38,7 @@ class RNNModel(nn.Module):
 
     def init_hidden(self, bsz):
         weight = next(self.parameters())
-        return (weight.new_zeros(self.nlayers, bsz, self.nhid), weight.new_zeros(self.nlayers, bsz, self.nhid))
+        return weight.new_zeros(self.nlayers, bsz, self.nhid)
 
 
 def batchify(data, bsz):
@@ -55,7 +55,7 @@ def get_batch(source, i, bptt):
 
 def repackage_hidden(h):
     """Detach the hidden state from the previous window's graph (truncated BPTT)."""
-    return tuple(v.detach() for v in h)
+    return h.detach()
 
 
 def main():

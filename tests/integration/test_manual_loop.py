@@ -1,0 +1,57 @@
+"""A word_language_model-style loop (manual SGD, batches sliced from a tensor, no optimizer, no DataLoader): each
+``backward()`` ends a step, so the steps equal the iterations, and the verdict agrees with an ablation that needs
+no profiler at all: a launch-bound step hardly grows with 8x the batch, a compute-bound one grows several-fold."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import SAMPLES, load_run, run_gpuscope, run_python
+
+pytestmark = pytest.mark.slow
+
+SAMPLE = SAMPLES / "manual_sgd_language_model.py"
+OWN = re.compile(r"steps=(\d+) median_step_s=([0-9.]+)")
+
+
+def own_median_s(tmp_path: Path, *args: str) -> float:
+    """The loop's own median step under plain python."""
+    result = run_python([str(SAMPLE), *args], tmp_path, timeout=300)
+    assert result.returncode == 0, result.stderr
+    match = OWN.search(result.stdout)
+    assert match, result.stdout
+    return float(match.group(2))
+
+
+def test_a_manual_sgd_loop_has_one_step_per_iteration_and_a_tiny_model_is_launch_bound(tmp_path: Path) -> None:
+    # given: the tiny model, whose step time hardly grows with 8x the batch (measured without gpuscope)
+    growth = own_median_s(tmp_path, "--steps", "300", "--batch-size", "32") / own_median_s(tmp_path, "--steps", "300")
+    assert growth < 2.0
+    # when: 2000 iterations run under gpuscope
+    run_dir = tmp_path / "run"
+    result = run_gpuscope(["run", "-q", "-o", str(run_dir), str(SAMPLE), "--steps", "2000"], tmp_path, timeout=300)
+    # then: one step per iteration, marked by backward(), and a launch-bound verdict
+    assert result.returncode == 0, result.stderr
+    record = load_run(run_dir)
+    assert (record["steps"]["total"], record["steps"]["source"]) == (2000, "backward")
+    assert record["breakdown"]["forward"] > 0 and record["breakdown"]["backward"] > 0
+    assert record["verdict"]["bound"] == "cpu-launch", record["verdict"]["evidence"]
+
+
+def test_a_manual_sgd_loop_with_a_large_model_is_compute_bound(tmp_path: Path) -> None:
+    # given: the large model, whose step time grows several-fold with 8x the batch
+    growth = (own_median_s(tmp_path, "--steps", "12", "--large", "--batch-size", "256")
+              / own_median_s(tmp_path, "--steps", "12", "--large"))
+    assert growth > 2.5
+    # when
+    run_dir = tmp_path / "run"
+    result = run_gpuscope(["run", "-q", "-o", str(run_dir), str(SAMPLE), "--steps", "40", "--large"], tmp_path,
+                          timeout=300)
+    # then
+    assert result.returncode == 0, result.stderr
+    record = load_run(run_dir)
+    assert (record["steps"]["total"], record["steps"]["source"]) == (40, "backward")
+    assert record["verdict"]["bound"] == "compute", record["verdict"]["evidence"]
