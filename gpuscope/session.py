@@ -18,6 +18,7 @@ import platform
 import sys
 import time
 from collections.abc import Mapping, Sequence
+from functools import partial
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,7 @@ from gpuscope.analysis.reduce import record_fields
 from gpuscope.analysis.steady import summarize_capture
 from gpuscope.captures import PostRunFacts, StepCapture
 from gpuscope.collectors import Collector, CollectorResult, default_collectors
+from gpuscope.collectors.probing import run_isolated
 from gpuscope.collectors.steps import StepsCollector
 from gpuscope.errors import GpuscopeError
 from gpuscope.record import CollectorStatus, Distributed, RunMeta, RunRecord, write_record
@@ -94,8 +96,16 @@ class Session:
             _Active.session = None
         duration = time.perf_counter() - self._t0
         results = self._stop_live()
-        facts = self._facts(results)
-        results.update(self._run_probes(facts))
+        probes = [c for c in self.collectors if getattr(c, "stage", "live") == "post-run"]
+        if probes:  # the record is safe before any probe runs the user's code again
+            pending = CollectorResult(CollectorStatus("unavailable", "not run: gpuscope stopped before it"))
+            self._write(exit_status, duration, {**results, **{p.name: pending for p in probes}})
+        results.update(self._run_probes(self._facts(results), probes))
+        self.record = self._write(exit_status, duration, results)
+        return self.record
+
+    def _write(self, exit_status: int, duration: float, results: dict[str, CollectorResult]) -> RunRecord:
+        """Build the record from ``results``, analyse it and write run.json."""
         notes = [f"{c.name}: {note}" for c in self.collectors for note in getattr(c, "notes", ())]
         meta = RunMeta(
             started_at=self._started_at.isoformat(timespec="seconds"),
@@ -114,9 +124,9 @@ class Session:
             comm = record.op_profile.communication if record.op_profile is not None else None
             backend = backend_now() or (comm.backend if comm is not None else None)
             record = dataclasses.replace(record, distributed=dataclasses.replace(self.distributed, backend=backend))
-        self.record = analyze(record)
-        write_record(self.record, self.run_dir)
-        return self.record
+        record = analyze(record)
+        write_record(record, self.run_dir)
+        return record
 
     # -- stages ----------------------------------------------------------------------------------------------
     def _live(self) -> list[Any]:
@@ -154,15 +164,19 @@ class Session:
         return post_run_facts(**figures, loader=loaders.probe_loader() if loaders is not None else None,
                               dataset=loaders.probe_dataset() if loaders is not None else None, payloads=payloads)
 
-    def _run_probes(self, facts: PostRunFacts) -> dict[str, CollectorResult]:
-        """Run each post-run probe in turn; each one's time is in its status, a failure is its status."""
+    def _run_probes(self, facts: PostRunFacts, probes: list[Any]) -> dict[str, CollectorResult]:
+        """Run each post-run probe in turn; each one's time is in its status, a failure is its status. Probes that
+        run the user's code again run isolated, within their budget (``probing.run_isolated``)."""
         results: dict[str, CollectorResult] = {}
-        for probe in (c for c in self.collectors if getattr(c, "stage", "live") == "post-run"):
+        for probe in probes:
             started = time.perf_counter()
             try:
                 if not self._available(probe):
                     continue
-                result = probe.run(self.run_dir, facts)  # type: ignore[attr-defined]
+                if getattr(probe, "runs_user_code", False):
+                    result = run_isolated(partial(probe.run, self.run_dir, facts), probe.budget_s, probe.name)
+                else:
+                    result = probe.run(self.run_dir, facts)
             except Exception as exc:
                 result = CollectorResult(CollectorStatus("failed", describe(exc)))
             elapsed = time.perf_counter() - started

@@ -152,6 +152,8 @@ class PostRunProbe:
 
     budget_s: ClassVar[float] = 5.0
     stage: ClassVar[Stage] = "post-run"
+    runs_user_code: ClassVar[bool] = False
+    """Runs the user's code again (their dataset): then the stage runs it isolated, within its budget."""
     enabled = True
 
     @classmethod

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import multiprocessing
 import pickle
+import random
 import sys
 import time
 from collections.abc import Callable
@@ -45,6 +46,9 @@ budget, whichever comes first."""
 MIN_ROUNDS = 2
 """...but not before this many rounds when time allows: one round is one lockstep burst, a noisy measurement."""
 MAX_WORKERS = 32
+PROBE_BATCHES = 1024
+"""Batches' worth of items the probe draws from: more than any configuration loads within the budget
+(``ROUNDS`` + 1 rounds of at most ``MAX_WORKERS`` batches), however large the dataset says it is."""
 """Worker counts tried stop here even on a larger machine."""
 ON_CPU_PIN = "not applicable: a CPU-only run (pin_memory only speeds up copies to a GPU)"
 
@@ -60,6 +64,7 @@ class LoaderProbeCollector(PostRunProbe):
     name: ClassVar[str] = "loader-probe"
     field: ClassVar[str | None] = "loader_probe"
     budget_s: ClassVar[float] = BUDGET_S
+    runs_user_code: ClassVar[bool] = True
 
     def __init__(self, forced: bool = False, budget_s: float = BUDGET_S,
                  clock: Callable[[], float] = time.perf_counter) -> None:
@@ -128,7 +133,7 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
 
     Raises DatasetError when the dataset raises in the main process.
     """
-    from torch.utils.data import DataLoader, RandomSampler, SequentialSampler
+    from torch.utils.data import DataLoader, SequentialSampler
 
     started = clock()
     deadline = started + budget_s
@@ -155,8 +160,7 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
                 f"not timed: a batch took {main_batch_s:.2f} s in the main process during the run, over this "
                 f"configuration's {slot:.2f} s share of the budget")))
             continue
-        generator = torch.Generator().manual_seed(0)
-        sampler = RandomSampler(dataset, generator=generator) if length else SequentialSampler(dataset)
+        sampler = probe_indices(length, batch_size) if length else SequentialSampler(dataset)
         kwargs: dict[str, Any] = {"batch_size": batch_size, "sampler": sampler, "drop_last": drop_last,
                                   "num_workers": workers, "pin_memory": pin, "generator": torch.Generator()}
         if collate_fn is not None:
@@ -176,6 +180,14 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
         dataset=type(dataset).__name__, batch_size=batch_size, start_method=method, rates=tuple(rates),
         consume_batches_per_s=consume_batches_per_s, main_threads=threads, budget_s=budget_s,
         elapsed_s=clock() - started, pin_memory_note="" if cuda else ON_CPU_PIN, note="; ".join(notes))
+
+
+def probe_indices(length: int, batch_size: int | None, batches: int = PROBE_BATCHES) -> list[int]:
+    """The items the probe loads, in a random order: at most ``batches`` batches' worth, drawn without ever
+    materialising ``length`` of anything (a streaming or synthetic dataset may say its length is 10^9)."""
+    count = min(length, max(1, batch_size or 1) * batches)
+    rng = random.Random(0)  # its own generator: the global state is not touched
+    return rng.sample(range(length), count)
 
 
 def _worker_counts_for(method: str, cores: int, pickled: tuple[Any, ...], notes: list[str]) -> list[int]:

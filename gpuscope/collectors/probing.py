@@ -1,15 +1,26 @@
 """What the post-run probes share: they run the user's code again after the script has ended, so they leave no
-trace of it (the global RNG states are restored, whatever it prints is swallowed) and turn its failures into one
-line for the record."""
+trace of it (the global RNG states are restored, whatever it prints is swallowed), turn its failures into one line
+for the record, and are bounded whatever that code does: ``run_isolated`` runs a probe in a forked child with a
+deadline and a memory ceiling, so a hang or a blow-up costs the probe, never the run's record."""
 
 from __future__ import annotations
 
 import contextlib
 import io
+import os
+import pickle
 import random
+import resource
+import select
+import signal
 import sys
+import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import NoReturn
+
+from gpuscope.collectors.base import CollectorResult
+from gpuscope.record import CollectorStatus
 
 
 class DatasetError(Exception):
@@ -51,3 +62,109 @@ def unseen() -> Iterator[None]:
             warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
+
+
+PR_SET_PDEATHSIG = 1
+"""prctl(2) option: the signal a process gets when its parent dies."""
+GRACE_S = 2.0
+"""How far past its budget an isolated probe may run before it is killed (a worker's shutdown, the pipe)."""
+MEMORY_HEADROOM_BYTES = 2 * 1024**3
+"""Address space an isolated probe may add to what the process had mapped when it forked: the user's dataset
+code blowing up (materialising ``len(dataset)`` of anything) gets a MemoryError rather than the machine's OOM
+killer, which could pick the profiled run itself."""
+
+
+def run_isolated(probe: Callable[[], CollectorResult], budget_s: float, what: str) -> CollectorResult:
+    """Run ``probe`` in a forked child (its own process group, one torch thread, its output discarded, its address
+    space capped) and return its result, or an ``unavailable`` status if it did not finish within ``budget_s`` plus
+    ``GRACE_S`` (the child and every process it started are killed) or died. ``what`` names the probe in those
+    reasons. Runs in this process where fork is unavailable or CUDA is in use (a forked child cannot use CUDA)."""
+    torch = sys.modules.get("torch")
+    cuda = torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized()
+    if not hasattr(os, "fork") or cuda:
+        return probe()
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(read_end)
+        _child(probe, write_end)
+    os.close(write_end)
+    with contextlib.suppress(OSError):
+        os.setpgid(pid, pid)  # here too, so the group exists whichever of the two runs first
+    try:
+        data = _read_until(read_end, time.monotonic() + budget_s + GRACE_S)
+    finally:
+        os.close(read_end)
+        for kill in (os.killpg, os.kill):  # the group: the probe's own workers too
+            with contextlib.suppress(OSError):
+                kill(pid, signal.SIGKILL)
+        _, status = os.waitpid(pid, 0)
+    if data is None:
+        return CollectorResult(CollectorStatus(
+            "unavailable", f"{what} did not finish within its {budget_s:.0f} s budget and was stopped"))
+    if not data:
+        code = os.waitstatus_to_exitcode(status)
+        how = f"signal {-code}" if code < 0 else f"exit status {code}"
+        return CollectorResult(CollectorStatus("unavailable", f"{what} died ({how}) before it finished"))
+    return pickle.loads(data)  # type: ignore[no-any-return]
+
+
+def _child(probe: Callable[[], CollectorResult], write_end: int) -> NoReturn:
+    """In the forked child: run the probe, send its pickled result, and leave without running any exit handler."""
+    try:
+        os.setpgid(0, 0)
+        _die_with_parent()
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        _cap_address_space()
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            torch.set_num_threads(1)  # as in a DataLoader worker: no OpenMP pool inherited across the fork
+        try:
+            result = probe()
+        except BaseException as exc:
+            result = CollectorResult(CollectorStatus("failed", f"{type(exc).__name__}: {first_line(exc)}"))
+        data = pickle.dumps(result)
+        view = memoryview(data)
+        while view:
+            view = view[os.write(write_end, view):]
+    finally:
+        os._exit(0)
+
+
+def _die_with_parent() -> None:
+    """Linux: the child is killed if gpuscope is (a SIGKILL gives it no chance to clean up)."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def _cap_address_space() -> None:
+    try:
+        with open("/proc/self/statm") as statm:
+            mapped = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        limit = mapped + MEMORY_HEADROOM_BYTES
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    except (OSError, ValueError):
+        pass  # no /proc, or a hard limit already lower: the deadline still bounds the probe
+
+
+def _read_until(fd: int, deadline: float) -> bytes | None:
+    """Everything written to ``fd`` until it closes, or None if the deadline passes first."""
+    chunks = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return None
+        ready, _, _ = select.select([fd], [], [], left)
+        if not ready:
+            return None
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            return b"".join(chunks)
+        chunks.append(chunk)
