@@ -30,6 +30,11 @@ none is left out."""
 MIN_STEADY_STEPS = 5
 """Fewer steady-state steps than this give an inconclusive verdict: a median of four is not a measurement."""
 
+# -- recommendations ---------------------------------------------------------------------------------------
+MIN_RECOMMENDED_GAIN = 0.005
+"""A rule whose measured gain is under half a percent of the step is not recommended: it would show as "~0% of step
+time", below what a rerun can tell from noise (the rule's check records that it fired too small, and why)."""
+
 # -- data loading ------------------------------------------------------------------------------------------
 DATA_WAIT_NOTABLE = 0.05
 """TensorFlow's profiler calls a run moderately input-bound from 5% of step time spent waiting for input."""

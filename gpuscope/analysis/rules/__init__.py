@@ -7,6 +7,7 @@ import importlib
 import pkgutil
 
 from gpuscope.analysis.rules.base import RULES, Finding, Rule, missing_input
+from gpuscope.analysis.thresholds import MIN_RECOMMENDED_GAIN
 from gpuscope.record import Recommendation, RuleCheck, RunRecord
 
 for _theme in sorted(m.name for m in pkgutil.iter_modules(__path__)):
@@ -26,6 +27,10 @@ def evaluate(record: RunRecord) -> tuple[tuple[Recommendation, ...], dict[str, R
         finding = r.check(record)
         if finding is None:
             checks[r.id] = RuleCheck("clear")
+            continue
+        if finding.gain is not None and finding.gain < MIN_RECOMMENDED_GAIN:
+            checks[r.id] = RuleCheck("clear", f"its measured gain, {finding.gain:.1%} of the step, is too small to "
+                                              f"recommend ({'; '.join(finding.evidence)})")
             continue
         checks[r.id] = RuleCheck("fired")
         fired.append((position, r, finding))
