@@ -20,15 +20,22 @@ from gpuscope.analysis.rules.base import missing_input
 from gpuscope.record import RunRecord, Verdict
 
 
+HOW_TO_MARK_STEPS = (
+    "no training step was found: nothing called optimizer.step() or backward(), nor iterated a DataLoader; mark "
+    "the end of each step with gpuscope.step() (`import gpuscope`; it does nothing when gpuscope is not running)")
+
+
 def classify(record: RunRecord) -> Verdict:
     """The verdict on ``record``, with its confidence and the numbers it rests on."""
     steps = record.steps
     if steps.count < th.MIN_STEADY_STEPS:
         left_out = (f"{steps.total} steps in all; left out: {steps.warmup} warm-up, {steps.profiled} profiled, "
                     f"{steps.outliers} outliers")
-        return Verdict("inconclusive", 0.0, (
-            f"only {steps.count} steady-state steps were measured ({left_out}); at least {th.MIN_STEADY_STEPS} "
-            f"are needed",))
+        evidence = [f"only {steps.count} steady-state steps were measured ({left_out}); at least "
+                    f"{th.MIN_STEADY_STEPS} are needed"]
+        if steps.total == 0:
+            evidence.append(HOW_TO_MARK_STEPS)
+        return Verdict("inconclusive", 0.0, tuple(evidence))
     share = record.breakdown.data_wait
     basis = "of the GPU's step time" if steps.breakdown_basis == "device" else "of each step"
     if share >= th.DATA_WAIT_BOUND:

@@ -116,3 +116,10 @@ def test_without_an_op_profile_a_cpu_run_is_inconclusive_and_says_why() -> None:
     verdict = classify(record)
     assert verdict.bound == "inconclusive"
     assert "turned off (--trace-steps 0)" in verdict.evidence[0]
+
+
+def test_a_run_with_no_step_at_all_says_how_to_mark_steps() -> None:
+    record = make_record(steps=Steps(count=0, total=0, source="none"))
+    verdict = classify(record)
+    assert verdict.bound == "inconclusive"
+    assert any("gpuscope.step()" in fact for fact in verdict.evidence)
