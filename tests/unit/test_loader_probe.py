@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from pathlib import Path
@@ -157,6 +158,19 @@ def test_when_no_worker_count_keeps_up_the_rule_names_the_fastest() -> None:
     assert finding is not None and "num_workers=4" in finding.fix
     assert finding.gain == pytest.approx(1 - (1 / 15.0) / 0.1)
     assert any("no measured worker count keeps up" in fact for fact in finding.evidence)
+    # 4 workers deliver 15 batches/s, far from 4x the one-worker 6: the workers do not scale here
+    assert any(fact.startswith("loading cannot be hidden on this machine") and "workers that scale" in fact
+               and "cheaper batches" in fact for fact in finding.evidence)
+
+
+def test_when_the_cores_are_too_few_to_keep_up_the_rule_says_how_many_would() -> None:
+    # given: 2 cores; a worker delivers 6 batches/s, and the step consumes 20 (22 with the margin)
+    record = probed_record({0: 5.0, 1: 6.0, 2: 11.0})
+    record = dataclasses.replace(record, meta=RunMeta(cpu_count=2))
+    finding = more_dataloader_workers(record)
+    assert finding is not None
+    assert any("about 4 workers at the one-worker rate (6.0 batches/s) and a core for the step, so more than the "
+               "2 cores here" in fact for fact in finding.evidence)
 
 
 def test_on_a_cpu_run_the_prediction_counts_the_cores_the_workers_share() -> None:

@@ -73,6 +73,7 @@ def _from_probe(run: RunRecord, plan: LoaderPlan, dataset: str, current: int, sh
                         f"{1 + th.LOADER_KEEPS_UP_MARGIN:.1f}x the consumption)")
     else:
         evidence.append(f"no measured worker count keeps up; {plan.workers} deliver the most ({rate:.1f} batches/s)")
+        evidence.append(_what_would_keep_up(run, plan))
     if plan.shared_cpu_s is not None:
         evidence.append(f"on this CPU-only run the workers share {run.meta.cpu_count} cores with the step: its "
                         f"compute keeps the cores the workers leave (torch.set_num_threads(cores - workers)), and "
@@ -80,6 +81,23 @@ def _from_probe(run: RunRecord, plan: LoaderPlan, dataset: str, current: int, sh
     evidence.append(f"predicted step {plan.step_s * 1e3:.1f} ms, {median / plan.step_s:.2f}x faster (an estimate)")
     gain = max(0.0, 1 - plan.step_s / median)
     return Finding(gain, tuple(evidence), fix=f"DataLoader(..., num_workers={plan.workers}, persistent_workers=True)")
+
+
+def _what_would_keep_up(run: RunRecord, plan: LoaderPlan) -> str:
+    """When no worker count on this machine hides the loading: what would (more cores, cheaper batches)."""
+    probe = run.loader_probe
+    one = next((r.batches_per_s for r in probe.rates if r.num_workers == 1 and r.batches_per_s), None)  # type: ignore[union-attr]
+    needed = plan.consume_batches_per_s * (1 + th.LOADER_KEEPS_UP_MARGIN)
+    cores = run.meta.cpu_count or 1
+    more = ""
+    if one and math.ceil(needed / one) + 1 > cores:  # the workers, and a core for the step
+        more = (f"about {math.ceil(needed / one)} workers at the one-worker rate ({one:.1f} batches/s) and a core "
+                f"for the step, so more than the {cores} cores here, or ")
+    elif one:
+        more = (f"workers that scale ({plan.workers} deliver {plan.rate.batches_per_s:.1f} batches/s, not "
+                f"{plan.workers}x the one-worker {one:.1f}: look for a lock or a shared resource), or ")
+    return (f"loading cannot be hidden on this machine: it would take {more}cheaper batches (preprocessing done once "
+            f"ahead of training, lighter transforms; the data probe's slowest lines say where the time goes)")
 
 
 def _pageable_copies(record: RunRecord) -> float | None:
