@@ -70,7 +70,7 @@ class Session:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._started_at = datetime.now().astimezone()
         self._t0 = time.perf_counter()
-        for collector in self._live():
+        for collector in self._of_stage("live"):
             try:
                 if not self._available(collector):
                     continue
@@ -96,7 +96,7 @@ class Session:
             _Active.session = None
         duration = time.perf_counter() - self._t0
         results = self._stop_live()
-        probes = [c for c in self.collectors if getattr(c, "stage", "live") == "post-run"]
+        probes = self._of_stage("post-run")
         if probes:  # the record is safe before any probe runs the user's code again
             pending = CollectorResult(CollectorStatus("unavailable", "not run: gpuscope stopped before it"))
             self._write(exit_status, duration, {**results, **{p.name: pending for p in probes}})
@@ -129,8 +129,8 @@ class Session:
         return record
 
     # -- stages ----------------------------------------------------------------------------------------------
-    def _live(self) -> list[Any]:
-        return [c for c in self.collectors if getattr(c, "stage", "live") == "live"]
+    def _of_stage(self, stage: str) -> list[Any]:
+        return [c for c in self.collectors if getattr(c, "stage", "live") == stage]
 
     def _fields(self) -> dict[str, str | None]:
         return {c.name: getattr(c, "field", None) for c in self.collectors}

@@ -43,7 +43,7 @@ class WindowRequest:
 
     steps: int
     after: str | None = None
-    """The collector whose window this one follows (None: the first, from step 0)."""
+    """The collector whose window this one follows (None: placed first)."""
     gap: int = 0
     cuda_only: bool = False
     startup: bool = False
@@ -121,18 +121,6 @@ class Probe(Collector, Protocol):
     def run(self, run_dir: Path, facts: PostRunFacts) -> CollectorResult:
         """Probe, and return what was found."""
         ...
-
-
-class CollectorClass(Protocol):
-    """How the registry builds a collector: its declaration, the window it wants and a constructor from the
-    options and the scheduler's plan."""
-
-    name: str
-    stage: Stage
-
-    def wants(self, options: CollectOptions) -> WindowRequest | None: ...
-
-    def create(self, options: CollectOptions, plan: Plan) -> Collector: ...
 
 
 REGISTRY: list[Any] = []
