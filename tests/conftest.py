@@ -1,15 +1,22 @@
-"""Shared test helpers: building records by hand, and running gpuscope and python as a user would."""
+"""Shared test helpers: building records by hand, running gpuscope and python as a user would, checking every
+run.json against docs/run.schema.json, and the slow tier's real runs, each made once per session and shared."""
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import json
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+import jsonschema
 import pytest
 
 from gpuscope.record import Breakdown, RunRecord, Steps
@@ -17,6 +24,7 @@ from gpuscope.record import Breakdown, RunRecord, Steps
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_workloads"
 SCRIPTS = Path(__file__).resolve().parent / "fixtures" / "scripts"
+RUN_SCHEMA = ROOT / "docs" / "run.schema.json"
 
 
 def make_record(**overrides: Any) -> RunRecord:
@@ -49,9 +57,32 @@ def run_gpuscope(args: list[str], cwd: Path, timeout: float = 120, **kwargs: Any
     return run_python(["-m", "gpuscope", *args], cwd, timeout, **kwargs)
 
 
+@functools.cache
+def run_schema() -> jsonschema.Draft202012Validator:
+    """A validator of docs/run.schema.json (checked to be a valid draft 2020-12 schema first)."""
+    schema = json.loads(RUN_SCHEMA.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    return jsonschema.Draft202012Validator(schema)
+
+
+def schema_errors(data: Any) -> list[str]:
+    """Where ``data`` breaks docs/run.schema.json, one line each (empty: it is a valid run.json)."""
+    errors = sorted(run_schema().iter_errors(data), key=lambda e: list(e.absolute_path))
+    return [f"{'.'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in errors]
+
+
+def validate_run(data: Any, where: object = "run.json") -> None:
+    """Fail the test if ``data`` is not a run.json as docs/run.schema.json describes it."""
+    errors = schema_errors(data)
+    assert not errors, f"{where} does not match docs/run.schema.json:\n" + "\n".join(errors[:20])
+
+
 def load_run(run_dir: Path) -> dict[str, Any]:
-    """The parsed run.json of a run folder."""
-    return json.loads((run_dir / "run.json").read_text())
+    """The parsed run.json of a run folder, validated against docs/run.schema.json."""
+    path = run_dir / "run.json"
+    data = json.loads(path.read_text())
+    validate_run(data, path)
+    return data
 
 
 @pytest.fixture
@@ -70,3 +101,120 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def update_golden(request: pytest.FixtureRequest) -> bool:
     """Whether this run rewrites golden files (``--update-golden``)."""
     return bool(request.config.getoption("--update-golden"))
+
+
+# -- the slow tier: real runs, each made once per session -------------------------------------------------------
+
+T = TypeVar("T")
+CONCURRENT_RUNS = 2
+"""Processes run side by side by ``side_by_side`` (the CI machine has two cores)."""
+
+
+def side_by_side(*calls: Callable[[], T]) -> list[T]:
+    """The results of ``calls``, run ``CONCURRENT_RUNS`` at a time. Only for runs whose tests check no timing: two
+    processes at once share the cores, which a test of step times or of a probe's prediction would notice."""
+    with ThreadPoolExecutor(CONCURRENT_RUNS) as pool:
+        return list(pool.map(lambda call: call(), calls))
+
+
+SAMPLE_ARGS = {
+    "data_loading_bound": ("--steps", "24"),
+    "cpu_launch_bound": ("--steps", "400"),
+    "compute_bound": ("--steps", "18"),
+}
+"""The shared run of the samples several tests read: enough steps for each of them (the verdict, every collector's
+output, the probes)."""
+OWN_FIGURES = re.compile(r"steps=(\d+) median_step_s=([0-9.]+) data_wait_fraction=([0-9.]+)")
+"""The line each sample workload prints about itself at the end."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Run:
+    """One ``gpuscope run -q -o RUN_DIR [OPTIONS] SCRIPT [ARGS]`` and what it left."""
+
+    run_dir: Path
+    result: subprocess.CompletedProcess[str]
+
+    @property
+    def record(self) -> dict[str, Any]:
+        """run.json, validated, with ``_run_dir`` added; a fresh copy each time, so no test can spoil a shared run."""
+        assert self.result.returncode == 0, self.result.stderr
+        record = load_run(self.run_dir)
+        record["_run_dir"] = self.run_dir
+        return record
+
+    @property
+    def own(self) -> dict[str, float]:
+        """What a sample workload measured of itself (its last line)."""
+        assert self.result.returncode == 0, self.result.stderr
+        match = OWN_FIGURES.search(self.result.stdout)
+        assert match, self.result.stdout
+        return {"steps": int(match.group(1)), "median_step_s": float(match.group(2)),
+                "data_wait_fraction": float(match.group(3))}
+
+
+class Runs:
+    """Real ``gpuscope run`` runs for the slow tier, made once per pytest session for each distinct command line:
+    tests that ask for the same run share it (and must not write into its folder what another test checks)."""
+
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self._made: dict[tuple[str, ...], Run] = {}
+        self._numbers = itertools.count(1)
+
+    def get(self, script: Path, *args: str, options: tuple[str, ...] = (), fresh: bool = False,
+            timeout: float = 180) -> Run:
+        """The run of ``script args`` under ``gpuscope run options``; ``fresh``: a new one even if it was made."""
+        key = (*options, "--", str(script), *args)
+        if fresh or key not in self._made:
+            run = self._run(script, args, options, timeout)
+            if fresh:
+                return run
+            self._made[key] = run
+        return self._made[key]
+
+    def prefetch(self, *runs: tuple[Path, tuple[str, ...], tuple[str, ...]]) -> None:
+        """Make the runs ``(script, args, options)`` not made yet, side by side (``side_by_side``): only for runs
+        whose tests check no timing."""
+        todo = [(script, args, options) for script, args, options in dict.fromkeys(runs)
+                if (*options, "--", str(script), *args) not in self._made]
+        made = side_by_side(*(functools.partial(self._run, script, args, options) for script, args, options in todo))
+        for (script, args, options), run in zip(todo, made):
+            self._made[(*options, "--", str(script), *args)] = run
+
+    def _run(self, script: Path, args: tuple[str, ...], options: tuple[str, ...], timeout: float = 180) -> Run:
+        folder = self.base / f"{next(self._numbers):02d}-{script.stem}"  # numbered in the order of asking
+        folder.mkdir()
+        run_dir = folder / "run"
+        result = run_gpuscope(["run", "-q", "-o", str(run_dir), *options, str(script), *args], folder, timeout)
+        return Run(run_dir, result)
+
+    def sample(self, workload: str, *args: str, options: tuple[str, ...] = (), fresh: bool = False) -> Run:
+        """A run of ``sample_workloads/WORKLOAD.py ARGS``; without ARGS, the workload's shared run (SAMPLE_ARGS)."""
+        return self.get(SAMPLES / f"{workload}.py", *(args or SAMPLE_ARGS[workload]), options=options, fresh=fresh)
+
+
+def compare_runs(a: dict[str, Any], b: dict[str, Any], *options: str) -> subprocess.CompletedProcess[str]:
+    """``gpuscope compare`` of two runs' records (``Run.record``): B's folder gets compare.html."""
+    return run_gpuscope(["compare", str(a["_run_dir"]), str(b["_run_dir"]), *options], a["_run_dir"])
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """The session's shared real runs."""
+    return Runs(tmp_path_factory.mktemp("runs"))
+
+
+@pytest.fixture(autouse=True)
+def _slow_runs_leave_valid_run_json(request: pytest.FixtureRequest) -> Any:
+    """An integration test runs real code, so every run.json it leaves under its tmp_path was written by gpuscope:
+    each is validated against docs/run.schema.json after the test (other tests write hand-made, even broken, ones)."""
+    integration = ROOT / "tests" / "integration"
+    if (request.node.get_closest_marker("slow") is None or "tmp_path" not in request.fixturenames
+            or integration not in Path(request.node.path).parents):
+        yield
+        return
+    tmp_path = request.getfixturevalue("tmp_path")  # set up before this fixture's end, so still there after the test
+    yield
+    for path in sorted(tmp_path.rglob("run.json")):
+        validate_run(json.loads(path.read_text()), path)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from conftest import ROOT
 
 
@@ -13,10 +15,27 @@ def readme_commands() -> list[str]:
     return [line for block in blocks for line in block.splitlines() if line.startswith("pip install")]
 
 
+SLOW_TIER = "python -m pytest -m slow"
+
+
 def test_ci_runs_the_readmes_install_and_test_commands_verbatim() -> None:
     commands = readme_commands()
     assert any("gpuscope run sample_workloads/" in c for c in commands)
-    assert any("pytest" in c for c in commands)
+    assert any(c.endswith("&& python -m pytest") for c in commands)
     ci = (ROOT / ".ci" / "run").read_text().splitlines()
     for command in commands:
         assert command in ci, f"CI does not run the README's command: {command}"
+
+
+def test_ci_runs_the_slow_tier_after_the_fast_one() -> None:
+    ci = (ROOT / ".ci" / "run").read_text().splitlines()
+    (fast,) = [i for i, line in enumerate(ci) if line.endswith("&& python -m pytest")]
+    assert ci.index(SLOW_TIER) > fast
+    assert f"`{SLOW_TIER}`" in (ROOT / "README.md").read_text()
+
+
+def test_the_fast_tier_leaves_the_slow_one_out_and_the_marker_is_registered() -> None:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    pytest_config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    assert "-m 'not slow'" in pytest_config["addopts"]
+    assert any(marker.startswith("slow: ") for marker in pytest_config["markers"])

@@ -8,25 +8,48 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SAMPLES, SCRIPTS, load_run, run_gpuscope
+from conftest import SAMPLES, SCRIPTS, Run, Runs, load_run
 from gpuscope.collectors.base import CollectorResult
 from gpuscope.collectors.steps import StepsCollector
 from gpuscope.record import CollectorStatus
 from gpuscope.session import Session
 
 
-def profile(tmp_path: Path, script: Path, *args: str, options: tuple[str, ...] = ()) -> tuple[Path, dict]:
-    run_dir = tmp_path / "run"
-    result = run_gpuscope(["run", "-q", "-o", str(run_dir), *options, str(script), *args], tmp_path, timeout=180)
-    assert result.returncode == 0, result.stderr
-    return run_dir, load_run(run_dir)
+NO_PROBES = ("--no-probes",)
+"""For runs whose test checks neither the post-run probes nor a CPU verdict: a faster exit."""
+
+
+TRACE_CAP = (SAMPLES / "cpu_launch_bound.py", ("--steps", "60"), ("--trace-max-mb", "0.05", *NO_PROBES))
+TOO_SHORT = (SCRIPTS / "exit_with.py", ("ok",), NO_PROBES)  # 6 steps
+WHOLE_RUN = (SCRIPTS / "loader_workers.py", ("--workers", "0"), ("--cprofile-all", *NO_PROBES))
+FORKED_WORKERS = (SCRIPTS / "profiled_workers.py", (), NO_PROBES)
+SPAWNED_WORKERS = (SCRIPTS / "loader_workers.py", ("--start-method", "spawn"), NO_PROBES)  # shared with test_steps.py
 
 
 @pytest.fixture(scope="module")
-def data_bound_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
-    return profile(tmp_path_factory.mktemp("data"), SAMPLES / "data_loading_bound.py", "--steps", "16")
+def own_runs(runs: Runs) -> Runs:
+    """The module's own runs, made two at a time (they check no timing, so sharing the cores costs nothing)."""
+    runs.prefetch(TRACE_CAP, TOO_SHORT, WHOLE_RUN, FORKED_WORKERS, SPAWNED_WORKERS)
+    return runs
 
 
+def run_of(runs: Runs, spec: tuple[Path, tuple[str, ...], tuple[str, ...]]) -> Run:
+    script, args, options = spec
+    return runs.get(script, *args, options=options)
+
+
+def profile(runs: Runs, spec: tuple[Path, tuple[str, ...], tuple[str, ...]]) -> tuple[Path, dict]:
+    run = run_of(runs, spec)
+    return run.run_dir, run.record
+
+
+@pytest.fixture
+def data_bound_run(runs: Runs) -> tuple[Path, dict]:
+    run = runs.sample("data_loading_bound")  # the session's shared run of the sample
+    return run.run_dir, run.record
+
+
+@pytest.mark.slow
 def test_python_prof_loads_with_pstats_and_names_the_workloads_hot_function(data_bound_run) -> None:
     run_dir, record = data_bound_run
     stats = pstats.Stats(str(run_dir / "python.prof"))
@@ -37,6 +60,7 @@ def test_python_prof_loads_with_pstats_and_names_the_workloads_hot_function(data
     assert record["python_profile"]["window"] == {"first_step": 0, "last_step": 4, "startup": True}
 
 
+@pytest.mark.slow
 def test_trace_json_holds_the_profiled_steps_ops(data_bound_run) -> None:
     run_dir, record = data_bound_run
     trace = json.loads((run_dir / "trace.json").read_text())
@@ -51,6 +75,7 @@ def test_trace_json_holds_the_profiled_steps_ops(data_bound_run) -> None:
     assert ops["kernels"] is None  # a CPU run has no kernel timeline
 
 
+@pytest.mark.slow
 def test_profiled_steps_are_left_out_of_the_step_figures(data_bound_run) -> None:
     _, record = data_bound_run
     steps = record["steps"]
@@ -61,24 +86,26 @@ def test_profiled_steps_are_left_out_of_the_step_figures(data_bound_run) -> None
     assert [status[i] for i in (5, 6, 9, 10, 11)] == ["steady", "profiled", "profiled", "profiled", "steady"]
 
 
-def test_trace_json_stays_under_its_cap(tmp_path: Path) -> None:
-    run_dir, record = profile(tmp_path, SAMPLES / "cpu_launch_bound.py", "--steps", "60",
-                              options=("--trace-max-mb", "0.05"))
+@pytest.mark.slow
+def test_trace_json_stays_under_its_cap(own_runs: Runs) -> None:
+    run_dir, record = profile(own_runs, TRACE_CAP)
     size = (run_dir / "trace.json").stat().st_size
     assert size <= 0.05 * 1024 * 1024
     assert record["op_profile"]["trace_detail"] != "full"
     json.loads((run_dir / "trace.json").read_text())
 
 
-def test_a_run_too_short_for_the_trace_window_says_so(tmp_path: Path) -> None:
-    _, record = profile(tmp_path, SCRIPTS / "exit_with.py", "ok")  # 6 steps
+@pytest.mark.slow
+def test_a_run_too_short_for_the_trace_window_says_so(own_runs: Runs) -> None:
+    _, record = profile(own_runs, TOO_SHORT)
     status = record["collectors"]["torch-trace"]
     assert status["status"] == "unavailable"
     assert "run more steps" in status["reason"]
 
 
-def test_the_whole_run_can_be_profiled_by_cprofile(tmp_path: Path) -> None:
-    _, record = profile(tmp_path, SCRIPTS / "loader_workers.py", "--workers", "0", options=("--cprofile-all",))
+@pytest.mark.slow
+def test_the_whole_run_can_be_profiled_by_cprofile(own_runs: Runs) -> None:
+    _, record = profile(own_runs, WHOLE_RUN)
     assert record["python_profile"]["whole_run"]
     assert record["steps"]["profiled"] == record["steps"]["total"] - record["steps"]["warmup"]
 
@@ -120,10 +147,11 @@ def test_a_failing_collector_is_reported_and_the_others_keep_their_data(tmp_path
     assert load_run(tmp_path)["collectors"]["broken"]["status"] == "failed"
 
 
-def test_forked_workers_profile_only_their_first_batches(tmp_path: Path) -> None:
+@pytest.mark.slow
+def test_forked_workers_profile_only_their_first_batches(own_runs: Runs) -> None:
     # given two workers forked while the main thread is under cProfile, each fetching 10 batches of 8 samples
-    run_dir = tmp_path / "run"
-    result = run_gpuscope(["run", "-q", "-o", str(run_dir), str(SCRIPTS / "profiled_workers.py")], tmp_path)
+    run = run_of(own_runs, FORKED_WORKERS)
+    result, run_dir = run.result, run.run_dir
     assert result.returncode == 0, result.stderr
     # then each worker's first 4 batches ran under a profiler, and nothing else did (2 workers x 4 x 8 samples):
     # a worker does not keep the profiler the main thread had running when it was forked
@@ -135,8 +163,9 @@ def test_forked_workers_profile_only_their_first_batches(tmp_path: Path) -> None
     assert not (run_dir / "workers").exists()
 
 
-def test_workers_started_by_spawn_are_not_profiled_and_the_record_says_so(tmp_path: Path) -> None:
-    _, record = profile(tmp_path, SCRIPTS / "loader_workers.py", "--start-method", "spawn")
+@pytest.mark.slow
+def test_workers_started_by_spawn_are_not_profiled_and_the_record_says_so(own_runs: Runs) -> None:
+    _, record = profile(own_runs, SPAWNED_WORKERS)
     python = record["python_profile"]
     assert not python["workers_profiled"]
     assert "spawn" in python["workers_note"]

@@ -7,9 +7,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 from conftest import SAMPLES, load_run, run_gpuscope
 from gpuscope.analysis import thresholds as th
 
+pytestmark = pytest.mark.slow
 SAMPLE = SAMPLES / "data_loading_bound_fp16.py"
 LINE = re.compile(r"steps=(\d+) median_step_s=([0-9.]+) data_wait_fraction=([0-9.]+)")
 NAMED = re.compile(r"data_loading_bound_fp16\.py:(\d+) `([^`]*)`")

@@ -4,18 +4,21 @@ the fixes applied none is, and the loop runs faster."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import pytest
 
-from conftest import SAMPLES
-from test_sample_workloads import compare, profile
+from conftest import SAMPLES, Runs, compare_runs
+
+pytestmark = pytest.mark.slow
 
 HABITS = ("disable-debug-apis", "zero-grad-set-to-none", "bias-before-batchnorm", "distributed-data-parallel")
 
 
-def test_each_habit_is_found_and_each_fix_clears_it(tmp_path: Path) -> None:
+def test_each_habit_is_found_and_each_fix_clears_it(runs: Runs) -> None:
     sample = (SAMPLES / "compute_bound_habits.py").read_text().splitlines()
-    habits, own_habits = profile(tmp_path / "habits", "compute_bound_habits", "--steps", "30")
-    fixed, own_fixed = profile(tmp_path / "fixed", "compute_bound_habits", "--steps", "30", "--fixed")
+    habits_run = runs.sample("compute_bound_habits", "--steps", "30")
+    fixed_run = runs.sample("compute_bound_habits", "--steps", "30", "--fixed")
+    habits, own_habits = habits_run.record, habits_run.own
+    fixed, own_fixed = fixed_run.record, fixed_run.own
 
     assert habits["verdict"]["bound"] == "compute", habits["verdict"]["evidence"]
     assert fixed["verdict"]["bound"] == "compute", fixed["verdict"]["evidence"]
@@ -36,7 +39,7 @@ def test_each_habit_is_found_and_each_fix_clears_it(tmp_path: Path) -> None:
     assert found["disable-debug-apis"]["expected_gain"] > 0.05
     assert own_fixed["median_step_s"] < own_habits["median_step_s"]
     # compare marks each applied fix resolved, with the figure that changed
-    result = compare(habits, fixed)
+    result = compare_runs(habits, fixed)
     assert result.returncode == 0, result.stderr
     assert "speed-up" in result.stdout
     for rule_id in HABITS:

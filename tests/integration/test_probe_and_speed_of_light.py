@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-from test_sample_workloads import profile
+from conftest import Runs
 
+pytestmark = pytest.mark.slow
 FIX = re.compile(r"num_workers=(\d+)")
 
 
-def test_the_loader_probes_worker_count_applied_clears_the_data_wait_as_predicted(tmp_path: Path) -> None:
+def test_the_loader_probes_worker_count_applied_clears_the_data_wait_as_predicted(runs: Runs) -> None:
     # This shared 2-core machine's load swings step times by 2x and more between runs: a pair spoiled by it is
-    # measured once more (a real error in the prediction fails both).
+    # measured once more (a real error in the prediction fails both); the first pair is the session's shared runs.
     for attempt in range(2):
         # given: the data-bound sample, run with no workers
-        slow, _ = profile(tmp_path / f"slow{attempt}", "data_loading_bound", "--steps", "24")
+        slow = runs.sample("data_loading_bound", fresh=attempt > 0).record
         assert slow["collectors"]["loader-probe"]["status"] == "ok"
         probe = slow["loader_probe"]
         assert probe["elapsed_s"] <= probe["budget_s"] + 1.0
@@ -25,8 +25,8 @@ def test_the_loader_probes_worker_count_applied_clears_the_data_wait_as_predicte
         workers = int(FIX.search(advice["fix"]).group(1))  # type: ignore[union-attr]
         predicted = slow["what_if"]["speedup"]  # the same estimate as the advice's gain, not clipped at 0
         # when: the suggested worker count is applied
-        fixed, _ = profile(tmp_path / f"fixed{attempt}", "data_loading_bound", "--steps", "24", "--workers",
-                           str(workers))
+        fixed = runs.sample("data_loading_bound", "--steps", "24", "--workers", str(workers),
+                            fresh=attempt > 0).record
         # steady-state medians: the script's own median includes the profiled steps, slower with workers
         # (cProfile follows the forked workers' first batches)
         measured = slow["steps"]["median_s"] / fixed["steps"]["median_s"]
@@ -38,8 +38,8 @@ def test_the_loader_probes_worker_count_applied_clears_the_data_wait_as_predicte
     assert measured == pytest.approx(predicted, rel=0.25), (measured, predicted, advice["evidence"])
 
 
-def test_a_cpu_compute_bound_run_reports_its_achieved_flops_against_the_measured_peak(tmp_path: Path) -> None:
-    record, _ = profile(tmp_path, "compute_bound", "--steps", "18")
+def test_a_cpu_compute_bound_run_reports_its_achieved_flops_against_the_measured_peak(runs: Runs) -> None:
+    record = runs.sample("compute_bound").record
     sol = record["speed_of_light"]
     # 1024 -> 4096 -> 4096 -> 1024 on batches of 256: forward 2*256*(4M + 16M + 4M) FLOPs, backward twice that
     # less the first layer's input gradient

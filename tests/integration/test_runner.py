@@ -2,24 +2,65 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from conftest import SCRIPTS, load_run, run_gpuscope, run_python
+from conftest import SCRIPTS, load_run, run_gpuscope, run_python, side_by_side
+
+pytestmark = pytest.mark.slow
+NO_PROBES = "--no-probes"
+"""These tests check the runner, not the post-run probes: a faster exit."""
 
 
 @pytest.fixture
 def project(tmp_path: Path) -> Path:
     """A user's project: scripts in a subfolder (also importable as a package), run from the project root."""
-    sub = tmp_path / "proj" / "tools"
+    return make_project(tmp_path)
+
+
+def make_project(where: Path) -> Path:
+    sub = where / "proj" / "tools"
     sub.mkdir(parents=True)
     (sub / "__init__.py").write_text("")
     for name in ("show_context.py", "exit_with.py", "stdin_and_warnings.py"):
         shutil.copy(SCRIPTS / name, sub / name)
-    return tmp_path / "proj"
+    return where / "proj"
+
+
+EXITS = [
+    (["ok"], 0, None),
+    (["code", "3"], 3, None),
+    (["message"], 1, "bye from the script"),
+    (["raise"], 1, "ValueError: boom from the script"),
+    (["os_exit"], 4, None),
+]
+"""How tools/exit_with.py ends, the status it ends with, and what its stderr says."""
+Exit = tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str], Path]
+
+
+@pytest.fixture(scope="module")
+def exit_with(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, ...], Exit]:
+    """``tools/exit_with.py ARGS`` under python and under gpuscope run, for each way of ending, each command once
+    per module (two tests read the uncaught exception's) and two at a time (none checks timing): by ARGS, both
+    processes and the run's folder."""
+    project = make_project(tmp_path_factory.mktemp("exit_with"))
+
+    def plain(args: list[str]) -> subprocess.CompletedProcess[str]:
+        return run_python(["tools/exit_with.py", *args], project)
+
+    def profiled(args: list[str]) -> subprocess.CompletedProcess[str]:
+        run_dir = project / ("run-" + "-".join(args))
+        return run_gpuscope(["run", "-q", "-o", str(run_dir), NO_PROBES, "tools/exit_with.py", *args], project)
+
+    calls = [functools.partial(run, args) for args, _, _ in EXITS for run in (plain, profiled)]
+    done = side_by_side(*calls)
+    return {tuple(args): (done[2 * i], done[2 * i + 1], project / ("run-" + "-".join(args)))
+            for i, (args, _, _) in enumerate(EXITS)}
 
 
 @pytest.mark.parametrize(
@@ -34,8 +75,9 @@ def test_the_script_sees_what_python_gives_it(project: Path, target: list[str]) 
     # given arguments that look like gpuscope's own options
     args = ["--output", "theirs", "-m", "x", "-q", "--", "last"]
     # when the same command runs under python and under gpuscope
-    plain = run_python([*target, *args], project)
-    profiled = run_gpuscope(["run", "-q", "-o", str(project / "run"), *target, *args], project)
+    plain, profiled = side_by_side(
+        lambda: run_python([*target, *args], project),
+        lambda: run_gpuscope(["run", "-q", "-o", str(project / "run"), NO_PROBES, *target, *args], project))
     # then the script saw the same __name__, argv, sys.path[0], cwd and __file__
     assert plain.returncode == profiled.returncode == 0, profiled.stderr
     seen_plain, seen_profiled = json.loads(plain.stdout), json.loads(profiled.stdout)
@@ -47,8 +89,9 @@ def test_the_script_sees_what_python_gives_it(project: Path, target: list[str]) 
 
 def test_stdin_stdout_stderr_and_warnings_pass_through(project: Path) -> None:
     script = ["tools/stdin_and_warnings.py"]
-    plain = run_python(script, project, input="hello\n")
-    profiled = run_gpuscope(["run", "-q", "-o", str(project / "run"), *script], project, input="hello\n")
+    plain, profiled = side_by_side(
+        lambda: run_python(script, project, input="hello\n"),
+        lambda: run_gpuscope(["run", "-q", "-o", str(project / "run"), NO_PROBES, *script], project, input="hello\n"))
     assert profiled.stdout == plain.stdout == "read: hello\n"
     assert "DeprecationWarning: an old API" in plain.stderr
     assert profiled.stderr == plain.stderr
@@ -56,19 +99,11 @@ def test_stdin_stdout_stderr_and_warnings_pass_through(project: Path) -> None:
 
 @pytest.mark.parametrize(
     ("args", "status", "stderr_has"),
-    [
-        (["ok"], 0, None),
-        (["code", "3"], 3, None),
-        (["message"], 1, "bye from the script"),
-        (["raise"], 1, "ValueError: boom from the script"),
-        (["os_exit"], 4, None),
-    ],
+    EXITS,
     ids=["normal", "sys.exit(3)", "sys.exit(message)", "uncaught-exception", "os._exit"],
 )
-def test_exit_status_is_the_scripts_and_the_run_is_written(project: Path, args, status, stderr_has) -> None:
-    run_dir = project / "run"
-    plain = run_python(["tools/exit_with.py", *args], project)
-    profiled = run_gpuscope(["run", "-q", "-o", str(run_dir), "tools/exit_with.py", *args], project)
+def test_exit_status_is_the_scripts_and_the_run_is_written(exit_with, args, status, stderr_has) -> None:
+    plain, profiled, run_dir = exit_with[tuple(args)]
     assert plain.returncode == status
     assert profiled.returncode == status, profiled.stderr
     if stderr_has:
@@ -78,16 +113,15 @@ def test_exit_status_is_the_scripts_and_the_run_is_written(project: Path, args, 
     assert record["steps"]["total"] >= 6
 
 
-def test_an_uncaught_exception_shows_the_scripts_own_traceback(project: Path) -> None:
-    plain = run_python(["tools/exit_with.py", "raise"], project)
-    profiled = run_gpuscope(["run", "-q", "-o", str(project / "run"), "tools/exit_with.py", "raise"], project)
+def test_an_uncaught_exception_shows_the_scripts_own_traceback(exit_with) -> None:
+    plain, profiled, _ = exit_with[("raise",)]  # the runs of test_exit_status_is_the_scripts...[uncaught-exception]
     assert profiled.stderr.startswith("Traceback (most recent call last):")
     assert profiled.stderr == plain.stderr  # no gpuscope or runpy frames in it
 
 
 def test_ctrl_c_exits_130_with_the_run_written(project: Path) -> None:
     run_dir = project / "run"
-    profiled = run_gpuscope(["run", "-q", "-o", str(run_dir), "tools/exit_with.py", "sigint"], project)
+    profiled = run_gpuscope(["run", "-q", "-o", str(run_dir), NO_PROBES, "tools/exit_with.py", "sigint"], project)
     assert profiled.returncode == 130
     assert "KeyboardInterrupt" in profiled.stderr
     assert load_run(run_dir)["exit_status"] == 130
@@ -95,14 +129,14 @@ def test_ctrl_c_exits_130_with_the_run_written(project: Path) -> None:
 
 def test_sigterm_exits_143_with_the_run_written(project: Path) -> None:
     run_dir = project / "run"
-    profiled = run_gpuscope(["run", "-q", "-o", str(run_dir), "tools/exit_with.py", "sigterm"], project)
+    profiled = run_gpuscope(["run", "-q", "-o", str(run_dir), NO_PROBES, "tools/exit_with.py", "sigterm"], project)
     assert profiled.returncode == 143
     assert "finished" not in profiled.stdout
     assert load_run(run_dir)["exit_status"] == 143
 
 
 def test_the_default_run_folder_is_named_for_the_script(project: Path) -> None:
-    profiled = run_gpuscope(["run", "tools/exit_with.py", "ok"], project)
+    profiled = run_gpuscope(["run", NO_PROBES, "tools/exit_with.py", "ok"], project)
     assert profiled.returncode == 0
     (run_dir,) = (project / "gpuscope-runs").iterdir()
     assert run_dir.name.startswith("exit_with-")

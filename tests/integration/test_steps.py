@@ -6,37 +6,58 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SCRIPTS, load_run, run_gpuscope
+from conftest import SCRIPTS, Run, Runs, load_run, run_gpuscope
+
+pytestmark = pytest.mark.slow
+NO_PROBES = "--no-probes"
+"""These tests check the steps, the loaders and memory, not the post-run probes: a faster exit."""
+LOADER = SCRIPTS / "loader_workers.py"
+START_METHODS = ("fork", "spawn", "forkserver")
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
-def test_a_dataloader_with_two_workers_runs_under_each_start_method(tmp_path: Path, start_method: str) -> None:
-    run_dir = tmp_path / "run"
-    result = run_gpuscope(
-        ["run", "-q", "-o", str(run_dir), str(SCRIPTS / "loader_workers.py"), "--start-method", start_method],
-        tmp_path,
-    )
+def two_workers(start_method: str) -> tuple[Path, tuple[str, ...], tuple[str, ...]]:
+    """A loader of two workers (the spawn run is shared with test_collectors.py's)."""
+    return LOADER, ("--start-method", start_method), (NO_PROBES,)
+
+
+def four_workers(start_method: str) -> tuple[Path, tuple[str, ...], tuple[str, ...]]:
+    """Workers that live as a training run's do: across epochs, with real work per sample (about a second in all),
+    so the memory sampler's child-process scans (every 0.5 s) see them."""
+    return (LOADER, ("--workers", "4", "--start-method", start_method, "--epochs", "3", "--persistent",
+                     "--sample-ms", "20"), (NO_PROBES,))
+
+
+@pytest.fixture(scope="module")
+def loader_runs(runs: Runs) -> Runs:
+    """The module's loader runs, made two at a time (they check no timing, so sharing the cores costs nothing)."""
+    runs.prefetch(*(spec(method) for spec in (two_workers, four_workers) for method in START_METHODS))
+    return runs
+
+
+def run_of(runs: Runs, spec: tuple[Path, tuple[str, ...], tuple[str, ...]]) -> Run:
+    script, args, options = spec
+    return runs.get(script, *args, options=options)
+
+
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_a_dataloader_with_two_workers_runs_under_each_start_method(loader_runs: Runs, start_method: str) -> None:
+    run = run_of(loader_runs, two_workers(start_method))
+    result = run.result
     assert result.returncode == 0, result.stderr
     assert "steps=16" in result.stdout
-    record = load_run(run_dir)
+    record = run.record
     assert record["steps"]["total"] == 16
     assert record["steps"]["source"] == "optimizer"
     (loader,) = record["loaders"]
     assert (loader["num_workers"], loader["start_method"], loader["batches"]) == (2, start_method, 16)
 
 
-@pytest.mark.parametrize("start_method", ["fork", "spawn", "forkserver"])
-def test_four_workers_run_under_each_start_method_and_their_memory_is_counted(tmp_path: Path, start_method: str) -> None:
-    run_dir = tmp_path / "run"
-    result = run_gpuscope(
-        # workers that live as a training run's do: across epochs, with real work per sample (about a second in
-        # all), so the memory sampler's child-process scans (every 0.5 s) see them
-        ["run", "-q", "-o", str(run_dir), str(SCRIPTS / "loader_workers.py"), "--workers", "4",
-         "--start-method", start_method, "--epochs", "3", "--persistent", "--sample-ms", "20"],
-        tmp_path,
-    )
-    assert result.returncode == 0, result.stderr
-    record = load_run(run_dir)
+@pytest.mark.parametrize("start_method", START_METHODS)
+def test_four_workers_run_under_each_start_method_and_their_memory_is_counted(loader_runs: Runs,
+                                                                              start_method: str) -> None:
+    run = run_of(loader_runs, four_workers(start_method))
+    assert run.result.returncode == 0, run.result.stderr
+    record = run.record
     assert record["steps"]["total"] == 24
     memory = record["host_memory"]
     assert memory["max_workers"] >= 4
@@ -47,7 +68,7 @@ def test_four_workers_run_under_each_start_method_and_their_memory_is_counted(tm
 def test_phases_are_timed_by_hooks(tmp_path: Path) -> None:
     # given a loop whose data takes 20 ms, forward 30 ms and backward 10 ms of host time per step
     run_dir = tmp_path / "run"
-    result = run_gpuscope(["run", "-q", "-o", str(run_dir), str(SCRIPTS / "phases.py")], tmp_path)
+    result = run_gpuscope(["run", "-q", "-o", str(run_dir), NO_PROBES, str(SCRIPTS / "phases.py")], tmp_path)
     assert result.returncode == 0, result.stderr
     record = load_run(run_dir)
     steps, shares = record["steps"], record["breakdown"]
@@ -63,7 +84,7 @@ def test_phases_are_timed_by_hooks(tmp_path: Path) -> None:
 
 def test_without_an_optimizer_each_batch_is_a_step(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    result = run_gpuscope(["run", "-q", "-o", str(run_dir), str(SCRIPTS / "no_optimizer.py")], tmp_path)
+    result = run_gpuscope(["run", "-q", "-o", str(run_dir), NO_PROBES, str(SCRIPTS / "no_optimizer.py")], tmp_path)
     assert result.returncode == 0, result.stderr
     steps = load_run(run_dir)["steps"]
     assert (steps["source"], steps["total"]) == ("dataloader", 20)
@@ -73,7 +94,8 @@ def test_without_an_optimizer_each_batch_is_a_step(tmp_path: Path) -> None:
 
 def test_explicit_marks_define_the_steps(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    result = run_gpuscope(["run", "-q", "-o", str(run_dir), str(SCRIPTS / "no_optimizer.py"), "--mark"], tmp_path)
+    result = run_gpuscope(["run", "-q", "-o", str(run_dir), NO_PROBES, str(SCRIPTS / "no_optimizer.py"), "--mark"],
+                          tmp_path)
     assert result.returncode == 0, result.stderr
     steps = load_run(run_dir)["steps"]
     assert (steps["source"], steps["total"]) == ("explicit", 20)

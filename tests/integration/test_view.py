@@ -11,7 +11,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
+
 from conftest import child_env, run_gpuscope
+
+pytestmark = pytest.mark.slow
 
 
 def free_port() -> int:
@@ -25,7 +29,7 @@ def test_view_serves_python_prof_on_localhost_and_prints_the_url(tmp_path: Path)
     script = tmp_path / "work.py"
     script.write_text("import math\nprint(sum(math.sqrt(i) for i in range(100000)) > 0)\n")
     run_dir = tmp_path / "run"
-    assert run_gpuscope(["run", "-q", "-o", str(run_dir), str(script)], tmp_path).returncode == 0
+    assert run_gpuscope(["run", "-q", "-o", str(run_dir), "--no-probes", str(script)], tmp_path).returncode == 0
     # when it is viewed
     server = subprocess.Popen([sys.executable, "-m", "gpuscope", "view", str(run_dir), "--port", str(free_port())],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())

@@ -15,12 +15,13 @@ from typing import Any
 import pytest
 from report_records import SAMPLE_RECORDS, fixed_data_loading_record, gpu_record, hostile_record, sample_record
 
-from conftest import ROOT, SAMPLES, run_gpuscope
+from conftest import ROOT, Runs
 from gpuscope.record import load_record
 from gpuscope.report import write_report
 from gpuscope.report.render import write_compare
 from gpuscope.summary import bound_label
 
+pytestmark = pytest.mark.slow
 CHROMIUM = os.environ.get("GPUSCOPE_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = ROOT / "ci-artifacts"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -132,12 +133,11 @@ def test_the_compare_page_works_in_a_browser(browser, tmp_path) -> None:
     page.context.close()
 
 
-def test_the_report_of_a_fresh_run_works_in_a_browser(browser, tmp_path) -> None:
-    # given a short real run of a sample workload (its report written by gpuscope run itself)
-    run_dir = tmp_path / "run"
-    result = run_gpuscope(["run", "-q", "--cprofile-steps", "2", "--trace-steps", "1", "-o", str(run_dir),
-                           str(SAMPLES / "data_loading_bound.py"), "--steps", "8"], tmp_path, timeout=180)
-    assert result.returncode == 0, result.stderr
+def test_the_report_of_a_fresh_run_works_in_a_browser(browser, runs: Runs) -> None:
+    # given a real run of a sample workload (its report written by gpuscope run itself; the session's shared run)
+    run = runs.sample("data_loading_bound")
+    assert run.result.returncode == 0, run.result.stderr
+    run_dir = run.run_dir
     # then its page works
     page = assert_report_works(browser, run_dir / "report.html", "fresh-run", bound_label(load_record(run_dir)))
     page.context.close()

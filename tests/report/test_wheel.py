@@ -7,7 +7,11 @@ import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from conftest import ROOT, child_env
+
+pytestmark = pytest.mark.slow
 
 
 def test_a_built_wheel_holds_the_templates_and_renders_from_them(tmp_path: Path) -> None:

@@ -115,6 +115,7 @@ def test_a_corrupt_run_json_is_one_line_and_exit_2(runs, capsys, content, messag
     one_line_error(capsys, message)
 
 
+@pytest.mark.slow  # a real gpuscope process
 def test_a_corrupt_run_json_prints_no_traceback_from_the_command_line(runs) -> None:
     a, b = runs
     (b / "run.json").write_text("[1, 2")

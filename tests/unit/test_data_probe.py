@@ -157,6 +157,7 @@ def test_torch_float16_is_recognised_in_the_function_that_makes_it() -> None:
     assert float16_lines(data)[line_of("# to float16")].function == "halve"
 
 
+@pytest.mark.slow  # times a dataset that sleeps
 def test_a_lines_own_time_leaves_out_the_user_functions_it_calls() -> None:
     data = probe(Sleepy())
     own = {c.line: c.own_s for c in data.lines if c.file.endswith(HERE)}
@@ -209,6 +210,7 @@ def test_the_previous_trace_function_is_restored(dataset: object) -> None:
         sys.settrace(None)
 
 
+@pytest.mark.slow  # probes a dataset that sleeps
 def test_float16_slowdown_is_measured_with_numpy_and_skipped_without(monkeypatch: pytest.MonkeyPatch) -> None:
     assert measure_float16_slowdown(np, elements=4096, repeats=2) > 0
     # a script that never imported NumPy gets no NumPy measurement

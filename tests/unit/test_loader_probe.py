@@ -73,6 +73,7 @@ def test_worker_counts_double_up_to_the_cores() -> None:
     assert worker_counts(64) == [0, 1, 2, 4, 8, 16, 32]
 
 
+@pytest.mark.slow  # starts real DataLoader workers
 def test_the_probe_times_worker_counts_and_leaves_rng_and_output_untouched(capfd: pytest.CaptureFixture[str]) -> None:
     # given
     before = rng_states()
@@ -90,6 +91,7 @@ def test_the_probe_times_worker_counts_and_leaves_rng_and_output_untouched(capfd
     assert "fetching" not in capfd.readouterr().out
 
 
+@pytest.mark.slow  # a dataset that sleeps, timed for its whole budget
 def test_the_probe_keeps_to_its_time_bound_with_a_slow_dataset() -> None:
     # given: 50 ms an item, 4 items a batch: 200 ms a batch in one process
     dataset = Squares(sleep_s=0.05)
@@ -103,6 +105,7 @@ def test_the_probe_keeps_to_its_time_bound_with_a_slow_dataset() -> None:
     assert probe.rates[0].batches_per_s == pytest.approx(5.0, rel=0.5)
 
 
+@pytest.mark.slow  # times a real loader for its budget
 def test_an_unpicklable_dataset_under_spawn_is_timed_in_the_main_process_only_with_a_note() -> None:
     probe = probe_loader(torch, Unpicklable(), batch_size=4, start_method="spawn", cores=4, budget_s=1.0)
     assert [r.num_workers for r in probe.rates] == [0]
@@ -121,6 +124,7 @@ def test_a_dataset_that_raises_is_a_note_not_a_crash() -> None:
     assert "KeyError" in result.status.reason and "missing.jpg" in result.status.reason
 
 
+@pytest.mark.slow  # the forced probe starts real DataLoader workers
 def test_little_data_wait_is_not_probed_unless_forced() -> None:
     run = finished_run(Squares(), data_wait=0.01)
     assert LoaderProbeCollector().run(Path("."), run).status.status == "unavailable"

@@ -180,11 +180,15 @@ class TestSelectDevices:
 
 
 class TestSamplingThread:
-    def _run(self, fake: FakeNvml, seconds: float = 0.12, **kwargs: Any) -> tuple[GpuSamples, NvmlCollector]:
+    def _run(self, fake: FakeNvml, ticks: int = 4, **kwargs: Any) -> tuple[GpuSamples, NvmlCollector]:
+        """Sample with the real thread until it has read the GPUs ``ticks`` times (not for a fixed time, which a
+        loaded machine may fill with fewer samples), then stop."""
         collector = NvmlCollector(interval_s=0.01, nvml=fake, environ=kwargs.pop("environ", {}), **kwargs)
         assert collector.unavailable_reason() is None
         collector.start(Path("unused"))
-        time.sleep(seconds)
+        deadline = time.monotonic() + 10
+        while max(fake._util_reads.values(), default=0) < ticks and time.monotonic() < deadline:
+            time.sleep(0.002)
         result = collector.stop()
         assert result.status == CollectorStatus("ok")
         assert isinstance(result.payload, GpuSamples)
@@ -240,7 +244,7 @@ class TestSamplingThread:
         assert [d.index for d in samples.devices] == [1]
 
     def test_a_long_run_stays_bounded(self) -> None:
-        samples, _ = self._run(FakeNvml(), seconds=0.2, max_samples=4)
+        samples, _ = self._run(FakeNvml(), ticks=10, max_samples=4)
         assert all(len(d.t_s) <= 4 for d in samples.devices)
         assert samples.interval_s >= 0.02
 
@@ -276,6 +280,7 @@ class FakeNvml:
         self._accessed: list[str] = []
         self._calls: Counter[str] = Counter()
         self._power_calls: Counter[str] = Counter()
+        self._util_reads: Counter[str] = Counter()
         self._lock = threading.Lock()
 
     def __getattribute__(self, name: str) -> Any:
@@ -312,6 +317,7 @@ class FakeNvml:
         return SimpleNamespace(total=80 * GIB, used=10 * GIB, free=70 * GIB)
 
     def nvmlDeviceGetUtilizationRates(self, handle: str) -> SimpleNamespace:
+        self._util_reads[handle] += 1
         return SimpleNamespace(gpu=90, memory=35)
 
     def nvmlDeviceGetPowerUsage(self, handle: str) -> int:
