@@ -3,7 +3,8 @@ without a GPU.
 
 - ``PhaseClock`` charges host time to the innermost open phase (data wait, forward, backward, optimizer), so
   nested phases (a closure's forward inside ``optimizer.step``) are never counted twice and the phases plus
-  "other" add up to the step's wall time exactly.
+  "other" add up to the step's wall time exactly. "other" can be opened too, inside a phase: the rest of an
+  optimizer's closure (the loss, zero_grad, a framework's own code) is then no part of the optimizer phase.
 - ``StepLog`` keeps the first steps one by one and a uniform sample of the rest, so a run of a million
   steps holds a few thousand records.
 - ``DeviceTimeline`` resolves device-side markers (CUDA events) once the device has passed them, without ever
@@ -32,7 +33,8 @@ slices its batches out of a tensor has only those)."""
 
 
 class PhaseClock:
-    """Exclusive host time per phase: time is charged to the innermost open phase only."""
+    """Exclusive host time per phase: time is charged to the innermost open phase only. An open ``OTHER`` frame
+    charges no phase (its time is the step's "other", what the timed phases leave of the wall time)."""
 
     __slots__ = ("_stack", "_last", "totals")
 
@@ -54,7 +56,7 @@ class PhaseClock:
             if top[0] == phase:
                 top[1] += 1
                 return False
-            self.totals[top[0]] += now - self._last
+            self._charge(top[0], now)
         self._last = now
         stack.append([phase, 1])
         return True
@@ -72,17 +74,21 @@ class PhaseClock:
             return False
         changed = False
         while len(stack) > pos + 1:
-            self.totals[stack.pop()[0]] += now - self._last
-            self._last = now
+            self._charge(stack.pop()[0], now)
             changed = True
         top = stack[pos]
         top[1] -= 1
         if top[1] > 0:
             return changed
-        self.totals[phase] += now - self._last
-        self._last = now
+        self._charge(phase, now)
         stack.pop()
         return True
+
+    def _charge(self, phase: str, now: float) -> None:
+        """Charge the time since the last change to ``phase`` (nothing for ``OTHER``)."""
+        if phase != OTHER:
+            self.totals[phase] += now - self._last
+        self._last = now
 
     def skip(self, seconds: float) -> None:
         """Leave the last ``seconds`` out of every phase (time gpuscope spent on itself)."""
@@ -91,7 +97,7 @@ class PhaseClock:
     def split(self, now: float) -> dict[str, float]:
         """Return the phase totals since the last split (charging the open phase up to ``now``) and restart them."""
         if self._stack:
-            self.totals[self._stack[-1][0]] += now - self._last
+            self._charge(self._stack[-1][0], now)
         self._last = now
         totals, self.totals = self.totals, dict.fromkeys(TIMED_PHASES, 0.0)
         return totals

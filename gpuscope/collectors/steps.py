@@ -1,13 +1,20 @@
 """Step and phase timing with no change to the user's code.
 
 Hooks, all global and all removed at stop:
-- ``optimizer.step()``: torch's global optimizer step pre/post hooks: the optimizer phase, and the step's end.
+- ``optimizer.step()``: torch's global optimizer step pre/post hooks: the optimizer phase, and the step's end. A
+  closure passed to it (Lightning's automatic optimisation runs the whole training step in one) is wrapped: its
+  time is no part of the optimizer phase (its forward and backward are timed as such, the rest is "other").
 - DataLoader: ``_BaseDataLoaderIter.__next__`` is wrapped: the time spent in it is the step's data wait.
 - backward: ``torch.autograd.backward`` and ``torch.autograd.grad`` are wrapped (``Tensor.backward`` calls the
   former). In a loop with no optimizer, explicit mark or DataLoader, each top-level one begins a step.
 - forward: after the first step, forward hooks on the *root* modules only: the outermost modules holding the
-  parameters the optimizer trains (or, with no optimizer, every outermost module with parameters). Global module
-  hooks would put every submodule call on torch's slow path and cost a launch-bound loop several percent.
+  parameters the optimizer trains (or, with no optimizer, every outermost module with parameters). A root whose
+  forward does not run in the step that follows (a LightningModule: Lightning calls its ``training_step``, which
+  calls ``self.model``) is replaced by its children that hold trained parameters, and so on down, one level a
+  step, until the hooked modules are the outermost ones whose forward runs; a step in which a hooked module's
+  forward did not run timed only part of the forward pass and is left out of the figures. Global module hooks
+  would find them in one step, but put every module call on torch's slow path while they are on, and make every
+  ``torch.compile``'d module warn on stderr that global hooks exist.
 - CUDA: once the script has initialised CUDA, events on the current stream at each phase change, resolved
   when the GPU has passed them (never synchronising the loop), give the device-side breakdown.
 
@@ -29,12 +36,14 @@ from typing import Any, ClassVar
 from gpuscope.captures import StepCapture
 from gpuscope.collectors.base import CollectorResult, Stage, patch
 from gpuscope.collectors.loaders import LoaderBook
-from gpuscope.collectors.steplog import DeviceTimeline, StepLog, StepTracker
+from gpuscope.collectors.steplog import OTHER, DeviceTimeline, StepLog, StepTracker
 from gpuscope.importwatch import ImportWatch
 from gpuscope.record import CollectorStatus
 
 MAX_ROOT_MODULES = 32
-"""Forward hooks go on at most this many root modules."""
+"""Forward hooks go on at most this many modules."""
+MAX_DESCENT = 3
+"""Levels below the root modules the search for the modules whose forward runs goes down at most (a step each)."""
 
 
 class StepsCollector:
@@ -54,6 +63,13 @@ class StepsCollector:
         self._backward_depth = 0  # backward() inside backward() (a gradient penalty) marks no step
         self._roots_found = False
         self._discovery_s = 0.0
+        self._trained: set[int] | None = None  # ids of the parameters the optimizers train (None: no optimizer)
+        self._hooked: dict[int, tuple[str, list[Callable[[], None]]]] = {}  # id -> class name, hook removers
+        self._checking: list[weakref.ref[Any]] = []  # hooked at the last boundary: did their forward run?
+        self._ran: set[int] = set()  # ids of checked modules whose forward ran since
+        self._descended = 0
+        self._silent: list[str] = []  # modules hooked whose forward did not run (replaced by their children)
+        self._left_out = 0
         self._device_failed = False
         self._roots: list[str] = []
         self._root_refs: list[weakref.ref[Any]] = []
@@ -116,6 +132,10 @@ class StepsCollector:
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()
+        for _, removers in self._hooked.values():
+            for remove in removers:
+                remove()
+        self._checking = []
         tracker = self.tracker
         assert tracker is not None, "stop() before start()"
         notes = list(self._failures)
@@ -130,10 +150,19 @@ class StepsCollector:
                 f"{tracker.source} markers appeared"
             )
         if self._roots:
-            notes.append(
-                "forward timed on root modules: " + ", ".join(self._roots)
-                + f" (finding them took {self._discovery_s * 1e3:.0f} ms once, left out of the steps)"
-            )
+            timed = sorted(name for name, _ in self._hooked.values())
+            if not self._silent:
+                notes.append(
+                    "forward timed on root modules: " + ", ".join(timed)
+                    + f" (finding them took {self._discovery_s * 1e3:.0f} ms once, left out of the steps)"
+                )
+            else:
+                notes.append(
+                    "forward timed on the outermost modules whose forward runs: " + (", ".join(timed) or "none")
+                    + f" (the forward of {', '.join(self._silent)} never ran; finding them took"
+                    f" {self._discovery_s * 1e3:.0f} ms, left out of the steps; {self._left_out} steps timed only"
+                    " part of the forward pass and are left out of the figures)"
+                )
         if tracker.device is not None and tracker.device.gave_up:
             notes.append("device timing stopped: its markers could not be recorded or read (see the host figures)")
         capture = StepCapture(
@@ -166,10 +195,30 @@ class StepsCollector:
         return threading.get_ident() == self._thread and os.getpid() == self._pid
 
     # -- hooks -------------------------------------------------------------------------------------------
-    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._mine():
-            self._optimizers.setdefault(id(optimizer), weakref.ref(optimizer))
-            self.tracker.enter("optimizer", self._clock())  # type: ignore[union-attr]
+    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        if not self._mine():
+            return None
+        self._optimizers.setdefault(id(optimizer), weakref.ref(optimizer))
+        self.tracker.enter("optimizer", self._clock())  # type: ignore[union-attr]
+        # step(self, closure) or step(self, closure=closure): the closure's time is not the update's
+        if "closure" in kwargs and callable(kwargs["closure"]):
+            return args, {**kwargs, "closure": self._timed_closure(kwargs["closure"])}
+        if len(args) > 1 and callable(args[1]):
+            return (args[0], self._timed_closure(args[1]), *args[2:]), kwargs
+        return None
+
+    def _timed_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
+        collector = self
+
+        def timed_closure() -> Any:
+            tracker = collector.tracker
+            tracker.enter(OTHER, collector._clock())  # type: ignore[union-attr]
+            try:
+                return closure()
+            finally:
+                tracker.exit(OTHER, collector._clock())  # type: ignore[union-attr]
+
+        return timed_closure
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._mine():
@@ -234,6 +283,8 @@ class StepsCollector:
 
     def _forward_pre(self, module: Any, args: Any) -> None:
         if self._mine():
+            if self._checking:
+                self._ran.add(id(module))
             self.tracker.enter("forward", self._clock())  # type: ignore[union-attr]
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
@@ -251,14 +302,18 @@ class StepsCollector:
         # batch, and then only the modules it trains are hooked. A loop with no optimizer has shown itself
         # after two batches.
         settled = tracker.source != "dataloader" or index >= 2
-        if not self._roots_found and settled:
-            self._roots_found = True
+        if (not self._roots_found and settled) or self._checking:
             started = self._clock()
             try:
-                self._hook_root_modules()
+                if self._roots_found:
+                    self._descend(index)
+                else:
+                    self._roots_found = True
+                    self._hook_root_modules()
             except Exception as exc:
+                self._checking = []
                 self._failures.append(f"forward not timed: {exc}")
-            self._discovery_s = self._clock() - started
+            self._discovery_s += self._clock() - started
         if tracker.device is None and not self._device_failed and self._cuda_initialized():
             torch = self._torch
             try:
@@ -272,6 +327,7 @@ class StepsCollector:
                 self._device_failed = True
 
     def _hook_root_modules(self) -> None:
+        """Hook the root modules, and check at the next boundary that their forward ran."""
         nn = self._torch.nn
         trained = {
             id(p)
@@ -280,23 +336,60 @@ class StepsCollector:
             for group in opt.param_groups
             for p in group["params"]
         }
+        self._trained = trained or None
         # type() rather than isinstance(): isinstance reads __class__, which some lazy objects answer with a warning
         modules = [m for m in gc.get_objects() if issubclass(type(m), nn.Module)]
-        if trained:
-            owners = [m for m in modules if any(id(p) in trained for p in m.parameters())]
-        else:
-            owners = [m for m in modules if next(m.parameters(), None) is not None]
+        owners = [m for m in modules if self._holds_trained(m)]
         inner = {id(c) for m in owners for c in m.modules() if c is not m}
         roots = [m for m in owners if id(m) not in inner][:MAX_ROOT_MODULES]
-        for module in roots:
+        self._hook_forward(roots)
+        self._roots = sorted(type(m).__name__ for m in roots)
+        self._root_refs = [weakref.ref(m) for m in roots]
+
+    def _descend(self, index: int) -> None:
+        """The step that just ended ran with the modules hooked at its start: those whose forward did not run are
+        replaced by their children that hold trained parameters (checked in turn at the next boundary)."""
+        silent = [m for ref in self._checking if (m := ref()) is not None and id(m) not in self._ran]
+        self._checking = []
+        self._ran.clear()
+        if not silent:
+            return
+        # that step timed only the forward of the hooked modules that ran (if any): keep it out of the figures
+        record = self.tracker.log.find(index - 1)  # type: ignore[union-attr]
+        if record is not None:
+            record.profiled = True
+        self._left_out += 1
+        for module in silent:
+            name, removers = self._hooked.pop(id(module))
+            self._silent.append(name)
+            for remove in removers:
+                remove()
+        if self._descended >= MAX_DESCENT:
+            return
+        self._descended += 1
+        children: dict[int, Any] = {}
+        for module in silent:
+            for child in module.children():
+                if id(child) not in self._hooked and self._holds_trained(child):
+                    children.setdefault(id(child), child)
+        self._hook_forward(list(children.values())[: MAX_ROOT_MODULES - len(self._hooked)])
+
+    def _holds_trained(self, module: Any) -> bool:
+        """Whether ``module`` holds parameters the optimizers train (with no optimizer: any parameters)."""
+        if self._trained is None:
+            return next(module.parameters(), None) is not None
+        return any(id(p) in self._trained for p in module.parameters())
+
+    def _hook_forward(self, modules: list[Any]) -> None:
+        """Time the forward of ``modules``; at the next boundary, ``_descend`` checks that it ran."""
+        for module in modules:
             pre = module.register_forward_pre_hook(self._forward_pre)
             try:
                 post = module.register_forward_hook(self._forward_post, always_call=True)
             except TypeError:  # torch without always_call
                 post = module.register_forward_hook(self._forward_post)
-            self._undo.extend((pre.remove, post.remove))
-        self._roots = sorted(type(m).__name__ for m in roots)
-        self._root_refs = [weakref.ref(m) for m in roots]
+            self._hooked[id(module)] = (type(module).__name__, [pre.remove, post.remove])
+        self._checking = [weakref.ref(m) for m in modules]
 
     def _cuda_initialized(self) -> bool:
         torch = self._torch if self._torch is not None else sys.modules.get("torch")
