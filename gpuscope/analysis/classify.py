@@ -28,11 +28,12 @@ HOW_TO_MARK_STEPS = (
 def classify(record: RunRecord) -> Verdict:
     """The verdict on ``record``, with its confidence and the numbers it rests on."""
     steps = record.steps
-    if steps.count < th.MIN_STEADY_STEPS:
+    needed = th.MIN_TRACE_STEPS if steps.source == "profiler" else th.MIN_STEADY_STEPS
+    if steps.count < needed:
         left_out = (f"{steps.total} steps in all; left out: {steps.warmup} warm-up, {steps.profiled} profiled, "
                     f"{steps.outliers} outliers")
         evidence = [f"only {steps.count} steady-state steps were measured ({left_out}); at least "
-                    f"{th.MIN_STEADY_STEPS} are needed"]
+                    f"{needed} are needed"]
         if steps.total == 0:
             evidence.append(HOW_TO_MARK_STEPS)
         return Verdict("inconclusive", 0.0, tuple(evidence))

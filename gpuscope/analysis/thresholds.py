@@ -30,6 +30,11 @@ none is left out."""
 MIN_STEADY_STEPS = 5
 """Fewer steady-state steps than this give an inconclusive verdict: a median of four is not a measurement."""
 
+MIN_TRACE_STEPS = 1
+"""A record built from a torch.profiler trace (``gpuscope analyze``) needs one recorded step: its verdict rests on
+the kernel timeline and the host's ops over the whole recorded window (thousands of events, the way Holistic Trace
+Analysis reads a trace of a few steps), not on a distribution of step times, and such traces hold 1-5 steps."""
+
 # -- recommendations ---------------------------------------------------------------------------------------
 MIN_RECOMMENDED_GAIN = 0.005
 """A rule whose measured gain is under half a percent of the step is not recommended: it would show as "~0% of step
