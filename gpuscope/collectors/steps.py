@@ -23,7 +23,6 @@ Only events from the thread that started the collector are counted (the training
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import threading
@@ -35,15 +34,11 @@ from typing import Any, ClassVar
 
 from gpuscope.captures import StepCapture
 from gpuscope.collectors.base import CollectorResult, Stage, patch
+from gpuscope.collectors.forward_modules import ForwardModules
 from gpuscope.collectors.loaders import LoaderBook
 from gpuscope.collectors.steplog import OTHER, DeviceTimeline, StepLog, StepTracker
 from gpuscope.importwatch import ImportWatch
 from gpuscope.record import CollectorStatus
-
-MAX_ROOT_MODULES = 32
-"""Forward hooks go on at most this many modules."""
-MAX_DESCENT = 3
-"""Levels below the root modules the search for the modules whose forward runs goes down at most (a step each)."""
 
 
 class StepsCollector:
@@ -63,16 +58,9 @@ class StepsCollector:
         self._backward_depth = 0  # backward() inside backward() (a gradient penalty) marks no step
         self._roots_found = False
         self._discovery_s = 0.0
-        self._trained: set[int] | None = None  # ids of the parameters the optimizers train (None: no optimizer)
-        self._hooked: dict[int, tuple[str, list[Callable[[], None]]]] = {}  # id -> class name, hook removers
-        self._checking: list[weakref.ref[Any]] = []  # hooked at the last boundary: did their forward run?
-        self._ran: set[int] = set()  # ids of checked modules whose forward ran since
-        self._descended = 0
-        self._silent: list[str] = []  # modules hooked whose forward did not run (replaced by their children)
-        self._left_out = 0
+        self.forward = ForwardModules(self._forward_pre, self._forward_post)
+        """The modules whose forward is timed."""
         self._device_failed = False
-        self._roots: list[str] = []
-        self._root_refs: list[weakref.ref[Any]] = []
         self._failures: list[str] = []
         self._torch: Any = None
         self.tracker: StepTracker | None = None
@@ -132,10 +120,7 @@ class StepsCollector:
         for undo in reversed(self._undo):
             undo()
         self._undo.clear()
-        for _, removers in self._hooked.values():
-            for remove in removers:
-                remove()
-        self._checking = []
+        self.forward.remove()
         tracker = self.tracker
         assert tracker is not None, "stop() before start()"
         notes = list(self._failures)
@@ -149,20 +134,9 @@ class StepsCollector:
                 f"{tracker.dropped} steps first counted by another kind of marker were dropped when "
                 f"{tracker.source} markers appeared"
             )
-        if self._roots:
-            timed = sorted(name for name, _ in self._hooked.values())
-            if not self._silent:
-                notes.append(
-                    "forward timed on root modules: " + ", ".join(timed)
-                    + f" (finding them took {self._discovery_s * 1e3:.0f} ms once, left out of the steps)"
-                )
-            else:
-                notes.append(
-                    "forward timed on the outermost modules whose forward runs: " + (", ".join(timed) or "none")
-                    + f" (the forward of {', '.join(self._silent)} never ran; finding them took"
-                    f" {self._discovery_s * 1e3:.0f} ms, left out of the steps; {self._left_out} steps timed only"
-                    " part of the forward pass and are left out of the figures)"
-                )
+        forward = self.forward.note(self._discovery_s)
+        if forward is not None:
+            notes.append(forward)
         if tracker.device is not None and tracker.device.gave_up:
             notes.append("device timing stopped: its markers could not be recorded or read (see the host figures)")
         capture = StepCapture(
@@ -283,8 +257,8 @@ class StepsCollector:
 
     def _forward_pre(self, module: Any, args: Any) -> None:
         if self._mine():
-            if self._checking:
-                self._ran.add(id(module))
+            if self.forward.checking:
+                self.forward.ran(module)
             self.tracker.enter("forward", self._clock())  # type: ignore[union-attr]
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
@@ -302,16 +276,19 @@ class StepsCollector:
         # batch, and then only the modules it trains are hooked. A loop with no optimizer has shown itself
         # after two batches.
         settled = tracker.source != "dataloader" or index >= 2
-        if (not self._roots_found and settled) or self._checking:
+        if (not self._roots_found and settled) or self.forward.checking:
             started = self._clock()
             try:
-                if self._roots_found:
-                    self._descend(index)
-                else:
+                if not self._roots_found:
                     self._roots_found = True
-                    self._hook_root_modules()
+                    self.forward.hook_roots(self._torch.nn, self._trained_parameters())
+                elif self.forward.check():
+                    # the step that just ended timed only part of the forward pass: keep it out of the figures
+                    record = tracker.log.find(index - 1)
+                    if record is not None:
+                        record.profiled = True
             except Exception as exc:
-                self._checking = []
+                self.forward.remove()
                 self._failures.append(f"forward not timed: {exc}")
             self._discovery_s += self._clock() - started
         if tracker.device is None and not self._device_failed and self._cuda_initialized():
@@ -326,70 +303,10 @@ class StepsCollector:
                 self._failures.append(f"device timing unavailable: {exc}")
                 self._device_failed = True
 
-    def _hook_root_modules(self) -> None:
-        """Hook the root modules, and check at the next boundary that their forward ran."""
-        nn = self._torch.nn
-        trained = {
-            id(p)
-            for ref in self._optimizers.values()
-            if (opt := ref()) is not None
-            for group in opt.param_groups
-            for p in group["params"]
-        }
-        self._trained = trained or None
-        # type() rather than isinstance(): isinstance reads __class__, which some lazy objects answer with a warning
-        modules = [m for m in gc.get_objects() if issubclass(type(m), nn.Module)]
-        owners = [m for m in modules if self._holds_trained(m)]
-        inner = {id(c) for m in owners for c in m.modules() if c is not m}
-        roots = [m for m in owners if id(m) not in inner][:MAX_ROOT_MODULES]
-        self._hook_forward(roots)
-        self._roots = sorted(type(m).__name__ for m in roots)
-        self._root_refs = [weakref.ref(m) for m in roots]
-
-    def _descend(self, index: int) -> None:
-        """The step that just ended ran with the modules hooked at its start: those whose forward did not run are
-        replaced by their children that hold trained parameters (checked in turn at the next boundary)."""
-        silent = [m for ref in self._checking if (m := ref()) is not None and id(m) not in self._ran]
-        self._checking = []
-        self._ran.clear()
-        if not silent:
-            return
-        # that step timed only the forward of the hooked modules that ran (if any): keep it out of the figures
-        record = self.tracker.log.find(index - 1)  # type: ignore[union-attr]
-        if record is not None:
-            record.profiled = True
-        self._left_out += 1
-        for module in silent:
-            name, removers = self._hooked.pop(id(module))
-            self._silent.append(name)
-            for remove in removers:
-                remove()
-        if self._descended >= MAX_DESCENT:
-            return
-        self._descended += 1
-        children: dict[int, Any] = {}
-        for module in silent:
-            for child in module.children():
-                if id(child) not in self._hooked and self._holds_trained(child):
-                    children.setdefault(id(child), child)
-        self._hook_forward(list(children.values())[: MAX_ROOT_MODULES - len(self._hooked)])
-
-    def _holds_trained(self, module: Any) -> bool:
-        """Whether ``module`` holds parameters the optimizers train (with no optimizer: any parameters)."""
-        if self._trained is None:
-            return next(module.parameters(), None) is not None
-        return any(id(p) in self._trained for p in module.parameters())
-
-    def _hook_forward(self, modules: list[Any]) -> None:
-        """Time the forward of ``modules``; at the next boundary, ``_descend`` checks that it ran."""
-        for module in modules:
-            pre = module.register_forward_pre_hook(self._forward_pre)
-            try:
-                post = module.register_forward_hook(self._forward_post, always_call=True)
-            except TypeError:  # torch without always_call
-                post = module.register_forward_hook(self._forward_post)
-            self._hooked[id(module)] = (type(module).__name__, [pre.remove, post.remove])
-        self._checking = [weakref.ref(m) for m in modules]
+    def _trained_parameters(self) -> set[int]:
+        """The ids of the parameters the optimizers stepped so far train."""
+        return {id(p) for ref in self._optimizers.values() if (opt := ref()) is not None
+                for group in opt.param_groups for p in group["params"]}
 
     def _cuda_initialized(self) -> bool:
         torch = self._torch if self._torch is not None else sys.modules.get("torch")
@@ -399,5 +316,5 @@ class StepsCollector:
             return False
 
     def root_modules(self) -> list[Any]:
-        """The root modules whose forward is timed, while they are alive (found at the first steps)."""
-        return [m for ref in self._root_refs if (m := ref()) is not None]
+        """The root modules, while they are alive (found at the first steps)."""
+        return self.forward.root_modules()

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from report_records import SAMPLE_RECORDS, fixed_data_loading_record, gpu_record, hostile_record, sample_record
 
-from conftest import ROOT, Runs
+from conftest import ROOT, Runs, run_gpuscope
 from gpuscope.record import load_record
 from gpuscope.report import write_report
 from gpuscope.report.render import write_compare
