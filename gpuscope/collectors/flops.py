@@ -105,6 +105,8 @@ class SpeedOfLightCollector(StepFollower):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             mode = FlopCounterMode(display=False, custom_mapping={k: tracking(v) for k, v in flop_registry.items()})
+        if hasattr(mode, "mod_tracker"):
+            mode.mod_tracker = _GlobalOnly()  # no global module hooks: see _GlobalOnly
         self._tf32 = bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False))
         mode.__enter__()
         self._mode = mode
@@ -143,6 +145,21 @@ class SpeedOfLightCollector(StepFollower):
         return CollectorResult(CollectorStatus("ok"), FlopCount(
             flops_per_step=total, flops_by_op=top, step=counted, dtype=dtype, cuda=cuda, device_name=name,
             tf32=self._tf32, note=note))
+
+
+class _GlobalOnly:
+    """Stands in for ``FlopCounterMode``'s ``ModuleTracker``, which registers *global* module hooks to split the
+    counts by module: those put every module call of the counted step on torch's slow path, and make every
+    ``torch.compile``d module warn on the user's stderr (a warning the script never shows under python). gpuscope
+    reads only the ``Global`` counts."""
+
+    parents = ("Global",)
+
+    def __enter__(self) -> _GlobalOnly:
+        return self
+
+    def __exit__(self, *args: object) -> None:
+        return None
 
 
 def _gpu_name() -> tuple[str | None, str]:

@@ -18,9 +18,11 @@ from __future__ import annotations
 
 import inspect
 import itertools
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 from typing import Any, ClassVar
 
 from gpuscope.callsites import SiteCounter, user_frame
@@ -99,9 +101,10 @@ class PracticesCollector(StepFollower):
         collector = self
 
         def set_anomaly_enabled(enabled: bool, *args: Any, **kwargs: Any) -> Any:
-            if enabled and not collector._torch.is_anomaly_enabled():  # switched on, not restored on exit
-                collector._anomaly_switched_on = True
-                collector._anomaly_sites.count(user_frame(sys._getframe(1)))
+            caller = sys._getframe(1)
+            if enabled and not collector._torch.is_anomaly_enabled() and not _torch_internal(caller):
+                collector._anomaly_switched_on = True  # switched on, not restored on exit
+                collector._anomaly_sites.count(user_frame(caller))
             return original(enabled, *args, **kwargs)
 
         return set_anomaly_enabled
@@ -151,6 +154,19 @@ class PracticesCollector(StepFollower):
             except Exception as exc:  # an exotic module must not break the user's step
                 self.notes.append(f"model not inspected: {exc}")
                 self._inspected = {"modules_inspected": False, **_flags(torch)}
+
+
+def _torch_internal(frame: FrameType | None) -> bool:
+    """Whether anomaly mode is being switched on by torch itself (AOTAutograd traces a compiled graph under
+    ``detect_anomaly(check_nan=False)``), not by the user or their framework: the first caller outside
+    ``torch/autograd/anomaly_mode.py`` lies in torch's own package."""
+    torch = sys.modules.get("torch")
+    if torch is None or not getattr(torch, "__file__", None):
+        return False
+    package = os.path.dirname(torch.__file__) + os.sep
+    while frame is not None and frame.f_code.co_filename.endswith(os.path.join("autograd", "anomaly_mode.py")):
+        frame = frame.f_back
+    return frame is not None and frame.f_code.co_filename.startswith(package)
 
 
 def inspect_modules(torch: Any, roots: list[Any]) -> dict[str, Any]:
