@@ -11,6 +11,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -53,8 +54,34 @@ def run_python(args: list[str], cwd: Path, timeout: float = 120, **kwargs: Any) 
 
 
 def run_gpuscope(args: list[str], cwd: Path, timeout: float = 120, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    """``python -m gpuscope ARGS`` in ``cwd``."""
-    return run_python(["-m", "gpuscope", *args], cwd, timeout, **kwargs)
+    """``python -m gpuscope ARGS`` in ``cwd``; with ``-o DIR``, also checks that no process it started (a probe, a
+    DataLoader worker, a rank: their command lines name DIR) is left once it has ended."""
+    result = run_python(["-m", "gpuscope", *args], cwd, timeout, **kwargs)
+    if "-o" in args[:-1]:
+        out = args[args.index("-o") + 1]
+        deadline = time.monotonic() + LEFTOVER_GRACE_S
+        while (left := processes_mentioning(out)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not left, f"gpuscope {' '.join(args)} left processes behind: {left}"
+    return result
+
+
+LEFTOVER_GRACE_S = 6.0
+"""How long a process gpuscope started may outlive it: a DataLoader worker whose parent ended without shutting it
+down notices within torch's 5 s status check."""
+
+
+def processes_mentioning(text: str) -> list[int]:
+    """Live processes (other than this one) whose command line holds ``text``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
 
 
 @functools.cache

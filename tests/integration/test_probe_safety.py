@@ -14,26 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SCRIPTS, child_env, load_run, run_gpuscope, run_python
+from conftest import SCRIPTS, child_env, load_run, processes_mentioning, run_gpuscope, run_python
 
 pytestmark = pytest.mark.slow
 
 SCRIPT = SCRIPTS / "huge_dataset.py"
 PROBES = {"data-probe": 2.0, "loader-probe": 5.0}
 """The probes that run the dataset again, and their budgets (collectors' ``budget_s``)."""
-
-
-def processes_mentioning(text: str) -> list[int]:
-    """Live processes whose command line holds ``text``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 @pytest.mark.parametrize("workers", [0, 4])
