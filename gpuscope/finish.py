@@ -10,7 +10,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 if TYPE_CHECKING:
     from gpuscope.record import RunRecord
@@ -27,13 +27,15 @@ class Finished:
 
 
 def finish(make_record: Callable[[], RunRecord], run_dir: Path, *, failure: str, quiet: bool = False,
-           open_report: bool = False, announce: Callable[[RunRecord], bool] | None = None) -> Finished:
+           open_report: bool = False, announce: Callable[[RunRecord], bool] | None = None,
+           stream: TextIO | None = None) -> Finished:
     """Make the run's record (``make_record``: the session's stop, which writes run.json, or a job's merge), write
     RUN_DIR/report.html, print the summary on stderr unless ``quiet``, and open the report when ``open_report``.
 
     ``failure`` says what could not be done should ``make_record`` raise ("could not write the run's files to
     DIR"). ``announce``: whether this record is worth the summary and the browser at all (a job's record before
-    its last rank is in is not); the report is written either way.
+    its last rank is in is not); the report is written either way. ``stream``: where the summary goes (stderr by
+    default: a run's stdout is the script's; ``gpuscope analyze`` has no script and prints on stdout).
     """
     try:
         record = make_record()
@@ -49,7 +51,7 @@ def finish(make_record: Callable[[], RunRecord], run_dir: Path, *, failure: str,
         from gpuscope.summary import summary_lines
 
         for line in summary_lines(record, run_dir, report_path):
-            print(line, file=sys.stderr)
+            print(line, file=stream or sys.stderr)
     if open_report and report_path is not None:
         open_in_browser(report_path)
     return Finished(record, report_path)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from pathlib import Path
 
 from gpuscope.errors import GpuscopeError
@@ -32,7 +33,7 @@ class AnalyzeCommand:
         parser.add_argument("--open", action="store_true", help="open report.html in the browser when done")
 
     def run(self, args: argparse.Namespace) -> int:
-        from gpuscope.report import write_report_softly
+        from gpuscope.finish import finish
         from gpuscope.rundirs import new_run_dir
 
         path = Path(args.path)
@@ -41,16 +42,8 @@ class AnalyzeCommand:
         run_dir = new_run_dir(args.output, _stem(path))
         record = write_job(records, run_dir) if len(records) > 1 else records[0]
         write_record(record, run_dir)
-        report_path = write_report_softly(record, run_dir)
-        if not args.quiet:
-            from gpuscope.summary import summary_lines
-
-            for line in summary_lines(record, run_dir, report_path):
-                print(line)
-        if args.open and report_path is not None:
-            import webbrowser
-
-            webbrowser.open(report_path.resolve().as_uri())
+        finish(lambda: record, run_dir, failure=f"could not write the report to {run_dir}", quiet=args.quiet,
+               open_report=args.open, stream=sys.stdout)
         return 0
 
 
