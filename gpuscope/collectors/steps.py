@@ -160,8 +160,9 @@ class StepsCollector:
                 notes.append(
                     "forward timed on the outermost modules whose forward runs: " + (", ".join(timed) or "none")
                     + f" (the forward of {', '.join(self._silent)} never ran; finding them took"
-                    f" {self._discovery_s * 1e3:.0f} ms, left out of the steps; {self._left_out} steps timed only"
-                    " part of the forward pass and are left out of the figures)"
+                    f" {self._discovery_s * 1e3:.0f} ms, left out of the steps; {self._left_out} "
+                    + ("step that timed" if self._left_out == 1 else "steps that timed")
+                    + " only part of the forward pass left out of the figures)"
                 )
         if tracker.device is not None and tracker.device.gave_up:
             notes.append("device timing stopped: its markers could not be recorded or read (see the host figures)")
