@@ -110,8 +110,9 @@ class ForwardModules:
                     + f" (finding them took {discovery_s * 1e3:.0f} ms once, left out of the steps)")
         return ("forward timed on the outermost modules whose forward runs: " + (", ".join(timed) or "none")
                 + f" (the forward of {', '.join(self._silent)} never ran; finding them took"
-                f" {discovery_s * 1e3:.0f} ms, left out of the steps; {self.left_out} steps timed only"
-                " part of the forward pass and are left out of the figures)")
+                f" {discovery_s * 1e3:.0f} ms, left out of the steps; {self.left_out} "
+                + ("step that timed" if self.left_out == 1 else "steps that timed")
+                + " only part of the forward pass left out of the figures)")
 
     def _holds_trained(self, module: Any) -> bool:
         """Whether ``module`` holds parameters the optimizers train (with no optimizer: any parameters)."""

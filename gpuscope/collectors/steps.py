@@ -181,14 +181,14 @@ class StepsCollector:
             return (args[0], self._timed_closure(args[1]), *args[2:]), kwargs
         return None
 
-    def _timed_closure(self, closure: Callable[[], Any]) -> Callable[[], Any]:
+    def _timed_closure(self, closure: Callable[..., Any]) -> Callable[..., Any]:
         collector = self
 
-        def timed_closure() -> Any:
+        def timed_closure(*args: Any, **kwargs: Any) -> Any:  # any arguments: a custom step's callable may take some
             tracker = collector.tracker
             tracker.enter(OTHER, collector._clock())  # type: ignore[union-attr]
             try:
-                return closure()
+                return closure(*args, **kwargs)
             finally:
                 tracker.exit(OTHER, collector._clock())  # type: ignore[union-attr]
 

@@ -3,7 +3,7 @@ Transformers' ``Trainer``, ``accelerate`` with gradient accumulation, Lightning'
 model and a hand-written manual-SGD loop. Tiny models built from configs, synthetic data, nothing downloaded.
 
 Each framework's script runs with slow data loading (``--slow-data``) under plain python and under gpuscope, at
-once (the scripts use one intra-op thread each, and mostly wait for data): the same output, the right steps, a
+once (with one intra-op thread each, and mostly waiting for data): the same output, the right steps, a
 share for every phase, and a data-loading-bound verdict. The manual-SGD loop slices its batches from a tensor in
 memory and has no loading to slow down. Lightning's script also runs at full speed under gpuscope, against its own
 measurement of its forward pass and update. A framework that is not installed skips.
@@ -77,9 +77,12 @@ class Runs:
 
 
 def run_all(commands: list[list[str]], cwd: Path) -> list[subprocess.CompletedProcess[str]]:
-    """Run ``python ARGS`` for each command at once; their results, in order."""
-    procs = [subprocess.Popen([sys.executable, *c], cwd=cwd, env={**child_env(), "HF_HUB_OFFLINE": "1"},
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in commands]
+    """Run ``python ARGS`` for each command at once, with one intra-op thread each (the manual-SGD sample does
+    not set it: on two cores shared with other work, a second thread stalls each op whenever another process holds
+    the other core, and its steps take 100 ms instead of 2); their results, in order."""
+    env = {**child_env(), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, *c], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for c in commands]
     results = []
     try:
         for command, proc in zip(commands, procs):
