@@ -17,7 +17,7 @@ import os
 import platform
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from datetime import datetime
 from pathlib import Path
@@ -25,8 +25,7 @@ from typing import Any
 
 from gpuscope.analysis import analyze, thresholds
 from gpuscope.analysis.evidence import compute_time_s
-from gpuscope.analysis.reduce import record_fields
-from gpuscope.analysis.steady import summarize_capture
+from gpuscope.analysis.reduce import reads_others, record_fields
 from gpuscope.captures import PostRunFacts, StepCapture
 from gpuscope.collectors import Collector, CollectorResult, default_collectors
 from gpuscope.collectors.probing import run_isolated
@@ -61,6 +60,7 @@ class Session:
         self._steps = next((c for c in self.collectors if isinstance(c, StepsCollector)), None)
         self._started: list[Any] = []
         self._statuses: dict[str, CollectorStatus] = {}
+        self._reduced: dict[str, tuple[object, dict[str, Any]]] = {}  # name -> (payload, its record fields)
         self.record: RunRecord | None = None
 
     def start(self) -> None:
@@ -116,7 +116,7 @@ class Session:
             platform=platform.platform(terse=True),
             notes=tuple(notes),
         )
-        record = assemble(self.command, exit_status, meta, self._statuses, results, self._fields())
+        record = assemble(self.command, exit_status, meta, self._statuses, results, self._fields(), self._reduce)
         if self.distributed is not None:
             from gpuscope.distributed import backend_now
 
@@ -157,12 +157,23 @@ class Session:
         capture = payloads.get("steps")
         figures: dict[str, Any] = {}
         if isinstance(capture, StepCapture):
-            summary = summarize_capture(capture)
-            figures = {"data_wait": summary.breakdown.data_wait, "median_s": summary.steps.median_s,
-                       "steps": summary.steps.count, "cuda": capture.device == "cuda"}
+            reduced = self._reduce("steps", "steps", capture, payloads)
+            figures = {"data_wait": reduced["breakdown"].data_wait, "median_s": reduced["steps"].median_s,
+                       "steps": reduced["steps"].count, "cuda": capture.device == "cuda"}
         loaders = self._steps.loaders if self._steps is not None else None
         return post_run_facts(**figures, loader=loaders.probe_loader() if loaders is not None else None,
                               dataset=loaders.probe_dataset() if loaders is not None else None, payloads=payloads)
+
+    def _reduce(self, name: str, field: str, payload: object, payloads: Mapping[str, object]) -> dict[str, Any]:
+        """``record_fields`` of collector ``name``'s payload, computed once (the record is written before and after
+        the probes, and a trace's figures take seconds) unless it reads payloads the probes may add."""
+        cached = self._reduced.get(name)
+        if cached is not None and cached[0] is payload:
+            return cached[1]
+        values = record_fields(field, payload, payloads)
+        if not reads_others(payload):
+            self._reduced[name] = (payload, values)
+        return values
 
     def _run_probes(self, facts: PostRunFacts, probes: list[Any]) -> dict[str, CollectorResult]:
         """Run each post-run probe in turn; each one's time is in its status, a failure is its status. Probes that
@@ -207,9 +218,11 @@ def assemble(
     statuses: dict[str, CollectorStatus],
     results: dict[str, CollectorResult],
     fields: Mapping[str, str | None] | None = None,
+    reduce: Callable[[str, str, object, Mapping[str, object]], dict[str, Any]] | None = None,
 ) -> RunRecord:
     """The record of measurements (no verdict yet) from what each collector returned: each payload fills the
-    record field its collector declares (``fields``, by collector name), reduced by ``analysis.reduce``."""
+    record field its collector declares (``fields``, by collector name), reduced by ``analysis.reduce``
+    (``reduce(name, field, payload, payloads)``: a stand-in for ``record_fields`` that may reuse a reduction)."""
     from gpuscope import __version__
 
     fields = fields or {}
@@ -222,7 +235,8 @@ def assemble(
         collectors[name] = dataclasses.replace(result.status, field=field)
         if result.payload is None or field is None:
             continue
-        values.update(record_fields(field, result.payload, payloads))
+        values.update(reduce(name, field, result.payload, payloads) if reduce is not None
+                      else record_fields(field, result.payload, payloads))
         if isinstance(result.payload, StepCapture):
             notes.extend(result.payload.notes)
     return RunRecord(

@@ -32,6 +32,12 @@ def record_fields(field: str, payload: object, payloads: Mapping[str, object]) -
     return {field: payload}
 
 
+def reads_others(payload: object) -> bool:
+    """Whether ``record_fields`` of ``payload`` reads other collectors' payloads (the FLOP count is held against
+    the cpu-peak probe's measurement), so that its reduction cannot be reused once those change."""
+    return isinstance(payload, FlopCount)
+
+
 def steps_fields(summary: StepSummary, capture: StepCapture) -> dict[str, Any]:
     """The record fields the steps fill: their figures, the breakdowns, the loaders and the device."""
     return {
