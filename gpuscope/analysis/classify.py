@@ -15,7 +15,7 @@ Every threshold is in thresholds.py.
 from __future__ import annotations
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import cpu_overhead
+from gpuscope.analysis.evidence import cpu_overhead, launch_wait
 from gpuscope.analysis.rules.base import missing_input
 from gpuscope.record import RunRecord, Verdict
 
@@ -107,8 +107,12 @@ def _classify_cuda(record: RunRecord) -> Verdict:
             facts.extend(_top_ops(record, device=True))
             return Verdict("compute", _rising(busy, th.GPU_BUSY_COMPUTE, 0.95), tuple(facts))
         idle = 1 - busy
-        if busy < th.GPU_BUSY_STARVED and idle > 0 and host_wait / idle >= th.HOST_WAIT_DOMINANT:
-            return Verdict("cpu-launch", _rising(host_wait / idle, th.HOST_WAIT_DOMINANT, 1.0), tuple(facts))
+        launching = launch_wait(record) or 0.0  # the host wait that is not a wait for data
+        if launching < host_wait:
+            facts.append(f"of the host wait, {launching:.0%} of the step is launching and "
+                         f"{host_wait - launching:.0%} waiting for data")
+        if busy < th.GPU_BUSY_STARVED and idle > 0 and launching / idle >= th.HOST_WAIT_DOMINANT:
+            return Verdict("cpu-launch", _rising(launching / idle, th.HOST_WAIT_DOMINANT, 1.0), tuple(facts))
         return Verdict("inconclusive", 0.3, (
             *facts,
             f"the GPU is neither busy (kernels >= {th.GPU_BUSY_COMPUTE:.0%} of the time) nor starved by late launches "

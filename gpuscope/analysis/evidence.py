@@ -47,6 +47,17 @@ def compute_time_s(median_s: float, data_wait: float) -> float:
     return max(median_s * (1 - data_wait), MIN_COMPUTE_S)
 
 
+def launch_wait(record: RunRecord) -> float | None:
+    """CUDA: the share of the step the GPU idles waiting for the host to launch its next kernel, as opposed to
+    waiting for the next batch: the kernel timeline's host wait less the data wait (a host blocked on the
+    DataLoader launches nothing either, and no launch-side fix can take that time). None without a timeline."""
+    kernels = _kernels(record)
+    if kernels is None:
+        return None
+    data_wait = record.breakdown.data_wait if record.steps.count else 0.0
+    return max(0.0, kernels.idle_host_wait_fraction - data_wait)
+
+
 def parse_version(text: str | None) -> tuple[int, int] | None:
     """``"2.4.1+cu121"`` -> (2, 4); ``"8.0"`` -> (8, 0); None when there is no leading ``major.minor``."""
     match = re.match(r"(\d+)\.(\d+)", text or "")
@@ -126,4 +137,4 @@ STEP = Metric("median step", "seconds", lambda r: r.steps.median_s if r.steps.co
 """What every fix is for in the end; also shown where a rule's own figures are unknown in either run."""
 DATA_WAIT = Metric("data wait", "share", lambda r: r.breakdown.data_wait if r.steps.count else None)
 FIXED_COST = Metric("per-op fixed cost", "share", _fixed_cost)
-HOST_WAIT = Metric("GPU idle waiting for the host", "share", kernel_share("idle_host_wait_fraction"))
+LAUNCH_WAIT = Metric("GPU idle waiting for launches", "share", launch_wait)

@@ -21,6 +21,7 @@ from typing import Any, Literal, NamedTuple
 
 from gpuscope.analysis.thresholds import (
     CONV_KERNEL_PATTERNS,
+    CUDA_CORE_KERNEL_PATTERNS,
     FP32_GEMM_KERNEL_PATTERNS,
     KERNEL_WAIT_MAX_GAP_S,
     LAYOUT_TRANSFORM_KERNEL_PATTERNS,
@@ -214,9 +215,12 @@ def classify_gap(prev_end_us: float, next_start_us: float, next_launch_us: float
 
 
 def uses_tensor_cores(kernel_name: str) -> bool:
-    """Whether a kernel's name shows Tensor Core use (any of ``TENSOR_CORE_KERNEL_PATTERNS``, any case), or
-    matrix-core use on ROCm (``ROCM_MATRIX_CORE``)."""
+    """Whether a kernel's name shows Tensor Core use (any of ``TENSOR_CORE_KERNEL_PATTERNS``, any case, unless it
+    also names CUDA-core instructions: ``CUDA_CORE_KERNEL_PATTERNS``), or matrix-core use on ROCm
+    (``ROCM_MATRIX_CORE``)."""
     name = kernel_name.lower()
+    if any(pattern in name for pattern in CUDA_CORE_KERNEL_PATTERNS):
+        return False
     return any(pattern in name for pattern in TENSOR_CORE_KERNEL_PATTERNS) or bool(ROCM_MATRIX_CORE.search(name))
 
 
@@ -242,7 +246,8 @@ def is_convolution(kernel_name: str) -> bool:
 
 def is_fp32_cuda_core_gemm(kernel_name: str) -> bool:
     """Whether a kernel is a float32 matrix multiply on CUDA cores (``FP32_GEMM_KERNEL_PATTERNS``): the kernels TF32
-    would move to Tensor Cores; ROCm Tensile single-precision GEMMs off the matrix cores likewise. Tensor Core kernels and cuDNN's convolutions (``implicit_convolve_sgemm``, under
+    would move to Tensor Cores; ROCm Tensile single-precision GEMMs off the matrix cores likewise. Tensor Core
+    kernels and cuDNN's convolutions (``implicit_convolve_sgemm``, under
     ``cudnn.allow_tf32``, which is on by default) do not count."""
     name = kernel_name.lower()
     tensile_fp32 = name.startswith("cijk_") and ("_sb_" in name or "_s_" in name)  # ROCm: S = single precision

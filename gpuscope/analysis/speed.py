@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import cpu_overhead, median_compute_s
+from gpuscope.analysis.evidence import cpu_overhead, launch_wait, median_compute_s
 from gpuscope.record import LoaderRate, RunRecord, SpeedOfLight, Verdict, WhatIf
 
 
@@ -111,9 +111,9 @@ def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
                            f"{overhead.op_cost_s * 1e6:.2f} us = {overhead.seconds * 1e3:.2f} ms a step): fewer, "
                            "larger ops")
         elif kernels is not None:
-            step_s = median * (1 - kernels.idle_host_wait_fraction)
-            explanation = (f"without the GPU's idle time waiting for launches ({kernels.idle_host_wait_fraction:.0%} "
-                           "of the step)")
+            launching = launch_wait(record) or 0.0
+            step_s = median * (1 - launching)
+            explanation = f"without the GPU's idle time waiting for launches ({launching:.0%} of the step)"
     elif verdict.bound == "compute":
         sol = complete_speed_of_light(record)
         if sol is not None and sol.peak_flops_per_s and sol.flops_per_step:

@@ -191,8 +191,14 @@ CONV_KERNEL_PATTERNS: tuple[str, ...] = (
 conversions (``convert``). A convolution cuDNN runs as a plain GEMM (a 1x1 convolution may become
 ``ampere_sgemm_...``) counts as a GEMM: a name heuristic, like ``TENSOR_CORE_KERNEL_PATTERNS``."""
 
-FP32_GEMM_KERNEL_PATTERNS: tuple[str, ...] = ("sgemm",)
-"""Single-precision GEMMs: cuBLAS ``ampere_sgemm_128x64_nn``, ``volta_sgemm_128x64_nn``, CUTLASS
+CUDA_CORE_KERNEL_PATTERNS: tuple[str, ...] = ("_ffma_", "simt")
+"""Names that say the kernel runs on CUDA cores whatever family it belongs to: cuBLAS's float32 GEMMs on an H100
+(torch 2.11, CUDA 13) are ``sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_..._ffma_...`` (``xmma`` family, FFMA
+instructions), CUTLASS's ``simt`` kernels likewise. They override ``TENSOR_CORE_KERNEL_PATTERNS``."""
+
+FP32_GEMM_KERNEL_PATTERNS: tuple[str, ...] = ("sgemm", "gemm_f32f32_f32f32")
+"""Single-precision GEMMs: cuBLAS ``ampere_sgemm_128x64_nn``, ``volta_sgemm_128x64_nn``,
+``sm80_xmma_gemm_f32f32_f32f32_f32_..._ffma_...`` (seen on an H100), CUTLASS
 ``cutlass_80_simt_sgemm_128x128_8x4_nn_align1`` (BLAS's ``s`` prefix: float32). A name that also matches
 ``TENSOR_CORE_KERNEL_PATTERNS`` (``ampere_tf32_s1688gemm...``) or ``CONV_KERNEL_PATTERNS``
 (``implicit_convolve_sgemm``: cuDNN's, governed by ``cudnn.allow_tf32``, not by the matmul flag) does not count."""

@@ -30,6 +30,7 @@ from conftest import make_record
 
 GPU = Path(__file__).resolve().parent.parent / "fixtures" / "gpu"
 RANKS = GPU / "sampled-ranks"
+H100 = GPU / "h100"
 Events = list[dict[str, Any]]
 
 
@@ -41,6 +42,7 @@ def load(path: Path) -> Events:
 def traces() -> dict[str, Events]:
     """Every fixture trace's events, read once for the module; "merged" is the two rank traces in one list."""
     found = {p.name.removesuffix(".json.gz"): load(p) for p in (*GPU.glob("*.json.gz"), *RANKS.glob("*.json.gz"))}
+    found.update({f"h100-{p.name.removesuffix('.trace.json.gz')}": load(p) for p in H100.glob("*.trace.json.gz")})
     found["merged"] = found["sampled-rank0"] + found["sampled-rank1"]
     return found
 
@@ -77,6 +79,8 @@ def window(events: Events, device: int) -> tuple[float, float]:
              if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
     by_step: dict[float, list[dict]] = {}
     for k in kernels(events, device):
+        if k["args"]["correlation"] not in launch:
+            continue  # launched before the recording began: in no recorded step
         ts, pid = launch[k["args"]["correlation"]]
         for start, end, step_pid in steps:
             if step_pid == pid and start <= ts <= end:
@@ -99,7 +103,7 @@ def device_figures(figures: TraceFigures, device: int) -> KernelTimeline:
 
 @pytest.mark.parametrize(("trace", "device"), [
     ("a100-resnet-ddp-nccl", 0), ("v100-resnet-ns", 0), ("sampled-rank0", 0), ("sampled-rank1", 1),
-    ("mi250-rocm-toy", 2)])
+    ("mi250-rocm-toy", 2), ("h100-launch", 0), ("h100-data", 0), ("h100-compute-4096", 0)])
 def test_busy_fraction_is_the_union_of_kernels_within_the_device_window(traces, figures, trace, device) -> None:
     timeline = device_figures(figures[trace], device)
     assert timeline.busy_fraction == pytest.approx(busy(traces[trace], device), abs=0.01)
@@ -217,3 +221,17 @@ def test_what_is_not_a_whole_trace_is_a_one_line_error(raw: bytes) -> None:
     with pytest.raises(GpuscopeError) as caught:
         parse_trace(raw, "t")
     assert "\n" not in caught.value.message
+
+
+def test_h100_float32_gemms_on_ffma_are_cuda_core_work_that_tf32_would_move(traces, figures) -> None:
+    # given: the wide MLP in float32 on an H100: cuBLAS ran sm80_xmma_gemm_f32f32..._ffma_ kernels
+    events = traces["h100-compute"]
+    gemms = [k for k in kernels(events, 0) if "gemm" in k["name"].lower()]
+    assert gemms and all("_ffma_" in k["name"] or "simt" in k["name"] for k in gemms)
+    timeline = device_figures(figures["h100-compute"], 0)
+    # then: none of it is Tensor Core time, and the GEMMs' share of compute is what TF32 would move
+    lo, hi = window(events, 0)
+    gemm_s = clipped(union([(k["ts"], k["ts"] + k["dur"]) for k in gemms]), lo, hi)
+    compute_s = clipped(union([(k["ts"], k["ts"] + k["dur"]) for k in kernels(events, 0)]), lo, hi)
+    assert timeline.tensor_core_share == 0.0
+    assert timeline.fp32_gemm_share == pytest.approx(gemm_s / compute_s, abs=0.02)

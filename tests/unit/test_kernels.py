@@ -327,6 +327,9 @@ def test_tensor_core_kernels_are_recognised_by_name(name: str) -> None:
         "void cutlass::Kernel<cutlass_80_simt_sgemm_128x128_8x4_nn_align1>(cutlass_80_simt_sgemm_128x128_8x4_nn_align1"
         "::Params)",
         "triton_poi_fused_add_relu_0",
+        # float32 GEMMs cuBLAS ran on an H100 (torch 2.11, CUDA 13): the xmma family, on FFMA instructions
+        "sm80_xmma_gemm_f32f32_f32f32_f32_tn_n_tilesize256x64x8_stage3_warpsize2x2x1_ffma_aligna4_alignc4_execute_"
+        "kernel_trt",
         "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float, float, "
         "float>, unsigned int, float, 4> >(at::native::ReduceOp<float, at::native::MeanOps<float, float, float, "
         "float>, unsigned int, float, 4>)",
@@ -401,6 +404,9 @@ def test_matmuls_norms_pooling_and_layout_kernels_are_not_convolutions(name: str
         ("volta_sgemm_128x64_tn", True),
         ("void cutlass::Kernel<cutlass_80_simt_sgemm_128x128_8x4_nn_align1>(cutlass_80_simt_sgemm_128x128_8x4_nn"
          "_align1::Params)", True),
+        # cuBLAS on an H100 (torch 2.11, CUDA 13): an xmma-family GEMM on FFMA instructions
+        ("sm80_xmma_gemm_f32f32_f32f32_f32_nn_n_tilesize256x128x8_stage3_warpsize4x2x1_ffma_aligna4_alignc4_execute"
+         "_kernel_trt", True),
         # TF32 and fp16 GEMMs already run on Tensor Cores
         ("ampere_tf32_s1688gemm_tf32_128x128_ldg8_f2f_stages_32x3_nn", False),
         (TC_GEMM, False),

@@ -3,20 +3,24 @@
 from __future__ import annotations
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import FIXED_COST, HOST_WAIT, STEP, batch_size, cpu_overhead
+from gpuscope.analysis.evidence import FIXED_COST, LAUNCH_WAIT, STEP, batch_size, cpu_overhead, launch_wait
 from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.record import RunRecord
 
 
 def _launch_evidence(run: RunRecord) -> tuple[float, str] | None:
-    """How much of the step is per-op overhead (CPU) or GPU idle waiting on the host (CUDA), with the fact."""
+    """How much of the step is per-op overhead (CPU) or GPU idle waiting for launches (CUDA), with the fact."""
     if run.device == "cuda":
         kernels = run.op_profile.kernels if run.op_profile is not None else None
-        if kernels is None or kernels.busy_fraction >= th.GPU_BUSY_STARVED:
+        share = launch_wait(run)
+        if kernels is None or share is None or kernels.busy_fraction >= th.GPU_BUSY_STARVED:
             return None
-        share = kernels.idle_host_wait_fraction
-        return share, (f"the GPU idles {1 - kernels.busy_fraction:.0%} of the step, {share:.0%} waiting for the host "
-                        f"to launch the next of {kernels.kernels_per_step:.0f} kernels per step")
+        fact = (f"the GPU idles {1 - kernels.busy_fraction:.0%} of the step, {share:.0%} waiting for the host to "
+                f"launch the next of {kernels.kernels_per_step:.0f} kernels per step")
+        if share < kernels.idle_host_wait_fraction:
+            fact += (f" (host wait {kernels.idle_host_wait_fraction:.0%}, less the {run.breakdown.data_wait:.0%} "
+                     "the host waits for data)")
+        return share, fact
     overhead = cpu_overhead(run)
     if overhead is None:
         return None
@@ -28,7 +32,7 @@ def _launch_evidence(run: RunRecord) -> tuple[float, str] | None:
       title="Raise the batch size",
       fix="DataLoader(..., batch_size=2 * B)  # then retune the learning rate and warm-up",
       needs=("op_profile",),
-      resolved_by=(FIXED_COST, HOST_WAIT, STEP))
+      resolved_by=(FIXED_COST, LAUNCH_WAIT, STEP))
 def larger_batch(run: RunRecord) -> Finding | None:
     """Signal: per-op overhead (CPU) or host-wait idle (GPU) is a notable share of the step.
     Why it matters: the op count per step does not grow with the batch, so a larger batch spreads the fixed cost
@@ -50,7 +54,7 @@ def larger_batch(run: RunRecord) -> Finding | None:
       title="Fuse chains of element-wise ops with torch.compile",
       fix="model = torch.compile(model)",
       needs=("op_profile",),
-      resolved_by=(FIXED_COST, HOST_WAIT, STEP))
+      resolved_by=(FIXED_COST, LAUNCH_WAIT, STEP))
 def jit_fusion(run: RunRecord) -> Finding | None:
     """Signal: per-op overhead is notable and many of the ops are element-wise.
     Why it matters: each element-wise op is a launch and a round trip through memory; a fused kernel does a
@@ -71,7 +75,7 @@ def jit_fusion(run: RunRecord) -> Finding | None:
       title="Replay the step as a static graph (CUDA graphs)",
       fix='model = torch.compile(model, mode="reduce-overhead")  # or capture the step with torch.cuda.graphs',
       needs=("cuda", "kernels"),
-      resolved_by=(HOST_WAIT, FIXED_COST, STEP))
+      resolved_by=(LAUNCH_WAIT, FIXED_COST, STEP))
 def static_graph(run: RunRecord) -> Finding | None:
     """Signal: the GPU is starved and idles mostly waiting for the host to launch kernels.
     Why it matters: replaying a captured graph launches all of a step's kernels at once; the per-kernel launch

@@ -1,0 +1,86 @@
+"""The diagnosis replayed on runs recorded on an NVIDIA H100 (tests/fixtures/gpu/h100/, benchmarks/gpu_session.py):
+the sample workloads under ``gpuscope run`` on a real GPU, their run.json analysed again by today's rules.
+
+On a GPU the host waiting for the next batch launches nothing, so the kernel timeline counts a data wait as host
+wait too: the launch-side advice (CUDA graphs, a larger batch) may claim only the host wait that is not data wait.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from gpuscope.analysis import analyze
+from gpuscope.record import RunRecord
+
+H100 = Path(__file__).resolve().parent.parent / "fixtures" / "gpu" / "h100"
+LAUNCH_ADVICE = {"static-graph", "larger-batch", "jit-fusion"}
+
+
+def recorded(name: str) -> tuple[dict, RunRecord]:
+    """The raw run.json of an H100 run, and its record analysed again."""
+    raw = json.loads(gzip.decompress((H100 / f"{name}.run.json.gz").read_bytes()))
+    return raw, analyze(RunRecord.from_json(raw))
+
+
+def gains(record: RunRecord) -> dict[str, float]:
+    return {r.id: r.expected_gain for r in record.recommendations}
+
+
+@pytest.mark.parametrize("name", ["data", "fp16"])
+def test_a_data_bound_gpu_run_is_told_to_feed_the_gpu_not_to_launch_faster(name: str) -> None:
+    # given: a loop whose GPU idles almost all the step while the host waits for the DataLoader
+    raw, record = recorded(name)
+    kernels = raw["op_profile"]["kernels"]
+    data_wait = raw["breakdown"]["data_wait"]
+    assert data_wait > 0.5 and kernels["idle_host_wait_fraction"] > data_wait
+    # then: it is data-loading-bound, and the first advice is about loading
+    assert record.verdict.bound == "data-loading"
+    assert record.recommendations[0].id in {"more-dataloader-workers", "fp32-preprocessing", "pin-memory"}
+    # and launch advice claims at most the host wait left once the data wait is taken out
+    launching = kernels["idle_host_wait_fraction"] - data_wait
+    for rule in LAUNCH_ADVICE & gains(record).keys():
+        assert gains(record)[rule] <= launching + 1e-9, rule
+
+
+def test_a_launch_bound_gpu_run_gets_cuda_graphs_first_with_its_measured_gain() -> None:
+    # given: 2000 tiny steps, 253 kernels each; the GPU busy 3% of the step
+    raw, record = recorded("launch")
+    kernels = raw["op_profile"]["kernels"]
+    launching = kernels["idle_host_wait_fraction"] - raw["breakdown"]["data_wait"]
+    # then: CPU-launch-bound, and replaying the step as a graph is worth the launch wait
+    assert record.verdict.bound == "cpu-launch"
+    assert record.recommendations[0].id == "static-graph"
+    assert record.recommendations[0].expected_gain == pytest.approx(launching, abs=0.001)  # gains keep 3 places
+    assert any("waiting for data" in fact for fact in record.verdict.evidence)
+
+
+@pytest.mark.parametrize("name", ["data-fixed", "compute-4096"])
+def test_launch_advice_is_never_sized_by_a_data_wait(name: str) -> None:
+    # given: the data-bound loop with 6 workers and pinned memory, still waiting for batches on an H100; the
+    # "compute-bound" sample whose 4096-item batches the main process collates one item at a time
+    raw, record = recorded(name)
+    # then: no launch advice is sized by the data wait it cannot remove
+    launching = max(0.0, raw["op_profile"]["kernels"]["idle_host_wait_fraction"] - raw["breakdown"]["data_wait"])
+    assert all(gains(record)[rule] <= launching + 1e-9 for rule in LAUNCH_ADVICE & gains(record).keys())
+
+
+def test_a_compute_bound_gpu_run_is_told_to_use_tensor_cores_and_bf16_delivers_at_least_the_gain_promised() -> None:
+    # given: the wide MLP at batch 4096 in float32 (cuBLAS ran FFMA kernels: no Tensor Core), and the same loop
+    # under bf16 autocast, both recorded on the same H100
+    raw, record = recorded("compute")
+    _, bf16 = recorded("compute-bf16")
+    # then: GPU-compute-bound, no kernel time on Tensor Cores, and the first advice is to use them
+    assert record.verdict.bound == "compute"
+    assert raw["op_profile"]["kernels"]["busy_fraction"] > 0.9
+    assert record.op_profile.kernels.tensor_core_share == 0.0
+    assert [r.id for r in record.recommendations[:2]] == ["tf32", "mixed-precision"]
+    # and bf16, applied, saved at least the share of the step the advice promised
+    promised = gains(record)["mixed-precision"]
+    realised = 1 - bf16.steps.median_s / record.steps.median_s
+    assert realised >= promised
+    # at 2 ms a step the bf16 loop is bounded by launches: the next advice follows the measurement
+    assert bf16.verdict.bound == "cpu-launch" and bf16.recommendations[0].id == "static-graph"
