@@ -12,6 +12,7 @@ import json
 import os
 import sys
 import tempfile
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -72,6 +73,7 @@ class TorchTraceCollector(StepFollower):
         self._recorded: list[int] = []
         self._error: str | None = None
         self._cuda = False
+        self._cupti_teardown = False
 
     @classmethod
     def wants(cls, options: CollectOptions) -> WindowRequest:
@@ -130,13 +132,16 @@ class TorchTraceCollector(StepFollower):
                 return ProfilerAction.RECORD_AND_SAVE if last else ProfilerAction.RECORD
             return ProfilerAction.NONE
 
-        self._prof = profile(
-            activities=activities,
-            schedule=schedule,
-            on_trace_ready=self._trace_ready,
-            record_shapes=False,
-            with_stack=False,  # stacks make traces many times larger; cProfile has the Python side
-        )
+        if self._cuda:
+            self._cupti_teardown = release_cupti_after_trace(torch.version.cuda)
+        with _no_cycle_warning():
+            self._prof = profile(
+                activities=activities,
+                schedule=schedule,
+                on_trace_ready=self._trace_ready,
+                record_shapes=False,
+                with_stack=False,  # stacks make traces many times larger; cProfile has the Python side
+            )
         # count the profiler's steps as gpuscope does, so trace.json's ProfilerStep#N is run.json's step N
         self._prof.step_num = index
         self._prof.current_action = schedule(index)
@@ -171,6 +176,8 @@ class TorchTraceCollector(StepFollower):
                 self._end()  # the run ended inside the window: keep what was recorded
             except Exception as exc:
                 self._error = self._error or f"torch.profiler failed: {exc}"
+        restore_cupti_setting(self._cupti_teardown)
+        self._cupti_teardown = False
         if self._error is not None:
             return CollectorResult(CollectorStatus("failed", self._error))
         if self._stats is None:
@@ -180,6 +187,33 @@ class TorchTraceCollector(StepFollower):
                 f"{self.start_step + WARMUP_STEPS + self.active - 1}); run more steps to get trace.json"))
         capture = capture_trace(self._run_dir / TRACE_FILE, self.max_bytes, self._stats, self._recorded, self._cuda)
         return CollectorResult(CollectorStatus("ok"), capture)
+
+
+CUPTI_TEARDOWN_ENV = "TEARDOWN_CUPTI"
+CUPTI_TEARDOWN_SAFE_CUDA = (12, 6)
+"""Kineto leaves CUPTI attached after the profiler stops unless ``TEARDOWN_CUPTI=1``: every later kernel launch
+then pays CUPTI's callbacks (measured on an H100: a launch-bound loop's steps 46% slower for the rest of the run;
+pytorch/pytorch#144455). Tearing down crashed CUDA graphs before CUDA 12.6 (torch's own FIXME in
+torch/_inductor), so it is asked for from 12.6 on, and never over the user's own setting."""
+
+
+def release_cupti_after_trace(cuda_version: str | None, environ: dict[str, str] | None = None) -> bool:
+    """Ask Kineto to detach CUPTI when the trace window ends; True if gpuscope set the variable (and must take
+    it out again at the end of the run: ``restore_cupti_setting``)."""
+    environ = os.environ if environ is None else environ  # type: ignore[assignment]
+    version = tuple(int(part) for part in (cuda_version or "0.0").split(".")[:2] if part.isdigit())
+    if CUPTI_TEARDOWN_ENV in environ or version < CUPTI_TEARDOWN_SAFE_CUDA:
+        return False
+    environ[CUPTI_TEARDOWN_ENV] = "1"
+    return True
+
+
+def restore_cupti_setting(set_by_us: bool, environ: dict[str, str] | None = None) -> None:
+    """Take out the variable gpuscope set, unless something changed it since (torch.compile's CUDA graphs set
+    it to 0)."""
+    environ = os.environ if environ is None else environ  # type: ignore[assignment]
+    if set_by_us and environ.get(CUPTI_TEARDOWN_ENV) == "1":
+        del environ[CUPTI_TEARDOWN_ENV]
 
 
 def _op_table(averages: Any) -> list[OpStat]:
@@ -261,6 +295,15 @@ def _write_trace(path: Path, trace: dict[str, Any], events: list[dict[str, Any]]
 
 
 @contextmanager
+def _no_cycle_warning() -> Iterator[None]:
+    """torch 2.6+ warns on the user's stderr that a schedule's cycle clears its events: gpuscope records one
+    cycle, and the user's stderr must read as it would without gpuscope."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events", category=UserWarning)
+        yield
+
+
+@contextmanager
 def kineto_quiet() -> Iterator[None]:
     """Kineto prints ``USDT: ... profiler_start`` lines straight to file descriptor 2 on each start and stop,
     and no setting turns them off. Capture fd 2 around the profiler's calls and pass on every other line, so
@@ -271,10 +314,12 @@ def kineto_quiet() -> Iterator[None]:
         capture = tempfile.TemporaryFile()
         os.dup2(capture.fileno(), 2)
     except (OSError, ValueError):
-        yield
+        with _no_cycle_warning():
+            yield
         return
     try:
-        yield
+        with _no_cycle_warning():
+            yield
     finally:
         try:
             sys.stderr.flush()
