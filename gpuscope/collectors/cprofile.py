@@ -57,6 +57,7 @@ class CProfileCollector(StepFollower):
         self._active: cProfile.Profile | None = None
         self._last_step: int | None = None
         self._error: str | None = None
+        self._paused_for_import = False  # the start-up profile is off while torch's import runs
         self._unwrap: Callable[[], None] | None = None
         self._workers_error: str | None = None
 
@@ -71,9 +72,7 @@ class CProfileCollector(StepFollower):
         return cls(options.cprofile_steps)
 
     def unavailable_reason(self) -> str | None:
-        if sys.getprofile() is not None:
-            return "another profiler (or a debugger) is already using sys.setprofile"
-        return None
+        return profiler_in_use()
 
 
     def start(self, run_dir: Path) -> None:
@@ -92,10 +91,14 @@ class CProfileCollector(StepFollower):
     def _torch_importing(self) -> None:
         if self._active is self._startup:
             self._startup.disable()
+            self._paused_for_import = True
 
     def _torch_imported(self) -> None:
-        if self._active is self._startup:
+        # only what _torch_importing paused: with torch imported before the run (a notebook, gpuscope.profile()),
+        # the start-up profile is running, and enabling it again raises on Python 3.12+ (one profiler at a time)
+        if self._active is self._startup and self._paused_for_import:
             self._startup.enable()
+        self._paused_for_import = False
         try:
             self._unwrap = self._workers.install()
         except Exception as exc:  # an older torch: workers are just not profiled
@@ -118,7 +121,9 @@ class CProfileCollector(StepFollower):
             if profile is not None:
                 profile.enable()
         except Exception as exc:  # never into the user's step
-            self._error = f"cProfile could not be switched: {exc}"
+            # Python 3.12+: cProfile takes sys.monitoring's one profiler slot for the whole process, and another
+            # profiler (a leftover enabled cProfile included) holds it
+            self._error = profiler_in_use() or f"cProfile could not be switched: {exc}"
             profile = None
         self._active = profile
 
@@ -173,6 +178,19 @@ class CProfileCollector(StepFollower):
                             f"each: {WORKERS_PROF}",
             "workers_top_own": top_functions(stats, by="own"),
         }
+
+
+def profiler_in_use() -> str | None:
+    """Why cProfile cannot start here, or None: another profiler holds ``sys.setprofile`` (Python 3.11 and
+    older) or the profiler slot of ``sys.monitoring`` (3.12+, where cProfile itself uses it and ``getprofile()``
+    stays None while it runs)."""
+    if sys.getprofile() is not None:
+        return "another profiler (or a debugger) is already using sys.setprofile"
+    monitoring = getattr(sys, "monitoring", None)
+    holder = monitoring.get_tool(monitoring.PROFILER_ID) if monitoring is not None else None
+    if holder is not None:
+        return f"another profiler ({holder}) is already running in this process"
+    return None
 
 
 def _stop_inherited_profile() -> None:

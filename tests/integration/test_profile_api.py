@@ -60,6 +60,8 @@ def global_state() -> dict[str, object]:
         "Module.zero_grad": torch.nn.Module.zero_grad,
         "gradcheck": torch.autograd.gradcheck,
         "sys.getprofile": sys.getprofile(),
+        "sys.monitoring profiler": (sys.monitoring.get_tool(sys.monitoring.PROFILER_ID)  # cProfile on 3.12+
+                                    if hasattr(sys, "monitoring") else None),
         "sys.gettrace": sys.gettrace(),
         "meta_path": list(sys.meta_path),
         "profiler on": torch.autograd.profiler._is_profiler_enabled,
@@ -79,7 +81,7 @@ def test_a_profiled_block_gets_the_record_verdict_and_report_gpuscope_run_gives(
     assert saved["verdict"]["bound"] == prof.verdict.bound
     assert saved["steps"]["count"] >= 5
     assert saved["exit_status"] == 0
-    assert (tmp_path / "run" / "python.prof").is_file()
+    assert (tmp_path / "run" / "python.prof").is_file(), saved["collectors"]["cprofile"]
 
 
 def test_start_and_stop_work_without_a_with_block(tmp_path: Path) -> None:
