@@ -25,7 +25,7 @@ import pickle
 import random
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -46,10 +46,10 @@ budget, whichever comes first."""
 MIN_ROUNDS = 2
 """...but not before this many rounds when time allows: one round is one lockstep burst, a noisy measurement."""
 MAX_WORKERS = 32
-PROBE_BATCHES = 1024
-"""Batches' worth of items the probe draws from: more than any configuration loads within the budget
-(``ROUNDS`` + 1 rounds of at most ``MAX_WORKERS`` batches), however large the dataset says it is."""
 """Worker counts tried stop here even on a larger machine."""
+PROBE_BATCHES = 1024
+"""Batches' worth of items each configuration may draw: more than any loads within the budget (``ROUNDS`` + 1
+rounds of at most ``MAX_WORKERS`` batches), however small or large the dataset is."""
 ON_CPU_PIN = "not applicable: a CPU-only run (pin_memory only speeds up copies to a GPU)"
 
 
@@ -160,7 +160,7 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
                 f"not timed: a batch took {main_batch_s:.2f} s in the main process during the run, over this "
                 f"configuration's {slot:.2f} s share of the budget")))
             continue
-        sampler = probe_indices(length, batch_size) if length else SequentialSampler(dataset)
+        sampler = ProbeSampler(length, batch_size) if length else SequentialSampler(dataset)
         kwargs: dict[str, Any] = {"batch_size": batch_size, "sampler": sampler, "drop_last": drop_last,
                                   "num_workers": workers, "pin_memory": pin, "generator": torch.Generator()}
         if collate_fn is not None:
@@ -182,12 +182,21 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
         elapsed_s=clock() - started, pin_memory_note="" if cuda else ON_CPU_PIN, note="; ".join(notes))
 
 
-def probe_indices(length: int, batch_size: int | None, batches: int = PROBE_BATCHES) -> list[int]:
-    """The items the probe loads, in a random order: at most ``batches`` batches' worth, drawn without ever
-    materialising ``length`` of anything (a streaming or synthetic dataset may say its length is 10^9)."""
-    count = min(length, max(1, batch_size or 1) * batches)
-    rng = random.Random(0)  # its own generator: the global state is not touched
-    return rng.sample(range(length), count)
+class ProbeSampler:
+    """The items the probe loads: ``batches`` batches' worth, drawn at random (with replacement) from
+    ``range(length)`` one at a time. Nothing of ``length`` is ever materialised (a streaming or synthetic dataset
+    may say its length is 10^9), and a dataset of a batch or two does not run out before it is timed."""
+
+    def __init__(self, length: int, batch_size: int | None, batches: int = PROBE_BATCHES) -> None:
+        self.length = length
+        self.count = max(1, batch_size or 1) * batches
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self) -> Iterator[int]:
+        rng = random.Random(0)  # its own generator: the global state is not touched
+        return (rng.randrange(self.length) for _ in range(self.count))
 
 
 def _worker_counts_for(method: str, cores: int, pickled: tuple[Any, ...], notes: list[str]) -> list[int]:

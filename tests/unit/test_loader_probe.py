@@ -13,7 +13,7 @@ import pytest
 
 from conftest import make_record
 from gpuscope.analysis.rules.dataloader import more_dataloader_workers
-from gpuscope.collectors.loader_probe import LoaderProbeCollector, probe_loader, worker_counts
+from gpuscope.collectors.loader_probe import LoaderProbeCollector, ProbeSampler, probe_loader, worker_counts
 from gpuscope.record import Breakdown, Loader, LoaderProbe, LoaderRate, RunMeta, Steps
 from gpuscope.session import post_run_facts
 
@@ -71,6 +71,18 @@ def test_worker_counts_double_up_to_the_cores() -> None:
     assert worker_counts(2) == [0, 1, 2]
     assert worker_counts(6) == [0, 1, 2, 4, 6]
     assert worker_counts(64) == [0, 1, 2, 4, 8, 16, 32]
+
+
+def test_the_probe_draws_enough_items_from_a_dataset_of_one_batch_and_never_materialises_a_huge_one() -> None:
+    # given: a dataset of one batch (seen on an H100: batch 4096 of 4096 items ran out after one batch), and one
+    # claiming 10^12 items
+    small, huge = ProbeSampler(4096, 4096, batches=8), ProbeSampler(10**12, 32, batches=8)
+    # then: each gives its batches' worth of valid indices, drawn one at a time, the same each time
+    assert len(small) == len(list(small)) == 8 * 4096
+    assert all(0 <= i < 4096 for i in small)
+    assert len(list(huge)) == 256 and all(0 <= i < 10**12 for i in huge)
+    assert list(huge) == list(huge)
+    assert not isinstance(iter(huge), list)
 
 
 @pytest.mark.slow  # starts real DataLoader workers
