@@ -57,6 +57,7 @@ def main():
     parser.add_argument("--no-data-parallel", action="store_true", help="do not wrap the model in DataParallel")
     parser.add_argument("--fixed", action="store_true", help="apply all four fixes")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     if args.fixed:
         args.no_anomaly = args.set_to_none = args.no_bias = args.no_data_parallel = True
@@ -65,7 +66,8 @@ def main():
     dataset = make_dataset(2048, args.seed)
     loader = DataLoader(dataset, batch_size=args.batch_size, shuffle=True, drop_last=True, num_workers=0,
                         generator=torch.Generator().manual_seed(args.seed))
-    model = ConvNet(bias=not args.no_bias)
+    device = torch.device(args.device)
+    model = ConvNet(bias=not args.no_bias).to(device)
     if not args.no_data_parallel:
         model = nn.DataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
@@ -83,6 +85,7 @@ def main():
         except StopIteration:  # end of epoch: start the next one
             batches = iter(loader)
             x, y = next(batches)
+        x, y = x.to(device), y.to(device)
         wait_times.append(time.perf_counter() - t0)
 
         with debugging():
@@ -90,6 +93,8 @@ def main():
             loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=args.set_to_none)
+        if device.type == "cuda":
+            torch.cuda.synchronize()  # so the step time includes the GPU work
 
         now = time.perf_counter()
         step_times.append(now - last)

@@ -51,7 +51,8 @@ def main():
     parser.add_argument("--die-at-step", type=int, default=10)
     args = parser.parse_args()
 
-    cuda = torch.cuda.is_available()
+    # NCCL needs a GPU of its own per rank: with fewer GPUs than ranks on the node, train on the CPU with gloo
+    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", 1))
     dist.init_process_group("nccl" if cuda else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
