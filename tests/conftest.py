@@ -148,6 +148,7 @@ SAMPLE_ARGS = {
     "data_loading_bound": ("--steps", "24"),
     "cpu_launch_bound": ("--steps", "400"),
     "compute_bound": ("--steps", "18"),
+    "data_loading_shared_cores": ("--steps", "60"),
 }
 """The shared run of the samples several tests read: enough steps for each of them (the verdict, every collector's
 output, the probes)."""

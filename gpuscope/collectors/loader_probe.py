@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collectors.base import CollectorResult, PostRunProbe, register
-from gpuscope.collectors.probing import DatasetError, dataset_error, first_line, unseen
+from gpuscope.collectors.probing import DatasetError, dataset_error, first_line, unseen, user_torch_threads
 from gpuscope.record import CollectorStatus, LoaderProbe, LoaderRate
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
     except TypeError:
         length = None
     rates: list[LoaderRate] = []
-    threads = torch.get_num_threads()
+    threads = user_torch_threads(torch)  # the step's threads, not the probe child's one
     for workers, pin in configs:
         remaining = deadline - clock()
         if remaining <= 0.05 * share_s:

@@ -17,7 +17,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Iterator
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from gpuscope.collectors.base import CollectorResult
 from gpuscope.record import CollectorStatus
@@ -109,6 +109,15 @@ def run_isolated(probe: Callable[[], CollectorResult], budget_s: float, what: st
     return pickle.loads(data)  # type: ignore[no-any-return]
 
 
+_user_threads: int | None = None
+"""In a probe's child: torch's intra-op thread count in the user's process, before the child set its own to 1."""
+
+
+def user_torch_threads(torch: Any) -> int:
+    """torch's intra-op thread count in the user's process, also from inside a probe's child (which runs on 1)."""
+    return _user_threads if _user_threads is not None else int(torch.get_num_threads())
+
+
 def _child(probe: Callable[[], CollectorResult], write_end: int) -> NoReturn:
     """In the forked child: run the probe, send its pickled result, and leave without running any exit handler."""
     try:
@@ -120,6 +129,8 @@ def _child(probe: Callable[[], CollectorResult], write_end: int) -> NoReturn:
         _cap_address_space()
         torch = sys.modules.get("torch")
         if torch is not None:
+            global _user_threads
+            _user_threads = torch.get_num_threads()
             torch.set_num_threads(1)  # as in a DataLoader worker: no OpenMP pool inherited across the fork
         try:
             result = probe()

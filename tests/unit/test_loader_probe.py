@@ -198,3 +198,22 @@ def test_on_a_cpu_run_the_prediction_counts_the_cores_the_workers_share() -> Non
     # then: (1/6 s + 50 ms) / 2 cores = 108 ms a step, over the 100 ms it takes now: nothing to gain
     assert finding is not None and finding.gain == 0.0
     assert any("share 2 cores" in fact for fact in finding.evidence)
+
+
+def test_a_probe_in_its_child_sees_the_users_thread_count_not_its_own() -> None:
+    # the isolated child runs torch on one thread; the shared-cores prediction needs the step's threads (with 1 it
+    # promised 1.77x on data_loading_shared_cores, where 1.28x was measured)
+    from gpuscope.collectors.base import CollectorResult
+    from gpuscope.collectors.probing import run_isolated, user_torch_threads
+    from gpuscope.record import CollectorStatus
+
+    def probe() -> CollectorResult:
+        return CollectorResult(CollectorStatus("ok", f"{torch.get_num_threads()} {user_torch_threads(torch)}"))
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        result = run_isolated(probe, budget_s=5.0, what="the test probe")
+    finally:
+        torch.set_num_threads(before)
+    assert result.status.reason == "1 2"
