@@ -59,8 +59,11 @@ def finish(make_record: Callable[[], RunRecord], run_dir: Path, *, failure: str,
 
 def finish_session(session: Session, status: int, *, quiet: bool = False, open_report: bool = False) -> Finished:
     """``finish`` for one process's run: stop ``session`` with the script's exit ``status``."""
-    return finish(lambda: session.stop(status), session.run_dir, quiet=quiet, open_report=open_report,
-                  failure=f"could not write the run's files to {session.run_dir}")
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    return finish(lambda: session.stop(status, say=None if quiet else say), session.run_dir, quiet=quiet,
+                  open_report=open_report, failure=f"could not write the run's files to {session.run_dir}")
 
 
 def open_in_browser(path: Path) -> None:

@@ -34,6 +34,11 @@ from gpuscope.errors import GpuscopeError
 from gpuscope.record import CollectorStatus, Distributed, RunMeta, RunRecord, write_record
 
 
+PROGRESS_AFTER_S = 1.0
+"""A post-run probe that may take longer than this says what it is doing: the script has ended, and the terminal
+would otherwise sit silent for seconds."""
+
+
 class _Active:
     """The one session running in this process, so ``gpuscope.step()`` can reach it from anywhere."""
 
@@ -88,8 +93,9 @@ class Session:
         if self._steps is not None and self._steps in self._started:
             self._steps.mark_step()
 
-    def stop(self, exit_status: int) -> RunRecord:
-        """Stop the collectors, run the probes, build and analyse the record, write ``run.json``; idempotent."""
+    def stop(self, exit_status: int, say: Callable[[str], None] | None = None) -> RunRecord:
+        """Stop the collectors, run the probes, build and analyse the record, write ``run.json``; idempotent.
+        ``say``: where to tell the user what a probe of a second or more is doing (the terminal waits on it)."""
         if self.record is not None:
             return self.record
         if _Active.session is self:
@@ -100,7 +106,7 @@ class Session:
         if probes:  # the record is safe before any probe runs the user's code again
             pending = CollectorResult(CollectorStatus("unavailable", "not run: gpuscope stopped before it"))
             self._write(exit_status, duration, {**results, **{p.name: pending for p in probes}})
-        results.update(self._run_probes(self._facts(results), probes))
+        results.update(self._run_probes(self._facts(results), probes, say))
         self.record = self._write(exit_status, duration, results)
         return self.record
 
@@ -175,7 +181,8 @@ class Session:
             self._reduced[name] = (payload, values)
         return values
 
-    def _run_probes(self, facts: PostRunFacts, probes: list[Any]) -> dict[str, CollectorResult]:
+    def _run_probes(self, facts: PostRunFacts, probes: list[Any],
+                    say: Callable[[str], None] | None = None) -> dict[str, CollectorResult]:
         """Run each post-run probe in turn; each one's time is in its status, a failure is its status. Probes that
         run the user's code again run isolated, within their budget (``probing.run_isolated``)."""
         results: dict[str, CollectorResult] = {}
@@ -184,6 +191,8 @@ class Session:
             try:
                 if not self._available(probe):
                     continue
+                if say is not None and probe.budget_s > PROGRESS_AFTER_S:
+                    say(f"gpuscope: {probe.doing} (up to {probe.budget_s:.0f} s; --no-probes skips this)")
                 if getattr(probe, "runs_user_code", False):
                     result = run_isolated(partial(probe.run, self.run_dir, facts), probe.budget_s, probe.name)
                 else:

@@ -139,6 +139,8 @@ class PostRunProbe:
     """Base of post-run probes: built from the options, off under ``--no-probes``."""
 
     budget_s: ClassVar[float] = 5.0
+    doing: ClassVar[str] = "measuring after the run"
+    """What the terminal says while it runs (a probe can take seconds after the script has ended)."""
     stage: ClassVar[Stage] = "post-run"
     runs_user_code: ClassVar[bool] = False
     """Runs the user's code again (their dataset): then the stage runs it isolated, within its budget."""

@@ -42,6 +42,7 @@ class CalibrationCollector(PostRunProbe):
     name: ClassVar[str] = "calibration"
     field: ClassVar[str | None] = "calibration"
     budget_s: ClassVar[float] = 3.0
+    doing: ClassVar[str] = "timing the fixed cost of a torch op on this machine"
 
     def run(self, run_dir: Path, facts: PostRunFacts) -> CollectorResult:
         torch = sys.modules.get("torch")

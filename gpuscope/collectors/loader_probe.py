@@ -64,6 +64,7 @@ class LoaderProbeCollector(PostRunProbe):
     name: ClassVar[str] = "loader-probe"
     field: ClassVar[str | None] = "loader_probe"
     budget_s: ClassVar[float] = BUDGET_S
+    doing: ClassVar[str] = "timing the DataLoader with more worker processes"
     runs_user_code: ClassVar[bool] = True
 
     def __init__(self, forced: bool = False, budget_s: float = BUDGET_S,

@@ -131,7 +131,7 @@ class _StoppedSession:
         self.run_dir = run_dir
         self.record = make_record()
 
-    def stop(self, status: int):
+    def stop(self, status: int, say=None):
         return self.record
 
 
@@ -197,7 +197,7 @@ def test_a_run_whose_record_cannot_be_written_costs_one_line_not_the_run(tmp_pat
 
     # given a session that cannot write its record
     class BrokenSession(_StoppedSession):
-        def stop(self, status: int):
+        def stop(self, status: int, say=None):
             raise OSError("disk full")
 
     # when the run ends
