@@ -48,8 +48,10 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
     probe, median = record.loader_probe, record.steps.median_s
     if probe is None or not median or not record.steps.count:
         return None
-    measured = [r for r in probe.rates if r.batches_per_s and not r.pin_memory] or \
-               [r for r in probe.rates if r.batches_per_s]
+    cores = record.meta.cpu_count or 1
+    batch_s = _main_process_batch_s(record)
+    measured = [_completed(r, batch_s, cores) for r in probe.rates if r.batches_per_s and not r.pin_memory] or \
+               [_completed(r, batch_s, cores) for r in probe.rates if r.batches_per_s]
     # with 0 workers the main process builds each batch between steps: nothing is hidden, whatever its rate
     candidates = [r for r in measured if r.num_workers > 0]
     if not candidates:
@@ -57,7 +59,6 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
     compute_s = median_compute_s(record)
     consume = 1 / compute_s
     needed = consume * (1 + th.LOADER_KEEPS_UP_MARGIN)
-    cores = record.meta.cpu_count or 1
     threads = min(probe.main_threads or 1, cores)
     one = next((r for r in measured if r.num_workers == 1), None) or next(
         (r for r in measured if r.num_workers == 0), None)
@@ -79,6 +80,34 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
     return LoaderPlan(rate.num_workers, rate, bool(keeping), compute_s, step_s, shared, consume)
 
 
+FIRST_ROUND_ONLY = "a lower bound"
+"""How the loader probe marks a rate timed over its first round only (the workers' start-up included)."""
+
+
+def _main_process_batch_s(record: RunRecord) -> float | None:
+    """How long building one batch took in the main process during the run: the data wait of a run whose slowest
+    loader had no workers (each wait is one whole batch built between steps); None otherwise."""
+    if not record.loaders or not record.steps.count or not record.steps.median_s:
+        return None
+    top = max(record.loaders, key=lambda loader: loader.wait_s)
+    wait_s = record.breakdown.data_wait * record.steps.median_s
+    return wait_s if top.num_workers == 0 and wait_s > 0 else None
+
+
+def _completed(rate: LoaderRate, batch_s: float | None, cores: int) -> LoaderRate:
+    """A rate the probe could time over its first round only is a lower bound (start-up included): when batches
+    take long next to the probe's budget, N workers are better estimated as N batch-builders in parallel, on at
+    most ``cores`` cores, each taking the main process's measured batch time."""
+    if batch_s is None or rate.num_workers == 0 or FIRST_ROUND_ONLY not in rate.note:
+        return rate
+    parallel = min(rate.num_workers, cores) / batch_s
+    if parallel <= (rate.batches_per_s or 0.0):
+        return rate
+    return dataclasses.replace(rate, batches_per_s=parallel, note=(
+        f"estimated: {min(rate.num_workers, cores)} batches at a time, {batch_s * 1e3:.0f} ms each as in the run "
+        f"(timed over the first round only: {rate.batches_per_s:.2f} batches/s, start-up included)"))
+
+
 def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
     """An estimate of the median step with the verdict's bottleneck removed; None where none is sound."""
     median = record.steps.median_s
@@ -90,7 +119,9 @@ def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
         plan = loader_plan(record)
         if plan is not None:
             step_s = plan.step_s
-            explanation = (f"with {plan.workers} DataLoader workers, measured after the run delivering "
+            how = "estimated from the run's batch time to deliver" if plan.rate.note.startswith("estimated") else \
+                "measured after the run delivering"
+            explanation = (f"with {plan.workers} DataLoader workers, {how} "
                            f"{plan.rate.batches_per_s:.1f} batches/s: max(compute {plan.compute_s * 1e3:.1f} ms, "
                            f"one batch {1e3 / plan.rate.batches_per_s:.1f} ms)")  # type: ignore[operator]
             if plan.shared_cpu_s is not None:

@@ -13,6 +13,7 @@ import pytest
 
 from conftest import make_record
 from gpuscope.analysis.rules.dataloader import more_dataloader_workers
+from gpuscope.analysis.speed import loader_plan
 from gpuscope.collectors.loader_probe import LoaderProbeCollector, ProbeSampler, probe_loader, worker_counts
 from gpuscope.record import Breakdown, Loader, LoaderProbe, LoaderRate, RunMeta, Steps
 from gpuscope.session import post_run_facts
@@ -198,6 +199,27 @@ def test_on_a_cpu_run_the_prediction_counts_the_cores_the_workers_share() -> Non
     # then: (1/6 s + 50 ms) / 2 cores = 108 ms a step, over the 100 ms it takes now: nothing to gain
     assert finding is not None and finding.gain == 0.0
     assert any("share 2 cores" in fact for fact in finding.evidence)
+
+
+def test_a_rate_timed_over_the_first_round_only_is_completed_from_the_runs_batch_time() -> None:
+    # given: batches of 0.5 s each (data wait 0.5 of a 1 s step, built in the main process); in its short slot the
+    # probe saw 2 workers deliver only their first round, start-up included: 1.2 batches/s, a lower bound
+    record = probed_record({0: 2.0, 2: 1.2})
+    lower = dataclasses.replace(record.loader_probe.rates[1],
+                                note="from the first round only, start-up included (a lower bound)")
+    record = dataclasses.replace(
+        record, steps=dataclasses.replace(record.steps, median_s=1.0),
+        loader_probe=dataclasses.replace(record.loader_probe, rates=(record.loader_probe.rates[0], lower)))
+    # when
+    plan = loader_plan(record)
+    # then: 2 workers build 2 batches at a time, 0.5 s each: 4 batches/s, and the step is its 0.5 s of compute
+    assert plan is not None and plan.rate.batches_per_s == pytest.approx(4.0)
+    assert plan.rate.note.startswith("estimated")
+    assert plan.step_s == pytest.approx(0.5)
+    # a rate timed over whole rounds is taken as measured
+    measured = dataclasses.replace(record, loader_probe=dataclasses.replace(
+        record.loader_probe, rates=(record.loader_probe.rates[0], dataclasses.replace(lower, note=""))))
+    assert loader_plan(measured).rate.batches_per_s == pytest.approx(1.2)  # type: ignore[union-attr]
 
 
 def test_a_probe_in_its_child_sees_the_users_thread_count_not_its_own() -> None:
