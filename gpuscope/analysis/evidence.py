@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -56,12 +55,6 @@ def launch_wait(record: RunRecord) -> float | None:
         return None
     data_wait = record.breakdown.data_wait if record.steps.count else 0.0
     return max(0.0, kernels.idle_host_wait_fraction - data_wait)
-
-
-def parse_version(text: str | None) -> tuple[int, int] | None:
-    """``"2.4.1+cu121"`` -> (2, 4); ``"8.0"`` -> (8, 0); None when there is no leading ``major.minor``."""
-    match = re.match(r"(\d+)\.(\d+)", text or "")
-    return (int(match.group(1)), int(match.group(2))) if match else None
 
 
 def batch_size(record: RunRecord) -> int:

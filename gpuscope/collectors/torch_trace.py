@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from gpuscope.collectors.base import CollectorResult, StepFollower, WindowRequest, register
 from gpuscope.captures import TraceCapture
 from gpuscope.record import CollectorStatus, OpStat
+from gpuscope.versions import parse_version
 
 if TYPE_CHECKING:
     from gpuscope.collectors import CollectOptions
@@ -201,8 +202,8 @@ def release_cupti_after_trace(cuda_version: str | None, environ: dict[str, str] 
     """Ask Kineto to detach CUPTI when the trace window ends; True if gpuscope set the variable (and must take
     it out again at the end of the run: ``restore_cupti_setting``)."""
     environ = os.environ if environ is None else environ  # type: ignore[assignment]
-    version = tuple(int(part) for part in (cuda_version or "0.0").split(".")[:2] if part.isdigit())
-    if CUPTI_TEARDOWN_ENV in environ or version < CUPTI_TEARDOWN_SAFE_CUDA:
+    version = parse_version(cuda_version)
+    if CUPTI_TEARDOWN_ENV in environ or version is None or version < CUPTI_TEARDOWN_SAFE_CUDA:
         return False
     environ[CUPTI_TEARDOWN_ENV] = "1"
     return True

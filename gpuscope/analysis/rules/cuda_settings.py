@@ -6,7 +6,8 @@ from __future__ import annotations
 import re
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import STEP, Metric, kernel_share, parse_version
+from gpuscope.analysis.evidence import STEP, Metric, kernel_share
+from gpuscope.versions import parse_version
 from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.record import CallSite, KernelTimeline, Practices, RunRecord, SyncProfile
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import STEP, Metric, parse_version
+from gpuscope.analysis.evidence import STEP, Metric
+from gpuscope.versions import parse_version
 from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.record import CallSite, RunRecord
 
