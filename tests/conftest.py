@@ -21,6 +21,7 @@ import jsonschema
 import pytest
 
 from gpuscope.record import Breakdown, RunRecord, Steps
+from processes import processes_mentioning
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_workloads"
@@ -69,19 +70,6 @@ def run_gpuscope(args: list[str], cwd: Path, timeout: float = 120, **kwargs: Any
 LEFTOVER_GRACE_S = 6.0
 """How long a process gpuscope started may outlive it: a DataLoader worker whose parent ended without shutting it
 down notices within torch's 5 s status check."""
-
-
-def processes_mentioning(text: str) -> list[int]:
-    """Live processes (other than this one) whose command line holds ``text``."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
 
 
 @functools.cache
