@@ -17,6 +17,15 @@ SAMPLE = SAMPLES / "manual_sgd_language_model.py"
 OWN = re.compile(r"steps=(\d+) median_step_s=([0-9.]+)")
 
 
+@pytest.fixture(autouse=True)
+def _one_intra_op_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run here (the ablations under python and the runs under gpuscope) on one intra-op thread, as in the
+    framework matrix: the sample does not set it, and on two cores a second thread stalls each of the tiny model's
+    ops whenever anything else holds the other core (its 8x-batch growth then read 1.2x to 2.4x between runs on the
+    idle machine, and 2.5x once in CI; with one thread 1.3x to 1.6x)."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+
+
 def own_median_s(tmp_path: Path, *args: str) -> float:
     """The loop's own median step under plain python."""
     result = run_python([str(SAMPLE), *args], tmp_path, timeout=300)
