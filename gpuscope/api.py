@@ -8,9 +8,12 @@ and report as ``gpuscope run``.
 
 or ``prof = gpuscope.profile(); prof.start(); ...; prof.stop()``. The keyword arguments are ``gpuscope run``'s
 options (``gpuscope.options.RunOptions``): ``output``, ``cprofile_steps``, ``cprofile_all``, ``trace_steps``,
-``trace_max_mb``, ``probe_loader``, ``probes``, with the same defaults. One profile at a time per process (a second one
-inside the first is a clear error); every hook the collectors set is removed when it stops, also when the block
-raises, so a kernel can profile again and again.
+``trace_max_mb``, ``probe_loader``, ``probes``, ``skip_steps``, ``profile_steps`` (or ``steps``), with the same
+defaults. One profile at a time per process (a second one inside the first is a clear error); every hook the
+collectors set is removed when it stops, also when the block raises, so a kernel can profile again and again.
+
+``gpuscope.profile(steps=N)`` measures N steps, then writes the record and report and takes every collector out
+while the block goes on; the record is complete (``prof.record``) from then, and gets the exit status at the end.
 """
 
 from __future__ import annotations
@@ -39,17 +42,22 @@ class ProfileError(GpuscopeError):
 class Profile:
     """One profiled stretch of the user's code; see the module's documentation."""
 
-    def __init__(self, output: str | Path | None = None, *, quiet: bool | None = None, **options: Any) -> None:
+    def __init__(self, output: str | Path | None = None, *, quiet: bool | None = None, steps: int | None = None,
+                 **options: Any) -> None:
         """``output``: the run's folder (default ``./gpuscope-runs/<name>-<timestamp>/``, as the CLI's); ``options``:
         the other fields of ``RunOptions`` by name, ``gpuscope run``'s options with ``_`` for ``-``
         (``cprofile_steps=None`` means ``cprofile_all=True``; ``probes=False`` is ``--no-probes``).
         ``quiet``: print no summary at the end; by default the summary goes to stderr outside notebooks, and a
-        notebook shows the report inline instead."""
+        notebook shows the report inline instead. ``steps``: ``profile_steps``, shorter."""
+        if steps is not None:
+            if "profile_steps" in options:
+                raise TypeError("gpuscope.profile() takes steps or profile_steps, not both")
+            options["profile_steps"] = steps
         names = [f.name for f in dataclasses.fields(RunOptions)]
         unknown = sorted(set(options) - set(names))
         if unknown:
             raise TypeError(f"gpuscope.profile() has no option {', '.join(unknown)}; its options: "
-                            f"{', '.join(names)}, quiet")
+                            f"{', '.join(names)}, steps, quiet")
         self.options = RunOptions(output=output, **options)
         self.quiet = _in_notebook() if quiet is None else quiet
         self.run_dir: Path | None = None
@@ -73,10 +81,19 @@ class Profile:
                                "under `gpuscope run` the whole script is already profiled)")
         name, command = _caller()
         self.run_dir = new_run_dir(self.options.output, name)
-        session = Session(self.run_dir, command, default_collectors(self.options.collect_options()))
+        session = Session(self.run_dir, command, default_collectors(self.options.collect_options()),
+                          skip_steps=self.options.skip_steps, profile_steps=self.options.profile_steps)
+        session.on_hand_over = self._hand_over
         session.start()
         self._session = session
         return self
+
+    def _hand_over(self, session: Session) -> None:
+        """The profiled steps are over (``steps=N``): the record and report now; the block goes on."""
+        from gpuscope.finish import hand_over_session
+
+        finished = hand_over_session(session, quiet=self.quiet)
+        self.record, self.report_path = finished.record, finished.report_path
 
     def step(self) -> None:
         """Mark the end of one step, as ``gpuscope.step()`` does (only needed without ``optimizer.step()``)."""

@@ -43,6 +43,8 @@ class StepCapture:
     loaders: tuple[Loader, ...]
     device: str
     notes: tuple[str, ...] = ()
+    skipped: int = 0
+    """The first steps, counted and not kept (``--skip-steps``); ``head`` counts from step 0."""
 
 
 @dataclass(frozen=True, slots=True)

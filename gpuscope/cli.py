@@ -8,12 +8,13 @@ import contextlib
 import signal
 import sys
 from collections.abc import Sequence
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol
 
 from gpuscope import distributed
 from gpuscope.errors import USAGE_EXIT, GpuscopeError
-from gpuscope.finish import finish, finish_session, open_in_browser
+from gpuscope.finish import finish, finish_session, hand_over_session, open_in_browser
 from gpuscope.options import Parser, RunOptions, count, positive_int
 from gpuscope.rundirs import new_run_dir
 from gpuscope.traceanalyze import AnalyzeCommand
@@ -92,7 +93,9 @@ class RunCommand:
         job_dir = distributed.job_run_dir(options.output, target.stem) if rank is not None else None
         run_dir = (distributed.rank_dir(job_dir, rank.rank) if job_dir is not None and rank is not None
                    else new_run_dir(options.output, target.stem))
-        session = Session(run_dir, target.command, default_collectors(options.collect_options()), distributed=rank)
+        session = Session(run_dir, target.command, default_collectors(options.collect_options()), distributed=rank,
+                          skip_steps=options.skip_steps, profile_steps=options.profile_steps)
+        session.on_hand_over = partial(hand_over_session, quiet=args.quiet)
         session.start()
 
         def end(status: int) -> None:

@@ -59,11 +59,31 @@ def finish(make_record: Callable[[], RunRecord], run_dir: Path, *, failure: str,
 
 def finish_session(session: Session, status: int, *, quiet: bool = False, open_report: bool = False) -> Finished:
     """``finish`` for one process's run: stop ``session`` with the script's exit ``status``."""
-    def say(line: str) -> None:
-        print(line, file=sys.stderr, flush=True)
-
-    return finish(lambda: session.stop(status, say=None if quiet else say), session.run_dir, quiet=quiet,
+    return finish(lambda: session.stop(status, say=None if quiet else _say), session.run_dir, quiet=quiet,
                   open_report=open_report, failure=f"could not write the run's files to {session.run_dir}")
+
+
+def hand_over_session(session: Session, *, quiet: bool = False) -> Finished:
+    """``Session.on_hand_over`` of a run whose profiled steps are over while the script goes on
+    (``--profile-steps``): run.json and report.html now, one line on stderr, then the probes, and both again with
+    what the probes found. The summary waits for the script's end; ``quiet`` keeps the probes' progress lines off
+    the terminal."""
+    reports: list[Path | None] = []
+
+    def written(record: RunRecord) -> None:
+        from gpuscope.report import write_report_softly
+
+        path = write_report_softly(record, session.run_dir)
+        if path is not None and not any(reports):  # said even under -q: a long job's one line about gpuscope
+            print(f"gpuscope: report ready at {path}; training continues unprofiled", file=sys.stderr, flush=True)
+        reports.append(path)
+
+    record = session.hand_over(say=None if quiet else _say, written=written)
+    return Finished(record, reports[-1] if reports else None)
+
+
+def _say(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def open_in_browser(path: Path) -> None:
@@ -74,4 +94,4 @@ def open_in_browser(path: Path) -> None:
         print(f"gpuscope: no browser could be opened; the report is {path}", file=sys.stderr)
 
 
-__all__ = ["Finished", "finish", "finish_session", "open_in_browser"]
+__all__ = ["Finished", "finish", "finish_session", "hand_over_session", "open_in_browser"]

@@ -94,14 +94,40 @@ class RunOptions:
         help="skip the post-run probes (data probe, loader probe, per-op cost calibration): a faster exit with the "
              "timings only; the CPU verdict then cannot tell launch- from compute-bound")
 
+    skip_steps: int = _option(
+        0, "--skip-steps", metavar="K", type=count,
+        help="run the first K steps unmeasured (a learning-rate warm-up, a first epoch that fills caches): every "
+             "profiler's window comes after them")
+    profile_steps: int | None = _option(
+        None, "--profile-steps", metavar="N", type=positive_int,
+        help="measure N steps (after --skip-steps), then write run.json and report.html at once and take every "
+             "collector out: the rest of the run goes at full speed; at its end run.json gets the exit status")
+
     def __post_init__(self) -> None:
         # the command line checks its text with the argparse types; keyword arguments are checked here
-        for name in ("cprofile_steps", "trace_steps"):
+        for name in ("cprofile_steps", "trace_steps", "skip_steps"):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
                 raise GpuscopeError(f"{name} must be a whole number, 0 or more: {value!r}")
         if not isinstance(self.trace_max_mb, (int, float)) or not self.trace_max_mb > 0:
             raise GpuscopeError(f"trace_max_mb must be a number above 0: {self.trace_max_mb!r}")
+        if self.profile_steps is not None:
+            if not isinstance(self.profile_steps, int) or isinstance(self.profile_steps, bool) or self.profile_steps < 1:
+                raise GpuscopeError(f"profile_steps must be a whole number, 1 or more: {self.profile_steps!r}")
+            needed = self.fewest_profile_steps()
+            if self.profile_steps < needed:
+                raise GpuscopeError(
+                    f"--profile-steps {self.profile_steps} is too few: the profilers' windows and the steady steps the "
+                    f"figures need take {needed} (fewer with --trace-steps or --cprofile-steps lower)")
+
+    def fewest_profile_steps(self) -> int:
+        """The fewest ``profile_steps`` that hold every window (on a CUDA run, which has the most) and
+        ``thresholds.MIN_STEADY_STEPS`` clean steps."""
+        from gpuscope.analysis.thresholds import MIN_STEADY_STEPS
+        from gpuscope.collectors import plan_windows
+
+        plan = plan_windows(dataclasses.replace(self.collect_options(), profile_steps=None))
+        return max(plan.end(cuda=True) - self.skip_steps, 0) + MIN_STEADY_STEPS
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -138,6 +164,8 @@ class RunOptions:
             trace_max_bytes=int(self.trace_max_mb * MB),
             probe_loader=self.probe_loader,
             probes=self.probes,
+            skip_steps=self.skip_steps,
+            profile_steps=self.profile_steps,
         )
 
 

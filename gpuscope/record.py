@@ -83,7 +83,9 @@ class Steps:
     total: int = 0
     """Every step seen, steady or not."""
     warmup: int = 0
-    """Steps left out at the start (first steps, compilation, autotuning)."""
+    """Steps left out at the start (first steps, compilation, autotuning), the skipped ones included."""
+    skipped: int = 0
+    """Of the warm-up steps, those the user asked to skip (``--skip-steps``): no profiler measured them."""
     outliers: int = 0
     """Steps left out later for taking far longer than the median (checkpoints, evaluation, recompiles)."""
     profiled: int = 0
@@ -611,6 +613,22 @@ class TraceSource:
 
 
 @dataclass(frozen=True, slots=True)
+class ProfilingWindow:
+    """What ``--skip-steps`` and ``--profile-steps`` asked for, and when gpuscope handed the record over."""
+
+    skip_steps: int = 0
+    """Steps run before any measurement (counted in ``steps.warmup``, as ``steps.skipped``)."""
+    profile_steps: int | None = None
+    """Steps measured after the skipped ones (None: to the end of the run)."""
+    handed_over_s: float | None = None
+    """Seconds into the run when the profiled steps were over: the record and report were written, every
+    collector came out, and the rest of the run went unprofiled (None: the script ended first)."""
+    script_ended: bool = True
+    """False while the script runs on after the hand-over: ``exit_status`` is not known yet (it reads 0 until
+    the script ends; a job killed later keeps this record)."""
+
+
+@dataclass(frozen=True, slots=True)
 class RunRecord:
     """The whole record of one run; ``to_json()`` is ``run.json``."""
 
@@ -652,6 +670,8 @@ class RunRecord:
     straggler: Straggler | None = None
     source: TraceSource | None = None
     """Set when the record was built from a trace alone (``gpuscope analyze``); None for a profiled run."""
+    profiling_window: ProfilingWindow | None = None
+    """The steps the user asked to measure (``--skip-steps``, ``--profile-steps``); None: the whole run."""
 
     def to_json(self) -> dict[str, Any]:
         """The plain-JSON form of the record (``run.json``)."""

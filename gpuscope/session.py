@@ -8,6 +8,10 @@ Order, all of it derived from the collectors' declarations (``collectors.default
 3. the steps are reduced (``analysis.steady``) so the probes know what the run measured;
 4. post-run probes run one at a time, each after every live hook is gone (they may run the user's code again);
 5. every payload becomes record fields (``analysis.reduce``), and the record is analysed and written.
+
+With ``profile_steps`` (``--profile-steps``), stages 2-5 run as the step after the profiled ones begins (at the
+steps collector's next safe point, ``hand_over``), in the loop's thread; the script then goes on with no collector
+in it, and ``stop`` at its end only writes its exit status into the record.
 """
 
 from __future__ import annotations
@@ -31,7 +35,7 @@ from gpuscope.collectors import Collector, CollectorResult, default_collectors
 from gpuscope.collectors.probing import run_isolated
 from gpuscope.collectors.steps import StepsCollector
 from gpuscope.errors import GpuscopeError
-from gpuscope.record import CollectorStatus, Distributed, RunMeta, RunRecord, write_record
+from gpuscope.record import CollectorStatus, Distributed, ProfilingWindow, RunMeta, RunRecord, write_record
 
 
 PROGRESS_AFTER_S = 1.0
@@ -54,11 +58,20 @@ class Session:
     """Collectors around a stretch of the user's code; ``stop`` returns the finished record."""
 
     def __init__(self, run_dir: Path, command: Sequence[str], collectors: Sequence[Collector] | None = None,
-                 distributed: Distributed | None = None) -> None:
+                 distributed: Distributed | None = None, *, skip_steps: int = 0,
+                 profile_steps: int | None = None) -> None:
         """``collectors`` default to ``default_collectors()``, in start order; the steps collector among them is
         the source of step events the others follow. ``distributed``: this process's rank in a torchrun job (its
-        backend is read when the session stops)."""
+        backend is read when the session stops). ``skip_steps`` and ``profile_steps``: the steps the collectors
+        were built to measure (``CollectOptions``); after them the session hands the record over (``hand_over``)
+        and the rest of the run goes unprofiled."""
         self.run_dir = Path(run_dir)
+        self.window = ProfilingWindow(skip_steps, profile_steps) if skip_steps or profile_steps else None
+        self.on_hand_over: Callable[[Session], None] = Session.hand_over
+        """What runs when the profiled steps are over: ``hand_over``, or a caller's stand-in that calls it (and
+        writes the report)."""
+        self._handed_over = False
+        self._ended = False
         self.distributed = distributed
         self.command = tuple(command)
         self.collectors = list(collectors) if collectors is not None else default_collectors()
@@ -87,28 +100,77 @@ class Session:
                 continue
             self._started.append(collector)
         _Active.session = self
+        if self.window is not None and self.window.profile_steps is not None and self._steps in self._started:
+            self._steps.add_step_listener(self._profiled_steps_over)  # after every window's listener
+
+    def _profiled_steps_over(self, index: int) -> None:
+        window = self.window
+        if window is not None and window.profile_steps is not None and self._steps is not None \
+                and index == window.skip_steps + window.profile_steps:
+            self._steps.stop_at_safe_point(self._hand_over_softly)
+
+    def _hand_over_softly(self) -> None:
+        """``on_hand_over``, in the user's loop: whatever goes wrong is one line on stderr, never their exception."""
+        try:
+            self.on_hand_over(self)
+        except Exception as exc:
+            print(f"gpuscope: error: could not hand the record over: {describe(exc)}", file=sys.stderr)
 
     def mark_step(self) -> None:
         """An explicit step boundary (``gpuscope.step()``)."""
-        if self._steps is not None and self._steps in self._started:
+        if self._steps is not None and self._steps in self._started and not self._handed_over:
             self._steps.mark_step()
+
+    @property
+    def handed_over(self) -> bool:
+        """Whether the record was handed over while the script went on (``--profile-steps``)."""
+        return self._handed_over
 
     def stop(self, exit_status: int, say: Callable[[str], None] | None = None) -> RunRecord:
         """Stop the collectors, run the probes, build and analyse the record, write ``run.json``; idempotent.
-        ``say``: where to tell the user what a probe of a second or more is doing (the terminal waits on it)."""
-        if self.record is not None:
-            return self.record
+        ``say``: where to tell the user what a probe of a second or more is doing (the terminal waits on it).
+        After a hand-over, the record gets the script's exit status and nothing else changes."""
         if _Active.session is self:
             _Active.session = None
+        if self._handed_over and self.record is not None and not self._ended:
+            self._ended = True
+            window = dataclasses.replace(self.record.profiling_window, script_ended=True)  # type: ignore[arg-type]
+            self.record = dataclasses.replace(self.record, exit_status=exit_status, profiling_window=window)
+            write_record(self.record, self.run_dir)
+        if self.record is None:
+            self.record = self._collect(exit_status, say)
+        return self.record
+
+    def hand_over(self, say: Callable[[str], None] | None = None,
+                  written: Callable[[RunRecord], None] | None = None) -> RunRecord:
+        """The profiled steps are over, the script goes on: stop every collector, run the probes, write the record
+        (exit status 0 and ``profiling_window.script_ended`` False until ``stop``). ``written`` is called with each
+        record written (before the probes, and after)."""
+        if self.record is None:
+            self._handed_over, self._ended = True, False
+            self.record = self._collect(0, say, written)
+            # what the collectors gathered (trace events, step records) would stay reachable for the rest of the
+            # run, and every full garbage collection of the user's would walk it: only the record is kept
+            self.collectors, self._started, self._steps = [], [], None
+            self._reduced.clear()
+        return self.record
+
+    def _collect(self, exit_status: int, say: Callable[[str], None] | None,
+                 written: Callable[[RunRecord], None] | None = None) -> RunRecord:
+        """Stages 2-5: stop the live collectors, write the record, run the probes, write it again."""
         duration = time.perf_counter() - self._t0
         results = self._stop_live()
         probes = self._of_stage("post-run")
         if probes:  # the record is safe before any probe runs the user's code again
             pending = CollectorResult(CollectorStatus("unavailable", "not run: gpuscope stopped before it"))
-            self._write(exit_status, duration, {**results, **{p.name: pending for p in probes}})
+            record = self._write(exit_status, duration, {**results, **{p.name: pending for p in probes}})
+            if written is not None:
+                written(record)
         results.update(self._run_probes(self._facts(results), probes, say))
-        self.record = self._write(exit_status, duration, results)
-        return self.record
+        record = self._write(exit_status, duration, results)
+        if written is not None:
+            written(record)
+        return record
 
     def _write(self, exit_status: int, duration: float, results: dict[str, CollectorResult]) -> RunRecord:
         """Build the record from ``results``, analyse it and write run.json."""
@@ -123,6 +185,10 @@ class Session:
             notes=tuple(notes),
         )
         record = assemble(self.command, exit_status, meta, self._statuses, results, self._fields(), self._reduce)
+        if self.window is not None:
+            window = dataclasses.replace(self.window, handed_over_s=duration if self._handed_over else None,
+                                         script_ended=not self._handed_over)
+            record = dataclasses.replace(record, profiling_window=window)
         if self.distributed is not None:
             from gpuscope.distributed import backend_now
 

@@ -25,7 +25,18 @@ def bound_label(record: RunRecord) -> str:
 def left_out(record: RunRecord) -> str:
     """Why steps are not in the steady-state figures, e.g. "left out: 1 warm-up, 8 profiled, 0 outliers"."""
     steps = record.steps
-    return f"left out: {steps.warmup} warm-up, {steps.profiled} profiled, {steps.outliers} outliers"
+    skipped = f", {steps.skipped} of them skipped" if steps.skipped else ""
+    return f"left out: {steps.warmup} warm-up{skipped}, {steps.profiled} profiled, {steps.outliers} outliers"
+
+
+def window_line(record: RunRecord) -> str | None:
+    """What ``--profile-steps`` measured and when the record was handed over (None: the whole run was profiled)."""
+    window = record.profiling_window
+    if window is None or window.profile_steps is None or window.handed_over_s is None:
+        return None
+    first = window.skip_steps
+    return (f"  measured steps {first}-{first + window.profile_steps - 1}; the report was ready "
+            f"{window.handed_over_s:.1f} s into the run, which went on unprofiled")
 
 
 def summary_lines(record: RunRecord, run_dir: Path, report_path: Path | None = None) -> list[str]:
@@ -51,6 +62,9 @@ def summary_lines(record: RunRecord, run_dir: Path, report_path: Path | None = N
         shares = ", ".join(f"{name.replace('_', ' ')} {share:.0%}" for name, share in record.breakdown.as_dict().items())
         lines.append(f"  steps: {steps.count} steady of {steps.total} ({left_out(record)}), "
                      f"median {steps.median_s * 1e3:.1f} ms; {shares}")
+    measured = window_line(record)
+    if measured is not None:
+        lines.append(measured)
     for rec in record.recommendations[:3]:
         gain = f" (~{rec.expected_gain:.0%} of step time)" if rec.expected_gain is not None else ""
         lines.append(f"  * {rec.title}{gain}")

@@ -58,6 +58,8 @@ def main():
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--time-from", type=int, default=1, metavar="STEP",
+                        help="the printed figures cover steps from STEP on (default 1: all but the warm-up step)")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -94,8 +96,9 @@ def main():
         step_times.append(now - last)
         last, step = now, step + 1
 
-    # the first step (warm-up) is left out of both sums
-    waits, durations = (wait_times[1:], step_times[1:]) if step > 1 else (wait_times, step_times)
+    # the steps before --time-from (by default the warm-up step) are left out of both sums
+    first = args.time_from if step > args.time_from else 0
+    waits, durations = wait_times[first:], step_times[first:]
     median = statistics.median(durations)
     print(f"steps={step} median_step_s={median:.6f} "
           f"data_wait_fraction={sum(waits) / sum(durations):.4f} "

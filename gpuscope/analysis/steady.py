@@ -27,14 +27,18 @@ def summarize(
     head: int,
     body_weight: float,
     source: str,
+    skipped: int = 0,
 ) -> StepSummary:
-    """Summarise kept step records of a run that had ``total`` steps marked by ``source``: the first ``head``
-    steps one by one, each later one standing for ``body_weight`` steps of the run."""
+    """Summarise kept step records of a run that had ``total`` steps marked by ``source``: the steps before
+    ``head`` one by one, each later one standing for ``body_weight`` steps of the run. The first ``skipped`` steps
+    (``--skip-steps``) were not kept, and count as warm-up."""
     if not records:
-        return StepSummary(Steps(total=total, source=source if total else "none"), Breakdown(), None)  # type: ignore[arg-type]
+        warmup = min(skipped, total)
+        return StepSummary(Steps(total=total, warmup=warmup, skipped=warmup,  # type: ignore[arg-type]
+                                 source=source if total else "none"), Breakdown(), None)
 
     weights = [1.0 if r.index < head else body_weight for r in records]
-    warmup = _count_warmup(records, total)
+    warmup = _count_warmup(records, total, skipped)
     profiled = [i for i, r in enumerate(records) if r.index >= warmup and r.profiled]
     later = [i for i, r in enumerate(records) if r.index >= warmup and not r.profiled]
     later_median = _quantile([records[i].wall_s for i in later], [weights[i] for i in later], 0.5)
@@ -65,6 +69,7 @@ def summarize(
         max_s=max(walls, default=0.0),
         total=total,
         warmup=warmup,
+        skipped=skipped,
         profiled=profiled_count,
         outliers=max(0, total - warmup - profiled_count - count),
         source=source,  # type: ignore[arg-type]
@@ -78,21 +83,22 @@ def summarize(
     return StepSummary(steps, host, None)
 
 
-def _count_warmup(records: Sequence[StepRecord], total: int) -> int:
-    """Leading steps left out: the first always (given enough steps), then those still far slower than the
-    slow end of the run's second half (its 90th percentile: past any warm-up, and high enough that a loop
+def _count_warmup(records: Sequence[StepRecord], total: int, skipped: int = 0) -> int:
+    """Leading steps left out: the ``skipped`` ones (not kept), the first always (given enough steps, and none
+    skipped: a run measured from step 0 pays its lazy initialisation there), then those still far slower than
+    the slow end of the run's second half (its 90th percentile: past any warm-up, and high enough that a loop
     whose steps alternate fast and slow loses none)."""
-    if total < th.MIN_STEPS_FOR_WARMUP:
-        return 0
+    if total - skipped < th.MIN_STEPS_FOR_WARMUP:
+        return skipped
     rest = [r.wall_s for r in records[max(1, len(records) // 2):]]
     reference = _quantile(rest, [1.0] * len(rest), 0.9)
-    limit = max(1, math.floor(th.MAX_WARMUP_SHARE * total))
-    warmup = 1
-    while warmup < limit and warmup < len(records) and records[warmup].index == warmup:
-        if records[warmup].wall_s <= th.WARMUP_FACTOR * reference:
+    limit = skipped + max(1, math.floor(th.MAX_WARMUP_SHARE * (total - skipped)))
+    at = 0 if skipped else 1  # position in ``records`` of the first step that may be steady
+    while skipped + at < limit and at < len(records) and records[at].index == skipped + at:
+        if records[at].wall_s <= th.WARMUP_FACTOR * reference:
             break
-        warmup += 1
-    return warmup
+        at += 1
+    return skipped + at
 
 
 def _host_breakdown(records: Sequence[StepRecord], weights: Sequence[float]) -> Breakdown:
@@ -165,4 +171,5 @@ def _phase_seconds(record: StepRecord, phase: str) -> float:
 
 def summarize_capture(capture: StepCapture) -> StepSummary:
     """``summarize`` of what the steps collector captured."""
-    return summarize(capture.records, capture.count, capture.head, capture.body_weight, capture.source)
+    return summarize(capture.records, capture.count, capture.head, capture.body_weight, capture.source,
+                     capture.skipped)

@@ -37,6 +37,12 @@ class CollectOptions:
     probes: bool = True
     """Run the post-run probes (data probe, loader probe, calibration, the CPU's matmul peak), which run code
     after the script; False (``--no-probes``): a fast exit with the timings only."""
+    skip_steps: int = 0
+    """Steps before any window (``--skip-steps``): a learning-rate warm-up, a first epoch that fills caches. They
+    are left out of the figures."""
+    profile_steps: int | None = None
+    """Steps measured after the skipped ones (``--profile-steps``), every window among them; then the collectors
+    hand the record over and come out (None: they stay to the end of the run)."""
 
 
 def collector_classes() -> list[Any]:
@@ -65,7 +71,7 @@ def window_requests(classes: list[Any], options: CollectOptions) -> list[tuple[s
 
 def plan_windows(options: CollectOptions) -> Plan:
     """Where each collector's window lies for a run with ``options``."""
-    return schedule(window_requests(collector_classes(), options))
+    return schedule(window_requests(collector_classes(), options), first=options.skip_steps)
 
 
 def default_collectors(options: CollectOptions | None = None) -> list[Collector]:
@@ -76,11 +82,11 @@ def default_collectors(options: CollectOptions | None = None) -> list[Collector]
     options = options or CollectOptions()
     classes = collector_classes()
     requests = window_requests(classes, options)
-    plan = schedule(requests)
+    plan = schedule(requests, first=options.skip_steps)
     rank = {name: i for i, (name, _) in enumerate(requests)}
     live = sorted((c for c in classes if c.stage == "live"), key=lambda c: (rank.get(c.name, len(rank)), c.name))
     probes = [c for c in classes if c.stage == "post-run"]
-    return [StepsCollector(), *(cls.create(options, plan) for cls in (*live, *probes))]
+    return [StepsCollector(skip=options.skip_steps), *(cls.create(options, plan) for cls in (*live, *probes))]
 
 
 __all__ = ["CollectOptions", "Collector", "CollectorResult", "LiveCollector", "Plan", "Probe", "StepEvents",

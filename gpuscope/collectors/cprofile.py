@@ -50,8 +50,11 @@ class CProfileCollector(StepFollower):
     _running: ClassVar[CProfileCollector | None] = None  # read in a forked child, to stop the inherited profile
     _fork_hook: ClassVar[bool] = False
 
-    def __init__(self, steps: int | None = DEFAULT_STEPS) -> None:
+    def __init__(self, steps: int | None = DEFAULT_STEPS, first: int = 0) -> None:
+        """``first``: the window's first step; past 0 (``--skip-steps``), the start-up is not profiled."""
         self.steps = steps
+        self.first = first
+        self._closed = False
         self._startup = cProfile.Profile()
         self._loop: cProfile.Profile | None = None
         self._active: cProfile.Profile | None = None
@@ -65,11 +68,13 @@ class CProfileCollector(StepFollower):
     def wants(cls, options: CollectOptions) -> WindowRequest | None:
         """The first steps, from step 0 (the start-up runs profiled before it); the whole run profiles steps that
         other windows own too, as the user asked."""
-        return WindowRequest(options.cprofile_steps, startup=True) if options.cprofile_steps is not None else None
+        if options.cprofile_steps is None:  # the whole run, or all of it from the skipped steps on
+            return WindowRequest(1, startup=True) if options.skip_steps else None
+        return WindowRequest(options.cprofile_steps, startup=True)
 
     @classmethod
     def create(cls, options: CollectOptions, plan: Plan) -> CProfileCollector:
-        return cls(options.cprofile_steps)
+        return cls(options.cprofile_steps, first=plan.start(cls.name) or 0)
 
     def unavailable_reason(self) -> str | None:
         return profiler_in_use()
@@ -82,11 +87,10 @@ class CProfileCollector(StepFollower):
             CProfileCollector._fork_hook = True
         CProfileCollector._running = self
         self._workers = WorkerProfiler(run_dir)
-        self._switch(self._startup)
         self._watch = ImportWatch("torch", self._torch_imported, before=self._torch_importing)
         self._watch.install()
-        if self._events is not None:
-            self._events.window_opened()
+        if not self.first:
+            self._open(self._startup)
 
     def _torch_importing(self) -> None:
         if self._active is self._startup:
@@ -106,13 +110,25 @@ class CProfileCollector(StepFollower):
 
     def _on_step(self, index: int) -> None:
         """Step ``index`` begins."""
-        if self._active is None:
+        if self._closed:
             return
-        if self.steps is not None and index >= self.steps:
+        if self._active is None:
+            if self.first and index >= self.first:  # a window after skipped steps: no start-up profile
+                self._loop = cProfile.Profile()
+                self._open(self._loop)
+            return
+        if self.steps is not None and index >= self.first + self.steps:
             self._close(last_step=index - 1)
         elif self._active is self._startup and index >= 1:  # the first step belongs to the start-up
             self._loop = cProfile.Profile()
             self._switch(self._loop)
+
+    def _open(self, profile: cProfile.Profile) -> None:
+        self._switch(profile)
+        if self._active is None:  # it could not be enabled (the reason is the status)
+            self._closed = True
+        elif self._events is not None:
+            self._events.window_opened()
 
     def _switch(self, profile: cProfile.Profile | None) -> None:
         try:
@@ -128,6 +144,7 @@ class CProfileCollector(StepFollower):
         self._active = profile
 
     def _close(self, last_step: int | None) -> None:
+        self._closed = True
         self._switch(None)
         self._last_step = last_step
         if self._events is not None:
@@ -144,20 +161,24 @@ class CProfileCollector(StepFollower):
             self._close(last_step=seen - 1)
         if self._error:
             return CollectorResult(CollectorStatus("failed", self._error))
+        if self.first and self._loop is None:
+            return CollectorResult(CollectorStatus(
+                "unavailable", f"the run ended before step {self.first}, where its window was to begin"))
         path = self._run_dir / PROF_FILE
-        startup = pstats.Stats(self._startup)
-        combined = pstats.Stats(self._startup)
         loop = pstats.Stats(self._loop) if self._loop is not None else None
-        if loop is not None:
+        startup = pstats.Stats(self._startup) if not self.first else None
+        combined = pstats.Stats(self._startup if not self.first else self._loop)
+        if loop is not None and startup is not None:
             combined.add(loop)
         combined.dump_stats(str(path))
         focus = loop if loop is not None else startup  # no loop: the whole run was start-up
-        last = self._last_step if self._last_step is not None and self._last_step >= 0 else None
+        last = self._last_step if self._last_step is not None and self._last_step >= self.first else None
         profile = PythonProfile(
-            window=Window(first_step=0 if last is not None else None, last_step=last, startup=True),
-            whole_run=whole_run,
+            window=Window(first_step=self.first if last is not None else None, last_step=last,
+                          startup=not self.first),
+            whole_run=whole_run and not self.first,
             total_s=combined.total_tt,  # type: ignore[attr-defined]
-            startup_s=startup.total_tt,  # type: ignore[attr-defined]
+            startup_s=startup.total_tt if startup is not None else 0.0,  # type: ignore[attr-defined]
             top_own=top_functions(focus, by="own"),
             top_cumulative=top_functions(focus, by="cumulative"),
             **self._worker_fields(),

@@ -3,7 +3,8 @@ after another, so no two profilers ever run in the same step (each would distort
 ``torch.profiler.schedule`` but for all of gpuscope's profilers at once.
 
 Windows are placed in the order of the requests, each after the previous one (and its ``gap`` of clean steps), none
-on step 0 but one that covers the start-up (cProfile's).
+on step 0 but one that covers the start-up (cProfile's). ``first`` (``--skip-steps``) moves them all past the steps
+before it, the start-up one too.
 A CUDA-only window (the sync count) is placed on CUDA runs only: the plan holds one placement per kind of run, and
 a collector reads its own when it knows which kind of run it is in.
 """
@@ -48,6 +49,10 @@ class Plan:
         window = self.window(name, cuda)
         return window.start if window is not None else None
 
+    def end(self, cuda: bool = False) -> int:
+        """The first step after every window on that kind of run (0: no window)."""
+        return max((w.stop for w in (self.cuda if cuda else self.cpu).values()), default=0)
+
     def overlaps(self) -> list[tuple[str, str]]:
         """Pairs of windows that share a step (none, by construction: the tests hold it to that)."""
         found = []
@@ -59,16 +64,17 @@ class Plan:
         return found
 
 
-def schedule(requests: Sequence[tuple[str, WindowRequest | None]]) -> Plan:
-    """Place each ``(name, request)`` after the ones before it. A None request, or one of zero steps, is not placed
-    and reserves no step."""
+def schedule(requests: Sequence[tuple[str, WindowRequest | None]], first: int = 0) -> Plan:
+    """Place each ``(name, request)`` after the ones before it, none before step ``first``. A None request, or one
+    of zero steps, is not placed and reserves no step."""
     plan = Plan()
     for cuda, placed in ((False, plan.cpu), (True, plan.cuda)):
-        cursor = 0
+        cursor = first
         for name, request in requests:
             if request is None or request.steps <= 0 or (request.cuda_only and not cuda):
                 continue
-            start = max(cursor + request.gap, 0 if request.startup else FIRST_STEADY_STEP)
+            floor = first if first > 0 else 0 if request.startup else FIRST_STEADY_STEP
+            start = max(cursor + request.gap, floor)
             placed[name] = Window(start, request.steps)
             cursor = start + request.steps
     return plan

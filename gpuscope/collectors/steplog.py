@@ -109,11 +109,15 @@ class StepLog:
 
     A random sample rather than every k-th step: loops are often periodic (gradient accumulation, a slow
     batch every N), and a fixed stride can land on one phase of the period only.
+
+    The first ``skip`` steps (``--skip-steps``) are counted and not kept: the head begins after them.
     """
 
-    def __init__(self, head: int = STEP_HEAD, capacity: int = STEP_CAPACITY, seed: int = 0x5EED) -> None:
+    def __init__(self, head: int = STEP_HEAD, capacity: int = STEP_CAPACITY, seed: int = 0x5EED,
+                 skip: int = 0) -> None:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
+        self.skip = skip
         self.head_size = head
         self.capacity = capacity
         self._seed = seed
@@ -123,11 +127,13 @@ class StepLog:
         """Count one step; return its record if it is kept."""
         index = self.count
         self.count += 1
+        if index < self.skip:
+            return None
         record = StepRecord(index, wall_s, phases_s, profiled)
-        if index < self.head_size:
+        if index < self.skip + self.head_size:
             self._head.append(record)
             return record
-        seen = index - self.head_size + 1
+        seen = index - self.skip - self.head_size + 1
         if len(self._body) < self.capacity:
             self._body.append(record)
         else:
@@ -142,13 +148,13 @@ class StepLog:
     @property
     def body_weight(self) -> float:
         """How many steps of the run each kept later step stands for (1.0 until sampling starts)."""
-        later = self.count - len(self._head)
+        later = self.count - self.skip - len(self._head)
         return later / len(self._body) if self._body else 1.0
 
     def find(self, index: int) -> StepRecord | None:
         """The kept record of step ``index``, if it was kept."""
-        if index < len(self._head):
-            return self._head[index]
+        if self.skip <= index < self.skip + len(self._head):
+            return self._head[index - self.skip]
         return self._by_index.get(index)
 
     def records(self) -> list[StepRecord]:

@@ -19,6 +19,11 @@ Hooks, all global and all removed at stop:
   when the GPU has passed them (never synchronising the loop), give the device-side breakdown.
 
 Only events from the thread that started the collector are counted (the training loop's thread).
+
+Taken out in the middle of the run (``--profile-steps``): a step begins inside torch's optimizer hook, while torch
+iterates over its hooks, where no hook can be removed. So the stop is asked for (``stop_at_safe_point``) and runs
+at the next *safe point*: the next DataLoader ``__next__``, forward of a timed module, ``backward()`` or
+``gpuscope.step()``, each entered from the user's code (torch calls forward pre-hooks from a copy of its hook list).
 """
 
 from __future__ import annotations
@@ -48,8 +53,11 @@ class StepsCollector:
     field: ClassVar[str | None] = "steps"
     stage: ClassVar[Stage] = "live"
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, skip: int = 0) -> None:
+        """``skip``: the first steps are counted, not kept (``--skip-steps``)."""
         self._clock = clock
+        self._skip = skip
+        self._at_safe_point: Callable[[], None] | None = None
         self._undo: list[Callable[[], None]] = []
         self._optimizers: dict[int, weakref.ref[Any]] = {}
         self.loaders = LoaderBook()
@@ -72,7 +80,7 @@ class StepsCollector:
     def start(self, run_dir: Path) -> None:
         self._thread = threading.get_ident()
         self._pid = os.getpid()
-        self.tracker = StepTracker(self._clock(), StepLog(), self._clock)
+        self.tracker = StepTracker(self._clock(), StepLog(skip=self._skip), self._clock)
         # first listener, so its one-time work comes before any profiler window opens or switches
         self.tracker.listeners.append(self._after_boundary)
         watch = ImportWatch("torch", self._install_torch_hooks)
@@ -84,6 +92,21 @@ class StepsCollector:
         if self._mine():
             now = self._clock()
             self.tracker.explicit(now)  # type: ignore[union-attr]
+            self._safe_point()
+
+    def stop_at_safe_point(self, action: Callable[[], None]) -> None:
+        """Call ``action`` (which stops this collector) at the next safe point in the loop's thread (see the
+        module's documentation); a step listener may ask for it, where stopping would break torch's hook loop."""
+        self._at_safe_point = action
+
+    def _safe_point(self) -> bool:
+        """Run the action asked for, if any: True when it ran (the caller's hook has been taken out)."""
+        action = self._at_safe_point
+        if action is None:
+            return False
+        self._at_safe_point = None
+        action()
+        return True
 
     # -- the step events other collectors follow (collectors.base.StepEvents) ----------------------------
     def add_step_listener(self, listener: Callable[[int], None]) -> None:
@@ -140,9 +163,9 @@ class StepsCollector:
         if tracker.device is not None and tracker.device.gave_up:
             notes.append("device timing stopped: its markers could not be recorded or read (see the host figures)")
         capture = StepCapture(
-            records=tuple(log.records()), count=log.count, head=log.head_size, body_weight=log.body_weight,
-            source=tracker.source or "none", loaders=self.loaders.records(),
-            device="cuda" if self._cuda_initialized() else "cpu", notes=tuple(notes))
+            records=tuple(log.records()), count=log.count, head=log.skip + log.head_size,
+            body_weight=log.body_weight, source=tracker.source or "none", loaders=self.loaders.records(),
+            device="cuda" if self._cuda_initialized() else "cpu", notes=tuple(notes), skipped=min(log.skip, log.count))
         return CollectorResult(CollectorStatus("ok"), capture)
 
     # -- hook installation -------------------------------------------------------------------------------
@@ -205,11 +228,13 @@ class StepsCollector:
         collector = self
 
         def __next__(iterator: Any) -> Any:
-            if collector._loader_depth or not collector._mine():
+            if collector._loader_depth or not collector._mine() or collector._safe_point():
                 return original(iterator)
             tracker = collector.tracker
             clock = collector._clock
             tracker.batch_requested(clock())  # type: ignore[union-attr]
+            if collector._safe_point():  # the step that began here ends the profiled ones
+                return original(iterator)
             start = clock()  # after any listener that ran at the step boundary
             tracker.enter("data_wait", start)  # type: ignore[union-attr]
             collector._loader_depth += 1
@@ -237,7 +262,7 @@ class StepsCollector:
 
         def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
             def timed(*args: Any, **kwargs: Any) -> Any:
-                if not collector._mine():
+                if not collector._mine() or collector._safe_point():
                     return original(*args, **kwargs)
                 tracker = collector.tracker
                 tracker.enter(phase, collector._clock())  # type: ignore[union-attr]
@@ -250,13 +275,14 @@ class StepsCollector:
                     tracker.exit(phase, now)  # type: ignore[union-attr]
                     if not collector._backward_depth:
                         tracker.backward_ended(now)  # type: ignore[union-attr]
+                        collector._safe_point()
 
             return timed
 
         return wrap
 
     def _forward_pre(self, module: Any, args: Any) -> None:
-        if self._mine():
+        if self._mine() and not self._safe_point():
             if self.forward.checking:
                 self.forward.ran(module)
             self.tracker.enter("forward", self._clock())  # type: ignore[union-attr]

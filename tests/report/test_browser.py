@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from report_records import SAMPLE_RECORDS, fixed_data_loading_record, gpu_record, hostile_record, sample_record
 
-from conftest import ROOT, Runs, run_gpuscope
+from conftest import ROOT, SCRIPTS, Runs, run_gpuscope
 from gpuscope.record import load_record
 from gpuscope.report import write_report
 from gpuscope.report.render import write_compare
@@ -140,6 +140,19 @@ def test_the_report_of_a_fresh_run_works_in_a_browser(browser, runs: Runs) -> No
     run_dir = run.run_dir
     # then its page works
     page = assert_report_works(browser, run_dir / "report.html", "fresh-run", bound_label(load_record(run_dir)))
+    page.context.close()
+
+
+def test_a_report_handed_over_while_the_script_ran_works_in_a_browser(browser, runs: Runs) -> None:
+    # given the report a long job found in its run folder mid-run (--profile-steps; the run is shared with
+    # tests/integration/test_profile_window.py)
+    run = runs.get(SCRIPTS / "long_job.py", "run", "--steps", "300", "--check-at", "150", "--exit-status", "3",
+                   options=("--profile-steps", "30"))
+    during = run.run_dir / "report-during.html"
+    assert during.is_file(), run.result.stderr
+    # then that page works, and says the script was still running
+    page = assert_report_works(browser, during, "handed-over", bound_label(load_record(run.run_dir)))
+    assert "not known yet" in page.locator("#run").inner_text()
     page.context.close()
 
 

@@ -84,3 +84,17 @@ def test_a_compute_bound_gpu_run_is_told_to_use_tensor_cores_and_bf16_delivers_a
     assert realised >= promised
     # at 2 ms a step the bf16 loop is bounded by launches: the next advice follows the measurement
     assert bf16.verdict.bound == "cpu-launch" and bf16.recommendations[0].id == "static-graph"
+
+
+def test_a_launch_bound_gpu_run_profiled_for_50_steps_is_diagnosed_from_them_and_says_when() -> None:
+    # given: the launch-bound sample's 2000 steps with --profile-steps 50 on the H100 (the report was handed over
+    # 12.5 s into the run, and the script's end added its exit status)
+    raw, record = recorded("launch-window")
+    window = raw["profiling_window"]
+    assert window == {"skip_steps": 0, "profile_steps": 50, "handed_over_s": window["handed_over_s"],
+                      "script_ended": True}
+    assert raw["steps"]["total"] == 50 and raw["exit_status"] == 0
+    # then: the 50 steps hold every window and enough steady steps for the same diagnosis as the whole run's
+    assert raw["collectors"]["syncs"]["status"] == "ok" and raw["collectors"]["torch-trace"]["status"] == "ok"
+    assert record.verdict.bound == "cpu-launch"
+    assert record.recommendations[0].id == "static-graph"
