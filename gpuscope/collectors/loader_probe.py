@@ -23,6 +23,7 @@ from __future__ import annotations
 import multiprocessing
 import pickle
 import random
+import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -104,7 +105,7 @@ class LoaderProbeCollector(PostRunProbe):
                     start_method=info.get("start_method"), cores=_cores(),
                     consume_batches_per_s=facts.consume_batches_per_s,
                     keeps_up_margin=facts.keeps_up_margin, budget_s=self._budget_s, cuda=facts.cuda,
-                    main_batch_s=estimate, clock=self._clock)
+                    main_batch_s=estimate, main_batch_batches=batches, clock=self._clock)
         except DatasetError as exc:
             return CollectorResult(CollectorStatus("unavailable", str(exc)))
         return CollectorResult(CollectorStatus("ok"), probe)
@@ -126,11 +127,12 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
                  worker_init_fn: Any = None, start_method: str | None = None, cores: int = 1,
                  consume_batches_per_s: float | None = None, keeps_up_margin: float = 0.1,
                  budget_s: float = BUDGET_S, cuda: bool = False, main_batch_s: float | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> LoaderProbe:
+                 main_batch_batches: int = 0, clock: Callable[[], float] = time.perf_counter) -> LoaderProbe:
     """Time batches delivered per second by ``DataLoader(dataset, ...)`` for each worker count, within
     ``budget_s`` in all, stopping at the first count delivering ``keeps_up_margin`` more than
-    ``consume_batches_per_s``. ``main_batch_s``: a batch's time in the main process as measured in the run, if
-    known (a configuration whose batch cannot fit its share of the budget is not started).
+    ``consume_batches_per_s``. ``main_batch_s``: a batch's time in the main process as measured in the run over
+    ``main_batch_batches`` batches, if known: the 0-worker rate, not timed again (its share of the budget goes to
+    the worker counts, whose first batches pay the workers' start-up).
 
     Raises DatasetError when the dataset raises in the main process.
     """
@@ -156,10 +158,8 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
             rates.append(LoaderRate(workers, pin, note="not timed: the probe's time budget was spent"))
             continue
         slot = remaining / (len(configs) - len(rates))  # time a configuration leaves goes to the next
-        if workers == 0 and main_batch_s is not None and main_batch_s > slot:
-            rates.append(LoaderRate(workers, pin, note=(
-                f"not timed: a batch took {main_batch_s:.2f} s in the main process during the run, over this "
-                f"configuration's {slot:.2f} s share of the budget")))
+        if workers == 0 and main_batch_s is not None:  # the run timed it: the budget goes to the worker counts
+            rates.append(_as_in_the_run(pin, main_batch_s, main_batch_batches))
             continue
         sampler = ProbeSampler(length, batch_size) if length else SequentialSampler(dataset)
         kwargs: dict[str, Any] = {"batch_size": batch_size, "sampler": sampler, "drop_last": drop_last,
@@ -181,6 +181,12 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
         dataset=type(dataset).__name__, batch_size=batch_size, start_method=method, rates=tuple(rates),
         consume_batches_per_s=consume_batches_per_s, main_threads=threads, budget_s=budget_s,
         elapsed_s=clock() - started, pin_memory_note="" if cuda else ON_CPU_PIN, note="; ".join(notes))
+
+
+def _as_in_the_run(pin: bool, batch_s: float, batches: int) -> LoaderRate:
+    """The 0-worker rate as the run itself measured it, over all its batches: not timed again."""
+    return LoaderRate(0, pin, 1 / batch_s if batch_s > 0 else None, batches, note=(
+        f"not timed again: {batch_s * 1e3:.0f} ms a batch in the main process during the run, over {batches} batches"))
 
 
 class ProbeSampler:
@@ -218,6 +224,7 @@ def _time_config(loader: Any, workers: int, pin: bool, slot_s: float, clock: Cal
     deadline = started + slot_s
     per_round = max(1, workers)
     arrivals: list[float] = []
+    cpu_at: list[float | None] = []  # the workers' CPU seconds at the end of each round
     note = ""
     iterator = None
     try:
@@ -235,6 +242,7 @@ def _time_config(loader: Any, workers: int, pin: bool, slot_s: float, clock: Cal
             done = len(arrivals) - per_round
             if done < 0 or done % per_round:
                 continue  # rounds are timed whole
+            cpu_at.append(workers_cpu_s(iterator) if workers else None)
             rounds = done // per_round
             last_round_s = arrivals[-1] - (arrivals[-1 - per_round] if done else started)
             if rounds >= ROUNDS or now + last_round_s > deadline:
@@ -250,10 +258,12 @@ def _time_config(loader: Any, workers: int, pin: bool, slot_s: float, clock: Cal
     startup = arrivals[0] - started if arrivals else slot_s
     rounds = (len(arrivals) - per_round) // per_round if len(arrivals) >= per_round else 0
     if rounds >= 1:
-        end = per_round - 1 + rounds * per_round
-        span = arrivals[end] - arrivals[per_round - 1]
-        return LoaderRate(workers, pin, rounds * per_round / span if span > 0 else None, rounds * per_round,
-                          startup, note)
+        # the median round: the first ones after the start-up can still be slow (a forked worker's first garbage
+        # collection copies the pages it touches), and one slow round must not set the rate
+        ends = [arrivals[per_round - 1 + k * per_round] for k in range(rounds + 1)]
+        round_s = statistics.median(b - a for a, b in zip(ends, ends[1:]))
+        return LoaderRate(workers, pin, per_round / round_s if round_s > 0 else None, rounds * per_round,
+                          startup, note, _cpu_per_batch(cpu_at[:rounds + 1], per_round))
     if workers == 0 and arrivals:
         return LoaderRate(workers, pin, 1 / startup if startup > 0 else None, 1, startup, note)
     if len(arrivals) >= per_round and arrivals[per_round - 1] > started:
@@ -263,6 +273,38 @@ def _time_config(loader: Any, workers: int, pin: bool, slot_s: float, clock: Cal
                           note or "from the first round only, start-up included (a lower bound)")
     return LoaderRate(workers, pin, None, 0, startup,
                       note or f"fewer than {per_round} batches within this configuration's {slot_s:.2f} s")
+
+
+MIN_CPU_S = 0.1
+"""Workers' CPU time a rate's CPU cost per batch is computed from, at the least (/proc counts it in 10 ms ticks)."""
+
+
+def workers_cpu_s(iterator: Any) -> float | None:
+    """CPU seconds (user and system, every thread) an iterator's worker processes have used so far, from
+    /proc/PID/stat; None where it cannot be read (not Linux, a worker gone)."""
+    import os
+
+    workers = getattr(iterator, "_workers", None) or ()
+    total = 0.0
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+        for worker in workers:
+            with open(f"/proc/{worker.pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    return total if workers else None
+
+
+def _cpu_per_batch(cpu_at: list[float | None], per_round: int) -> float | None:
+    """The workers' CPU seconds per batch in their median round after the first (the batches in flight at a
+    round's two ends are as many, so they cancel; the first rounds of fresh workers cost more, as their rates
+    show)."""
+    if len(cpu_at) < 2 or any(c is None for c in cpu_at):
+        return None
+    spent = [b - a for a, b in zip(cpu_at, cpu_at[1:])]  # type: ignore[operator]
+    return statistics.median(spent) / per_round if sum(spent) >= MIN_CPU_S else None
 
 
 def _close(iterator: Any) -> None:

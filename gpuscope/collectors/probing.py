@@ -34,7 +34,12 @@ def first_line(exc: BaseException, limit: int = 200) -> str:
 
 
 def dataset_error(exc: BaseException, doing: str) -> DatasetError:
-    """A DatasetError saying what the dataset raised while the probe was ``doing`` it."""
+    """A DatasetError saying what the dataset raised while the probe was ``doing`` it. From a DataLoader worker,
+    torch re-raises it as "Caught KeyError in DataLoader worker process 0" with the worker's traceback below: the
+    traceback's last line says what was raised."""
+    text = str(exc).strip().splitlines()
+    if text and text[0].startswith("Caught ") and "worker" in text[0] and len(text) > 1:
+        return DatasetError(f"the dataset raised {text[-1].strip()[:200]} in a DataLoader worker {doing}")
     message = first_line(exc)
     return DatasetError(f"the dataset raised {type(exc).__name__}{': ' + message if message else ''} {doing}")
 

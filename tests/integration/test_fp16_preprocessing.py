@@ -5,11 +5,10 @@ stays clear."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-from conftest import SAMPLES, load_run, run_gpuscope
+from conftest import SAMPLES, Runs, compare_runs
 from gpuscope.analysis import thresholds as th
 
 pytestmark = pytest.mark.slow
@@ -20,23 +19,21 @@ MATH = ("p = sum(k * p[:, :, i:i + w]", "return sum(k * p[:, i:i + h, :]", "img 
 """The sample's heaviest float16 lines: the blur's two passes and the unsharp mask."""
 
 
-def profile(run_dir: Path, *args: str) -> dict:
-    """Run the sample under gpuscope; its run.json."""
-    run_dir.parent.mkdir(parents=True, exist_ok=True)
-    result = run_gpuscope(["run", "-q", "-o", str(run_dir), str(SAMPLE), *args], run_dir.parent, timeout=180)
-    assert result.returncode == 0, result.stderr
-    assert LINE.search(result.stdout), result.stdout
-    return load_run(run_dir)
+def profile(runs: Runs, *args: str) -> dict:
+    """The sample's run under gpuscope (shared: the 24-step one is also test_probe_and_speed_of_light.py's)."""
+    run = runs.sample(SAMPLE.stem, *args)
+    assert LINE.search(run.result.stdout), run.result.stdout
+    return run.record
 
 
 def sample_line(number: int) -> str:
     return SAMPLE.read_text().splitlines()[number - 1].strip()
 
 
-def test_float16_preprocessing_is_named_and_float32_fixes_it(tmp_path: Path) -> None:
+def test_float16_preprocessing_is_named_and_float32_fixes_it(runs: Runs) -> None:
     # given the sample as it is, and with its preprocessing math moved to float32
-    slow = profile(tmp_path / "fp16", "--steps", "16")
-    fixed = profile(tmp_path / "fp32", "--steps", "16", "--fp32")
+    slow = profile(runs, "--steps", "24")
+    fixed = profile(runs, "--steps", "16", "--fp32")
 
     # then the float16 run is data-loading bound, and the rule names the sample's float16 math
     assert slow["verdict"]["bound"] == "data-loading", slow["verdict"]["evidence"]
@@ -60,7 +57,7 @@ def test_float16_preprocessing_is_named_and_float32_fixes_it(tmp_path: Path) -> 
     assert fixed["data_probe"]["float16_s"] / fixed["data_probe"]["item_s"] < th.FLOAT16_SHARE_NOTABLE
 
     # and compare shows the speed-up and the rule resolved
-    result = run_gpuscope(["compare", str(tmp_path / "fp16"), str(tmp_path / "fp32")], tmp_path)
+    result = compare_runs(slow, fixed)
     assert result.returncode == 0, result.stderr
     assert re.search(r"speed-up \d+\.\d+x .*B is faster", result.stdout), result.stdout
     assert "fp32-preprocessing: resolved" in result.stdout, result.stdout

@@ -14,7 +14,13 @@ import pytest
 from conftest import make_record
 from gpuscope.analysis.rules.dataloader import more_dataloader_workers
 from gpuscope.analysis.speed import loader_plan
-from gpuscope.collectors.loader_probe import LoaderProbeCollector, ProbeSampler, probe_loader, worker_counts
+from gpuscope.collectors.loader_probe import (
+    LoaderProbeCollector,
+    ProbeSampler,
+    _time_config,
+    probe_loader,
+    worker_counts,
+)
 from gpuscope.record import Breakdown, Loader, LoaderProbe, LoaderRate, RunMeta, Steps
 from gpuscope.session import post_run_facts
 
@@ -201,6 +207,27 @@ def test_on_a_cpu_run_the_prediction_counts_the_cores_the_workers_share() -> Non
     assert any("share 2 cores" in fact for fact in finding.evidence)
 
 
+@pytest.mark.parametrize(("loader_cpu_s", "worker_cpu_s", "step_ms"), [
+    (None, None, 133.3),  # a batch is 1/6 s of one core's work, as one worker delivered them: (167 + 100) / 2 cores
+    (0.5, None, 175.0),  # the run measured 0.25 s of CPU a batch in the main process (two intra-op threads)
+    (None, 0.3, 200.0),  # the probe's worker spent 0.3 s of CPU a batch (its BLAS ran on two threads)
+])
+def test_on_a_cpu_run_the_step_shares_the_cores_with_the_cpu_a_batch_was_measured_to_cost(
+        loader_cpu_s: float | None, worker_cpu_s: float | None, step_ms: float) -> None:
+    # given: 2 cores; 1 and 2 workers deliver 6 and 11 batches/s; the step computes 50 ms on 2 threads; the run's
+    # loader built 2 batches without workers, and the probe's 1-worker configuration spent worker_cpu_s a batch
+    record = probed_record({0: 5.0, 1: 6.0, 2: 11.0}, device="cpu")
+    one = dataclasses.replace(record.loader_probe.rates[1], cpu_s_per_batch=worker_cpu_s)
+    loader = dataclasses.replace(record.loaders[0], batches=2, cpu_s=loader_cpu_s or 0.0)
+    record = dataclasses.replace(
+        record, meta=RunMeta(cpu_count=2), loaders=(loader,),
+        loader_probe=dataclasses.replace(record.loader_probe, main_threads=2, rates=(
+            record.loader_probe.rates[0], one, record.loader_probe.rates[2])))
+    # then: the step is the CPU of a batch and of the compute (50 ms on 2 threads) over the 2 cores
+    plan = loader_plan(record)
+    assert plan is not None and plan.step_s * 1e3 == pytest.approx(step_ms, abs=0.1)
+
+
 def test_a_rate_timed_over_the_first_round_only_is_completed_from_the_runs_batch_time() -> None:
     # given: batches of 0.5 s each (data wait 0.5 of a 1 s step, built in the main process); in its short slot the
     # probe saw 2 workers deliver only their first round, start-up included: 1.2 batches/s, a lower bound
@@ -239,3 +266,41 @@ def test_a_probe_in_its_child_sees_the_users_thread_count_not_its_own() -> None:
     finally:
         torch.set_num_threads(before)
     assert result.status.reason == "1 2"
+
+
+class ScriptedLoader:
+    """A loader whose batches arrive at scripted times on a fake clock: ``gaps`` between arrivals."""
+
+    def __init__(self, gaps: list[float]) -> None:
+        self.now, self.gaps = 0.0, list(gaps)
+
+    def clock(self) -> float:
+        return self.now
+
+    def __iter__(self) -> ScriptedLoader:
+        return self
+
+    def __next__(self) -> int:
+        if not self.gaps:
+            raise StopIteration
+        self.now += self.gaps.pop(0)
+        return 0
+
+
+def test_a_worker_count_is_rated_by_its_median_round_so_one_slow_round_after_the_start_up_does_not_set_it() -> None:
+    # given: 2 workers whose first round (start-up) ends at 1.0 s, then a slow round of 0.9 s and three of 0.5 s,
+    # each round's two batches arriving together
+    loader = ScriptedLoader([1.0, 0.0, 0.9, 0.0, 0.5, 0.0, 0.5, 0.0, 0.5, 0.0])
+    rate = _time_config(loader, workers=2, pin=False, slot_s=10.0, clock=loader.clock)
+    # then: 2 batches per 0.5 s round, not the 8 batches over 2.4 s of the mean
+    assert rate.batches_per_s == pytest.approx(4.0) and rate.batches == 8 and rate.startup_s == pytest.approx(1.0)
+
+
+@pytest.mark.slow  # starts a real DataLoader worker for the 1-worker configuration
+def test_the_runs_own_batches_in_the_main_process_are_the_0_worker_rate_and_its_budget_goes_to_the_workers() -> None:
+    probe = probe_loader(torch, Squares(64), batch_size=4, cores=1, budget_s=1.0, main_batch_s=0.25,
+                         main_batch_batches=30)
+    zero, one = probe.rates
+    assert (zero.num_workers, zero.batches_per_s, zero.batches) == (0, 4.0, 30)
+    assert "not timed again" in zero.note
+    assert one.num_workers == 1 and one.batches_per_s is not None

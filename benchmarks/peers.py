@@ -1,0 +1,111 @@
+"""What each profiler a user could pick costs the training loop it profiles: plain python, gpuscope,
+``python -m cProfile``, pyinstrument, ``scalene run`` and ``scalene run --cpu-only``, on the sample workloads.
+
+Each round runs every tool once on each sample, the tools in a rotating order (round r starts at tool r), so a
+slow drift of the machine spreads over all of them. Reported, per sample and tool, as the median over rounds of
+the ratio to plain python in the same round:
+- the script's own median step (its ``median_step_s=`` line): how much the tool distorts what it measures;
+- the whole process's wall time: what the user waits, start-up and the tool's own reporting included.
+A run that does not end within ``--timeout`` is reported as such. Needs the ``peers`` extra
+(``pip install -c constraints.txt -e ".[peers]"``).
+
+    python benchmarks/peers.py                      # 2 rounds, the default samples
+    python benchmarks/peers.py --rounds 3 --timeout 300 cpu_launch_bound
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from overhead import LINE, ROOT
+
+SAMPLES = {
+    "data_loading_bound": ["--steps", "40"],
+    "cpu_launch_bound": ["--steps", "500"],
+    "compute_bound": ["--steps", "20"],
+}
+"""The samples and their arguments: each loop's own kind of cost (Python-heavy loading, per-op overhead, matmuls)."""
+
+
+def tools(tmp: Path) -> dict[str, list[str]]:
+    """Each tool's command line before the script; ``{out}`` is a fresh output path for each run."""
+    py = sys.executable
+    return {
+        "python": [py],
+        "gpuscope": [py, "-m", "gpuscope", "run", "-q", "-o", "{out}"],
+        "cProfile": [py, "-m", "cProfile", "-o", "{out}.prof"],
+        "pyinstrument": [py, "-m", "pyinstrument", "-o", "{out}.txt"],
+        "scalene": [py, "-m", "scalene", "run", "-o", "{out}.json"],
+        "scalene --cpu-only": [py, "-m", "scalene", "run", "--cpu-only", "-o", "{out}.json"],
+    }
+
+
+def command(tool: list[str], script: str, args: list[str], out: Path) -> list[str]:
+    """The full command line: scalene takes the script's own arguments after ``---``."""
+    prefix = [part.replace("{out}", str(out)) for part in tool]
+    return [*prefix, script, *(["---"] if "scalene" in tool else []), *args]
+
+
+def run(cmd: list[str], timeout: float) -> tuple[float | None, float | None]:
+    """(the script's own median step, the process's wall time); (None, None) past ``timeout``."""
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return None, None
+    wall = time.perf_counter() - started
+    match = LINE.search(done.stdout)
+    if done.returncode != 0 or match is None:
+        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    return float(match.group(1)), wall
+
+
+def ratio_text(values: list[float | None], timeout: float) -> str:
+    if any(v is None for v in values):
+        return f"no end within {timeout:.0f} s"
+    return f"{statistics.median(values):.2f}x"  # type: ignore[type-var]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=180.0, help="seconds one run may take")
+    parser.add_argument("samples", nargs="*", default=list(SAMPLES), metavar="SAMPLE")
+    options = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        by_tool = tools(Path(tmp))
+        names = list(by_tool)
+        for sample in options.samples:
+            script = str(ROOT / "sample_workloads" / f"{sample}.py")
+            steps: dict[str, list[float | None]] = {name: [] for name in names}
+            walls: dict[str, list[float | None]] = {name: [] for name in names}
+            for r in range(options.rounds):
+                measured = {}
+                for name in names[r % len(names):] + names[:r % len(names)]:  # rotating order
+                    out = Path(tmp) / f"{sample}-{r}-{names.index(name)}"
+                    measured[name] = run(command(by_tool[name], script, SAMPLES.get(sample, []), out), options.timeout)
+                    print(f"round {r + 1} {sample} {name}: step {measured[name][0]}, process {measured[name][1]}",
+                          file=sys.stderr, flush=True)
+                plain_step, plain_wall = measured["python"]
+                for name, (step, wall) in measured.items():
+                    steps[name].append(step / plain_step if step is not None else None)  # type: ignore[operator]
+                    walls[name].append(wall / plain_wall if wall is not None else None)  # type: ignore[operator]
+            for name in names[1:]:
+                rows.append(f"| `{sample}` | {name} | {ratio_text(steps[name], options.timeout)} | "
+                            f"{ratio_text(walls[name], options.timeout)} |")
+    print(f"Median of {options.rounds} rounds, ratio to plain python in the same round:\n")
+    print("| sample | tool | the script's own median step | whole process |")
+    print("|---|---|---|---|")
+    print("\n".join(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
