@@ -52,24 +52,29 @@ def command(tool: list[str], script: str, args: list[str], out: Path) -> list[st
     return [*prefix, script, *(["---"] if "scalene" in tool else []), *args]
 
 
-def run(cmd: list[str], timeout: float) -> tuple[float | None, float | None]:
-    """(the script's own median step, the process's wall time); (None, None) past ``timeout``."""
+Outcome = tuple[float, float] | str
+"""(the script's own median step, the process's wall time), or what went wrong."""
+
+
+def run(cmd: list[str], timeout: float) -> Outcome:
+    """Run one profiled (or plain) sample."""
     started = time.perf_counter()
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
     except subprocess.TimeoutExpired:
-        return None, None
+        return f"no end within {timeout:.0f} s"
     wall = time.perf_counter() - started
     match = LINE.search(done.stdout)
     if done.returncode != 0 or match is None:
-        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+        print(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-1500:]}", file=sys.stderr)
+        return f"failed (exit status {done.returncode})"
     return float(match.group(1)), wall
 
 
-def ratio_text(values: list[float | None], timeout: float) -> str:
-    if any(v is None for v in values):
-        return f"no end within {timeout:.0f} s"
-    return f"{statistics.median(values):.2f}x"  # type: ignore[type-var]
+def ratio_text(values: list[float | str]) -> str:
+    """The median ratio, or the first thing that went wrong."""
+    failed = [v for v in values if isinstance(v, str)]
+    return failed[0] if failed else f"{statistics.median(values):.2f}x"  # type: ignore[type-var]
 
 
 def main() -> int:
@@ -84,22 +89,22 @@ def main() -> int:
         names = list(by_tool)
         for sample in options.samples:
             script = str(ROOT / "sample_workloads" / f"{sample}.py")
-            steps: dict[str, list[float | None]] = {name: [] for name in names}
-            walls: dict[str, list[float | None]] = {name: [] for name in names}
+            steps: dict[str, list[float | str]] = {name: [] for name in names}
+            walls: dict[str, list[float | str]] = {name: [] for name in names}
             for r in range(options.rounds):
-                measured = {}
+                measured: dict[str, Outcome] = {}
                 for name in names[r % len(names):] + names[:r % len(names)]:  # rotating order
                     out = Path(tmp) / f"{sample}-{r}-{names.index(name)}"
                     measured[name] = run(command(by_tool[name], script, SAMPLES.get(sample, []), out), options.timeout)
-                    print(f"round {r + 1} {sample} {name}: step {measured[name][0]}, process {measured[name][1]}",
-                          file=sys.stderr, flush=True)
-                plain_step, plain_wall = measured["python"]
-                for name, (step, wall) in measured.items():
-                    steps[name].append(step / plain_step if step is not None else None)  # type: ignore[operator]
-                    walls[name].append(wall / plain_wall if wall is not None else None)  # type: ignore[operator]
+                    print(f"round {r + 1} {sample} {name}: {measured[name]}", file=sys.stderr, flush=True)
+                plain = measured["python"]
+                if isinstance(plain, str):
+                    raise SystemExit(f"{sample} under plain python: {plain}")
+                for name, outcome in measured.items():
+                    steps[name].append(outcome if isinstance(outcome, str) else outcome[0] / plain[0])
+                    walls[name].append(outcome if isinstance(outcome, str) else outcome[1] / plain[1])
             for name in names[1:]:
-                rows.append(f"| `{sample}` | {name} | {ratio_text(steps[name], options.timeout)} | "
-                            f"{ratio_text(walls[name], options.timeout)} |")
+                rows.append(f"| `{sample}` | {name} | {ratio_text(steps[name])} | {ratio_text(walls[name])} |")
     print(f"Median of {options.rounds} rounds, ratio to plain python in the same round:\n")
     print("| sample | tool | the script's own median step | whole process |")
     print("|---|---|---|---|")
