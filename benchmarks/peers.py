@@ -16,6 +16,8 @@ A run that does not end within ``--timeout`` is reported as such. Needs the ``pe
 from __future__ import annotations
 
 import argparse
+import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -59,15 +61,21 @@ Outcome = tuple[float, float] | str
 def run(cmd: list[str], timeout: float) -> Outcome:
     """Run one profiled (or plain) sample."""
     started = time.perf_counter()
+    # its own process group: a tool that runs the script in a child (Scalene does) is stopped whole at the timeout,
+    # or the leftover would slow every later run
+    process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+                               start_new_session=True)
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT)
+        stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
         return f"no end within {timeout:.0f} s"
     wall = time.perf_counter() - started
-    match = LINE.search(done.stdout)
-    if done.returncode != 0 or match is None:
-        print(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-1500:]}", file=sys.stderr)
-        return f"failed (exit status {done.returncode})"
+    match = LINE.search(stdout)
+    if process.returncode != 0 or match is None:
+        print(f"{' '.join(cmd)} failed ({process.returncode}):\n{stderr[-1500:]}", file=sys.stderr)
+        return f"failed (exit status {process.returncode})"
     return float(match.group(1)), wall
 
 

@@ -138,6 +138,7 @@ class Session:
             self.record = dataclasses.replace(self.record, exit_status=exit_status, profiling_window=window)
             write_record(self.record, self.run_dir)
         if self.record is None:
+            self._handed_over = False  # a hand-over that failed part of the way: the record is the end's own
             self.record = self._collect(exit_status, say)
         return self.record
 
