@@ -20,6 +20,7 @@ failure of the run.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import pickle
 import random
@@ -143,8 +144,8 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
     notes: list[str] = []
     method = start_method or multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_start_method()
     counts = _worker_counts_for(method, cores, (dataset, collate_fn, worker_init_fn), notes)
-    pins = (False, True) if cuda else (False,)
-    configs = [(n, pin) for n in counts for pin in pins]
+    configs = affordable_configs(counts, (False, True) if cuda else (False,), budget_s, main_batch_s,
+                                 consume_batches_per_s, keeps_up_margin, notes)
     share_s = budget_s / len(configs)
     try:
         length = len(dataset)
@@ -181,6 +182,34 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
         dataset=type(dataset).__name__, batch_size=batch_size, start_method=method, rates=tuple(rates),
         consume_batches_per_s=consume_batches_per_s, main_threads=threads, budget_s=budget_s,
         elapsed_s=clock() - started, pin_memory_note="" if cuda else ON_CPU_PIN, note="; ".join(notes))
+
+
+SLOW_BATCH_CONFIG = 3.5
+"""A worker configuration's time, in batches of the run's own batch time: the workers' start-up and first round,
+and ``MIN_ROUNDS`` rounds after it."""
+
+
+def affordable_configs(counts: list[int], pins: tuple[bool, ...], budget_s: float, main_batch_s: float | None,
+                       consume_batches_per_s: float | None, margin: float, notes: list[str]) -> list[tuple[int, bool]]:
+    """The (workers, pin_memory) configurations to time: all of them, unless the run's batches are so slow that
+    the budget cannot give each worker count its rounds (many cores, half-second batches). Then the count that
+    would keep up (``consume`` x ``margin`` x a batch's time, batches built in parallel) or the largest is timed
+    first, then fewer, as many as the budget holds; pin_memory (CUDA) on that count only."""
+    configs = [(n, pin) for n in counts for pin in pins]
+    workers = [n for n in counts if n > 0]
+    affordable = max(1, int(budget_s // (SLOW_BATCH_CONFIG * main_batch_s))) if main_batch_s else len(configs)
+    if not workers or len([c for c in configs if c[0] > 0]) <= affordable:
+        return configs
+    needed = workers[-1]
+    if consume_batches_per_s and main_batch_s:
+        needed = math.ceil(consume_batches_per_s * (1 + margin) * main_batch_s)
+    target = next((n for n in workers if n >= needed), workers[-1])
+    chosen = [(target, pin) for pin in pins] + [(n, False) for n in reversed(workers) if n < target]
+    chosen = chosen[:affordable]
+    notes.append(f"timed {', '.join(str(n) for n in sorted({n for n, _ in chosen}))} workers only: a batch took "
+                 f"{main_batch_s:.2f} s in the run, and the {budget_s:.0f} s budget holds about {affordable} "
+                 f"configurations; {target} workers would keep up or are the most the cores allow")
+    return sorted([c for c in configs if c[0] == 0] + chosen)
 
 
 def _as_in_the_run(pin: bool, batch_s: float, batches: int) -> LoaderRate:

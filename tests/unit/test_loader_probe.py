@@ -18,6 +18,7 @@ from gpuscope.collectors.loader_probe import (
     LoaderProbeCollector,
     ProbeSampler,
     _time_config,
+    affordable_configs,
     probe_loader,
     worker_counts,
 )
@@ -304,3 +305,19 @@ def test_the_runs_own_batches_in_the_main_process_are_the_0_worker_rate_and_its_
     assert (zero.num_workers, zero.batches_per_s, zero.batches) == (0, 4.0, 30)
     assert "not timed again" in zero.note
     assert one.num_workers == 1 and one.batches_per_s is not None
+
+
+def test_with_half_second_batches_on_many_cores_the_budget_goes_to_the_worker_count_that_would_keep_up() -> None:
+    # given: a run's batches took 0.5 s each in the main process, on 16 cores and a GPU whose step consumes 232
+    # batches/s: 10 worker configurations would get half a second each, not even one batch (seen on an H100)
+    notes: list[str] = []
+    configs = affordable_configs([0, 1, 2, 4, 8, 16], (False, True), 5.0, 0.5, 232.0, 0.1, notes)
+    # then: the 0-worker rate is the run's own; 16 workers, with and without pin_memory, get the budget
+    assert configs == [(0, False), (0, True), (16, False), (16, True)]
+    assert "timed 16 workers only" in notes[0]
+    # and where 3 configurations fit, the count that keeps up (4: 5 batches/s x 1.1 x 0.4 s) and fewer
+    assert affordable_configs([0, 1, 2, 4, 8, 16], (False, True), 5.0, 0.4, 5.0, 0.1, []) == [
+        (0, False), (0, True), (2, False), (4, False), (4, True)]
+    # and fast batches, or a 2-core machine, time every configuration
+    assert len(affordable_configs([0, 1, 2, 4, 8, 16], (False, True), 5.0, 0.02, 50.0, 0.1, [])) == 12
+    assert affordable_configs([0, 1, 2], (False,), 5.0, 0.47, 24.0, 0.1, []) == [(0, False), (1, False), (2, False)]
