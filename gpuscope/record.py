@@ -115,9 +115,6 @@ class Loader:
     wait_s: float = 0.0
     batch_tensors: tuple[str, ...] = ()
     """The tensors of its first batch, as ``dtype[shape] device`` (``float16[64, 3, 96, 96] cpu``), at most eight."""
-    cpu_s: float = 0.0
-    """CPU seconds the process spent (every thread) while the steps waited for its batches: with no workers, what
-    building them cost, intra-op threads included."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -481,10 +478,6 @@ class LoaderRate:
     startup_s: float = 0.0
     """From creating the iterator to the first batch (worker start-up included)."""
     note: str = ""
-    cpu_s_per_batch: float | None = None
-    """CPU seconds the workers spent per batch, all their threads counted, over the rounds timed: more than
-    1 / ``batches_per_s`` per worker when a worker's own work runs on several threads (a BLAS library's). None:
-    not measured (no workers, too little CPU time to tell, or no /proc)."""
 
 
 @dataclass(frozen=True, slots=True)

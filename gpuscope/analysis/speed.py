@@ -64,7 +64,7 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
         (r for r in measured if r.num_workers == 0), None)
     shared = None
     if record.device == "cpu" and one is not None:
-        shared = (batch_cpu_s(record, measured, one) + compute_s * threads) / cores
+        shared = (1 / one.batches_per_s + compute_s * threads) / cores  # type: ignore[operator]
 
     def step_with(rate: LoaderRate) -> float:
         step = max(compute_s, 1 / rate.batches_per_s)  # type: ignore[operator]
@@ -78,19 +78,6 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
         min(candidates, key=lambda r: (step_with(r), r.num_workers))
     step_s = step_with(rate)
     return LoaderPlan(rate.num_workers, rate, bool(keeping), compute_s, step_s, shared, consume)
-
-
-def batch_cpu_s(record: RunRecord, rates: list[LoaderRate], one: LoaderRate) -> float:
-    """The CPU time one batch costs, every thread counted (the main process's intra-op threads, a BLAS library's
-    in a worker): as the run measured it when its slowest loader had no workers (all its batches, steady); else
-    what the probe's workers spent per batch (the fewest workers': the least contended); else one worker's time
-    per batch, as if built on one thread."""
-    top = max(record.loaders, key=lambda loader: loader.wait_s, default=None)
-    if top is not None and top.num_workers == 0 and top.batches and top.cpu_s > 0:
-        return top.cpu_s / top.batches
-    costs = [r.cpu_s_per_batch for r in sorted(rates, key=lambda r: r.num_workers)
-             if r.num_workers > 0 and r.cpu_s_per_batch is not None]
-    return costs[0] if costs else 1 / one.batches_per_s  # type: ignore[operator]
 
 
 FIRST_ROUND_ONLY = "a lower bound"

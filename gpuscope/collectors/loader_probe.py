@@ -253,7 +253,6 @@ def _time_config(loader: Any, workers: int, pin: bool, slot_s: float, clock: Cal
     deadline = started + slot_s
     per_round = max(1, workers)
     arrivals: list[float] = []
-    cpu_at: list[float | None] = []  # the workers' CPU seconds at the end of each round
     note = ""
     iterator = None
     try:
@@ -271,7 +270,6 @@ def _time_config(loader: Any, workers: int, pin: bool, slot_s: float, clock: Cal
             done = len(arrivals) - per_round
             if done < 0 or done % per_round:
                 continue  # rounds are timed whole
-            cpu_at.append(workers_cpu_s(iterator) if workers else None)
             rounds = done // per_round
             last_round_s = arrivals[-1] - (arrivals[-1 - per_round] if done else started)
             if rounds >= ROUNDS or now + last_round_s > deadline:
@@ -292,7 +290,7 @@ def _time_config(loader: Any, workers: int, pin: bool, slot_s: float, clock: Cal
         ends = [arrivals[per_round - 1 + k * per_round] for k in range(rounds + 1)]
         round_s = statistics.median(b - a for a, b in zip(ends, ends[1:]))
         return LoaderRate(workers, pin, per_round / round_s if round_s > 0 else None, rounds * per_round,
-                          startup, note, _cpu_per_batch(cpu_at[:rounds + 1], per_round))
+                          startup, note)
     if workers == 0 and arrivals:
         return LoaderRate(workers, pin, 1 / startup if startup > 0 else None, 1, startup, note)
     if len(arrivals) >= per_round and arrivals[per_round - 1] > started:
@@ -302,38 +300,6 @@ def _time_config(loader: Any, workers: int, pin: bool, slot_s: float, clock: Cal
                           note or "from the first round only, start-up included (a lower bound)")
     return LoaderRate(workers, pin, None, 0, startup,
                       note or f"fewer than {per_round} batches within this configuration's {slot_s:.2f} s")
-
-
-MIN_CPU_S = 0.1
-"""Workers' CPU time a rate's CPU cost per batch is computed from, at the least (/proc counts it in 10 ms ticks)."""
-
-
-def workers_cpu_s(iterator: Any) -> float | None:
-    """CPU seconds (user and system, every thread) an iterator's worker processes have used so far, from
-    /proc/PID/stat; None where it cannot be read (not Linux, a worker gone)."""
-    import os
-
-    workers = getattr(iterator, "_workers", None) or ()
-    total = 0.0
-    try:
-        tick = os.sysconf("SC_CLK_TCK")
-        for worker in workers:
-            with open(f"/proc/{worker.pid}/stat") as stat:
-                fields = stat.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    except (OSError, ValueError, IndexError, AttributeError):
-        return None
-    return total if workers else None
-
-
-def _cpu_per_batch(cpu_at: list[float | None], per_round: int) -> float | None:
-    """The workers' CPU seconds per batch in their median round after the first (the batches in flight at a
-    round's two ends are as many, so they cancel; the first rounds of fresh workers cost more, as their rates
-    show)."""
-    if len(cpu_at) < 2 or any(c is None for c in cpu_at):
-        return None
-    spent = [b - a for a, b in zip(cpu_at, cpu_at[1:])]  # type: ignore[operator]
-    return statistics.median(spent) / per_round if sum(spent) >= MIN_CPU_S else None
 
 
 def _close(iterator: Any) -> None:

@@ -19,8 +19,8 @@ class LoaderBook:
     def __init__(self) -> None:
         self._entries: dict[tuple[Any, ...], dict[str, Any]] = {}
 
-    def count_batch(self, iterator: Any, batch: Any, wait_s: float, cpu_s: float = 0.0) -> None:
-        """One batch came out of ``iterator`` after ``wait_s``, the process using ``cpu_s`` of CPU meanwhile."""
+    def count_batch(self, iterator: Any, batch: Any, wait_s: float) -> None:
+        """One batch came out of ``iterator`` after ``wait_s``."""
         dataset = getattr(iterator, "_dataset", None)
         key = (type(dataset).__name__, id(dataset), getattr(iterator, "_num_workers", 0), _batch_size(iterator))
         entry = self._entries.get(key)
@@ -29,11 +29,10 @@ class LoaderBook:
                 return
             info = _describe(iterator)
             info["batch_tensors"] = tuple(describe_tensors(batch))
-            entry = self._entries[key] = {"info": info, "batches": 0, "wait_s": 0.0, "cpu_s": 0.0,
-                                          "dataset": dataset, "loading": _loading(iterator)}
+            entry = self._entries[key] = {"info": info, "batches": 0, "wait_s": 0.0, "dataset": dataset,
+                                          "loading": _loading(iterator)}
         entry["batches"] += 1
         entry["wait_s"] += wait_s
-        entry["cpu_s"] += cpu_s
 
     def _by_wait(self) -> list[dict[str, Any]]:
         return sorted(self._entries.values(), key=lambda e: -e["wait_s"])
@@ -56,8 +55,7 @@ class LoaderBook:
 
     def records(self) -> tuple[Loader, ...]:
         """The loaders for the record, the longest waited on first."""
-        return tuple(Loader(batches=e["batches"], wait_s=e["wait_s"], cpu_s=e["cpu_s"], **e["info"])
-                     for e in self._by_wait())
+        return tuple(Loader(batches=e["batches"], wait_s=e["wait_s"], **e["info"]) for e in self._by_wait())
 
 
 def _batch_size(iterator: Any) -> int | None:

@@ -236,7 +236,6 @@ class StepsCollector:
             if collector._safe_point():  # the step that began here ends the profiled ones
                 return original(iterator)
             start = clock()  # after any listener that ran at the step boundary
-            cpu_start = time.process_time()
             tracker.enter("data_wait", start)  # type: ignore[union-attr]
             collector._loader_depth += 1
             try:
@@ -253,7 +252,7 @@ class StepsCollector:
                 collector._loader_depth -= 1
             now = clock()
             tracker.exit("data_wait", now)  # type: ignore[union-attr]
-            collector.loaders.count_batch(iterator, batch, now - start, time.process_time() - cpu_start)
+            collector.loaders.count_batch(iterator, batch, now - start)
             return batch
 
         return __next__

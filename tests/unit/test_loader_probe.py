@@ -208,27 +208,6 @@ def test_on_a_cpu_run_the_prediction_counts_the_cores_the_workers_share() -> Non
     assert any("share 2 cores" in fact for fact in finding.evidence)
 
 
-@pytest.mark.parametrize(("loader_cpu_s", "worker_cpu_s", "step_ms"), [
-    (None, None, 133.3),  # a batch is 1/6 s of one core's work, as one worker delivered them: (167 + 100) / 2 cores
-    (0.5, None, 175.0),  # the run measured 0.25 s of CPU a batch in the main process (two intra-op threads)
-    (None, 0.3, 200.0),  # the probe's worker spent 0.3 s of CPU a batch (its BLAS ran on two threads)
-])
-def test_on_a_cpu_run_the_step_shares_the_cores_with_the_cpu_a_batch_was_measured_to_cost(
-        loader_cpu_s: float | None, worker_cpu_s: float | None, step_ms: float) -> None:
-    # given: 2 cores; 1 and 2 workers deliver 6 and 11 batches/s; the step computes 50 ms on 2 threads; the run's
-    # loader built 2 batches without workers, and the probe's 1-worker configuration spent worker_cpu_s a batch
-    record = probed_record({0: 5.0, 1: 6.0, 2: 11.0}, device="cpu")
-    one = dataclasses.replace(record.loader_probe.rates[1], cpu_s_per_batch=worker_cpu_s)
-    loader = dataclasses.replace(record.loaders[0], batches=2, cpu_s=loader_cpu_s or 0.0)
-    record = dataclasses.replace(
-        record, meta=RunMeta(cpu_count=2), loaders=(loader,),
-        loader_probe=dataclasses.replace(record.loader_probe, main_threads=2, rates=(
-            record.loader_probe.rates[0], one, record.loader_probe.rates[2])))
-    # then: the step is the CPU of a batch and of the compute (50 ms on 2 threads) over the 2 cores
-    plan = loader_plan(record)
-    assert plan is not None and plan.step_s * 1e3 == pytest.approx(step_ms, abs=0.1)
-
-
 def test_a_rate_timed_over_the_first_round_only_is_completed_from_the_runs_batch_time() -> None:
     # given: batches of 0.5 s each (data wait 0.5 of a 1 s step, built in the main process); in its short slot the
     # probe saw 2 workers deliver only their first round, start-up included: 1.2 batches/s, a lower bound
