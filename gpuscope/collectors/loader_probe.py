@@ -24,7 +24,6 @@ import math
 import multiprocessing
 import pickle
 import random
-import statistics
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -132,8 +131,7 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
     """Time batches delivered per second by ``DataLoader(dataset, ...)`` for each worker count, within
     ``budget_s`` in all, stopping at the first count delivering ``keeps_up_margin`` more than
     ``consume_batches_per_s``. ``main_batch_s``: a batch's time in the main process as measured in the run over
-    ``main_batch_batches`` batches, if known: the 0-worker rate, not timed again (its share of the budget goes to
-    the worker counts, whose first batches pay the workers' start-up).
+    ``main_batch_batches`` batches, if known (``_untimed_main_process``, ``affordable_configs``).
 
     Raises DatasetError when the dataset raises in the main process.
     """
@@ -144,8 +142,9 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
     notes: list[str] = []
     method = start_method or multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_start_method()
     counts = _worker_counts_for(method, cores, (dataset, collate_fn, worker_init_fn), notes)
-    configs = affordable_configs(counts, (False, True) if cuda else (False,), budget_s, main_batch_s,
-                                 consume_batches_per_s, keeps_up_margin, notes)
+    pins = (False, True) if cuda else (False,)
+    configs = affordable_configs(counts, pins, budget_s, main_batch_s, consume_batches_per_s, keeps_up_margin, notes)
+    trimmed = len(configs) < len(counts) * len(pins)
     share_s = budget_s / len(configs)
     try:
         length = len(dataset)
@@ -159,8 +158,9 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
             rates.append(LoaderRate(workers, pin, note="not timed: the probe's time budget was spent"))
             continue
         slot = remaining / (len(configs) - len(rates))  # time a configuration leaves goes to the next
-        if workers == 0 and main_batch_s is not None:  # the run timed it: the budget goes to the worker counts
-            rates.append(_as_in_the_run(pin, main_batch_s, main_batch_batches))
+        untimed = _untimed_main_process(pin, main_batch_s, main_batch_batches, trimmed, slot) if not workers else None
+        if untimed is not None:
+            rates.append(untimed)
             continue
         sampler = ProbeSampler(length, batch_size) if length else SequentialSampler(dataset)
         kwargs: dict[str, Any] = {"batch_size": batch_size, "sampler": sampler, "drop_last": drop_last,
@@ -212,10 +212,19 @@ def affordable_configs(counts: list[int], pins: tuple[bool, ...], budget_s: floa
     return sorted([c for c in configs if c[0] == 0] + chosen)
 
 
-def _as_in_the_run(pin: bool, batch_s: float, batches: int) -> LoaderRate:
-    """The 0-worker rate as the run itself measured it, over all its batches: not timed again."""
-    return LoaderRate(0, pin, 1 / batch_s if batch_s > 0 else None, batches, note=(
-        f"not timed again: {batch_s * 1e3:.0f} ms a batch in the main process during the run, over {batches} batches"))
+def _untimed_main_process(pin: bool, batch_s: float | None, batches: int, trimmed: bool,
+                          slot_s: float) -> LoaderRate | None:
+    """The 0-worker configuration when it is not timed (None: it is): with batches too slow for every
+    configuration (``trimmed``), the rate the run itself measured over all its batches, the budget going to the
+    worker counts; a batch longer than its slot, no rate."""
+    if batch_s is None or not (trimmed or batch_s > slot_s):
+        return None
+    if trimmed:
+        return LoaderRate(0, pin, 1 / batch_s if batch_s > 0 else None, batches, note=(
+            f"not timed again: {batch_s * 1e3:.0f} ms a batch in the main process during the run, over {batches} "
+            "batches"))
+    return LoaderRate(0, pin, note=(f"not timed: a batch took {batch_s:.2f} s in the main process during the run, "
+                                    f"over this configuration's {slot_s:.2f} s share of the budget"))
 
 
 class ProbeSampler:
@@ -285,11 +294,9 @@ def _time_config(loader: Any, workers: int, pin: bool, slot_s: float, clock: Cal
     startup = arrivals[0] - started if arrivals else slot_s
     rounds = (len(arrivals) - per_round) // per_round if len(arrivals) >= per_round else 0
     if rounds >= 1:
-        # the median round: the first ones after the start-up can still be slow (a forked worker's first garbage
-        # collection copies the pages it touches), and one slow round must not set the rate
-        ends = [arrivals[per_round - 1 + k * per_round] for k in range(rounds + 1)]
-        round_s = statistics.median(b - a for a, b in zip(ends, ends[1:]))
-        return LoaderRate(workers, pin, per_round / round_s if round_s > 0 else None, rounds * per_round,
+        end = per_round - 1 + rounds * per_round
+        span = arrivals[end] - arrivals[per_round - 1]
+        return LoaderRate(workers, pin, rounds * per_round / span if span > 0 else None, rounds * per_round,
                           startup, note)
     if workers == 0 and arrivals:
         return LoaderRate(workers, pin, 1 / startup if startup > 0 else None, 1, startup, note)

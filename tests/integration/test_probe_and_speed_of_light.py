@@ -38,22 +38,15 @@ def test_the_loader_probes_worker_count_applied_clears_the_data_wait_as_predicte
     assert measured == pytest.approx(predicted, rel=0.25), (measured, predicted, advice["evidence"])
 
 
-CORE_SHARING = {"data_loading_shared_cores": ("--steps", "60"), "data_loading_bound_fp16": ("--steps", "24")}
-"""Data-bound samples whose preprocessing is CPU-heavy, so the workers compete with the step for the 2 cores: their
-runs, and the same runs with the suggested worker count."""
-
-
-@pytest.mark.parametrize("sample", sorted(CORE_SHARING))
-def test_on_cores_the_workers_share_with_the_step_the_predicted_speedup_is_the_measured_one(runs: Runs,
-                                                                                             sample: str) -> None:
-    # given: NumPy preprocessing in __getitem__ and a model that keeps the cores busy (2 cores): each worker takes
-    # a core from the step, so the loader's rate alone would promise far too much (issue 14: 1.49x promised, 1.16x
-    # measured)
+def test_on_cores_the_workers_share_with_the_step_the_predicted_speedup_is_the_measured_one(runs: Runs) -> None:
+    # given: NumPy preprocessing in __getitem__ and a conv net that keeps every core busy (2 cores): each worker
+    # takes a core from the step, so the loader's rate alone would promise far too much (issue 14: 1.49x promised,
+    # 1.16x measured)
     # This 2-core machine's load swings the probe's rates and the step times by up to 2x between runs: a pair
     # spoiled by it is measured again (a real error in the prediction fails every pair)
     outcomes = []
     for attempt in range(3):
-        slow = runs.sample(sample, *CORE_SHARING[sample], fresh=attempt > 0).record
+        slow = runs.sample("data_loading_shared_cores", fresh=attempt > 0).record
         advice = next((r for r in slow["recommendations"] if r["id"] == "more-dataloader-workers"), None)
         if slow["verdict"]["bound"] != "data-loading" or advice is None or slow["what_if"] is None:
             outcomes.append(("spoiled", slow["verdict"]["evidence"]))
@@ -61,10 +54,9 @@ def test_on_cores_the_workers_share_with_the_step_the_predicted_speedup_is_the_m
         workers = int(FIX.search(advice["fix"]).group(1))  # type: ignore[union-attr]
         predicted = slow["what_if"]["speedup"]
         # when: the suggested worker count is applied
-        fixed = runs.sample(sample, *CORE_SHARING[sample], "--workers", str(workers), fresh=attempt > 0).record
-        # by the mean step, the throughput: workers deliver their batches in lockstep rounds, so with 2 of them
-        # the steps alternate fast (a batch was waiting) and slow (the next round), and the median is either
-        measured = slow["steps"]["mean_s"] / fixed["steps"]["mean_s"]
+        fixed = runs.sample("data_loading_shared_cores", "--steps", "60", "--workers", str(workers),
+                            fresh=attempt > 0).record
+        measured = slow["steps"]["median_s"] / fixed["steps"]["median_s"]
         outcomes.append((measured, predicted, slow["what_if"]["explanation"]))
         if measured == pytest.approx(predicted, rel=0.25):
             break

@@ -17,7 +17,6 @@ from gpuscope.analysis.speed import loader_plan
 from gpuscope.collectors.loader_probe import (
     LoaderProbeCollector,
     ProbeSampler,
-    _time_config,
     affordable_configs,
     probe_loader,
     worker_counts,
@@ -246,44 +245,6 @@ def test_a_probe_in_its_child_sees_the_users_thread_count_not_its_own() -> None:
     finally:
         torch.set_num_threads(before)
     assert result.status.reason == "1 2"
-
-
-class ScriptedLoader:
-    """A loader whose batches arrive at scripted times on a fake clock: ``gaps`` between arrivals."""
-
-    def __init__(self, gaps: list[float]) -> None:
-        self.now, self.gaps = 0.0, list(gaps)
-
-    def clock(self) -> float:
-        return self.now
-
-    def __iter__(self) -> ScriptedLoader:
-        return self
-
-    def __next__(self) -> int:
-        if not self.gaps:
-            raise StopIteration
-        self.now += self.gaps.pop(0)
-        return 0
-
-
-def test_a_worker_count_is_rated_by_its_median_round_so_one_slow_round_after_the_start_up_does_not_set_it() -> None:
-    # given: 2 workers whose first round (start-up) ends at 1.0 s, then a slow round of 0.9 s and three of 0.5 s,
-    # each round's two batches arriving together
-    loader = ScriptedLoader([1.0, 0.0, 0.9, 0.0, 0.5, 0.0, 0.5, 0.0, 0.5, 0.0])
-    rate = _time_config(loader, workers=2, pin=False, slot_s=10.0, clock=loader.clock)
-    # then: 2 batches per 0.5 s round, not the 8 batches over 2.4 s of the mean
-    assert rate.batches_per_s == pytest.approx(4.0) and rate.batches == 8 and rate.startup_s == pytest.approx(1.0)
-
-
-@pytest.mark.slow  # starts a real DataLoader worker for the 1-worker configuration
-def test_the_runs_own_batches_in_the_main_process_are_the_0_worker_rate_and_its_budget_goes_to_the_workers() -> None:
-    probe = probe_loader(torch, Squares(64), batch_size=4, cores=1, budget_s=1.0, main_batch_s=0.25,
-                         main_batch_batches=30)
-    zero, one = probe.rates
-    assert (zero.num_workers, zero.batches_per_s, zero.batches) == (0, 4.0, 30)
-    assert "not timed again" in zero.note
-    assert one.num_workers == 1 and one.batches_per_s is not None
 
 
 def test_with_half_second_batches_on_many_cores_the_budget_goes_to_the_worker_count_that_would_keep_up() -> None:
