@@ -73,8 +73,8 @@ def test_a_cpu_compute_bound_run_reports_its_achieved_flops_against_the_measured
     # less the first layer's input gradient
     forward = 2 * 256 * (1024 * 4096 + 4096 * 4096 + 4096 * 1024)
     assert sol["flops_per_step"] == 3 * forward - 2 * 256 * 1024 * 4096
-    assert 0 < sol["achieved_flops_per_s"] < sol["peak_flops_per_s"]
-    assert sol["peak_measured"] and 0 < sol["mfu"] < 1
+    assert 0 < sol["achieved_flops_per_s"] <= sol["peak_flops_per_s"]  # a measured peak is at least the run's rate
+    assert sol["peak_measured"] and 0 < sol["mfu"] <= 1
     html = (record["_run_dir"] / "report.html").read_text()
     assert f"{sol['achieved_flops_per_s'] / 1e9:.2f} GFLOP/s" in html
     # the headline of a compute-bound run says how far from the peak it is
