@@ -121,11 +121,6 @@ class Session:
         if self._steps is not None and self._steps in self._started and not self._handed_over:
             self._steps.mark_step()
 
-    @property
-    def handed_over(self) -> bool:
-        """Whether the record was handed over while the script went on (``--profile-steps``)."""
-        return self._handed_over
-
     def stop(self, exit_status: int, say: Callable[[str], None] | None = None) -> RunRecord:
         """Stop the collectors, run the probes, build and analyse the record, write ``run.json``; idempotent.
         ``say``: where to tell the user what a probe of a second or more is doing (the terminal waits on it).
