@@ -498,6 +498,9 @@ class LoaderProbe:
     pin_memory_note: str = ""
     """Why pin_memory was not varied (e.g. a CPU-only machine: it only matters for copies to a GPU)."""
     note: str = ""
+    probe_batch_size: int | None = None
+    """Items per batch the probe loaded: ``batch_size``, or fewer where a batch of the run took long (the rates are
+    per batch of ``batch_size`` all the same)."""
 
 
 @dataclass(frozen=True, slots=True)

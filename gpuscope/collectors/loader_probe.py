@@ -4,7 +4,10 @@ After the script has ended and every other collector has stopped (no hook, profi
 dataset and collate function of the DataLoader the steps waited on longest are loaded again through
 ``torch.utils.data.DataLoader`` itself, with 0, 1, 2, 4, ... worker processes up to the machine's cores (and, on a
 CUDA run, with and without ``pin_memory``), each configuration in isolation for its share of a fixed time budget.
-Per configuration: the batches delivered per second once the workers are up. Workers build batches in lockstep
+When the run timed its batches in the main process (no workers), the probe does not time that again, and it
+loads smaller batches of the same items (about ``PROBE_BATCH_S`` each), rates scaled back to the run's batch size:
+the user waits for the probe, and more rounds of small batches say more than one round of large ones. Per
+configuration: the batches delivered per second once the workers are up. Workers build batches in lockstep
 (batch i goes to worker i mod N), so batches arrive in rounds of N; rates are taken over whole rounds after the
 first (which includes the workers' start-up), else the first round's burst would count as speed.
 
@@ -20,6 +23,7 @@ failure of the run.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import multiprocessing
 import pickle
@@ -27,6 +31,7 @@ import random
 import sys
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -39,8 +44,11 @@ if TYPE_CHECKING:
     from gpuscope.collectors import CollectOptions
     from gpuscope.collectors.schedule import Plan
 
-BUDGET_S = 5.0
+BUDGET_S = 2.0
 """The whole probe's time: the run is over and the user is waiting. Each configuration gets an equal share."""
+PROBE_BATCH_S = 0.05
+"""A probe batch's time, where the run measured its own batches in the main process: fewer items than the run's
+batch (never more), so that a configuration's rounds fit in a fraction of a second."""
 ROUNDS = 4
 """A configuration stops after this many whole rounds past the first (4 x N batches), or at its share of the
 budget, whichever comes first."""
@@ -135,21 +143,22 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
 
     Raises DatasetError when the dataset raises in the main process.
     """
-    from torch.utils.data import DataLoader, SequentialSampler
-
     started = clock()
     deadline = started + budget_s
     notes: list[str] = []
     method = start_method or multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_start_method()
     counts = _worker_counts_for(method, cores, (dataset, collate_fn, worker_init_fn), notes)
     pins = (False, True) if cuda else (False,)
-    configs = affordable_configs(counts, pins, budget_s, main_batch_s, consume_batches_per_s, keeps_up_margin, notes)
-    trimmed = len(configs) < len(counts) * len(pins)
+    items = probe_batch_size(batch_size, main_batch_s)
+    scale = items / batch_size if items and batch_size else 1.0  # a probe batch's share of one of the run's
+    if scale < 1:
+        notes.append(f"timed with batches of {items} of the run's {batch_size} items ({main_batch_s:.2f} s a batch "
+                     "in the run); rates are per batch of the run's size")
+    probe_batch_s = main_batch_s * scale if main_batch_s else None
+    configs = affordable_configs(counts, pins, budget_s, probe_batch_s, consume_batches_per_s, keeps_up_margin,
+                                 notes)
     share_s = budget_s / len(configs)
-    try:
-        length = len(dataset)
-    except TypeError:
-        length = None
+    source = _Source(dataset, items, collate_fn, drop_last, worker_init_fn, start_method)
     rates: list[LoaderRate] = []
     threads = user_torch_threads(torch)  # the step's threads, not the probe child's one
     for workers, pin in configs:
@@ -158,19 +167,11 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
             rates.append(LoaderRate(workers, pin, note="not timed: the probe's time budget was spent"))
             continue
         slot = remaining / (len(configs) - len(rates))  # time a configuration leaves goes to the next
-        untimed = _untimed_main_process(pin, main_batch_s, main_batch_batches, trimmed, slot) if not workers else None
+        untimed = _untimed_main_process(pin, main_batch_s, main_batch_batches) if not workers else None
         if untimed is not None:
             rates.append(untimed)
             continue
-        sampler = ProbeSampler(length, batch_size) if length else SequentialSampler(dataset)
-        kwargs: dict[str, Any] = {"batch_size": batch_size, "sampler": sampler, "drop_last": drop_last,
-                                  "num_workers": workers, "pin_memory": pin, "generator": torch.Generator()}
-        if collate_fn is not None:
-            kwargs["collate_fn"] = collate_fn
-        if workers:
-            kwargs.update(worker_init_fn=worker_init_fn, multiprocessing_context=start_method,
-                          timeout=max(slot, 0.01))
-        rate = _time_config(DataLoader(dataset, **kwargs), workers, pin, slot, clock)
+        rate = _scaled(_time_config(source.loader(torch, workers, pin, slot), workers, pin, slot, clock), scale)
         rates.append(rate)
         if (workers and rate.batches_per_s is not None and consume_batches_per_s is not None
                 and rate.batches_per_s >= consume_batches_per_s * (1 + keeps_up_margin)):
@@ -181,7 +182,39 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
     return LoaderProbe(
         dataset=type(dataset).__name__, batch_size=batch_size, start_method=method, rates=tuple(rates),
         consume_batches_per_s=consume_batches_per_s, main_threads=threads, budget_s=budget_s,
-        elapsed_s=clock() - started, pin_memory_note="" if cuda else ON_CPU_PIN, note="; ".join(notes))
+        probe_batch_size=items, elapsed_s=clock() - started, pin_memory_note="" if cuda else ON_CPU_PIN,
+        note="; ".join(notes))
+
+
+@dataclass(frozen=True, slots=True)
+class _Source:
+    """What every configuration loads: the user's dataset, collate function and worker set-up, in batches of
+    ``items``."""
+
+    dataset: Any
+    items: int | None
+    collate_fn: Any
+    drop_last: bool
+    worker_init_fn: Any
+    start_method: str | None
+
+    def loader(self, torch: Any, workers: int, pin: bool, timeout_s: float) -> Any:
+        """A ``DataLoader`` of this source with ``workers`` workers; a wait on them ends after ``timeout_s``."""
+        from torch.utils.data import DataLoader, SequentialSampler
+
+        try:
+            length = len(self.dataset)
+        except TypeError:
+            length = None
+        sampler = ProbeSampler(length, self.items) if length else SequentialSampler(self.dataset)
+        kwargs: dict[str, Any] = {"batch_size": self.items, "sampler": sampler, "drop_last": self.drop_last,
+                                  "num_workers": workers, "pin_memory": pin, "generator": torch.Generator()}
+        if self.collate_fn is not None:
+            kwargs["collate_fn"] = self.collate_fn
+        if workers:
+            kwargs.update(worker_init_fn=self.worker_init_fn, multiprocessing_context=self.start_method,
+                          timeout=max(timeout_s, 0.01))
+        return DataLoader(self.dataset, **kwargs)
 
 
 SLOW_BATCH_CONFIG = 3.5
@@ -212,19 +245,29 @@ def affordable_configs(counts: list[int], pins: tuple[bool, ...], budget_s: floa
     return sorted([c for c in configs if c[0] == 0] + chosen)
 
 
-def _untimed_main_process(pin: bool, batch_s: float | None, batches: int, trimmed: bool,
-                          slot_s: float) -> LoaderRate | None:
-    """The 0-worker configuration when it is not timed (None: it is): with batches too slow for every
-    configuration (``trimmed``), the rate the run itself measured over all its batches, the budget going to the
-    worker counts; a batch longer than its slot, no rate."""
-    if batch_s is None or not (trimmed or batch_s > slot_s):
+def probe_batch_size(batch_size: int | None, main_batch_s: float | None) -> int | None:
+    """Items per batch the probe loads: the run's batch size, or fewer where the run measured a batch (in the main
+    process) taking longer than ``PROBE_BATCH_S``: about that long, at least one item."""
+    if not batch_size or not main_batch_s or main_batch_s <= PROBE_BATCH_S:
+        return batch_size
+    return max(1, min(batch_size, round(batch_size * PROBE_BATCH_S / main_batch_s)))
+
+
+def _scaled(rate: LoaderRate, scale: float) -> LoaderRate:
+    """A rate timed in probe batches, per batch of the run's size (``scale``: a probe batch's share of one)."""
+    if scale == 1 or rate.batches_per_s is None:
+        return rate
+    return dataclasses.replace(rate, batches_per_s=rate.batches_per_s * scale)
+
+
+def _untimed_main_process(pin: bool, batch_s: float | None, batches: int) -> LoaderRate | None:
+    """The 0-worker configuration, not timed again where the run measured its batches in the main process: the rate
+    over all of them (timing it again would say the same, less surely). None: it is timed."""
+    if batch_s is None or not batches:
         return None
-    if trimmed:
-        return LoaderRate(0, pin, 1 / batch_s if batch_s > 0 else None, batches, note=(
-            f"not timed again: {batch_s * 1e3:.0f} ms a batch in the main process during the run, over {batches} "
-            "batches"))
-    return LoaderRate(0, pin, note=(f"not timed: a batch took {batch_s:.2f} s in the main process during the run, "
-                                    f"over this configuration's {slot_s:.2f} s share of the budget"))
+    return LoaderRate(0, pin, 1 / batch_s if batch_s > 0 else None, batches, note=(
+        f"not timed again: {batch_s * 1e3:.0f} ms a batch in the main process during the run, over {batches} "
+        "batches"))
 
 
 class ProbeSampler:

@@ -20,7 +20,8 @@ MATH = ("p = sum(k * p[:, :, i:i + w]", "return sum(k * p[:, i:i + h, :]", "img 
 
 
 def profile(runs: Runs, *args: str) -> dict:
-    """The sample's run under gpuscope (shared: the 24-step one is also test_probe_and_speed_of_light.py's)."""
+    """The sample's run under gpuscope (shared: the 24-step one is also the loader probe's test's, in
+    test_probe_and_speed_of_light.py)."""
     run = runs.sample(SAMPLE.stem, *args)
     assert LINE.search(run.result.stdout), run.result.stdout
     return run.record
