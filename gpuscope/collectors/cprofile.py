@@ -164,23 +164,26 @@ class CProfileCollector(StepFollower):
         if self.first and self._loop is None:
             return CollectorResult(CollectorStatus(
                 "unavailable", f"the run ended before step {self.first}, where its window was to begin"))
-        path = self._run_dir / PROF_FILE
+        # each profile is turned into statistics once (tenths of a second for a start-up that imported torch);
+        # the start-up's become the whole file's once its own figures are read
         loop = pstats.Stats(self._loop) if self._loop is not None else None
         startup = pstats.Stats(self._startup) if not self.first else None
-        combined = pstats.Stats(self._startup if not self.first else self._loop)
-        if loop is not None and startup is not None:
-            combined.add(loop)
-        combined.dump_stats(str(path))
         focus = loop if loop is not None else startup  # no loop: the whole run was start-up
+        top_own, top_cumulative = top_functions(focus, by="own"), top_functions(focus, by="cumulative")
+        startup_s = startup.total_tt if startup is not None else 0.0  # type: ignore[attr-defined]
+        combined = startup if startup is not None else loop
+        if loop is not None and startup is not None:
+            startup.add(loop)
+        combined.dump_stats(str(self._run_dir / PROF_FILE))  # type: ignore[union-attr]
         last = self._last_step if self._last_step is not None and self._last_step >= self.first else None
         profile = PythonProfile(
             window=Window(first_step=self.first if last is not None else None, last_step=last,
                           startup=not self.first),
             whole_run=whole_run and not self.first,
-            total_s=combined.total_tt,  # type: ignore[attr-defined]
-            startup_s=startup.total_tt if startup is not None else 0.0,  # type: ignore[attr-defined]
-            top_own=top_functions(focus, by="own"),
-            top_cumulative=top_functions(focus, by="cumulative"),
+            total_s=combined.total_tt,  # type: ignore[union-attr]
+            startup_s=startup_s,
+            top_own=top_own,
+            top_cumulative=top_cumulative,
             **self._worker_fields(),
         )
         return CollectorResult(CollectorStatus("ok"), profile)
@@ -229,13 +232,14 @@ def _stop_inherited_profile() -> None:
 def top_functions(stats: pstats.Stats, by: str, limit: int = TOP_FUNCTIONS) -> tuple[FunctionStat, ...]:
     """The user's heaviest functions by own (``own``) or cumulative (``cumulative``) time; gpuscope's own
     functions and the profiler's are left out (python.prof keeps everything)."""
-    rows = []
-    for (file, line, function), (_, calls, own, cumulative, _) in stats.stats.items():  # type: ignore[attr-defined]
-        if file.startswith(_GPUSCOPE_DIR) or "_lsprof.Profiler" in function:
-            continue
-        rows.append(FunctionStat(function, short_path(file), line, calls, own, cumulative))
-    key = (lambda r: r.own_s) if by == "own" else (lambda r: r.cumulative_s)
-    return tuple(sorted(rows, key=lambda r: (-key(r), r.file, r.line, r.function))[:limit])
+    column = 4 if by == "own" else 5
+    table: dict[tuple[str, int, str], tuple[Any, ...]] = stats.stats  # type: ignore[attr-defined]
+    rows = [(file, line, function, calls, own, cumulative)
+            for (file, line, function), (_, calls, own, cumulative, _) in table.items()
+            if not file.startswith(_GPUSCOPE_DIR) and "_lsprof.Profiler" not in function]
+    rows.sort(key=lambda r: (-r[column], r[0], r[1], r[2]))  # thousands of rows: only the top are named
+    return tuple(FunctionStat(function, short_path(file), line, calls, own, cumulative)
+                 for file, line, function, calls, own, cumulative in rows[:limit])
 
 
 def short_path(file: str) -> str:

@@ -43,7 +43,7 @@ if TYPE_CHECKING:
 BENCH_SIZE = 1024
 """Square matmul of the CPU peak benchmark: 2.1 GFLOP, tens of milliseconds on a few cores, large enough that the
 BLAS kernel runs at full rate (on the project's 2-core machine 1024 reaches the rate of 1536 and 2048)."""
-BENCH_REPEATS = 10
+BENCH_REPEATS = 5
 BENCH_BUDGET_S = 1.0
 """The benchmark keeps the fastest of at most BENCH_REPEATS timings, stopping once it has taken this long: noise on
 a shared machine only ever adds time, so the fastest is the least disturbed (``timeit``'s reasoning)."""

@@ -8,11 +8,13 @@ of any length is covered evenly. Peaks are kept over every sample taken, thinned
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
@@ -124,6 +126,22 @@ def build_host_memory(
     )
 
 
+@contextlib.contextmanager
+def _without_ipython() -> Iterator[None]:
+    """memory_profiler imports IPython, when it is installed, for its notebook magics (which gpuscope does not use):
+    a tenth of a second of every run's start-up. Outside a notebook that import is made to fail, as if IPython were
+    not installed (memory_profiler then leaves the magics out); in a notebook IPython is already imported."""
+    if "IPython" in sys.modules:
+        yield
+        return
+    sys.modules["IPython"] = None  # type: ignore[assignment]  # "import IPython" raises ImportError
+    try:
+        yield
+    finally:
+        if sys.modules.get("IPython", 0) is None:
+            del sys.modules["IPython"]
+
+
 @register
 class HostMemoryCollector(Watcher):
     """Samples the RSS of this process and of its child processes (DataLoader workers) over the run."""
@@ -155,7 +173,8 @@ class HostMemoryCollector(Watcher):
 
     def unavailable_reason(self) -> str | None:
         try:
-            import memory_profiler  # noqa: F401
+            with _without_ipython():
+                import memory_profiler  # noqa: F401
             import psutil  # noqa: F401
         except Exception as exc:  # a broken install is as unusable as a missing one
             return f"memory_profiler or psutil could not be imported: {exc}".splitlines()[0]

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 from pathlib import Path
 from typing import Any
 
-from jinja2 import Environment, FileSystemLoader, StrictUndefined
+from jinja2 import BytecodeCache, Environment, FileSystemBytecodeCache, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
 from gpuscope.analysis.speed import headroom_text
@@ -28,6 +29,7 @@ COMPARE_HTML = "compare.html"
 """The comparison page's default name, in run B's folder (``gpuscope compare A B``)."""
 COMPARE_TEMPLATE = "compare.html"
 PLOTLY_JS = ("package_data", "plotly.min.js")
+_SCRIPT_END = re.compile("</script", re.IGNORECASE)
 """Where the installed ``plotly`` package keeps its bundle of plotly.js."""
 DEVICE_COLLECTORS = ("nvml", "cuda-memory", "nvtx", "syncs")
 """Collectors that only have something to say about a GPU; on a CPU run their reasons explain the Device section."""
@@ -43,10 +45,21 @@ def template_dir() -> Path:
     raise GpuscopeError("the report's templates are missing from this gpuscope install (reinstall gpuscope)")
 
 
+def _bytecode_cache() -> BytecodeCache | None:
+    """Jinja's cache of compiled templates, in a folder of this user's in the temporary directory (Jinja checks it
+    is theirs alone): compiling the report's templates takes longer than rendering them, on every run. A template
+    whose text changed is compiled again. None where the folder cannot be used: then they are compiled each time."""
+    try:
+        return FileSystemBytecodeCache()
+    except Exception:
+        return None
+
+
 def environment() -> Environment:
     """The Jinja environment: autoescaping on, undefined names an error, JSON with sorted keys."""
     env = Environment(
         loader=FileSystemLoader(str(template_dir())),
+        bytecode_cache=_bytecode_cache(),
         autoescape=True,
         undefined=StrictUndefined,
         trim_blocks=True,
@@ -68,7 +81,7 @@ def plotly_js() -> str:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise GpuscopeError(f"cannot read plotly.js from the plotly package ({path}): {exc.strerror}") from None
-    if "</script" in text.lower():  # would end the inline <script> early; never seen in a release
+    if _SCRIPT_END.search(text):  # would end the inline <script> early; never seen in a release
         raise GpuscopeError("this plotly.js cannot be inlined (it contains '</script')")
     return text
 
