@@ -449,7 +449,8 @@ class DataProbe:
     """Of which on lines that produced float16 arrays or tensors."""
     lines: tuple[LineCost, ...] = ()
     numpy_float16_slowdown: float | None = None
-    """How many times slower the same element-wise NumPy arithmetic runs in float16 than in float32 here."""
+    """How many times slower the same element-wise NumPy arithmetic runs in float16 than in float32 here (None: not
+    timed, as no line made float16 data, or NumPy was not imported)."""
     note: str = ""
 
 

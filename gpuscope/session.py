@@ -16,12 +16,14 @@ in it, and ``stop`` at its end only writes its exit status into the record.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import platform
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from functools import partial
 from datetime import datetime
 from pathlib import Path
@@ -39,8 +41,8 @@ from gpuscope.record import CollectorStatus, Distributed, ProfilingWindow, RunMe
 
 
 PROGRESS_AFTER_S = 1.0
-"""A post-run probe that may take longer than this says what it is doing: the script has ended, and the terminal
-would otherwise sit silent for seconds."""
+"""A post-run probe still running after this long says what it is doing: the script has ended, and the terminal
+would otherwise sit silent for seconds. One that ends sooner says nothing."""
 
 
 class _Active:
@@ -253,18 +255,33 @@ class Session:
             try:
                 if not self._available(probe):
                     continue
-                if say is not None and probe.budget_s > PROGRESS_AFTER_S:
-                    say(f"gpuscope: {probe.doing} (up to {probe.budget_s:.0f} s; --no-probes skips this)")
-                if getattr(probe, "runs_user_code", False):
-                    result = run_isolated(partial(probe.run, self.run_dir, facts), probe.budget_s, probe.name)
-                else:
-                    result = probe.run(self.run_dir, facts)
+                with _said_after(PROGRESS_AFTER_S, say, f"gpuscope: {probe.doing} (up to {probe.budget_s:.0f} s; "
+                                                        "--no-probes skips this)"):
+                    if getattr(probe, "runs_user_code", False):
+                        result = run_isolated(partial(probe.run, self.run_dir, facts), probe.budget_s, probe.name)
+                    else:
+                        result = probe.run(self.run_dir, facts)
             except Exception as exc:
                 result = CollectorResult(CollectorStatus("failed", describe(exc)))
             elapsed = time.perf_counter() - started
             results[probe.name] = dataclasses.replace(
                 result, status=dataclasses.replace(result.status, elapsed_s=elapsed))
         return results
+
+
+@contextlib.contextmanager
+def _said_after(delay_s: float, say: Callable[[str], None] | None, message: str) -> Iterator[None]:
+    """``say(message)`` if the block is still running after ``delay_s`` (from a timer thread); nothing otherwise."""
+    if say is None:
+        yield
+        return
+    timer = threading.Timer(delay_s, say, (message,))
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    finally:
+        timer.cancel()
 
 
 def post_run_facts(*, data_wait: float = 0.0, median_s: float | None = None, steps: int = 0, cuda: bool = False,

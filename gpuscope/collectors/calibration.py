@@ -34,6 +34,9 @@ waits for them: the whole probe takes about a tenth of a second. The diagnosis c
 steps (``p10_s``)."""
 WARM_STEPS = 10
 COUNTED_STEPS = 2
+ANOMALY_SCALE = 4
+"""Under anomaly detection a step takes about ten times as long (a stack trace is kept per op): its steps and
+repeats are this many times fewer."""
 
 
 @register
@@ -66,7 +69,7 @@ class CalibrationCollector(PostRunProbe):
 
 
 def measure_op_overhead(torch: Any, anomaly: bool = False) -> Calibration:
-    """Time and count the ops of a tiny model's training steps (under anomaly detection if ``anomaly``)."""
+    """Time and count the ops of a tiny model's training steps (under anomaly detection if ``anomaly``, fewer)."""
     from torch.profiler import ProfilerActivity, profile
 
     from gpuscope.collectors.torch_trace import kineto_quiet
@@ -83,14 +86,16 @@ def measure_op_overhead(torch: Any, anomaly: bool = False) -> Calibration:
             loss.backward()
         optimizer.step()
 
-    for _ in range(WARM_STEPS):
+    scale = ANOMALY_SCALE if anomaly else 1
+    steps, repeats = TIMED_STEPS // scale, max(2, REPEATS // scale)
+    for _ in range(WARM_STEPS // scale):
         step()
     timings = []
-    for _ in range(REPEATS):
+    for _ in range(repeats):
         started = time.perf_counter()
-        for _ in range(TIMED_STEPS):
+        for _ in range(steps):
             step()
-        timings.append((time.perf_counter() - started) / TIMED_STEPS)
+        timings.append((time.perf_counter() - started) / steps)
     step_s = min(timings)
     with kineto_quiet():
         prof = profile(activities=[ProfilerActivity.CPU])

@@ -46,11 +46,11 @@ if TYPE_CHECKING:
 
 BUDGET_S = 2.0
 """The whole probe's time: the run is over and the user is waiting. Each configuration gets an equal share."""
-PROBE_BATCH_S = 0.05
+PROBE_BATCH_S = 0.04
 """A probe batch's time, where the run measured its own batches in the main process: fewer items than the run's
 batch (never more), so that a configuration's rounds fit in a fraction of a second."""
-ROUNDS = 4
-"""A configuration stops after this many whole rounds past the first (4 x N batches), or at its share of the
+ROUNDS = 3
+"""A configuration stops after this many whole rounds past the first (3 x N batches), or at its share of the
 budget, whichever comes first."""
 MIN_ROUNDS = 2
 """...but not before this many rounds when time allows: one round is one lockstep burst, a noisy measurement."""
