@@ -8,6 +8,7 @@ strictly (a DataLoader wait can begin one step and the optimizer end the previou
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Any, ClassVar
 
 from gpuscope.collectors.base import CollectorResult, StepFollower, register
@@ -32,12 +33,9 @@ class NvtxCollector(StepFollower):
         self._error: str | None = None
 
     def unavailable_reason(self) -> str | None:
-        if self._nvtx is None:
-            try:
-                import nvtx
-            except ImportError as exc:
-                return f"the nvtx package is not installed ({exc})"
-            self._nvtx = nvtx
+        # imported once CUDA is in use (the package imports NumPy: a tenth of a second of every CPU run's start-up)
+        if self._nvtx is None and importlib.util.find_spec("nvtx") is None:
+            return "the nvtx package is not installed"
         return None
 
 
@@ -51,6 +49,10 @@ class NvtxCollector(StepFollower):
             if not self._active:
                 if not self._events.cuda_in_use():  # type: ignore[union-attr]
                     return
+                if self._nvtx is None:
+                    import nvtx
+
+                    self._nvtx = nvtx
                 self._active = True
                 self._events.add_phase_listener(self._on_phase)  # type: ignore[union-attr]
             self._end(self._step_range)
