@@ -139,7 +139,8 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
     """Time batches delivered per second by ``DataLoader(dataset, ...)`` for each worker count, within
     ``budget_s`` in all, stopping at the first count delivering ``keeps_up_margin`` more than
     ``consume_batches_per_s``. ``main_batch_s``: a batch's time in the main process as measured in the run over
-    ``main_batch_batches`` batches, if known (``_untimed_main_process``, ``affordable_configs``).
+    ``main_batch_batches`` batches, if known: then it is the 0-worker rate, and the probe's batches are smaller
+    (``probe_batch_size``).
 
     Raises DatasetError when the dataset raises in the main process.
     """

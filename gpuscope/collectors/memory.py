@@ -129,7 +129,7 @@ def build_host_memory(
 @contextlib.contextmanager
 def _without_ipython() -> Iterator[None]:
     """memory_profiler imports IPython, when it is installed, for its notebook magics (which gpuscope does not use):
-    a tenth of a second of every run's start-up. Outside a notebook that import is made to fail, as if IPython were
+    about 60 ms of every run's start-up. Outside a notebook that import is made to fail, as if IPython were
     not installed (memory_profiler then leaves the magics out); in a notebook IPython is already imported."""
     if "IPython" in sys.modules:
         yield

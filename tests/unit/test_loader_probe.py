@@ -18,6 +18,7 @@ from gpuscope.collectors.loader_probe import (
     LoaderProbeCollector,
     ProbeSampler,
     affordable_configs,
+    probe_batch_size,
     probe_loader,
     worker_counts,
 )
@@ -122,6 +123,33 @@ def test_the_probe_keeps_to_its_time_bound_with_a_slow_dataset() -> None:
     assert elapsed <= 1.5 + 0.5
     assert probe.elapsed_s <= 1.5 + 0.5
     assert probe.rates[0].batches_per_s == pytest.approx(5.0, rel=0.5)
+
+
+def test_where_the_run_timed_long_batches_the_probe_loads_fewer_items_a_batch() -> None:
+    # about PROBE_BATCH_S (40 ms) a probe batch, at least one item, never more than the run's batch
+    assert probe_batch_size(32, 0.2) == 6
+    assert probe_batch_size(16, 0.45) == 1
+    assert probe_batch_size(16, 10.0) == 1
+    # batches already short, or not timed in the run (workers), or of no fixed size: the run's batch as it is
+    assert probe_batch_size(32, 0.03) == 32
+    assert probe_batch_size(32, None) == 32
+    assert probe_batch_size(None, 0.5) is None
+
+
+@pytest.mark.slow  # a dataset that sleeps, timed with real workers
+def test_small_probe_batches_give_rates_per_batch_of_the_runs_size() -> None:
+    # given: 50 ms an item, 4 items a batch, and the run measured 200 ms a batch in the main process over 30
+    dataset = Squares(sleep_s=0.05)
+    # when
+    probe = probe_loader(torch, dataset, batch_size=4, cores=2, budget_s=1.5, main_batch_s=0.2, main_batch_batches=30)
+    # then: batches of one item were loaded, the 0-worker rate is the run's own, and one worker's rate is per batch
+    # of 4 items: 5 a second, as the run's own batches
+    assert probe.probe_batch_size == 1
+    zero, one = probe.rates[0], probe.rates[1]
+    assert (zero.num_workers, zero.batches_per_s, zero.batches) == (0, pytest.approx(5.0), 30)
+    assert "not timed again" in zero.note
+    assert one.num_workers == 1 and one.batches_per_s == pytest.approx(5.0, rel=0.5)
+    assert probe.elapsed_s <= 1.5 + 0.5
 
 
 @pytest.mark.slow  # times a real loader for its budget
