@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -10,6 +11,27 @@ from conftest import Runs
 
 pytestmark = pytest.mark.slow
 FIX = re.compile(r"num_workers=(\d+)")
+
+
+def advised(record: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """The ``more-dataloader-workers`` recommendation of a run's record, and the worker count its fix names."""
+    advice = next(r for r in record["recommendations"] if r["id"] == "more-dataloader-workers")
+    return advice, int(FIX.search(advice["fix"]).group(1))  # type: ignore[union-attr]
+
+
+def applied(runs: Runs, sample: str, args: tuple[str, ...], slow: dict[str, Any], fresh: bool,
+            statistic: str = "median_s") -> tuple[float, float, str]:
+    """``slow``'s advised worker count applied to a run of SAMPLE ARGS: (the speed-up measured by the ``statistic``
+    step, the one predicted, the prediction's explanation)."""
+    _, workers = advised(slow)
+    fixed = runs.sample(sample, *args, "--workers", str(workers), fresh=fresh).record
+    return (slow["steps"][statistic] / fixed["steps"][statistic], slow["what_if"]["speedup"],
+            slow["what_if"]["explanation"])
+
+
+def as_predicted(outcome: tuple[Any, ...]) -> bool:
+    """Whether a measured speed-up is the predicted one, within 25%."""
+    return isinstance(outcome[0], float) and outcome[0] == pytest.approx(outcome[1], rel=0.25)
 
 
 def test_the_loader_probes_worker_count_applied_clears_the_data_wait_as_predicted(runs: Runs) -> None:
@@ -21,8 +43,7 @@ def test_the_loader_probes_worker_count_applied_clears_the_data_wait_as_predicte
         assert slow["collectors"]["loader-probe"]["status"] == "ok"
         probe = slow["loader_probe"]
         assert probe["elapsed_s"] <= probe["budget_s"] + 1.0
-        advice = next(r for r in slow["recommendations"] if r["id"] == "more-dataloader-workers")
-        workers = int(FIX.search(advice["fix"]).group(1))  # type: ignore[union-attr]
+        advice, workers = advised(slow)
         predicted = slow["what_if"]["speedup"]  # the same estimate as the advice's gain, not clipped at 0
         # when: the suggested worker count is applied
         fixed = runs.sample("data_loading_bound", "--steps", "24", "--workers", str(workers),
@@ -47,23 +68,17 @@ def test_on_cores_the_workers_share_with_the_step_the_predicted_speedup_is_the_m
     outcomes = []
     for attempt in range(3):
         slow = runs.sample("data_loading_shared_cores", fresh=attempt > 0).record
-        advice = next((r for r in slow["recommendations"] if r["id"] == "more-dataloader-workers"), None)
-        if slow["verdict"]["bound"] != "data-loading" or advice is None or slow["what_if"] is None:
+        ids = {r["id"] for r in slow["recommendations"]}
+        if slow["verdict"]["bound"] != "data-loading" or "more-dataloader-workers" not in ids or not slow["what_if"]:
             outcomes.append(("spoiled", slow["verdict"]["evidence"]))
             continue
-        workers = int(FIX.search(advice["fix"]).group(1))  # type: ignore[union-attr]
-        predicted = slow["what_if"]["speedup"]
         # when: the suggested worker count is applied
-        fixed = runs.sample("data_loading_shared_cores", "--steps", "60", "--workers", str(workers),
-                            fresh=attempt > 0).record
-        measured = slow["steps"]["median_s"] / fixed["steps"]["median_s"]
-        outcomes.append((measured, predicted, slow["what_if"]["explanation"]))
-        if measured == pytest.approx(predicted, rel=0.25):
+        outcomes.append(applied(runs, "data_loading_shared_cores", ("--steps", "60"), slow, fresh=attempt > 0))
+        if as_predicted(outcomes[-1]):
             break
     # then: the prediction counted the cores the workers take, and the run sped up as predicted, within 25%
-    measured, predicted, explanation = outcomes[-1]
-    assert measured == pytest.approx(predicted, rel=0.25), outcomes
-    assert "cores" in explanation, explanation
+    assert as_predicted(outcomes[-1]), outcomes
+    assert "cores" in outcomes[-1][2], outcomes[-1]
 
 
 def test_with_half_second_batches_the_predicted_speedup_is_the_measured_one_by_the_mean_step(runs: Runs) -> None:
@@ -75,21 +90,13 @@ def test_with_half_second_batches_the_predicted_speedup_is_the_measured_one_by_t
         probe = slow["loader_probe"]
         assert probe["probe_batch_size"] < probe["batch_size"], probe
         assert probe["elapsed_s"] <= probe["budget_s"] + 1.0
-        advice = next(r for r in slow["recommendations"] if r["id"] == "more-dataloader-workers")
-        workers = int(FIX.search(advice["fix"]).group(1))  # type: ignore[union-attr]
-        predicted = slow["what_if"]["speedup"]
-        # when: the suggested worker count is applied
-        fixed = runs.sample("data_loading_bound_fp16", "--steps", "24", "--workers", str(workers),
-                            fresh=attempt > 0).record
-        # N workers in lockstep hand over N batches at once: one step waits, the next N - 1 do not, so the median
-        # step says little of the throughput; the mean step is the time per batch
-        measured = slow["steps"]["mean_s"] / fixed["steps"]["mean_s"]
-        outcomes.append((measured, predicted, slow["what_if"]["explanation"]))
-        if measured == pytest.approx(predicted, rel=0.25):
+        # when: the suggested worker count is applied; N workers in lockstep hand over N batches at once (one step
+        # waits, the next N - 1 do not), so the median step says little of the throughput: the mean step is it
+        outcomes.append(applied(runs, "data_loading_bound_fp16", ("--steps", "24"), slow, attempt > 0, "mean_s"))
+        if as_predicted(outcomes[-1]):
             break
     # then: the run sped up as predicted, within 25%
-    measured, predicted, _ = outcomes[-1]
-    assert measured == pytest.approx(predicted, rel=0.25), outcomes
+    assert as_predicted(outcomes[-1]), outcomes
 
 
 def test_a_cpu_compute_bound_run_reports_its_achieved_flops_against_the_measured_peak(runs: Runs) -> None:
