@@ -29,8 +29,9 @@ COMPARE_HTML = "compare.html"
 """The comparison page's default name, in run B's folder (``gpuscope compare A B``)."""
 COMPARE_TEMPLATE = "compare.html"
 PLOTLY_JS = ("package_data", "plotly.min.js")
-_SCRIPT_END = re.compile("</script", re.IGNORECASE)
 """Where the installed ``plotly`` package keeps its bundle of plotly.js."""
+_SCRIPT_END = re.compile("</script", re.IGNORECASE)
+"""What would end the inline ``<script>`` that holds plotly.js early (HTML end tags are case-insensitive)."""
 DEVICE_COLLECTORS = ("nvml", "cuda-memory", "nvtx", "syncs")
 """Collectors that only have something to say about a GPU; on a CPU run their reasons explain the Device section."""
 
