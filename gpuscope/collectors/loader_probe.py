@@ -155,9 +155,8 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
     if scale < 1:
         notes.append(f"timed with batches of {items} of the run's {batch_size} items ({main_batch_s:.2f} s a batch "
                      "in the run); rates are per batch of the run's size")
-    probe_batch_s = main_batch_s * scale if main_batch_s else None
-    configs = affordable_configs(counts, pins, budget_s, probe_batch_s, consume_batches_per_s, keeps_up_margin,
-                                 notes)
+    configs = affordable_configs(counts, pins, budget_s, main_batch_s, consume_batches_per_s, keeps_up_margin,
+                                 notes, probe_batch_s=main_batch_s * scale if main_batch_s else None)
     share_s = budget_s / len(configs)
     source = _Source(dataset, items, collate_fn, drop_last, worker_init_fn, start_method)
     rates: list[LoaderRate] = []
@@ -224,14 +223,17 @@ and ``MIN_ROUNDS`` rounds after it."""
 
 
 def affordable_configs(counts: list[int], pins: tuple[bool, ...], budget_s: float, main_batch_s: float | None,
-                       consume_batches_per_s: float | None, margin: float, notes: list[str]) -> list[tuple[int, bool]]:
-    """The (workers, pin_memory) configurations to time: all of them, unless the run's batches are so slow that
-    the budget cannot give each worker count its rounds (many cores, half-second batches). Then the count that
-    would keep up (``consume`` x ``margin`` x a batch's time, batches built in parallel) or the largest is timed
-    first, then fewer, as many as the budget holds; pin_memory (CUDA) on that count only."""
+                       consume_batches_per_s: float | None, margin: float, notes: list[str],
+                       probe_batch_s: float | None = None) -> list[tuple[int, bool]]:
+    """The (workers, pin_memory) configurations to time: all of them, unless the probe's batches (``probe_batch_s``
+    each, by default the run's ``main_batch_s``) are so slow that the budget cannot give each worker count its
+    rounds (many cores, batches of one slow item). Then the count that would keep up (``consume`` x ``margin`` x
+    the run's batch time, batches built in parallel) or the largest is timed first, then fewer, as many as the
+    budget holds; pin_memory (CUDA) on that count only."""
     configs = [(n, pin) for n in counts for pin in pins]
     workers = [n for n in counts if n > 0]
-    affordable = max(1, int(budget_s // (SLOW_BATCH_CONFIG * main_batch_s))) if main_batch_s else len(configs)
+    config_batch_s = probe_batch_s or main_batch_s
+    affordable = max(1, int(budget_s // (SLOW_BATCH_CONFIG * config_batch_s))) if config_batch_s else len(configs)
     if not workers or len([c for c in configs if c[0] > 0]) <= affordable:
         return configs
     needed = workers[-1]
@@ -241,8 +243,9 @@ def affordable_configs(counts: list[int], pins: tuple[bool, ...], budget_s: floa
     chosen = [(target, pin) for pin in pins] + [(n, False) for n in reversed(workers) if n < target]
     chosen = chosen[:affordable]
     notes.append(f"timed {', '.join(str(n) for n in sorted({n for n, _ in chosen}))} workers only: a batch took "
-                 f"{main_batch_s:.2f} s in the run, and the {budget_s:.0f} s budget holds about {affordable} "
-                 f"configurations; {target} workers would keep up or are the most the cores allow")
+                 f"{main_batch_s:.2f} s in the run ({config_batch_s:.2f} s a batch of the probe's), and the "
+                 f"{budget_s:.0f} s budget holds about {affordable} configurations; {target} workers would keep "
+                 "up or are the most the cores allow")
     return sorted([c for c in configs if c[0] == 0] + chosen)
 
 

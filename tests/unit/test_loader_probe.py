@@ -289,3 +289,14 @@ def test_with_half_second_batches_on_many_cores_the_budget_goes_to_the_worker_co
     # and fast batches, or a 2-core machine, time every configuration
     assert len(affordable_configs([0, 1, 2, 4, 8, 16], (False, True), 5.0, 0.02, 50.0, 0.1, [])) == 12
     assert affordable_configs([0, 1, 2], (False,), 5.0, 0.47, 24.0, 0.1, []) == [(0, False), (1, False), (2, False)]
+
+
+def test_with_smaller_probe_batches_the_count_that_would_keep_up_is_still_worked_out_from_the_runs_batches() -> None:
+    # given: batches of 16 items taking 8 s in the run (0.5 s an item), so the probe loads batches of one item;
+    # the step consumes 0.5 batches/s: 0.5 x 1.1 x 8 s = 4.4 batches in parallel, 8 workers; 2 configurations fit
+    notes: list[str] = []
+    configs = affordable_configs([0, 1, 2, 4, 8, 16], (False,), 4.0, 8.0, 0.5, 0.1, notes, probe_batch_s=0.5)
+    # then: 8 workers and the next fewer are timed, as the run's 8-second batches need, not the 1 worker that 0.5 s
+    # batches would
+    assert configs == [(0, False), (4, False), (8, False)]
+    assert "8.00 s in the run (0.50 s a batch of the probe's)" in notes[0]
