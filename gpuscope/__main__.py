@@ -1,6 +1,8 @@
 """``python -m gpuscope``."""
 
-from gpuscope.cli import main_exit
+import sys
+
+from gpuscope.cli import main
 
 if __name__ == "__main__":
-    main_exit()
+    sys.exit(main())

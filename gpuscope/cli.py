@@ -7,7 +7,8 @@ import argparse
 import contextlib
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn, Protocol
@@ -32,7 +33,17 @@ class Command(Protocol):
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None: ...
 
-    def run(self, args: argparse.Namespace) -> int: ...
+    def run(self, args: argparse.Namespace) -> int | ScriptRun: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptRun:
+    """A ``gpuscope run`` ready to go, its collectors started: ``main`` runs the script itself and then ``end``,
+    so that only ``main`` and ``runner.run_target`` lie between the console script and the user's code (see
+    ``run_target``)."""
+
+    target: Target
+    end: Callable[[int], None]
 
 
 class RunCommand:
@@ -74,9 +85,9 @@ class RunCommand:
             i += 2 if token in takes_value else 1
         return tokens, []
 
-    def run(self, args: argparse.Namespace) -> int:
+    def run(self, args: argparse.Namespace) -> int | ScriptRun:
         from gpuscope.collectors import default_collectors
-        from gpuscope.runner import resolve_target, run_target
+        from gpuscope.runner import resolve_target
         from gpuscope.session import Session
 
         target_tokens: list[str] = args.target
@@ -109,9 +120,7 @@ class RunCommand:
             if not args.launched_by_gpuscope:  # else the launcher merges, once, when every rank has ended
                 _finish_job(job_dir, args.quiet, args.open, only_if_complete=True)
 
-        status = run_target(target, before_hard_exit=end)
-        end(status)
-        return status
+        return ScriptRun(target, end)
 
 
 def _launch_ranks(args: argparse.Namespace, target: Target) -> int:
@@ -312,7 +321,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if handler is None:
             names = ", ".join(c.name for c in COMMANDS)
             raise GpuscopeError(f"a command is needed ({names}); see gpuscope --help")
-        return handler.run(args)
+        outcome = handler.run(args)
+        if isinstance(outcome, ScriptRun):
+            from gpuscope.runner import run_target
+
+            status = run_target(outcome.target, before_hard_exit=outcome.end)
+            outcome.end(status)
+            return status
+        return outcome
     except GpuscopeError as exc:
         print(f"gpuscope: error: {exc.message}", file=sys.stderr)
         return exc.exit_code
@@ -321,7 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def main_exit() -> NoReturn:
-    """Console-script entry point."""
+    """``sys.exit(main())``. (The console script calls ``main`` itself: one frame fewer under the user's.)"""
     sys.exit(main())
 
 

@@ -99,13 +99,21 @@ def run_target(target: Target, before_hard_exit: Callable[[int], None] | None = 
 
     ``before_hard_exit(status)`` is called if the script ends the process with ``os._exit``, so the run's files
     can be written first.
+
+    A plain script's code is executed here, in this frame, so that as few of gpuscope's frames as possible lie
+    under the script's: whatever walks the whole stack pays for each one (anomaly detection formats it for every
+    autograd node the forward pass creates: about 4% of such a step a frame, benchmarks/stack_depth.py).
     """
     with _script_sys(target), _sigterm_raises(), _hard_exit_hook(before_hard_exit):
         try:
             if target.module is not None:
                 runpy.run_module(target.module, run_name="__main__", alter_sys=True)
+            elif (script := _main_module(target.script)) is None:  # type: ignore[arg-type]
+                runpy.run_path(os.path.abspath(target.script), run_name="__main__")  # type: ignore[arg-type]
             else:
-                _run_script(target.script)  # type: ignore[arg-type]
+                code, main = script
+                with _as_main(main):
+                    exec(code, main.__dict__)
         except SystemExit as exc:
             return _exit_status(exc)
         except KeyboardInterrupt as exc:
@@ -119,16 +127,16 @@ def run_target(target: Target, before_hard_exit: Callable[[int], None] | None = 
     return 0
 
 
-def _run_script(script: str) -> None:
-    """Execute a script file (or a folder / zip with ``__main__.py``) as the ``__main__`` module.
+def _main_module(script: str) -> tuple[types.CodeType, types.ModuleType] | None:
+    """A script file's code and the ``__main__`` module to execute it in (None for a folder or zip with
+    ``__main__.py``, which runpy runs).
 
     A plain file gets the globals python gives it: absolute ``__file__``, a source loader, ``__spec__`` None,
     while ``sys.argv[0]`` stays as typed (runpy.run_path would overwrite it with the path it is given).
     """
     path = os.path.abspath(script)
     if os.path.isdir(path) or _is_zip(path):
-        runpy.run_path(path, run_name="__main__")
-        return
+        return None
     import builtins
     import importlib.machinery
     import io
@@ -145,10 +153,16 @@ def _run_script(script: str) -> None:
         __builtins__=builtins,
         __annotations__={},
     )
+    return code, main
+
+
+@contextmanager
+def _as_main(main: types.ModuleType) -> Iterator[None]:
+    """``main`` is ``sys.modules["__main__"]`` while the script runs."""
     saved = sys.modules.get("__main__")
     sys.modules["__main__"] = main
     try:
-        exec(code, main.__dict__)
+        yield
     finally:
         if saved is not None:
             sys.modules["__main__"] = saved
