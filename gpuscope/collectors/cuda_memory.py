@@ -1,5 +1,7 @@
 """CUDA caching-allocator memory at each step boundary: allocated, reserved, and the peak so far. Read from the
-allocator's host-side counters (no synchronisation), only once the script has initialised CUDA.
+allocator's host-side counters (no synchronisation), only once the script has initialised CUDA, in one call of
+``torch.cuda.memory_stats_as_nested_dict()`` a step: ``memory_allocated()`` and its siblings each build and
+flatten every statistic of the allocator (benchmarks/cuda_calls.py).
 
 Observe only: the peak is never reset (``reset_peak_memory_stats`` would change what the script itself may
 read), so per-step peaks are "peak so far".
@@ -59,9 +61,9 @@ class CudaMemoryCollector(StepFollower):
                 self._active = True
             step = index - 1
             if step % int(self._series.interval_s) == 0:
-                cuda = self._cuda
-                self._series.add(_Reading(step, cuda.memory_allocated(), cuda.memory_reserved(),
-                                          cuda.max_memory_allocated()))
+                stats = self._cuda.memory_stats_as_nested_dict()
+                allocated, reserved = stats["allocated_bytes"]["all"], stats["reserved_bytes"]["all"]
+                self._series.add(_Reading(step, allocated["current"], reserved["current"], allocated["peak"]))
         except Exception as exc:
             self._error = f"CUDA memory could not be read: {exc}"
 

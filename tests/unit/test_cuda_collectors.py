@@ -54,11 +54,13 @@ class FakeCuda:
     def __init__(self) -> None:
         self.allocated = 0
 
-    def memory_allocated(self) -> int:
-        return self.allocated
-
-    def memory_reserved(self) -> int:
-        return 2 * self.allocated
+    def memory_stats_as_nested_dict(self) -> dict[str, Any]:
+        """The shape of torch's: each statistic by pool ("all", "large_pool", "small_pool"), then by counter."""
+        return {
+            "allocated_bytes": {"all": {"current": self.allocated, "peak": self.allocated + 100}},
+            "reserved_bytes": {"all": {"current": 2 * self.allocated, "peak": 2 * self.allocated + 100}},
+            "num_alloc_retries": 0,
+        }
 
     def max_memory_allocated(self) -> int:
         return self.allocated + 100

@@ -113,3 +113,22 @@ def test_on_16_cores_with_half_second_batches_the_loader_probe_times_the_count_t
     # batches; 16 workers at 0.53 s a batch make at most 30 batches/s, about 16x)
     assert record.verdict.bound == "data-loading"
     assert 8 < record.what_if.speedup < 25  # type: ignore[union-attr]
+
+
+def test_device_time_and_allocator_memory_are_read_on_every_step_of_a_launch_bound_loop() -> None:
+    # given: the launch-bound sample, 600 steps of 7.6 ms on the H100, its device time from torch.Event markers
+    # (3 us each, against 11-13 us for torch.cuda.Event) and its allocator counters from one nested-dict read a
+    # step (27 us, against 500 us for memory_allocated, memory_reserved and max_memory_allocated)
+    raw, record = recorded("launch-events")
+    steps, memory = raw["steps"], raw["cuda_memory"]
+    device = steps["sample"]["device_wall_s"]
+    # then: every step the device has passed is timed (the last is still open at the end), and the loop, which
+    # synchronizes at each step's end, takes on the device the time it takes on the host
+    assert sum(d is not None for d in device) == len(device) - 1 == 599
+    assert steps["device_median_s"] == pytest.approx(steps["median_s"], rel=0.03)
+    # and the allocator was read at every step: allocated never above the peak so far, nor the peak above the run's
+    assert memory["step"] == list(range(600))
+    peak = memory["peak_allocated_bytes"]
+    assert all(a <= p <= peak for a, p in zip(memory["allocated_bytes"], memory["peak_bytes"]))
+    assert all(r >= a for r, a in zip(memory["reserved_bytes"], memory["allocated_bytes"]))
+    assert record.verdict.bound == "cpu-launch"
