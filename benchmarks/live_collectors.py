@@ -9,6 +9,7 @@ machine's slow drifts out of the comparison; the median over repetitions resists
 
     python benchmarks/live_collectors.py                     # every live collector, 8 repetitions
     python benchmarks/live_collectors.py --only memory       # the steps collector and the memory sampler
+    python benchmarks/live_collectors.py --each --device cuda   # the steps collector alone, then with each other
 """
 
 from __future__ import annotations
@@ -43,12 +44,13 @@ def load_sample() -> Any:
 class Loop:
     """The sample's training loop, a given number of steps at a time."""
 
-    def __init__(self, sample: Any) -> None:
+    def __init__(self, sample: Any, device: str) -> None:
         torch.manual_seed(0)
+        self.device = torch.device(device)
         dataset = sample.make_dataset(8192, 32, 8, 0)
         sampler = BatchSampler(RandomSampler(dataset), batch_size=2, drop_last=True)
         self.loader = DataLoader(dataset, sampler=sampler, batch_size=None)
-        self.model = sample.DeepNarrowMLP()
+        self.model = sample.DeepNarrowMLP().to(self.device)
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         self.batches = iter(self.loader)
 
@@ -60,9 +62,12 @@ class Loop:
             except StopIteration:
                 self.batches = iter(self.loader)
                 x, y = next(self.batches)
+            x, y = x.to(self.device), y.to(self.device)
             F.cross_entropy(self.model(x), y).backward()
             self.optimizer.step()
             self.optimizer.zero_grad()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize()  # as the sample does: the step's time includes its GPU work
             now = time.perf_counter()
             times.append(now - last)
             last = now
@@ -76,31 +81,48 @@ def live_collectors(only: set[str]) -> list[Any]:
             and (not only or c.name in only or c.name == "steps")]
 
 
+def block_pair(loop: Loop, only: set[str] | None, block: int) -> tuple[float, float]:
+    """A block's median step without gpuscope, then inside a session of the chosen collectors (None: a second
+    block without, for the noise between two blocks of the same loop)."""
+    plain = loop.median_step_s(block)
+    if only is None:
+        loop.median_step_s(SETTLE_STEPS)
+        return plain, loop.median_step_s(block)
+    with tempfile.TemporaryDirectory() as run_dir:
+        session = Session(Path(run_dir), ["live_collectors"], collectors=live_collectors(only))
+        session.start()
+        loop.median_step_s(SETTLE_STEPS)
+        profiled = loop.median_step_s(block)
+        session.stop(0)
+    return plain, profiled
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", default="", help="comma-separated collector names (default: every live one)")
+    parser.add_argument("--each", action="store_true",
+                        help="also the steps collector alone, with each other live collector, and no collector")
+    parser.add_argument("--device", default="cpu")
     parser.add_argument("--reps", type=int, default=8)
     parser.add_argument("--block", type=int, default=300, help="steps a block")
     args = parser.parse_args()
-    only = set(filter(None, args.only.split(",")))
-    loop = Loop(load_sample())
+    loop = Loop(load_sample(), args.device)
     loop.median_step_s(200)  # warm-up
-    ratios, names = [], []
-    for rep in range(args.reps):
-        plain = loop.median_step_s(args.block)
-        collectors = live_collectors(only)
-        names = [c.name for c in collectors]
-        with tempfile.TemporaryDirectory() as run_dir:
-            session = Session(Path(run_dir), ["live_collectors"], collectors=collectors)
-            session.start()
-            loop.median_step_s(SETTLE_STEPS)
-            profiled = loop.median_step_s(args.block)
-            session.stop(0)
-        ratios.append(profiled / plain)
-        print(f"rep {rep}: {plain * 1e3:.3f} ms -> {profiled * 1e3:.3f} ms, {100 * (profiled / plain - 1):+.1f}%",
-              flush=True)
-    print(f"collectors: {', '.join(names)}")
-    print(f"median step: {100 * (statistics.median(ratios) - 1):+.1f}% (median of {args.reps} block pairs)")
+    configs: dict[str, set[str] | None] = {"all live collectors": set(filter(None, args.only.split(",")))}
+    if args.each:
+        others = [c.name for c in live_collectors(set()) if c.name != "steps"]
+        configs = {"none (two plain blocks)": None, "steps": {"steps"},
+                   **{f"steps + {name}": {name} for name in others}, **configs}
+    ratios: dict[str, list[float]] = {name: [] for name in configs}
+    for rep in range(args.reps):  # each repetition measures every configuration: slow drifts hit them all
+        for name, only in configs.items():
+            plain, profiled = block_pair(loop, only, args.block)
+            ratios[name].append(profiled / plain)
+            print(f"rep {rep} {name}: {plain * 1e3:.3f} ms -> {profiled * 1e3:.3f} ms, "
+                  f"{100 * (profiled / plain - 1):+.1f}%", flush=True)
+    print(f"\nper-step cost on {args.device} (median of {args.reps} block pairs of {args.block} steps):")
+    for name, values in ratios.items():
+        print(f"  {name:<28} {100 * (statistics.median(values) - 1):+6.1f}%")
 
 
 if __name__ == "__main__":

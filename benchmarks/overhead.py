@@ -11,6 +11,7 @@ Alternating cancels slow drifts of the machine (thermal, other load); the median
 
     python benchmarks/overhead.py                      # compute_bound, 5 pairs
     python benchmarks/overhead.py --pairs 7 cpu_launch_bound compute_bound
+    python benchmarks/overhead.py --args "--device cpu" cpu_launch_bound   # more of the script's own options
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -97,8 +99,9 @@ def main() -> None:
     parser.add_argument("workloads", nargs="*", default=["compute_bound"])
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--args", default="", help="options for every workload, after its defaults")
     args = parser.parse_args()
-    results = [measure(w, args.pairs, RUN_ARGS.get(w, [])) for w in args.workloads]
+    results = [measure(w, args.pairs, [*RUN_ARGS.get(w, []), *shlex.split(args.args)]) for w in args.workloads]
     print()
     for r in results:
         print(f"{r['workload']:>20}: step time {r['step_time_overhead']:+.1%}, "
