@@ -9,7 +9,8 @@ machine's slow drifts out of the comparison; the median over repetitions resists
 
     python benchmarks/live_collectors.py                     # every live collector, 8 repetitions
     python benchmarks/live_collectors.py --only memory       # the steps collector and the memory sampler
-    python benchmarks/live_collectors.py --each --device cuda   # the steps collector alone, then with each other
+    python benchmarks/live_collectors.py --each --device cuda   # also: none, the steps collector alone, and it
+                                                                # with each other live collector
 """
 
 from __future__ import annotations
