@@ -61,8 +61,7 @@ class CudaMemoryCollector(StepFollower):
                 self._active = True
             step = index - 1
             if step % int(self._series.interval_s) == 0:
-                stats = self._cuda.memory_stats_as_nested_dict()
-                allocated, reserved = stats["allocated_bytes"]["all"], stats["reserved_bytes"]["all"]
+                allocated, reserved = _allocator_counters(self._cuda)
                 self._series.add(_Reading(step, allocated["current"], reserved["current"], allocated["peak"]))
         except Exception as exc:
             self._error = f"CUDA memory could not be read: {exc}"
@@ -74,8 +73,8 @@ class CudaMemoryCollector(StepFollower):
             return CollectorResult(CollectorStatus("unavailable", "the script did not use CUDA"))
         readings = self._series.samples
         try:
-            peak_allocated = int(self._cuda.max_memory_allocated())
-            peak_reserved = int(self._cuda.max_memory_reserved())
+            allocated, reserved = _allocator_counters(self._cuda)
+            peak_allocated, peak_reserved = int(allocated["peak"]), int(reserved["peak"])
         except Exception as exc:
             return CollectorResult(CollectorStatus("failed", f"CUDA memory could not be read: {exc}"))
         return CollectorResult(CollectorStatus("ok"), CudaMemory(
@@ -86,3 +85,9 @@ class CudaMemoryCollector(StepFollower):
             reserved_bytes=tuple(r.reserved for r in readings),
             peak_bytes=tuple(r.peak for r in readings),
         ))
+
+
+def _allocator_counters(cuda: Any) -> tuple[dict[str, int], dict[str, int]]:
+    """The allocator's allocated and reserved bytes over all its pools, each ``{"current": ..., "peak": ...}``."""
+    stats = cuda.memory_stats_as_nested_dict()
+    return stats["allocated_bytes"]["all"], stats["reserved_bytes"]["all"]

@@ -12,7 +12,7 @@ from typing import Protocol
 
 
 class DeviceEvent(Protocol):
-    """What ``DeviceTimeline`` needs of a device marker (``torch.cuda.Event`` has this shape)."""
+    """What ``DeviceTimeline`` needs of a device marker (``torch.Event`` and ``torch.cuda.Event`` have this shape)."""
 
     def record(self) -> None: ...
     def query(self) -> bool: ...

@@ -62,12 +62,6 @@ class FakeCuda:
             "num_alloc_retries": 0,
         }
 
-    def max_memory_allocated(self) -> int:
-        return self.allocated + 100
-
-    def max_memory_reserved(self) -> int:
-        return 2 * self.allocated + 100
-
 
 def test_nvtx_ranges_mark_steps_and_phases_once_cuda_is_in_use() -> None:
     # given a CPU step, then CUDA initialised by the script
