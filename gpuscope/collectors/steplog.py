@@ -185,7 +185,8 @@ class StepTracker:
     lower one are dropped (they were counted by a coarser marker) and counting restarts.
 
     Profilers open *windows* (``window_opened`` / ``window_closed``); a step during any part of which a window
-    was open is marked ``profiled``. ``listeners`` are called with the index of each step as it begins.
+    was open is marked ``profiled``. ``listeners`` are called with the index of each step as it begins (under the
+    ``backward`` kind from the third step on: the second had run by the time backward was known to define steps).
     """
 
     def __init__(self, now: float, log: StepLog | None = None, clock: Callable[[], float] | None = None) -> None:
@@ -260,7 +261,9 @@ class StepTracker:
             self.log.add(held_t - self._t0, held_phases, self._profiled)
             self._profiled = self._windows > 0
             self._open_t = held_t
-            self._notify()
+            # the step that began at the first backward's end has run already: the listeners hear of the next
+            # one only (told of both now, a listener hooking modules at one would find at the other that their
+            # forward never ran)
             self._boundary("backward", now)
 
     def explicit(self, now: float) -> None:

@@ -276,6 +276,17 @@ class TestStepTracker:
         assert tracker.log.records()[-1].phases_s == pytest.approx(
             {"data_wait": 0.0, "forward": 0.3, "backward": 0.5, "optimizer": 0.0})
 
+    def test_listeners_hear_each_step_of_a_backward_defined_loop_begin_once_and_only_as_it_begins(self) -> None:
+        # given: a hand-written loop, its steps defined by backward() once the second one has returned
+        tracker = StepTracker(now=0.0)
+        begun: list[int] = []
+        tracker.listeners.append(begun.append)
+        for i in range(5):
+            tracker.backward_ended(i + 0.5)
+        # then: step 1 had run by then and is not announced after the fact; every later step is, as it begins
+        assert begun == [2, 3, 4, 5]
+        assert tracker.log.count == 5
+
     def test_an_optimizer_stepping_after_the_first_backward_defines_the_steps_and_loses_no_time(self) -> None:
         tracker = StepTracker(now=0.0)
         for i in range(4):
