@@ -217,6 +217,8 @@ class StepTracker:
             self._phase_changed()
 
     def _phase_changed(self) -> None:
+        if self.device is None and not self.phase_listeners:  # a CPU run: no one to tell (the hot path)
+            return
         phase = self.clock.current
         if self.device is not None:
             self.device.mark(self._device_step(), phase)

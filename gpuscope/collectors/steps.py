@@ -79,7 +79,7 @@ class StepsCollector:
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self, run_dir: Path) -> None:
         self._thread = threading.get_ident()
-        self._pid = os.getpid()
+        self._pid = _process.pid
         self.tracker = StepTracker(self._clock(), StepLog(skip=self._skip), self._clock)
         # first listener, so its one-time work comes before any profiler window opens or switches
         self.tracker.listeners.append(self._after_boundary)
@@ -189,7 +189,9 @@ class StepsCollector:
         self._undo.append(patch(torch.autograd, "grad", self._wrap_phase("backward")))
 
     def _mine(self) -> bool:
-        return threading.get_ident() == self._thread and os.getpid() == self._pid
+        """Whether the event is the training loop's: its thread, and not a forked child's (a DataLoader worker
+        forked from the loop's thread has the same thread id)."""
+        return threading.get_ident() == self._thread and _process.pid == self._pid
 
     # -- hooks -------------------------------------------------------------------------------------------
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
@@ -344,6 +346,17 @@ class StepsCollector:
     def root_modules(self) -> list[Any]:
         """The root modules, while they are alive (found at the first steps)."""
         return self.forward.root_modules()
+
+
+class _Process:
+    """This process's id, kept current across forks: ``_mine`` runs several times a step, and ``os.getpid()``
+    is a system call each time."""
+
+    pid = os.getpid()
+
+
+_process = _Process()
+os.register_at_fork(after_in_child=lambda: setattr(_process, "pid", os.getpid()))
 
 
 def _timing_event(torch: Any) -> Callable[[], Any]:

@@ -1,8 +1,10 @@
-"""Which modules the steps collector times the forward of, on real torch modules in this process: the outermost
-module holding the parameters, whichever marker defines the steps."""
+"""The steps collector on real torch modules in this process: which modules it times the forward of (the
+outermost module holding the parameters, whichever marker defines the steps), and whose events it counts."""
 
 from __future__ import annotations
 
+import os
+import threading
 from pathlib import Path
 
 import torch
@@ -50,3 +52,23 @@ def test_a_loop_with_no_optimizer_times_the_forward_on_the_model_itself() -> Non
     # no step was lost to a search for the forward: the hooked module's forward ran in every step
     assert not any(r.profiled for r in capture.records)
     assert all(r.phases_s["forward"] > 0 for r in capture.records[2:])
+
+
+def test_events_from_a_forked_child_or_another_thread_are_not_the_loops() -> None:
+    collector = StepsCollector()
+    collector.start(Path("."))
+    try:
+        seen_in_thread: list[bool] = []
+        thread = threading.Thread(target=lambda: seen_in_thread.append(collector._mine()))
+        thread.start()
+        thread.join()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # a DataLoader worker forked from the loop's thread has the loop's thread id
+            os.write(write, b"1" if collector._mine() else b"0")
+            os._exit(0)
+        os.waitpid(pid, 0)
+        seen_in_child = os.read(read, 1)
+        assert collector._mine() and seen_in_thread == [False] and seen_in_child == b"0"
+    finally:
+        collector.stop()
