@@ -1,0 +1,73 @@
+"""What gpuscope's own Python costs a step, with no training work around it: the steps collector's hooks called
+directly, as one step of a loop calls them (the model's forward pre- and post-hook, then ``backward()`` through
+gpuscope's wrapper around a no-op, which ends the step and runs every step listener).
+
+A machine's load swings a training step by tens of percent from one run to the next (``overhead.py``), far more
+than this cost; timed alone, the best of several blocks of a few thousand calls is steady to a microsecond or so.
+What it leaves out: torch's slower module-call path while a module has hooks (about 5 to 10 us a step on the
+project's 2-core machine) and the wrapper's one extra Python call around ``torch.autograd.backward``.
+
+    python benchmarks/hot_path.py                       # the steps collector alone, then every live collector
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from gpuscope.collectors import CollectOptions, default_collectors
+from gpuscope.session import Session
+
+
+def live(only: set[str]) -> list[Any]:
+    """Fresh live collectors (windows and probes off); ``only`` empty: all of them."""
+    options = CollectOptions(cprofile_steps=0, trace_steps=0, probes=False)
+    return [c for c in default_collectors(options) if getattr(c, "stage", "live") == "live"
+            and (not only or c.name in only or c.name == "steps")]
+
+
+def per_step_us(only: set[str], calls: int, blocks: int) -> float:
+    """The best block's time per step, in microseconds, with a session of the chosen collectors running."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        session = Session(Path(run_dir), ["hot_path"], collectors=live(only))
+        session.start()
+        try:
+            steps = session._steps
+            module = torch.nn.Linear(1, 1)
+            backward = steps._wrap_phase("backward")(lambda *args, **kwargs: None)
+
+            def step() -> None:
+                steps._forward_pre(module, ())
+                steps._forward_post(module, (), None)
+                backward()
+
+            for _ in range(200):  # the marker kind settles on backward
+                step()
+            best = float("inf")
+            for _ in range(blocks):
+                start = time.perf_counter()
+                for _ in range(calls):
+                    step()
+                best = min(best, (time.perf_counter() - start) / calls)
+        finally:
+            session.stop(0)
+    return best * 1e6
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2000, help="steps a block")
+    parser.add_argument("--blocks", type=int, default=15)
+    args = parser.parse_args()
+    for name, only in (("the steps collector", {"steps"}), ("every live collector", set())):
+        print(f"{name:>22}: {per_step_us(only, args.calls, args.blocks):6.2f} us a step (best of {args.blocks} "
+              f"blocks of {args.calls})")
+
+
+if __name__ == "__main__":
+    main()
