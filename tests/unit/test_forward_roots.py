@@ -69,6 +69,8 @@ def test_events_from_a_forked_child_or_another_thread_are_not_the_loops() -> Non
             os._exit(0)
         os.waitpid(pid, 0)
         seen_in_child = os.read(read, 1)
+        os.close(read)
+        os.close(write)
         assert collector._mine() and seen_in_thread == [False] and seen_in_child == b"0"
     finally:
         collector.stop()
