@@ -16,25 +16,17 @@ import argparse
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
+from live_collectors import live_collectors
 
-from gpuscope.collectors import CollectOptions, default_collectors
 from gpuscope.session import Session
-
-
-def live(only: set[str]) -> list[Any]:
-    """Fresh live collectors (windows and probes off); ``only`` empty: all of them."""
-    options = CollectOptions(cprofile_steps=0, trace_steps=0, probes=False)
-    return [c for c in default_collectors(options) if getattr(c, "stage", "live") == "live"
-            and (not only or c.name in only or c.name == "steps")]
 
 
 def per_step_us(only: set[str], calls: int, blocks: int) -> float:
     """The best block's time per step, in microseconds, with a session of the chosen collectors running."""
     with tempfile.TemporaryDirectory() as run_dir:
-        session = Session(Path(run_dir), ["hot_path"], collectors=live(only))
+        session = Session(Path(run_dir), ["hot_path"], collectors=live_collectors(only))
         session.start()
         try:
             steps = session._steps

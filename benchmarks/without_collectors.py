@@ -22,7 +22,7 @@ if "device-timing" in names:
 
     device_timeline.DeviceTimeline.mark = lambda self, step, phase: None  # type: ignore[method-assign]
 
-from gpuscope.cli import main_exit  # noqa: E402
+from gpuscope.cli import main  # noqa: E402
 
 sys.argv = ["gpuscope", *sys.argv[1:]]
-main_exit()
+sys.exit(main())  # as the console script does: no frame of ours more under the script's

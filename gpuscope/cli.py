@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from gpuscope import distributed
 from gpuscope.errors import USAGE_EXIT, GpuscopeError
@@ -336,9 +336,4 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
-def main_exit() -> NoReturn:
-    """``sys.exit(main())``. (The console script calls ``main`` itself: one frame fewer under the user's.)"""
-    sys.exit(main())
-
-
-__all__ = ["COMMANDS", "USAGE_EXIT", "build_parser", "main", "main_exit"]
+__all__ = ["COMMANDS", "USAGE_EXIT", "build_parser", "main"]

@@ -79,7 +79,7 @@ class StepsCollector:
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self, run_dir: Path) -> None:
         self._thread = threading.get_ident()
-        self._pid = _process.pid
+        self._pid = _this_pid
         self.tracker = StepTracker(self._clock(), StepLog(skip=self._skip), self._clock)
         # first listener, so its one-time work comes before any profiler window opens or switches
         self.tracker.listeners.append(self._after_boundary)
@@ -191,7 +191,7 @@ class StepsCollector:
     def _mine(self) -> bool:
         """Whether the event is the training loop's: its thread, and not a forked child's (a DataLoader worker
         forked from the loop's thread has the same thread id)."""
-        return threading.get_ident() == self._thread and _process.pid == self._pid
+        return threading.get_ident() == self._thread and _this_pid == self._pid
 
     # -- hooks -------------------------------------------------------------------------------------------
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
@@ -348,15 +348,17 @@ class StepsCollector:
         return self.forward.root_modules()
 
 
-class _Process:
-    """This process's id, kept current across forks: ``_mine`` runs several times a step, and ``os.getpid()``
-    is a system call each time."""
-
-    pid = os.getpid()
+_this_pid = os.getpid()
+"""This process's id, kept current across forks: ``_mine`` runs several times a step, and ``os.getpid()`` is a
+system call each time."""
 
 
-_process = _Process()
-os.register_at_fork(after_in_child=lambda: setattr(_process, "pid", os.getpid()))
+def _forked() -> None:
+    global _this_pid
+    _this_pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 def _timing_event(torch: Any) -> Callable[[], Any]:
