@@ -49,8 +49,9 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
     the step it predicts: max(compute, one batch at that rate). On a CPU run the workers and the step share the
     cores, so also no less than the compute on the cores the N workers leave (the main process keeping
     cores - N intra-op threads, as it should: more busy threads than cores stall each other), nor all the CPU work of
-    a step (one batch's build, ~1 / the one-worker rate, plus the compute on the main process's threads) spread
-    over the cores. None without a probe curve or step figures."""
+    a step (one batch's build plus the compute on the main process's threads) spread over the cores. A batch's
+    build is the main process's batch time in the run where it had no workers (timed over all its batches), else
+    the probe's one-worker time (a few rounds). None without a probe curve or step figures."""
     probe, median = record.loader_probe, record.steps.median_s
     if probe is None or not median or not record.steps.count:
         return None
@@ -69,8 +70,9 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
     one = next((r for r in measured if r.num_workers == 1), None) or next(
         (r for r in measured if r.num_workers == 0), None)
     shared = None
-    if record.device == "cpu" and one is not None:
-        shared = (1 / one.batches_per_s + compute_s * threads) / cores  # type: ignore[operator]
+    build_s = batch_s or (1 / one.batches_per_s if one is not None else None)  # type: ignore[operator]
+    if record.device == "cpu" and build_s is not None:
+        shared = (build_s + compute_s * threads) / cores
 
     def step_with(rate: LoaderRate) -> float:
         step = max(compute_s, 1 / rate.batches_per_s)  # type: ignore[operator]

@@ -46,19 +46,26 @@ if TYPE_CHECKING:
 
 BUDGET_S = 2.0
 """The whole probe's time: the run is over and the user is waiting. Each configuration gets an equal share."""
-PROBE_BATCH_S = 0.04
+PROBE_BATCH_S = 0.1
 """A probe batch's time, where the run measured its own batches in the main process: fewer items than the run's
-batch (never more), so that a configuration's rounds fit in a fraction of a second."""
+batch (never more), so that a configuration's rounds fit in a fraction of a second; not much fewer, as each batch
+carries its own costs (collation, the hand-over through shared memory, the main process's receipt, on the cores the
+workers use): at 40 ms (one item) two workers of the float16 sample timed 2.2-2.6 batches/s, which the run then
+beat with 3.1, and at 100 ms (four items) 3.2-3.6."""
 ROUNDS = 3
-"""A configuration stops after this many whole rounds past the first (3 x N batches), or at its share of the
-budget, whichever comes first."""
+"""A configuration stops after this many whole rounds past the first (3 x N batches) and ``MIN_TIMED_S``, or at its
+share of the budget, whichever comes first."""
+MIN_TIMED_S = 0.4
+"""...and not before its rounds after the first span this long, when its share allows: three rounds of small batches
+can take a tenth of a second, and one hiccup of a shared machine (a neighbour's burst, a page-cache flush) would
+then be the rate (the float16 sample's one worker once timed 870 ms a batch for the run's 546)."""
 MIN_ROUNDS = 2
 """...but not before this many rounds when time allows: one round is one lockstep burst, a noisy measurement."""
 MAX_WORKERS = 32
 """Worker counts tried stop here even on a larger machine."""
-PROBE_BATCHES = 1024
-"""Batches' worth of items each configuration may draw: more than any loads within the budget (``ROUNDS`` + 1
-rounds of at most ``MAX_WORKERS`` batches), however small or large the dataset is."""
+PROBE_BATCHES = 1 << 20
+"""Batches' worth of items each configuration may draw (drawn lazily): more than any loads within its slot (a
+million batches in a fraction of a second would be a microsecond each), however small or large the dataset is."""
 ON_CPU_PIN = "not applicable: a CPU-only run (pin_memory only speeds up copies to a GPU)"
 
 
@@ -328,7 +335,8 @@ def _time_config(loader: Any, workers: int, pin: bool, slot_s: float, clock: Cal
                 continue  # rounds are timed whole
             rounds = done // per_round
             last_round_s = arrivals[-1] - (arrivals[-1 - per_round] if done else started)
-            if rounds >= ROUNDS or now + last_round_s > deadline:
+            timed_s = now - arrivals[per_round - 1]
+            if (rounds >= ROUNDS and timed_s >= MIN_TIMED_S) or now + last_round_s > deadline:
                 break
     except RuntimeError as exc:
         if "timed out" not in str(exc):

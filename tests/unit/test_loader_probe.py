@@ -126,29 +126,29 @@ def test_the_probe_keeps_to_its_time_bound_with_a_slow_dataset() -> None:
 
 
 def test_where_the_run_timed_long_batches_the_probe_loads_fewer_items_a_batch() -> None:
-    # about PROBE_BATCH_S (40 ms) a probe batch, at least one item, never more than the run's batch
-    assert probe_batch_size(32, 0.2) == 6
-    assert probe_batch_size(16, 0.45) == 1
+    # about PROBE_BATCH_S (100 ms) a probe batch, at least one item, never more than the run's batch
+    assert probe_batch_size(32, 0.4) == 8
+    assert probe_batch_size(16, 0.45) == 4
     assert probe_batch_size(16, 10.0) == 1
     # batches already short, or not timed in the run (workers), or of no fixed size: the run's batch as it is
-    assert probe_batch_size(32, 0.03) == 32
+    assert probe_batch_size(32, 0.08) == 32
     assert probe_batch_size(32, None) == 32
     assert probe_batch_size(None, 0.5) is None
 
 
 @pytest.mark.slow  # a dataset that sleeps, timed with real workers
 def test_small_probe_batches_give_rates_per_batch_of_the_runs_size() -> None:
-    # given: 50 ms an item, 4 items a batch, and the run measured 200 ms a batch in the main process over 30
-    dataset = Squares(sleep_s=0.05)
+    # given: 100 ms an item, 4 items a batch, and the run measured 400 ms a batch in the main process over 30
+    dataset = Squares(sleep_s=0.1)
     # when
-    probe = probe_loader(torch, dataset, batch_size=4, cores=2, budget_s=1.5, main_batch_s=0.2, main_batch_batches=30)
+    probe = probe_loader(torch, dataset, batch_size=4, cores=2, budget_s=1.5, main_batch_s=0.4, main_batch_batches=30)
     # then: batches of one item were loaded, the 0-worker rate is the run's own, and one worker's rate is per batch
-    # of 4 items: 5 a second, as the run's own batches
+    # of 4 items: 2.5 a second, as the run's own batches
     assert probe.probe_batch_size == 1
     zero, one = probe.rates[0], probe.rates[1]
-    assert (zero.num_workers, zero.batches_per_s, zero.batches) == (0, pytest.approx(5.0), 30)
+    assert (zero.num_workers, zero.batches_per_s, zero.batches) == (0, pytest.approx(2.5), 30)
     assert "not timed again" in zero.note
-    assert one.num_workers == 1 and one.batches_per_s == pytest.approx(5.0, rel=0.5)
+    assert one.num_workers == 1 and one.batches_per_s == pytest.approx(2.5, rel=0.5)
     assert probe.elapsed_s <= 1.5 + 0.5
 
 
@@ -225,10 +225,27 @@ def test_when_the_cores_are_too_few_to_keep_up_the_rule_says_how_many_would() ->
 
 
 def test_on_a_cpu_run_the_prediction_counts_the_cores_the_workers_share() -> None:
-    # given: 2 cores; one batch is 1/6 s of one core's work, the step 50 ms on 1 thread
+    # given: 2 cores; the run had no workers, so its main process built each batch itself: 50 ms of its 100 ms step
+    # over 40 batches; the step computes for 50 ms on 1 thread; the probe timed one worker at only 6 batches/s
+    # (167 ms a batch, a few rounds on a shared machine) and two at 11/s (91 ms)
+    record = dataclasses.replace(probed_record({0: 20.0, 1: 6.0, 2: 11.0}, device="cpu"), meta=RunMeta(cpu_count=2))
+    # when
+    plan = loader_plan(record)
+    finding = more_dataloader_workers(record)
+    # then: a step's CPU work is the run's 50 ms batch and its 50 ms of compute, on 2 cores: at least 50 ms; the
+    # probe's two workers then bound the step at 91 ms (the probe's one-worker time would have said 108 ms)
+    assert plan is not None and plan.shared_cpu_s == pytest.approx(0.05)
+    assert plan.step_s == pytest.approx(1 / 11.0)
+    assert finding is not None and finding.gain == pytest.approx(1 - (1 / 11.0) / 0.1)
+    assert any("share 2 cores" in fact for fact in finding.evidence)
+
+
+def test_without_a_batch_timed_in_the_main_process_a_batchs_cpu_is_the_probes_one_worker_time() -> None:
+    # given: 2 cores; the run had 1 worker, so no batch was timed in the main process; one worker is 1/6 s a batch
     record = probed_record({0: 5.0, 1: 6.0, 2: 11.0}, device="cpu")
-    record = record.__class__(**{**{f: getattr(record, f) for f in record.__slots__},
-                                 "meta": RunMeta(cpu_count=2)})
+    record = dataclasses.replace(record, meta=RunMeta(cpu_count=2), loaders=(
+        dataclasses.replace(record.loaders[0], num_workers=1),))
+    # when
     finding = more_dataloader_workers(record)
     # then: (1/6 s + 50 ms) / 2 cores = 108 ms a step, over the 100 ms it takes now: nothing to gain
     assert finding is not None and finding.gain == 0.0
