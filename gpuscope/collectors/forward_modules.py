@@ -37,6 +37,7 @@ class ForwardModules:
         self._descended = 0
         self._silent: list[str] = []  # modules hooked whose forward did not run (replaced by their children)
         self._root_refs: list[weakref.ref[Any]] = []
+        self._covered: set[int] = set()  # ids of the parameters the hooked modules hold
         self.roots: list[str] = []
         """Class names of the roots found (empty until then)."""
         self.left_out = 0
@@ -55,14 +56,36 @@ class ForwardModules:
         """Find the root modules (``trained``: the ids of the optimizers' parameters, empty without one) and hook
         them; whether their forward ran is checked at the next boundary (``check``)."""
         self._trained = trained or None
+        roots = self._outermost(nn)[:MAX_ROOT_MODULES]
+        self._hook(roots)
+        self.roots = sorted(type(m).__name__ for m in roots)
+        self._root_refs = [weakref.ref(m) for m in roots]
+
+    def add_roots(self, nn: Any, trained: set[int]) -> bool:
+        """An optimizer first stepped after the roots were found (a GAN's generator, stepped after its
+        discriminator): hook the outermost modules holding its parameters (``trained``) that no hooked module holds.
+        True when there were any: the step that just ended ran their forward untimed (to be left out)."""
+        if self._trained is None or trained <= self._covered:
+            return False  # every module held parameters already, or a hooked module holds these
+        self._trained |= trained
+        roots = [m for m in self._outermost(nn) if id(m) not in self._hooked
+                 and not any(id(p) in self._covered for p in m.parameters())]
+        roots = roots[:MAX_ROOT_MODULES - len(self._hooked)]
+        if not roots:
+            return False
+        self._hook(roots)
+        self.roots = sorted([*self.roots, *(type(m).__name__ for m in roots)])
+        self._root_refs += [weakref.ref(m) for m in roots]
+        self.left_out += 1
+        return True
+
+    def _outermost(self, nn: Any) -> list[Any]:
+        """The modules holding trained parameters that no other such module contains."""
         # type() rather than isinstance(): isinstance reads __class__, which some lazy objects answer with a warning
         modules = [m for m in gc.get_objects() if issubclass(type(m), nn.Module)]
         owners = [m for m in modules if self._holds_trained(m)]
         inner = {id(c) for m in owners for c in m.modules() if c is not m}
-        roots = [m for m in owners if id(m) not in inner][:MAX_ROOT_MODULES]
-        self._hook(roots)
-        self.roots = sorted(type(m).__name__ for m in roots)
-        self._root_refs = [weakref.ref(m) for m in roots]
+        return [m for m in owners if id(m) not in inner]
 
     def check(self) -> bool:
         """The step that just ended ran with the modules hooked at its start: those whose forward did not run are
@@ -105,14 +128,14 @@ class ForwardModules:
         if not self.roots:
             return None
         timed = sorted(name for name, _ in self._hooked.values())
+        partial = (f"; {self.left_out} " + ("step that timed" if self.left_out == 1 else "steps that timed")
+                   + " only part of the forward pass left out of the figures") if self.left_out else ""
         if not self._silent:
             return ("forward timed on root modules: " + ", ".join(timed)
-                    + f" (finding them took {discovery_s * 1e3:.0f} ms once, left out of the steps)")
+                    + f" (finding them took {discovery_s * 1e3:.0f} ms, left out of the steps{partial})")
         return ("forward timed on the outermost modules whose forward runs: " + (", ".join(timed) or "none")
                 + f" (the forward of {', '.join(self._silent)} never ran; finding them took"
-                f" {discovery_s * 1e3:.0f} ms, left out of the steps; {self.left_out} "
-                + ("step that timed" if self.left_out == 1 else "steps that timed")
-                + " only part of the forward pass left out of the figures)")
+                f" {discovery_s * 1e3:.0f} ms, left out of the steps{partial})")
 
     def _holds_trained(self, module: Any) -> bool:
         """Whether ``module`` holds parameters the optimizers train (with no optimizer: any parameters)."""
@@ -128,4 +151,5 @@ class ForwardModules:
             except TypeError:  # torch without always_call
                 post = module.register_forward_hook(self._post)
             self._hooked[id(module)] = (type(module).__name__, [pre.remove, post.remove])
+            self._covered.update(id(p) for p in module.parameters())
         self._checking = [weakref.ref(m) for m in modules]

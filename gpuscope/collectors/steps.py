@@ -65,6 +65,7 @@ class StepsCollector:
         self._loader_depth = 0
         self._backward_depth = 0  # backward() inside backward() (a gradient penalty) marks no step
         self._roots_found = False
+        self._rooted: set[int] = set()  # ids of the optimizers whose modules were looked for
         self._discovery_s = 0.0
         self.forward = ForwardModules(self._forward_pre, self._forward_post)
         """The modules whose forward is timed."""
@@ -304,13 +305,15 @@ class StepsCollector:
         # batch, and then only the modules it trains are hooked. A loop with no optimizer has shown itself
         # after two batches.
         settled = tracker.source != "dataloader" or index >= 2
-        if (not self._roots_found and settled) or self.forward.checking:
+        late = self._roots_found and len(self._optimizers) > len(self._rooted)  # an optimizer's first step since
+        if (not self._roots_found and settled) or self.forward.checking or late:
             started = self._clock()
             try:
                 if not self._roots_found:
                     self._roots_found = True
                     self.forward.hook_roots(self._torch.nn, self._trained_parameters())
-                elif self.forward.check():
+                    self._rooted = set(self._optimizers)
+                elif self.forward.check() if self.forward.checking else self._root_late_optimizers():
                     # the step that just ended timed only part of the forward pass: keep it out of the figures
                     record = tracker.log.find(index - 1)
                     if record is not None:
@@ -331,10 +334,17 @@ class StepsCollector:
                 self._failures.append(f"device timing unavailable: {exc}")
                 self._device_failed = True
 
-    def _trained_parameters(self) -> set[int]:
-        """The ids of the parameters the optimizers stepped so far train."""
-        return {id(p) for ref in self._optimizers.values() if (opt := ref()) is not None
-                for group in opt.param_groups for p in group["params"]}
+    def _trained_parameters(self, ids: Any = None) -> set[int]:
+        """The ids of the parameters the optimizers stepped so far train (those of ``ids``, by default all)."""
+        return {id(p) for key, ref in self._optimizers.items() if (ids is None or key in ids)
+                and (opt := ref()) is not None for group in opt.param_groups for p in group["params"]}
+
+    def _root_late_optimizers(self) -> bool:
+        """Hook the modules trained by optimizers first stepped since the roots were found; True when the step that
+        just ended ran some of their forward untimed."""
+        new = set(self._optimizers) - self._rooted
+        self._rooted |= new
+        return self.forward.add_roots(self._torch.nn, self._trained_parameters(new))
 
     def _cuda_initialized(self) -> bool:
         torch = self._torch if self._torch is not None else sys.modules.get("torch")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -52,6 +53,47 @@ def test_a_loop_with_no_optimizer_times_the_forward_on_the_model_itself() -> Non
     # no step was lost to a search for the forward: the hooked module's forward ran in every step
     assert not any(r.profiled for r in capture.records)
     assert all(r.phases_s["forward"] > 0 for r in capture.records[2:])
+
+
+class Slow(nn.Module):
+    """A module whose forward takes a known time (a sleep), so the phase it is charged to shows."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__()
+        self.seconds = seconds
+        self.layer = nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(self.seconds)
+        return self.layer(x)
+
+
+def test_a_gan_loop_times_the_forward_of_both_models_though_its_second_optimizer_steps_later() -> None:
+    # given: a DCGAN-style loop: the discriminator's optimizer steps first, then the generator's, each step; the
+    # generator's forward takes 20 ms, the discriminator's 5 ms (three calls)
+    collector = StepsCollector()
+    generator, discriminator = Slow(0.02), Slow(0.005)
+    opt_d = torch.optim.SGD(discriminator.parameters(), lr=0.01)
+    opt_g = torch.optim.SGD(generator.parameters(), lr=0.01)
+    real = torch.randn(8, 4)
+    collector.start(Path("."))
+    try:
+        for _ in range(8):
+            discriminator.zero_grad()
+            fake = generator(torch.randn(8, 4))
+            (discriminator(real).mean() - discriminator(fake.detach()).mean()).backward()
+            opt_d.step()
+            generator.zero_grad()
+            discriminator(fake).mean().backward()
+            opt_g.step()
+    finally:
+        capture = collector.stop().payload
+    # then: both models are roots, though the generator's optimizer first stepped after they were looked for;
+    # from then on the generator's 20 ms are forward, not "other"
+    assert any(note.startswith("forward timed on root modules: Slow, Slow ") for note in capture.notes), capture.notes
+    timed = [r for r in capture.records if not r.profiled and r.index >= 3]
+    assert timed and all(r.phases_s["forward"] >= 0.035 for r in timed), [r.phases_s for r in timed]
+    assert all(r.wall_s - sum(r.phases_s.values()) < 0.01 for r in timed), [r.phases_s for r in timed]  # "other"
 
 
 def test_events_from_a_forked_child_or_another_thread_are_not_the_loops() -> None:
