@@ -305,7 +305,8 @@ class StepsCollector:
         # batch, and then only the modules it trains are hooked. A loop with no optimizer has shown itself
         # after two batches.
         settled = tracker.source != "dataloader" or index >= 2
-        late = self._roots_found and len(self._optimizers) > len(self._rooted)  # an optimizer's first step since
+        # an optimizer stepped for the first time since the roots were found (a GAN's second one)
+        late = self._roots_found and len(self._optimizers) > len(self._rooted)
         if (not self._roots_found and settled) or self.forward.checking or late:
             started = self._clock()
             try:
