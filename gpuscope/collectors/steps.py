@@ -335,7 +335,7 @@ class StepsCollector:
                 self._failures.append(f"device timing unavailable: {exc}")
                 self._device_failed = True
 
-    def _trained_parameters(self, ids: Any = None) -> set[int]:
+    def _trained_parameters(self, ids: set[int] | None = None) -> set[int]:
         """The ids of the parameters the optimizers stepped so far train (those of ``ids``, by default all)."""
         return {id(p) for key, ref in self._optimizers.items() if (ids is None or key in ids)
                 and (opt := ref()) is not None for group in opt.param_groups for p in group["params"]}

@@ -15,6 +15,7 @@ from conftest import make_record
 from gpuscope.analysis.rules.dataloader import more_dataloader_workers
 from gpuscope.analysis.speed import loader_plan
 from gpuscope.collectors.loader_probe import (
+    MIN_TIMED_S,
     LoaderProbeCollector,
     ProbeSampler,
     affordable_configs,
@@ -105,6 +106,10 @@ def test_the_probe_times_worker_counts_and_leaves_rng_and_output_untouched(capfd
     probe = result.payload
     assert [r.num_workers for r in probe.rates][:2] == [0, 1]
     assert all(r.batches_per_s and r.batches_per_s > 0 for r in probe.rates)
+    # batches of a millisecond: each worker count is timed for about 0.4 s after its first round (MIN_TIMED_S),
+    # not for 3 rounds, a few milliseconds that a hiccup of the machine would make the rate
+    assert MIN_TIMED_S == 0.4
+    assert all(r.batches / r.batches_per_s >= 0.35 for r in probe.rates if r.num_workers), probe.rates
     assert probe.consume_batches_per_s == pytest.approx(1 / 0.01)
     assert "not applicable" in probe.pin_memory_note  # a CPU-only run
     assert rng_states() == before
