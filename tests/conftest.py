@@ -21,7 +21,8 @@ import jsonschema
 import pytest
 
 from gpuscope.record import Breakdown, RunRecord, Steps
-from processes import processes_mentioning
+from preloaded import Preloaded
+from processes import processes_in_session, processes_mentioning
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_workloads"
@@ -48,23 +49,36 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def run_python(args: list[str], cwd: Path, timeout: float = 120, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    """``python ARGS`` in ``cwd``."""
+def run_python(args: list[str], cwd: Path, timeout: float = 120, preloaded: bool = False,
+               **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in ``cwd``; ``preloaded``: from the python with torch imported (``run_gpuscope``)."""
+    if preloaded:
+        return PRELOADED.run(args, cwd, child_env(), timeout, **kwargs)[0]
     return subprocess.run([sys.executable, *args], cwd=cwd, env=child_env(), capture_output=True, text=True,
                           timeout=timeout, **kwargs)
 
 
-def run_gpuscope(args: list[str], cwd: Path, timeout: float = 120, **kwargs: Any) -> subprocess.CompletedProcess[str]:
-    """``python -m gpuscope ARGS`` in ``cwd``; with ``-o DIR``, also checks that no process it started (a probe, a
-    DataLoader worker, a rank: their command lines name DIR) is left once it has ended."""
-    result = run_python(["-m", "gpuscope", *args], cwd, timeout, **kwargs)
-    if "-o" in args[:-1]:
-        out = args[args.index("-o") + 1]
-        deadline = time.monotonic() + LEFTOVER_GRACE_S
-        while (left := processes_mentioning(out)) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert not left, f"gpuscope {' '.join(args)} left processes behind: {left}"
+def run_gpuscope(args: list[str], cwd: Path, timeout: float = 120, preloaded: bool = False,
+                 **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """``python -m gpuscope ARGS`` in ``cwd``; ``preloaded``: from a python with torch already imported
+    (``PRELOADED``), for runs that test no part of the process's own start. With ``-o DIR``, also checks that no
+    process it started (a probe, a DataLoader worker, a rank) is left once it has ended."""
+    if preloaded:
+        result, session = PRELOADED.run(["-m", "gpuscope", *args], cwd, child_env(), timeout, **kwargs)
+        leftovers = functools.partial(processes_in_session, session)
+    else:
+        result = run_python(["-m", "gpuscope", *args], cwd, timeout, **kwargs)
+        out = args[args.index("-o") + 1] if "-o" in args[:-1] else None
+        leftovers = functools.partial(processes_mentioning, out) if out else list  # the processes name DIR
+    deadline = time.monotonic() + LEFTOVER_GRACE_S
+    while (left := leftovers()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"gpuscope {' '.join(args)} left processes behind: {left}"
     return result
+
+
+PRELOADED = Preloaded(child_env())
+"""The session's python with torch imported, started on first use (tests/preloaded.py)."""
 
 
 LEFTOVER_GRACE_S = 6.0
@@ -171,38 +185,47 @@ class Run:
 
 class Runs:
     """Real ``gpuscope run`` runs for the slow tier, made once per pytest session for each distinct command line:
-    tests that ask for the same run share it (and must not write into its folder what another test checks)."""
+    tests that ask for the same run share it (and must not write into its folder what another test checks). Runs
+    start from the preloaded python (``run_gpuscope``) unless asked for with ``preloaded=False``."""
 
     def __init__(self, base: Path) -> None:
         self.base = base
-        self._made: dict[tuple[str, ...], Run] = {}
+        self._made: dict[tuple[object, ...], Run] = {}
         self._numbers = itertools.count(1)
 
     def get(self, script: Path, *args: str, options: tuple[str, ...] = (), fresh: bool = False,
-            timeout: float = 180) -> Run:
+            timeout: float = 180, preloaded: bool = True) -> Run:
         """The run of ``script args`` under ``gpuscope run options``; ``fresh``: a new one even if it was made."""
-        key = (*options, "--", str(script), *args)
+        key = self._key(script, args, options, preloaded)
         if fresh or key not in self._made:
-            run = self._run(script, args, options, timeout)
+            run = self._run(script, args, options, timeout, preloaded)
             if fresh:
                 return run
             self._made[key] = run
         return self._made[key]
 
-    def prefetch(self, *runs: tuple[Path, tuple[str, ...], tuple[str, ...]]) -> None:
+    def prefetch(self, *runs: tuple[Path, tuple[str, ...], tuple[str, ...]], preloaded: bool = True) -> None:
         """Make the runs ``(script, args, options)`` not made yet, side by side (``side_by_side``): only for runs
         whose tests check no timing."""
         todo = [(script, args, options) for script, args, options in dict.fromkeys(runs)
-                if (*options, "--", str(script), *args) not in self._made]
-        made = side_by_side(*(functools.partial(self._run, script, args, options) for script, args, options in todo))
+                if self._key(script, args, options, preloaded) not in self._made]
+        made = side_by_side(*(functools.partial(self._run, script, args, options, 180, preloaded)
+                              for script, args, options in todo))
         for (script, args, options), run in zip(todo, made):
-            self._made[(*options, "--", str(script), *args)] = run
+            self._made[self._key(script, args, options, preloaded)] = run
 
-    def _run(self, script: Path, args: tuple[str, ...], options: tuple[str, ...], timeout: float = 180) -> Run:
+    @staticmethod
+    def _key(script: Path, args: tuple[str, ...], options: tuple[str, ...], preloaded: bool) -> tuple[object, ...]:
+        """What tells runs apart: the command line, and whether it started preloaded."""
+        return (preloaded, *options, "--", str(script), *args)
+
+    def _run(self, script: Path, args: tuple[str, ...], options: tuple[str, ...], timeout: float,
+             preloaded: bool) -> Run:
         folder = self.base / f"{next(self._numbers):02d}-{script.stem}"  # numbered in the order of asking
         folder.mkdir()
         run_dir = folder / "run"
-        result = run_gpuscope(["run", "-q", "-o", str(run_dir), *options, str(script), *args], folder, timeout)
+        result = run_gpuscope(["run", "-q", "-o", str(run_dir), *options, str(script), *args], folder, timeout,
+                              preloaded)
         return Run(run_dir, result)
 
     def sample(self, workload: str, *args: str, options: tuple[str, ...] = (), fresh: bool = False) -> Run:

@@ -5,17 +5,38 @@ without the test extra."""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 
 def processes_mentioning(text: str) -> list[int]:
     """Live processes (other than this one) whose command line holds ``text``."""
+    return [pid for pid, entry in _others()
+            if text in _read(entry / "cmdline").replace("\0", " ")]
+
+
+def processes_in_session(session: int) -> list[int]:
+    """Live processes (other than this one) in the session ``session`` (a process started with its own session
+    has its id as the session's id, and everything it starts stays in it unless it leaves)."""
     found = []
+    for pid, entry in _others():
+        stat = _read(entry / "stat")
+        fields = stat[stat.rindex(")") + 2:].split() if stat else []  # after the command name, which may hold spaces
+        if fields and int(fields[3]) == session and fields[0] != "Z":
+            found.append(pid)
+    return found
+
+
+def _others() -> Iterator[tuple[int, Path]]:
+    """Each process but this one: its id and its folder in /proc."""
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if text in (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"):
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+            yield int(entry.name), entry
+
+
+def _read(path: Path) -> str:
+    """A /proc file's text; empty if its process has gone."""
+    try:
+        return path.read_bytes().decode(errors="replace")
+    except OSError:
+        return ""

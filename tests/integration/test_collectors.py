@@ -29,13 +29,14 @@ SPAWNED_WORKERS = (SCRIPTS / "loader_workers.py", ("--start-method", "spawn"), N
 @pytest.fixture(scope="module")
 def own_runs(runs: Runs) -> Runs:
     """The module's own runs, made two at a time (they check no timing, so sharing the cores costs nothing)."""
-    runs.prefetch(TRACE_CAP, TOO_SHORT, WHOLE_RUN, FORKED_WORKERS, SPAWNED_WORKERS)
+    runs.prefetch(TRACE_CAP, TOO_SHORT, WHOLE_RUN, FORKED_WORKERS)
+    runs.prefetch(SPAWNED_WORKERS, preloaded=False)  # test_steps.py's: a start method is tested in a real process
     return runs
 
 
 def run_of(runs: Runs, spec: tuple[Path, tuple[str, ...], tuple[str, ...]]) -> Run:
     script, args, options = spec
-    return runs.get(script, *args, options=options)
+    return runs.get(script, *args, options=options, preloaded=spec != SPAWNED_WORKERS)
 
 
 def profile(runs: Runs, spec: tuple[Path, tuple[str, ...], tuple[str, ...]]) -> tuple[Path, dict]:

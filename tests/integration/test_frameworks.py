@@ -179,7 +179,7 @@ def test_an_optimizer_closure_leaves_only_the_update_in_the_optimizer_phase(tmp_
     run_dir = tmp_path / "run"
     # when
     result = run_gpuscope(["run", "-q", "--no-probes", "-o", str(run_dir), str(FRAMEWORKS / "closure_loop.py")],
-                          tmp_path)
+                          tmp_path, preloaded=True)
     # then: each phase has its share of the ~40 ms step, and the update's is small
     assert result.returncode == 0, result.stderr
     record = load_run(run_dir)

@@ -30,13 +30,14 @@ def four_workers(start_method: str) -> tuple[Path, tuple[str, ...], tuple[str, .
 @pytest.fixture(scope="module")
 def loader_runs(runs: Runs) -> Runs:
     """The module's loader runs, made two at a time (they check no timing, so sharing the cores costs nothing)."""
-    runs.prefetch(*(spec(method) for spec in (two_workers, four_workers) for method in START_METHODS))
+    runs.prefetch(*(spec(method) for spec in (two_workers, four_workers) for method in START_METHODS),
+                  preloaded=False)  # each start method in a real process, as a user's script gets it
     return runs
 
 
 def run_of(runs: Runs, spec: tuple[Path, tuple[str, ...], tuple[str, ...]]) -> Run:
     script, args, options = spec
-    return runs.get(script, *args, options=options)
+    return runs.get(script, *args, options=options, preloaded=False)
 
 
 @pytest.mark.parametrize("start_method", START_METHODS)
@@ -68,7 +69,8 @@ def test_four_workers_run_under_each_start_method_and_their_memory_is_counted(lo
 def test_phases_are_timed_by_hooks(tmp_path: Path) -> None:
     # given a loop whose data takes 20 ms, forward 30 ms and backward 10 ms of host time per step
     run_dir = tmp_path / "run"
-    result = run_gpuscope(["run", "-q", "-o", str(run_dir), NO_PROBES, str(SCRIPTS / "phases.py")], tmp_path)
+    result = run_gpuscope(["run", "-q", "-o", str(run_dir), NO_PROBES, str(SCRIPTS / "phases.py")], tmp_path,
+                          preloaded=True)
     assert result.returncode == 0, result.stderr
     record = load_run(run_dir)
     steps, shares = record["steps"], record["breakdown"]
@@ -84,7 +86,8 @@ def test_phases_are_timed_by_hooks(tmp_path: Path) -> None:
 
 def test_without_an_optimizer_each_batch_is_a_step(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    result = run_gpuscope(["run", "-q", "-o", str(run_dir), NO_PROBES, str(SCRIPTS / "no_optimizer.py")], tmp_path)
+    result = run_gpuscope(["run", "-q", "-o", str(run_dir), NO_PROBES, str(SCRIPTS / "no_optimizer.py")], tmp_path,
+                          preloaded=True)
     assert result.returncode == 0, result.stderr
     steps = load_run(run_dir)["steps"]
     assert (steps["source"], steps["total"]) == ("dataloader", 20)
@@ -95,7 +98,7 @@ def test_without_an_optimizer_each_batch_is_a_step(tmp_path: Path) -> None:
 def test_explicit_marks_define_the_steps(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = run_gpuscope(["run", "-q", "-o", str(run_dir), NO_PROBES, str(SCRIPTS / "no_optimizer.py"), "--mark"],
-                          tmp_path)
+                          tmp_path, preloaded=True)
     assert result.returncode == 0, result.stderr
     steps = load_run(run_dir)["steps"]
     assert (steps["source"], steps["total"]) == ("explicit", 20)

@@ -29,7 +29,8 @@ def test_view_serves_python_prof_on_localhost_and_prints_the_url(tmp_path: Path)
     script = tmp_path / "work.py"
     script.write_text("import math\nprint(sum(math.sqrt(i) for i in range(100000)) > 0)\n")
     run_dir = tmp_path / "run"
-    assert run_gpuscope(["run", "-q", "-o", str(run_dir), "--no-probes", str(script)], tmp_path).returncode == 0
+    run = run_gpuscope(["run", "-q", "-o", str(run_dir), "--no-probes", str(script)], tmp_path, preloaded=True)
+    assert run.returncode == 0
     # when it is viewed
     server = subprocess.Popen([sys.executable, "-m", "gpuscope", "view", str(run_dir), "--port", str(free_port())],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=child_env())
