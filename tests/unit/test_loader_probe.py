@@ -131,29 +131,29 @@ def test_the_probe_keeps_to_its_time_bound_with_a_slow_dataset() -> None:
 
 
 def test_where_the_run_timed_long_batches_the_probe_loads_fewer_items_a_batch() -> None:
-    # about PROBE_BATCH_S (100 ms) a probe batch, at least one item, never more than the run's batch
-    assert probe_batch_size(32, 0.4) == 8
-    assert probe_batch_size(16, 0.45) == 4
+    # about PROBE_BATCH_S (200 ms) a probe batch, at least one item, never more than the run's batch
+    assert probe_batch_size(32, 0.4) == 16
+    assert probe_batch_size(16, 0.66) == 5
     assert probe_batch_size(16, 10.0) == 1
     # batches already short, or not timed in the run (workers), or of no fixed size: the run's batch as it is
-    assert probe_batch_size(32, 0.08) == 32
+    assert probe_batch_size(32, 0.15) == 32
     assert probe_batch_size(32, None) == 32
     assert probe_batch_size(None, 0.5) is None
 
 
 @pytest.mark.slow  # a dataset that sleeps, timed with real workers
 def test_small_probe_batches_give_rates_per_batch_of_the_runs_size() -> None:
-    # given: 100 ms an item, 4 items a batch, and the run measured 400 ms a batch in the main process over 30
+    # given: 100 ms an item, 8 items a batch, and the run measured 800 ms a batch in the main process over 30
     dataset = Squares(sleep_s=0.1)
     # when
-    probe = probe_loader(torch, dataset, batch_size=4, cores=2, budget_s=1.5, main_batch_s=0.4, main_batch_batches=30)
-    # then: batches of one item were loaded, the 0-worker rate is the run's own, and one worker's rate is per batch
-    # of 4 items: 2.5 a second, as the run's own batches
-    assert probe.probe_batch_size == 1
+    probe = probe_loader(torch, dataset, batch_size=8, cores=2, budget_s=1.5, main_batch_s=0.8, main_batch_batches=30)
+    # then: batches of two items (about PROBE_BATCH_S) were loaded, the 0-worker rate is the run's own, and one
+    # worker's rate is per batch of 8 items: 1.25 a second, as the run's own batches
+    assert probe.probe_batch_size == 2
     zero, one = probe.rates[0], probe.rates[1]
-    assert (zero.num_workers, zero.batches_per_s, zero.batches) == (0, pytest.approx(2.5), 30)
+    assert (zero.num_workers, zero.batches_per_s, zero.batches) == (0, pytest.approx(1.25), 30)
     assert "not timed again" in zero.note
-    assert one.num_workers == 1 and one.batches_per_s == pytest.approx(2.5, rel=0.5)
+    assert one.num_workers == 1 and one.batches_per_s == pytest.approx(1.25, rel=0.5)
     assert probe.elapsed_s <= 1.5 + 0.5
 
 
