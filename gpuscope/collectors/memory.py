@@ -27,9 +27,12 @@ T = TypeVar("T")
 DEFAULT_INTERVAL_S = 0.1
 DEFAULT_MAX_SAMPLES = 2000
 CHILDREN_SCAN_S = 0.5
-"""How often the list of child processes is rebuilt. psutil finds children by reading every process's
-``/proc/PID/stat`` in Python (about 13 us per process, holding the GIL), which on a busy host would cost the
-training loop more than the samples themselves; between scans only the known children's RSS is read."""
+"""How often the list of child processes is rebuilt; between scans only the known children's RSS is read. On Linux
+a scan reads the kernel's list of each thread's children (``descendants``: about 0.3 ms for two workers); psutil,
+the fallback elsewhere, reads every process's ``/proc/PID/stat`` in Python, holding the GIL: 2.5 ms on a quiet
+host of 60 processes (half a percent of the training thread at two scans a second, more than all the samples
+themselves), 13 us more for each further process."""
+PROC = "/proc"
 JOIN_TIMEOUT_S = 2.0
 MIB = 1 << 20
 
@@ -252,11 +255,20 @@ class HostMemoryCollector(Watcher):
         return round(mib * MIB)
 
     def _scan_children(self, now: float) -> None:
-        # psutil directly rather than memory_profiler's include_children: that walk gives up at the first
-        # child that exits mid-walk (normal as workers come and go) and does not say how many children there are.
+        # Not memory_profiler's include_children: that walk gives up at the first child that exits mid-walk
+        # (normal as workers come and go) and does not say how many children there are.
         self._last_scan = now
         try:
-            self._children = self._me.children(recursive=True)
+            pids = descendants(self._pid)
+            if pids is None:
+                self._children = self._me.children(recursive=True)
+                return
+            known = {child.pid: child for child in self._children}
+            children = []
+            for pid in pids:
+                with contextlib.suppress(self._psutil.NoSuchProcess):  # exited since the kernel listed it
+                    children.append(known.get(pid) or self._psutil.Process(pid))
+            self._children = children
         except Exception as exc:  # /proc hidden from us, say: keep the children already known, and the sample
             self._scan_error = f"{type(exc).__name__}: {exc}".splitlines()[0]
 
@@ -272,3 +284,39 @@ class HostMemoryCollector(Watcher):
                 total += rss
                 count += 1
         return total, count
+
+
+def descendants(pid: int, proc: str = PROC) -> list[int] | None:
+    """The pids of ``pid``'s child processes and theirs, from the kernel's list of each thread's children
+    (``/proc/PID/task/TID/children``); None where the kernel keeps no such list (not Linux, or a kernel built
+    without it). A process that exits mid-walk is passed over."""
+    if not os.path.exists(f"{proc}/{pid}/task/{pid}/children"):
+        return None
+    found: list[int] = []
+    seen = {pid}
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        for child in _children_of(parent, proc):
+            if child not in seen:
+                seen.add(child)
+                found.append(child)
+                todo.append(child)
+    return found
+
+
+def _children_of(pid: int, proc: str) -> list[int]:
+    """The children of every thread of ``pid`` (a process may be started from any thread)."""
+    tasks = f"{proc}/{pid}/task"
+    try:
+        threads = os.listdir(tasks)
+    except OSError:
+        return []
+    children: list[int] = []
+    for tid in threads:
+        try:
+            with open(f"{tasks}/{tid}/children", "rb") as listing:
+                children.extend(map(int, listing.read().split()))
+        except (OSError, ValueError):
+            continue
+    return children

@@ -15,6 +15,7 @@ from gpuscope.collectors.memory import (
     MemoryPeaks,
     MemorySample,
     build_host_memory,
+    descendants,
     next_deadline,
     peaks_of,
     thin,
@@ -38,6 +39,40 @@ def _stop(collector: HostMemoryCollector) -> HostMemory:
     assert result.status == CollectorStatus("ok")
     assert isinstance(result.payload, HostMemory)
     return result.payload
+
+
+def fake_proc(root: Path, threads: dict[int, dict[int, list[int]]]) -> str:
+    """A /proc of ``{pid: {tid: [child pids]}}``: each thread's ``task/TID/children`` list, as Linux keeps it."""
+    for pid, tasks in threads.items():
+        for tid, children in tasks.items():
+            task = root / str(pid) / "task" / str(tid)
+            task.mkdir(parents=True)
+            (task / "children").write_text("".join(f"{child} " for child in children))
+    return str(root)
+
+
+class TestDescendants:
+
+    def test_children_of_every_thread_and_their_children_are_found(self, tmp_path: Path) -> None:
+        # given: the main thread started a worker and a forkserver, whose child is a worker; another thread
+        # started a third process
+        proc = fake_proc(tmp_path, {100: {100: [101, 102], 105: [103]}, 101: {101: []}, 102: {102: [104]},
+                                    103: {103: []}, 104: {104: []}})
+        # then
+        assert sorted(descendants(100, proc)) == [101, 102, 103, 104]  # type: ignore[arg-type]
+        assert descendants(102, proc) == [104]
+        assert descendants(101, proc) == []
+
+    def test_a_listed_process_gone_since_does_not_stop_the_walk(self, tmp_path: Path) -> None:
+        # given: the kernel listed 102, which has exited since (its /proc entry is gone)
+        proc = fake_proc(tmp_path, {100: {100: [101, 102]}, 101: {101: []}})
+        assert descendants(100, proc) == [101, 102]  # listed, so its RSS is tried (and skipped if it has gone)
+
+    def test_without_the_kernels_children_lists_it_says_so(self, tmp_path: Path) -> None:
+        # given: a /proc without task/TID/children (another OS, or a kernel built without them)
+        (tmp_path / "100" / "task" / "100").mkdir(parents=True)
+        # then: None, so psutil's scan of every process is used instead
+        assert descendants(100, str(tmp_path)) is None
 
 
 class TestHostMemoryCollector:
