@@ -4,8 +4,6 @@ and gpuscope's own errors become one line on stderr and exit status 2, in this o
 from __future__ import annotations
 
 import argparse
-import contextlib
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -113,9 +111,6 @@ class RunCommand:
             if job_dir is None:
                 finish_session(session, status, quiet=args.quiet, open_report=args.open)
                 return
-            # torchrun sends the other ranks SIGTERM as soon as one fails: this rank's record is still written
-            with contextlib.suppress(ValueError):  # (not the main thread: nothing to change)
-                signal.signal(signal.SIGTERM, signal.SIG_IGN)
             finish_session(session, status, quiet=True)  # this rank's own files and report, then the job's
             if not args.launched_by_gpuscope:  # else the launcher merges, once, when every rank has ended
                 _finish_job(job_dir, args.quiet, args.open, only_if_complete=True)
@@ -325,9 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(outcome, ScriptRun):
             from gpuscope.runner import run_target
 
-            status = run_target(outcome.target, before_hard_exit=outcome.end)
-            outcome.end(status)
-            return status
+            return run_target(outcome.target, outcome.end)
         return outcome
     except GpuscopeError as exc:
         print(f"gpuscope: error: {exc.message}", file=sys.stderr)

@@ -7,7 +7,9 @@ DataLoader workers under spawn or forkserver re-import the *script* as ``__mp_ma
 the script's module while it runs.
 
 Exit statuses: 0; the script's ``sys.exit`` code; 1 after an uncaught exception; 130 after Ctrl-C / SIGINT;
-143 after SIGTERM, which is turned into an exception so that the run's files can still be written.
+143 after SIGTERM, which is turned into an exception so that the run's files can still be written. Once the
+script has ended, a SIGTERM waits until they are (torchrun sends one to every other rank as soon as one fails, a
+scheduler one before its kill).
 """
 
 from __future__ import annotations
@@ -94,37 +96,44 @@ class _Terminated(BaseException):
     """Raised in the main thread on SIGTERM, so the run unwinds and its files are written."""
 
 
-def run_target(target: Target, before_hard_exit: Callable[[int], None] | None = None) -> int:
-    """Run ``target`` as ``__main__`` and return its exit status; print its traceback if it raised.
-
-    ``before_hard_exit(status)`` is called if the script ends the process with ``os._exit``, so the run's files
-    can be written first.
+def run_target(target: Target, end: Callable[[int], None] | None = None) -> int:
+    """Run ``target`` as ``__main__``, print its traceback if it raised, then call ``end(status)`` (which writes
+    the run's files), and return its exit status. ``end`` is also called if the script ends the process with
+    ``os._exit``. From the script's end until ``end`` returns, SIGTERM is held off (``_sigterm_raises``).
 
     A plain script's code is executed here, in this frame, so that as few of gpuscope's frames as possible lie
     under the script's: whatever walks the whole stack pays for each one (anomaly detection formats it for every
     autograd node the forward pass creates: about 4% of such a step a frame, benchmarks/stack_depth.py).
     """
-    with _script_sys(target), _sigterm_raises(), _hard_exit_hook(before_hard_exit):
-        try:
-            if target.module is not None:
-                runpy.run_module(target.module, run_name="__main__", alter_sys=True)
-            elif (script := _main_module(target.script)) is None:  # type: ignore[arg-type]
-                runpy.run_path(os.path.abspath(target.script), run_name="__main__")  # type: ignore[arg-type]
-            else:
-                code, main = script
-                with _as_main(main):
-                    exec(code, main.__dict__)
-        except SystemExit as exc:
-            return _exit_status(exc)
-        except KeyboardInterrupt as exc:
-            _print_user_traceback(exc)
-            return EXIT_SIGINT
-        except _Terminated:
-            return EXIT_SIGTERM
-        except BaseException as exc:
-            _print_user_traceback(exc)
-            return 1
-    return 0
+    with _sigterm_raises() as script_ended:
+        with _script_sys(target), _hard_exit_hook(end, script_ended):
+            try:
+                try:
+                    if target.module is not None:
+                        runpy.run_module(target.module, run_name="__main__", alter_sys=True)
+                    elif (script := _main_module(target.script)) is None:  # type: ignore[arg-type]
+                        runpy.run_path(os.path.abspath(target.script), run_name="__main__")  # type: ignore[arg-type]
+                    else:
+                        code, main = script
+                        with _as_main(main):
+                            exec(code, main.__dict__)
+                finally:
+                    script_ended()
+                status = 0
+            except SystemExit as exc:
+                status = _exit_status(exc)
+            except KeyboardInterrupt as exc:
+                _print_user_traceback(exc)
+                status = EXIT_SIGINT
+            except _Terminated:
+                status = EXIT_SIGTERM
+            except BaseException as exc:
+                _print_user_traceback(exc)
+                status = 1
+        script_ended()  # (again: a SIGTERM may have come before it could run)
+        if end is not None:
+            end(status)
+    return status
 
 
 def _main_module(script: str) -> tuple[types.CodeType, types.ModuleType] | None:
@@ -213,11 +222,14 @@ def _is_zip(path: str) -> bool:
 
 
 @contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """Under python, SIGTERM ends the process at once and nothing is written. Here it raises ``_Terminated``
-    in the main process's main thread instead; forked children (DataLoader workers) still die at once."""
+def _sigterm_raises() -> Iterator[Callable[[], None]]:
+    """Under python, SIGTERM ends the process at once and nothing is written. Here, while the script runs, it raises
+    ``_Terminated`` in the main process's main thread instead (forked children, DataLoader workers, still die at
+    once). Once the script has ended (the function yielded is called), SIGTERM is ignored until the block ends: the
+    run's files are being written, and a SIGTERM that arrived while the script's own traceback was printed ended
+    the process before they were (a rank whose peer was killed fails, and torchrun terminates it a moment later)."""
     if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield  # someone chose a handler (or to ignore it): leave theirs alone
+        yield lambda: None  # someone chose a handler (or to ignore it): leave theirs alone
         return
     pid = os.getpid()
 
@@ -228,16 +240,23 @@ def _sigterm_raises() -> Iterator[None]:
             return
         raise _Terminated
 
+    ours = {on_sigterm}
+
+    def script_ended() -> None:
+        if os.getpid() == pid and signal.getsignal(signal.SIGTERM) is on_sigterm:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            ours.add(signal.SIG_IGN)
+
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        yield
+        yield script_ended
     finally:
-        if signal.getsignal(signal.SIGTERM) is on_sigterm:
+        if os.getpid() == pid and signal.getsignal(signal.SIGTERM) in ours:
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @contextmanager
-def _hard_exit_hook(before: Callable[[int], None] | None) -> Iterator[None]:
+def _hard_exit_hook(before: Callable[[int], None] | None, script_ended: Callable[[], None]) -> Iterator[None]:
     """Let ``os._exit`` from the script's own process write the run's files before it ends the process."""
     if before is None:
         yield
@@ -248,6 +267,7 @@ def _hard_exit_hook(before: Callable[[int], None] | None) -> Iterator[None]:
     def _exit(status: int) -> None:  # same name, so tracebacks read naturally
         if os.getpid() == pid:
             try:
+                script_ended()
                 before(status)
             except BaseException:
                 pass
