@@ -36,9 +36,9 @@ class Command(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class ScriptRun:
-    """A ``gpuscope run`` ready to go, its collectors started: ``main`` runs the script itself and then ``end``,
-    so that only ``main`` and ``runner.run_target`` lie between the console script and the user's code (see
-    ``run_target``)."""
+    """A ``gpuscope run`` ready to go, its collectors started: ``main`` hands it to ``runner.run_target``, which
+    runs the script and then ``end``, so that only ``main`` and ``run_target`` lie between the console script and
+    the user's code (see ``run_target``)."""
 
     target: Target
     end: Callable[[int], None]
