@@ -20,13 +20,34 @@ def advised(record: dict[str, Any]) -> tuple[dict[str, Any], int]:
 
 
 def applied(runs: Runs, sample: str, args: tuple[str, ...], slow: dict[str, Any], fresh: bool,
-            statistic: str = "median_s") -> tuple[float, float, str]:
-    """``slow``'s advised worker count applied to a run of SAMPLE ARGS: (the speed-up measured by the ``statistic``
-    step, the one predicted, the prediction's explanation)."""
+            by_cycles: bool = False) -> tuple[float, float, str]:
+    """``slow``'s advised worker count applied to a run of SAMPLE ARGS: (the speed-up measured, the one predicted,
+    the prediction's explanation). Measured as the prediction is made, from the slow run's median step, against the
+    fixed run's median step or, ``by_cycles``, its throughput (``cycle_step_s``)."""
     _, workers = advised(slow)
     fixed = runs.sample(sample, *args, "--workers", str(workers), fresh=fresh).record
-    return (slow["steps"][statistic] / fixed["steps"][statistic], slow["what_if"]["speedup"],
-            slow["what_if"]["explanation"])
+    step_s = cycle_step_s(fixed, workers) if by_cycles else fixed["steps"]["median_s"]
+    return slow["steps"]["median_s"] / step_s, slow["what_if"]["speedup"], slow["what_if"]["explanation"]
+
+
+def cycle_step_s(record: dict[str, Any], workers: int) -> float:
+    """The mean step over whole cycles of ``workers`` steps: N workers in lockstep hand over N batches at once (one
+    step waits, the next N - 1 do not), so neither the median step nor the mean of steady steps cut anywhere in a
+    cycle is the throughput. Taken over the longest stretch of consecutive steady steps, less its first ones (the
+    stretch begins after a profiling window, when the workers may have batches in hand)."""
+    sample = record["steps"]["sample"]
+    stretches: list[list[int]] = []
+    for i, (index, status) in enumerate(zip(sample["index"], sample["status"])):
+        if status != "steady":
+            continue
+        if stretches and sample["index"][stretches[-1][-1]] == index - 1:
+            stretches[-1].append(i)
+        else:
+            stretches.append([i])
+    longest = max(stretches, key=len)
+    whole = longest[len(longest) % workers:]
+    assert len(whole) >= 3 * workers, (workers, sample["status"])
+    return sum(sample["wall_s"][i] for i in whole) / len(whole)
 
 
 def as_predicted(outcome: tuple[Any, ...]) -> bool:
@@ -81,18 +102,21 @@ def test_on_cores_the_workers_share_with_the_step_the_predicted_speedup_is_the_m
     assert "cores" in outcomes[-1][2], outcomes[-1]
 
 
-def test_with_half_second_batches_the_predicted_speedup_is_the_measured_one_by_the_mean_step(runs: Runs) -> None:
+def test_with_half_second_batches_the_predicted_speedup_is_the_measured_one_over_whole_worker_cycles(runs: Runs) -> None:
     # given: the float16 sample, whose batches take about half a second in the main process: the probe times
     # batches of a few items, not whole ones, to fit its budget (before, it predicted 1.40x for a measured 1.6-1.9x)
+    # This 2-core machine's speed drifts by a third and more over seconds: the probe, timed over a second, and the
+    # run with workers, a few seconds later, can see different machines (a pair spoiled so is measured again; a
+    # real error in the prediction fails every pair)
     outcomes = []
-    for attempt in range(2):
+    for attempt in range(3):
         slow = runs.sample("data_loading_bound_fp16", "--steps", "24", fresh=attempt > 0).record
         probe = slow["loader_probe"]
         assert probe["probe_batch_size"] < probe["batch_size"], probe
         assert probe["elapsed_s"] <= probe["budget_s"] + 1.0
-        # when: the suggested worker count is applied; N workers in lockstep hand over N batches at once (one step
-        # waits, the next N - 1 do not), so the median step says little of the throughput: the mean step is it
-        outcomes.append(applied(runs, "data_loading_bound_fp16", ("--steps", "24"), slow, attempt > 0, "mean_s"))
+        # when: the suggested worker count is applied; its throughput is measured over whole cycles of its workers
+        outcomes.append(applied(runs, "data_loading_bound_fp16", ("--steps", "24"), slow, attempt > 0,
+                                by_cycles=True))
         if as_predicted(outcomes[-1]):
             break
     # then: the run sped up as predicted, within 25%
