@@ -19,12 +19,18 @@ def processes_in_session(session: int) -> list[int]:
     """Live processes (other than this one) in the session ``session`` (a process started with its own session
     has its id as the session's id, and everything it starts stays in it unless it leaves)."""
     found = []
-    for pid, entry in _others():
-        stat = _read(entry / "stat")
-        fields = stat[stat.rindex(")") + 2:].split() if stat else []  # after the command name, which may hold spaces
+    for pid, _ in _others():
+        fields = stat_fields(pid)
         if fields and int(fields[3]) == session and fields[0] != "Z":
             found.append(pid)
     return found
+
+
+def stat_fields(pid: int) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name (which may hold spaces): the state (``Z`` for a
+    zombie), the parent, the group, the session...; empty if the process has gone."""
+    stat = _read(Path("/proc") / str(pid) / "stat")
+    return stat[stat.rindex(")") + 2:].split() if stat else []
 
 
 def _others() -> Iterator[tuple[int, Path]]:

@@ -14,6 +14,7 @@ import pytest
 
 import conftest
 from conftest import SCRIPTS, run_gpuscope, run_python
+from processes import stat_fields
 
 pytestmark = pytest.mark.slow
 
@@ -95,10 +96,7 @@ def alive(pid: int) -> bool:
     """Whether ``pid`` is a live process (a zombie is not), after a second's grace for a kill to land."""
     deadline = time.monotonic() + 1
     while time.monotonic() < deadline:
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
-                return False
-        except OSError:
+        if stat_fields(pid)[:1] in ([], ["Z"]):  # gone, or a zombie
             return False
         time.sleep(0.05)
     return True
