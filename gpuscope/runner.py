@@ -14,6 +14,7 @@ scheduler one before its kill).
 
 from __future__ import annotations
 
+import functools
 import os
 import runpy
 import signal
@@ -25,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.util import find_spec
 from pathlib import Path
+from typing import Any
 
 from gpuscope.errors import GpuscopeError
 
@@ -227,15 +229,17 @@ def _sigterm_raises() -> Iterator[Callable[[], None]]:
     ``_Terminated`` in the main process's main thread instead (forked children, DataLoader workers, still die at
     once). Once the script has ended (the function yielded is called), SIGTERM is ignored until the block ends: the
     run's files are being written, and a SIGTERM that arrived while the script's own traceback was printed ended
-    the process before they were (a rank whose peer was killed fails, and torchrun terminates it a moment later)."""
-    if signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    the process before they were (a rank whose peer was killed fails, and torchrun terminates it a moment later).
+    While the script runs, gpuscope's handler is hidden from it (``_hiding``)."""
+    real_signal, real_getsignal = signal.signal, signal.getsignal
+    if real_getsignal(signal.SIGTERM) is not signal.SIG_DFL:
         yield lambda: None  # someone chose a handler (or to ignore it): leave theirs alone
         return
     pid = os.getpid()
 
     def on_sigterm(signum: int, frame: types.FrameType | None) -> None:
         if os.getpid() != pid:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            real_signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
             return
         raise _Terminated
@@ -243,16 +247,39 @@ def _sigterm_raises() -> Iterator[Callable[[], None]]:
     ours = {on_sigterm}
 
     def script_ended() -> None:
-        if os.getpid() == pid and signal.getsignal(signal.SIGTERM) is on_sigterm:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal, signal.getsignal = real_signal, real_getsignal
+        if os.getpid() == pid and real_getsignal(signal.SIGTERM) is on_sigterm:
+            real_signal(signal.SIGTERM, signal.SIG_IGN)
             ours.add(signal.SIG_IGN)
 
-    signal.signal(signal.SIGTERM, on_sigterm)
+    real_signal(signal.SIGTERM, on_sigterm)
+    signal.signal, signal.getsignal = _hiding(on_sigterm, real_signal, real_getsignal)
     try:
         yield script_ended
     finally:
-        if os.getpid() == pid and signal.getsignal(signal.SIGTERM) in ours:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal, signal.getsignal = real_signal, real_getsignal
+        if os.getpid() == pid and real_getsignal(signal.SIGTERM) in ours:
+            real_signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def _hiding(handler: Callable[..., None], real_signal: Callable[..., Any], real_getsignal: Callable[..., Any],
+            ) -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """``signal.signal`` and ``signal.getsignal`` as the script sees them: ``handler`` (gpuscope's) reads as
+    ``SIG_DFL``, what python would show. Libraries decide by it: PyTorch Lightning, finding a SIGTERM handler, calls
+    it after its own, so a SIGTERM that python's run answered with Lightning's graceful stop (exit status 0) ended
+    gpuscope's with 143."""
+
+    @functools.wraps(real_getsignal)
+    def getsignal(signalnum: int) -> Any:
+        current = real_getsignal(signalnum)
+        return signal.SIG_DFL if current is handler else current
+
+    @functools.wraps(real_signal)
+    def set_handler(signalnum: int, new: Any) -> Any:
+        previous = real_signal(signalnum, new)
+        return signal.SIG_DFL if previous is handler else previous
+
+    return set_handler, getsignal
 
 
 @contextmanager

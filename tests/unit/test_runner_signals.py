@@ -33,9 +33,12 @@ raise PeerGone()
 
 @pytest.fixture(autouse=True)
 def _default_sigterm():
-    """Each test starts with SIGTERM's default action, as a new process has, and must leave it so."""
+    """Each test starts with SIGTERM's default action, as a new process has, and must leave it so, with the signal
+    module's own functions (the script is shown others while it runs)."""
+    real = signal.signal, signal.getsignal
     saved = signal.signal(signal.SIGTERM, signal.SIG_DFL)
     yield
+    assert (signal.signal, signal.getsignal) == real, "run_target left its view of the handlers behind"
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL, "run_target left its SIGTERM handling behind"
     signal.signal(signal.SIGTERM, saved)
 
@@ -94,3 +97,19 @@ def test_a_sigterm_while_os_exit_writes_the_runs_files_does_not_stop_them(
     # when it runs, then the files were written from inside os._exit, with its status
     assert run_target(_script(tmp_path, "import os\nos._exit(4)\n"), end) == 4
     assert written[0] == 4
+
+
+def test_the_script_sees_sigterms_default_action_as_under_python(tmp_path: Path) -> None:
+    # given a script that asks for SIGTERM's handler, and sets its own as a library would (PyTorch Lightning calls
+    # a handler it finds after its own: gpuscope's would turn its graceful stop into exit status 143)
+    out = tmp_path / "seen.txt"
+    target = _script(tmp_path, (
+        "import signal, sys\n"
+        "seen = [signal.getsignal(signal.SIGTERM)]\n"
+        "seen.append(signal.signal(signal.SIGTERM, lambda signum, frame: None))\n"
+        "seen.append(signal.signal(signal.SIGTERM, signal.SIG_DFL))\n"
+        f"open({str(out)!r}, 'w').write(repr(seen))\n"))
+    # when it runs, then it saw what python shows it: the default action, and the handler it set itself
+    assert run_target(target) == 0
+    seen = out.read_text()
+    assert seen.startswith("[<Handlers.SIG_DFL: 0>, <Handlers.SIG_DFL: 0>, <function <lambda>"), seen
