@@ -3,12 +3,14 @@
 Each item is preprocessed in NumPy inside ``Dataset.__getitem__`` (normalisation, a few blur passes, a colour
 jitter), and the conv net is large enough that its step keeps every core busy too. With ``--workers 0`` the main
 process builds each batch between steps, so most of a step waits for data. Workers build the next batches
-meanwhile, but on a small machine they take the very cores the model's forward and backward run on, as they do in
-most training scripts, which leave torch's thread count alone: adding workers helps far less than the data wait
-suggests, and past a point not at all. gpuscope's loader probe predicts the step with N workers from the measured
-loader rates and the cores the two share.
+meanwhile, but on a small machine they take the very cores the model's forward and backward run on. Most training
+scripts leave torch's thread count alone (one intra-op thread per core): then the workers and those threads are
+more busy threads than cores, the threads stall each other at every parallel op, and adding workers helps far
+less than the data wait suggests (on 2 cores, 2 workers: median step 27 ms for 36 ms without workers, but mean
+36 ms). gpuscope's loader probe predicts the step with N workers from the measured loader rates and the cores the
+two share, and its fix keeps the threads the workers leave.
 
-Fix: ``--workers 1`` (on 2 cores; more on a larger machine: the loader probe measures it).
+Fix: ``--workers 2 --threads 1`` (on 2 cores; the loader probe measures it on a larger machine).
 """
 import argparse
 import statistics
@@ -63,11 +65,15 @@ def main():
     parser.add_argument("--steps", type=int, default=60, help="optimizer steps to run")
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    parser.add_argument("--threads", type=int, default=0,
+                        help="torch.set_num_threads in the main process (0: torch's default)")
     parser.add_argument("--passes", type=int, default=3, help="blur passes per item")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     loader = DataLoader(Images(100_000, args.passes, args.seed), batch_size=args.batch_size, shuffle=True,
                         num_workers=args.workers, persistent_workers=args.workers > 0,
                         generator=torch.Generator().manual_seed(args.seed))

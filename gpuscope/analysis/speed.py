@@ -41,15 +41,20 @@ class LoaderPlan:
     shared_cpu_s: float | None
     """On a CPU run, the step's floor when the workers and the step share the cores (None on CUDA)."""
     consume_batches_per_s: float
+    threads: int | None = None
+    """On a CPU run, the intra-op threads the main process should keep (``torch.set_num_threads``) where the
+    workers and its current threads would be more busy threads than cores; None where nothing needs changing."""
 
 
 def loader_plan(record: RunRecord) -> LoaderPlan | None:
     """From the loader probe's curve: the smallest measured worker count delivering batches at least
     ``LOADER_KEEPS_UP_MARGIN`` faster than the step consumes them (else the one predicting the shortest step), and
     the step it predicts: max(compute, one batch at that rate). On a CPU run the workers and the step share the
-    cores, so also no less than the compute on the cores the N workers leave (the main process keeping
-    cores - N intra-op threads, as it should: more busy threads than cores stall each other), nor all the CPU work of
-    a step (one batch's build plus the compute on the main process's threads) spread over the cores. A batch's
+    cores, so also no less than the compute on the cores the N workers leave, nor all the CPU work of a step (one
+    batch's build plus the compute on the main process's threads) spread over the cores. That step needs the main
+    process to keep no more than cores - N intra-op threads (at least one): more busy threads than cores stall each
+    other at every parallel region (on 2 cores, 2 threads and 2 workers: median step 27 ms but mean 36 ms, spikes to
+    80 ms; with 1 thread 26 and 25 ms), so the plan names that count (``threads``) where the run had more. A batch's
     build is the main process's batch time in the run where it had no workers (timed over all its batches), else
     the probe's one-worker time (a few rounds). None without a probe curve or step figures."""
     probe, median = record.loader_probe, record.steps.median_s
@@ -85,7 +90,9 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
     rate = min(keeping, key=lambda r: r.num_workers) if keeping else \
         min(candidates, key=lambda r: (step_with(r), r.num_workers))
     step_s = step_with(rate)
-    return LoaderPlan(rate.num_workers, rate, bool(keeping), compute_s, step_s, shared, consume)
+    advised = max(1, cores - rate.num_workers)
+    threads_fix = advised if shared is not None and threads > advised else None
+    return LoaderPlan(rate.num_workers, rate, bool(keeping), compute_s, step_s, shared, consume, threads_fix)
 
 
 FIRST_ROUND_ONLY = "a lower bound"
@@ -136,6 +143,8 @@ def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
                 explanation += (f"; on this CPU-only run the workers take {plan.workers} of {record.meta.cpu_count} "
                                 f"cores from the step, whose CPU work over all cores takes "
                                 f"{plan.shared_cpu_s * 1e3:.1f} ms")
+            if plan.threads is not None:
+                explanation += f", with torch.set_num_threads({plan.threads})"
         else:
             data_s, compute_s = share * median, median_compute_s(record)
             step_s = max(data_s, compute_s)

@@ -245,6 +245,30 @@ def test_on_a_cpu_run_the_prediction_counts_the_cores_the_workers_share() -> Non
     assert any("share 2 cores" in fact for fact in finding.evidence)
 
 
+def test_on_a_cpu_run_whose_threads_and_workers_outnumber_the_cores_the_fix_keeps_the_threads_the_workers_leave(
+) -> None:
+    # given: 4 cores and torch's default of 4 intra-op threads in the main process; 2 workers keep up (23 batches/s
+    # for the 20 the step consumes)
+    base = probed_record({0: 10.0, 1: 12.0, 2: 23.0, 4: 40.0}, device="cpu")
+    probe = dataclasses.replace(base.loader_probe, main_threads=4)
+    record = dataclasses.replace(base, meta=RunMeta(cpu_count=4), loader_probe=probe)
+    # when
+    plan = loader_plan(record)
+    finding = more_dataloader_workers(record)
+    # then: 2 workers, and the step's compute on the 2 cores they leave: the fix names both lines, as the
+    # prediction assumes them (4 threads and 2 busy workers on 4 cores stall each other)
+    assert plan is not None and (plan.workers, plan.threads) == (2, 2)
+    assert finding is not None
+    assert finding.fix == "DataLoader(..., num_workers=2, persistent_workers=True)  and  torch.set_num_threads(2)"
+    assert any("torch.set_num_threads(2)" in fact and "4 intra-op threads" in fact for fact in finding.evidence)
+    # with threads enough to spare a core per worker (8 cores), or on a GPU run, the thread count is left alone
+    roomy = dataclasses.replace(record, meta=RunMeta(cpu_count=8))
+    assert loader_plan(roomy).threads is None  # type: ignore[union-attr]
+    assert "set_num_threads" not in more_dataloader_workers(roomy).fix  # type: ignore[union-attr]
+    on_gpu = dataclasses.replace(record, device="cuda")
+    assert loader_plan(on_gpu).threads is None  # type: ignore[union-attr]
+
+
 def test_without_a_batch_timed_in_the_main_process_a_batchs_cpu_is_the_probes_one_worker_time() -> None:
     # given: 2 cores; the run had 1 worker, so no batch was timed in the main process; one worker is 1/6 s a batch
     record = probed_record({0: 5.0, 1: 6.0, 2: 11.0}, device="cpu")

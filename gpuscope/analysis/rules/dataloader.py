@@ -25,7 +25,9 @@ def more_dataloader_workers(run: RunRecord) -> Finding | None:
     (step - wait); N = ceil(T_b / (step - wait)) keeps up, capped at the cores.
     With the loader probe's measured curve (batches/s per worker count, after the run), N is instead the smallest
     measured count delivering at least LOADER_KEEPS_UP_MARGIN more than the step consumes (1 / compute time), or
-    the fastest measured one, and the gain is the step it predicts (``analysis.speed.loader_plan``)."""
+    the fastest measured one, and the gain is the step it predicts (``analysis.speed.loader_plan``). On a CPU run
+    whose intra-op threads and N workers would be more busy threads than cores, the fix also keeps cores - N threads
+    (``torch.set_num_threads``), as the prediction assumes."""
     share, median = run.breakdown.data_wait, run.steps.median_s
     loader = max(run.loaders, key=lambda l: l.wait_s)
     cores = run.meta.cpu_count or 1
@@ -76,11 +78,21 @@ def _from_probe(run: RunRecord, plan: LoaderPlan, dataset: str, current: int, sh
         evidence.append(_what_would_keep_up(run, plan))
     if plan.shared_cpu_s is not None:
         evidence.append(f"on this CPU-only run the workers share {run.meta.cpu_count} cores with the step: its "
-                        f"compute keeps the cores the workers leave (torch.set_num_threads(cores - workers)), and "
-                        f"a step's CPU work spread over all of them takes at least {plan.shared_cpu_s * 1e3:.1f} ms")
-    evidence.append(f"predicted step {plan.step_s * 1e3:.1f} ms, {median / plan.step_s:.2f}x faster (an estimate)")
+                        f"compute keeps the cores the workers leave, and a step's CPU work spread over all of them "
+                        f"takes at least {plan.shared_cpu_s * 1e3:.1f} ms")
+    if plan.threads is not None:
+        evidence.append(f"torch runs {run.loader_probe.main_threads} intra-op threads in the main process: with "  # type: ignore[union-attr]
+                        f"{plan.workers} busy workers that is more busy threads than the {run.meta.cpu_count} cores, "
+                        f"and threads that wait for each other at every parallel op stall the step; keep "
+                        f"{plan.threads} (torch.set_num_threads({plan.threads}))")
+    ratio = median / plan.step_s
+    evidence.append(f"predicted step {plan.step_s * 1e3:.1f} ms, "
+                    f"{f'{ratio:.2f}x faster' if ratio >= 1 else f'{1 / ratio:.2f}x slower'} (an estimate)")
     gain = max(0.0, 1 - plan.step_s / median)
-    return Finding(gain, tuple(evidence), fix=f"DataLoader(..., num_workers={plan.workers}, persistent_workers=True)")
+    fix = f"DataLoader(..., num_workers={plan.workers}, persistent_workers=True)"
+    if plan.threads is not None:
+        fix += f"  and  torch.set_num_threads({plan.threads})"
+    return Finding(gain, tuple(evidence), fix=fix)
 
 
 def _what_would_keep_up(run: RunRecord, plan: LoaderPlan) -> str:
