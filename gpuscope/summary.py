@@ -14,6 +14,11 @@ BOUND_LABELS = {
 }
 
 
+def speedup_text(speedup: float) -> str:
+    """A predicted speed-up in words: "1.64x faster", or "1.30x slower" where the remedy would cost time."""
+    return f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"
+
+
 def bound_label(record: RunRecord) -> str:
     """The verdict as people say it: ``compute`` is GPU-compute-bound on CUDA runs, CPU-compute-bound otherwise."""
     bound = record.verdict.bound
@@ -57,7 +62,7 @@ def summary_lines(record: RunRecord, run_dir: Path, report_path: Path | None = N
                      f"{sol.achieved_flops_per_s / 1e9:.1f} GFLOP/s{peak}")
     if record.what_if is not None:
         lines.append(f"  what if (estimate): step {record.what_if.step_s * 1e3:.1f} ms, "
-                     f"{record.what_if.speedup:.2f}x faster, {record.what_if.explanation}")
+                     f"{speedup_text(record.what_if.speedup)}, {record.what_if.explanation}")
     if steps.count:
         shares = ", ".join(f"{name.replace('_', ' ')} {share:.0%}" for name, share in record.breakdown.as_dict().items())
         lines.append(f"  steps: {steps.count} steady of {steps.total} ({left_out(record)}), "

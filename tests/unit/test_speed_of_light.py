@@ -170,3 +170,22 @@ def test_analysis_fills_in_mfu_and_the_what_if() -> None:
     record = analyze(compute_bound_record())
     assert record.speed_of_light.mfu == pytest.approx(0.3)  # type: ignore[union-attr]
     assert record.what_if is None or record.what_if.step_s > 0
+
+
+def test_a_what_if_slower_than_the_run_reads_slower_in_the_summary_and_the_report() -> None:
+    # given: a data-bound CPU run whose best remedy measured would take longer than its step (workers take the cores
+    # the step computes on): 85 ms for the run's 65 ms
+    from gpuscope.record import WhatIf
+    from gpuscope.report.render import render_report
+    from gpuscope.summary import speedup_text, summary_lines
+
+    record = dataclasses.replace(
+        make_record(breakdown=Breakdown(data_wait=0.35, forward=0.25, backward=0.4), meta=RunMeta(cpu_count=2)),
+        verdict=Verdict("data-loading", 0.77, ("35% of each step waits",)),
+        what_if=WhatIf(step_s=0.085, speedup=0.065 / 0.085, explanation="with 1 DataLoader workers"))
+    # then: the estimate says how much slower, not "0.76x faster"
+    assert speedup_text(0.065 / 0.085) == "1.31x slower" and speedup_text(1.64) == "1.64x faster"
+    summary = "\n".join(summary_lines(record, Path("run")))
+    assert "1.31x slower" in summary and "x faster" not in summary
+    html = render_report(record, inline_plotly=False)
+    assert "(1.31x slower)" in html and "0.76x faster" not in html
