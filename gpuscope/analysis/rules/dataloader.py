@@ -9,6 +9,7 @@ from gpuscope.analysis.evidence import DATA_WAIT, Metric, median_compute_s
 from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.analysis.speed import LoaderPlan, loader_plan
 from gpuscope.record import RunRecord
+from gpuscope.summary import speedup_text
 
 
 @rule(id="more-dataloader-workers",
@@ -85,9 +86,7 @@ def _from_probe(run: RunRecord, plan: LoaderPlan, dataset: str, current: int, sh
                         f"{plan.workers} busy workers that is more busy threads than the {run.meta.cpu_count} cores, "
                         f"and threads that wait for each other at every parallel op stall the step; keep "
                         f"{plan.threads} (torch.set_num_threads({plan.threads}))")
-    ratio = median / plan.step_s
-    evidence.append(f"predicted step {plan.step_s * 1e3:.1f} ms, "
-                    f"{f'{ratio:.2f}x faster' if ratio >= 1 else f'{1 / ratio:.2f}x slower'} (an estimate)")
+    evidence.append(f"predicted step {plan.step_s * 1e3:.1f} ms, {speedup_text(median / plan.step_s)} (an estimate)")
     gain = max(0.0, 1 - plan.step_s / median)
     fix = f"DataLoader(..., num_workers={plan.workers}, persistent_workers=True)"
     if plan.threads is not None:
