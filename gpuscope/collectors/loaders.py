@@ -4,13 +4,20 @@ it again. Kept strongly: the script's loader may be gone by the end."""
 
 from __future__ import annotations
 
+import os
+import sys
+import weakref
+from types import FrameType
 from typing import Any
 
-from gpuscope.record import Loader
+from gpuscope.callsites import SiteCounter, is_user_file, user_frame
+from gpuscope.record import CallSite, Loader
 
 MAX_LOADERS = 16
 """Distinct DataLoader configurations described in the record."""
 MAX_BATCH_TENSORS = 8
+MAX_CREATED = 256
+"""Datasets whose first DataLoader's line is remembered (a script building loaders in a loop stops adding here)."""
 
 
 class LoaderBook:
@@ -18,6 +25,25 @@ class LoaderBook:
 
     def __init__(self) -> None:
         self._entries: dict[tuple[Any, ...], dict[str, Any]] = {}
+        self._created: dict[int, tuple[Any, CallSite, str]] = {}
+
+    def loader_created(self, dataset: Any, frame: FrameType | None) -> None:
+        """A DataLoader over ``dataset`` was constructed, called from ``frame``: the first such line of the user's
+        code is the one to change (a framework that builds the loader again over the same dataset, as Lightning
+        does to add its sampler, does not move it), with the library that built it, if not the user's code."""
+        if len(self._created) >= MAX_CREATED:
+            return
+        known = self._created.get(id(dataset))
+        if known is not None and _alive(known[0]) is dataset:
+            return
+        library = _library(frame)
+        counter = SiteCounter()
+        counter.count(user_frame(frame) if frame is not None else None)
+        try:
+            ref: Any = weakref.ref(dataset)
+        except TypeError:  # no weak references (``__slots__``): the id alone, as long as the entry is used
+            ref = None
+        self._created[id(dataset)] = (ref, counter.sites(1)[0], library)
 
     def count_batch(self, iterator: Any, batch: Any, wait_s: float) -> None:
         """One batch came out of ``iterator`` after ``wait_s``."""
@@ -29,6 +55,9 @@ class LoaderBook:
                 return
             info = _describe(iterator)
             info["batch_tensors"] = tuple(describe_tensors(batch))
+            created = self._created.get(id(dataset))
+            if created is not None and (created[0] is None or _alive(created[0]) is dataset):
+                info["created_at"], info["created_by"] = created[1], created[2]
             entry = self._entries[key] = {"info": info, "batches": 0, "wait_s": 0.0, "dataset": dataset,
                                           "loading": _loading(iterator)}
         entry["batches"] += 1
@@ -56,6 +85,22 @@ class LoaderBook:
     def records(self) -> tuple[Loader, ...]:
         """The loaders for the record, the longest waited on first."""
         return tuple(Loader(batches=e["batches"], wait_s=e["wait_s"], **e["info"]) for e in self._by_wait())
+
+
+def _alive(ref: Any) -> Any:
+    return ref() if ref is not None else None
+
+
+def _library(frame: FrameType | None) -> str:
+    """The top-level package of the code that constructed a DataLoader (``transformers``), or "" when it was the
+    user's own code: the first frame outside torch."""
+    torch_file = getattr(sys.modules.get("torch"), "__file__", None)
+    torch_dir = os.path.dirname(torch_file) + os.sep if torch_file else ""
+    while frame is not None and torch_dir and frame.f_code.co_filename.startswith(torch_dir):
+        frame = frame.f_back
+    if frame is None or is_user_file(frame.f_code.co_filename):
+        return ""
+    return str(frame.f_globals.get("__name__", "")).split(".", 1)[0]
 
 
 def _batch_size(iterator: Any) -> int | None:

@@ -186,6 +186,7 @@ class StepsCollector:
         ):
             self._undo.append(handle.remove)
         self._undo.append(patch(dataloader._BaseDataLoaderIter, "__next__", self._wrap_next))
+        self._undo.append(patch(dataloader.DataLoader, "__init__", self._wrap_loader_init))
         self._undo.append(patch(torch.autograd, "backward", self._wrap_phase("backward")))
         self._undo.append(patch(torch.autograd, "grad", self._wrap_phase("backward")))
 
@@ -259,6 +260,18 @@ class StepsCollector:
             return batch
 
         return __next__
+
+    def _wrap_loader_init(self, original: Callable[..., None]) -> Callable[..., None]:
+        book = self.loaders
+
+        def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
+            original(loader, *args, **kwargs)
+            try:
+                book.loader_created(getattr(loader, "dataset", None), sys._getframe(1))
+            except Exception:  # the line is a nicety; the user's loader is built either way
+                pass
+
+        return __init__
 
     def _wrap_phase(self, phase: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         collector = self

@@ -8,7 +8,7 @@ from gpuscope.analysis import thresholds as th
 from gpuscope.analysis.evidence import DATA_WAIT, Metric, median_compute_s
 from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.analysis.speed import LoaderPlan, loader_plan
-from gpuscope.record import RunRecord
+from gpuscope.record import Loader, RunRecord
 from gpuscope.summary import speedup_text
 
 
@@ -36,7 +36,7 @@ def more_dataloader_workers(run: RunRecord) -> Finding | None:
         return None
     plan = loader_plan(run)
     if plan is not None:
-        return _from_probe(run, plan, loader.dataset, loader.num_workers, share, median)
+        return _from_probe(run, plan, loader, share, median)
     compute_s = median_compute_s(run)
     if loader.num_workers == 0:
         batch_s = share * median  # the main process prepared each batch itself, in the wait
@@ -49,23 +49,57 @@ def more_dataloader_workers(run: RunRecord) -> Finding | None:
     evidence = (
         f"{share:.0%} of each step waits for the next batch (median step {median * 1e3:.1f} ms)",
         f"the {loader.dataset} loader has {loader.num_workers} workers; this machine has {cores} cores",
+        *_built_at(loader),
         f"a batch takes about {batch_s * 1e3:.0f} ms to prepare and the model uses one every "
         f"{compute_s * 1e3:.0f} ms: {needed} workers keep up" + (f" ({cores} cores allow {workers})"
                                                                  if workers < needed else ""),
     )
-    return Finding(gain, evidence, fix=f"DataLoader(..., num_workers={workers}, persistent_workers=True)")
+    return Finding(gain, evidence, fix=_workers_fix(loader, workers, None))
 
 
-def _from_probe(run: RunRecord, plan: LoaderPlan, dataset: str, current: int, share: float,
-                median: float) -> Finding | None:
+def _built_at(loader: Loader) -> list[str]:
+    """Where the loader was built, as a fact (none when it was not seen)."""
+    site = loader.created_at
+    if site is None or not site.file:
+        return []
+    line = f"{site.file}:{site.line} `{site.code}`"
+    if loader.created_by:
+        return [f"the {loader.dataset} loader is built inside {loader.created_by}, called from {line}"]
+    return [f"the {loader.dataset} loader is built at {line}"]
+
+
+def _workers_fix(loader: Loader, workers: int, threads: int | None) -> str:
+    """The code change: the loader's arguments (the Trainer's, when transformers built it), the thread count if
+    one is advised, and the line it goes on."""
+    if loader.created_by == "transformers":
+        fix = f"TrainingArguments(..., dataloader_num_workers={workers}, dataloader_persistent_workers=True)"
+    else:
+        fix = f"DataLoader(..., num_workers={workers}, persistent_workers=True)"
+    if threads is not None:
+        fix += f"  and  torch.set_num_threads({threads})"
+    return fix + _comment(loader)
+
+
+def _comment(loader: Loader) -> str:
+    """Where the change goes, as a comment after the fix: ``  # train.py:37`` (``  # transformers, called from
+    train.py:52`` when a library built the loader); empty when that is not known."""
+    site = loader.created_at
+    if site is None or not site.file:
+        return ""
+    return f"  # {loader.created_by + ', called from ' if loader.created_by else ''}{site.file}:{site.line}"
+
+
+def _from_probe(run: RunRecord, plan: LoaderPlan, loader: Loader, share: float, median: float) -> Finding | None:
     """The finding from the loader probe's curve (None when the probe finds no more workers worth having)."""
-    if plan.workers <= current:
+    if plan.workers <= loader.num_workers:
         return None
+    dataset = loader.dataset
     probe = run.loader_probe
     curve = ", ".join(f"{r.num_workers}: {r.batches_per_s:.1f}" for r in probe.rates  # type: ignore[union-attr]
                       if r.batches_per_s and not r.pin_memory)
     evidence = [
         f"{share:.0%} of each step waits for the next batch (median step {median * 1e3:.1f} ms)",
+        *_built_at(loader),
         f"measured after the run, the {dataset} loader alone delivers (workers: batches/s) {curve}",
         f"the training step consumes {plan.consume_batches_per_s:.1f} batches/s (one per "
         f"{plan.compute_s * 1e3:.1f} ms of compute)",
@@ -88,10 +122,7 @@ def _from_probe(run: RunRecord, plan: LoaderPlan, dataset: str, current: int, sh
                         f"{plan.threads} (torch.set_num_threads({plan.threads}))")
     evidence.append(f"predicted step {plan.step_s * 1e3:.1f} ms, {speedup_text(median / plan.step_s)} (an estimate)")
     gain = max(0.0, 1 - plan.step_s / median)
-    fix = f"DataLoader(..., num_workers={plan.workers}, persistent_workers=True)"
-    if plan.threads is not None:
-        fix += f"  and  torch.set_num_threads({plan.threads})"
-    return Finding(gain, tuple(evidence), fix=fix)
+    return Finding(gain, tuple(evidence), fix=_workers_fix(loader, plan.workers, plan.threads))
 
 
 def _what_would_keep_up(run: RunRecord, plan: LoaderPlan) -> str:
@@ -137,5 +168,11 @@ def pin_memory(run: RunRecord) -> Finding | None:
         f"{kernels.h2d_pageable_copies} of {kernels.h2d_copies} host-to-device copies in the profiled steps came "  # type: ignore[union-attr]
         f"from pageable memory, {kernels.h2d_copy_s * 1e3:.2f} ms in all ({copy_share:.0%} of the steps' time)",  # type: ignore[union-attr]
         f"the {unpinned[0].dataset} loader has pin_memory=False",
+        *_built_at(unpinned[0]),
     )
-    return Finding(copy_share * th.PINNED_COPY_SAVING, evidence)
+    comment = _comment(unpinned[0])
+    if not comment:
+        return Finding(copy_share * th.PINNED_COPY_SAVING, evidence)
+    pin = "TrainingArguments(..., dataloader_pin_memory=True)" if unpinned[0].created_by == "transformers" else \
+        "DataLoader(..., pin_memory=True)  and  batch.to(device, non_blocking=True)"
+    return Finding(copy_share * th.PINNED_COPY_SAVING, evidence, fix=pin + comment)
