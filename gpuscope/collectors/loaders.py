@@ -1,6 +1,6 @@
 """DataLoaders as the steps collector sees them: each configuration's settings, read off its iterator (private
-attributes, so every read is optional), the tensors of its first batch, and what the post-run probes need to build
-it again. Kept strongly: the script's loader may be gone by the end."""
+attributes, so every read is optional), the tensors of its first batch, the line that built it, and what the
+post-run probes need to build it again. Kept strongly: the script's loader may be gone by the end."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ class LoaderBook:
         counter.count(user_frame(frame) if frame is not None else None)
         try:
             ref: Any = weakref.ref(dataset)
-        except TypeError:  # no weak references (``__slots__``): the id alone, as long as the entry is used
+        except TypeError:  # no weak references (``__slots__``): the id alone, and the latest DataLoader's line
             ref = None
         self._created[id(dataset)] = (ref, counter.sites(1)[0], library)
 
