@@ -552,6 +552,8 @@ class RunMeta:
     torch: str | None = None
     cpu_count: int = 0
     """Logical CPUs this process may use (worker-count advice is capped by it)."""
+    torch_threads: int | None = None
+    """torch's intra-op threads in the main process when the script ended (null when it did not import torch)."""
     platform: str = ""
     notes: tuple[str, ...] = ()
     """Plain statements about how the run was measured (e.g. which modules had forward timed)."""

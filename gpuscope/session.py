@@ -179,6 +179,7 @@ class Session:
             python=platform.python_version(),
             torch=getattr(sys.modules.get("torch"), "__version__", None),
             cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
+            torch_threads=_torch_threads(),
             platform=platform.platform(terse=True),
             notes=tuple(notes),
         )
@@ -345,3 +346,12 @@ def describe(exc: BaseException) -> str:
     """An exception in one line: its type and the first line of its message."""
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def _torch_threads() -> int | None:
+    """torch's intra-op threads in this process now, if the script imported torch."""
+    torch = sys.modules.get("torch")
+    try:
+        return int(torch.get_num_threads()) if torch is not None else None
+    except Exception:  # a partly imported or broken torch
+        return None

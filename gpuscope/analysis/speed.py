@@ -6,6 +6,7 @@ Pure functions of the record, shared by the verdict's what-if line and the ``mor
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 
 from gpuscope.analysis import thresholds as th
@@ -82,17 +83,77 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
     def step_with(rate: LoaderRate) -> float:
         step = max(compute_s, 1 / rate.batches_per_s)  # type: ignore[operator]
         if shared is not None:
-            # the N workers take N cores; the step's compute gets what is left (at least one)
-            step = max(step, compute_s * threads / max(1, min(threads, cores - rate.num_workers)), shared)
+            step = max(step, shared_cores(compute_s, build_s, rate.num_workers, threads, cores)[0])  # type: ignore[arg-type]
         return step
 
     keeping = [r for r in candidates if r.batches_per_s >= needed]  # type: ignore[operator]
     rate = min(keeping, key=lambda r: r.num_workers) if keeping else \
         min(candidates, key=lambda r: (step_with(r), r.num_workers))
     step_s = step_with(rate)
-    advised = max(1, cores - rate.num_workers)
-    threads_fix = advised if shared is not None and threads > advised else None
+    threads_fix = None
+    if shared is not None:
+        threads_fix = shared_cores(compute_s, build_s, rate.num_workers, threads, cores)[2]  # type: ignore[arg-type]
     return LoaderPlan(rate.num_workers, rate, bool(keeping), compute_s, step_s, shared, consume, threads_fix)
+
+
+def shared_cores(compute_s: float, build_s: float, workers: int, threads: int, cores: int) -> tuple[
+        float, float, int | None]:
+    """On a CPU run, where N busy workers and the step share the cores: (the step's floor, the floor of all a
+    step's CPU work spread over the cores, the intra-op threads the main process should keep or None where its
+    ``threads`` already fit). The step's compute gets the cores the workers leave (at least one), and no step is
+    shorter than one batch's build plus the compute on ``threads`` threads, over all the cores."""
+    spread = (build_s + compute_s * threads) / cores
+    keep = max(1, cores - workers)
+    floor = max(compute_s * threads / max(1, min(threads, keep)), spread)
+    return floor, spread, keep if threads > keep else None
+
+
+@dataclass(frozen=True, slots=True)
+class LoaderEstimate:
+    """Without the loader probe: the worker count and the step worked out from the run's own times."""
+
+    current: int
+    workers: int
+    needed: int
+    """Workers that would keep up, before the cap at the cores."""
+    batch_s: float
+    """A batch's build: the data wait with no workers, else the workers' N steps a batch."""
+    compute_s: float
+    step_s: float
+    spread_s: float | None
+    """On a CPU run with torch's thread count known, a step's CPU work spread over all the cores (else None)."""
+    threads: int | None
+    """The intra-op threads to keep where they and the workers would outnumber the cores (see ``shared_cores``)."""
+
+
+def loader_estimate(record: RunRecord) -> LoaderEstimate | None:
+    """The slowest loader's worker count from the run's times: a batch takes ``batch_s`` to build and the step
+    computes for ``compute_s``, so N = ceil(batch_s / compute_s) keep up, capped at the cores, and the step becomes
+    max(compute, batch_s / N). On a CPU run with torch's thread count known the workers and the step share the
+    cores: the count from 1 to that cap predicting the shortest step (``shared_cores``) is taken. None without a
+    loader, step figures, or a core to spare."""
+    median, cores = record.steps.median_s, record.meta.cpu_count or 1
+    if not record.loaders or not median or not record.steps.count:
+        return None
+    loader = max(record.loaders, key=lambda l: l.wait_s)
+    if loader.num_workers >= cores:
+        return None
+    compute_s = median_compute_s(record)
+    # with no workers the main process built each batch in the wait; N workers deliver one batch per step
+    batch_s = record.breakdown.data_wait * median if loader.num_workers == 0 else median * loader.num_workers
+    needed = max(loader.num_workers + 1, math.ceil(batch_s / compute_s))
+    workers = min(needed, cores)
+    threads = min(record.meta.torch_threads or 0, cores)
+    if record.device != "cpu" or not threads:
+        return LoaderEstimate(loader.num_workers, workers, needed, batch_s, compute_s,
+                              max(compute_s, batch_s / workers), None, None)
+
+    def step_with(n: int) -> float:
+        return max(compute_s, batch_s / n, shared_cores(compute_s, batch_s, n, threads, cores)[0])
+
+    workers = min(range(loader.num_workers + 1, workers + 1), key=lambda n: (step_with(n), n))
+    _, spread, keep = shared_cores(compute_s, batch_s, workers, threads, cores)
+    return LoaderEstimate(loader.num_workers, workers, needed, batch_s, compute_s, step_with(workers), spread, keep)
 
 
 FIRST_ROUND_ONLY = "a lower bound"
@@ -145,6 +206,15 @@ def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
                                 f"{plan.shared_cpu_s * 1e3:.1f} ms")
             if plan.threads is not None:
                 explanation += f", with torch.set_num_threads({plan.threads})"
+        elif (estimate := loader_estimate(record)) is not None and estimate.spread_s is not None:
+            step_s = estimate.step_s
+            explanation = (f"with {estimate.workers} DataLoader workers, from the run's batch time: max(compute "
+                           f"{estimate.compute_s * 1e3:.1f} ms, one batch {estimate.batch_s * 1e3:.1f} ms / "
+                           f"{estimate.workers}); on this CPU-only run the workers take {estimate.workers} of "
+                           f"{record.meta.cpu_count} cores from the step, whose CPU work over all cores takes "
+                           f"{estimate.spread_s * 1e3:.1f} ms")
+            if estimate.threads is not None:
+                explanation += f", with torch.set_num_threads({estimate.threads})"
         else:
             data_s, compute_s = share * median, median_compute_s(record)
             step_s = max(data_s, compute_s)

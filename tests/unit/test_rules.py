@@ -10,6 +10,7 @@ import pytest
 
 from conftest import ROOT, make_record
 from gpuscope.analysis.rules import RULES, Finding, evaluate
+from gpuscope.analysis.speed import what_if
 from gpuscope.record import (
     Breakdown,
     Calibration,
@@ -19,6 +20,7 @@ from gpuscope.record import (
     OpProfile,
     RunMeta,
     Steps,
+    Verdict,
 )
 
 
@@ -92,6 +94,31 @@ def test_the_worker_count_suggested_is_measured_and_capped_by_the_cores() -> Non
     recommendation = fired(cpu_run(data_wait=0.6, median_s=0.2, ops_per_step=100))["more-dataloader-workers"]
     assert recommendation.fix == "DataLoader(..., num_workers=2, persistent_workers=True)"
     assert recommendation.expected_gain == pytest.approx(0.6)
+
+
+def test_without_the_probe_on_a_cpu_run_the_worker_count_counts_the_cores_the_workers_take() -> None:
+    # given: 2 cores and torch's 2 intra-op threads; a batch takes 0.75 x 40 = 30 ms to build in the main process,
+    # and the step computes for 10 ms on both threads (20 ms of CPU)
+    record = cpu_run(data_wait=0.75, median_s=0.04, ops_per_step=100)
+    record = dataclasses.replace(record, meta=RunMeta(cpu_count=2, torch_threads=2))
+    # when
+    recommendation = fired(record)["more-dataloader-workers"]
+    # then: 2 workers take both cores; the step's 50 ms of CPU work over 2 cores is 25 ms, its compute on the one
+    # thread the fix keeps 20 ms: a 25 ms step, 0.375 of the 40 ms saved (the cores alone would promise 0.6)
+    assert recommendation.fix == "DataLoader(..., num_workers=2, persistent_workers=True)  and  torch.set_num_threads(1)"
+    assert recommendation.expected_gain == pytest.approx(1 - 0.025 / 0.04)
+    assert any("predicted step 25.0 ms, 1.60x faster" in fact for fact in recommendation.evidence)
+    # the verdict's what-if says the same
+    estimate = what_if(record, Verdict("data-loading", 0.9, ("75% 1",)))
+    assert estimate is not None and estimate.step_s == pytest.approx(0.025)
+    assert "torch.set_num_threads(1)" in estimate.explanation
+    # where the compute is the larger part, workers only slow the step: nothing is recommended, and the what-if
+    # says how much slower (a 25 ms build, 30 ms of compute on 2 threads: one worker leaves one thread, 60 ms)
+    heavy = dataclasses.replace(cpu_run(data_wait=0.45, median_s=0.055, ops_per_step=100),
+                                meta=RunMeta(cpu_count=2, torch_threads=2))
+    assert "more-dataloader-workers" not in fired(heavy)
+    slower = what_if(heavy, Verdict("data-loading", 0.9, ("45% 1",)))
+    assert slower is not None and slower.speedup < 1
 
 
 def test_recommendations_come_most_valuable_first() -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import DATA_WAIT, Metric, median_compute_s
+from gpuscope.analysis.evidence import DATA_WAIT, Metric
 from gpuscope.analysis.rules.base import Finding, rule
-from gpuscope.analysis.speed import LoaderPlan, loader_plan
+from gpuscope.analysis.speed import LoaderPlan, loader_estimate, loader_plan
 from gpuscope.record import Loader, RunRecord
 from gpuscope.summary import speedup_text
 
@@ -23,7 +23,9 @@ def more_dataloader_workers(run: RunRecord) -> Finding | None:
     Why it matters: the model idles while Python builds the batch; workers build the next batches meanwhile.
     Fix: DataLoader(num_workers=N, persistent_workers=True), N from the measured times: a batch takes
     T_b = (data wait x workers, or the wait itself with 0 workers) to prepare, the model consumes one every
-    (step - wait); N = ceil(T_b / (step - wait)) keeps up, capped at the cores.
+    (step - wait); N = ceil(T_b / (step - wait)) keeps up, capped at the cores; on a CPU run, where the workers
+    take cores from the step, the count up to that one predicting the shortest step (``analysis.speed.
+    loader_estimate``).
     With the loader probe's measured curve (batches/s per worker count, after the run), N is instead the smallest
     measured count delivering at least LOADER_KEEPS_UP_MARGIN more than the step consumes (1 / compute time), or
     the fastest measured one, and the gain is the step it predicts (``analysis.speed.loader_plan``). On a CPU run
@@ -37,24 +39,35 @@ def more_dataloader_workers(run: RunRecord) -> Finding | None:
     plan = loader_plan(run)
     if plan is not None:
         return _from_probe(run, plan, loader, share, median)
-    compute_s = median_compute_s(run)
-    if loader.num_workers == 0:
-        batch_s = share * median  # the main process prepared each batch itself, in the wait
-    else:
-        batch_s = median * loader.num_workers  # the workers together deliver one batch per step
-    needed = max(loader.num_workers + 1, math.ceil(batch_s / compute_s))
-    workers = min(needed, cores)
-    new_step = max(compute_s, batch_s / workers)
-    gain = max(0.0, 1 - new_step / median)
-    evidence = (
+    estimate = loader_estimate(run)
+    if estimate is None:
+        return None
+    workers, needed = estimate.workers, estimate.needed
+    capped = min(needed, cores)
+    evidence = [
         f"{share:.0%} of each step waits for the next batch (median step {median * 1e3:.1f} ms)",
         f"the {loader.dataset} loader has {loader.num_workers} workers; this machine has {cores} cores",
         *_built_at(loader),
-        f"a batch takes about {batch_s * 1e3:.0f} ms to prepare and the model uses one every "
-        f"{compute_s * 1e3:.0f} ms: {needed} workers keep up" + (f" ({cores} cores allow {workers})"
-                                                                 if workers < needed else ""),
-    )
-    return Finding(gain, evidence, fix=_workers_fix(loader, workers, None))
+        f"a batch takes about {estimate.batch_s * 1e3:.0f} ms to prepare and the model uses one every "
+        f"{estimate.compute_s * 1e3:.0f} ms: {needed} workers keep up" + (f" ({cores} cores allow {capped})"
+                                                                          if capped < needed else ""),
+    ]
+    if estimate.spread_s is not None:
+        evidence.append(f"on this CPU-only run {workers} workers take {workers} of {cores} cores from the step, "
+                        f"whose compute keeps the cores they leave; a step's CPU work spread over all of them takes "
+                        f"at least {estimate.spread_s * 1e3:.1f} ms")
+        if estimate.threads is not None:
+            evidence.append(_threads_fact(min(run.meta.torch_threads or 0, cores), workers, cores, estimate.threads))
+        evidence.append(f"predicted step {estimate.step_s * 1e3:.1f} ms, {speedup_text(median / estimate.step_s)} "
+                        "(an estimate)")
+    return Finding(max(0.0, 1 - estimate.step_s / median), tuple(evidence),
+                   fix=_workers_fix(loader, workers, estimate.threads))
+
+
+def _threads_fact(threads: int, workers: int, cores: int, keep: int) -> str:
+    return (f"torch runs {threads} intra-op threads in the main process: with {workers} busy workers that is more "
+            f"busy threads than the {cores} cores, and threads that wait for each other at every parallel op stall "
+            f"the step; keep {keep} (torch.set_num_threads({keep}))")
 
 
 def _built_at(loader: Loader) -> list[str]:
@@ -116,10 +129,8 @@ def _from_probe(run: RunRecord, plan: LoaderPlan, loader: Loader, share: float, 
                         f"compute keeps the cores the workers leave, and a step's CPU work spread over all of them "
                         f"takes at least {plan.shared_cpu_s * 1e3:.1f} ms")
     if plan.threads is not None:
-        evidence.append(f"torch runs {run.loader_probe.main_threads} intra-op threads in the main process: with "  # type: ignore[union-attr]
-                        f"{plan.workers} busy workers that is more busy threads than the {run.meta.cpu_count} cores, "
-                        f"and threads that wait for each other at every parallel op stall the step; keep "
-                        f"{plan.threads} (torch.set_num_threads({plan.threads}))")
+        evidence.append(_threads_fact(run.loader_probe.main_threads or 0, plan.workers, run.meta.cpu_count or 1,  # type: ignore[union-attr]
+                                      plan.threads))
     evidence.append(f"predicted step {plan.step_s * 1e3:.1f} ms, {speedup_text(median / plan.step_s)} (an estimate)")
     gain = max(0.0, 1 - plan.step_s / median)
     return Finding(gain, tuple(evidence), fix=_workers_fix(loader, plan.workers, plan.threads))
