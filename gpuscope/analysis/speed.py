@@ -112,7 +112,6 @@ def shared_cores(compute_s: float, build_s: float, workers: int, threads: int, c
 class LoaderEstimate:
     """Without the loader probe: the worker count and the step worked out from the run's own times."""
 
-    current: int
     workers: int
     needed: int
     """Workers that would keep up, before the cap at the cores."""
@@ -145,15 +144,14 @@ def loader_estimate(record: RunRecord) -> LoaderEstimate | None:
     workers = min(needed, cores)
     threads = min(record.meta.torch_threads or 0, cores)
     if record.device != "cpu" or not threads:
-        return LoaderEstimate(loader.num_workers, workers, needed, batch_s, compute_s,
-                              max(compute_s, batch_s / workers), None, None)
+        return LoaderEstimate(workers, needed, batch_s, compute_s, max(compute_s, batch_s / workers), None, None)
 
     def step_with(n: int) -> float:
         return max(compute_s, batch_s / n, shared_cores(compute_s, batch_s, n, threads, cores)[0])
 
     workers = min(range(loader.num_workers + 1, workers + 1), key=lambda n: (step_with(n), n))
     _, spread, keep = shared_cores(compute_s, batch_s, workers, threads, cores)
-    return LoaderEstimate(loader.num_workers, workers, needed, batch_s, compute_s, step_with(workers), spread, keep)
+    return LoaderEstimate(workers, needed, batch_s, compute_s, step_with(workers), spread, keep)
 
 
 FIRST_ROUND_ONLY = "a lower bound"
