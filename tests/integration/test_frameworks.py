@@ -152,6 +152,25 @@ def test_slow_data_is_called_data_loading_bound(runs: Runs) -> None:
     assert verdict["bound"] == "data-loading", (runs.record["breakdown"], verdict["evidence"])
 
 
+@pytest.mark.parametrize("runs", LOADING, indirect=True)
+def test_the_workers_fix_names_the_line_that_built_the_loader(runs: Runs) -> None:
+    # given: the loader built in the script (Lightning and accelerate build it again over the same dataset), or by
+    # the Trainer inside transformers
+    loader = runs.record["loaders"][0]
+    site, script = loader["created_at"], runs.framework.script
+    by_trainer = runs.framework.needs == "transformers"
+    # then: the record names the script's line (the call into the Trainer where transformers built it)
+    assert site is not None and site["file"].endswith(script.name), loader
+    assert script.read_text().splitlines()[site["line"] - 1].strip() == site["code"]
+    assert loader["created_by"] == ("transformers" if by_trainer else "")
+    assert ("trainer.train()" if by_trainer else "DataLoader(") in site["code"]
+    # and the fix is the change to make there
+    fix = next(r["fix"] for r in runs.record["recommendations"] if r["id"] == "more-dataloader-workers")
+    assert fix.startswith("TrainingArguments(..., dataloader_num_workers=" if by_trainer else
+                          "DataLoader(..., num_workers=")
+    assert fix.endswith(f"{site['file']}:{site['line']}"), fix
+
+
 @pytest.mark.parametrize("runs", ["lightning-trainer"], indirect=True)
 def test_lightnings_forward_and_update_match_the_scripts_own_measurement(runs: Runs) -> None:
     # given: the script's own timing of each step, of its forward (self.model(x) in training_step) and of its
