@@ -83,7 +83,7 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
     def step_with(rate: LoaderRate) -> float:
         step = max(compute_s, 1 / rate.batches_per_s)  # type: ignore[operator]
         if shared is not None:
-            step = max(step, shared_cores(compute_s, build_s, rate.num_workers, threads, cores)[0])  # type: ignore[arg-type]
+            step = max(step, shared_cores(compute_s, build_s or 0.0, rate.num_workers, threads, cores)[0])
         return step
 
     keeping = [r for r in candidates if r.batches_per_s >= needed]  # type: ignore[operator]
@@ -92,7 +92,7 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
     step_s = step_with(rate)
     threads_fix = None
     if shared is not None:
-        threads_fix = shared_cores(compute_s, build_s, rate.num_workers, threads, cores)[2]  # type: ignore[arg-type]
+        threads_fix = shared_cores(compute_s, build_s or 0.0, rate.num_workers, threads, cores)[2]
     return LoaderPlan(rate.num_workers, rate, bool(keeping), compute_s, step_s, shared, consume, threads_fix)
 
 

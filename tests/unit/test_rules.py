@@ -105,7 +105,8 @@ def test_without_the_probe_on_a_cpu_run_the_worker_count_counts_the_cores_the_wo
     recommendation = fired(record)["more-dataloader-workers"]
     # then: 2 workers take both cores; the step's 50 ms of CPU work over 2 cores is 25 ms, its compute on the one
     # thread the fix keeps 20 ms: a 25 ms step, 0.375 of the 40 ms saved (the cores alone would promise 0.6)
-    assert recommendation.fix == "DataLoader(..., num_workers=2, persistent_workers=True)  and  torch.set_num_threads(1)"
+    assert recommendation.fix == ("DataLoader(..., num_workers=2, persistent_workers=True)  and  "
+                                  "torch.set_num_threads(1)")
     assert recommendation.expected_gain == pytest.approx(1 - 0.025 / 0.04)
     assert any("predicted step 25.0 ms, 1.60x faster" in fact for fact in recommendation.evidence)
     # the verdict's what-if says the same

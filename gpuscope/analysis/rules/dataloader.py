@@ -129,8 +129,8 @@ def _from_probe(run: RunRecord, plan: LoaderPlan, loader: Loader, share: float, 
                         f"compute keeps the cores the workers leave, and a step's CPU work spread over all of them "
                         f"takes at least {plan.shared_cpu_s * 1e3:.1f} ms")
     if plan.threads is not None:
-        evidence.append(_threads_fact(run.loader_probe.main_threads or 0, plan.workers, run.meta.cpu_count or 1,  # type: ignore[union-attr]
-                                      plan.threads))
+        threads = run.loader_probe.main_threads or 0  # type: ignore[union-attr]
+        evidence.append(_threads_fact(threads, plan.workers, run.meta.cpu_count or 1, plan.threads))
     evidence.append(f"predicted step {plan.step_s * 1e3:.1f} ms, {speedup_text(median / plan.step_s)} (an estimate)")
     gain = max(0.0, 1 - plan.step_s / median)
     return Finding(gain, tuple(evidence), fix=_workers_fix(loader, plan.workers, plan.threads))
