@@ -28,12 +28,12 @@ def is_user_file(file: str) -> bool:
     if not file or file.startswith("<"):
         return False  # <frozen importlib._bootstrap>, <string>: nobody's line to change
     path = os.path.realpath(file)
-    if path.startswith(_GPUSCOPE_ROOT) or path.startswith(_LIBRARY_ROOTS) or path.startswith(_framework_dirs()):
+    if path.startswith(_GPUSCOPE_ROOT) or path.startswith(_LIBRARY_ROOTS) or path.startswith(framework_dirs()):
         return False
     return os.sep + "site-packages" + os.sep not in path and os.sep + "dist-packages" + os.sep not in path
 
 
-def _framework_dirs() -> tuple[str, ...]:
+def framework_dirs() -> tuple[str, ...]:
     """torch's and NumPy's folders, wherever they are installed; only those already imported (gpuscope never
     imports them itself)."""
     dirs = []
@@ -69,11 +69,19 @@ class SiteCounter:
         return sum(self.counts.values())
 
     def sites(self, limit: int = 5) -> tuple[CallSite, ...]:
-        from gpuscope.collectors.cprofile import short_path
-
         ranked = sorted(self.counts.items(), key=lambda item: (-item[1], item[0]))[:limit]
-        return tuple(
-            CallSite(file=short_path(file) if file else "", line=line, function=function,
-                     code=linecache.getline(file, line).strip() if file else "", calls=calls)
-            for (file, line, function), calls in ranked
-        )
+        return tuple(_call_site(file, line, function, calls) for (file, line, function), calls in ranked)
+
+
+def call_site(frame: FrameType | None) -> CallSite:
+    """The record entry of one call made from ``frame`` (None: from no user code, an unknown site)."""
+    if frame is None:
+        return _call_site("", 0, "", 1)
+    return _call_site(frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name, 1)
+
+
+def _call_site(file: str, line: int, function: str, calls: int) -> CallSite:
+    from gpuscope.collectors.cprofile import short_path
+
+    return CallSite(file=short_path(file) if file else "", line=line, function=function,
+                    code=linecache.getline(file, line).strip() if file else "", calls=calls)

@@ -34,7 +34,7 @@ from gpuscope.analysis.evidence import compute_time_s
 from gpuscope.analysis.reduce import reads_others, record_fields
 from gpuscope.captures import PostRunFacts, StepCapture
 from gpuscope.collectors import Collector, CollectorResult, default_collectors
-from gpuscope.collectors.probing import run_isolated
+from gpuscope.collectors.probing import run_isolated, user_torch_threads
 from gpuscope.collectors.steps import StepsCollector
 from gpuscope.errors import GpuscopeError
 from gpuscope.record import CollectorStatus, Distributed, ProfilingWindow, RunMeta, RunRecord, write_record
@@ -352,6 +352,6 @@ def _torch_threads() -> int | None:
     """torch's intra-op threads in this process now, if the script imported torch."""
     torch = sys.modules.get("torch")
     try:
-        return int(torch.get_num_threads()) if torch is not None else None
+        return user_torch_threads(torch) if torch is not None else None
     except Exception:  # a partly imported or broken torch
         return None

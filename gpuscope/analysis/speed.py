@@ -198,21 +198,13 @@ def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
             explanation = (f"with {plan.workers} DataLoader workers, {how} "
                            f"{plan.rate.batches_per_s:.1f} batches/s: max(compute {plan.compute_s * 1e3:.1f} ms, "
                            f"one batch {1e3 / plan.rate.batches_per_s:.1f} ms)")  # type: ignore[operator]
-            if plan.shared_cpu_s is not None:
-                explanation += (f"; on this CPU-only run the workers take {plan.workers} of {record.meta.cpu_count} "
-                                f"cores from the step, whose CPU work over all cores takes "
-                                f"{plan.shared_cpu_s * 1e3:.1f} ms")
-            if plan.threads is not None:
-                explanation += f", with torch.set_num_threads({plan.threads})"
+            explanation += _shared_text(record, plan.workers, plan.shared_cpu_s, plan.threads)
         elif (estimate := loader_estimate(record)) is not None and estimate.spread_s is not None:
             step_s = estimate.step_s
             explanation = (f"with {estimate.workers} DataLoader workers, from the run's batch time: max(compute "
                            f"{estimate.compute_s * 1e3:.1f} ms, one batch {estimate.batch_s * 1e3:.1f} ms / "
-                           f"{estimate.workers}); on this CPU-only run the workers take {estimate.workers} of "
-                           f"{record.meta.cpu_count} cores from the step, whose CPU work over all cores takes "
-                           f"{estimate.spread_s * 1e3:.1f} ms")
-            if estimate.threads is not None:
-                explanation += f", with torch.set_num_threads({estimate.threads})"
+                           f"{estimate.workers})" +
+                           _shared_text(record, estimate.workers, estimate.spread_s, estimate.threads))
         else:
             data_s, compute_s = share * median, median_compute_s(record)
             step_s = max(data_s, compute_s)
@@ -239,6 +231,15 @@ def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
     if step_s is None or step_s <= 0:
         return None
     return WhatIf(step_s=step_s, speedup=median / step_s, explanation=explanation)
+
+
+def _shared_text(record: RunRecord, workers: int, spread_s: float | None, threads: int | None) -> str:
+    """The what-if's words for a CPU run's shared cores (empty where they were not counted)."""
+    if spread_s is None:
+        return ""
+    text = (f"; on this CPU-only run the workers take {workers} of {record.meta.cpu_count} cores from the step, "
+            f"whose CPU work over all cores takes {spread_s * 1e3:.1f} ms")
+    return text + (f", with torch.set_num_threads({threads})" if threads is not None else "")
 
 
 def _peak_name(sol: SpeedOfLight) -> str:

@@ -5,12 +5,11 @@ post-run probes need to build it again. Kept strongly: the script's loader may b
 from __future__ import annotations
 
 import os
-import sys
 import weakref
 from types import FrameType
 from typing import Any
 
-from gpuscope.callsites import SiteCounter, is_user_file, user_frame
+from gpuscope.callsites import call_site, framework_dirs, is_user_file, user_frame
 from gpuscope.record import CallSite, Loader
 
 MAX_LOADERS = 16
@@ -33,17 +32,23 @@ class LoaderBook:
         does to add its sampler, does not move it), with the library that built it, if not the user's code."""
         if len(self._created) >= MAX_CREATED:
             return
-        known = self._created.get(id(dataset))
-        if known is not None and _alive(known[0]) is dataset:
+        known = self._created_for(dataset)
+        if known is not None and known[0] is not None:
             return
-        library = _library(frame)
-        counter = SiteCounter()
-        counter.count(user_frame(frame) if frame is not None else None)
         try:
             ref: Any = weakref.ref(dataset)
         except TypeError:  # no weak references (``__slots__``): the id alone, and the latest DataLoader's line
             ref = None
-        self._created[id(dataset)] = (ref, counter.sites(1)[0], library)
+        site = call_site(user_frame(frame) if frame is not None else None)
+        self._created[id(dataset)] = (ref, site, _library(frame))
+
+    def _created_for(self, dataset: Any) -> tuple[Any, CallSite, str] | None:
+        """The line noted for ``dataset``: its entry, if the dataset it was noted for is this one (an id alone, for
+        a dataset without weak references, is taken at its word)."""
+        created = self._created.get(id(dataset))
+        if created is None or (created[0] is not None and created[0]() is not dataset):
+            return None
+        return created
 
     def count_batch(self, iterator: Any, batch: Any, wait_s: float) -> None:
         """One batch came out of ``iterator`` after ``wait_s``."""
@@ -55,8 +60,8 @@ class LoaderBook:
                 return
             info = _describe(iterator)
             info["batch_tensors"] = tuple(describe_tensors(batch))
-            created = self._created.get(id(dataset))
-            if created is not None and (created[0] is None or _alive(created[0]) is dataset):
+            created = self._created_for(dataset)
+            if created is not None:
                 info["created_at"], info["created_by"] = created[1], created[2]
             entry = self._entries[key] = {"info": info, "batches": 0, "wait_s": 0.0, "dataset": dataset,
                                           "loading": _loading(iterator)}
@@ -87,16 +92,11 @@ class LoaderBook:
         return tuple(Loader(batches=e["batches"], wait_s=e["wait_s"], **e["info"]) for e in self._by_wait())
 
 
-def _alive(ref: Any) -> Any:
-    return ref() if ref is not None else None
-
-
 def _library(frame: FrameType | None) -> str:
     """The top-level package of the code that constructed a DataLoader (``transformers``), or "" when it was the
-    user's own code: the first frame outside torch."""
-    torch_file = getattr(sys.modules.get("torch"), "__file__", None)
-    torch_dir = os.path.dirname(torch_file) + os.sep if torch_file else ""
-    while frame is not None and torch_dir and frame.f_code.co_filename.startswith(torch_dir):
+    user's own code: the first frame outside torch (and NumPy)."""
+    frameworks = framework_dirs()
+    while frame is not None and os.path.realpath(frame.f_code.co_filename).startswith(frameworks):
         frame = frame.f_back
     if frame is None or is_user_file(frame.f_code.co_filename):
         return ""
