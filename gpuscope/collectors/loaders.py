@@ -4,6 +4,7 @@ post-run probes need to build it again. Kept strongly: the script's loader may b
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import weakref
 from types import FrameType
@@ -146,7 +147,9 @@ def _describe(iterator: Any) -> dict[str, Any]:
     context = None
     if workers:
         for worker in getattr(iterator, "_workers", ()) or ():
-            context = type(worker).__name__.replace("Process", "").lower() or None
+            # SpawnProcess...: the loader's own multiprocessing_context; a plain Process: the default context's
+            # (multiprocessing.set_start_method, or the platform's own), fixed once a worker has started
+            context = type(worker).__name__.replace("Process", "").lower() or multiprocessing.get_start_method(allow_none=True)
             break
     prefetch = getattr(iterator, "_prefetch_factor", None)
     return {
