@@ -254,6 +254,9 @@ class Session:
         for probe in probes:
             started = time.perf_counter()
             try:
+                if self._steps is not None and not facts.steps:  # no step of the run to compare their times with
+                    self._statuses[probe.name] = _status(probe, "unavailable", NO_STEP_TO_PROBE)
+                    continue
                 if not self._available(probe):
                     continue
                 with _said_after(PROGRESS_AFTER_S, say, f"gpuscope: {probe.doing} (up to {probe.budget_s:.0f} s; "
@@ -268,6 +271,9 @@ class Session:
             results[probe.name] = dataclasses.replace(
                 result, status=dataclasses.replace(result.status, elapsed_s=elapsed))
         return results
+
+
+NO_STEP_TO_PROBE = "not run: no steady-state step was measured (the script ended or failed first)"
 
 
 @contextlib.contextmanager

@@ -35,7 +35,7 @@ def classify(record: RunRecord) -> Verdict:
         evidence = [f"only {steps.count} steady-state steps were measured ({left_out}); at least "
                     f"{needed} are needed"]
         if steps.total == 0:
-            evidence.append(HOW_TO_MARK_STEPS)
+            evidence.append(_why_no_step(record))
         return Verdict("inconclusive", 0.0, tuple(evidence))
     share = record.breakdown.data_wait
     basis = "of the GPU's step time" if steps.breakdown_basis == "device" else "of each step"
@@ -58,6 +58,17 @@ def classify(record: RunRecord) -> Verdict:
             waiting))
     verdict = _classify_cuda(record) if record.device == "cuda" else _classify_cpu(record)
     return Verdict(verdict.bound, verdict.confidence, (*verdict.evidence, waiting))
+
+
+def _why_no_step(record: RunRecord) -> str:
+    """Why no step was found: a script that failed before its first step ended says so (its traceback is above
+    the summary); one that ran to its end without a step needs its steps marked."""
+    if record.exit_status == 0:
+        return HOW_TO_MARK_STEPS
+    batches = sum(loader.batches for loader in record.loaders)
+    got_to = f", after {batches} batch{'es' if batches != 1 else ''} from its DataLoader" if batches else ""
+    return (f"the script ended with exit status {record.exit_status}{got_to}, before its first training step ended: "
+            "there is nothing to measure until it gets that far")
 
 
 def _classify_cpu(record: RunRecord) -> Verdict:

@@ -81,6 +81,26 @@ def test_hooks_are_removed_when_the_code_raises(tmp_path: Path) -> None:
     assert torch_hooks_in_place() == before
 
 
+def test_code_that_fails_before_its_first_step_ends_is_told_so_and_no_probe_runs_it_again(tmp_path: Path) -> None:
+    # an argparse error, or a bug in the first batch: nothing to time, so nothing is probed (the probes took 3 s)
+    session = Session(tmp_path, ["in-process"])
+    session.start()
+    try:
+        with pytest.raises(ZeroDivisionError):
+            x, y = next(iter(DataLoader(SleepyData(), batch_size=1)))
+            torch.nn.functional.mse_loss(torch.nn.Linear(4, 1)(x), y).backward()
+            1 / 0  # the script's bug, before its first optimizer step
+    finally:
+        record = session.stop(1)
+    assert record.steps.total == 0
+    assert any("exit status 1, after 1 batch" in fact for fact in record.verdict.evidence), record.verdict.evidence
+    probes = [name for name in ("calibration", "cpu-peak", "loader-probe", "data-probe") if name in record.collectors]
+    assert probes
+    for name in probes:
+        assert record.collectors[name].status == "unavailable"
+        assert "no steady-state step" in record.collectors[name].reason
+
+
 def test_a_second_session_while_one_runs_is_an_error(tmp_path: Path) -> None:
     session = Session(tmp_path / "a", ["a"])
     session.start()

@@ -123,3 +123,15 @@ def test_a_run_with_no_step_at_all_says_how_to_mark_steps() -> None:
     verdict = classify(record)
     assert verdict.bound == "inconclusive"
     assert any("gpuscope.step()" in fact for fact in verdict.evidence)
+
+
+@pytest.mark.parametrize(("exit_status", "loaders", "said"), [
+    (1, (Loader(dataset="Items", batches=1, wait_s=0.1),), "exit status 1, after 1 batch from its DataLoader"),
+    (2, (), "exit status 2, before its first training step ended"),  # an argparse error: no batch at all
+])
+def test_a_script_that_failed_before_its_first_step_is_told_so_not_to_mark_steps(exit_status, loaders, said) -> None:
+    record = make_record(exit_status=exit_status, loaders=loaders, steps=Steps(count=0, total=0, source="none"))
+    verdict = classify(record)
+    assert verdict.bound == "inconclusive"
+    assert any(said in fact for fact in verdict.evidence), verdict.evidence
+    assert not any("gpuscope.step()" in fact for fact in verdict.evidence)
