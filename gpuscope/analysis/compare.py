@@ -287,6 +287,10 @@ def flags(a: RunRecord, b: RunRecord) -> tuple[str, ...]:
     for what, value_a, value_b in pairs:
         if value_a not in ("", "?") and value_b not in ("", "?") and value_a != value_b:
             found.append(f"the runs have different {what} (A: {value_a}, B: {value_b}): the change is not only yours")
+    threads_a, threads_b = a.meta.torch_threads, b.meta.torch_threads
+    if threads_a and threads_b and threads_a != threads_b:  # the change itself when it was torch.set_num_threads
+        found.append(f"the runs used different torch thread counts (A: {threads_a}, B: {threads_b}): every op's "
+                     "time changes with it, so a phase's share can move without its own time changing")
     return tuple(found)
 
 

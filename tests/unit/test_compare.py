@@ -275,10 +275,13 @@ def test_like_runs_raise_no_warning() -> None:
         ({"device": "cuda"}, "different devices (A: cpu, B: cuda)"),
         ({"meta": RunMeta(torch="2.4.0", cpu_count=8)}, "different torch versions (A: 2.3.0, B: 2.4.0)"),
         ({"meta": RunMeta(torch="2.3.0", cpu_count=2)}, "different CPU counts (A: 8, B: 2)"),
+        # a data wait share that fell because the ops got slower on more threads is no fix of the loading
+        ({"meta": RunMeta(torch="2.3.0", cpu_count=8, torch_threads=2)},
+         "different torch thread counts (A: 1, B: 2): every op's time changes with it"),
     ],
 )
 def test_unlike_runs_are_compared_with_a_warning(b_overrides, flag) -> None:
-    a = run(command=("train.py",), meta=RunMeta(torch="2.3.0", cpu_count=8))
+    a = run(command=("train.py",), meta=RunMeta(torch="2.3.0", cpu_count=8, torch_threads=1))
     b = run(**{"command": ("train.py",), "meta": RunMeta(torch="2.3.0", cpu_count=8), **b_overrides})
     comparison = compare(a, b)
     (warning,) = comparison.flags
