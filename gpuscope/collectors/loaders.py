@@ -149,7 +149,8 @@ def _describe(iterator: Any) -> dict[str, Any]:
         for worker in getattr(iterator, "_workers", ()) or ():
             # SpawnProcess...: the loader's own multiprocessing_context; a plain Process: the default context's
             # (multiprocessing.set_start_method, or the platform's own), fixed once a worker has started
-            context = type(worker).__name__.replace("Process", "").lower() or multiprocessing.get_start_method(allow_none=True)
+            own = type(worker).__name__.replace("Process", "").lower()
+            context = own or multiprocessing.get_start_method(allow_none=True)
             break
     prefetch = getattr(iterator, "_prefetch_factor", None)
     return {
