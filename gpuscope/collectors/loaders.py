@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import sys
 import weakref
+from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
@@ -26,6 +28,30 @@ class LoaderBook:
     def __init__(self) -> None:
         self._entries: dict[tuple[Any, ...], dict[str, Any]] = {}
         self._created: dict[int, tuple[Any, CallSite, str]] = {}
+        self.fed_by_thread = False
+        """Whether a thread other than the loop's has taken DataLoader batches (a prefetching thread)."""
+
+    def wrap_init(self, original: Callable[..., None]) -> Callable[..., None]:
+        """``DataLoader.__init__``, noting the line that built each loader."""
+        book = self
+
+        def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
+            original(loader, *args, **kwargs)
+            try:
+                book.loader_created(getattr(loader, "dataset", None), sys._getframe(1))
+            except Exception:  # the line is a nicety; the user's loader is built either way
+                pass
+
+        return __init__
+
+    def take_elsewhere(self, original: Callable[[Any], Any], iterator: Any, clock: Callable[[], float]) -> Any:
+        """``original(iterator)``, the next batch, taken in a thread other than the loop's (a prefetching thread that
+        hands batches to the loop): counted for its loader, with the time it took to come."""
+        self.fed_by_thread = True
+        start = clock()
+        batch = original(iterator)
+        self.count_batch(iterator, batch, clock() - start)
+        return batch
 
     def loader_created(self, dataset: Any, frame: FrameType | None) -> None:
         """A DataLoader over ``dataset`` was constructed, called from ``frame``: the first such line of the user's

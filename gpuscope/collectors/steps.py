@@ -4,7 +4,9 @@ Hooks, all global and all removed at stop:
 - ``optimizer.step()``: torch's global optimizer step pre/post hooks: the optimizer phase, and the step's end. A
   closure passed to it (Lightning's automatic optimisation runs the whole training step in one) is wrapped: its
   time is no part of the optimizer phase (its forward and backward are timed as such, the rest is "other").
-- DataLoader: ``_BaseDataLoaderIter.__next__`` is wrapped: the time spent in it is the step's data wait.
+- DataLoader: ``_BaseDataLoaderIter.__next__`` is wrapped: the time spent in it is the step's data wait. A batch
+  taken in another thread (a prefetching thread handing batches over) counts for its loader, and from then on the
+  loop's waits in ``queue.Queue.get`` are its data wait.
 - backward: ``torch.autograd.backward`` and ``torch.autograd.grad`` are wrapped (``Tensor.backward`` calls the
   former). In a loop with no optimizer, explicit mark or DataLoader, each top-level one begins a step.
 - forward: after the first step, forward hooks on the *root* modules only: the outermost modules holding the
@@ -18,7 +20,7 @@ Hooks, all global and all removed at stop:
 - CUDA: once the script has initialised CUDA, events on the current stream at each phase change, resolved
   when the GPU has passed them (never synchronising the loop), give the device-side breakdown.
 
-Only events from the thread that started the collector are counted (the training loop's thread).
+Otherwise only events from the thread that started the collector are counted (the training loop's thread).
 
 Taken out in the middle of the run (``--profile-steps``): a step begins inside torch's optimizer hook, while torch
 iterates over its hooks, where no hook can be removed. So the stop is asked for (``stop_at_safe_point``) and runs
@@ -29,6 +31,7 @@ at the next *safe point*: the next DataLoader ``__next__``, forward of a timed m
 from __future__ import annotations
 
 import os
+import queue
 import sys
 import threading
 import time
@@ -39,6 +42,7 @@ from typing import Any, ClassVar
 
 from gpuscope.captures import StepCapture
 from gpuscope.collectors.base import CollectorResult, Stage, patch
+from gpuscope.collectors.device_timeline import timing_event
 from gpuscope.collectors.forward_modules import ForwardModules
 from gpuscope.collectors.loaders import LoaderBook
 from gpuscope.collectors.steplog import OTHER, DeviceTimeline, StepLog, StepTracker
@@ -186,7 +190,8 @@ class StepsCollector:
         ):
             self._undo.append(handle.remove)
         self._undo.append(patch(dataloader._BaseDataLoaderIter, "__next__", self._wrap_next))
-        self._undo.append(patch(dataloader.DataLoader, "__init__", self._wrap_loader_init))
+        self._undo.append(patch(dataloader.DataLoader, "__init__", self.loaders.wrap_init))
+        self._undo.append(patch(queue.Queue, "get", self._wrap_handoff))
         self._undo.append(patch(torch.autograd, "backward", self._wrap_phase("backward")))
         self._undo.append(patch(torch.autograd, "grad", self._wrap_phase("backward")))
 
@@ -232,10 +237,13 @@ class StepsCollector:
         collector = self
 
         def __next__(iterator: Any) -> Any:
-            if collector._loader_depth or not collector._mine() or collector._safe_point():
+            clock = collector._clock
+            if not collector._mine():  # a prefetching thread's batch is counted; a forked worker's is not
+                forked = _this_pid != collector._pid
+                return original(iterator) if forked else collector.loaders.take_elsewhere(original, iterator, clock)
+            if collector._loader_depth or collector._safe_point():
                 return original(iterator)
             tracker = collector.tracker
-            clock = collector._clock
             tracker.batch_requested(clock())  # type: ignore[union-attr]
             if collector._safe_point():  # the step that began here ends the profiled ones
                 return original(iterator)
@@ -261,17 +269,22 @@ class StepsCollector:
 
         return __next__
 
-    def _wrap_loader_init(self, original: Callable[..., None]) -> Callable[..., None]:
-        book = self.loaders
+    def _wrap_handoff(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``queue.Queue.get``: once a thread takes DataLoader batches, the loop waiting on a queue waits for a batch
+        (unless inside a DataLoader's ``__next__``: its pin-memory thread hands batches over through a queue too)."""
+        collector = self
 
-        def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
-            original(loader, *args, **kwargs)
+        def get(handoff: Any, *args: Any, **kwargs: Any) -> Any:
+            if not collector.loaders.fed_by_thread or collector._loader_depth or not collector._mine():
+                return original(handoff, *args, **kwargs)
+            tracker = collector.tracker
+            tracker.enter("data_wait", collector._clock())  # type: ignore[union-attr]
             try:
-                book.loader_created(getattr(loader, "dataset", None), sys._getframe(1))
-            except Exception:  # the line is a nicety; the user's loader is built either way
-                pass
+                return original(handoff, *args, **kwargs)
+            finally:
+                tracker.exit("data_wait", collector._clock())  # type: ignore[union-attr]
 
-        return __init__
+        return get
 
     def _wrap_phase(self, phase: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         collector = self
@@ -340,7 +353,7 @@ class StepsCollector:
             torch = self._torch
             try:
                 tracker.attach_device(DeviceTimeline(
-                    _timing_event(torch),
+                    timing_event(torch),
                     # a timing event may not be recorded on a stream that is capturing a CUDA graph
                     can_mark=lambda: not torch.cuda.is_current_stream_capturing(),
                 ))
@@ -384,11 +397,3 @@ def _forked() -> None:
 
 os.register_at_fork(after_in_child=_forked)
 
-
-def _timing_event(torch: Any) -> Callable[[], Any]:
-    """A maker of CUDA timing events. ``torch.Event`` (torch 2.4+) records on the current stream in C++ (3 us on
-    an H100); ``torch.cuda.Event.record()`` builds a Python ``Stream`` for it each time, switching devices (11 to
-    13 us), at every phase change of every step (benchmarks/cuda_calls.py)."""
-    if hasattr(torch, "Event"):
-        return lambda: torch.Event(device="cuda", enable_timing=True)
-    return lambda: torch.cuda.Event(enable_timing=True)
