@@ -87,6 +87,12 @@ def _classify_cpu(record: RunRecord) -> Verdict:
     ]
     if share >= th.LAUNCH_BOUND_OVERHEAD:
         return Verdict("cpu-launch", _rising(share, th.LAUNCH_BOUND_OVERHEAD, 0.9), tuple(facts))
+    covered = ops.ops_per_step * ops.mean_op_s  # type: ignore[union-attr]
+    if share <= th.COMPUTE_BOUND_MAX_OVERHEAD and covered < th.OPS_COVER_STEP * steps.median_s:
+        outside = f"torch ops ran {covered * 1e3:.2f} ms of the {steps.median_s * 1e3:.2f} ms step " \
+                  f"({covered / steps.median_s:.0%}): most of the step is spent outside torch ops, neither computing " \
+                  "nor waiting for a DataLoader"
+        return Verdict("inconclusive", 0.3, (outside, *_outside_ops(record), *facts))
     if share > th.COMPUTE_BOUND_MAX_OVERHEAD and ratio <= th.TINY_OP_RATIO:
         facts.append(f"the ops are tiny (mean self time at most {th.TINY_OP_RATIO:.0f}x their fixed cost): the step "
                      "is made of per-op overhead, not arithmetic")
@@ -151,6 +157,23 @@ def _top_ops(record: RunRecord, device: bool = False) -> list[str]:
     seconds = lead.device_s if device else lead.self_host_s
     where = "device" if device else "op"
     return [f"{lead.name} takes {seconds / total:.0%} of {where} time ({lead.calls} calls in the profiled steps)"]
+
+
+def _outside_ops(record: RunRecord) -> list[str]:
+    """Where the Python profile says the steps' time went: the function with the most time of its own (a sleep, a
+    lock's wait under ``queue.Queue.get``), and the functions it was called under, by cumulative time."""
+    profile = record.python_profile
+    profiled_s = profile.total_s - profile.startup_s if profile is not None else 0.0
+    if profile is None or not profile.top_own or profiled_s <= 0:
+        return []
+    lead = profile.top_own[0]
+    window = profile.window
+    steps = "the whole run" if profile.whole_run else f"steps {window.first_step}-{window.last_step}"
+    fact = (f"the Python profile ({steps}) spends {lead.own_s:.2f} s of its {profiled_s:.2f} s "
+            f"({lead.own_s / profiled_s:.0%}) in {lead.function}")
+    callers = [f"{f.function} ({f.file}:{f.line})" for f in profile.top_cumulative
+               if f.file != "~" and f.cumulative_s >= th.OPS_COVER_CALLER * lead.own_s][:th.OPS_COVER_CALLERS]
+    return [f"{fact}, under {', '.join(callers)}" if callers else fact]
 
 
 def _nvml_mean_utilisation(record: RunRecord) -> float | None:

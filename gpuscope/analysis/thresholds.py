@@ -88,6 +88,20 @@ COMM_BOUND = 0.5
 communication: more bandwidth, or less to send per sample, pays more than faster arithmetic. Half is where the
 two are equal, as for LAUNCH_BOUND_OVERHEAD."""
 
+OPS_COVER_STEP = 0.3
+"""A CPU step whose torch ops (their self time in the profiled steps) take less than 30% of it is not bound by their
+arithmetic however little of it is per-op overhead: it is spent outside torch (a sleep, a wait on another thread, the
+user's own Python). On the compute-bound runs measured here the ops covered 60% to over 100% of the median step (the
+profiler's own cost inflates them); on a loop sleeping 500 ms a step, 1 to 4%; on a loop waiting on a prefetching
+thread's queue, 1%."""
+
+OPS_COVER_CALLER = 0.9
+"""...and then the functions named as holding that time are those whose cumulative time is at least 90% of the
+heaviest function's own time (its callers)..."""
+
+OPS_COVER_CALLERS = 4
+"""...at most four of them."""
+
 COMM_NOTABLE = 0.2
 """Waiting on collectives for a fifth of the step is worth cutting (the 20% at which TensorFlow's profiler calls
 input highly bound, applied to the other thing a data-parallel step waits on)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from conftest import make_record
@@ -10,11 +12,14 @@ from gpuscope.record import (
     Breakdown,
     Calibration,
     CollectorStatus,
+    FunctionStat,
     KernelTimeline,
     Loader,
     OpProfile,
     OpStat,
+    PythonProfile,
     Steps,
+    Window,
 )
 
 
@@ -76,8 +81,10 @@ def cuda_record(busy: float, host_wait: float, kernel_wait: float = 0.0, data_wa
     [
         # CPU: 3600 ops x 0.6 us = 2.2 ms of a 3 ms step: per-op overhead bounds it
         (cpu_record(3600, 0.6e-6, 0.003), "cpu-launch"),
-        # CPU: 150 ops x 0.6 us = 0.09 ms of a 250 ms step: the arithmetic does
-        (cpu_record(150, 0.6e-6, 0.250), "compute"),
+        # CPU: 150 ops x 0.6 us = 0.09 ms of a 250 ms step, and the ops' 1.5 ms each fill it: the arithmetic does
+        (cpu_record(150, 0.6e-6, 0.250, mean_op_s=1.5e-3), "compute"),
+        # CPU: as little overhead, but the ops' 20 us each fill 1% of the step: not the arithmetic either
+        (cpu_record(150, 0.6e-6, 0.250), "inconclusive"),
         # CPU: a third of the step is overhead: mixed, and said so
         (cpu_record(1000, 1e-6, 0.003), "inconclusive"),
         # CPU: 40% of the step is fixed cost and the mean op is only 2x that cost: tiny ops, launch-bound
@@ -95,7 +102,7 @@ def cuda_record(busy: float, host_wait: float, kernel_wait: float = 0.0, data_wa
         # CUDA: idle, but not waiting on the host (syncs, copies): not launch-bound
         (cuda_record(busy=0.3, host_wait=0.1), "inconclusive"),
     ],
-    ids=["cpu-overhead", "cpu-arithmetic", "cpu-mixed", "cpu-tiny-ops", "cpu-tiny-ops-little-overhead", "cpu-data", "cuda-starved", "cuda-busy", "cuda-data",
+    ids=["cpu-overhead", "cpu-arithmetic", "cpu-outside-ops", "cpu-mixed", "cpu-tiny-ops", "cpu-tiny-ops-little-overhead", "cpu-data", "cuda-starved", "cuda-busy", "cuda-data",
          "cuda-idle-other"],
 )
 def test_the_verdict_follows_the_evidence(record, bound) -> None:
@@ -103,6 +110,24 @@ def test_the_verdict_follows_the_evidence(record, bound) -> None:
     assert verdict.bound == bound
     assert verdict.evidence
     assert all(any(ch.isdigit() for ch in fact) for fact in verdict.evidence)  # every fact carries its number
+
+
+def test_a_cpu_step_spent_outside_torch_ops_is_not_called_compute_bound_and_says_where_it_went() -> None:
+    # recorded from a loop that sleeps 500 ms a step: 138 ops of 28 us each, 4 ms of a 505 ms step
+    sleeping = dataclasses.replace(
+        cpu_record(138, 1.37e-6, 0.505, mean_op_s=28.5e-6),
+        python_profile=PythonProfile(
+            window=Window(first_step=0, last_step=4), total_s=4.0, startup_s=1.98,
+            top_own=(FunctionStat("<built-in method time.sleep>", "~", 0, 4, 2.0, 2.0),
+                     FunctionStat("<method 'run_backward' of 'torch._C._EngineBase' objects>", "~", 0, 4, 0.01, 0.01)),
+            top_cumulative=(FunctionStat("<built-in method time.sleep>", "~", 0, 4, 2.0, 2.0),
+                            FunctionStat("train", "train.py", 12, 1, 0.0, 2.02),
+                            FunctionStat("backward", "torch/_tensor.py", 566, 4, 0.0, 0.011))))
+    verdict = classify(sleeping)
+    assert verdict.bound == "inconclusive"
+    assert verdict.evidence[0].startswith("torch ops ran 3.93 ms of the 505.00 ms step (1%)")
+    assert verdict.evidence[1] == ("the Python profile (steps 0-4) spends 2.00 s of its 2.02 s (99%) in "
+                                   "<built-in method time.sleep>, under train (train.py:12)")
 
 
 def test_launch_bound_evidence_names_the_op_count_and_the_measured_cost() -> None:
