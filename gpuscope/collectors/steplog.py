@@ -199,6 +199,7 @@ class StepTracker:
         self._t0 = now
         self._open_t: float | None = now
         self._anchor_optimizer: int | None = None
+        self._others_stepped: set[int] = set()  # other optimizers stepped since the anchor last did
         self._held: tuple[float, dict[str, float]] | None = None  # the first backward's end, and the phases to it
         self._windows = 0
         self._profiled = False
@@ -242,11 +243,15 @@ class StepTracker:
 
     # -- markers -----------------------------------------------------------------------------------------
     def optimizer_stepped(self, optimizer_id: int, now: float) -> None:
-        """``optimizer.step()`` returned. With several optimizers, the first one ever stepped ends the step."""
-        if self._anchor_optimizer is None:
-            self._anchor_optimizer = optimizer_id
-        elif optimizer_id != self._anchor_optimizer:
-            return
+        """``optimizer.step()`` returned. With several optimizers, one ends the step: the first one stepped, until
+        another steps twice with no step of it in between (a later phase of the script trains another model; a GAN's
+        generator steps once between two of its discriminator's)."""
+        if self._anchor_optimizer is not None and optimizer_id != self._anchor_optimizer:
+            if optimizer_id not in self._others_stepped:
+                self._others_stepped.add(optimizer_id)
+                return
+        self._anchor_optimizer = optimizer_id
+        self._others_stepped.clear()
         self._boundary("optimizer", now)
 
     def backward_ended(self, now: float) -> None:

@@ -229,6 +229,16 @@ class TestStepTracker:
             tracker.optimizer_stepped(20, 2.0 * i + 1.5)
         assert tracker.log.count == 4
 
+    def test_an_optimizer_that_steps_on_its_own_in_a_later_phase_ends_the_steps_from_then_on(self) -> None:
+        # phase 1 trains an encoder (optimizer 10), phase 2 a head with its own optimizer (20)
+        tracker = StepTracker(now=0.0)
+        for i in range(3):
+            tracker.optimizer_stepped(10, i + 1.0)
+        for i in range(5):
+            tracker.optimizer_stepped(20, 4.0 + 0.5 * i)
+        assert tracker.log.count == 3 + 4  # the head's first step joins the gap between the phases
+        assert [r.wall_s for r in tracker.log.records()][-3:] == pytest.approx([0.5, 0.5, 0.5])
+
     def test_explicit_marks_take_over_from_optimizer_steps(self) -> None:
         tracker = StepTracker(now=0.0)
         tracker.optimizer_stepped(1, 1.0)
