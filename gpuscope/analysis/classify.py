@@ -15,7 +15,7 @@ Every threshold is in thresholds.py.
 from __future__ import annotations
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import cpu_overhead, launch_wait
+from gpuscope.analysis.evidence import cpu_overhead, launch_wait, unlike_window
 from gpuscope.analysis.rules.base import missing_input
 from gpuscope.record import RunRecord, Verdict
 
@@ -56,6 +56,9 @@ def classify(record: RunRecord) -> Verdict:
             f"{comm.calls_per_step:.0f} collectives per step, in flight {comm.comm_s * 1e3:.1f} ms, "
             f"{comm.overlap:.0%} of it overlapped with compute",
             waiting))
+    unlike = unlike_window(record)
+    if unlike is not None:
+        return Verdict("inconclusive", 0.2, (f"launch-bound or compute-bound cannot be told: {unlike}", waiting))
     verdict = _classify_cuda(record) if record.device == "cuda" else _classify_cpu(record)
     return Verdict(verdict.bound, verdict.confidence, (*verdict.evidence, waiting))
 

@@ -3,10 +3,12 @@
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from gpuscope.analysis.thresholds import WINDOW_UNLIKE
 from gpuscope.record import KernelTimeline, RunRecord
 
 MIN_COMPUTE_S = 1e-9
@@ -32,6 +34,28 @@ def cpu_overhead(record: RunRecord) -> Overhead | None:
         return None
     seconds = ops.ops_per_step * calibration.op_overhead_s
     return Overhead(ops.ops_per_step, calibration.op_overhead_s, seconds, min(1.0, seconds / median))
+
+
+def unlike_window(record: RunRecord) -> str | None:
+    """Why the op profile's steps do not describe the steady-state ones, or None: their median wall time (kept in
+    the step sample) is ``WINDOW_UNLIKE`` times longer or shorter than the steady median, the run having changed
+    pace after the window (a first phase that trains another model, a slow start)."""
+    ops, steps = record.op_profile, record.steps
+    window = ops.window if ops is not None else None
+    if window is None or window.first_step is None or not steps.median_s:
+        return None
+    last = window.last_step if window.last_step is not None else window.first_step
+    sample = steps.sample
+    times = [t for i, t in zip(sample.index, sample.wall_s) if window.first_step <= i <= last and t > 0]
+    if not times:
+        return None
+    ratio = statistics.median(times) / steps.median_s
+    if 1 / WINDOW_UNLIKE < ratio < WINDOW_UNLIKE:
+        return None
+    how = f"{ratio:.0f}x longer" if ratio > 1 else f"{1 / ratio:.0f}x shorter"
+    return (f"the op profile's steps ({window.first_step}-{last}, median {statistics.median(times) * 1e3:.1f} ms) "
+            f"are {how} than the steady-state steps (median {steps.median_s * 1e3:.1f} ms): the run changed pace "
+            f"after them; `gpuscope run --skip-steps {steps.warmup} ...` profiles steps like the steady ones")
 
 
 def median_compute_s(record: RunRecord) -> float:

@@ -88,6 +88,13 @@ COMM_BOUND = 0.5
 communication: more bandwidth, or less to send per sample, pays more than faster arithmetic. Half is where the
 two are equal, as for LAUNCH_BOUND_OVERHEAD."""
 
+WINDOW_UNLIKE = 4.0
+"""The op profile (torch.profiler's few steps) describes the steady state unless its steps' median wall time is 4x
+the steady median or more (or a quarter or less). Over 77 run records kept here (samples, held-out and user-style
+scripts, CPU and replayed GPU traces) the ratio stayed between 0.3 and 2.6 (the profiler's own cost lengthens op-heavy
+steps by up to 1.5x; a data-bound loader's waits vary); a script whose first phase trained another model put the
+window in steps 17x and 50x the steady ones (two runs)."""
+
 OPS_COVER_STEP = 0.3
 """A CPU step whose torch ops (their self time in the profiled steps) take less than 30% of it is not bound by their
 arithmetic however little of it is per-op overhead: it is spent outside torch (a sleep, a wait on another thread, the

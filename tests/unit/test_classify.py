@@ -8,6 +8,7 @@ import pytest
 
 from conftest import make_record
 from gpuscope.analysis.classify import classify
+from gpuscope.analysis.rules import evaluate
 from gpuscope.record import (
     Breakdown,
     Calibration,
@@ -18,6 +19,7 @@ from gpuscope.record import (
     OpProfile,
     OpStat,
     PythonProfile,
+    StepSample,
     Steps,
     Window,
 )
@@ -102,7 +104,8 @@ def cuda_record(busy: float, host_wait: float, kernel_wait: float = 0.0, data_wa
         # CUDA: idle, but not waiting on the host (syncs, copies): not launch-bound
         (cuda_record(busy=0.3, host_wait=0.1), "inconclusive"),
     ],
-    ids=["cpu-overhead", "cpu-arithmetic", "cpu-outside-ops", "cpu-mixed", "cpu-tiny-ops", "cpu-tiny-ops-little-overhead", "cpu-data", "cuda-starved", "cuda-busy", "cuda-data",
+    ids=["cpu-overhead", "cpu-arithmetic", "cpu-outside-ops", "cpu-mixed", "cpu-tiny-ops", "cpu-tiny-ops-little-overhead",
+         "cpu-data", "cuda-starved", "cuda-busy", "cuda-data",
          "cuda-idle-other"],
 )
 def test_the_verdict_follows_the_evidence(record, bound) -> None:
@@ -128,6 +131,36 @@ def test_a_cpu_step_spent_outside_torch_ops_is_not_called_compute_bound_and_says
     assert verdict.evidence[0].startswith("torch ops ran 3.93 ms of the 505.00 ms step (1%)")
     assert verdict.evidence[1] == ("the Python profile (steps 0-4) spends 2.00 s of its 2.02 s (99%) in "
                                    "<built-in method time.sleep>, under train (train.py:12)")
+
+
+def two_phase_record(window_step_s: float) -> object:
+    """A script that trains an encoder for 64 steps of ~40 ms, then a head for 256 of 2.5 ms: the steady state is
+    the head's, and torch.profiler's window (steps 7-9) took ``window_step_s`` a step."""
+    record = cpu_record(3337, 1.4e-6, 0.0025, mean_op_s=11e-6)
+    index = tuple(range(320))
+    wall = tuple(window_step_s if 7 <= i <= 9 else 0.04 if i < 64 else 0.0025 for i in index)
+    sample = StepSample(index=index, wall_s=wall)
+    steps = dataclasses.replace(record.steps, sample=sample, warmup=66, count=253, total=319)
+    op_profile = dataclasses.replace(record.op_profile, window=Window(first_step=7, last_step=9))
+    return dataclasses.replace(record, steps=steps, op_profile=op_profile)
+
+
+def test_an_op_profile_of_steps_unlike_the_steady_ones_decides_nothing_and_says_how_to_profile_them() -> None:
+    record = two_phase_record(window_step_s=0.043)
+    verdict = classify(record)
+    assert verdict.bound == "inconclusive"
+    assert "the op profile's steps (7-9, median 43.0 ms) are 17x longer than the steady-state steps (median 2.5 ms)" \
+        in verdict.evidence[0]
+    assert "`gpuscope run --skip-steps 66 ...`" in verdict.evidence[0]
+    # and no rule reads the op profile's figures as the steady state's
+    _, checks = evaluate(record)
+    launch = checks["larger-batch"]
+    assert launch.status == "not-checked" and "17x longer" in (launch.reason or "")
+
+
+def test_an_op_profile_a_little_slower_than_the_steady_steps_still_decides() -> None:
+    # the profiler's own cost lengthens an op-heavy step by up to 1.5x
+    assert classify(two_phase_record(window_step_s=0.004)).bound == "cpu-launch"
 
 
 def test_launch_bound_evidence_names_the_op_count_and_the_measured_cost() -> None:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpuscope.analysis.evidence import Metric
+from gpuscope.analysis.evidence import Metric, unlike_window
 from gpuscope.record import RunRecord
 
 Needs = tuple[str, ...]
@@ -74,6 +74,8 @@ def missing_input(record: RunRecord, needs: Needs) -> str | None:
             return "no CUDA kernel timeline" + _collector_reason(record, "op_profile")
         if need == "op_profile" and (record.op_profile is None or not record.op_profile.ops):
             return "no op-level profile" + _collector_reason(record, "op_profile")
+        if need in ("op_profile", "kernels") and (unlike := unlike_window(record)) is not None:
+            return unlike
         if need == "loaders" and not record.loaders:
             return "no DataLoader was iterated"
         if need in _ABSENT and getattr(record, need) is None:
