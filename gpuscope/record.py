@@ -487,6 +487,9 @@ class LoaderRate:
     note: str = ""
 
 
+    handover_s: float | None = None
+    """With workers: the main process's CPU time per batch taken from them (receiving it from the worker): a step
+    pays it even where the workers keep up. None with 0 workers or where not timed."""
 @dataclass(frozen=True, slots=True)
 class LoaderProbe:
     """The slowest loader's dataset and collate function timed after the run with several worker counts, each

@@ -50,7 +50,8 @@ class LoaderPlan:
 def loader_plan(record: RunRecord) -> LoaderPlan | None:
     """From the loader probe's curve: the smallest measured worker count delivering batches at least
     ``LOADER_KEEPS_UP_MARGIN`` faster than the step consumes them (else the one predicting the shortest step), and
-    the step it predicts: max(compute, one batch at that rate). On a CPU run the workers and the step share the
+    the step it predicts: max(compute + the main process's CPU to receive a batch from the workers, as the probe
+    timed it, one batch at that rate). On a CPU run the workers and the step share the
     cores, so also no less than the compute on the cores the N workers leave, nor all the CPU work of a step (one
     batch's build plus the compute on the main process's threads) spread over the cores. That step needs the main
     process to keep no more than cores - N intra-op threads (at least one): more busy threads than cores stall each
@@ -81,9 +82,10 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
         shared = (build_s + compute_s * threads) / cores
 
     def step_with(rate: LoaderRate) -> float:
-        step = max(compute_s, 1 / rate.batches_per_s)  # type: ignore[operator]
+        handover = (rate.handover_s or 0.0) if rate.num_workers else 0.0  # the main process receiving the batch
+        step = max(compute_s + handover, 1 / rate.batches_per_s)  # type: ignore[operator]
         if shared is not None:
-            step = max(step, shared_cores(compute_s, build_s or 0.0, rate.num_workers, threads, cores)[0])
+            step = max(step, shared_cores(compute_s, build_s or 0.0, rate.num_workers, threads, cores)[0] + handover)
         return step
 
     keeping = [r for r in candidates if r.batches_per_s >= needed]  # type: ignore[operator]

@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collectors.base import CollectorResult, PostRunProbe, register
-from gpuscope.collectors.probing import DatasetError, dataset_error, first_line, unseen, user_torch_threads
+from gpuscope.collectors.loader_timing import time_config
+from gpuscope.collectors.probing import DatasetError, first_line, unseen, user_torch_threads
 from gpuscope.record import CollectorStatus, LoaderProbe, LoaderRate
 
 if TYPE_CHECKING:
@@ -55,13 +56,6 @@ sample timed 2.2-2.6 batches/s, which the run then beat with 3.1, and at 100 ms 
 machine a fifth slower, 100 ms was two items, which timed 2.3-2.4 for the run's 2.9 (predicting 1.4-1.9x for a
 measured 2.1-2.6x). At 200 ms the float16 sample's probe batches hold four or more of its 16 items wherever its
 batch takes under 0.8 s."""
-ROUNDS = 3
-"""A configuration stops after this many whole rounds past the first (3 x N batches) and ``MIN_TIMED_S``, or at its
-share of the budget, whichever comes first."""
-MIN_TIMED_S = 0.4
-"""...and not before its rounds after the first span this long, when its share allows: three rounds of small batches
-can take a tenth of a second, and one hiccup of a shared machine (a neighbour's burst, a page-cache flush) would
-then be the rate (the float16 sample's one worker once timed 870 ms a batch for the run's 546)."""
 MIN_ROUNDS = 2
 """...but not before this many rounds when time allows: one round is one lockstep burst, a noisy measurement."""
 MAX_WORKERS = 32
@@ -181,7 +175,7 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
         if untimed is not None:
             rates.append(untimed)
             continue
-        rate = _scaled(_time_config(source.loader(torch, workers, pin, slot), workers, pin, slot, clock), scale)
+        rate = _scaled(time_config(source.loader(torch, workers, pin, slot), workers, pin, slot, clock), scale)
         rates.append(rate)
         if (workers and rate.batches_per_s is not None and consume_batches_per_s is not None
                 and rate.batches_per_s >= consume_batches_per_s * (1 + keeps_up_margin)):
@@ -268,10 +262,12 @@ def probe_batch_size(batch_size: int | None, main_batch_s: float | None) -> int 
 
 
 def _scaled(rate: LoaderRate, scale: float) -> LoaderRate:
-    """A rate timed in probe batches, per batch of the run's size (``scale``: a probe batch's share of one)."""
+    """A rate timed in probe batches, per batch of the run's size (``scale``: a probe batch's share of one); the
+    hand-over too, as if it grew with the batch (an upper bound: part of it is per batch, whatever its size)."""
     if scale == 1 or rate.batches_per_s is None:
         return rate
-    return dataclasses.replace(rate, batches_per_s=rate.batches_per_s * scale)
+    handover = rate.handover_s / scale if rate.handover_s is not None else None
+    return dataclasses.replace(rate, batches_per_s=rate.batches_per_s * scale, handover_s=handover)
 
 
 def _untimed_main_process(pin: bool, batch_s: float | None, batches: int) -> LoaderRate | None:
@@ -311,85 +307,6 @@ def _worker_counts_for(method: str, cores: int, pickled: tuple[Any, ...], notes:
                          f"({type(exc).__name__}: {first_line(exc)}): only the main process (0 workers) was timed")
             return [0]
     return worker_counts(cores)
-
-
-def _time_config(loader: Any, workers: int, pin: bool, slot_s: float, clock: Callable[[], float]) -> LoaderRate:
-    """Iterate ``loader`` for at most ``slot_s``: whole rounds of ``max(1, workers)`` batches after the first."""
-    started = clock()
-    deadline = started + slot_s
-    per_round = max(1, workers)
-    arrivals: list[float] = []
-    note = ""
-    iterator = None
-    try:
-        iterator = iter(loader)
-        while True:
-            if workers:
-                iterator._timeout = max(deadline - clock(), 0.01)  # each wait for a worker ends by the deadline
-            try:
-                next(iterator)
-            except StopIteration:
-                note = "the dataset ran out of batches"
-                break
-            now = clock()
-            arrivals.append(now)
-            done = len(arrivals) - per_round
-            if done < 0 or done % per_round:
-                continue  # rounds are timed whole
-            rounds = done // per_round
-            last_round_s = arrivals[-1] - (arrivals[-1 - per_round] if done else started)
-            timed_s = now - arrivals[per_round - 1]
-            if (rounds >= ROUNDS and timed_s >= MIN_TIMED_S) or now + last_round_s > deadline:
-                break
-    except RuntimeError as exc:
-        if "timed out" not in str(exc):
-            raise dataset_error(exc, "when the loader probe loaded it after the run") from None
-        note = f"no further batch within this configuration's {slot_s:.2f} s"
-    except Exception as exc:
-        raise dataset_error(exc, "when the loader probe loaded it after the run") from None
-    finally:
-        _close(iterator)
-    startup = arrivals[0] - started if arrivals else slot_s
-    rounds = (len(arrivals) - per_round) // per_round if len(arrivals) >= per_round else 0
-    if rounds >= 1:
-        end = per_round - 1 + rounds * per_round
-        span = arrivals[end] - arrivals[per_round - 1]
-        return LoaderRate(workers, pin, rounds * per_round / span if span > 0 else None, rounds * per_round,
-                          startup, note)
-    if workers == 0 and arrivals:
-        return LoaderRate(workers, pin, 1 / startup if startup > 0 else None, 1, startup, note)
-    if len(arrivals) >= per_round and arrivals[per_round - 1] > started:
-        # only the first round: a lower bound, the workers' start-up included
-        lower = per_round / (arrivals[per_round - 1] - started)
-        return LoaderRate(workers, pin, lower, per_round, startup,
-                          note or "from the first round only, start-up included (a lower bound)")
-    return LoaderRate(workers, pin, None, 0, startup,
-                      note or f"fewer than {per_round} batches within this configuration's {slot_s:.2f} s")
-
-
-def _close(iterator: Any) -> None:
-    """Stop the iterator's workers now: killed rather than drained (a worker in the middle of a slow batch would
-    hold the shutdown up), after taking them off torch's SIGCHLD watch so their end raises nowhere."""
-    if iterator is None:
-        return
-    workers = getattr(iterator, "_workers", None)
-    if workers:
-        try:
-            if getattr(iterator, "_worker_pids_set", False):
-                from torch.utils.data._utils import signal_handling
-
-                signal_handling._remove_worker_pids(id(iterator))
-                iterator._worker_pids_set = False
-            for worker in workers:
-                if worker.is_alive():
-                    worker.terminate()
-            for worker in workers:
-                worker.join(timeout=1.0)
-        except Exception:  # torch's own shutdown below still ends them, only more slowly
-            pass
-    shutdown = getattr(iterator, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
 
 
 def _cores() -> int:

@@ -15,7 +15,6 @@ from conftest import make_record
 from gpuscope.analysis.rules.dataloader import more_dataloader_workers
 from gpuscope.analysis.speed import loader_plan
 from gpuscope.collectors.loader_probe import (
-    MIN_TIMED_S,
     LoaderProbeCollector,
     ProbeSampler,
     affordable_configs,
@@ -23,6 +22,7 @@ from gpuscope.collectors.loader_probe import (
     probe_loader,
     worker_counts,
 )
+from gpuscope.collectors.loader_timing import MIN_TIMED_S
 from gpuscope.record import Breakdown, Loader, LoaderProbe, LoaderRate, RunMeta, Steps
 from gpuscope.session import post_run_facts
 
@@ -110,6 +110,9 @@ def test_the_probe_times_worker_counts_and_leaves_rng_and_output_untouched(capfd
     # not for 3 rounds, a few milliseconds that a hiccup of the machine would make the rate
     assert MIN_TIMED_S == 0.4
     assert all(r.batches / r.batches_per_s >= 0.35 for r in probe.rates if r.num_workers), probe.rates
+    # receiving a batch from a worker costs the main process some CPU, under the batch's whole time
+    assert all(0 < r.handover_s < 1 / r.batches_per_s for r in probe.rates if r.num_workers), probe.rates
+    assert all(r.handover_s is None for r in probe.rates if not r.num_workers)
     assert probe.consume_batches_per_s == pytest.approx(1 / 0.01)
     assert "not applicable" in probe.pin_memory_note  # a CPU-only run
     assert rng_states() == before
@@ -247,26 +250,54 @@ def test_on_a_cpu_run_the_prediction_counts_the_cores_the_workers_share() -> Non
 
 def test_on_a_cpu_run_whose_threads_and_workers_outnumber_the_cores_the_fix_keeps_the_threads_the_workers_leave(
 ) -> None:
-    # given: 4 cores and torch's default of 4 intra-op threads in the main process; 2 workers keep up (23 batches/s
+    # given: 6 cores and torch's default of 6 intra-op threads in the main process; 2 workers keep up (23 batches/s
     # for the 20 the step consumes)
     base = probed_record({0: 10.0, 1: 12.0, 2: 23.0, 4: 40.0}, device="cpu")
-    probe = dataclasses.replace(base.loader_probe, main_threads=4)
-    record = dataclasses.replace(base, meta=RunMeta(cpu_count=4), loader_probe=probe)
+    probe = dataclasses.replace(base.loader_probe, main_threads=6)
+    record = dataclasses.replace(base, meta=RunMeta(cpu_count=6), loader_probe=probe)
     # when
     plan = loader_plan(record)
     finding = more_dataloader_workers(record)
-    # then: 2 workers, and the step's compute on the 2 cores they leave: the fix names both lines, as the
-    # prediction assumes them (4 threads and 2 busy workers on 4 cores stall each other)
-    assert plan is not None and (plan.workers, plan.threads) == (2, 2)
+    # then: 2 workers, and the step's compute on the 4 cores they leave (50 ms on 6 threads, 75 ms on 4): the fix
+    # names both lines, as the prediction assumes them (6 threads and 2 busy workers on 6 cores stall each other)
+    assert plan is not None and (plan.workers, plan.threads) == (2, 4)
+    assert plan.step_s == pytest.approx(0.075)
     assert finding is not None
-    assert finding.fix == "DataLoader(..., num_workers=2, persistent_workers=True)  and  torch.set_num_threads(2)"
-    assert any("torch.set_num_threads(2)" in fact and "4 intra-op threads" in fact for fact in finding.evidence)
+    assert finding.fix == "DataLoader(..., num_workers=2, persistent_workers=True)  and  torch.set_num_threads(4)"
+    assert any("torch.set_num_threads(4)" in fact and "6 intra-op threads" in fact for fact in finding.evidence)
     # with threads enough to spare a core per worker (8 cores), or on a GPU run, the thread count is left alone
     roomy = dataclasses.replace(record, meta=RunMeta(cpu_count=8))
     assert loader_plan(roomy).threads is None  # type: ignore[union-attr]
     assert "set_num_threads" not in more_dataloader_workers(roomy).fix  # type: ignore[union-attr]
     on_gpu = dataclasses.replace(record, device="cuda")
     assert loader_plan(on_gpu).threads is None  # type: ignore[union-attr]
+    # but on 4 cores, 2 workers leave 2 of the 4 threads: the compute's 50 ms become 100, the step's whole 100 ms
+    # now; nothing is gained, and nothing is advised
+    tight = dataclasses.replace(record, meta=RunMeta(cpu_count=4),
+                                loader_probe=dataclasses.replace(probe, main_threads=4))
+    assert loader_plan(tight).step_s == pytest.approx(0.1)  # type: ignore[union-attr]
+    assert more_dataloader_workers(tight) is None
+
+
+def test_workers_whose_batches_cost_the_main_process_more_to_receive_than_they_save_are_not_advised() -> None:
+    # given: a 2.4 ms step waiting 0.35 ms for each batch its main process builds (2884 batches/s); one worker
+    # delivers 689 batches/s, but receiving each of its batches costs the main process 0.6 ms of CPU
+    base = probed_record({0: 2884.0, 1: 689.0}, device="cpu")
+    rates = tuple(dataclasses.replace(r, handover_s=0.0006 if r.num_workers else None) for r in base.loader_probe.rates)
+    record = dataclasses.replace(
+        base, steps=Steps(count=40, median_s=0.0024, total=42, source="optimizer"),
+        breakdown=Breakdown(data_wait=0.146, forward=0.5, backward=0.354),
+        loaders=(Loader(dataset="Images", num_workers=0, batch_size=32, batches=40, wait_s=0.014),),
+        meta=RunMeta(cpu_count=2), loader_probe=dataclasses.replace(base.loader_probe, rates=rates))
+    # then: the step would be its 2.05 ms of compute and the 0.6 ms hand-over: longer than the 2.4 ms it is
+    assert loader_plan(record).step_s == pytest.approx(0.0024 * (1 - 0.146) + 0.0006)  # type: ignore[union-attr]
+    assert more_dataloader_workers(record) is None
+    # where receiving costs little, the worker is advised, and the hand-over is part of the evidence
+    cheap = tuple(dataclasses.replace(r, handover_s=0.0001 if r.num_workers else None) for r in rates)
+    finding = more_dataloader_workers(dataclasses.replace(
+        record, loader_probe=dataclasses.replace(record.loader_probe, rates=cheap)))
+    assert finding is not None and "num_workers=1" in finding.fix
+    assert any("costs the main process 0.10 ms of CPU" in fact for fact in finding.evidence)
 
 
 def test_without_a_batch_timed_in_the_main_process_a_batchs_cpu_is_the_probes_one_worker_time() -> None:
@@ -275,10 +306,11 @@ def test_without_a_batch_timed_in_the_main_process_a_batchs_cpu_is_the_probes_on
     record = dataclasses.replace(record, meta=RunMeta(cpu_count=2), loaders=(
         dataclasses.replace(record.loaders[0], num_workers=1),))
     # when
-    finding = more_dataloader_workers(record)
-    # then: (1/6 s + 50 ms) / 2 cores = 108 ms a step, over the 100 ms it takes now: nothing to gain
-    assert finding is not None and finding.gain == 0.0
-    assert any("share 2 cores" in fact for fact in finding.evidence)
+    plan = loader_plan(record)
+    # then: (1/6 s + 50 ms) / 2 cores = 108 ms a step, over the 100 ms it takes now: nothing to gain, nothing advised
+    assert plan is not None and plan.shared_cpu_s == pytest.approx((1 / 6 + 0.05) / 2)
+    assert plan.step_s >= 0.1
+    assert more_dataloader_workers(record) is None
 
 
 def test_a_rate_timed_over_the_first_round_only_is_completed_from_the_runs_batch_time() -> None:

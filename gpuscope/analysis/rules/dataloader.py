@@ -103,8 +103,9 @@ def _comment(loader: Loader) -> str:
 
 
 def _from_probe(run: RunRecord, plan: LoaderPlan, loader: Loader, share: float, median: float) -> Finding | None:
-    """The finding from the loader probe's curve (None when the probe finds no more workers worth having)."""
-    if plan.workers <= loader.num_workers:
+    """The finding from the loader probe's curve (None when the probe finds no more workers worth having, or the
+    step they predict is no shorter)."""
+    if plan.workers <= loader.num_workers or plan.step_s >= median:
         return None
     dataset = loader.dataset
     probe = run.loader_probe
@@ -128,6 +129,9 @@ def _from_probe(run: RunRecord, plan: LoaderPlan, loader: Loader, share: float, 
         evidence.append(f"on this CPU-only run the workers share {run.meta.cpu_count} cores with the step: its "
                         f"compute keeps the cores the workers leave, and a step's CPU work spread over all of them "
                         f"takes at least {plan.shared_cpu_s * 1e3:.1f} ms")
+    if plan.rate.handover_s:
+        evidence.append(f"receiving a batch from the workers costs the main process {plan.rate.handover_s * 1e3:.2f} "
+                        "ms of CPU (timed by the probe), added to the step's compute")
     if plan.threads is not None:
         threads = run.loader_probe.main_threads or 0  # type: ignore[union-attr]
         evidence.append(_threads_fact(threads, plan.workers, run.meta.cpu_count or 1, plan.threads))

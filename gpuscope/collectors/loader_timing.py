@@ -1,0 +1,109 @@
+"""Timing one DataLoader configuration for the loader probe: batches delivered per second once its workers are up,
+over whole rounds after the first, and the main process's CPU time per batch taken from the workers (the hand-over:
+a training step pays it even where the workers keep up)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gpuscope.collectors.probing import dataset_error
+from gpuscope.record import LoaderRate
+
+ROUNDS = 3
+"""A configuration stops after this many whole rounds past the first (3 x N batches) and ``MIN_TIMED_S``, or at its
+share of the budget, whichever comes first."""
+MIN_TIMED_S = 0.4
+"""...and not before its rounds after the first span this long, when its share allows: three rounds of small batches
+can take a tenth of a second, and one hiccup of a shared machine (a neighbour's burst, a page-cache flush) would
+then be the rate (the float16 sample's one worker once timed 870 ms a batch for the run's 546)."""
+
+def time_config(loader: Any, workers: int, pin: bool, slot_s: float, clock: Callable[[], float]) -> LoaderRate:
+    """Iterate ``loader`` for at most ``slot_s``: whole rounds of ``max(1, workers)`` batches after the first."""
+    started = clock()
+    deadline = started + slot_s
+    per_round = max(1, workers)
+    arrivals: list[float] = []
+    cpu: list[float] = []  # the main thread's CPU time in each next()
+    note = ""
+    iterator = None
+    try:
+        iterator = iter(loader)
+        while True:
+            if workers:
+                iterator._timeout = max(deadline - clock(), 0.01)  # each wait for a worker ends by the deadline
+            cpu_before = time.thread_time()
+            try:
+                next(iterator)
+            except StopIteration:
+                note = "the dataset ran out of batches"
+                break
+            now = clock()
+            arrivals.append(now)
+            cpu.append(time.thread_time() - cpu_before)
+            done = len(arrivals) - per_round
+            if done < 0 or done % per_round:
+                continue  # rounds are timed whole
+            rounds = done // per_round
+            last_round_s = arrivals[-1] - (arrivals[-1 - per_round] if done else started)
+            timed_s = now - arrivals[per_round - 1]
+            if (rounds >= ROUNDS and timed_s >= MIN_TIMED_S) or now + last_round_s > deadline:
+                break
+    except RuntimeError as exc:
+        if "timed out" not in str(exc):
+            raise dataset_error(exc, "when the loader probe loaded it after the run") from None
+        note = f"no further batch within this configuration's {slot_s:.2f} s"
+    except Exception as exc:
+        raise dataset_error(exc, "when the loader probe loaded it after the run") from None
+    finally:
+        close_workers(iterator)
+    return _rate(workers, pin, started, slot_s, arrivals, cpu, note)
+
+
+def _rate(workers: int, pin: bool, started: float, slot_s: float, arrivals: list[float], cpu: list[float],
+          note: str) -> LoaderRate:
+    """The configuration's rate from its batches' arrival times (``cpu``: the main thread's CPU time in each)."""
+    per_round = max(1, workers)
+    startup = arrivals[0] - started if arrivals else slot_s
+    rounds = (len(arrivals) - per_round) // per_round if len(arrivals) >= per_round else 0
+    if rounds >= 1:
+        end = per_round - 1 + rounds * per_round
+        span = arrivals[end] - arrivals[per_round - 1]
+        timed = rounds * per_round
+        handover = sum(cpu[per_round:end + 1]) / timed if workers else None
+        return LoaderRate(workers, pin, timed / span if span > 0 else None, timed, startup, note, handover)
+    if workers == 0 and arrivals:
+        return LoaderRate(workers, pin, 1 / startup if startup > 0 else None, 1, startup, note)
+    if len(arrivals) >= per_round and arrivals[per_round - 1] > started:
+        # only the first round: a lower bound, the workers' start-up included
+        lower = per_round / (arrivals[per_round - 1] - started)
+        return LoaderRate(workers, pin, lower, per_round, startup,
+                          note or "from the first round only, start-up included (a lower bound)")
+    return LoaderRate(workers, pin, None, 0, startup,
+                      note or f"fewer than {per_round} batches within this configuration's {slot_s:.2f} s")
+
+
+def close_workers(iterator: Any) -> None:
+    """Stop the iterator's workers now: killed rather than drained (a worker in the middle of a slow batch would
+    hold the shutdown up), after taking them off torch's SIGCHLD watch so their end raises nowhere."""
+    if iterator is None:
+        return
+    workers = getattr(iterator, "_workers", None)
+    if workers:
+        try:
+            if getattr(iterator, "_worker_pids_set", False):
+                from torch.utils.data._utils import signal_handling
+
+                signal_handling._remove_worker_pids(id(iterator))
+                iterator._worker_pids_set = False
+            for worker in workers:
+                if worker.is_alive():
+                    worker.terminate()
+            for worker in workers:
+                worker.join(timeout=1.0)
+        except Exception:  # torch's own shutdown below still ends them, only more slowly
+            pass
+    shutdown = getattr(iterator, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
