@@ -231,15 +231,26 @@ def _stop_inherited_profile() -> None:
 
 def top_functions(stats: pstats.Stats, by: str, limit: int = TOP_FUNCTIONS) -> tuple[FunctionStat, ...]:
     """The user's heaviest functions by own (``own``) or cumulative (``cumulative``) time; gpuscope's own
-    functions and the profiler's are left out (python.prof keeps everything)."""
+    functions and the profiler's are left out, and so are the calls gpuscope made to built-ins (its root-module
+    search's ``gc.get_objects`` and ``issubclass``): python.prof keeps everything."""
     column = 4 if by == "own" else 5
     table: dict[tuple[str, int, str], tuple[Any, ...]] = stats.stats  # type: ignore[attr-defined]
-    rows = [(file, line, function, calls, own, cumulative)
-            for (file, line, function), (_, calls, own, cumulative, _) in table.items()
+    rows = [(file, line, function, *_users_share(calls, own, cumulative, callers if file == "~" else {}))
+            for (file, line, function), (_, calls, own, cumulative, callers) in table.items()
             if not file.startswith(_GPUSCOPE_DIR) and "_lsprof.Profiler" not in function]
+    rows = [row for row in rows if row[3]]
     rows.sort(key=lambda r: (-r[column], r[0], r[1], r[2]))  # thousands of rows: only the top are named
     return tuple(FunctionStat(function, short_path(file), line, calls, own, cumulative)
                  for file, line, function, calls, own, cumulative in rows[:limit])
+
+
+def _users_share(calls: int, own: float, cumulative: float, callers: dict[Any, tuple[Any, ...]]) -> tuple[
+        int, float, float]:
+    """A built-in's calls, own and cumulative time less those of its calls that came from gpuscope's code."""
+    for (file, _, _), (caller_calls, _, caller_own, caller_cumulative) in callers.items():
+        if file.startswith(_GPUSCOPE_DIR):
+            calls, own, cumulative = calls - caller_calls, own - caller_own, cumulative - caller_cumulative
+    return calls, max(own, 0.0), max(cumulative, 0.0)
 
 
 def short_path(file: str) -> str:

@@ -4,6 +4,7 @@ second profile, or the same one twice, raises), whatever Python runs the tests."
 from __future__ import annotations
 
 import cProfile
+import pstats
 import sys
 from pathlib import Path
 
@@ -59,3 +60,29 @@ def test_another_profiler_in_the_process_is_named() -> None:
         profile.disable()
     assert reason is not None and "another profiler" in reason
     assert profiler_in_use() is None
+
+
+GPUSCOPE_CODE = '''
+def find_roots(n):
+    return sorted(range(n), reverse=True)  # gpuscope's own call to a built-in
+'''
+
+
+def test_the_top_functions_leave_out_the_time_gpuscope_spent_in_built_ins() -> None:
+    # given: gpuscope's code (its root-module search) and the user's both call the built-in sorted()
+    namespace: dict[str, object] = {}
+    exec(compile(GPUSCOPE_CODE, collector_module._GPUSCOPE_DIR + "roots.py", "exec"), namespace)
+    find_roots = namespace["find_roots"]
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(3):
+        find_roots(200_000)  # type: ignore[operator]
+    users = sorted(range(10))
+    profile.disable()
+    # when
+    top = {stat.function: stat for stat in collector_module.top_functions(pstats.Stats(profile), "own")}
+    # then: sorted() is the user's one call, and gpuscope's function is not named at all
+    assert users == list(range(10))
+    assert top["<built-in method builtins.sorted>"].calls == 1
+    assert top["<built-in method builtins.sorted>"].own_s < 0.01
+    assert "find_roots" not in top
