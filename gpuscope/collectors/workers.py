@@ -59,6 +59,11 @@ class WorkerProfiler:
             profile.enable()
             try:
                 return original(fetcher, index)
+            except BaseException as exc:
+                # the worker formats the dataset's error into the user's "Original Traceback": without this frame
+                if exc.__traceback__ is not None:
+                    exc.__traceback__ = exc.__traceback__.tb_next
+                raise
             finally:
                 profile.disable()
                 profiler._done += 1
