@@ -82,12 +82,14 @@ class FlopCount:
 
 @dataclass(frozen=True, slots=True)
 class CpuPeak:
-    """This machine's measured float matmul rate (the cpu-peak probe's payload): what a CPU step could reach."""
+    """This machine's measured float matmul rate (the cpu-peak probe's payload): what a CPU step could reach; and,
+    where ``dtype`` is not float32, its float32 rate measured beside it."""
 
     flops_per_s: float
     dtype: str
     device_name: str
     source: str
+    float32_flops_per_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

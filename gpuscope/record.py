@@ -426,6 +426,8 @@ class Practices:
     float32_matmul_precision: str | None = None
     cuda_capability: str | None = None
     """The GPU's compute capability (``8.0``), on CUDA runs."""
+    cpu_autocast_sites: tuple[CallSite, ...] = ()
+    """Lines of the user's code that entered ``torch.autocast`` on the CPU, enabled, in bfloat16 or float16."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -485,11 +487,11 @@ class LoaderRate:
     startup_s: float = 0.0
     """From creating the iterator to the first batch (worker start-up included)."""
     note: str = ""
-
-
     handover_s: float | None = None
     """With workers: the main process's CPU time per batch taken from them (receiving it from the worker): a step
     pays it even where the workers keep up. None with 0 workers or where not timed."""
+
+
 @dataclass(frozen=True, slots=True)
 class LoaderProbe:
     """The slowest loader's dataset and collate function timed after the run with several worker counts, each
@@ -531,8 +533,12 @@ class SpeedOfLight:
     peak_measured: bool = False
     achieved_flops_per_s: float | None = None
     mfu: float | None = None
-    """Model FLOPs utilisation: achieved / peak, 0..1."""
+    """Model FLOPs utilisation: achieved / peak, 0..1; null where the measured peak is too far below the run's own
+    rate to describe its matmuls (``peak_source`` says so)."""
     note: str = ""
+    float32_flops_per_s: float | None = None
+    """On a CPU run whose matmuls were not float32: this machine's float32 matmul rate, measured beside the peak in
+    their dtype (null otherwise)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,9 @@ def summary_lines(record: RunRecord, run_dir: Path, report_path: Path | None = N
     sol = record.speed_of_light
     if sol is not None and sol.achieved_flops_per_s is not None:
         peak = f" of a {sol.peak_flops_per_s / 1e9:.1f} GFLOP/s peak" if sol.peak_flops_per_s else ""
+        if sol.peak_flops_per_s and sol.mfu is None:  # a measured rate too far below the run's to be its peak
+            peak = (f"; this machine's {sol.dtype or 'float32'} matmul benchmark measured "
+                    f"{sol.peak_flops_per_s / 1e9:.2f} GFLOP/s, not this run's peak: no MFU")
         lines.append(f"  speed of light: {sol.flops_per_step / 1e9:.2f} GFLOP a step, achieved "
                      f"{sol.achieved_flops_per_s / 1e9:.1f} GFLOP/s{peak}")
     if record.what_if is not None:

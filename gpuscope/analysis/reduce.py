@@ -82,7 +82,8 @@ def op_profile(stats: Sequence[OpStat], window: Window, steps: int, figures: Tra
 def speed_of_light(count: FlopCount, cpu_peak: CpuPeak | None) -> SpeedOfLight:
     """One step's FLOPs against the device's peak: the GPU model's datasheet figure for the matmuls' dtype (TF32
     when float32 matmuls were allowed it), or on a CPU run this machine's measured matmul rate (none when the
-    probe did not run). ``achieved_flops_per_s`` and ``mfu`` are filled in later, from the median step."""
+    probe did not run), with its float32 rate where the matmuls were in another dtype. ``achieved_flops_per_s``
+    and ``mfu`` are filled in later, from the median step."""
     result = SpeedOfLight(flops_per_step=count.flops_per_step, flops_by_op=dict(count.flops_by_op), step=count.step,
                           dtype=count.dtype, device_name=count.device_name, note=count.note)
     if count.cuda and count.device_name is not None:
@@ -93,5 +94,6 @@ def speed_of_light(count: FlopCount, cpu_peak: CpuPeak | None) -> SpeedOfLight:
                        note=count.note or ("" if peak is not None else source))
     if not count.cuda and cpu_peak is not None:
         return replace(result, device_name=cpu_peak.device_name, peak_flops_per_s=cpu_peak.flops_per_s,
-                       peak_measured=True, peak_source=cpu_peak.source)
+                       peak_measured=True, peak_source=cpu_peak.source,
+                       float32_flops_per_s=cpu_peak.float32_flops_per_s)
     return result

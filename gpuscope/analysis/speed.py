@@ -15,17 +15,29 @@ from gpuscope.record import LoaderRate, RunRecord, SpeedOfLight, Verdict, WhatIf
 
 
 def complete_speed_of_light(record: RunRecord) -> SpeedOfLight | None:
-    """The record's FLOP count with achieved FLOP/s (FLOPs per step / steady median step) and MFU filled in."""
+    """The record's FLOP count with achieved FLOP/s (FLOPs per step / steady median step) and MFU filled in.
+
+    A measured (CPU) peak below the run's own rate by at most ``MEASURED_PEAK_NOISE`` is the benchmark slowed by the
+    machine's load: it is raised to the run's rate. Further below, it does not describe the run's matmuls (their
+    dtype or shapes run faster than the benchmark's: bfloat16 on a CPU without bfloat16 instructions): MFU is
+    left unset and ``peak_source`` says why. A datasheet (GPU) peak is never changed."""
     sol, steps = record.speed_of_light, record.steps
     if sol is None or not steps.count or not steps.median_s or not sol.flops_per_step:
         return sol
     achieved = sol.flops_per_step / steps.median_s
-    if sol.peak_measured and sol.peak_flops_per_s and achieved > sol.peak_flops_per_s:
+    measured = sol.peak_flops_per_s
+    if sol.peak_measured and measured and achieved > measured * th.MEASURED_PEAK_NOISE:
+        return dataclasses.replace(sol, achieved_flops_per_s=achieved, mfu=None, peak_source=(
+            f"{sol.peak_source}; not this run's peak: the run did {achieved / 1e9:.1f} GFLOP/s, "
+            f"{achieved / measured:.1f}x the {measured / 1e9:.2f} GFLOP/s the benchmark measured, more than a loaded "
+            f"machine's {th.MEASURED_PEAK_NOISE}x: its matmuls ran at another rate than the benchmark's "
+            f"{sol.dtype or 'float32'} ones, so no MFU is given"))
+    if sol.peak_measured and measured and achieved > measured:
         # a peak is at least what the run itself did: the matmul benchmark after the run was slowed (a shared
         # machine's load), and an MFU over 1 would be wrong in the other direction
         sol = dataclasses.replace(sol, peak_flops_per_s=achieved, peak_source=(
             f"{sol.peak_source}; raised to the run's own {achieved / 1e9:.1f} GFLOP/s, above the "
-            f"{sol.peak_flops_per_s / 1e9:.1f} GFLOP/s the benchmark measured"))
+            f"{measured / 1e9:.1f} GFLOP/s the benchmark measured"))
     mfu = achieved / sol.peak_flops_per_s if sol.peak_flops_per_s else None
     return dataclasses.replace(sol, achieved_flops_per_s=achieved, mfu=mfu)
 
@@ -226,10 +238,11 @@ def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
             explanation = f"without the GPU's idle time waiting for launches ({launching:.0%} of the step)"
     elif verdict.bound == "compute":
         sol = complete_speed_of_light(record)
-        if sol is not None and sol.peak_flops_per_s and sol.flops_per_step:
+        # no MFU: the measured peak does not describe the run's matmuls, and a step "at" it would mean nothing
+        if sol is not None and sol.peak_flops_per_s and sol.flops_per_step and sol.mfu is not None:
             step_s = sol.flops_per_step / sol.peak_flops_per_s
             explanation = (f"at the speed of light: {sol.flops_per_step / 1e9:.2f} GFLOP a step at the "
-                           f"{_peak_name(sol)} peak of {sol.peak_flops_per_s / 1e12:.2f} TFLOP/s")
+                           f"{_peak_name(sol)} peak of {_rate_text(sol.peak_flops_per_s)}")
     if step_s is None or step_s <= 0:
         return None
     return WhatIf(step_s=step_s, speedup=median / step_s, explanation=explanation)
@@ -242,6 +255,11 @@ def _shared_text(record: RunRecord, workers: int, spread_s: float | None, thread
     text = (f"; on this CPU-only run the workers take {workers} of {record.meta.cpu_count} cores from the step, "
             f"whose CPU work over all cores takes {spread_s * 1e3:.1f} ms")
     return text + (f", with torch.set_num_threads({threads})" if threads is not None else "")
+
+
+def _rate_text(flops_per_s: float) -> str:
+    """``989.50 TFLOP/s``, or ``83.2 GFLOP/s`` for a rate under a TFLOP/s (a CPU's)."""
+    return f"{flops_per_s / 1e12:.2f} TFLOP/s" if flops_per_s >= 1e12 else f"{flops_per_s / 1e9:.1f} GFLOP/s"
 
 
 def _peak_name(sol: SpeedOfLight) -> str:

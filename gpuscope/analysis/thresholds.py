@@ -277,3 +277,22 @@ kernels disappear outright. (PyTorch's channels_last tutorial measured AMP train
 BIAS_BEFORE_NORM_MIN_LAYERS = 1
 """One biased layer feeding BatchNorm is enough to say so: its bias is wasted work wherever it is, and the fix is a
 keyword argument."""
+
+# -- speed of light and number formats on a CPU (analysis/speed.py, analysis/rules/precision.py) ------------------
+MEASURED_PEAK_NOISE = 1.5
+"""A CPU run's own FLOP/s above the matmul rate measured after it, by at most this factor, is the benchmark slowed
+by a shared machine's load, and the peak is raised to the run's rate; beyond it the benchmark does not describe the
+run's matmuls (their dtype or shapes run at another rate): no MFU is given. Seen: in CI the benchmark measured 87
+GFLOP/s after a run whose steps did 92 (1.06x). On the project's 2-core machine a second busy process slowed the
+best-of-5 1024x1024 float32 benchmark from 91 to 30-45 GFLOP/s on 1 thread (2-3x), but a step's FLOP/s is below
+its matmuls' rate (it runs other ops too) and the run before the benchmark shares most of the machine's load: only
+load the two do not share puts the benchmark under the run. The bfloat16 run that showed the bug did 4.0 GFLOP/s
+against 0.95 measured (4.2x), on a CPU without bfloat16 matrix instructions. 1.5x covers the noise seen with room,
+and leaves "100% of peak" unsaid where the benchmark times another kind of matmul than the run's."""
+
+CPU_LOW_PRECISION_SLOWER = 1.5
+"""``cpu-fp32-over-low-precision`` fires where this machine's float32 matmul rate is at least 1.5x its rate in the
+run's bfloat16 / float16: the two are timed back to back, so a smaller ratio could be load (MEASURED_PEAK_NOISE);
+beyond it the rule's gain, worked out from the measured rates, decides. Measured on the project's 2-core AMD EPYC
+(no AVX512-BF16 / AMX), 1 thread: float32 93 GFLOP/s, bfloat16 1.3 and float16 1.3 (512x512), 73x; CPUs with
+bfloat16 matrix instructions run bfloat16 faster than float32, and the rule stays clear."""

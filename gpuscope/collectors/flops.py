@@ -11,7 +11,8 @@ Element-wise ops and the optimizer's update are not counted, as in every MFU fig
 The peak: on CUDA, the detected GPU model's datasheet figure for the matmuls' dtype (looked up by the analysis,
 ``analysis/peaks.py``); on a CPU run, this machine measured after the run by the ``cpu-peak`` probe: the best of a
 few square matmuls in the step's dtype with the run's own thread count, which is what the step's matmuls could
-reach at most.
+reach at most; where that dtype is not float32, float32 as well, so that the analysis can tell a CPU whose bfloat16
+or float16 matmuls are slower than its float32 ones (no matrix instructions for them: emulated).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import sys
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -47,6 +49,12 @@ BENCH_REPEATS = 5
 BENCH_BUDGET_S = 1.0
 """The benchmark keeps the fastest of at most BENCH_REPEATS timings, stopping once it has taken this long: noise on
 a shared machine only ever adds time, so the fastest is the least disturbed (``timeit``'s reasoning)."""
+FLOAT32_BUDGET_S = 0.5
+"""The float32 benchmark's own budget, run beside one in the step's bfloat16 / float16: a 1024x1024 float32 matmul
+takes 25 ms on one thread of the project's 2-core machine, so a warm-up and 5 timings take 0.15 s."""
+PREDICT_SIZE = 256
+"""One matmul of this size, first, predicts how long a BENCH_SIZE one takes in the dtype (see ``fitting_size``)."""
+MIN_BENCH_SIZE = 128
 TOP_OPS = 8
 
 @register
@@ -174,11 +182,12 @@ def _gpu_name() -> tuple[str | None, str]:
 @register
 class CpuPeakProbe(PostRunProbe):
     """After the run, on a CPU run whose step FLOPs were counted: this machine's matmul rate in the step's dtype,
-    the best of a few square matmuls with the run's own thread count (what the step's matmuls could reach)."""
+    the best of a few square matmuls with the run's own thread count (what the step's matmuls could reach), and in
+    float32 too where the step's dtype is another."""
 
     name: ClassVar[str] = "cpu-peak"
     field: ClassVar[str | None] = None  # read by the speed-of-light reduction, with the flops collector's count
-    budget_s: ClassVar[float] = BENCH_BUDGET_S
+    budget_s: ClassVar[float] = BENCH_BUDGET_S + FLOAT32_BUDGET_S
     doing: ClassVar[str] = "timing this machine's matmul peak"
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
@@ -193,19 +202,45 @@ class CpuPeakProbe(PostRunProbe):
             return CollectorResult(CollectorStatus("unavailable", "a CUDA run: the GPU's datasheet peak is used"))
         dtype = count.dtype if count.dtype in ("float32", "bfloat16", "float16") else "float32"
         threads = torch.get_num_threads()
-        peak = measure_cpu_peak(torch, getattr(torch, dtype), clock=self._clock)
+        peak = time_matmuls(torch, getattr(torch, dtype), clock=self._clock)
+        source = f"measured here after the run: {peak.describe(dtype)} on {threads} threads"
+        float32 = None
+        if dtype != "float32":
+            timed = time_matmuls(torch, torch.float32, budget_s=FLOAT32_BUDGET_S, clock=self._clock)
+            float32 = timed.flops_per_s
+            source += f"; float32 for comparison: {float32 / 1e9:.1f} GFLOP/s, {timed.describe('float32')}"
         return CollectorResult(CollectorStatus("ok"), CpuPeak(
-            flops_per_s=peak, dtype=dtype, device_name=platform.processor() or platform.machine() or "CPU",
-            source=(f"measured here after the run: the fastest of {BENCH_REPEATS} {BENCH_SIZE}x{BENCH_SIZE} "
-                    f"{dtype} matmuls on {threads} threads")))
+            flops_per_s=peak.flops_per_s, dtype=dtype, device_name=platform.processor() or platform.machine() or "CPU",
+            source=source, float32_flops_per_s=float32))
+
+
+@dataclass(frozen=True, slots=True)
+class MatmulTiming:
+    """The fastest of ``timed`` square ``size`` matmuls, as FLOP/s."""
+
+    flops_per_s: float
+    size: int
+    timed: int
+
+    def describe(self, dtype: str) -> str:
+        return f"the fastest of {self.timed} {self.size}x{self.size} {dtype} matmuls"
 
 
 def measure_cpu_peak(torch: Any, dtype: Any, size: int = BENCH_SIZE, repeats: int = BENCH_REPEATS,
                      budget_s: float = BENCH_BUDGET_S, clock: Callable[[], float] = time.perf_counter) -> float:
-    """FLOP/s of the fastest of up to ``repeats`` square ``size`` matmuls in ``dtype`` (one warm-up first), within
-    about ``budget_s``. Its own generator: the global RNG is not touched."""
+    """FLOP/s of the fastest of up to ``repeats`` square matmuls in ``dtype`` (see ``time_matmuls``)."""
+    return time_matmuls(torch, dtype, size, repeats, budget_s, clock).flops_per_s
+
+
+def time_matmuls(torch: Any, dtype: Any, size: int = BENCH_SIZE, repeats: int = BENCH_REPEATS,
+                 budget_s: float = BENCH_BUDGET_S, clock: Callable[[], float] = time.perf_counter) -> MatmulTiming:
+    """The fastest of up to ``repeats`` square matmuls in ``dtype`` (one warm-up first), within about ``budget_s``:
+    ``size``, or smaller where one would take over a quarter of the budget (``fitting_size``). Its own generator:
+    the global RNG is not touched."""
     generator = torch.Generator().manual_seed(0)
+    timed = 0
     with torch.no_grad():
+        size = fitting_size(torch, dtype, size, budget_s, clock)
         a = torch.randn(size, size, generator=generator).to(dtype)
         b = torch.randn(size, size, generator=generator).to(dtype)
         torch.mm(a, b)
@@ -215,6 +250,25 @@ def measure_cpu_peak(torch: Any, dtype: Any, size: int = BENCH_SIZE, repeats: in
             before = clock()
             torch.mm(a, b)
             best = min(best, clock() - before)
+            timed += 1
             if clock() - started > budget_s:
                 break
-    return 2 * size**3 / best if best > 0 else 0.0
+    return MatmulTiming(2 * size**3 / best if best > 0 else 0.0, size, timed)
+
+
+def fitting_size(torch: Any, dtype: Any, size: int, budget_s: float, clock: Callable[[], float]) -> int:
+    """``size``, halved (to MIN_BENCH_SIZE at least) while one matmul would take over a quarter of ``budget_s``, as
+    predicted from one PREDICT_SIZE matmul: a dtype this CPU has no matrix instructions for still gets a warm-up and
+    a few timings within the budget (bfloat16 on the project's 2-core machine: about 1 GFLOP/s, 2 s for one
+    1024x1024 matmul, 0.2 s at 512)."""
+    n = min(PREDICT_SIZE, size)
+    a = torch.ones(n, n, dtype=dtype)
+    before = clock()
+    torch.mm(a, a)
+    took = clock() - before
+    if took <= 0:
+        return size
+    rate = 2 * n**3 / took
+    while size > max(n, MIN_BENCH_SIZE) and 2 * size**3 / rate > budget_s / 4:
+        size //= 2
+    return size

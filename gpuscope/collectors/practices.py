@@ -10,6 +10,9 @@
   convolutions and their memory format.
 - Backend flags, once: ``cudnn.benchmark``, TF32 for matmuls and cuDNN, float32 matmul precision, and the GPU's
   compute capability on CUDA runs.
+- Mixed precision on the CPU: ``torch.autocast.__enter__`` is wrapped to name the lines that enter it on the CPU,
+  enabled, in bfloat16 or float16 (a CPU without matrix instructions for them runs those matmuls slower than
+  float32's).
 
 Every wrapper is one Python call and a counter; the reads at a boundary are a few C calls.
 """
@@ -52,6 +55,7 @@ class PracticesCollector(StepFollower):
         self._gradcheck_sites = SiteCounter()
         self._zero_grad_calls = 0
         self._fill_sites = SiteCounter()
+        self._autocast_sites = SiteCounter()
         self._inspected: dict[str, Any] = {}
         self.notes: list[str] = []
 
@@ -82,6 +86,7 @@ class PracticesCollector(StepFollower):
             zero_grad_calls=self._zero_grad_calls,
             zero_grad_fill_calls=self._fill_sites.total(),
             zero_grad_fill_sites=self._fill_sites.sites(),
+            cpu_autocast_sites=self._autocast_sites.sites(),
             **self._inspected,
         ))
 
@@ -96,6 +101,23 @@ class PracticesCollector(StepFollower):
                 self._undo.append(patch(torch.autograd, name, self._wrap_counted(self._gradcheck_sites)))
         self._undo.append(patch(torch.optim.Optimizer, "zero_grad", self._wrap_zero_grad))
         self._undo.append(patch(torch.nn.Module, "zero_grad", self._wrap_zero_grad))
+        autocast = getattr(getattr(torch, "amp", None), "autocast_mode", None)
+        if autocast is not None and hasattr(autocast, "autocast"):
+            self._undo.append(patch(autocast.autocast, "__enter__", self._wrap_autocast_enter))
+
+    def _wrap_autocast_enter(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        sites = self._autocast_sites
+        low = {getattr(self._torch, name, None) for name in ("bfloat16", "float16")}
+
+        def __enter__(mode: Any) -> Any:
+            if getattr(mode, "_enabled", False) and getattr(mode, "device", None) == "cpu" and \
+                    getattr(mode, "fast_dtype", None) in low:
+                caller = sys._getframe(1)
+                if not _torch_internal(caller, AUTOCAST_FILES):
+                    sites.count(user_frame(caller))
+            return original(mode)
+
+        return __enter__
 
     def _wrap_anomaly(self, original: Callable[..., Any]) -> Callable[..., Any]:
         collector = self
@@ -156,15 +178,23 @@ class PracticesCollector(StepFollower):
                 self._inspected = {"modules_inspected": False, **_flags(torch)}
 
 
-def _torch_internal(frame: FrameType | None) -> bool:
-    """Whether anomaly mode is being switched on by torch itself (AOTAutograd traces a compiled graph under
-    ``detect_anomaly(check_nan=False)``), not by the user or their framework: the first caller outside
-    ``torch/autograd/anomaly_mode.py`` lies in torch's own package."""
+ANOMALY_FILES = (os.path.join("autograd", "anomaly_mode.py"),)
+AUTOCAST_FILES = (os.path.join("amp", "autocast_mode.py"),)
+"""torch's own files an autocast is entered through: ``torch.cpu.amp.autocast`` (``cpu/amp/autocast_mode.py``)
+calls the base class's ``__enter__``, and ``@torch.autocast(...)`` on a function enters it from
+``decorate_autocast``."""
+
+
+def _torch_internal(frame: FrameType | None, own: tuple[str, ...] = ANOMALY_FILES) -> bool:
+    """Whether anomaly mode (or an autocast) is being switched on by torch itself (AOTAutograd traces a compiled
+    graph under ``detect_anomaly(check_nan=False)``; activation checkpointing recomputes under the autocast state it
+    saved), not by the user or their framework: the first caller outside the mode's ``own`` files lies in torch's
+    own package."""
     torch = sys.modules.get("torch")
     if torch is None or not getattr(torch, "__file__", None):
         return False
     package = os.path.dirname(torch.__file__) + os.sep
-    while frame is not None and frame.f_code.co_filename.endswith(os.path.join("autograd", "anomaly_mode.py")):
+    while frame is not None and frame.f_code.co_filename.endswith(own):
         frame = frame.f_back
     return frame is not None and frame.f_code.co_filename.startswith(package)
 

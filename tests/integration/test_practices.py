@@ -129,3 +129,23 @@ def test_every_patch_is_undone(tmp_path: Path) -> None:
     practices_of(tmp_path, plain_step)
     assert (torch.set_anomaly_enabled, torch.autograd.gradcheck, torch.optim.Optimizer.zero_grad,
             nn.Module.zero_grad) == before
+
+
+def test_cpu_autocast_in_a_reduced_dtype_is_named_with_its_line(tmp_path: Path) -> None:
+    enter = torch.amp.autocast_mode.autocast.__enter__
+
+    def step(model, opt, i):
+        with torch.autocast("cpu", dtype=torch.bfloat16):  # the autocast line
+            loss = model(torch.randn(16, 4)).float().sum()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):  # disabled: not counted
+            pass
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    practices = practices_of(tmp_path, step)
+    (site,) = practices.cpu_autocast_sites
+    assert site.file.endswith("test_practices.py") and site.calls == 6
+    assert site.code == 'with torch.autocast("cpu", dtype=torch.bfloat16):  # the autocast line'
+    assert torch.amp.autocast_mode.autocast.__enter__ is enter  # left as it was found
+    assert practices_of(tmp_path, plain_step).cpu_autocast_sites == ()

@@ -14,7 +14,9 @@ from gpuscope.analysis import analyze
 from gpuscope.analysis.peaks import find_gpu, gpu_peak_flops
 from gpuscope.analysis.speed import complete_speed_of_light, headroom_text, what_if
 from gpuscope.analysis.reduce import speed_of_light
-from gpuscope.collectors.flops import CpuPeakProbe, SpeedOfLightCollector, measure_cpu_peak
+from gpuscope.captures import FlopCount
+from gpuscope.collectors import flops
+from gpuscope.collectors.flops import CpuPeakProbe, MatmulTiming, SpeedOfLightCollector, fitting_size, measure_cpu_peak
 from gpuscope.record import Breakdown, RunMeta, SpeedOfLight, Steps, Verdict
 from gpuscope.session import post_run_facts
 
@@ -88,6 +90,44 @@ def test_the_cpu_peak_benchmark_measures_a_positive_rate() -> None:
     assert measure_cpu_peak(torch, torch.float32, size=128, repeats=3) > 0
 
 
+def test_the_cpu_peak_benchmark_shrinks_a_matmul_that_would_overrun_its_budget() -> None:
+    # given: one 256x256 matmul takes 33.5 ms (1 GFLOP/s: bfloat16 on a CPU without bfloat16 instructions), so a
+    # 1024x1024 one would take 2.1 s and a 512x512 one 0.27 s: over a quarter of the 1 s budget
+    ticks = iter([0.0, 0.0335])
+    assert fitting_size(torch, torch.float32, 1024, 1.0, lambda: next(ticks)) == 256
+    # at 84 GFLOP/s (float32 on one core) the 1024x1024 matmul takes 26 ms: kept
+    ticks = iter([0.0, 0.0004])
+    assert fitting_size(torch, torch.float32, 1024, 1.0, lambda: next(ticks)) == 1024
+
+
+def test_on_a_bf16_run_the_cpu_peak_probe_times_float32_matmuls_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    # given: a CPU run whose counted matmuls were bfloat16, and matmul timings of 1 GFLOP/s in bfloat16 (512x512)
+    # and 80 GFLOP/s in float32
+    timed: list[tuple[Any, float]] = []
+
+    def fake_timing(torch_: Any, dtype: Any, size: int = 1024, repeats: int = 5, budget_s: float = 1.0,
+                    clock: Any = None) -> MatmulTiming:
+        timed.append((dtype, budget_s))
+        return MatmulTiming(1e9, 512, 3) if dtype is torch.bfloat16 else MatmulTiming(80e9, 1024, 5)
+
+    monkeypatch.setattr(flops, "time_matmuls", fake_timing)
+    count = FlopCount(flops_per_step=10**9, flops_by_op={"mm": 10**9}, step=3, dtype="bfloat16", cuda=False)
+    # when
+    peak = CpuPeakProbe().run(Path("."), post_run_facts(payloads={"flops": count})).payload
+    # then: both rates, each within its own budget, the two budgets within the probe's
+    assert [dtype for dtype, _ in timed] == [torch.bfloat16, torch.float32]
+    assert sum(budget for _, budget in timed) <= CpuPeakProbe.budget_s
+    assert peak.flops_per_s == 1e9 and peak.float32_flops_per_s == 80e9
+    assert "the fastest of 3 512x512 bfloat16 matmuls" in peak.source
+    assert "float32 for comparison: 80.0 GFLOP/s, the fastest of 5 1024x1024 float32 matmuls" in peak.source
+    assert speed_of_light(count, peak).float32_flops_per_s == 80e9
+    # a float32 run is timed once, in float32
+    timed.clear()
+    peak = CpuPeakProbe().run(Path("."), post_run_facts(payloads={"flops": dataclasses.replace(
+        count, dtype="float32")})).payload
+    assert [dtype for dtype, _ in timed] == [torch.float32] and peak.float32_flops_per_s is None
+
+
 @pytest.mark.parametrize(("name", "dtype", "model", "tflops"), [
     ("NVIDIA H100 80GB HBM3", "bfloat16", "H100 SXM", 989.5),
     ("NVIDIA H100 PCIe", "float16", "H100 PCIe", 756),
@@ -150,6 +190,47 @@ def test_a_measured_peak_below_what_the_run_itself_did_is_raised_to_the_runs_rat
     # a datasheet peak (a GPU's) is never raised
     gpu = dataclasses.replace(record.speed_of_light, peak_measured=False)
     assert complete_speed_of_light(dataclasses.replace(record, speed_of_light=gpu)).mfu == pytest.approx(1.2)
+
+
+@pytest.mark.parametrize("factor", [1.2, 1.45])
+def test_a_measured_peak_below_the_runs_rate_within_the_noise_factor_is_raised(factor: float) -> None:
+    # given: the benchmark after the run measured the run's 30 GFLOP/s over ``factor``: within the 1.5x a loaded
+    # machine can slow it by (thresholds.MEASURED_PEAK_NOISE)
+    record = compute_bound_record()
+    record = dataclasses.replace(record, speed_of_light=dataclasses.replace(record.speed_of_light,
+                                                                             peak_flops_per_s=30e9 / factor))
+    sol = complete_speed_of_light(record)
+    assert sol.peak_flops_per_s == pytest.approx(30e9) and sol.mfu == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("factor", [1.6, 4.2])
+def test_a_measured_peak_far_below_the_runs_own_rate_is_not_its_peak_and_gives_no_mfu(factor: float) -> None:
+    # given: like a TransformerEncoder under CPU bf16 autocast: its steps did 4.0 GFLOP/s where the bfloat16
+    # matmul benchmark after the run measured 4.0 / 4.2 = 0.95 GFLOP/s (its matmuls are not the benchmark's)
+    peak = 1_692_401_664 / 0.42 / factor
+    sol = SpeedOfLight(flops_per_step=1_692_401_664, peak_flops_per_s=peak, peak_measured=True, dtype="bfloat16",
+                       peak_source="measured here after the run: the fastest of 1 1024x1024 bfloat16 matmuls")
+    record = make_record(steps=Steps(count=50, median_s=0.42, total=60, source="optimizer"), speed_of_light=sol,
+                         verdict=Verdict("compute", 0.95, ("aten::mm takes 72% of op time",)))
+    # when
+    completed = complete_speed_of_light(record)
+    # then: the achieved rate is given, the benchmark's figure is kept, no MFU, and the record says why
+    assert completed.achieved_flops_per_s == pytest.approx(4.03e9, rel=1e-3)
+    assert completed.peak_flops_per_s == pytest.approx(peak) and completed.mfu is None
+    assert f"not this run's peak: the run did 4.0 GFLOP/s, {factor:.1f}x the" in completed.peak_source
+    # and nothing says "at 100% of peak": not the headline, the what-if, the summary or the report
+    record = dataclasses.replace(record, speed_of_light=completed)
+    assert headroom_text(record) is None
+    assert what_if(record, record.verdict) is None
+    from gpuscope.report.render import render_report
+    from gpuscope.summary import summary_lines
+
+    summary = "\n".join(summary_lines(record, Path("run")))
+    assert summary.startswith("gpuscope: CPU-compute-bound (confidence 0.95)")
+    assert "achieved 4.0 GFLOP/s; this machine's bfloat16 matmul benchmark measured" in summary
+    assert "not this run's peak: no MFU" in summary and "peak" not in summary.splitlines()[0]
+    html = render_report(record, inline_plotly=False)
+    assert "no model FLOPs utilisation is given" in html and "model FLOPs utilisation," not in html
 
 
 def test_what_if_of_a_compute_bound_run_is_the_step_at_the_peak() -> None:

@@ -13,7 +13,9 @@ from gpuscope.record import RunRecord
 
 Needs = tuple[str, ...]
 """Record fields a rule reads: "op_profile", "calibration", "loaders", "kernels" (the CUDA kernel timeline),
-"cuda" (a CUDA run), "practices", "data_probe", "syncs", "model" (the model's layers, inspected)."""
+"cuda" (a CUDA run), "cpu" (a CPU-only run), "practices", "data_probe", "syncs", "model" (the model's layers,
+inspected), "matmul_rates" (this machine's measured matmul rate in the step's dtype, and in float32 where that is
+another)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +72,10 @@ def missing_input(record: RunRecord, needs: Needs) -> str | None:
     for need in needs:
         if need == "cuda" and record.device != "cuda":
             return "a CPU-only run: this is about GPU work"
+        if need == "cpu" and record.device != "cpu":
+            return "a GPU run: this is about a CPU's own arithmetic"
+        if need == "matmul_rates" and (why := _rates_missing(record)) is not None:
+            return why
         if need == "kernels" and (record.op_profile is None or record.op_profile.kernels is None):
             return "no CUDA kernel timeline" + _collector_reason(record, "op_profile")
         if need == "op_profile" and (record.op_profile is None or not record.op_profile.ops):
@@ -92,6 +98,27 @@ _ABSENT = {
     "syncs": "host-device syncs were not counted",
 }
 """Record fields filled by one collector each, and what their absence means."""
+
+
+def _rates_missing(record: RunRecord) -> str | None:
+    """Why this machine's matmul rates are not known for the run: in the step's dtype (measured after the run by the
+    cpu-peak probe) and, where that is not float32, in float32 beside it; None where they are, or where the step's
+    matmuls were float32 already."""
+    sol = record.speed_of_light
+    if sol is None or not sol.dtype:
+        return "the dtype of the step's matmuls is unknown (no step's FLOPs were counted)" + _collector_reason(
+            record, "speed_of_light")
+    if sol.dtype == "float32":
+        return None  # a float32 step: nothing to hold against it
+    probe = record.collectors.get("cpu-peak")
+    why = f" (cpu-peak: {probe.reason})" if probe is not None and probe.reason else (
+        "" if probe is not None else " (the cpu-peak probe did not run)")
+    if not sol.peak_measured or not sol.peak_flops_per_s:
+        return "this machine's matmul rate was not measured" + why
+    if not sol.float32_flops_per_s:
+        return f"this machine's float32 matmul rate was not measured beside its {sol.dtype} one" + why
+    return None
+
 
 def _collector_reason(record: RunRecord, field: str) -> str:
     """" (NAME: why)" for the collector that fills ``field`` in ``record``, when it said why it did not."""

@@ -1,11 +1,14 @@
-"""Rules about number formats: mixed precision on Tensor Cores."""
+"""Rules about number formats: mixed precision on Tensor Cores; float32 on a CPU whose bfloat16 / float16 matmuls
+are slower than its float32 ones."""
 
 from __future__ import annotations
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import STEP, Metric, kernel_share
+from gpuscope.analysis.evidence import STEP, Metric, kernel_share, median_compute_s, op_kind
 from gpuscope.analysis.rules.base import Finding, rule
-from gpuscope.record import KernelTimeline, RunRecord
+from gpuscope.record import CallSite, KernelTimeline, RunRecord
+
+LOW_PRECISION = ("bfloat16", "float16")
 
 
 def compute_busy(kernels: KernelTimeline) -> float:
@@ -39,3 +42,69 @@ def mixed_precision(run: RunRecord) -> Finding | None:
         f"only {kernels.tensor_core_share:.0%} of compute-kernel time is on Tensor Cores",
     )
     return Finding(busy * off_tc * th.AMP_TIME_SAVED, evidence)
+
+
+def matmul_share(run: RunRecord) -> float | None:
+    """Share of the profiled steps' op time (self time of every op) in matmul ops (``mm``, ``addmm``, ``bmm``...);
+    None without an op profile."""
+    ops = run.op_profile
+    if ops is None or not ops.ops or not ops.mean_op_s:
+        return None
+    matmuls = sum(o.self_host_s for o in ops.top_host if op_kind(o.name) == "matmul")
+    return min(1.0, matmuls / (ops.mean_op_s * ops.ops))
+
+
+@rule(id="cpu-fp32-over-low-precision",
+      title="Train in float32 on this CPU: its bfloat16 / float16 matmuls are slower",
+      fix="train in float32 on this CPU: drop torch.autocast('cpu', dtype=torch.bfloat16), or keep the model and its "
+          "inputs in float32 (no .to(torch.bfloat16) / .half())",
+      needs=("cpu", "op_profile", "matmul_rates"),
+      resolved_by=(Metric("op time in matmuls", "share", matmul_share), STEP))
+def cpu_fp32_over_low_precision(run: RunRecord) -> Finding | None:
+    """Signal: a CPU run whose matmuls ran in bfloat16 or float16 (under autocast, or a model cast to it), on a
+    machine whose float32 matmul rate, measured after the run, is ``CPU_LOW_PRECISION_SLOWER`` times its rate in
+    that dtype or more.
+    Why it matters: a CPU without matrix instructions for the dtype (AVX512-BF16 or AMX for bfloat16) runs those
+    matmuls on a slow path: on the project's 2-core machine bfloat16 matmuls run at 1-3 GFLOP/s (by size) against
+    93 in float32, and a TransformerEncoder's step under bf16 autocast took 420 ms against 45 ms without.
+    Fix: drop the autocast (naming its line where gpuscope saw it) or the cast to half precision: train in float32.
+    Gain: the matmul ops' time in the step (their share of the profiled op time) less the same matmuls in float32:
+    their counted FLOPs at the measured float32 rate, or their time scaled by the two measured rates, the longer."""
+    sol = run.speed_of_light
+    if sol is None or sol.dtype not in LOW_PRECISION or not sol.peak_flops_per_s or not sol.float32_flops_per_s:
+        return None
+    low, fp32, median = sol.peak_flops_per_s, sol.float32_flops_per_s, run.steps.median_s
+    share = matmul_share(run)
+    if fp32 < low * th.CPU_LOW_PRECISION_SLOWER or not share or not median or not run.steps.count:
+        return None
+    matmul_s = share * median_compute_s(run)
+    flops = sum(n for op, n in sol.flops_by_op.items() if op_kind(op) == "matmul")
+    fp32_s = max(flops / fp32, matmul_s * low / fp32)
+    if fp32_s >= matmul_s:
+        return None
+    sites = run.practices.cpu_autocast_sites if run.practices is not None else ()
+    how = f", under torch.autocast at {_sites(sites)}" if sites else ""
+    evidence = (
+        f"the step's matmuls ran in {sol.dtype}{how}",
+        f"this machine's matmul rates, measured after the run: float32 {fp32 / 1e9:.1f} GFLOP/s, {sol.dtype} "
+        f"{low / 1e9:.2f} GFLOP/s ({fp32 / low:.0f}x slower)",
+        f"matmul ops take {share:.0%} of the step's op time, about {matmul_s * 1e3:.1f} ms of the "
+        f"{median * 1e3:.1f} ms step; in float32 they would take about {fp32_s * 1e3:.1f} ms "
+        f"({flops / 1e9:.2f} GFLOP at the float32 rate)",
+    )
+    fix = None
+    if sites and sites[0].file:
+        fix = (f"{_site(sites[0])}: drop the autocast (or pass enabled=False) and train in float32 on this CPU, "
+               f"whose {sol.dtype} matmuls are {fp32 / low:.0f}x slower than its float32 ones")
+    elif run.practices is not None:
+        fix = (f"keep the model and its inputs in float32 (no .to(torch.{sol.dtype}) / .half()) on this CPU, whose "
+               f"{sol.dtype} matmuls are {fp32 / low:.0f}x slower than its float32 ones")
+    return Finding((matmul_s - fp32_s) / median, evidence, fix=fix)
+
+
+def _site(site: CallSite) -> str:
+    return f"{site.file}:{site.line} `{site.code}`" if site.file else "a line outside the user's code"
+
+
+def _sites(sites: tuple[CallSite, ...]) -> str:
+    return ", ".join(f"{_site(s)} ({s.calls}x)" for s in sites[:3])
