@@ -37,25 +37,33 @@ def cpu_overhead(record: RunRecord) -> Overhead | None:
 
 
 def unlike_window(record: RunRecord) -> str | None:
-    """Why the op profile's steps do not describe the steady-state ones, or None: their median wall time (kept in
-    the step sample) is ``WINDOW_UNLIKE`` times longer or shorter than the steady median, the run having changed
-    pace after the window (a first phase that trains another model, a slow start)."""
-    ops, steps = record.op_profile, record.steps
-    window = ops.window if ops is not None else None
-    if window is None or window.first_step is None or not steps.median_s:
+    """Why the op profile's steps do not describe the steady-state ones (``unlike_steps``), or None."""
+    window = record.op_profile.window if record.op_profile is not None else None
+    if window is None or window.first_step is None:
         return None
     last = window.last_step if window.last_step is not None else window.first_step
+    return unlike_steps(record, window.first_step, last, "the op profile's steps")
+
+
+def unlike_steps(record: RunRecord, first: int, last: int, what: str) -> str | None:
+    """Why steps ``first``..``last`` (a profiler's window: ``what``) do not describe the steady-state ones, or None:
+    their median wall time (kept in the step sample) is ``WINDOW_UNLIKE`` times longer or shorter than the steady
+    median, the run having changed pace after them (a first phase that trains another model, a slow start)."""
+    steps = record.steps
     sample = steps.sample
-    times = [t for i, t in zip(sample.index, sample.wall_s) if window.first_step <= i <= last and t > 0]
-    if not times:
+    times = [t for i, t in zip(sample.index, sample.wall_s) if first <= i <= last and t > 0]
+    if not times or not steps.median_s:
         return None
     ratio = statistics.median(times) / steps.median_s
     if 1 / WINDOW_UNLIKE < ratio < WINDOW_UNLIKE:
         return None
     how = f"{ratio:.0f}x longer" if ratio > 1 else f"{1 / ratio:.0f}x shorter"
-    return (f"the op profile's steps ({window.first_step}-{last}, median {statistics.median(times) * 1e3:.1f} ms) "
-            f"are {how} than the steady-state steps (median {steps.median_s * 1e3:.1f} ms): the run changed pace "
-            f"after them; `gpuscope run --skip-steps {steps.warmup} ...` profiles steps like the steady ones")
+    one = first == last
+    took = f"{first}," if one else f"{first}-{last}, median"
+    return (f"{what} ({took} {statistics.median(times) * 1e3:.1f} ms) {'is' if one else 'are'} {how} than the "
+            f"steady-state steps (median {steps.median_s * 1e3:.1f} ms): the run changed pace after "
+            f"{'it' if one else 'them'}; `gpuscope run --skip-steps {steps.warmup} ...` profiles steps like the "
+            "steady ones")
 
 
 def median_compute_s(record: RunRecord) -> float:

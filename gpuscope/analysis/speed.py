@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import cpu_overhead, launch_wait, median_compute_s
+from gpuscope.analysis.evidence import cpu_overhead, launch_wait, median_compute_s, unlike_steps
 from gpuscope.record import LoaderRate, RunRecord, SpeedOfLight, Verdict, WhatIf
 
 
@@ -24,6 +24,10 @@ def complete_speed_of_light(record: RunRecord) -> SpeedOfLight | None:
     sol, steps = record.speed_of_light, record.steps
     if sol is None or not steps.count or not steps.median_s or not sol.flops_per_step:
         return sol
+    unlike = unlike_steps(record, sol.step, sol.step, "the step whose FLOPs were counted") \
+        if sol.step is not None else None
+    if unlike is not None:  # its FLOPs are not a steady step's: no achieved rate, no MFU
+        return dataclasses.replace(sol, note=f"{sol.note}; {unlike}" if sol.note else unlike)
     achieved = sol.flops_per_step / steps.median_s
     measured = sol.peak_flops_per_s
     if sol.peak_measured and measured and achieved > measured * th.MEASURED_PEAK_NOISE:

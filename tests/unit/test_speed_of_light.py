@@ -17,7 +17,7 @@ from gpuscope.analysis.reduce import speed_of_light
 from gpuscope.captures import FlopCount
 from gpuscope.collectors import flops
 from gpuscope.collectors.flops import CpuPeakProbe, MatmulTiming, SpeedOfLightCollector, fitting_size, measure_cpu_peak
-from gpuscope.record import Breakdown, RunMeta, SpeedOfLight, Steps, Verdict
+from gpuscope.record import Breakdown, RunMeta, SpeedOfLight, StepSample, Steps, Verdict
 from gpuscope.session import post_run_facts
 
 torch = pytest.importorskip("torch")
@@ -175,6 +175,25 @@ def test_mfu_is_achieved_flops_over_the_peak_and_leads_the_compute_headline() ->
     gpu = dataclasses.replace(record, device="cuda", speed_of_light=dataclasses.replace(
         sol, peak_measured=False, device_name="NVIDIA H100 80GB HBM3", dtype="bfloat16"))
     assert headroom_text(gpu) == "at 30% of the H100 SXM's bfloat16 peak"
+
+
+def test_flops_counted_on_a_step_unlike_the_steady_ones_give_no_achieved_rate_and_say_why() -> None:
+    # given: a first phase of 200 ms steps (an encoder) and a steady phase of 5 ms ones; the FLOPs of step 12 counted
+    base = compute_bound_record()
+    index = tuple(range(40))
+    sample = StepSample(index=index, wall_s=tuple(0.2 if i < 20 else 0.005 for i in index))
+    steps = dataclasses.replace(base.steps, median_s=0.005, warmup=20, sample=sample)
+    record = dataclasses.replace(base, steps=steps,
+                                 speed_of_light=dataclasses.replace(base.speed_of_light, step=12))
+    # when
+    sol = complete_speed_of_light(record)
+    # then: 6 GFLOP over 5 ms would be 1.2 TFLOP/s, twelve times the machine's peak: nothing is worked out of it
+    assert sol is not None and sol.achieved_flops_per_s is None and sol.mfu is None
+    assert "the step whose FLOPs were counted (12, 200.0 ms) is 40x longer than the steady-state steps" in sol.note
+    assert "--skip-steps 20" in sol.note
+    # a counted step like the steady ones is used as before
+    like = dataclasses.replace(record, speed_of_light=dataclasses.replace(record.speed_of_light, step=30))
+    assert complete_speed_of_light(like).achieved_flops_per_s == pytest.approx(6e9 / 0.005)  # type: ignore[union-attr]
 
 
 def test_a_measured_peak_below_what_the_run_itself_did_is_raised_to_the_runs_rate() -> None:
