@@ -13,6 +13,7 @@ from gpuscope.analysis.rules import RULES, Finding, evaluate
 from gpuscope.analysis.speed import what_if
 from gpuscope.record import (
     Breakdown,
+    CallSite,
     Calibration,
     CollectorStatus,
     KernelTimeline,
@@ -120,6 +121,21 @@ def test_without_the_probe_on_a_cpu_run_the_worker_count_counts_the_cores_the_wo
     assert "more-dataloader-workers" not in fired(heavy)
     slower = what_if(heavy, Verdict("data-loading", 0.9, ("45% 1",)))
     assert slower is not None and slower.speedup < 1
+
+
+def test_the_larger_batch_fix_goes_on_the_loaders_line_or_where_a_loop_without_one_builds_its_batches() -> None:
+    site = CallSite(file="train.py", line=41, code="loader = DataLoader(data, batch_size=2)")
+    with_line = dataclasses.replace(cpu_run(), loaders=(dataclasses.replace(cpu_run().loaders[0], created_at=site),))
+    assert fired(with_line)["larger-batch"].fix == \
+        "DataLoader(..., batch_size=4)  # train.py:41, then retune the learning rate and warm-up"
+    trainer = dataclasses.replace(with_line, loaders=(dataclasses.replace(with_line.loaders[0],
+                                                                          created_by="transformers"),))
+    assert fired(trainer)["larger-batch"].fix.startswith(
+        "TrainingArguments(..., per_device_train_batch_size=4)  # transformers, called from train.py:41")
+    # a loop slicing its batches out of a tensor: no DataLoader to name
+    assert fired(dataclasses.replace(cpu_run(), loaders=()))["larger-batch"].fix == (
+        "build each step's batch from twice the samples where the script makes it (no DataLoader was seen)  "
+        "# then retune the learning rate and warm-up")
 
 
 def test_recommendations_come_most_valuable_first() -> None:

@@ -90,10 +90,10 @@ def _workers_fix(loader: Loader, workers: int, threads: int | None) -> str:
         fix = f"DataLoader(..., num_workers={workers}, persistent_workers=True)"
     if threads is not None:
         fix += f"  and  torch.set_num_threads({threads})"
-    return fix + _comment(loader)
+    return fix + site_comment(loader)
 
 
-def _comment(loader: Loader) -> str:
+def site_comment(loader: Loader) -> str:
     """Where the change goes, as a comment after the fix: ``  # train.py:37`` (``  # transformers, called from
     train.py:52`` when a library built the loader); empty when that is not known."""
     site = loader.created_at
@@ -185,7 +185,7 @@ def pin_memory(run: RunRecord) -> Finding | None:
         f"the {unpinned[0].dataset} loader has pin_memory=False",
         *_built_at(unpinned[0]),
     )
-    comment = _comment(unpinned[0])
+    comment = site_comment(unpinned[0])
     if not comment:
         return Finding(copy_share * th.PINNED_COPY_SAVING, evidence)
     pin = "TrainingArguments(..., dataloader_pin_memory=True)" if unpinned[0].created_by == "transformers" else \

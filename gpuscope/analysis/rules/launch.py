@@ -5,6 +5,7 @@ from __future__ import annotations
 from gpuscope.analysis import thresholds as th
 from gpuscope.analysis.evidence import FIXED_COST, LAUNCH_WAIT, STEP, batch_size, cpu_overhead, launch_wait
 from gpuscope.analysis.rules.base import Finding, rule
+from gpuscope.analysis.rules.dataloader import site_comment
 from gpuscope.record import RunRecord
 
 
@@ -45,9 +46,23 @@ def larger_batch(run: RunRecord) -> Finding | None:
     batch = batch_size(run)
     evidence = (fact,) + ((f"the batch size is {batch}",) if batch else ())
     # doubling the batch halves the fixed cost per sample: the time per sample falls by share / 2
-    return Finding(share / 2, evidence,
-                   fix=f"DataLoader(..., batch_size={2 * batch})  # then retune the learning rate and warm-up"
-                   if batch else None)
+    return Finding(share / 2, evidence, fix=_batch_fix(run, batch))
+
+
+def _batch_fix(run: RunRecord, batch: int) -> str:
+    """The code change: the loader's batch size (the Trainer's argument where transformers built the loader), on
+    the loader's line; without a DataLoader, where the script builds its batches."""
+    retune = "then retune the learning rate and warm-up"
+    loader = max(run.loaders, key=lambda l: l.batch_size or 0, default=None)
+    if loader is None or not batch:
+        return (f"build each step's batch from twice the samples where the script makes it (no DataLoader was "
+                f"seen)  # {retune}")
+    if loader.created_by == "transformers":
+        fix = f"TrainingArguments(..., per_device_train_batch_size={2 * batch})"
+    else:
+        fix = f"DataLoader(..., batch_size={2 * batch})"
+    where = site_comment(loader)
+    return f"{fix}{where}, {retune}" if where else f"{fix}  # {retune}"
 
 
 @rule(id="jit-fusion",
