@@ -15,7 +15,7 @@ Every threshold is in thresholds.py.
 from __future__ import annotations
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import cpu_overhead, launch_wait, unlike_window
+from gpuscope.analysis.evidence import cpu_overhead, launch_wait, two_speeds, unlike_window
 from gpuscope.analysis.rules.base import missing_input
 from gpuscope.record import RunRecord, Verdict
 
@@ -26,7 +26,14 @@ HOW_TO_MARK_STEPS = (
 
 
 def classify(record: RunRecord) -> Verdict:
-    """The verdict on ``record``, with its confidence and the numbers it rests on."""
+    """The verdict on ``record``, with its confidence and the numbers it rests on (and, where the steps run at two
+    speeds, that the median step stands for a mix)."""
+    verdict = _classify(record)
+    mix = two_speeds(record) if record.steps.count else None
+    return Verdict(verdict.bound, verdict.confidence, (*verdict.evidence, mix)) if mix else verdict
+
+
+def _classify(record: RunRecord) -> Verdict:
     steps = record.steps
     needed = th.MIN_TRACE_STEPS if steps.source == "profiler" else th.MIN_STEADY_STEPS
     if steps.count < needed:

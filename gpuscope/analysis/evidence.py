@@ -3,12 +3,13 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuscope.analysis.thresholds import WINDOW_UNLIKE
+from gpuscope.analysis.thresholds import TWO_SPEED_GAP, TWO_SPEED_MIN_SHARE, TWO_SPEED_SEPARATION, WINDOW_UNLIKE
 from gpuscope.record import KernelTimeline, RunRecord
 
 MIN_COMPUTE_S = 1e-9
@@ -64,6 +65,52 @@ def unlike_steps(record: RunRecord, first: int, last: int, what: str) -> str | N
             f"steady-state steps (median {steps.median_s * 1e3:.1f} ms): the run changed pace after "
             f"{'it' if one else 'them'}; `gpuscope run --skip-steps {steps.warmup} ...` profiles steps like the "
             "steady ones")
+
+
+def two_speeds(record: RunRecord) -> str | None:
+    """Where the steady-state steps run at two speeds, what each group takes and which steps are slow: the median
+    describes neither group then. The groups split the log step times where they are most apart (Otsu's threshold):
+    two speeds where that split explains ``TWO_SPEED_SEPARATION`` of the log times' variance, the groups' medians are
+    ``TWO_SPEED_GAP`` apart, and each group is at least ``TWO_SPEED_MIN_SHARE`` of the steps. None for one speed."""
+    sample = record.steps.sample
+    steady = sorted((t, i) for i, t, s in zip(sample.index, sample.wall_s, sample.status) if s == "steady" and t > 0)
+    n = len(steady)
+    least = max(2, math.ceil(TWO_SPEED_MIN_SHARE * n))
+    logs = [math.log(t) for t, _ in steady]
+    if n < 2 * least or not (total := statistics.pvariance(logs)):
+        return None
+    mean, split, best = sum(logs) / n, 0, 0.0
+    for k in range(least, n - least + 1):
+        low = sum(logs[:k]) / k
+        between = k / n * (1 - k / n) * ((low - mean) / (1 - k / n)) ** 2  # w0 w1 (mu0 - mu1)^2, mu1 from the mean
+        if between > best:
+            split, best = k, between
+    fast, slow = [t for t, _ in steady[:split]], [t for t, _ in steady[split:]]
+    apart = statistics.median(slow) / statistics.median(fast) if split else 0.0
+    if best / total < TWO_SPEED_SEPARATION or apart < TWO_SPEED_GAP:
+        return None
+    kept = " sampled" if record.steps.sampled else ""
+    text = (f"the steps run at two speeds: {len(fast)} of {n}{kept} steady steps take a median "
+            f"{statistics.median(fast) * 1e3:.1f} ms, {len(slow)} take {statistics.median(slow) * 1e3:.1f} ms "
+            f"({apart:.0f}x); the {record.steps.median_s * 1e3:.1f} ms median step stands for the mix")
+    return text + _which_are_slow(sorted(i for _, i in steady[split:]), record.steps.sampled)
+
+
+def _which_are_slow(slow: list[int], sampled: bool) -> str:
+    """", every 2nd step" or ", steps 65-101 in a row" where the slow steps' indices say so (every step kept)."""
+    strides = [b - a for a, b in zip(slow, slow[1:])]
+    if sampled or not strides:
+        return ""
+    common = max(set(strides), key=strides.count)
+    if strides.count(common) < 0.8 * len(strides):
+        return ""
+    if common == 1:
+        return f": steps {slow[0]}-{slow[-1]} in a row (a phase of the run)"
+    return f": every {common}{_ordinal(common)} step"
+
+
+def _ordinal(n: int) -> str:
+    return "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
 
 
 def median_compute_s(record: RunRecord) -> float:

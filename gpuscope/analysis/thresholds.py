@@ -88,6 +88,21 @@ COMM_BOUND = 0.5
 communication: more bandwidth, or less to send per sample, pays more than faster arithmetic. Half is where the
 two are equal, as for LAUNCH_BOUND_OVERHEAD."""
 
+TWO_SPEED_SEPARATION = 0.8
+"""The steady steps run at two speeds where the split of their log times into a fast and a slow group that sets the
+groups most apart (Otsu's threshold) explains at least 80% of the log times' variance: times spread evenly give 0.75,
+two separate speeds 0.83 to 0.98 here (an IterableDataset with spawn workers 0.83-0.91, an accelerate loop 0.96, a
+Transformers loop with a slow middle phase 0.98)..."""
+
+TWO_SPEED_GAP = 3.0
+"""...the two groups' median times are 3x apart or more (the IterableDataset's 8 and 95 ms steps, median 27 ms;
+the accelerate loop's 24 and 616 ms, median 275 ms)..."""
+
+TWO_SPEED_MIN_SHARE = 0.15
+"""...and each group is at least 15% of the steady steps: fewer slow steps are a tail (the Transformers loop's 37
+slow steps of 190 are 19%). Over 118 run records kept here this names 10 (those above, and data-bound runs whose two
+workers deliver in rounds); it leaves out 5 whose groups are 3.5-27x apart with a continuum of times between them."""
+
 WINDOW_UNLIKE = 4.0
 """The op profile (torch.profiler's few steps) describes the steady state unless its steps' median wall time is 4x
 the steady median or more (or a quarter or less). Over 77 run records kept here (samples, held-out and user-style

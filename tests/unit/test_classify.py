@@ -163,6 +163,37 @@ def test_an_op_profile_a_little_slower_than_the_steady_steps_still_decides() -> 
     assert classify(two_phase_record(window_step_s=0.004)).bound == "cpu-launch"
 
 
+def steady_sample(walls: list[float]) -> StepSample:
+    return StepSample(index=tuple(range(10, 10 + len(walls))), wall_s=tuple(walls), status=("steady",) * len(walls))
+
+
+def test_steps_at_two_speeds_are_named_with_each_speed_and_which_steps_are_slow() -> None:
+    # recorded: an IterableDataset with two spawn workers: 8 ms and 95 ms steps in turn, median 27 ms
+    alternating = [0.008 + 0.0005 * (i % 3) if i % 2 else 0.095 - 0.001 * (i % 4) for i in range(60)]
+    record = dataclasses.replace(cpu_record(150, 0.6e-6, 0.027, mean_op_s=1.5e-4),
+                                 steps=Steps(count=60, median_s=0.027, total=70, warmup=10, sample=steady_sample(
+                                     alternating)))
+    mix = classify(record).evidence[-1]
+    assert mix == ("the steps run at two speeds: 30 of 60 steady steps take a median 8.5 ms, 30 take "
+                          "94.0 ms (11x); the 27.0 ms median step stands for the mix: every 2nd step")
+    # a phase of slow steps in a row (a Transformers loop's steps 65-101)
+    phase = [0.0775 + 0.001 * (i % 5) if not 55 <= i <= 91 else 1.844 for i in range(190)]
+    record = dataclasses.replace(record, steps=dataclasses.replace(record.steps, sample=steady_sample(phase)))
+    assert classify(record).evidence[-1].endswith("stands for the mix: steps 65-101 in a row (a phase of the run)")
+
+
+@pytest.mark.parametrize("walls", [
+    [0.010 * (1 + 0.05 * (i % 7)) for i in range(50)],  # one speed, the usual noise
+    [0.010 * 1.06 ** i for i in range(50)],  # steps slowing down gradually: no gap to split them at
+    [0.010] * 45 + [0.2] * 5,  # a tail of slow steps (a tenth), not a group
+], ids=["noise", "drift", "tail"])
+def test_steps_at_one_speed_are_not_said_to_run_at_two(walls: list[float]) -> None:
+    record = dataclasses.replace(cpu_record(150, 0.6e-6, 0.010, mean_op_s=5e-5),
+                                 steps=Steps(count=50, median_s=0.010, total=60, warmup=10,
+                                             sample=steady_sample(walls)))
+    assert not any("two speeds" in fact for fact in classify(record).evidence)
+
+
 def test_launch_bound_evidence_names_the_op_count_and_the_measured_cost() -> None:
     verdict = classify(cpu_record(3600, 0.6e-6, 0.003))
     assert "3600 torch ops per step at 0.60 us" in verdict.evidence[0]
