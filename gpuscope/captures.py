@@ -52,8 +52,9 @@ class TraceCapture:
     """The torch-trace collector's payload: torch.profiler's window as recorded.
 
     ``events`` are the whole trace's ``traceEvents`` (as exported, before ``trace.json`` was capped: the figures
-    are computed from all of them, the cap is about the file); ``stats`` the per-op totals of ``key_averages()``
-    over the recorded steps (``recorded``); ``trace_bytes`` and ``trace_detail`` what the file on disk holds."""
+    are computed from all of them, the cap is about the file); ``stats`` the per-op totals torch's
+    ``key_averages()`` would give over the recorded steps (``recorded``), read from those events
+    (``collectors.trace_table``); ``trace_bytes`` and ``trace_detail`` what the file on disk holds."""
 
     events: list[dict[str, object]]
     stats: tuple[OpStat, ...]

@@ -4,6 +4,11 @@ kernels launched from inside the op and no deeper one, through the launch's corr
 
 Ops are ``cpu_op`` events starting within the host window of the steps; ranges such as ``ProfilerStep#N`` or
 ``## forward ##`` are annotations, not ops.
+
+Not quite ``key_averages()``, which ``gpuscope run``'s table (``collectors.trace_table``) repeats exactly: there,
+runtime calls and kernels are rows too and a runtime call's time is not its op's self time, copies count as device
+time, and an op calling its namesake (``aten::mean``) is one call. On the H100 ``compute`` recording: 454 calls
+here, 941 in run.json.
 """
 
 from __future__ import annotations

@@ -1,0 +1,123 @@
+"""torch.profiler's op table read from the trace it exported, as ``key_averages()`` gives it for the same recording
+(torch.autograd.profiler_util), at a cost proportional to the events: ``key_averages()`` builds a Python object per
+event and a tree of them (12 s, 1.8M objects, on a loop of 55k ops a step), and gpuscope needs only the totals.
+
+What torch does, and this module repeats over the trace's events:
+- every host event (op, user annotation, runtime call) is a child of the innermost open event of its thread that
+  contains it; its self time is its duration less its direct children's;
+- an event whose only child has its own name absorbs it (``_remove_dup_nodes``: ``aten::mean`` calling
+  ``aten::mean``): one call, the child's children and device time;
+- device events (kernels, copies, memsets, syncs) are rows of their own (device time only), and give their time to
+  the op whose ``External id`` they carry (the op that launched them; not the runtime call: torch also credits a
+  runtime call whose CUDA correlation id happens to equal some op's id, a mix-up of two id spaces not repeated here);
+- a few utility names are dropped (``_filter_name``); user annotations are ranges, not rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from gpuscope.record import OpStat
+
+HOST_CATEGORIES = frozenset({"cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver",
+                             "xpu_runtime", "privateuse1_runtime", "privateuse1_driver", "mtia_runtime"})
+"""Host events: torch nests them by time on each thread (the op table's self time)."""
+DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"})
+"""Device events: rows of their own, and device time of the op whose ``External id`` they carry."""
+UNLISTED = frozenset({"[memory]", "[OutOfMemory]", "profiler::_record_function_enter",
+                      "profiler::_record_function_enter_new", "profiler::_record_function_exit", "aten::is_leaf",
+                      "aten::output_nr", "aten::_version"})
+"""Names torch leaves out of its events (``profiler_util._filter_name``): neither rows nor children."""
+_NUMBERS = (int, float)
+
+
+def trace_op_table(events: Iterable[Mapping[str, Any]]) -> list[OpStat]:
+    """Per-op totals of a trace's events, as torch's ``key_averages()`` gives them for the same recording: calls,
+    self host time (the event's time less its direct children's on its thread) and self device time (the kernels,
+    copies and syncs whose ``External id`` is the op's). Rows: ops, runtime calls, device events by name (device
+    time only). User annotations (ProfilerStep#, Optimizer.step#...) are ranges, not ops, and are left out."""
+    threads: dict[tuple[Any, Any], list[tuple[Any, ...]]] = {}
+    device_ns: dict[int, int] = {}
+    rows: dict[tuple[str, bool], list[int]] = {}  # (name, on the device) -> [calls, self host ns, device ns]
+    for index, e in enumerate(events):
+        cat = e.get("cat")
+        on_host = cat in HOST_CATEGORIES
+        if not on_host and cat not in DEVICE_CATEGORIES:
+            continue
+        ts, dur, name = e.get("ts"), e.get("dur"), e.get("name", "")
+        if e.get("ph") != "X" or type(ts) not in _NUMBERS or type(dur) not in _NUMBERS:
+            continue
+        if type(name) is not str:
+            name = str(name)
+        dur_ns = round(dur * 1000)
+        if not on_host:
+            row = rows.setdefault((name, True), [0, 0, 0])
+            row[0] += 1
+            row[2] += dur_ns
+            ext = (e.get("args") or {}).get("External id")
+            if type(ext) is int:
+                device_ns[ext] = device_ns.get(ext, 0) + dur_ns
+        elif name not in UNLISTED:
+            whole = int(ts)  # whole nanoseconds, exactly: round(ts * 1000) can miss by one on 10^12 us
+            start = whole * 1000 + round((ts - whole) * 1000)
+            ext = (e.get("args") or {}).get("External id") if cat == "cpu_op" else None
+            thread = threads.get((e.get("pid"), e.get("tid")))
+            if thread is None:
+                thread = threads[(e.get("pid"), e.get("tid"))] = []
+            thread.append((start, -start - dur_ns, index, name,
+                           cat != "user_annotation" and not name.startswith("ProfilerStep"), ext))
+    for items in threads.values():
+        items.sort()  # by start, outer before inner, then in trace order: (start, -end, index) is unique
+        _nest(items, device_ns, rows)
+    return [OpStat(name, calls, host_ns / 1e9, dev_ns / 1e9)
+            for (name, _), (calls, host_ns, dev_ns) in sorted(rows.items())]
+
+
+Frame = list[Any]
+"""An open host event: [end ns, name, duration ns, device ns, counted, children, children's ns, its only child]."""
+
+
+def _nest(items: list[tuple[Any, ...]], device_ns: Mapping[int, int], rows: dict[tuple[str, bool], list[int]]) -> None:
+    """One thread's host events nested as torch nests them (``EventList._populate_cpu_children``): an event is a
+    child of the innermost open one it fits in; then, as ``_remove_dup_nodes``, an event whose only child has its
+    name absorbs it (one call, the child's children and device time). Each event is tallied once its parent closes,
+    when that is known."""
+    stack: list[Frame] = []
+    for start, minus_end, _, name, counted, ext in items:
+        end = -minus_end
+        while stack and (start >= stack[-1][0] or end > stack[-1][0]):
+            _close(stack, rows)
+        stack.append([end, name, end - start, device_ns.get(ext, 0) if ext is not None else 0, counted, 0, 0, None])
+    while stack:
+        _close(stack, rows)
+
+
+def _close(stack: list[Frame], rows: dict[tuple[str, bool], list[int]]) -> None:
+    frame = stack.pop()
+    only = frame[7]
+    if frame[5] == 1:
+        if only[1] == frame[1]:
+            frame[3], frame[6] = only[3], only[6]
+        else:
+            _tally(only, rows)
+    if not stack:
+        _tally(frame, rows)
+        return
+    parent = stack[-1]
+    parent[5] += 1
+    parent[6] += frame[2]
+    if parent[5] == 1:
+        parent[7] = frame
+        return
+    if parent[5] == 2:
+        _tally(parent[7], rows)
+    _tally(frame, rows)
+
+
+def _tally(frame: Frame, rows: dict[tuple[str, bool], list[int]]) -> None:
+    if frame[4]:
+        row = rows.setdefault((frame[1], False), [0, 0, 0])
+        row[0] += 1
+        row[1] += frame[2] - frame[6]
+        row[2] += frame[3]

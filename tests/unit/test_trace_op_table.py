@@ -1,0 +1,191 @@
+"""The op table read from trace.json (``trace_op_table``) means what torch's ``key_averages()`` gave inside the run:
+compared on a real CPU profile built both ways, on the H100 recordings (run.json's table from ``key_averages()``,
+trace.json from the same run), and on hand-made events; and the end of the trace window neither builds torch's
+table nor keeps the profiler's events alive."""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import json
+import weakref
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuscope.analysis.figures import trace_figures
+from gpuscope.analysis.reduce import op_profile
+from gpuscope.collectors.trace_table import trace_op_table
+from gpuscope.collectors.torch_trace import TRACE_FILE, TorchTraceCollector
+from gpuscope.captures import TraceCapture
+from gpuscope.record import OpStat, Window
+
+H100 = Path(__file__).resolve().parent.parent / "fixtures" / "gpu" / "h100"
+
+
+def key_averages_table(averages: Any) -> list[OpStat]:
+    """The op table as the collector built it before, from ``key_averages()``: the reference."""
+    return [OpStat(a.key, int(a.count), a.self_cpu_time_total / 1e6, (a.self_device_time_total or 0.0) / 1e6)
+            for a in averages if not a.is_user_annotation and not a.key.startswith("ProfilerStep")]
+
+
+def by_name(stats: list[OpStat]) -> dict[str, OpStat]:
+    return {s.name: s for s in stats}
+
+
+def test_on_a_real_profile_the_trace_gives_key_averages_own_figures(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule
+
+    # given a small training loop profiled as the collector profiles it: a warm-up step, then three recorded ones,
+    # with user ranges, ops that call an op of their own name (aten::mean), backward and an optimizer step
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    trace = tmp_path / "trace.json"
+    reference: list[list[OpStat]] = []
+
+    def ready(prof: Any) -> None:
+        prof.export_chrome_trace(str(trace))
+        reference.append(key_averages_table(prof.key_averages()))
+
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=3, repeat=1),
+                 on_trace_ready=ready) as prof:
+        for _ in range(5):
+            with record_function("## forward ##"):
+                loss = model(torch.randn(8, 16)).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            prof.step()
+    # when the table is read from the exported trace
+    ours = by_name(trace_op_table(json.loads(trace.read_text())["traceEvents"]))
+    theirs = by_name(reference[0])
+    # then every row is torch's: the same ops, calls and self time (to the nanosecond)
+    assert ours.keys() == theirs.keys()
+    assert theirs["aten::mean"].calls == 3  # torch counts aten::mean calling aten::mean as one call
+    for name, op in theirs.items():
+        assert ours[name].calls == op.calls, name
+        assert ours[name].self_host_s == pytest.approx(op.self_host_s, abs=1e-9 * op.calls), name
+        assert ours[name].device_s == 0.0
+
+
+def recorded_table(name: str) -> tuple[dict[str, Any], list[OpStat], list[dict[str, Any]]]:
+    run = json.loads(gzip.decompress((H100 / f"{name}.run.json.gz").read_bytes()))
+    events = json.loads(gzip.decompress((H100 / f"{name}.trace.json.gz").read_bytes()))["traceEvents"]
+    return run["op_profile"], trace_op_table(events), events
+
+
+@pytest.mark.parametrize("name", ["compute", "data", "launch"])
+def test_the_h100_runs_op_figures_come_back_from_their_traces(name: str) -> None:
+    # given a run recorded on an H100 (its op table from key_averages()) and the trace.json it wrote, uncapped
+    recorded, stats, events = recorded_table(name)
+    assert recorded["trace_detail"] == "full"
+    profile = op_profile(stats, Window(7, 9), 3, trace_figures(events), cuda=True, trace_bytes=1)
+    # then the op counts are the same, kind by kind
+    assert profile.ops == recorded["ops"]
+    assert profile.calls_by_kind == recorded["calls_by_kind"]
+    # and so are the top ops by host time, and by device time (kernels, copies, the ops that launched them)
+    runtime = {str(e["name"]) for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")}
+    assert [(o.name, o.calls) for o in profile.top_host] == [(o["name"], o["calls"]) for o in recorded["top_host"]]
+    for ours, theirs in zip(profile.top_host, recorded["top_host"]):
+        assert ours.self_host_s == pytest.approx(theirs["self_host_s"], abs=1e-8)
+        # torch gave a few runtime calls the device time of an op whose id equals their CUDA correlation id
+        assert ours.device_s == pytest.approx(0.0 if ours.name in runtime else theirs["device_s"], abs=1e-8)
+    kept = [o for o in recorded["top_device"] if o["name"] not in runtime]
+    assert len(kept) >= len(recorded["top_device"]) - 1
+    for ours, theirs in zip(profile.top_device, kept):
+        assert (ours.name, ours.calls) == (theirs["name"], theirs["calls"])
+        assert ours.device_s == pytest.approx(theirs["device_s"], abs=1e-8)
+
+
+def op(name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1, ext: int | None = None) -> dict[str, Any]:
+    # as a trace holds them: three decimals, parsed to the nearest double
+    event: dict[str, Any] = {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": round(ts, 3), "dur": dur}
+    if ext is not None:
+        event["args"] = {"External id": ext}
+    return event
+
+
+def test_self_time_nesting_and_device_time_as_torch_reckons_them() -> None:
+    # given one step of hand-made events, at timestamps of a real trace (10^12 us, three decimals)
+    t = 4526788405514.43
+    events = [
+        op("ProfilerStep#7", t, 1000.0, cat="user_annotation"),
+        op("aten::linear", t + 10, 300.0, ext=1),
+        op("aten::addmm", t + 20, 200.001, ext=2),  # ends with its launch, to the nanosecond
+        op("cudaLaunchKernel", t + 150, 70.001, cat="cuda_runtime", ext=2),
+        op("aten::is_leaf", t + 240, 5.0),  # torch drops it: its time stays its parent's
+        op("aten::mean", t + 400, 100.0, ext=3),
+        op("aten::mean", t + 401.5, 90.0, ext=4),  # an op calling its namesake counts once
+        op("aten::sum", t + 402, 50.0, ext=5),
+        op("## forward ##", t + 600, 100.0, cat="user_annotation", ext=6),
+        op("aten::relu", t + 610, 40.0, ext=7),
+        op("aten::relu", t + 700, 10.0, tid=2, ext=8),  # another thread: never a child of the range
+        op("gemm_kernel", t + 500, 80.0, cat="kernel", ext=2),
+        op("gemm_kernel", t + 600, 40.0, cat="kernel", ext=2),
+        op("mean_kernel", t + 700, 5.0, cat="kernel", ext=4),
+        op("Memcpy HtoD (Pageable -> Device)", t + 710, 3.0, cat="gpu_memcpy"),
+        op("## forward ##", t + 600, 100.0, cat="gpu_user_annotation", ext=6),
+        {"ph": "s", "cat": "ac2g", "id": 2, "pid": 1, "tid": 1, "ts": t + 150, "name": "ac2g"},
+    ]
+    # when the table is read
+    rows = {s.name: (s.calls, round(s.self_host_s * 1e9), round(s.device_s * 1e9)) for s in trace_op_table(events)}
+    # then each op's self time is its own less its direct children's, on its thread
+    assert rows["aten::linear"] == (1, 99_999, 0)
+    assert rows["aten::addmm"] == (1, 130_000, 120_000)  # its launch is a child; its kernels are its device time
+    assert rows["cudaLaunchKernel"] == (1, 70_001, 0)
+    assert rows["aten::mean"] == (1, 50_000, 5_000)  # 100 us less aten::sum's 50; the inner mean's kernel
+    assert rows["aten::sum"] == (1, 50_000, 0)
+    assert rows["aten::relu"] == (2, 50_000, 0)
+    # device events are rows of their own; ranges and dropped names are not rows
+    assert rows["gemm_kernel"] == (2, 0, 120_000)
+    assert rows["Memcpy HtoD (Pageable -> Device)"] == (1, 0, 3_000)
+    assert not {"ProfilerStep#7", "## forward ##", "aten::is_leaf"} & rows.keys()
+
+
+class StepEvents:
+    def window_opened(self) -> None:
+        pass
+
+    def window_closed(self) -> None:
+        pass
+
+
+def test_the_window_ends_without_key_averages_and_lets_the_recorded_events_go(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = pytest.importorskip("torch")
+    from torch.profiler import profile
+
+    # given: torch's own table is out of reach (on a loop of 55k ops a step it took 12 s and kept 1.8M objects)
+    def refused(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the window's end built torch's event tree")
+
+    monkeypatch.setattr(profile, "key_averages", refused)
+    monkeypatch.setattr(profile, "events", refused)
+    collector = TorchTraceCollector(start=1, active=2)
+    collector._events = StepEvents()  # type: ignore[assignment]
+    collector.start(tmp_path)
+    held: list[weakref.ref[Any]] = []
+    # when a few steps run through the window, with the cyclic collector off
+    gc.disable()
+    try:
+        for index in range(6):
+            collector._on_step(index)
+            if collector._prof is not None and collector._prof.profiler is not None and not held:
+                held.append(weakref.ref(collector._prof.profiler))
+            x = torch.randn(16, 16)
+            (x @ x).relu().sum()
+        # then the profiler that holds the recorded events is gone once the window is over, with no collection
+        assert held and held[0]() is None
+    finally:
+        gc.enable()
+    assert collector._error is None
+    result = collector.stop()
+    # and the op table comes from trace.json at the end of the run
+    assert result.status.status == "ok", result.status
+    assert isinstance(result.payload, TraceCapture)
+    assert (tmp_path / TRACE_FILE).exists()
+    stats = by_name(list(result.payload.stats))
+    assert stats["aten::mm"].calls == 2 and stats["aten::relu"].calls == 2
