@@ -396,4 +396,3 @@ def _forked() -> None:
 
 
 os.register_at_fork(after_in_child=_forked)
-
