@@ -121,6 +121,11 @@ class Loader:
     created_by: str = ""
     """The library whose code constructed the DataLoader (``transformers`` for the Trainer's), or "" for the user's
     own code."""
+    restarts: int = 0
+    """Iterators after the first that started its worker processes again (each epoch without
+    ``persistent_workers``)."""
+    restart_wait_s: float = 0.0
+    """The loop's wait for the first batch of each of them: the workers' start-up, paid again each time."""
 
 
 @dataclass(frozen=True, slots=True)

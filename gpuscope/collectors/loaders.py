@@ -91,7 +91,11 @@ class LoaderBook:
             if created is not None:
                 info["created_at"], info["created_by"] = created[1], created[2]
             entry = self._entries[key] = {"info": info, "batches": 0, "wait_s": 0.0, "dataset": dataset,
-                                          "loading": _loading(iterator)}
+                                          "loading": _loading(iterator), "iterators": weakref.WeakSet(),
+                                          "restarts": 0, "restart_wait_s": 0.0}
+        if _first_from(entry["iterators"], iterator) and entry["batches"] and getattr(iterator, "_num_workers", 0):
+            entry["restarts"] += 1  # a new iterator's workers started for this batch
+            entry["restart_wait_s"] += wait_s
         entry["batches"] += 1
         entry["wait_s"] += wait_s
 
@@ -116,7 +120,20 @@ class LoaderBook:
 
     def records(self) -> tuple[Loader, ...]:
         """The loaders for the record, the longest waited on first."""
-        return tuple(Loader(batches=e["batches"], wait_s=e["wait_s"], **e["info"]) for e in self._by_wait())
+        return tuple(Loader(batches=e["batches"], wait_s=e["wait_s"], restarts=e["restarts"],
+                            restart_wait_s=e["restart_wait_s"], **e["info"]) for e in self._by_wait())
+
+
+def _first_from(seen: weakref.WeakSet[Any], iterator: Any) -> bool:
+    """Whether this is ``iterator``'s first batch (it is then noted in ``seen``); False for an iterator that cannot
+    be noted (no weak references)."""
+    try:
+        if iterator in seen:
+            return False
+        seen.add(iterator)
+    except TypeError:
+        return False
+    return True
 
 
 def _library(frame: FrameType | None) -> str:

@@ -1,5 +1,5 @@
-"""What the record says of each DataLoader the loop iterated, read off its iterator: here, the workers' start
-method, whichever way the script chose it."""
+"""What the record says of each DataLoader the loop iterated, read off its iterator: the workers' start method,
+whichever way the script chose it, and the restarts of its workers for each new iterator."""
 
 from __future__ import annotations
 
@@ -42,3 +42,24 @@ def test_a_loader_on_the_default_context_records_the_method_the_script_set(defau
     # the workers are plain Process objects of the default context
     multiprocessing.set_start_method("spawn", force=True)
     assert start_method_recorded(multiprocessing.Process()) == "spawn"
+
+
+class EpochIterator:
+    """A DataLoader iterator as the book sees it: a new one each epoch (no persistent workers), workers or not."""
+
+    def __init__(self, dataset: list[int], workers: int) -> None:
+        self._dataset, self._num_workers, self._workers, self._batch_size = dataset, workers, [], 1
+
+
+@pytest.mark.parametrize(("workers", "restarts", "waited"), [(2, 2, 3.0), (0, 0, 0.0)])
+def test_each_new_iterator_of_a_loader_with_workers_is_a_restart_with_its_first_wait(workers: int, restarts: int,
+                                                                                     waited: float) -> None:
+    # given: three epochs of three batches; each epoch's first batch waits 1.5 s (the workers' start-up)
+    book, dataset = LoaderBook(), [1, 2, 3]
+    for _ in range(3):
+        iterator = EpochIterator(dataset, workers)
+        for i in range(3):
+            book.count_batch(iterator, batch=[1], wait_s=1.5 if i == 0 else 0.01)
+    # then: the first epoch's start is no restart; with no workers nothing restarts at all
+    loader = book.records()[0]
+    assert (loader.batches, loader.restarts, loader.restart_wait_s) == (9, restarts, pytest.approx(waited))

@@ -138,6 +138,30 @@ def test_the_larger_batch_fix_goes_on_the_loaders_line_or_where_a_loop_without_o
         "# then retune the learning rate and warm-up")
 
 
+def restarting_run(persistent: bool = False, restart_wait_s: float = 9.0):
+    """Recorded: an IterableDataset with two spawn workers over 3 epochs of 126 steps, 19 ms a steady step; each new
+    epoch's iterator started the workers again, and the loop waited 4.5 s for its first batch."""
+    loader = Loader(dataset="SignalStream", num_workers=2, batch_size=32, batches=378, wait_s=16.0,
+                    start_method="spawn", persistent_workers=persistent, restarts=2, restart_wait_s=restart_wait_s,
+                    created_at=CallSite(file="iterable.py", line=71, code="loader = DataLoader(ds, ...)"))
+    return make_record(device="cpu", steps=Steps(count=360, median_s=0.019, mean_s=0.02, total=378, warmup=1,
+                                                 profiled=9, outliers=8),
+                       breakdown=Breakdown(data_wait=0.86, forward=0.14), loaders=(loader,), meta=RunMeta(cpu_count=2))
+
+
+def test_workers_started_again_each_epoch_are_told_to_persist_with_the_time_it_costs() -> None:
+    finding = fired(restarting_run())["persistent-workers"]
+    # 9 s of restarts against 376 steps of 20 ms and those 9 s: 54% of the run's step time
+    assert finding.expected_gain == pytest.approx(9.0 / (0.02 * 376 + 9.0), abs=0.01)
+    assert finding.evidence[0] == ("the SignalStream loader started its 2 spawn workers again 2 times after the first "
+                                   "(a new iterator each epoch), and the loop waited 9.00 s in all for the first batch "
+                                   "after each restart")
+    assert finding.fix == "DataLoader(..., persistent_workers=True)  # iterable.py:71"
+    # persistent workers, or restarts that cost nothing worth a line, are not told
+    assert "persistent-workers" not in fired(restarting_run(persistent=True))
+    assert "persistent-workers" not in fired(restarting_run(restart_wait_s=0.001))
+
+
 def test_recommendations_come_most_valuable_first() -> None:
     recommendations, _ = evaluate(cpu_run(elementwise=0.5))
     gains = [r.expected_gain for r in recommendations]
@@ -169,9 +193,10 @@ def test_a_rule_whose_input_was_not_collected_is_not_checked_and_says_why() -> N
 def test_every_contract_id_has_exactly_one_rule() -> None:
     ids = [r.id for r in RULES]
     assert len(ids) == len(set(ids))
-    # the contract's 15, reduce-communication and cpu-fp32-over-low-precision (docs/contract-additions.md)
-    assert len(contract_ids()) == 17
-    assert {"reduce-communication", "cpu-fp32-over-low-precision"} <= contract_ids()
+    # the contract's 15, reduce-communication, cpu-fp32-over-low-precision and persistent-workers
+    # (docs/contract-additions.md)
+    assert len(contract_ids()) == 18
+    assert {"reduce-communication", "cpu-fp32-over-low-precision", "persistent-workers"} <= contract_ids()
     assert set(ids) == contract_ids()
 
 

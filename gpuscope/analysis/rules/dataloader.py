@@ -191,3 +191,45 @@ def pin_memory(run: RunRecord) -> Finding | None:
     pin = "TrainingArguments(..., dataloader_pin_memory=True)" if unpinned[0].created_by == "transformers" else \
         "DataLoader(..., pin_memory=True)  and  batch.to(device, non_blocking=True)"
     return Finding(copy_share * th.PINNED_COPY_SAVING, evidence, fix=pin + comment)
+
+
+def _restart_share(run: RunRecord) -> float | None:
+    """The share of the run's step time spent waiting for workers to start again (each epoch's new iterator)."""
+    waited = sum(loader.restart_wait_s for loader in run.loaders)
+    steps = run.steps
+    if not steps.count:
+        return None
+    restarts = sum(loader.restarts for loader in run.loaders)
+    total = steps.mean_s * max(0, steps.total - restarts) + waited
+    return waited / total if total > 0 else None
+
+
+@rule(id="persistent-workers",
+      title="Keep the DataLoader's workers between epochs",
+      fix="DataLoader(..., persistent_workers=True)",
+      needs=("loaders",),
+      resolved_by=(Metric("waiting for workers to restart", "share", _restart_share), DATA_WAIT))
+def persistent_workers(run: RunRecord) -> Finding | None:
+    """Signal: a loader with worker processes and no ``persistent_workers`` started them again for a new iterator
+    (each epoch, each validation pass), and the loop waited for each restart's first batch.
+    Why it matters: each new iterator starts every worker again (under spawn, a fresh Python that imports torch and
+    unpickles the dataset: seconds) and waits for the first batch; persistent workers are started once.
+    Fix: DataLoader(..., persistent_workers=True) (the Trainer's dataloader_persistent_workers).
+    Gain: the measured restart waits' share of the run's step time (the mean steady step over the other steps)."""
+    restarted = [l for l in run.loaders if l.restarts and not l.persistent_workers]
+    share = _restart_share(run)
+    if not restarted or not share:
+        return None
+    loader = max(restarted, key=lambda l: l.restart_wait_s)
+    method = f" {loader.start_method}" if loader.start_method else ""
+    evidence = (
+        f"the {loader.dataset} loader started its {loader.num_workers}{method} workers again {loader.restarts} "
+        f"time{'s' if loader.restarts != 1 else ''} after the first (a new iterator each epoch), and the loop waited "
+        f"{loader.restart_wait_s:.2f} s in all for the first batch after each restart",
+        f"that is {share:.0%} of the run's step time (the {run.steps.mean_s * 1e3:.1f} ms mean steady step over "
+        f"the {run.steps.total} steps, and the restarts' waits)",
+        *_built_at(loader),
+    )
+    fix = "TrainingArguments(..., dataloader_persistent_workers=True)" if loader.created_by == "transformers" else \
+        "DataLoader(..., persistent_workers=True)"
+    return Finding(share, evidence, fix=fix + site_comment(loader))
