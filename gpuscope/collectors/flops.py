@@ -203,7 +203,7 @@ class CpuPeakProbe(PostRunProbe):
         dtype = count.dtype if count.dtype in ("float32", "bfloat16", "float16") else "float32"
         threads = torch.get_num_threads()
         peak = time_matmuls(torch, getattr(torch, dtype), clock=self._clock)
-        source = f"measured here after the run: {peak.describe(dtype)} on {threads} threads"
+        source = f"measured here after the run: {peak.describe(dtype)} on {threads} thread{'s' if threads != 1 else ''}"
         float32 = None
         if dtype != "float32":
             timed = time_matmuls(torch, torch.float32, budget_s=FLOAT32_BUDGET_S, clock=self._clock)
