@@ -84,13 +84,19 @@ def _built_at(loader: Loader) -> list[str]:
 def _workers_fix(loader: Loader, workers: int, threads: int | None) -> str:
     """The code change: the loader's arguments (the Trainer's, when transformers built it), the thread count if
     one is advised, and the line it goes on."""
-    if loader.created_by == "transformers":
-        fix = f"TrainingArguments(..., dataloader_num_workers={workers}, dataloader_persistent_workers=True)"
-    else:
-        fix = f"DataLoader(..., num_workers={workers}, persistent_workers=True)"
+    fix = loader_call(loader, f"dataloader_num_workers={workers}, dataloader_persistent_workers=True",
+                      f"num_workers={workers}, persistent_workers=True")
     if threads is not None:
         fix += f"  and  torch.set_num_threads({threads})"
     return fix + site_comment(loader)
+
+
+def loader_call(loader: Loader, trainer_args: str, loader_args: str) -> str:
+    """The call a loader fix changes: ``TrainingArguments(..., trainer_args)`` where the Trainer built the loader,
+    else ``DataLoader(..., loader_args)``."""
+    if loader.created_by == "transformers":
+        return f"TrainingArguments(..., {trainer_args})"
+    return f"DataLoader(..., {loader_args})"
 
 
 def site_comment(loader: Loader) -> str:
@@ -188,8 +194,9 @@ def pin_memory(run: RunRecord) -> Finding | None:
     comment = site_comment(unpinned[0])
     if not comment:
         return Finding(copy_share * th.PINNED_COPY_SAVING, evidence)
-    pin = "TrainingArguments(..., dataloader_pin_memory=True)" if unpinned[0].created_by == "transformers" else \
-        "DataLoader(..., pin_memory=True)  and  batch.to(device, non_blocking=True)"
+    pin = loader_call(unpinned[0], "dataloader_pin_memory=True", "pin_memory=True")
+    if unpinned[0].created_by != "transformers":  # the Trainer moves its batches itself
+        pin += "  and  batch.to(device, non_blocking=True)"
     return Finding(copy_share * th.PINNED_COPY_SAVING, evidence, fix=pin + comment)
 
 
@@ -230,6 +237,5 @@ def persistent_workers(run: RunRecord) -> Finding | None:
         f"the {run.steps.total} steps, and the restarts' waits)",
         *_built_at(loader),
     )
-    fix = "TrainingArguments(..., dataloader_persistent_workers=True)" if loader.created_by == "transformers" else \
-        "DataLoader(..., persistent_workers=True)"
+    fix = loader_call(loader, "dataloader_persistent_workers=True", "persistent_workers=True")
     return Finding(share, evidence, fix=fix + site_comment(loader))

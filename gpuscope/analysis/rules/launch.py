@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpuscope.analysis import thresholds as th
 from gpuscope.analysis.evidence import FIXED_COST, LAUNCH_WAIT, STEP, batch_size, cpu_overhead, launch_wait
 from gpuscope.analysis.rules.base import Finding, rule
-from gpuscope.analysis.rules.dataloader import site_comment
+from gpuscope.analysis.rules.dataloader import loader_call, site_comment
 from gpuscope.record import RunRecord
 
 
@@ -57,10 +57,7 @@ def _batch_fix(run: RunRecord, batch: int) -> str:
     if loader is None or not batch:
         return (f"build each step's batch from twice the samples where the script makes it (no DataLoader was "
                 f"seen)  # {retune}")
-    if loader.created_by == "transformers":
-        fix = f"TrainingArguments(..., per_device_train_batch_size={2 * batch})"
-    else:
-        fix = f"DataLoader(..., batch_size={2 * batch})"
+    fix = loader_call(loader, f"per_device_train_batch_size={2 * batch}", f"batch_size={2 * batch}")
     where = site_comment(loader)
     return f"{fix}{where}, {retune}" if where else f"{fix}  # {retune}"
 
