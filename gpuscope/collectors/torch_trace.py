@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from gpuscope.collectors.base import CollectorResult, StepFollower, WindowRequest, register
 from gpuscope.collectors.trace_table import trace_op_table
 from gpuscope.captures import TraceCapture
-from gpuscope.record import CollectorStatus, OpStat
+from gpuscope.record import CollectorStatus
 from gpuscope.versions import parse_version
 
 if TYPE_CHECKING:
@@ -248,16 +248,14 @@ def window_wall_s(events: list[dict[str, Any]]) -> float:
     return (max(end for _, end in spans) - min(start for start, _ in spans)) / 1e6
 
 
-def capture_trace(path: Path, max_bytes: int, stats: Sequence[OpStat] | None = None, recorded: Sequence[int] = (),
-                  cuda: bool = False) -> TraceCapture:
+def capture_trace(path: Path, max_bytes: int, recorded: Sequence[int] = (), cuda: bool = False) -> TraceCapture:
     """Read the exported trace, cap the file to ``max_bytes``, and keep every event for the figures: capping is
     about the file on disk, never about the figures (a capped trace keeps only the first recorded step, and
-    per-step figures divided by every recorded step would shrink by that factor). ``stats``: the op table, by
-    default read from the whole trace (``trace_op_table``)."""
+    per-step figures divided by every recorded step would shrink by that factor); the op table too is read from the
+    whole trace (``trace_op_table``)."""
     trace = json.loads(path.read_text(errors="replace"))
     events = trace.get("traceEvents", [])
-    if stats is None:
-        stats = trace_op_table(events)
+    stats = trace_op_table(events)
     detail = cap_trace(path, max_bytes, trace)[1]
     return TraceCapture(events=events, stats=tuple(stats), recorded=tuple(recorded), cuda=cuda,
                         trace_bytes=path.stat().st_size, trace_detail=detail)
