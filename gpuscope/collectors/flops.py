@@ -226,12 +226,6 @@ class MatmulTiming:
         return f"the fastest of {self.timed} {self.size}x{self.size} {dtype} matmuls"
 
 
-def measure_cpu_peak(torch: Any, dtype: Any, size: int = BENCH_SIZE, repeats: int = BENCH_REPEATS,
-                     budget_s: float = BENCH_BUDGET_S, clock: Callable[[], float] = time.perf_counter) -> float:
-    """FLOP/s of the fastest of up to ``repeats`` square matmuls in ``dtype`` (see ``time_matmuls``)."""
-    return time_matmuls(torch, dtype, size, repeats, budget_s, clock).flops_per_s
-
-
 def time_matmuls(torch: Any, dtype: Any, size: int = BENCH_SIZE, repeats: int = BENCH_REPEATS,
                  budget_s: float = BENCH_BUDGET_S, clock: Callable[[], float] = time.perf_counter) -> MatmulTiming:
     """The fastest of up to ``repeats`` square matmuls in ``dtype`` (one warm-up first), within about ``budget_s``:

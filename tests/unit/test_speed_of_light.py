@@ -16,7 +16,7 @@ from gpuscope.analysis.speed import complete_speed_of_light, headroom_text, what
 from gpuscope.analysis.reduce import speed_of_light
 from gpuscope.captures import FlopCount
 from gpuscope.collectors import flops
-from gpuscope.collectors.flops import CpuPeakProbe, MatmulTiming, SpeedOfLightCollector, fitting_size, measure_cpu_peak
+from gpuscope.collectors.flops import CpuPeakProbe, MatmulTiming, SpeedOfLightCollector, fitting_size, time_matmuls
 from gpuscope.record import Breakdown, RunMeta, SpeedOfLight, StepSample, Steps, Verdict
 from gpuscope.session import post_run_facts
 
@@ -87,7 +87,7 @@ def test_a_run_that_ends_before_the_counted_step_says_so() -> None:
 
 
 def test_the_cpu_peak_benchmark_measures_a_positive_rate() -> None:
-    assert measure_cpu_peak(torch, torch.float32, size=128, repeats=3) > 0
+    assert time_matmuls(torch, torch.float32, size=128, repeats=3).flops_per_s > 0
 
 
 def test_the_cpu_peak_benchmark_shrinks_a_matmul_that_would_overrun_its_budget() -> None:
