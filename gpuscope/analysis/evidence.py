@@ -80,8 +80,10 @@ def two_speeds(record: RunRecord) -> str | None:
     if n < 2 * least or not (total := statistics.pvariance(logs)):
         return None
     mean, split, best = sum(logs) / n, 0, 0.0
+    below = sum(logs[:least - 1])  # the k fastest steps' log times, added up as k grows
     for k in range(least, n - least + 1):
-        low = sum(logs[:k]) / k
+        below += logs[k - 1]
+        low = below / k
         between = k / n * (1 - k / n) * ((low - mean) / (1 - k / n)) ** 2  # w0 w1 (mu0 - mu1)^2, mu1 from the mean
         if between > best:
             split, best = k, between
