@@ -58,7 +58,7 @@ class StepSample:
 
     ``phases_s`` maps each phase of ``PHASES`` to per-step seconds; ``status`` says for each sampled step
     whether it counts in the steady-state figures (``steady``) or was left out (``warmup``, ``outlier``,
-    ``profiled``).
+    ``profiled``, ``eval``: an evaluation pass ran in it).
     ``device_wall_s`` holds per-step device time on CUDA runs (None where it was not resolved).
     """
 
@@ -90,6 +90,12 @@ class Steps:
     """Steps left out later for taking far longer than the median (checkpoints, evaluation, recompiles)."""
     profiled: int = 0
     """Steps left out because a profiler (cProfile, torch.profiler) was running during them."""
+    evaluated: int = 0
+    """Steps left out because the trained model ran a forward pass with gradients off in them and they took over 1.5x
+    the other steps' median (an evaluation pass between training steps), where steps with such a pass are a minority
+    (at most a third)."""
+    evaluated_s: float = 0.0
+    """Those steps' wall time in all, seconds."""
     source: StepSource = "none"
     breakdown_basis: TimeBasis = "host"
     """``device``: the breakdown splits the GPU's timeline by the host phase that queued the work."""

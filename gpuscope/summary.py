@@ -31,7 +31,9 @@ def left_out(record: RunRecord) -> str:
     """Why steps are not in the steady-state figures, e.g. "left out: 1 warm-up, 8 profiled, 0 outliers"."""
     steps = record.steps
     skipped = f", {steps.skipped} of them skipped" if steps.skipped else ""
-    return f"left out: {steps.warmup} warm-up{skipped}, {steps.profiled} profiled, {steps.outliers} outliers"
+    evaluated = f", {steps.evaluated} with an evaluation pass" if steps.evaluated else ""
+    return (f"left out: {steps.warmup} warm-up{skipped}, {steps.profiled} profiled, {steps.outliers} outliers"
+            f"{evaluated}")
 
 
 def window_line(record: RunRecord) -> str | None:

@@ -15,9 +15,10 @@ Every threshold is in thresholds.py.
 from __future__ import annotations
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import cpu_overhead, launch_wait, two_speeds, unlike_window
+from gpuscope.analysis.evidence import cpu_overhead, evaluation_passes, launch_wait, two_speeds, unlike_window
 from gpuscope.analysis.rules.base import missing_input
 from gpuscope.record import RunRecord, Verdict
+from gpuscope.summary import left_out
 
 
 HOW_TO_MARK_STEPS = (
@@ -27,20 +28,18 @@ HOW_TO_MARK_STEPS = (
 
 def classify(record: RunRecord) -> Verdict:
     """The verdict on ``record``, with its confidence and the numbers it rests on (and, where the steps run at two
-    speeds, that the median step stands for a mix)."""
+    speeds, that the median step stands for a mix; where evaluation passes took a notable time, what they took)."""
     verdict = _classify(record)
-    mix = two_speeds(record) if record.steps.count else None
-    return Verdict(verdict.bound, verdict.confidence, (*verdict.evidence, mix)) if mix else verdict
+    more = [line for line in (two_speeds(record), evaluation_passes(record)) if line] if record.steps.count else []
+    return Verdict(verdict.bound, verdict.confidence, (*verdict.evidence, *more)) if more else verdict
 
 
 def _classify(record: RunRecord) -> Verdict:
     steps = record.steps
     needed = th.MIN_TRACE_STEPS if steps.source == "profiler" else th.MIN_STEADY_STEPS
     if steps.count < needed:
-        left_out = (f"{steps.total} steps in all; left out: {steps.warmup} warm-up, {steps.profiled} profiled, "
-                    f"{steps.outliers} outliers")
-        evidence = [f"only {steps.count} steady-state steps were measured ({left_out}); at least "
-                    f"{needed} are needed"]
+        evidence = [f"only {steps.count} steady-state steps were measured ({steps.total} steps in all; "
+                    f"{left_out(record)}); at least {needed} are needed"]
         if steps.total == 0:
             evidence.append(_why_no_step(record))
         return Verdict("inconclusive", 0.0, tuple(evidence))

@@ -9,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuscope.analysis.thresholds import TWO_SPEED_GAP, TWO_SPEED_MIN_SHARE, TWO_SPEED_SEPARATION, WINDOW_UNLIKE
+from gpuscope.analysis.thresholds import (EVALUATION_WORTH_SAYING, TWO_SPEED_GAP, TWO_SPEED_MIN_SHARE,
+                                          TWO_SPEED_SEPARATION, WINDOW_UNLIKE)
 from gpuscope.record import KernelTimeline, RunRecord
 
 MIN_COMPUTE_S = 1e-9
@@ -96,6 +97,20 @@ def two_speeds(record: RunRecord) -> str | None:
             f"{statistics.median(fast) * 1e3:.1f} ms, {len(slow)} take {statistics.median(slow) * 1e3:.1f} ms "
             f"({apart:.0f}x); the {record.steps.median_s * 1e3:.1f} ms median step stands for the mix")
     return text + _which_are_slow(sorted(i for _, i in steady[split:]), record.steps.sampled)
+
+
+def evaluation_passes(record: RunRecord) -> str | None:
+    """What the steps left out as evaluation passes took, where it is ``EVALUATION_WORTH_SAYING`` of the steady
+    steps' time or more; None otherwise."""
+    steps = record.steps
+    steady_s = steps.count * steps.mean_s
+    if not steps.evaluated or not steady_s or steps.evaluated_s < EVALUATION_WORTH_SAYING * steady_s:
+        return None
+    ratio = steps.evaluated_s / steady_s
+    than = f"{ratio:.1f}x" if ratio >= 1 else f"{ratio:.0%} of"
+    return (f"{steps.evaluated} steps held an evaluation pass (the trained model ran forward with gradients off): "
+            f"{steps.evaluated_s:.1f} s in all, {than} the {steady_s:.1f} s of the {steps.count} steady steps; the "
+            "step figures leave them out and describe the training steps")
 
 
 def _which_are_slow(slow: list[int], sampled: bool) -> str:

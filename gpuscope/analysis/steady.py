@@ -41,20 +41,17 @@ def summarize(
     warmup = _count_warmup(records, total, skipped)
     profiled = [i for i, r in enumerate(records) if r.index >= warmup and r.profiled]
     later = [i for i, r in enumerate(records) if r.index >= warmup and not r.profiled]
-    later_median = _quantile([records[i].wall_s for i in later], [weights[i] for i in later], 0.5)
-    outlier_at = {i for i in later if records[i].wall_s > th.OUTLIER_FACTOR * later_median}
-    if len(outlier_at) > max(1.0, th.MAX_OUTLIER_SHARE * len(later)):
-        outlier_at = set()  # too many to be accidents: a pattern of the loop, and part of its cost
-    steady = [i for i in later if i not in outlier_at]
+    evaluated = _evaluation_steps(records, weights, later)
+    outlier_at = _outliers(records, weights, [i for i in later if i not in evaluated])
+    steady = [i for i in later if i not in evaluated and i not in outlier_at]
 
     walls = [records[i].wall_s for i in steady]
     w = [weights[i] for i in steady]
     count = round(sum(w))  # each kept step stands for its weight in steps of the run
     profiled_count = round(sum(weights[i] for i in profiled))
-    status = [
-        "warmup" if r.index < warmup else "profiled" if r.profiled else "outlier" if i in outlier_at else "steady"
-        for i, r in enumerate(records)
-    ]
+    evaluated_count = round(sum(weights[i] for i in evaluated))
+    status = ["warmup" if r.index < warmup else "profiled" if r.profiled else "eval" if i in evaluated
+              else "outlier" if i in outlier_at else "steady" for i, r in enumerate(records)]
 
     host = _host_breakdown([records[i] for i in steady], w)
     device = _device_breakdown([records[i] for i in steady], w)
@@ -71,7 +68,9 @@ def summarize(
         warmup=warmup,
         skipped=skipped,
         profiled=profiled_count,
-        outliers=max(0, total - warmup - profiled_count - count),
+        outliers=max(0, total - warmup - profiled_count - evaluated_count - count),
+        evaluated=evaluated_count,
+        evaluated_s=sum(records[i].wall_s * weights[i] for i in evaluated),
         source=source,  # type: ignore[arg-type]
         breakdown_basis="device" if device is not None else "host",
         device_median_s=_quantile([d for d, _ in device_walls], [k for _, k in device_walls], 0.5) if device_walls else None,
@@ -81,6 +80,27 @@ def summarize(
     if device is not None:
         return StepSummary(steps, device, host)
     return StepSummary(steps, host, None)
+
+
+def _outliers(records: Sequence[StepRecord], weights: Sequence[float], later: Sequence[int]) -> set[int]:
+    """Of the ``later`` steps, those over ``OUTLIER_FACTOR`` times their median, unless there are too many of them
+    to be accidents (over ``MAX_OUTLIER_SHARE``: a pattern of the loop, and part of its cost)."""
+    median = _quantile([records[i].wall_s for i in later], [weights[i] for i in later], 0.5)
+    outlier_at = {i for i in later if records[i].wall_s > th.OUTLIER_FACTOR * median}
+    return set() if len(outlier_at) > max(1.0, th.MAX_OUTLIER_SHARE * len(later)) else outlier_at
+
+
+def _evaluation_steps(records: Sequence[StepRecord], weights: Sequence[float], later: Sequence[int]) -> set[int]:
+    """Of the ``later`` steps (positions in ``records``), those in which the trained model ran a forward pass with
+    gradients off and that took ``EVALUATION_LONGER`` times the other steps' median (a test pass between epochs):
+    left out where the steps with such a pass are at most ``MAX_EVALUATED_SHARE`` of the steps. Where more are,
+    forward passes without gradients are part of the loop's work (a rollout each step) and none is left out."""
+    marked = {i for i in later if records[i].evaluated}
+    rest = [i for i in later if i not in marked]
+    if not rest or sum(weights[i] for i in marked) > th.MAX_EVALUATED_SHARE * sum(weights[i] for i in later):
+        return set()
+    median = _quantile([records[i].wall_s for i in rest], [weights[i] for i in rest], 0.5)
+    return {i for i in marked if records[i].wall_s > th.EVALUATION_LONGER * median}
 
 
 def _count_warmup(records: Sequence[StepRecord], total: int, skipped: int = 0) -> int:

@@ -123,13 +123,14 @@ class StepLog:
         self._seed = seed
         self.clear()
 
-    def add(self, wall_s: float, phases_s: dict[str, float], profiled: bool = False) -> StepRecord | None:
+    def add(self, wall_s: float, phases_s: dict[str, float], profiled: bool = False,
+            evaluated: bool = False) -> StepRecord | None:
         """Count one step; return its record if it is kept."""
         index = self.count
         self.count += 1
         if index < self.skip:
             return None
-        record = StepRecord(index, wall_s, phases_s, profiled)
+        record = StepRecord(index, wall_s, phases_s, profiled, evaluated=evaluated)
         if index < self.skip + self.head_size:
             self._head.append(record)
             return record
@@ -203,6 +204,7 @@ class StepTracker:
         self._held: tuple[float, dict[str, float]] | None = None  # the first backward's end, and the phases to it
         self._windows = 0
         self._profiled = False
+        self._evaluated = False  # the trained model ran a forward pass with gradients off in the open step
         self.listeners: list[Callable[[int], None]] = []
         self.phase_listeners: list[Callable[[str], None]] = []  # called with the phase now charged
 
@@ -225,6 +227,11 @@ class StepTracker:
             self.device.mark(self._device_step(), phase)
         for listener in self.phase_listeners:
             listener(phase)
+
+    def forward_without_grad(self) -> None:
+        """The trained model's forward began with gradients off (an evaluation pass, a rollout): the open step is
+        marked ``evaluated``."""
+        self._evaluated = True
 
     # -- profiling windows -------------------------------------------------------------------------------
     def window_opened(self) -> None:
@@ -265,8 +272,8 @@ class StepTracker:
             held_t, held_phases = self._held  # type: ignore[misc]
             self._held = None
             self._takes("backward")
-            self.log.add(held_t - self._t0, held_phases, self._profiled)
-            self._profiled = self._windows > 0
+            self.log.add(held_t - self._t0, held_phases, self._profiled, self._evaluated)
+            self._profiled, self._evaluated = self._windows > 0, False
             self._open_t = held_t
             # the step that began at the first backward's end has run already: the listeners hear of the next
             # one only (told of both now, a listener hooking modules at one would find at the other that their
@@ -286,7 +293,7 @@ class StepTracker:
             self._close_step(now)
         else:
             self.clock.split(now)  # time between epochs belongs to no step
-            self._profiled = self._windows > 0
+            self._profiled, self._evaluated = self._windows > 0, False
         self._open_t = now
         if self.device is not None:
             self.device.mark(self.log.count, self.clock.current)
@@ -353,8 +360,8 @@ class StepTracker:
     def _close_step(self, now: float) -> None:
         wall = now - self._open_t  # type: ignore[operator]
         phases = self.clock.split(now)
-        self.log.add(wall, phases, self._profiled)
-        self._profiled = self._windows > 0
+        self.log.add(wall, phases, self._profiled, self._evaluated)
+        self._profiled, self._evaluated = self._windows > 0, False
         if self.device is not None:
             self._attach_device_times(self.device.poll())
 
