@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuscope.record import Loader, OpStat
+from gpuscope.record import Loader
 
 TIMED_PHASES = ("data_wait", "forward", "backward", "optimizer")
 """Phases timed by hooks; a step's remaining time is "other"."""
@@ -53,12 +53,10 @@ class TraceCapture:
     """The torch-trace collector's payload: torch.profiler's window as recorded.
 
     ``events`` are the whole trace's ``traceEvents`` (as exported, before ``trace.json`` was capped: the figures
-    are computed from all of them, the cap is about the file); ``stats`` the per-op totals torch's
-    ``key_averages()`` would give over the recorded steps (``recorded``), read from those events
-    (``collectors.trace_table``); ``trace_bytes`` and ``trace_detail`` what the file on disk holds."""
+    and the op table are computed from all of them, the cap is about the file) over the recorded steps
+    (``recorded``); ``trace_bytes`` and ``trace_detail`` what the file on disk holds."""
 
     events: list[dict[str, object]]
-    stats: tuple[OpStat, ...]
     recorded: tuple[int, ...]
     cuda: bool
     trace_bytes: int

@@ -309,12 +309,17 @@ class OpProfile:
     trace_detail: str = "full"
     """``full``, or what was dropped to keep trace.json under its cap."""
     ops: int = 0
+    """torch ops in the window (calls of ``cpu_op`` events; runtime calls such as ``cudaLaunchKernel`` and device
+    events are rows of the tables, not ops)."""
     ops_per_step: float = 0.0
     mean_op_s: float = 0.0
     calls_by_kind: dict[str, int] = field(default_factory=dict)
     """Op calls by kind: ``elementwise``, ``matmul``, ``conv``, ``other``."""
     top_host: tuple[OpStat, ...] = ()
     top_device: tuple[OpStat, ...] = ()
+    device_s: float = 0.0
+    """The device events' time in all (kernels, copies, memsets), each once: what a row's device time is a share of
+    (an op's row and its kernels' rows both hold the kernels' time). 0 in records made before it was kept."""
     kernels: KernelTimeline | None = None
     """The kernel timeline of the device the run mainly used (the most kernel time), ``kernels.device``."""
     communication: Communication | None = None

@@ -21,7 +21,7 @@ from typing import Any
 
 from gpuscope.analysis.figures import TraceFigures, trace_figures
 from gpuscope.analysis.intervals import Span, clip, intersect, length, union
-from gpuscope.analysis.optable import op_table
+from gpuscope.analysis.optable import op_table, window_events
 from gpuscope.analysis.reduce import op_profile
 from gpuscope.analysis.trace import StepSpan, TraceIndex, index_trace
 from gpuscope.record import (
@@ -75,7 +75,7 @@ def record_from_trace(trace: Mapping[str, Any], name: str, size_bytes: int) -> R
         collectors={"steps": CollectorStatus("ok", f"ProfilerStep ranges of {name}"),
                     "torch-trace": CollectorStatus("ok", f"read from {name}"),
                     **{c: CollectorStatus("unavailable", why) for c, why in NOT_IN_A_TRACE.items()}},
-        op_profile=_op_profile(index, figures, size_bytes),
+        op_profile=_op_profile(events, figures, size_bytes),
         meta=RunMeta(duration_s=(spans[-1].end_us - spans[0].start_us) / 1e6 if spans else 0.0,
                      notes=(f"built from the torch.profiler trace {name} alone: no run was measured", *figures.notes)),
         distributed=_distributed(trace.get("distributedInfo")),
@@ -159,11 +159,12 @@ def _device_steps(figures: TraceFigures, count: int) -> list[float]:
     return [(b - a) / 1e6 for a, b in zip(bounds, bounds[1:])]
 
 
-def _op_profile(index: TraceIndex, figures: TraceFigures, size_bytes: int) -> OpProfile:
+def _op_profile(events: list[Mapping[str, Any]], figures: TraceFigures, size_bytes: int) -> OpProfile:
     spans = figures.steps
     window = (spans[0].start_us, spans[-1].end_us) if spans else (float("-inf"), float("inf"))
     steps = Window(spans[0].number if spans else None, spans[-1].number if spans else None)
-    return op_profile(op_table(index, window).stats, steps, len(spans), figures, cuda=True, trace_bytes=size_bytes)
+    return op_profile(op_table(window_events(events, *window)), steps, len(spans), figures, cuda=True,
+                      trace_bytes=size_bytes)
 
 
 def _distributed(info: Any) -> Distributed | None:

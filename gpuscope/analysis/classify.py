@@ -159,7 +159,7 @@ def _top_ops(record: RunRecord, device: bool = False) -> list[str]:
     if ops is None:
         return []
     top = ops.top_device if device else ops.top_host
-    total = sum(o.device_s for o in top) if device else ops.mean_op_s * ops.ops
+    total = (ops.device_s or sum(o.device_s for o in top)) if device else ops.mean_op_s * ops.ops
     if not top or total <= 0:
         return []
     lead = top[0]

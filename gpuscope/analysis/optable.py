@@ -1,95 +1,179 @@
-"""The op table of a trace's recorded steps, as torch.profiler's ``key_averages()`` gives it during a run: calls per
-op, self host time (the op's time less that of the ops nested in it, on its own thread), and self device time (the
-kernels launched from inside the op and no deeper one, through the launch's correlation id).
+"""A trace's op table, as torch.profiler's ``key_averages()`` gives it for the same recording
+(torch.autograd.profiler_util), read from the exported events: ``gpuscope run``'s table of its window
+(``key_averages()`` itself builds a Python object per event and a tree of them: 12 s, 1.8M objects, on a loop of 55k
+ops a step) and ``gpuscope analyze``'s of the steps it found, one and the same count.
 
-Ops are ``cpu_op`` events starting within the host window of the steps; ranges such as ``ProfilerStep#N`` or
-``## forward ##`` are annotations, not ops.
-
-Not quite ``key_averages()``, which ``gpuscope run``'s table (``collectors.trace_table``) repeats exactly: there,
-runtime calls and kernels are rows too and a runtime call's time is not its op's self time, copies count as device
-time, and an op calling its namesake (``aten::mean``) is one call. On the H100 ``compute`` recording: 454 calls
-here, 941 in run.json.
+What torch does, and this module repeats over the trace's events:
+- every host event (op, user annotation, runtime call) is a child of the innermost open event of its thread that
+  contains it; its self time is its duration less its direct children's;
+- an event whose only child has its own name absorbs it (``_remove_dup_nodes``: ``aten::mean`` calling
+  ``aten::mean``): one call, the child's children and device time;
+- device events (kernels, copies, memsets, syncs) are rows of their own (device time only), and give their time to
+  the op whose ``External id`` they carry (the op that launched them; not the runtime call: torch also credits a
+  runtime call whose CUDA correlation id happens to equal some op's id, a mix-up of two id spaces not repeated here);
+- a few utility names are dropped (``_filter_name``); user annotations are ranges, not rows.
+Of the rows, only torch ops (``cpu_op`` events) are ops: runtime calls (``cudaLaunchKernel``) and device events
+are rows of the table, never counted as ops (``OpTable.op_calls``): on a CUDA run they would double the count.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any, Literal
 
-from gpuscope.analysis.intervals import Span
-from gpuscope.analysis.trace import Thread, TraceIndex
 from gpuscope.record import OpStat
 
-_US_PER_S = 1e6
-Item = tuple[float, float, "str | None", float]
+HOST_CATEGORIES = frozenset({"cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver",
+                             "xpu_runtime", "privateuse1_runtime", "privateuse1_driver", "mtia_runtime"})
+"""Host events: torch nests them by time on each thread (the op table's self time)."""
+DEVICE_CATEGORIES = frozenset({"kernel", "gpu_memcpy", "gpu_memset", "cuda_sync"})
+"""Device events: rows of their own, and device time of the op whose ``External id`` they carry."""
+UNLISTED = frozenset({"[memory]", "[OutOfMemory]", "profiler::_record_function_enter",
+                      "profiler::_record_function_enter_new", "profiler::_record_function_exit", "aten::is_leaf",
+                      "aten::output_nr", "aten::_version"})
+"""Names torch leaves out of its events (``profiler_util._filter_name``): neither rows nor children."""
+_NUMBERS = (int, float)
+
+
+RowKind = Literal["op", "call", "device"]
+"""A row of the table: a torch op, a runtime or driver call, or a device event (kernel, copy, memset, sync)."""
 
 
 @dataclass(frozen=True, slots=True)
 class OpTable:
-    """Per-op totals over the steps, by name, and the number of op calls in all."""
+    """Per-name totals of a trace's events: the rows of torch ops (the op calls, their kinds and self time), of
+    runtime and driver calls, and of device events."""
 
-    stats: tuple[OpStat, ...]
-    ops: int
-    self_host_s: float
+    ops: tuple[OpStat, ...]
+    calls: tuple[OpStat, ...] = ()
+    device: tuple[OpStat, ...] = ()
 
+    @property
+    def rows(self) -> tuple[OpStat, ...]:
+        """Every row, by name."""
+        return tuple(sorted((*self.ops, *self.calls, *self.device), key=lambda o: o.name))
 
-def op_table(index: TraceIndex, window: Span) -> OpTable:
-    """Every op starting in ``window`` (trace microseconds): calls, self host time and self device time."""
-    device_us = _kernel_time_by_correlation(index)
-    totals: dict[str, list[float]] = {}  # name -> [calls, self host us, device us]
-    for items in _by_thread(index, window, device_us).values():
-        _walk(items, totals)
-    stats = tuple(OpStat(name, int(calls), host_us / _US_PER_S, dev_us / _US_PER_S)
-                  for name, (calls, host_us, dev_us) in sorted(totals.items()))
-    ops = sum(s.calls for s in stats)
-    return OpTable(stats, ops, sum(s.self_host_s for s in stats))
+    @property
+    def op_calls(self) -> int:
+        """Calls of torch ops."""
+        return sum(o.calls for o in self.ops)
 
-
-def _by_thread(index: TraceIndex, window: Span, device_us: Mapping[int, float]) -> dict[Thread, list[Item]]:
-    """The window's ops, and the launch calls whose kernels ran, by thread: ``(start, -duration, name or None,
-    kernel time)``, each thread's in start order (outer before inner at the same start)."""
-    threads: dict[Thread, list[Item]] = {}
-    lo, hi = window
-    for e in index.op_events:
-        ts = e["ts"]
-        if lo <= ts < hi:
-            item = (ts, -e["dur"], str(e.get("name", "")), 0.0)
-            threads.setdefault((e.get("pid"), e.get("tid")), []).append(item)
-    for e in index.host_calls:
-        corr = (e.get("args") or {}).get("correlation")
-        ts = e.get("ts")
-        if corr in device_us and type(ts) in (int, float) and lo <= ts < hi:
-            threads.setdefault((e.get("pid"), e.get("tid")), []).append((ts, 0.0, None, device_us[corr]))
-    for items in threads.values():
-        items.sort(key=lambda item: (item[0], item[1]))
-    return threads
+    @property
+    def device_s(self) -> float:
+        """The device events' time in all, each counted once."""
+        return sum(o.device_s for o in self.device)
 
 
-def _walk(items: list[Item], totals: dict[str, list[float]]) -> None:
-    """One thread's ops as a stack of nested ranges: each op's self time is its duration less its direct
-    children's; a launch call gives its kernels' time to the innermost op open around it."""
-    stack: list[tuple[float, list[float]]] = []  # (end, the op's row in ``totals``)
-    for ts, minus_dur, name, kernel_us in items:
-        while stack and stack[-1][0] <= ts:
-            stack.pop()
-        if name is None:
-            if stack:
-                stack[-1][1][2] += kernel_us
+def op_table(events: Iterable[Mapping[str, Any]]) -> OpTable:
+    """Per-op totals of a trace's events, as torch's ``key_averages()`` gives them for the same recording: calls,
+    self host time (the event's time less its direct children's on its thread) and self device time (the kernels,
+    copies and syncs whose ``External id`` is the op's). Rows: ops, runtime calls, device events by name (device
+    time only). User annotations (ProfilerStep#, Optimizer.step#...) are ranges, not ops, and are left out."""
+    threads: dict[tuple[Any, Any], list[tuple[Any, ...]]] = {}
+    device_ns: dict[int, int] = {}
+    rows: dict[tuple[str, RowKind], list[int]] = {}  # (name, kind) -> [calls, self host ns, device ns]
+    for index, e in enumerate(events):
+        cat = e.get("cat")
+        on_host = cat in HOST_CATEGORIES
+        if not on_host and cat not in DEVICE_CATEGORIES:
             continue
-        row = totals.get(name)
-        if row is None:
-            row = totals[name] = [0, 0.0, 0.0]
+        ts, dur, name = e.get("ts"), e.get("dur"), e.get("name", "")
+        if e.get("ph") != "X" or type(ts) not in _NUMBERS or type(dur) not in _NUMBERS:
+            continue
+        if type(name) is not str:
+            name = str(name)
+        dur_ns = round(dur * 1000)
+        if not on_host:
+            row = rows.setdefault((name, "device"), [0, 0, 0])
+            row[0] += 1
+            row[2] += dur_ns
+            ext = (e.get("args") or {}).get("External id")
+            if type(ext) is int:
+                device_ns[ext] = device_ns.get(ext, 0) + dur_ns
+        elif name not in UNLISTED:
+            whole = int(ts)  # whole nanoseconds, exactly: round(ts * 1000) can miss by one on 10^12 us
+            start = whole * 1000 + round((ts - whole) * 1000)
+            ext = (e.get("args") or {}).get("External id") if cat == "cpu_op" else None
+            thread = threads.get((e.get("pid"), e.get("tid")))
+            if thread is None:
+                thread = threads[(e.get("pid"), e.get("tid"))] = []
+            kind = None if cat == "user_annotation" or name.startswith("ProfilerStep") else \
+                "op" if cat == "cpu_op" else "call"
+            thread.append((start, -start - dur_ns, index, name, kind, ext))
+    for items in threads.values():
+        items.sort()  # by start, outer before inner, then in trace order: (start, -end, index) is unique
+        _nest(items, device_ns, rows)
+    stats = {key: OpStat(key[0], calls, host_ns / 1e9, dev_ns / 1e9)
+             for key, (calls, host_ns, dev_ns) in sorted(rows.items())}
+    return OpTable(*(tuple(s for (_, kind), s in stats.items() if kind == wanted)
+                     for wanted in ("op", "call", "device")))
+
+
+def window_events(events: Iterable[Mapping[str, Any]], start_us: float, end_us: float) -> list[Mapping[str, Any]]:
+    """The events of the host window ``start_us``..``end_us`` (trace microseconds): host events starting in it, and
+    the device events launched by its ops (their ``External id``), wherever they ran."""
+    host: list[Mapping[str, Any]] = []
+    device: list[Mapping[str, Any]] = []
+    launched: set[int] = set()
+    for e in events:
+        cat = e.get("cat")
+        if cat in DEVICE_CATEGORIES:
+            device.append(e)
+        elif cat in HOST_CATEGORIES and type(ts := e.get("ts")) in _NUMBERS and start_us <= ts < end_us:
+            host.append(e)
+            ext = (e.get("args") or {}).get("External id") if cat == "cpu_op" else None
+            if type(ext) is int:
+                launched.add(ext)
+    return host + [e for e in device if (e.get("args") or {}).get("External id") in launched]
+
+
+Frame = list[Any]
+"""An open host event: [end ns, name, duration ns, device ns, row kind (None: not a row), children, children's ns,
+its only child]."""
+
+
+def _nest(items: list[tuple[Any, ...]], device_ns: Mapping[int, int],
+          rows: dict[tuple[str, RowKind], list[int]]) -> None:
+    """One thread's host events nested as torch nests them (``EventList._populate_cpu_children``): an event is a
+    child of the innermost open one it fits in; then, as ``_remove_dup_nodes``, an event whose only child has its
+    name absorbs it (one call, the child's children and device time). Each event is tallied once its parent closes,
+    when that is known."""
+    stack: list[Frame] = []
+    for start, minus_end, _, name, kind, ext in items:
+        end = -minus_end
+        while stack and (start >= stack[-1][0] or end > stack[-1][0]):
+            _close(stack, rows)
+        stack.append([end, name, end - start, device_ns.get(ext, 0) if ext is not None else 0, kind, 0, 0, None])
+    while stack:
+        _close(stack, rows)
+
+
+def _close(stack: list[Frame], rows: dict[tuple[str, RowKind], list[int]]) -> None:
+    frame = stack.pop()
+    only = frame[7]
+    if frame[5] == 1:
+        if only[1] == frame[1]:
+            frame[3], frame[6] = only[3], only[6]
+        else:
+            _tally(only, rows)
+    if not stack:
+        _tally(frame, rows)
+        return
+    parent = stack[-1]
+    parent[5] += 1
+    parent[6] += frame[2]
+    if parent[5] == 1:
+        parent[7] = frame
+        return
+    if parent[5] == 2:
+        _tally(parent[7], rows)
+    _tally(frame, rows)
+
+
+def _tally(frame: Frame, rows: dict[tuple[str, RowKind], list[int]]) -> None:
+    if frame[4] is not None:
+        row = rows.setdefault((frame[1], frame[4]), [0, 0, 0])
         row[0] += 1
-        row[1] -= minus_dur
-        if stack:
-            stack[-1][1][1] += minus_dur
-        stack.append((ts - minus_dur, row))
-
-
-def _kernel_time_by_correlation(index: TraceIndex) -> dict[int, float]:
-    times: dict[int, float] = {}
-    for kernels in index.kernels.values():
-        for k in kernels:
-            if k.correlation is not None:
-                times[k.correlation] = times.get(k.correlation, 0.0) + (k.end_us - k.start_us)
-    return times
+        row[1] += frame[2] - frame[6]
+        row[2] += frame[3]

@@ -4,16 +4,17 @@ figures (the steady-state split of the steps, the speed of light against a peak)
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from gpuscope.analysis.evidence import op_kind
 from gpuscope.analysis.figures import TraceFigures, trace_figures
+from gpuscope.analysis.optable import OpTable, op_table
 from gpuscope.analysis.peaks import gpu_peak_flops
 from gpuscope.analysis.steady import StepSummary, summarize_capture
 from gpuscope.captures import CpuPeak, FlopCount, StepCapture, TraceCapture
-from gpuscope.record import OpProfile, OpStat, SpeedOfLight, Window
+from gpuscope.record import OpProfile, SpeedOfLight, Window
 
 TOP_OPS = 15
 """Ops listed by host and by device time."""
@@ -54,26 +55,28 @@ def trace_op_profile(capture: TraceCapture) -> OpProfile:
     (per device), communication and the recorded steps."""
     figures = trace_figures(capture.events)
     window = Window(capture.recorded[0], capture.recorded[-1]) if capture.recorded else Window()
-    return op_profile(capture.stats, window, len(capture.recorded), figures, cuda=capture.cuda,
+    return op_profile(op_table(capture.events), window, len(capture.recorded), figures, cuda=capture.cuda,
                       trace_bytes=capture.trace_bytes, trace_detail=capture.trace_detail)
 
 
-def op_profile(stats: Sequence[OpStat], window: Window, steps: int, figures: TraceFigures, *, cuda: bool,
+def op_profile(table: OpTable, window: Window, steps: int, figures: TraceFigures, *, cuda: bool,
                trace_bytes: int, trace_detail: str = "full") -> OpProfile:
-    """The op profile of ``steps`` recorded steps: per-op totals ``stats`` (as ``key_averages()`` gives them), the
-    top ops by host and device time, calls by kind, and the trace's figures (kernels only on a CUDA run)."""
-    ops = sum(s.calls for s in stats)
-    self_host_s = sum(s.self_host_s for s in stats)
+    """The op profile of ``steps`` recorded steps: the op table (as ``key_averages()`` gives it), the top rows by
+    host and device time, the torch ops' calls (by kind, and their mean self time: runtime calls and device events
+    are no ops), and the trace's figures (kernels only on a CUDA run)."""
+    ops = table.op_calls
+    self_host_s = sum(s.self_host_s for s in table.ops)
     kinds: dict[str, int] = {}
-    for op in stats:
+    for op in table.ops:
         kinds[op_kind(op.name)] = kinds.get(op_kind(op.name), 0) + op.calls
+    stats = table.rows
     by_device = sorted((o for o in stats if o.device_s > 0), key=lambda o: (-o.device_s, o.name))
     return OpProfile(
         window=window, steps=steps, trace_bytes=trace_bytes, trace_detail=trace_detail, ops=ops,
         ops_per_step=ops / max(1, steps), mean_op_s=self_host_s / ops if ops else 0.0,
         calls_by_kind=dict(sorted(kinds.items())),
         top_host=tuple(sorted(stats, key=lambda o: (-o.self_host_s, o.name))[:TOP_OPS]),
-        top_device=tuple(by_device[:TOP_OPS]),
+        top_device=tuple(by_device[:TOP_OPS]), device_s=table.device_s,
         kernels=figures.kernels if cuda else None, devices=figures.devices if cuda else (),
         communication=figures.communication,
     )

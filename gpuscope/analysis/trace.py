@@ -79,8 +79,6 @@ class TraceIndex:
     """Correlation id -> (start of the host call that queued the work, its pid)."""
     ops: dict[Thread, list[tuple[float, float]]] = field(default_factory=dict)
     """``cpu_op`` intervals by host thread."""
-    op_events: list[Mapping[str, Any]] = field(default_factory=list)
-    """The ``cpu_op`` events themselves (for the op table)."""
     annotations: dict[Thread, list[tuple[float, float, str]]] = field(default_factory=dict)
     """``user_annotation`` ranges (``## forward ##``, ``Optimizer.step#SGD.step``...) and DataLoader ``__next__``
     ranges by host thread: start, end, name."""
@@ -88,10 +86,9 @@ class TraceIndex:
     """Host-side collectives (``gloo:all_reduce``...): start, end."""
     copies: dict[int, list[Mapping[str, Any]]] = field(default_factory=dict)
     """``gpu_memcpy`` events by device."""
-    host_calls: list[Mapping[str, Any]] = field(default_factory=list)
-    """Runtime and driver calls, and ``cuda_sync`` records (for the host's waits on the device)."""
     syncs: list[Mapping[str, Any]] = field(default_factory=list)
-    """Of those, the calls that may block the host (``SYNC_CALLS``, blocking copies) and the ``cuda_sync`` records."""
+    """The runtime and driver calls that may block the host (``SYNC_CALLS``, blocking copies), and the ``cuda_sync``
+    records."""
     clashes: dict[int, list[tuple[float, Any]]] = field(default_factory=dict)
     """Correlation ids used by several processes (traces of several ranks merged into one list): every launch."""
 
@@ -153,7 +150,6 @@ def index_trace(events: Iterable[Mapping[str, Any]]) -> TraceIndex:
             if e.get("ph") == "X" and type(e.get("ts")) in _NUMBER_TYPES and type(e.get("dur")) in _NUMBER_TYPES:
                 _host_event(e, index)
         elif cat in LAUNCH_CATEGORIES or cat == "cuda_sync":
-            index.host_calls.append(e)
             name = e.get("name")
             if cat == "cuda_sync" or name in SYNC_CALLS or (
                     type(name) is str and name.startswith(BLOCKING_COPY_PREFIXES) and "Async" not in name):
@@ -206,7 +202,6 @@ def _host_event(e: Mapping[str, Any], index: TraceIndex) -> None:
         if ops is None:
             ops = index.ops[thread] = []
         ops.append((start, end))
-        index.op_events.append(e)
         if "DataLoader" in name:
             index.annotations.setdefault(thread, []).append((start, end, name))
     else:

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from gpuscope.collectors.base import CollectorResult, StepFollower, WindowRequest, register
-from gpuscope.collectors.trace_table import trace_op_table
 from gpuscope.captures import TraceCapture
 from gpuscope.record import CollectorStatus
 from gpuscope.versions import parse_version
@@ -151,8 +150,8 @@ class TorchTraceCollector(StepFollower):
         self._events.window_opened()  # type: ignore[union-attr]
 
     def _trace_ready(self, prof: Any) -> None:
-        """The recorded steps are done: save the trace, nothing more. The op table is read from it at the end of
-        the run (``trace_op_table``): torch's ``key_averages()`` took 12 s and kept 1.8M objects alive on a loop of
+        """The recorded steps are done: save the trace, nothing more. The op table is read from its events after
+        the run (``analysis.optable``): torch's ``key_averages()`` took 12 s and kept 1.8M objects alive on a loop of
         55k ops a step."""
         prof.export_chrome_trace(str(self._run_dir / TRACE_FILE))
         self._saved = True
@@ -252,13 +251,12 @@ def capture_trace(path: Path, max_bytes: int, recorded: Sequence[int] = (), cuda
     """Read the exported trace, cap the file to ``max_bytes``, and keep every event for the figures: capping is
     about the file on disk, never about the figures (a capped trace keeps only the first recorded step, and
     per-step figures divided by every recorded step would shrink by that factor); the op table too is read from the
-    whole trace (``trace_op_table``)."""
+    whole trace."""
     trace = json.loads(path.read_text(errors="replace"))
     events = trace.get("traceEvents", [])
-    stats = trace_op_table(events)
     detail = cap_trace(path, max_bytes, trace)[1]
-    return TraceCapture(events=events, stats=tuple(stats), recorded=tuple(recorded), cuda=cuda,
-                        trace_bytes=path.stat().st_size, trace_detail=detail)
+    return TraceCapture(events=events, recorded=tuple(recorded), cuda=cuda, trace_bytes=path.stat().st_size,
+                        trace_detail=detail)
 
 
 def cap_trace(path: Path, max_bytes: int, trace: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], str]:

@@ -1,6 +1,7 @@
-"""The op table read from trace.json (``trace_op_table``) means what torch's ``key_averages()`` gave inside the run:
+"""The op table read from trace.json (``op_table``) means what torch's ``key_averages()`` gave inside the run:
 compared on a real CPU profile built both ways, on the H100 recordings (run.json's table from ``key_averages()``,
-trace.json from the same run), and on hand-made events; and the end of the trace window neither builds torch's
+trace.json from the same run), and on hand-made events; of its rows only torch ops count as ops, and ``gpuscope
+analyze`` counts a trace's steps as ``gpuscope run`` does; and the end of the trace window neither builds torch's
 table nor keeps the profiler's events alive."""
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ from typing import Any
 
 import pytest
 
+from gpuscope.analysis.evidence import op_kind
 from gpuscope.analysis.figures import trace_figures
+from gpuscope.analysis.optable import OpTable, op_table
 from gpuscope.analysis.reduce import op_profile
-from gpuscope.collectors.trace_table import trace_op_table
 from gpuscope.collectors.torch_trace import TRACE_FILE, TorchTraceCollector
 from gpuscope.captures import TraceCapture
 from gpuscope.record import OpStat, Window
+from gpuscope.tracefile import record_from_trace
 
 H100 = Path(__file__).resolve().parent.parent / "fixtures" / "gpu" / "h100"
 
@@ -60,7 +63,8 @@ def test_on_a_real_profile_the_trace_gives_key_averages_own_figures(tmp_path: Pa
             optimizer.zero_grad()
             prof.step()
     # when the table is read from the exported trace
-    ours = by_name(trace_op_table(json.loads(trace.read_text())["traceEvents"]))
+    table = op_table(json.loads(trace.read_text())["traceEvents"])
+    ours = by_name(list(table.rows))
     theirs = by_name(reference[0])
     # then every row is torch's: the same ops, calls and self time (to the nanosecond)
     assert ours.keys() == theirs.keys()
@@ -71,21 +75,30 @@ def test_on_a_real_profile_the_trace_gives_key_averages_own_figures(tmp_path: Pa
         assert ours[name].device_s == 0.0
 
 
-def recorded_table(name: str) -> tuple[dict[str, Any], list[OpStat], list[dict[str, Any]]]:
+def recorded_table(name: str) -> tuple[dict[str, Any], OpTable, list[dict[str, Any]]]:
     run = json.loads(gzip.decompress((H100 / f"{name}.run.json.gz").read_bytes()))
     events = json.loads(gzip.decompress((H100 / f"{name}.trace.json.gz").read_bytes()))["traceEvents"]
-    return run["op_profile"], trace_op_table(events), events
+    return run["op_profile"], op_table(events), events
 
 
 @pytest.mark.parametrize("name", ["compute", "data", "launch"])
 def test_the_h100_runs_op_figures_come_back_from_their_traces(name: str) -> None:
     # given a run recorded on an H100 (its op table from key_averages()) and the trace.json it wrote, uncapped
-    recorded, stats, events = recorded_table(name)
+    recorded, table, events = recorded_table(name)
     assert recorded["trace_detail"] == "full"
-    profile = op_profile(stats, Window(7, 9), 3, trace_figures(events), cuda=True, trace_bytes=1)
-    # then the op counts are the same, kind by kind
-    assert profile.ops == recorded["ops"]
-    assert profile.calls_by_kind == recorded["calls_by_kind"]
+    profile = op_profile(table, Window(7, 9), 3, trace_figures(events), cuda=True, trace_bytes=1)
+    # then the rows are torch's, and the op counts are its counts less the rows that are no ops: runtime calls and
+    # device events, which the run recorded as ops of kind "other" (cudaLaunchKernel beside each op it serves)
+    others = (*table.calls, *table.device)
+    assert profile.ops == recorded["ops"] - sum(o.calls for o in others) < recorded["ops"]
+    kinds = dict(recorded["calls_by_kind"])
+    for row in others:  # a kernel's name may read as a kind (a cuDNN convolution kernel as "conv")
+        kinds[op_kind(row.name)] -= row.calls
+    assert profile.calls_by_kind == kinds
+    assert "cudaLaunchKernel" in {o.name for o in table.calls}
+    # and a row's device time is a share of the device events' time, each counted once
+    assert profile.device_s > 0 and profile.device_s == pytest.approx(sum(o.device_s for o in table.device))
+    assert profile.device_s >= sum(o.device_s for o in table.ops) - 1e-12  # some device events have no launching op
     # and so are the top ops by host time, and by device time (kernels, copies, the ops that launched them)
     runtime = {str(e["name"]) for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")}
     assert [(o.name, o.calls) for o in profile.top_host] == [(o["name"], o["calls"]) for o in recorded["top_host"]]
@@ -131,7 +144,8 @@ def test_self_time_nesting_and_device_time_as_torch_reckons_them() -> None:
         {"ph": "s", "cat": "ac2g", "id": 2, "pid": 1, "tid": 1, "ts": t + 150, "name": "ac2g"},
     ]
     # when the table is read
-    rows = {s.name: (s.calls, round(s.self_host_s * 1e9), round(s.device_s * 1e9)) for s in trace_op_table(events)}
+    table = op_table(events)
+    rows = {s.name: (s.calls, round(s.self_host_s * 1e9), round(s.device_s * 1e9)) for s in table.rows}
     # then each op's self time is its own less its direct children's, on its thread
     assert rows["aten::linear"] == (1, 99_999, 0)
     assert rows["aten::addmm"] == (1, 130_000, 120_000)  # its launch is a child; its kernels are its device time
@@ -143,6 +157,27 @@ def test_self_time_nesting_and_device_time_as_torch_reckons_them() -> None:
     assert rows["gemm_kernel"] == (2, 0, 120_000)
     assert rows["Memcpy HtoD (Pageable -> Device)"] == (1, 0, 3_000)
     assert not {"ProfilerStep#7", "## forward ##", "aten::is_leaf"} & rows.keys()
+    # and the ops are the torch ops: runtime calls and device events are rows, not ops
+    assert table.op_calls == 6
+    assert [o.name for o in table.calls] == ["cudaLaunchKernel"]
+    assert {o.name for o in table.device} == {"gemm_kernel", "mean_kernel", "Memcpy HtoD (Pageable -> Device)"}
+    assert table.device_s == pytest.approx(128e-6)
+
+
+@pytest.mark.parametrize("name", ["compute", "data", "launch"])
+def test_analyze_counts_a_recordings_ops_as_the_run_did(name: str) -> None:
+    # given a run recorded on an H100 and the trace.json it wrote
+    run = json.loads(gzip.decompress((H100 / f"{name}.run.json.gz").read_bytes()))
+    trace = json.loads(gzip.decompress((H100 / f"{name}.trace.json.gz").read_bytes()))
+    # when gpuscope analyze reads the trace alone, and the run's table is read from the same events
+    analyzed = record_from_trace(trace, f"{name}.trace.json", 1).op_profile
+    ran = op_profile(op_table(trace["traceEvents"]), Window(7, 9), 3, trace_figures(trace["traceEvents"]),
+                     cuda=True, trace_bytes=1)
+    # then both find the run's three profiled steps and count the same ops, kind by kind, at the same mean self time
+    # (runtime calls may differ: the run's trace holds a few outside the steps, a synchronisation at its end)
+    assert analyzed is not None and analyzed.steps == run["op_profile"]["steps"] == 3
+    assert (analyzed.ops, analyzed.calls_by_kind) == (ran.ops, ran.calls_by_kind)
+    assert analyzed.mean_op_s == pytest.approx(ran.mean_op_s, rel=1e-9)
 
 
 class StepEvents:
@@ -187,5 +222,5 @@ def test_the_window_ends_without_key_averages_and_lets_the_recorded_events_go(
     assert result.status.status == "ok", result.status
     assert isinstance(result.payload, TraceCapture)
     assert (tmp_path / TRACE_FILE).exists()
-    stats = by_name(list(result.payload.stats))
+    stats = by_name(list(op_table(result.payload.events).ops))
     assert stats["aten::mm"].calls == 2 and stats["aten::relu"].calls == 2
