@@ -26,7 +26,7 @@ class StepRecord:
     profiled: bool = False  # a profiler (cProfile, torch.profiler) ran during some of it
     device_wall_s: float | None = None
     device_phases_s: dict[str, float] | None = None
-    evaluated: bool = False  # the trained model ran a forward pass with gradients off in it (an evaluation pass)
+    evaluated: bool = False  # the trained model ran forward in eval mode / without gradients in it
 
 
 @dataclass(frozen=True, slots=True)

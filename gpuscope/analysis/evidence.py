@@ -108,9 +108,9 @@ def evaluation_passes(record: RunRecord) -> str | None:
         return None
     ratio = steps.evaluated_s / steady_s
     than = f"{ratio:.1f}x" if ratio >= 1 else f"{ratio:.0%} of"
-    return (f"{steps.evaluated} steps held an evaluation pass (the trained model ran forward with gradients off): "
-            f"{steps.evaluated_s:.1f} s in all, {than} the {steady_s:.1f} s of the {steps.count} steady steps; the "
-            "step figures leave them out and describe the training steps")
+    return (f"{steps.evaluated} steps held an evaluation pass (the trained model ran forward in eval mode or "
+            f"without gradients): {steps.evaluated_s:.1f} s in all, {than} the {steady_s:.1f} s of the {steps.count} "
+            "steady steps; the step figures leave them out and describe the training steps")
 
 
 def _which_are_slow(slow: list[int], sampled: bool) -> str:

@@ -91,10 +91,11 @@ def _outliers(records: Sequence[StepRecord], weights: Sequence[float], later: Se
 
 
 def _evaluation_steps(records: Sequence[StepRecord], weights: Sequence[float], later: Sequence[int]) -> set[int]:
-    """Of the ``later`` steps (positions in ``records``), those in which the trained model ran a forward pass with
-    gradients off and that took ``EVALUATION_LONGER`` times the other steps' median (a test pass between epochs):
-    left out where the steps with such a pass are at most ``MAX_EVALUATED_SHARE`` of the steps. Where more are,
-    forward passes without gradients are part of the loop's work (a rollout each step) and none is left out."""
+    """Of the ``later`` steps (positions in ``records``), those in which the trained model ran a forward pass in
+    eval mode or with gradients off and that took ``EVALUATION_LONGER`` times the other steps' median (a test pass
+    between epochs): left out where the steps with such a pass are at most ``MAX_EVALUATED_SHARE`` of the steps.
+    Where more are, forward passes without gradients are part of the loop's work (a rollout each step) and none is
+    left out."""
     marked = {i for i in later if records[i].evaluated}
     rest = [i for i in later if i not in marked]
     if not rest or sum(weights[i] for i in marked) > th.MAX_EVALUATED_SHARE * sum(weights[i] for i in later):

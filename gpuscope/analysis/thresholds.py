@@ -28,18 +28,19 @@ MAX_OUTLIER_SHARE = 0.05
 none is left out."""
 
 MAX_EVALUATED_SHARE = 1 / 3
-"""Steps in which the trained model ran a forward pass with gradients off (``torch.no_grad``, ``inference_mode``)
-and that took ``EVALUATION_LONGER`` times the other steps' median are evaluation passes between training steps (a
-train/test loop's test pass, a framework's validation) and are left out of the step figures, however many of them
-are long, while steps with such a pass are at most this share of the steps. A train/test loop with 10 batches an
-epoch has 10% of them. Where more steps have one, forward passes without gradients are part of the loop's work (a
-reinforcement learner's rollout before each update) and every step stays in."""
+"""Steps in which the trained model ran a forward pass in eval mode or with gradients off (``model.eval()``,
+``torch.no_grad``, ``inference_mode``) and that took ``EVALUATION_LONGER`` times the other steps' median are
+evaluation passes between training steps (a train/test loop's test pass, a framework's validation) and are left out
+of the step figures, however many of them are long, while steps with such a pass are at most this share of the
+steps. A train/test loop with 10 batches an epoch has 10% of them. Where more steps have one, forward passes without
+gradients are part of the loop's work (a reinforcement learner's rollout before each update) and every step stays
+in."""
 
 EVALUATION_LONGER = 1.5
-"""A step with a forward pass without gradients is an evaluation pass only if it took this multiple of the other
-steps' median: the test pass of a train/test loop made its step 3-20x longer in the loops measured here (PyTorch
-Lightning's validation on 5 batches 3x), while a DQN's action chosen under ``no_grad`` on one state leaves its step
-as long as the others."""
+"""A step with such a forward pass is an evaluation pass only if it took this multiple of the other steps' median:
+the test pass of a train/test loop made its step 3-20x longer in the loops measured here (PyTorch Lightning's
+validation on 5 batches 3x), while a DQN's action chosen under ``no_grad`` on one state leaves its step as long as
+the others."""
 
 EVALUATION_WORTH_SAYING = 0.1
 """Evaluation passes left out of the step figures get a line in the verdict's evidence where they took this share

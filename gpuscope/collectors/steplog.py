@@ -204,7 +204,7 @@ class StepTracker:
         self._held: tuple[float, dict[str, float]] | None = None  # the first backward's end, and the phases to it
         self._windows = 0
         self._profiled = False
-        self._evaluated = False  # the trained model ran a forward pass with gradients off in the open step
+        self._evaluated = False  # the trained model ran forward in eval mode / without gradients
         self.listeners: list[Callable[[int], None]] = []
         self.phase_listeners: list[Callable[[str], None]] = []  # called with the phase now charged
 
@@ -228,9 +228,9 @@ class StepTracker:
         for listener in self.phase_listeners:
             listener(phase)
 
-    def forward_without_grad(self) -> None:
-        """The trained model's forward began with gradients off (an evaluation pass, a rollout): the open step is
-        marked ``evaluated``."""
+    def evaluation_forward(self) -> None:
+        """The trained model's forward began in eval mode or with gradients off (an evaluation pass, a rollout): the
+        open step is marked ``evaluated``."""
         self._evaluated = True
 
     # -- profiling windows -------------------------------------------------------------------------------

@@ -315,8 +315,8 @@ class StepsCollector:
             if self.forward.checking:
                 self.forward.ran(module)
             self.tracker.enter("forward", self._clock())  # type: ignore[union-attr]
-            if not self._torch.is_grad_enabled():  # under no_grad or inference_mode: an evaluation pass
-                self.tracker.forward_without_grad()  # type: ignore[union-attr]
+            if not (module.training and self._torch.is_grad_enabled()):  # eval(), no_grad: an evaluation pass
+                self.tracker.evaluation_forward()  # type: ignore[union-attr]
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
         if self._mine():

@@ -1,10 +1,11 @@
 """Evaluation passes between training steps (a train/test loop's test pass, a framework's validation): the step in
-which the trained model ran forward with gradients off is left out of the step figures while such steps are a
-minority, whatever their length, and the verdict says what they took where it is notable. A loop that runs forward
+which the trained model ran forward in eval mode or with gradients off, and that took 1.5x the others, is left out of
+the step figures while such steps are a minority, and the verdict says what they took where it is notable. A loop that runs forward
 without gradients in most steps (a rollout before each update) keeps every step."""
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,7 @@ def train_test_loop(epochs: int, batches: int, evaluated_every_step: bool = Fals
         for phase, seconds in (EVAL if after_test else TRAIN).items():
             tracker.enter(phase, now)
             if phase == "forward" and (after_test or evaluated_every_step):
-                tracker.forward_without_grad()
+                tracker.evaluation_forward()
             now += seconds
             tracker.exit(phase, now)
         now += 0.001
@@ -99,8 +100,9 @@ def test_brief_evaluation_passes_get_no_line() -> None:
     assert evaluation_passes(make_record(steps=steps)) is None
 
 
-def run_train_and_test(epochs: int, batches: int) -> StepCapture:
-    """A real train/test loop in this process, under the steps collector."""
+def run_train_and_test(epochs: int, batches: int, no_grad: bool = True) -> StepCapture:
+    """A real train/test loop in this process, under the steps collector (its test pass under ``torch.no_grad``, or
+    in eval mode only, as a script that forgot ``no_grad`` has it)."""
     collector = StepsCollector()
     collector.start(Path("."))
     try:
@@ -114,7 +116,7 @@ def run_train_and_test(epochs: int, batches: int) -> StepCapture:
                 optimizer.step()
                 optimizer.zero_grad()
             model.eval()
-            with torch.no_grad():
+            with torch.no_grad() if no_grad else contextlib.nullcontext():
                 for _ in range(3):
                     model(x)
     finally:
@@ -122,7 +124,8 @@ def run_train_and_test(epochs: int, batches: int) -> StepCapture:
     return capture
 
 
-def test_the_steps_collector_marks_the_steps_holding_a_no_grad_pass_of_the_trained_model() -> None:
-    capture = run_train_and_test(epochs=4, batches=5)
+@pytest.mark.parametrize("no_grad", [True, False])
+def test_the_steps_collector_marks_the_steps_holding_an_evaluation_pass_of_the_trained_model(no_grad: bool) -> None:
+    capture = run_train_and_test(epochs=4, batches=5, no_grad=no_grad)
     # the model's modules are hooked from the first step on; each test pass falls in the next epoch's first step
     assert [r.index for r in capture.records if r.evaluated] == [5, 10, 15]
