@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuscope.analysis import analyze, thresholds
-from gpuscope.analysis.evidence import compute_time_s
+from gpuscope.analysis.evidence import batches_per_step, compute_time_s
 from gpuscope.analysis.reduce import reads_others, record_fields
 from gpuscope.captures import PostRunFacts, StepCapture
 from gpuscope.collectors import Collector, CollectorResult, default_collectors
@@ -232,8 +232,11 @@ class Session:
             figures = {"data_wait": reduced["breakdown"].data_wait, "median_s": reduced["steps"].median_s,
                        "steps": reduced["steps"].count, "cuda": capture.device == "cuda"}
         loaders = self._steps.loaders if self._steps is not None else None
-        return post_run_facts(**figures, loader=loaders.probe_loader() if loaders is not None else None,
-                              dataset=loaders.probe_dataset() if loaders is not None else None, payloads=payloads)
+        loader = loaders.probe_loader() if loaders is not None else None
+        if loader is not None and isinstance(capture, StepCapture):
+            figures["batches_per_step"] = batches_per_step(loader["batches"], capture.count)
+        dataset = loaders.probe_dataset() if loaders is not None else None
+        return post_run_facts(**figures, loader=loader, dataset=dataset, payloads=payloads)
 
     def _reduce(self, name: str, field: str, payload: object, payloads: Mapping[str, object]) -> dict[str, Any]:
         """``record_fields`` of collector ``name``'s payload, computed once (the record is written before and after
@@ -292,15 +295,15 @@ def _said_after(delay_s: float, say: Callable[[str], None] | None, message: str)
 
 
 def post_run_facts(*, data_wait: float = 0.0, median_s: float | None = None, steps: int = 0, cuda: bool = False,
-                   loader: dict[str, object] | None = None, dataset: object | None = None,
-                   payloads: dict[str, object] | None = None) -> PostRunFacts:
+                   batches_per_step: float = 1.0, loader: dict[str, object] | None = None,
+                   dataset: object | None = None, payloads: dict[str, object] | None = None) -> PostRunFacts:
     """The facts the probes get from the run's steady steps (``data_wait`` share, ``median_s``, ``steps``): whether
-    data wait was notable, and the rate the step consumes batches."""
+    data wait was notable, and the rate the step consumes batches (``batches_per_step`` of the slowest loader)."""
     compute_s = compute_time_s(median_s, data_wait) if steps and median_s else None
     return PostRunFacts(
         data_wait=data_wait, median_s=median_s, steps=steps, cuda=cuda,
         data_wait_notable=data_wait >= thresholds.DATA_WAIT_NOTABLE, notable_share=thresholds.DATA_WAIT_NOTABLE,
-        consume_batches_per_s=1 / compute_s if compute_s else None,
+        consume_batches_per_s=batches_per_step / compute_s if compute_s else None,
         keeps_up_margin=thresholds.LOADER_KEEPS_UP_MARGIN,
         loader=loader, dataset=dataset, payloads=payloads or {},
     )

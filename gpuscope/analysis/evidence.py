@@ -136,6 +136,17 @@ def median_compute_s(record: RunRecord) -> float:
     return compute_time_s(record.steps.median_s, record.breakdown.data_wait)
 
 
+def batches_per_step(batches: int, steps: int) -> float:
+    """Batches a step takes from a loader that delivered ``batches`` over the run's ``steps``: 4 in a loop that
+    accumulates gradients over 4 batches before each optimizer step; 1 where either is unknown. Within 0.1 of a
+    whole number it is that number (the first batch fetched before the steps were counted, the last one after)."""
+    if batches <= 0 or steps <= 0:
+        return 1.0
+    ratio = batches / steps
+    whole = round(ratio)
+    return float(whole) if whole >= 1 and abs(ratio - whole) <= 0.1 else ratio
+
+
 def compute_time_s(median_s: float, data_wait: float) -> float:
     """median step x (1 - data wait share), at least ``MIN_COMPUTE_S``: the time in which the next batch must be
     ready for the step never to wait (1 / it is the rate the step consumes batches)."""

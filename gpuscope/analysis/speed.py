@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import cpu_overhead, launch_wait, median_compute_s, unlike_steps
+from gpuscope.analysis.evidence import batches_per_step, cpu_overhead, launch_wait, median_compute_s, unlike_steps
 from gpuscope.record import LoaderRate, RunRecord, SpeedOfLight, Verdict, WhatIf
 
 
@@ -79,6 +79,7 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
     if probe is None or not median or not record.steps.count:
         return None
     cores = record.meta.cpu_count or 1
+    per = _batches_per_step(record)
     batch_s = _main_process_batch_s(record)
     measured = [_completed(r, batch_s, cores) for r in probe.rates if r.batches_per_s and not r.pin_memory] or \
                [_completed(r, batch_s, cores) for r in probe.rates if r.batches_per_s]
@@ -87,21 +88,22 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
     if not candidates:
         return None
     compute_s = median_compute_s(record)
-    consume = 1 / compute_s
+    consume = per / compute_s
     needed = consume * (1 + th.LOADER_KEEPS_UP_MARGIN)
     threads = min(probe.main_threads or 1, cores)
     one = next((r for r in measured if r.num_workers == 1), None) or next(
         (r for r in measured if r.num_workers == 0), None)
     shared = None
     build_s = batch_s or (1 / one.batches_per_s if one is not None else None)  # type: ignore[operator]
+    step_build_s = per * build_s if build_s is not None else 0.0  # the step's batches' build
     if record.device == "cpu" and build_s is not None:
-        shared = (build_s + compute_s * threads) / cores
+        shared = (step_build_s + compute_s * threads) / cores
 
     def step_with(rate: LoaderRate) -> float:
-        handover = (rate.handover_s or 0.0) if rate.num_workers else 0.0  # the main process receiving the batch
-        step = max(compute_s + handover, 1 / rate.batches_per_s)  # type: ignore[operator]
+        handover = per * (rate.handover_s or 0.0) if rate.num_workers else 0.0  # the main process receiving them
+        step = max(compute_s + handover, per / rate.batches_per_s)  # type: ignore[operator]
         if shared is not None:
-            step = max(step, shared_cores(compute_s, build_s or 0.0, rate.num_workers, threads, cores)[0] + handover)
+            step = max(step, shared_cores(compute_s, step_build_s, rate.num_workers, threads, cores)[0] + handover)
         return step
 
     keeping = [r for r in candidates if r.batches_per_s >= needed]  # type: ignore[operator]
@@ -110,7 +112,7 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
     step_s = step_with(rate)
     threads_fix = None
     if shared is not None:
-        threads_fix = shared_cores(compute_s, build_s or 0.0, rate.num_workers, threads, cores)[2]
+        threads_fix = shared_cores(compute_s, step_build_s, rate.num_workers, threads, cores)[2]
     return LoaderPlan(rate.num_workers, rate, bool(keeping), compute_s, step_s, shared, consume, threads_fix)
 
 
@@ -176,14 +178,22 @@ FIRST_ROUND_ONLY = "a lower bound"
 """How the loader probe marks a rate timed over its first round only (the workers' start-up included)."""
 
 
+def _batches_per_step(record: RunRecord) -> float:
+    """Batches a step takes from the loader it waited on longest (``batches_per_step``)."""
+    if not record.loaders:
+        return 1.0
+    return batches_per_step(max(record.loaders, key=lambda loader: loader.wait_s).batches, record.steps.total)
+
+
 def _main_process_batch_s(record: RunRecord) -> float | None:
     """How long building one batch took in the main process during the run: the data wait of a run whose slowest
-    loader had no workers (each wait is one whole batch built between steps); None otherwise."""
+    loader had no workers (each wait is one whole batch built between steps), over the batches a step takes; None
+    otherwise."""
     if not record.loaders or not record.steps.count or not record.steps.median_s:
         return None
     top = max(record.loaders, key=lambda loader: loader.wait_s)
     wait_s = record.breakdown.data_wait * record.steps.median_s
-    return wait_s if top.num_workers == 0 and wait_s > 0 else None
+    return wait_s / _batches_per_step(record) if top.num_workers == 0 and wait_s > 0 else None
 
 
 def _completed(rate: LoaderRate, batch_s: float | None, cores: int) -> LoaderRate:
@@ -213,9 +223,11 @@ def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
             step_s = plan.step_s
             how = "estimated from the run's batch time to deliver" if plan.rate.note.startswith("estimated") else \
                 "measured after the run delivering"
+            per = _batches_per_step(record)
+            batches = "one batch" if round(per, 1) == 1 else f"a step's {per:.3g} batches"
             explanation = (f"with {plan.workers} DataLoader workers, {how} "
                            f"{plan.rate.batches_per_s:.1f} batches/s: max(compute {plan.compute_s * 1e3:.1f} ms, "
-                           f"one batch {1e3 / plan.rate.batches_per_s:.1f} ms)")  # type: ignore[operator]
+                           f"{batches} {per * 1e3 / plan.rate.batches_per_s:.1f} ms)")  # type: ignore[operator]
             explanation += _shared_text(record, plan.workers, plan.shared_cpu_s, plan.threads)
         elif (estimate := loader_estimate(record)) is not None and estimate.spread_s is not None:
             step_s = estimate.step_s

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from conftest import make_record
+from gpuscope.analysis.evidence import batches_per_step
 from gpuscope.analysis.rules.dataloader import more_dataloader_workers
 from gpuscope.analysis.speed import loader_plan
 from gpuscope.collectors.loader_probe import (
@@ -378,3 +379,50 @@ def test_with_smaller_probe_batches_the_count_that_would_keep_up_is_still_worked
     # batches would
     assert configs == [(0, False), (4, False), (8, False)]
     assert "8.00 s in the run (0.50 s a batch of the probe's)" in notes[0]
+
+
+def accumulating_record(rates: dict[int, float]) -> Any:
+    """A loop accumulating gradients over 4 batches: 160 batches over 40 optimizer steps; the step computes for
+    50 ms and waits 50 ms for its four batches."""
+    record = probed_record(rates, device="cpu")
+    loaders = (dataclasses.replace(record.loaders[0], batches=160),)
+    return dataclasses.replace(record, loaders=loaders, steps=dataclasses.replace(record.steps, total=40))
+
+
+def test_a_step_that_takes_four_batches_needs_workers_that_deliver_four_in_its_compute() -> None:
+    # given: 1 worker delivers 50 batches/s, 2.5x one batch per 50 ms step, but the step takes four (80/s)
+    record = accumulating_record({0: 40.0, 1: 50.0, 2: 90.0, 4: 160.0})
+    plan = loader_plan(record)
+    assert plan is not None
+    # then two workers are the fewest that keep up, and the step is max(compute 50 ms, four batches at 90/s)
+    assert plan.consume_batches_per_s == pytest.approx(80.0)
+    assert plan.workers == 2
+    assert plan.step_s == pytest.approx(0.05)
+    finding = more_dataloader_workers(record)
+    assert finding is not None and "num_workers=2" in finding.fix
+    assert any("consumes 80.0 batches/s (4 per 50.0 ms of compute)" in fact for fact in finding.evidence)
+
+
+def test_the_workers_step_counts_every_batch_a_step_takes() -> None:
+    # given: no worker count keeps up with four batches a step; 4 workers deliver the most, 60/s
+    plan = loader_plan(accumulating_record({0: 20.0, 1: 25.0, 2: 45.0, 4: 60.0}))
+    # then the predicted step is four batches at that rate, not one
+    assert plan is not None and plan.workers == 4 and not plan.keeps_up
+    assert plan.step_s == pytest.approx(4 / 60.0)
+
+
+@pytest.mark.parametrize(("batches", "steps", "per"), [
+    (160, 40, 4.0),  # gradient accumulation over 4 batches
+    (41, 40, 1.0),  # a batch fetched before the first step was counted
+    (40, 42, 1.0),
+    (100, 40, 2.5),  # no whole number: as measured
+    (20, 40, 0.5),  # two optimizer steps on each batch
+    (0, 40, 1.0),  # unknown
+])
+def test_batches_per_step(batches: int, steps: int, per: float) -> None:
+    assert batches_per_step(batches, steps) == per
+
+
+def test_the_probe_is_told_the_rate_a_step_consumes_its_batches() -> None:
+    facts = post_run_facts(data_wait=0.5, median_s=0.1, steps=40, batches_per_step=4.0)
+    assert facts.consume_batches_per_s == pytest.approx(80.0)
