@@ -61,6 +61,13 @@ class LoaderPlan:
     threads: int | None = None
     """On a CPU run, the intra-op threads the main process should keep (``torch.set_num_threads``) where the
     workers and its current threads would be more busy threads than cores; None where nothing needs changing."""
+    batches_per_step: float = 1.0
+    """Batches a step takes from the loader (4 where gradients accumulate over 4 batches)."""
+
+    @property
+    def batches_text(self) -> str:
+        """"one batch", or "a step's 4 batches"."""
+        return "one batch" if round(self.batches_per_step, 1) == 1 else f"a step's {self.batches_per_step:.3g} batches"
 
 
 def loader_plan(record: RunRecord) -> LoaderPlan | None:
@@ -113,7 +120,7 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
     threads_fix = None
     if shared is not None:
         threads_fix = shared_cores(compute_s, step_build_s, rate.num_workers, threads, cores)[2]
-    return LoaderPlan(rate.num_workers, rate, bool(keeping), compute_s, step_s, shared, consume, threads_fix)
+    return LoaderPlan(rate.num_workers, rate, bool(keeping), compute_s, step_s, shared, consume, threads_fix, per)
 
 
 def shared_cores(compute_s: float, build_s: float, workers: int, threads: int, cores: int) -> tuple[
@@ -223,11 +230,10 @@ def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
             step_s = plan.step_s
             how = "estimated from the run's batch time to deliver" if plan.rate.note.startswith("estimated") else \
                 "measured after the run delivering"
-            per = _batches_per_step(record)
-            batches = "one batch" if round(per, 1) == 1 else f"a step's {per:.3g} batches"
+            delivery_s = plan.batches_per_step / plan.rate.batches_per_s  # type: ignore[operator]
             explanation = (f"with {plan.workers} DataLoader workers, {how} "
                            f"{plan.rate.batches_per_s:.1f} batches/s: max(compute {plan.compute_s * 1e3:.1f} ms, "
-                           f"{batches} {per * 1e3 / plan.rate.batches_per_s:.1f} ms)")  # type: ignore[operator]
+                           f"{plan.batches_text} {delivery_s * 1e3:.1f} ms)")
             explanation += _shared_text(record, plan.workers, plan.shared_cpu_s, plan.threads)
         elif (estimate := loader_estimate(record)) is not None and estimate.spread_s is not None:
             step_s = estimate.step_s

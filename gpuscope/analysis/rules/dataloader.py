@@ -121,8 +121,8 @@ def _from_probe(run: RunRecord, plan: LoaderPlan, loader: Loader, share: float, 
         f"{share:.0%} of each step waits for the next batch (median step {median * 1e3:.1f} ms)",
         *_built_at(loader),
         f"measured after the run, the {dataset} loader alone delivers (workers: batches/s) {curve}",
-        f"the training step consumes {plan.consume_batches_per_s:.1f} batches/s ({_batches(plan)} per "
-        f"{plan.compute_s * 1e3:.1f} ms of compute)",
+        f"the training step consumes {plan.consume_batches_per_s:.1f} batches/s "
+        f"({plan.batches_per_step:.3g} per {plan.compute_s * 1e3:.1f} ms of compute)",
     ]
     rate = plan.rate.batches_per_s or 0.0
     if plan.keeps_up:
@@ -239,9 +239,3 @@ def persistent_workers(run: RunRecord) -> Finding | None:
     )
     fix = loader_call(loader, "dataloader_persistent_workers=True", "persistent_workers=True")
     return Finding(share, evidence, fix=fix + site_comment(loader))
-
-
-def _batches(plan: LoaderPlan) -> str:
-    """How many batches a step takes: "one", or "4" in a loop accumulating gradients over 4 batches."""
-    per = plan.consume_batches_per_s * plan.compute_s
-    return "one" if round(per, 1) == 1 else f"{per:.3g}"
