@@ -82,6 +82,10 @@ class StepEvents(Protocol):
         """Steps counted so far."""
         ...
 
+    def step_evaluated(self, index: int) -> bool:
+        """Whether the trained model ran forward in eval mode or without gradients in step ``index`` (ended)."""
+        ...
+
     def root_modules(self) -> list[Any]:
         """The outermost trained modules, once found (at the first steps)."""
         ...
@@ -242,6 +246,10 @@ class StepWindow:
                     self.finish()
         except Exception as exc:
             self.fail(f"{what} failed: {type(exc).__name__}: {exc}")
+
+    def again(self, start: int) -> None:
+        """Wait again, for step ``start``: the steps counted do not stand for the run's (called from ``close``)."""
+        self.state, self.start, self.cuda_start, self.counted, self._current = "waiting", start, start, [], None
 
     def finish(self) -> None:
         """Close the window now (its last step has ended, or the run has)."""

@@ -56,6 +56,10 @@ PREDICT_SIZE = 256
 """One matmul of this size, first, predicts how long a BENCH_SIZE one takes in the dtype (see ``fitting_size``)."""
 MIN_BENCH_SIZE = 128
 TOP_OPS = 8
+EVALUATED_RETRIES = 3
+"""A counted step that held an evaluation pass (the trained model's forward in eval mode or without gradients: a
+test pass between epochs) is counted again on a later step, up to this many times: a loop whose every step has one
+(an action chosen under ``no_grad``) keeps the last count."""
 
 @register
 class SpeedOfLightCollector(StepFollower):
@@ -73,6 +77,8 @@ class SpeedOfLightCollector(StepFollower):
         self._dtypes: dict[str, int] = {}
         self._flops: dict[str, int] = {}
         self._tf32 = False
+        self._evaluated: list[int] = []  # counted steps that held an evaluation pass, counted again
+        self._kept: tuple[dict[str, int], dict[str, int], int] | None = None  # the last of them: flops, dtypes, step
 
     @classmethod
     def wants(cls, options: CollectOptions) -> WindowRequest | None:
@@ -126,22 +132,35 @@ class SpeedOfLightCollector(StepFollower):
         mode.__exit__(None, None, None)
         counts = mode.get_flop_counts().get("Global", {})
         self._flops = {str(op).removeprefix("aten."): int(n) for op, n in counts.items() if n}
+        step = self._window.counted[-1] if self._window.counted else None
+        if step is not None and self._events is not None and self._events.step_evaluated(step) \
+                and len(self._evaluated) < EVALUATED_RETRIES:
+            self._evaluated.append(step)
+            self._kept = (self._flops, dict(self._dtypes), step)
+            self._flops = {}
+            self._dtypes.clear()
+            self._window.again(step + 2)  # the step beginning now is under way: the one after it
 
     def stop(self) -> CollectorResult:
         window = self._window
-        if window.state == "open":  # the run ended inside the counted step: it is not a whole step
+        ended_inside = window.state == "open"  # the run ended inside the counted step: it is not a whole step
+        if ended_inside:
             try:
                 window.finish()
             except Exception as exc:
                 window.fail(f"leaving the FLOP counter failed: {exc}")
-            if window.state != "failed":
-                return CollectorResult(CollectorStatus("unavailable", "the run ended inside the counted step"))
         if window.state == "failed":
             return CollectorResult(CollectorStatus("failed", window.reason))
-        if window.state == "waiting":
+        if (ended_inside or window.state == "waiting") and self._kept is not None:
+            flops, dtypes, counted = self._kept  # no step without an evaluation pass came: the last one with
+            self._flops, self._dtypes = flops, dict(dtypes)
+        elif ended_inside:
+            return CollectorResult(CollectorStatus("unavailable", "the run ended inside the counted step"))
+        elif window.state == "waiting":
             return CollectorResult(CollectorStatus(
                 "unavailable", f"the run ended before step {self.start_step}, the one whose FLOPs are counted"))
-        counted = window.counted[0]
+        else:
+            counted = window.counted[0]
         total = sum(self._flops.values())
         if not total:
             return CollectorResult(CollectorStatus(

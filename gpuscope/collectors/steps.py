@@ -14,9 +14,8 @@ Hooks, all global and all removed at stop:
   forward does not run in the step that follows (a LightningModule: Lightning calls its ``training_step``, which
   calls ``self.model``) is replaced by its children that hold trained parameters, and so on down, one level a
   step, until the hooked modules are the outermost ones whose forward runs; a step in which a hooked module's
-  forward did not run timed only part of the forward pass and is left out of the figures. Global module hooks
-  would find them in one step, but put every module call on torch's slow path while they are on, and make every
-  ``torch.compile``'d module warn on stderr that global hooks exist.
+  forward did not run timed only part of the forward pass and is left out of the figures (never global module hooks:
+  see ``forward_modules``). A forward in eval mode or without gradients marks its step (an evaluation pass).
 - CUDA: once the script has initialised CUDA, events on the current stream at each phase change, resolved
   when the GPU has passed them (never synchronising the loop), give the device-side breakdown.
 
@@ -106,10 +105,9 @@ class StepsCollector:
 
     def _safe_point(self) -> bool:
         """Run the action asked for, if any: True when it ran (the caller's hook has been taken out)."""
-        action = self._at_safe_point
+        action, self._at_safe_point = self._at_safe_point, None
         if action is None:
             return False
-        self._at_safe_point = None
         action()
         return True
 
@@ -144,6 +142,10 @@ class StepsCollector:
         """Steps counted so far."""
         return self.tracker.log.count  # type: ignore[union-attr]
 
+    def step_evaluated(self, index: int) -> bool:
+        """Whether the trained model ran forward in eval mode or without gradients in step ``index`` (ended)."""
+        return getattr(self.tracker.log.find(index), "evaluated", False)  # type: ignore[union-attr]
+
     def stop(self) -> CollectorResult:
         for undo in reversed(self._undo):
             undo()
@@ -158,10 +160,8 @@ class StepsCollector:
             notes.append(f"device timing could not be resolved: {exc}")
         log = tracker.log
         if tracker.dropped:
-            notes.append(
-                f"{tracker.dropped} steps first counted by another kind of marker were dropped when "
-                f"{tracker.source} markers appeared"
-            )
+            notes.append(f"{tracker.dropped} steps first counted by another kind of marker were dropped when "
+                         f"{tracker.source} markers appeared")
         forward = self.forward.note(self._discovery_s)
         if forward is not None:
             notes.append(forward)
