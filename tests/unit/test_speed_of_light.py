@@ -81,9 +81,12 @@ def test_flops_of_an_mlp_training_step_match_a_hand_count() -> None:
     assert sol.peak_measured and sol.peak_flops_per_s > 0
 
 
-def train_steps(steps: FakeSteps, indices: range, test_pass_at: set[int]) -> None:
-    """Training steps of a 2-layer MLP (batch 5, 8 -> 16 -> 4) as the steps collector tells them; the steps in
-    ``test_pass_at`` end with a test pass of the model under no_grad (batch 50)."""
+def count_flops(indices: range, test_pass_at: set[int]) -> tuple[FakeSteps, Any]:
+    """The flops collector (counting step 3) over training steps of a 2-layer MLP (batch 5, 8 -> 16 -> 4), as the
+    steps collector tells them; the steps in ``test_pass_at`` end with a test pass under no_grad (batch 50)."""
+    steps = FakeSteps(evaluated=set(test_pass_at))
+    collector = SpeedOfLightCollector(start=3)
+    collector.follow(steps)
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -96,19 +99,18 @@ def train_steps(steps: FakeSteps, indices: range, test_pass_at: set[int]) -> Non
             with torch.no_grad():
                 model(torch.randn(50, 8))
     steps.listener(indices[-1] + 1)
+    return steps, collector.stop()
 
 
 TRAINING_STEP_FLOPS = 2 * 5 * 8 * 16 + 2 * 5 * 16 * 4 + 2 * 5 * 8 * 16 + 2 * (2 * 5 * 16 * 4)
 """The MLP's training step, as in the hand count above."""
+TEST_PASS_FLOPS = 2 * 50 * 8 * 16 + 2 * 50 * 16 * 4
+"""Its forward on 50 samples."""
 
 
 def test_a_counted_step_that_held_a_test_pass_is_counted_again_on_a_training_step() -> None:
     # given: the counted step, 3, ends an epoch: a test pass follows its training step
-    steps = FakeSteps(evaluated={3})
-    collector = SpeedOfLightCollector(start=3)
-    collector.follow(steps)
-    train_steps(steps, range(2, 8), test_pass_at={3})
-    result = collector.stop()
+    steps, result = count_flops(range(2, 8), test_pass_at={3})
     # then: step 5 (step 4 was under way) is counted instead, the training step alone, and both stay out of the figures
     assert result.status.status == "ok"
     assert (result.payload.step, result.payload.flops_per_step) == (5, TRAINING_STEP_FLOPS)
@@ -116,24 +118,16 @@ def test_a_counted_step_that_held_a_test_pass_is_counted_again_on_a_training_ste
 
 
 def test_a_loop_whose_every_step_runs_the_model_without_gradients_keeps_its_last_count() -> None:
-    steps = FakeSteps(evaluated=set(range(20)))
-    collector = SpeedOfLightCollector(start=3)
-    collector.follow(steps)
-    train_steps(steps, range(2, 16), test_pass_at=set())
-    result = collector.stop()
-    # counted on step 3, then again on 5, 7 and 9 (three more tries), and kept
+    _, result = count_flops(range(2, 16), test_pass_at=set(range(2, 16)))
+    # counted on step 3, then again on 5, 7 and 9 (three more tries), and kept, test pass and all
     assert result.status.status == "ok" and result.payload.step == 9
-    assert result.payload.flops_per_step == TRAINING_STEP_FLOPS
+    assert result.payload.flops_per_step == TRAINING_STEP_FLOPS + TEST_PASS_FLOPS
 
 
 def test_a_run_that_ends_before_a_step_without_a_test_pass_keeps_the_one_counted() -> None:
-    steps = FakeSteps(evaluated={3})
-    collector = SpeedOfLightCollector(start=3)
-    collector.follow(steps)
-    train_steps(steps, range(2, 4), test_pass_at={3})
-    result = collector.stop()
+    _, result = count_flops(range(2, 4), test_pass_at={3})
     assert result.status.status == "ok" and result.payload.step == 3
-    assert result.payload.flops_per_step == TRAINING_STEP_FLOPS + 2 * 50 * 8 * 16 + 2 * 50 * 16 * 4
+    assert result.payload.flops_per_step == TRAINING_STEP_FLOPS + TEST_PASS_FLOPS
 
 
 def test_a_run_that_ends_before_the_counted_step_says_so() -> None:
