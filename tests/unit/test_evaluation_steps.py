@@ -1,7 +1,7 @@
 """Evaluation passes between training steps (a train/test loop's test pass, a framework's validation): the step in
-which the trained model ran forward in eval mode or with gradients off, and that took 1.5x the others, is left out of
-the step figures while such steps are a minority, and the verdict says what they took where it is notable. A loop that runs forward
-without gradients in most steps (a rollout before each update) keeps every step."""
+which the trained model ran forward in eval mode or with gradients off, and that took 1.5x the others, is left out
+of the step figures while such steps are a minority, and the verdict says what they took where it is notable. A loop
+that runs forward without gradients in most steps (a rollout before each update) keeps every step."""
 
 from __future__ import annotations
 
