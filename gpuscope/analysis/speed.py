@@ -87,7 +87,7 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
         return None
     cores = record.meta.cpu_count or 1
     per = _batches_per_step(record)
-    batch_s = _main_process_batch_s(record)
+    batch_s = _main_process_batch_s(record, per)
     measured = [_completed(r, batch_s, cores) for r in probe.rates if r.batches_per_s and not r.pin_memory] or \
                [_completed(r, batch_s, cores) for r in probe.rates if r.batches_per_s]
     # with 0 workers the main process builds each batch between steps: nothing is hidden, whatever its rate
@@ -192,15 +192,15 @@ def _batches_per_step(record: RunRecord) -> float:
     return batches_per_step(max(record.loaders, key=lambda loader: loader.wait_s).batches, record.steps.total)
 
 
-def _main_process_batch_s(record: RunRecord) -> float | None:
+def _main_process_batch_s(record: RunRecord, per_step: float) -> float | None:
     """How long building one batch took in the main process during the run: the data wait of a run whose slowest
-    loader had no workers (each wait is one whole batch built between steps), over the batches a step takes; None
-    otherwise."""
+    loader had no workers (each wait is whole batches built between steps), over the ``per_step`` batches a step
+    takes; None otherwise."""
     if not record.loaders or not record.steps.count or not record.steps.median_s:
         return None
     top = max(record.loaders, key=lambda loader: loader.wait_s)
     wait_s = record.breakdown.data_wait * record.steps.median_s
-    return wait_s / _batches_per_step(record) if top.num_workers == 0 and wait_s > 0 else None
+    return wait_s / per_step if top.num_workers == 0 and wait_s > 0 else None
 
 
 def _completed(rate: LoaderRate, batch_s: float | None, cores: int) -> LoaderRate:
