@@ -77,7 +77,7 @@ class SpeedOfLightCollector(StepFollower):
         self._dtypes: dict[str, int] = {}
         self._flops: dict[str, int] = {}
         self._tf32 = False
-        self._evaluated: list[int] = []  # counted steps that held an evaluation pass, counted again
+        self._recounts = 0  # counted steps that held an evaluation pass, counted again
         self._kept: tuple[dict[str, int], dict[str, int], int] | None = None  # the last of them: flops, dtypes, step
 
     @classmethod
@@ -134,8 +134,8 @@ class SpeedOfLightCollector(StepFollower):
         self._flops = {str(op).removeprefix("aten."): int(n) for op, n in counts.items() if n}
         step = self._window.counted[-1] if self._window.counted else None
         if step is not None and self._events is not None and self._events.step_evaluated(step) \
-                and len(self._evaluated) < EVALUATED_RETRIES:
-            self._evaluated.append(step)
+                and self._recounts < EVALUATED_RETRIES:
+            self._recounts += 1
             self._kept = (self._flops, dict(self._dtypes), step)
             self._flops = {}
             self._dtypes.clear()
