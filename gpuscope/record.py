@@ -91,10 +91,9 @@ class Steps:
     profiled: int = 0
     """Steps left out because a profiler (cProfile, torch.profiler) was running during them."""
     evaluated: int = 0
-    """Steps left out because the trained model ran a forward pass in eval mode or with gradients off in
-    them and they took over 1.5x
-    the other steps' median (an evaluation pass between training steps), where steps with such a pass are a minority
-    (at most a third)."""
+    """Steps left out because the trained model ran a forward pass in eval mode or with gradients off in them and
+    they took over 1.5x the other steps' median (an evaluation pass between training steps), where steps with such a
+    pass are a minority (at most a third)."""
     evaluated_s: float = 0.0
     """Those steps' wall time in all, seconds."""
     source: StepSource = "none"

@@ -226,15 +226,15 @@ class Session:
         """What the probes are told: the steps reduced, the slowest loader, the live collectors' payloads."""
         payloads = {name: r.payload for name, r in results.items() if r.payload is not None}
         capture = payloads.get("steps")
+        loaders = self._steps.loaders if self._steps is not None else None
+        loader = loaders.probe_loader() if loaders is not None else None
         figures: dict[str, Any] = {}
         if isinstance(capture, StepCapture):
             reduced = self._reduce("steps", "steps", capture, payloads)
             figures = {"data_wait": reduced["breakdown"].data_wait, "median_s": reduced["steps"].median_s,
                        "steps": reduced["steps"].count, "cuda": capture.device == "cuda"}
-        loaders = self._steps.loaders if self._steps is not None else None
-        loader = loaders.probe_loader() if loaders is not None else None
-        if loader is not None and isinstance(capture, StepCapture):
-            figures["batches_per_step"] = batches_per_step(loader["batches"], capture.count)
+            if loader is not None:
+                figures["batches_per_step"] = batches_per_step(loader["batches"], capture.count)
         dataset = loaders.probe_dataset() if loaders is not None else None
         return post_run_facts(**figures, loader=loader, dataset=dataset, payloads=payloads)
 

@@ -19,6 +19,7 @@ MIN_TIMED_S = 0.4
 can take a tenth of a second, and one hiccup of a shared machine (a neighbour's burst, a page-cache flush) would
 then be the rate (the float16 sample's one worker once timed 870 ms a batch for the run's 546)."""
 
+
 def time_config(loader: Any, workers: int, pin: bool, slot_s: float, clock: Callable[[], float]) -> LoaderRate:
     """Iterate ``loader`` for at most ``slot_s``: whole rounds of ``max(1, workers)`` batches after the first."""
     started = clock()
