@@ -132,6 +132,10 @@ class Loader:
     ``persistent_workers``)."""
     restart_wait_s: float = 0.0
     """The loop's wait for the first batch of each of them: the workers' start-up, paid again each time."""
+    batch_sampler: str = ""
+    """The class of the batch sampler passed as ``DataLoader(..., batch_sampler=...)`` on the line ``created_at``
+    (whose batch size ``batch_size`` is), or empty where that DataLoader made its batches from its own
+    ``batch_size``."""
 
 
 @dataclass(frozen=True, slots=True)

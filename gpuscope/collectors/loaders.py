@@ -27,7 +27,8 @@ class LoaderBook:
 
     def __init__(self) -> None:
         self._entries: dict[tuple[Any, ...], dict[str, Any]] = {}
-        self._created: dict[int, tuple[Any, CallSite, str]] = {}
+        self._created: dict[int, tuple[Any, CallSite, str, str]] = {}
+        """By the dataset's id: the dataset (a weak reference), the line, the library and the batch sampler passed."""
         self.fed_by_thread = False
         """Whether a thread other than the loop's has taken DataLoader batches (a prefetching thread)."""
 
@@ -38,7 +39,7 @@ class LoaderBook:
         def __init__(loader: Any, *args: Any, **kwargs: Any) -> None:
             original(loader, *args, **kwargs)
             try:
-                book.loader_created(getattr(loader, "dataset", None), sys._getframe(1))
+                book.loader_created(getattr(loader, "dataset", None), sys._getframe(1), _passed_sampler(loader))
             except Exception:  # the line is a nicety; the user's loader is built either way
                 pass
 
@@ -53,10 +54,11 @@ class LoaderBook:
         self.count_batch(iterator, batch, clock() - start)
         return batch
 
-    def loader_created(self, dataset: Any, frame: FrameType | None) -> None:
-        """A DataLoader over ``dataset`` was constructed, called from ``frame``: the first such line of the user's
-        code is the one to change (a framework that builds the loader again over the same dataset, as Lightning
-        does to add its sampler, does not move it), with the library that built it, if not the user's code."""
+    def loader_created(self, dataset: Any, frame: FrameType | None, batch_sampler: str = "") -> None:
+        """A DataLoader over ``dataset`` was constructed, called from ``frame``, with the batch sampler the caller
+        passed (its class, or ""): the first such line of the user's code is the one to change (a framework that
+        builds the loader again over the same dataset, as Lightning does to add its sampler or accelerate to shard
+        its batches, does not move it), with the library that built it, if not the user's code."""
         if len(self._created) >= MAX_CREATED:
             return
         known = self._created_for(dataset)
@@ -67,9 +69,9 @@ class LoaderBook:
         except TypeError:  # no weak references (``__slots__``): the id alone, and the latest DataLoader's line
             ref = None
         site = call_site(user_frame(frame) if frame is not None else None)
-        self._created[id(dataset)] = (ref, site, _library(frame))
+        self._created[id(dataset)] = (ref, site, _library(frame), batch_sampler)
 
-    def _created_for(self, dataset: Any) -> tuple[Any, CallSite, str] | None:
+    def _created_for(self, dataset: Any) -> tuple[Any, CallSite, str, str] | None:
         """The line noted for ``dataset``: its entry, if the dataset it was noted for is this one (an id alone, for
         a dataset without weak references, is taken at its word)."""
         created = self._created.get(id(dataset))
@@ -89,7 +91,7 @@ class LoaderBook:
             info["batch_tensors"] = tuple(describe_tensors(batch))
             created = self._created_for(dataset)
             if created is not None:
-                info["created_at"], info["created_by"] = created[1], created[2]
+                info["created_at"], info["created_by"], info["batch_sampler"] = created[1:]
             entry = self._entries[key] = {"info": info, "batches": 0, "wait_s": 0.0, "dataset": dataset,
                                           "loading": _loading(iterator), "iterators": weakref.WeakSet(),
                                           "restarts": 0, "restart_wait_s": 0.0}
@@ -145,6 +147,13 @@ def _library(frame: FrameType | None) -> str:
     if frame is None or is_user_file(frame.f_code.co_filename):
         return ""
     return str(frame.f_globals.get("__name__", "")).split(".", 1)[0]
+
+
+def _passed_sampler(loader: Any) -> str:
+    """The class of the batch sampler passed as ``DataLoader(..., batch_sampler=...)``, or "" where the DataLoader
+    made its own from its batch_size."""
+    sampler = getattr(loader, "batch_sampler", None)
+    return type(sampler).__name__ if sampler is not None and getattr(loader, "batch_size", None) is None else ""
 
 
 def _batch_size(iterator: Any) -> int | None:

@@ -63,3 +63,44 @@ def test_each_new_iterator_of_a_loader_with_workers_is_a_restart_with_its_first_
     # then: the first epoch's start is no restart; with no workers nothing restarts at all
     loader = book.records()[0]
     assert (loader.batches, loader.restarts, loader.restart_wait_s) == (9, restarts, pytest.approx(waited))
+
+
+
+class Buckets(list):
+    """A user's batch sampler: fixed batches of indices (a list, so unhashable)."""
+
+    batch_size = 2
+
+
+class Items(list):
+    """A map-style dataset of four items (with weak references, as a Dataset subclass has)."""
+
+
+def loader_recorded(*made: dict[str, Any]) -> tuple[int | None, str]:
+    """The batch size and batch sampler recorded for DataLoaders built over one dataset through the book's
+    DataLoader.__init__ (as a script, then a library, builds them) with each of ``made``'s arguments in turn, the
+    last one iterated."""
+    from torch.utils.data import DataLoader
+    book, data = LoaderBook(), Items(range(4))
+    init = book.wrap_init(DataLoader.__init__)
+    for kwargs in made:
+        loader = DataLoader.__new__(DataLoader)
+        init(loader, data, **kwargs)
+    iterator = iter(loader)
+    book.count_batch(iterator, next(iterator), wait_s=0.01)
+    (record,) = book.records()
+    return record.batch_size, record.batch_sampler
+
+
+def test_a_batch_sampler_the_script_passed_is_named_with_its_batch_size() -> None:
+    from torch.utils.data import BatchSampler
+    assert loader_recorded({"batch_size": 2}) == (2, "")
+    assert loader_recorded({"batch_sampler": Buckets([[0, 1], [2, 3]])}) == (2, "Buckets")
+    assert loader_recorded({"batch_sampler": BatchSampler(range(4), 2, False)}) == (2, "BatchSampler")
+
+
+def test_a_library_that_builds_the_loader_again_with_a_batch_sampler_leaves_the_scripts_batch_size() -> None:
+    # accelerate's prepare() builds the script's DataLoader(batch_size=2) again with batch_sampler=: the fix goes
+    # on the script's line, which has a batch_size
+    from torch.utils.data import BatchSampler
+    assert loader_recorded({"batch_size": 2}, {"batch_sampler": BatchSampler(range(4), 2, False)}) == (2, "")

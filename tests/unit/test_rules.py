@@ -136,6 +136,16 @@ def test_the_larger_batch_fix_goes_on_the_loaders_line_or_where_a_loop_without_o
     assert fired(dataclasses.replace(cpu_run(), loaders=()))["larger-batch"].fix == (
         "build each step's batch from twice the samples where the script makes it (no DataLoader was seen)  "
         "# then retune the learning rate and warm-up")
+    # a batch sampler the script passed: the sampler's batch size (DataLoader's batch_size= would raise beside it)
+    sampled = dataclasses.replace(with_line, loaders=(dataclasses.replace(with_line.loaders[0],
+                                                                          batch_sampler="BucketSampler"),))
+    assert fired(sampled)["larger-batch"].fix == ("DataLoader(..., batch_sampler=BucketSampler(..., batch_size=4))  "
+                                                  "# train.py:41, then retune the learning rate and warm-up")
+    # batches the dataset makes (batch_size None): that loader's line, not "no DataLoader was seen"
+    unbatched = dataclasses.replace(with_line, loaders=(dataclasses.replace(with_line.loaders[0], batch_size=None),))
+    assert fired(unbatched)["larger-batch"].fix == (
+        "DataLoader(...)  # twice the samples in each batch its dataset makes (batch_size=None); train.py:41, "
+        "then retune the learning rate and warm-up")
 
 
 def restarting_run(persistent: bool = False, restart_wait_s: float = 9.0):

@@ -50,15 +50,23 @@ def larger_batch(run: RunRecord) -> Finding | None:
 
 
 def _batch_fix(run: RunRecord, batch: int) -> str:
-    """The code change: the loader's batch size (the Trainer's argument where transformers built the loader), on
-    the loader's line; without a DataLoader, where the script builds its batches."""
+    """The code change: the loader's batch size (the Trainer's argument where transformers built the loader; the
+    batch sampler's, where the script passed one), on the loader's line; for a loader whose batch size is not known
+    (its dataset makes the batches), that loader's line too; without a DataLoader, where the script builds its
+    batches."""
     retune = "then retune the learning rate and warm-up"
     loader = max(run.loaders, key=lambda l: l.batch_size or 0, default=None)
-    if loader is None or not batch:
+    if loader is None:
         return (f"build each step's batch from twice the samples where the script makes it (no DataLoader was "
                 f"seen)  # {retune}")
-    fix = loader_call(loader, f"per_device_train_batch_size={2 * batch}", f"batch_size={2 * batch}")
     where = site_comment(loader)
+    if not batch:
+        return (f"DataLoader(...)  # twice the samples in each batch its dataset makes (batch_size=None)"
+                f"{where.replace('  #', ';', 1)}, {retune}")
+    if loader.batch_sampler:
+        fix = f"DataLoader(..., batch_sampler={loader.batch_sampler}(..., batch_size={2 * batch}))"
+    else:
+        fix = loader_call(loader, f"per_device_train_batch_size={2 * batch}", f"batch_size={2 * batch}")
     return f"{fix}{where}, {retune}" if where else f"{fix}  # {retune}"
 
 
