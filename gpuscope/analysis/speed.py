@@ -66,8 +66,12 @@ class LoaderPlan:
 
     @property
     def batches_text(self) -> str:
-        """"one batch", or "a step's 4 batches"."""
-        return "one batch" if round(self.batches_per_step, 1) == 1 else f"a step's {self.batches_per_step:.3g} batches"
+        return batches_text(self.batches_per_step)
+
+
+def batches_text(per_step: float) -> str:
+    """"one batch", or "a step's 4 batches"."""
+    return "one batch" if round(per_step, 1) == 1 else f"a step's {per_step:.3g} batches"
 
 
 def loader_plan(record: RunRecord) -> LoaderPlan | None:
@@ -143,17 +147,19 @@ class LoaderEstimate:
     needed: int
     """Workers that would keep up, before the cap at the cores."""
     batch_s: float
-    """A batch's build: the data wait with no workers, else the workers' N steps a batch."""
+    """A step's batches' build: the data wait with no workers, else the workers' N steps for them."""
     compute_s: float
     step_s: float
     spread_s: float | None
     """On a CPU run with torch's thread count known, a step's CPU work spread over all the cores (else None)."""
     threads: int | None
     """The intra-op threads to keep where they and the workers would outnumber the cores (see ``shared_cores``)."""
+    batches_per_step: float = 1.0
+    """Batches a step takes from the loader (``batch_s`` builds them all)."""
 
 
 def loader_estimate(record: RunRecord) -> LoaderEstimate | None:
-    """The slowest loader's worker count from the run's times: a batch takes ``batch_s`` to build and the step
+    """The slowest loader's worker count from the run's times: a step's batches take ``batch_s`` to build and the step
     computes for ``compute_s``, so N = ceil(batch_s / compute_s) keep up, capped at the cores, and the step becomes
     max(compute, batch_s / N). On a CPU run with torch's thread count known the workers and the step share the
     cores: the count from 1 to that cap predicting the shortest step (``shared_cores``) is taken. None without a
@@ -165,20 +171,22 @@ def loader_estimate(record: RunRecord) -> LoaderEstimate | None:
     if loader.num_workers >= cores:
         return None
     compute_s = median_compute_s(record)
-    # with no workers the main process built each batch in the wait; N workers deliver one batch per step
+    # with no workers the main process built a step's batches in the wait; N workers deliver them in each step
     batch_s = record.breakdown.data_wait * median if loader.num_workers == 0 else median * loader.num_workers
+    per_step = _batches_per_step(record)
     needed = max(loader.num_workers + 1, math.ceil(batch_s / compute_s))
     workers = min(needed, cores)
     threads = min(record.meta.torch_threads or 0, cores)
     if record.device != "cpu" or not threads:
-        return LoaderEstimate(workers, needed, batch_s, compute_s, max(compute_s, batch_s / workers), None, None)
+        return LoaderEstimate(workers, needed, batch_s, compute_s, max(compute_s, batch_s / workers), None, None,
+                              per_step)
 
     def step_with(n: int) -> float:
         return max(compute_s, batch_s / n, shared_cores(compute_s, batch_s, n, threads, cores)[0])
 
     workers = min(range(loader.num_workers + 1, workers + 1), key=lambda n: (step_with(n), n))
     _, spread, keep = shared_cores(compute_s, batch_s, workers, threads, cores)
-    return LoaderEstimate(workers, needed, batch_s, compute_s, step_with(workers), spread, keep)
+    return LoaderEstimate(workers, needed, batch_s, compute_s, step_with(workers), spread, keep, per_step)
 
 
 FIRST_ROUND_ONLY = "a lower bound"
@@ -238,7 +246,8 @@ def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
         elif (estimate := loader_estimate(record)) is not None and estimate.spread_s is not None:
             step_s = estimate.step_s
             explanation = (f"with {estimate.workers} DataLoader workers, from the run's batch time: max(compute "
-                           f"{estimate.compute_s * 1e3:.1f} ms, one batch {estimate.batch_s * 1e3:.1f} ms / "
+                           f"{estimate.compute_s * 1e3:.1f} ms, {batches_text(estimate.batches_per_step)} "
+                           f"{estimate.batch_s * 1e3:.1f} ms / "
                            f"{estimate.workers})" +
                            _shared_text(record, estimate.workers, estimate.spread_s, estimate.threads))
         else:

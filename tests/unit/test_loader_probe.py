@@ -14,7 +14,7 @@ import pytest
 from conftest import make_record
 from gpuscope.analysis.evidence import batches_per_step
 from gpuscope.analysis.rules.dataloader import more_dataloader_workers
-from gpuscope.analysis.speed import loader_plan
+from gpuscope.analysis.speed import loader_plan, what_if
 from gpuscope.collectors.loader_probe import (
     LoaderProbeCollector,
     ProbeSampler,
@@ -24,7 +24,7 @@ from gpuscope.collectors.loader_probe import (
     worker_counts,
 )
 from gpuscope.collectors.loader_timing import MIN_TIMED_S
-from gpuscope.record import Breakdown, Loader, LoaderProbe, LoaderRate, RunMeta, Steps
+from gpuscope.record import Breakdown, Loader, LoaderProbe, LoaderRate, RunMeta, Steps, Verdict
 from gpuscope.session import post_run_facts
 
 torch = pytest.importorskip("torch")
@@ -409,6 +409,19 @@ def test_the_workers_step_counts_every_batch_a_step_takes() -> None:
     # then the predicted step is four batches at that rate, not one
     assert plan is not None and plan.workers == 4 and not plan.keeps_up
     assert plan.step_s == pytest.approx(4 / 60.0)
+
+
+def test_without_the_probe_a_step_of_four_batches_is_estimated_per_batch_and_named_as_four() -> None:
+    # given: the same loop with no loader probe (it did not run): 50 ms of waiting a step builds its four batches
+    record = dataclasses.replace(accumulating_record({}), loader_probe=None, meta=RunMeta(cpu_count=8, torch_threads=1))
+    finding = more_dataloader_workers(record)
+    assert finding is not None and "num_workers=1" in finding.fix
+    # then a batch takes 12.5 ms and the model uses one every 12.5 ms of its 50 ms compute
+    assert "a batch takes about 12 ms to prepare and the model uses one every 12 ms (4 a step): 1 workers keep up" \
+        in finding.evidence
+    # and the what-if names the step's four batches, not "one batch"
+    estimate = what_if(record, Verdict("data-loading", 0.9, ("50%",)))
+    assert estimate is not None and "a step's 4 batches 50.0 ms / 1)" in estimate.explanation, estimate.explanation
 
 
 @pytest.mark.parametrize(("batches", "steps", "per"), [

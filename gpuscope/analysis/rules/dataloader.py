@@ -42,15 +42,16 @@ def more_dataloader_workers(run: RunRecord) -> Finding | None:
     estimate = loader_estimate(run)
     if estimate is None:
         return None
-    workers, needed = estimate.workers, estimate.needed
+    workers, needed, per_step = estimate.workers, estimate.needed, estimate.batches_per_step
     capped = min(needed, cores)
     evidence = [
         f"{share:.0%} of each step waits for the next batch (median step {median * 1e3:.1f} ms)",
         f"the {loader.dataset} loader has {loader.num_workers} workers; this machine has {cores} cores",
         *_built_at(loader),
-        f"a batch takes about {estimate.batch_s * 1e3:.0f} ms to prepare and the model uses one every "
-        f"{estimate.compute_s * 1e3:.0f} ms: {needed} workers keep up" + (f" ({cores} cores allow {capped})"
-                                                                          if capped < needed else ""),
+        f"a batch takes about {estimate.batch_s / per_step * 1e3:.0f} ms to prepare and the model uses one every "
+        f"{estimate.compute_s / per_step * 1e3:.0f} ms{'' if per_step == 1 else f' ({per_step:.3g} a step)'}: "
+        f"{needed} workers keep up" +
+        (f" ({cores} cores allow {capped})" if capped < needed else ""),
     ]
     if estimate.spread_s is not None:
         evidence.append(f"on this CPU-only run {workers} workers take {workers} of {cores} cores from the step, "
