@@ -329,6 +329,10 @@ class OpProfile:
     communication: Communication | None = None
     devices: tuple[KernelTimeline, ...] = ()
     """The kernel timeline of every device that ran kernels, by device (one process may drive several GPUs)."""
+    evaluated_steps: tuple[int, ...] = ()
+    """Recorded steps left out of the op table (``ops``, the top lists, ``calls_by_kind``; ``steps`` does not count
+    them): they held an evaluation pass, as the step figures' ``steps.evaluated`` tells them. The kernel timeline
+    and communication cover every recorded step."""
 
 
 @dataclass(frozen=True, slots=True)

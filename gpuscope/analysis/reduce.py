@@ -10,9 +10,9 @@ from typing import Any
 
 from gpuscope.analysis.evidence import op_kind
 from gpuscope.analysis.figures import TraceFigures, trace_figures
-from gpuscope.analysis.optable import OpTable, op_table
+from gpuscope.analysis.optable import OpTable, op_table, window_events
 from gpuscope.analysis.peaks import gpu_peak_flops
-from gpuscope.analysis.steady import StepSummary, summarize_capture
+from gpuscope.analysis.steady import StepSummary, evaluation_passes, summarize_capture
 from gpuscope.captures import CpuPeak, FlopCount, StepCapture, TraceCapture
 from gpuscope.record import OpProfile, SpeedOfLight, Window
 
@@ -26,7 +26,9 @@ def record_fields(field: str, payload: object, payloads: Mapping[str, object]) -
     if isinstance(payload, StepCapture):
         return steps_fields(summarize_capture(payload), payload)
     if isinstance(payload, TraceCapture):
-        return {field: trace_op_profile(payload)}
+        steps = next((p for p in payloads.values() if isinstance(p, StepCapture)), None)
+        passes = evaluation_passes(steps, payload.recorded) if steps is not None else set()
+        return {field: trace_op_profile(payload, passes)}
     if isinstance(payload, FlopCount):
         peak = next((p for p in payloads.values() if isinstance(p, CpuPeak)), None)
         return {field: speed_of_light(payload, peak)}
@@ -34,8 +36,9 @@ def record_fields(field: str, payload: object, payloads: Mapping[str, object]) -
 
 
 def reads_others(payload: object) -> bool:
-    """Whether ``record_fields`` of ``payload`` reads other collectors' payloads (the FLOP count is held against
-    the cpu-peak probe's measurement), so that its reduction cannot be reused once those change."""
+    """Whether ``record_fields`` of ``payload`` reads payloads the post-run probes add (the FLOP count is held
+    against the cpu-peak probe's measurement), so that its reduction cannot be reused once they ran. (The op table
+    reads the steps collector's, which is done when the probes start.)"""
     return isinstance(payload, FlopCount)
 
 
@@ -50,13 +53,20 @@ def steps_fields(summary: StepSummary, capture: StepCapture) -> dict[str, Any]:
     }
 
 
-def trace_op_profile(capture: TraceCapture) -> OpProfile:
+def trace_op_profile(capture: TraceCapture, evaluated: set[int] | frozenset[int] = frozenset()) -> OpProfile:
     """torch.profiler's window as figures: the op table, and from every event of the trace the kernel timeline
-    (per device), communication and the recorded steps."""
+    (per device), communication and the recorded steps. The op table leaves out the ``evaluated`` steps (a test
+    pass between epochs that fell in the window) while some other recorded step is left."""
     figures = trace_figures(capture.events)
     window = Window(capture.recorded[0], capture.recorded[-1]) if capture.recorded else Window()
-    return op_profile(op_table(capture.events), window, len(capture.recorded), figures, cuda=capture.cuda,
-                      trace_bytes=capture.trace_bytes, trace_detail=capture.trace_detail)
+    training = [s for s in figures.steps if s.number not in evaluated]
+    if not evaluated or not training or len(training) == len(figures.steps):
+        return op_profile(op_table(capture.events), window, len(capture.recorded), figures, cuda=capture.cuda,
+                          trace_bytes=capture.trace_bytes, trace_detail=capture.trace_detail)
+    events = [e for s in training for e in window_events(capture.events, s.start_us, s.end_us)]
+    profile = op_profile(op_table(events), window, len(training), figures, cuda=capture.cuda,
+                         trace_bytes=capture.trace_bytes, trace_detail=capture.trace_detail)
+    return replace(profile, evaluated_steps=tuple(sorted(s.number for s in figures.steps if s.number in evaluated)))
 
 
 def op_profile(table: OpTable, window: Window, steps: int, figures: TraceFigures, *, cuda: bool,

@@ -104,6 +104,24 @@ def _evaluation_steps(records: Sequence[StepRecord], weights: Sequence[float], l
     return {i for i in marked if records[i].wall_s > th.EVALUATION_LONGER * median}
 
 
+def evaluation_passes(capture: StepCapture, steps: Sequence[int]) -> set[int]:
+    """Of ``steps`` (step numbers: a profiler's window, whose steps the step figures leave out as profiled), those
+    that held an evaluation pass as ``_evaluation_steps`` tells them: marked, in a run whose marked steps are at most
+    ``MAX_EVALUATED_SHARE`` of its kept ones, and ``EVALUATION_LONGER`` times the median of the window's unmarked
+    steps (each as slow as the profiler makes it)."""
+    records = capture.records
+    weights = [1.0 if r.index < capture.head else capture.body_weight for r in records]
+    marked = sum(w for r, w in zip(records, weights) if r.evaluated)
+    if not records or marked > th.MAX_EVALUATED_SHARE * sum(weights):
+        return set()
+    window = [r for r in records if r.index in set(steps)]
+    rest = [r.wall_s for r in window if not r.evaluated]
+    if not rest:
+        return set()
+    median = _quantile(rest, [1.0] * len(rest), 0.5)
+    return {r.index for r in window if r.evaluated and r.wall_s > th.EVALUATION_LONGER * median}
+
+
 def _count_warmup(records: Sequence[StepRecord], total: int, skipped: int = 0) -> int:
     """Leading steps left out: the ``skipped`` ones (not kept), the first always (given enough steps, and none
     skipped: a run measured from step 0 pays its lazy initialisation there), then those still far slower than

@@ -6,6 +6,7 @@ that runs forward without gradients in most steps (a rollout before each update)
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -14,11 +15,12 @@ import torch
 from conftest import make_record
 from gpuscope.analysis.classify import classify
 from gpuscope.analysis.evidence import evaluation_passes
+from gpuscope.analysis.reduce import record_fields
 from gpuscope.analysis.steady import summarize
-from gpuscope.captures import StepCapture
+from gpuscope.captures import StepCapture, TraceCapture
 from gpuscope.collectors.steplog import StepLog, StepTracker
 from gpuscope.collectors.steps import StepsCollector
-from gpuscope.record import Steps
+from gpuscope.record import Steps, Window
 from gpuscope.summary import left_out
 
 TRAIN = {"data_wait": 0.01, "forward": 0.03, "backward": 0.05, "optimizer": 0.01}
@@ -129,3 +131,43 @@ def test_the_steps_collector_marks_the_steps_holding_an_evaluation_pass_of_the_t
     capture = run_train_and_test(epochs=4, batches=5, no_grad=no_grad)
     # the model's modules are hooked from the first step on; each test pass falls in the next epoch's first step
     assert [r.index for r in capture.records if r.evaluated] == [5, 10, 15]
+
+
+def profiled_trace(ops_by_step: dict[int, int]) -> TraceCapture:
+    """torch.profiler's window as captured: each recorded step's ``ProfilerStep#N`` range holding that many
+    ``aten::mm`` calls of 10 us."""
+    events: list[dict[str, object]] = []
+    for step, (number, ops) in enumerate(ops_by_step.items()):
+        start = 1e6 + step * 10_000.0
+        events.append({"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{number}", "pid": 1, "tid": 1,
+                       "ts": start, "dur": 9_000.0, "args": {}})
+        events += [{"ph": "X", "cat": "cpu_op", "name": "aten::mm", "pid": 1, "tid": 1, "ts": start + 20.0 * i + 1,
+                    "dur": 10.0, "args": {"External id": number * 1000 + i}} for i in range(ops)]
+    return TraceCapture(events=events, recorded=tuple(ops_by_step), cuda=False, trace_bytes=1, trace_detail="full")
+
+
+def window_capture(records: list) -> StepCapture:
+    """The step records of a run whose torch.profiler window was steps 7-9."""
+    records = [dataclasses.replace(r, profiled=r.index in (7, 8, 9)) for r in records]
+    return StepCapture(tuple(records), len(records), len(records), 1.0, "optimizer", (), "cpu")
+
+
+def test_a_test_pass_in_the_profilers_window_is_left_out_of_the_op_table() -> None:
+    # given: 8 batches an epoch, so step 8 of the window 7-9 holds the first test pass; it ran 50 ops, a training
+    # step 3
+    trace = profiled_trace({7: 3, 8: 50, 9: 3})
+    steps = window_capture(train_test_loop(epochs=4, batches=8))
+    ops = record_fields("op_profile", trace, {"steps": steps, "torch-trace": trace})["op_profile"]
+    # then the op table describes the two training steps, and says which step it left out
+    assert (ops.steps, ops.ops, ops.ops_per_step, ops.evaluated_steps) == (2, 6, 3.0, (8,))
+    assert ops.window == Window(7, 9)
+
+
+def test_the_op_table_keeps_every_step_where_no_forward_without_gradients_is_an_evaluation_pass() -> None:
+    trace = profiled_trace({7: 3, 8: 50, 9: 3})
+    # a loop that runs a no-grad forward in every step: none of its steps is an evaluation pass
+    every = window_capture(train_test_loop(epochs=4, batches=8, evaluated_every_step=True))
+    ops = record_fields("op_profile", trace, {"steps": every})["op_profile"]
+    assert (ops.steps, ops.ops, ops.evaluated_steps) == (3, 56, ())
+    # no steps collector: nothing to tell them apart by
+    assert record_fields("op_profile", trace, {})["op_profile"].ops == 56
