@@ -110,6 +110,12 @@ def _classify_cpu(record: RunRecord) -> Verdict:
         facts.append(f"the ops are tiny yet their fixed cost explains only {share:.0%} of the step: most of it is "
                      "spent outside torch ops")
         return Verdict("inconclusive", 0.3, tuple(facts))
+    other = record.breakdown.other
+    if share <= th.COMPUTE_BOUND_MAX_OVERHEAD and other >= th.OUTSIDE_MODEL_DOMINANT:
+        outside = (f"{other:.0%} of each step is spent outside the model's forward and backward, the optimizer and "
+                   "DataLoader waits: in the script's own code between them (batches built without a DataLoader, "
+                   "logging, an environment's steps)")
+        return Verdict("inconclusive", 0.3, (outside, *_outside_ops(record), *facts))
     if share <= th.COMPUTE_BOUND_MAX_OVERHEAD:
         facts.extend(_top_ops(record))
         confidence = _rising(1 - share, 1 - th.COMPUTE_BOUND_MAX_OVERHEAD, 0.99)
@@ -178,10 +184,12 @@ def _outside_ops(record: RunRecord) -> list[str]:
     lead = profile.top_own[0]
     window = profile.window
     steps = "the whole run" if profile.whole_run else f"steps {window.first_step}-{window.last_step}"
+    where = f" ({lead.file}:{lead.line})" if lead.file != "~" else ""
     fact = (f"the Python profile ({steps}) spends {lead.own_s:.2f} s of its {profiled_s:.2f} s "
-            f"({lead.own_s / profiled_s:.0%}) in {lead.function}")
+            f"({lead.own_s / profiled_s:.0%}) in {lead.function}{where}")
     callers = [f"{f.function} ({f.file}:{f.line})" for f in profile.top_cumulative
-               if f.file != "~" and f.cumulative_s >= th.OPS_COVER_CALLER * lead.own_s][:th.OPS_COVER_CALLERS]
+               if f.file != "~" and f.cumulative_s >= th.OPS_COVER_CALLER * lead.own_s
+               and (f.file, f.line, f.function) != (lead.file, lead.line, lead.function)][:th.OPS_COVER_CALLERS]
     return [f"{fact}, under {', '.join(callers)}" if callers else fact]
 
 

@@ -136,6 +136,14 @@ user's own Python). On the compute-bound runs measured here the ops covered 60% 
 profiler's own cost inflates them); on a loop sleeping 500 ms a step, 1 to 4%; on a loop waiting on a prefetching
 thread's queue, 1%."""
 
+OUTSIDE_MODEL_DOMINANT = 0.5
+"""...nor is one where at least half of each step is "other": outside the model's forward and backward, the optimizer
+and DataLoader waits, in the script's own code between them (batches built by a generator without a DataLoader,
+logging, an environment's steps). Its torch ops can still cover 30% of the step: a loop building each batch with numpy
+crops in a generator had 33% covered (ops inflated by the profiler) and "other" 70%, and read CPU-compute-bound at 0.92
+confidence. On the compute-bound runs measured here "other" was at most 7% of the step; launch-bound loops of tiny
+models 6-27%."""
+
 OPS_COVER_CALLER = 0.9
 """...and then the functions named as holding that time are those whose cumulative time is at least 90% of the
 heaviest function's own time (its callers)..."""
