@@ -514,6 +514,12 @@ class LoaderRate:
     handover_s: float | None = None
     """With workers: the main process's CPU time per batch taken from them (receiving it from the worker): a step
     pays it even where the workers keep up. None with 0 workers or where not timed."""
+    receive_s: float | None = None
+    """With workers: the wall time ``next()`` took to hand over a batch the workers had already built, while they
+    built the next ones (median of a few, after letting their prefetched batches fill). Each tensor passed as a file
+    descriptor waits for the worker's own Python to answer, so a worker busy in Python code makes it milliseconds
+    where ``handover_s`` is a fraction of one: a step pays it for each batch even where the workers keep up. None
+    with 0 workers or where not timed."""
 
 
 @dataclass(frozen=True, slots=True)

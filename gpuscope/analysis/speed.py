@@ -77,8 +77,8 @@ def batches_text(per_step: float) -> str:
 def loader_plan(record: RunRecord) -> LoaderPlan | None:
     """From the loader probe's curve: the smallest measured worker count delivering batches at least
     ``LOADER_KEEPS_UP_MARGIN`` faster than the step consumes them (else the one predicting the shortest step), and
-    the step it predicts: max(compute + the main process's CPU to receive a batch from the workers, as the probe
-    timed it, one batch at that rate). On a CPU run the workers and the step share the
+    the step it predicts: max(compute + the main process's time to receive a batch from the workers, as the probe
+    timed it (``handover_s``), one batch at that rate). On a CPU run the workers and the step share the
     cores, so also no less than the compute on the cores the N workers leave, nor all the CPU work of a step (one
     batch's build plus the compute on the main process's threads) spread over the cores. That step needs the main
     process to keep no more than cores - N intra-op threads (at least one): more busy threads than cores stall each
@@ -111,7 +111,7 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
         shared = (step_build_s + compute_s * threads) / cores
 
     def step_with(rate: LoaderRate) -> float:
-        handover = per * (rate.handover_s or 0.0) if rate.num_workers else 0.0  # the main process receiving them
+        handover = per * handover_s(rate)  # the main process receiving them
         step = max(compute_s + handover, per / rate.batches_per_s)  # type: ignore[operator]
         if shared is not None:
             step = max(step, shared_cores(compute_s, step_build_s, rate.num_workers, threads, cores)[0] + handover)
@@ -125,6 +125,15 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
     if shared is not None:
         threads_fix = shared_cores(compute_s, step_build_s, rate.num_workers, threads, cores)[2]
     return LoaderPlan(rate.num_workers, rate, bool(keeping), compute_s, step_s, shared, consume, threads_fix, per)
+
+
+def handover_s(rate: LoaderRate) -> float:
+    """What the step pays for each batch it takes from ``rate``'s workers: the probe's wall time to receive one
+    already built while they build more, or, where that was not timed or is less, the main process's CPU time per
+    batch received (0 with no workers)."""
+    if not rate.num_workers:
+        return 0.0
+    return max(rate.handover_s or 0.0, rate.receive_s or 0.0)
 
 
 def shared_cores(compute_s: float, build_s: float, workers: int, threads: int, cores: int) -> tuple[

@@ -1,9 +1,12 @@
 """Timing one DataLoader configuration for the loader probe: batches delivered per second once its workers are up,
-over whole rounds after the first, and the main process's CPU time per batch taken from the workers (the hand-over:
-a training step pays it even where the workers keep up)."""
+over whole rounds after the first, the main process's CPU time per batch taken from the workers, and the wall time
+it takes to receive a batch already built while the workers build the next ones (the hand-over: a training step pays
+it even where the workers keep up)."""
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +21,9 @@ MIN_TIMED_S = 0.4
 """...and not before its rounds after the first span this long, when its share allows: three rounds of small batches
 can take a tenth of a second, and one hiccup of a shared machine (a neighbour's burst, a page-cache flush) would
 then be the rate (the float16 sample's one worker once timed 870 ms a batch for the run's 546)."""
+RECEIVED = 3
+"""Batches whose hand-over is timed once the workers' prefetched batches are built (all but the first, which the
+workers, idle until then, hand over at once): at most this many."""
 
 
 def time_config(loader: Any, workers: int, pin: bool, slot_s: float, clock: Callable[[], float]) -> LoaderRate:
@@ -57,9 +63,38 @@ def time_config(loader: Any, workers: int, pin: bool, slot_s: float, clock: Call
         note = f"no further batch within this configuration's {slot_s:.2f} s"
     except Exception as exc:
         raise dataset_error(exc, "when the loader probe loaded it after the run") from None
+    else:
+        rate = _rate(workers, pin, started, slot_s, arrivals, cpu, note)
+        if workers and rate.batches_per_s and not note:
+            rate = dataclasses.replace(rate, receive_s=_receive_s(iterator, loader, workers, rate.batches_per_s,
+                                                                  deadline, clock))
+        return rate
     finally:
         close_workers(iterator)
     return _rate(workers, pin, started, slot_s, arrivals, cpu, note)
+
+
+def _receive_s(iterator: Any, loader: Any, workers: int, rate: float, deadline: float,
+               clock: Callable[[], float]) -> float | None:
+    """The median wall time of ``next()`` on batches the workers had built, each taken while they build the next
+    ones: the workers are left to fill their prefetched batches (``prefetch_factor`` each, at ``rate``) first; None
+    where that does not fit before ``deadline`` or fewer than two are prefetched."""
+    ready = workers * (getattr(loader, "prefetch_factor", None) or 2)
+    fill_s = 1.5 * ready / rate + 0.01
+    if ready < 2 or clock() + fill_s + (RECEIVED + 1) / rate > deadline:
+        return None
+    time.sleep(fill_s)
+    waits = []
+    iterator._timeout = max(deadline - clock(), 0.01)
+    try:
+        for taken in range(min(ready, RECEIVED + 1)):
+            before = clock()
+            next(iterator)
+            if taken:  # the first: the workers were idle and answer at once
+                waits.append(clock() - before)
+    except (StopIteration, RuntimeError):  # out of batches, or past the deadline: what was timed
+        pass
+    return statistics.median(waits) if waits else None
 
 
 def _rate(workers: int, pin: bool, started: float, slot_s: float, arrivals: list[float], cpu: list[float],

@@ -23,7 +23,7 @@ from gpuscope.collectors.loader_probe import (
     probe_loader,
     worker_counts,
 )
-from gpuscope.collectors.loader_timing import MIN_TIMED_S
+from gpuscope.collectors.loader_timing import MIN_TIMED_S, time_config
 from gpuscope.record import Breakdown, Loader, LoaderProbe, LoaderRate, RunMeta, Steps, Verdict
 from gpuscope.session import post_run_facts
 
@@ -299,6 +299,59 @@ def test_workers_whose_batches_cost_the_main_process_more_to_receive_than_they_s
         record, loader_probe=dataclasses.replace(record.loader_probe, rates=cheap)))
     assert finding is not None and "num_workers=1" in finding.fix
     assert any("costs the main process 0.10 ms of CPU" in fact for fact in finding.evidence)
+
+
+def test_a_hand_over_that_waits_for_a_busy_worker_counts_for_each_batch_a_step_takes() -> None:
+    # given (recorded: the transformers Trainer, 4 batches a step through a Python collate of 8 ms a batch, 45 ms
+    # of compute): one worker delivers 113 batches/s, which keeps up by throughput, but receiving each batch it
+    # built took 9.2 ms while it built the next (0.83 ms of it CPU)
+    base = accumulating_record({0: 119.0, 1: 112.9})
+    rates = tuple(dataclasses.replace(r, handover_s=0.00083, receive_s=0.0092) if r.num_workers else r
+                  for r in base.loader_probe.rates)
+    record = dataclasses.replace(base, meta=RunMeta(cpu_count=2),
+                                 loader_probe=dataclasses.replace(base.loader_probe, rates=rates))
+    # then the step predicted is its 50 ms of compute and four 9.2 ms hand-overs (86.8 ms), not the 50 ms that the
+    # worker's throughput alone gives
+    plan = loader_plan(record)
+    assert plan is not None and plan.step_s == pytest.approx(0.05 + 4 * 0.0092)
+    finding = more_dataloader_workers(record)
+    assert finding is not None
+    assert any("receiving a batch the workers have built takes the main process 9.20 ms" in fact
+               and "for each of a step's 4 batches" in fact for fact in finding.evidence), finding.evidence
+    # with no receive time measured (an older record), the CPU time alone counts
+    plain = tuple(dataclasses.replace(r, receive_s=None) for r in rates)
+    old = loader_plan(dataclasses.replace(record, loader_probe=dataclasses.replace(record.loader_probe, rates=plain)))
+    assert old is not None and old.step_s == pytest.approx(0.05 + 4 * 0.00083)
+
+
+class PythonCollated(torch.utils.data.Dataset):
+    """Items whose collation is pure Python for about 8 ms a batch (a tokenizer written in Python), returning four
+    tensors: a worker building a batch holds its GIL all the while."""
+
+    def __len__(self) -> int:
+        return 10**6
+
+    def __getitem__(self, index: int) -> int:
+        return index
+
+    @staticmethod
+    def collate(items: list[int]) -> dict[str, torch.Tensor]:
+        deadline = time.perf_counter() + 0.008
+        while time.perf_counter() < deadline:
+            sum(range(200))
+        ids = torch.tensor(items)
+        return {"a": ids, "b": ids + 1, "c": ids + 2, "d": ids + 3}
+
+
+@pytest.mark.slow  # starts a real DataLoader worker
+def test_the_probe_times_the_hand_over_of_a_built_batch_while_the_worker_builds_the_next() -> None:
+    loader = torch.utils.data.DataLoader(PythonCollated(), batch_size=16, num_workers=1,
+                                         collate_fn=PythonCollated.collate)
+    rate = time_config(loader, 1, False, 1.5, time.perf_counter)
+    # then: about 110 batches/s, and each built batch's four tensors wait for the busy worker: milliseconds, several
+    # times the main process's CPU for it
+    assert rate.batches_per_s is not None and rate.receive_s is not None and rate.handover_s is not None
+    assert rate.receive_s > 3 * rate.handover_s and rate.receive_s > 0.002, rate
 
 
 def test_without_a_batch_timed_in_the_main_process_a_batchs_cpu_is_the_probes_one_worker_time() -> None:

@@ -136,7 +136,12 @@ def _from_probe(run: RunRecord, plan: LoaderPlan, loader: Loader, share: float, 
         evidence.append(f"on this CPU-only run the workers share {run.meta.cpu_count} cores with the step: its "
                         f"compute keeps the cores the workers leave, and a step's CPU work spread over all of them "
                         f"takes at least {plan.shared_cpu_s * 1e3:.1f} ms")
-    if plan.rate.handover_s:
+    receive = plan.rate.receive_s or 0.0
+    if receive > (plan.rate.handover_s or 0.0):
+        evidence.append(f"receiving a batch the workers have built takes the main process {receive * 1e3:.2f} ms while "
+                        "they build the next (timed by the probe: each tensor's hand-over waits for the worker's "
+                        f"Python), added to the step's compute for each of {plan.batches_text}")
+    elif plan.rate.handover_s:
         evidence.append(f"receiving a batch from the workers costs the main process {plan.rate.handover_s * 1e3:.2f} "
                         "ms of CPU (timed by the probe), added to the step's compute")
     if plan.threads is not None:
