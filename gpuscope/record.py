@@ -543,6 +543,10 @@ class LoaderProbe:
     probe_batch_size: int | None = None
     """Items per batch the probe loaded: ``batch_size``, or fewer where a batch of the run took long (the rates are
     per batch of ``batch_size`` all the same)."""
+    file_system: LoaderRate | None = None
+    """The last worker count in ``rates`` timed again with ``torch.multiprocessing``'s ``file_system`` sharing
+    strategy (tensors handed over as named shared-memory files, not as file descriptors the worker's Python must
+    pass), where handing its batches over waited on the workers (``receive_s``); None where not timed."""
 
 
 @dataclass(frozen=True, slots=True)

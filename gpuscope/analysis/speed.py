@@ -74,7 +74,7 @@ def batches_text(per_step: float) -> str:
     return "one batch" if round(per_step, 1) == 1 else f"a step's {per_step:.3g} batches"
 
 
-def loader_plan(record: RunRecord) -> LoaderPlan | None:
+def loader_plan(record: RunRecord, file_system: bool = False) -> LoaderPlan | None:
     """From the loader probe's curve: the smallest measured worker count delivering batches at least
     ``LOADER_KEEPS_UP_MARGIN`` faster than the step consumes them (else the one predicting the shortest step), and
     the step it predicts: max(compute + the main process's time to receive a batch from the workers, as the probe
@@ -85,15 +85,19 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
     other at every parallel region (on 2 cores, 2 threads and 2 workers: median step 27 ms but mean 36 ms, spikes to
     80 ms; with 1 thread 26 and 25 ms), so the plan names that count (``threads``) where the run had more. A batch's
     build is the main process's batch time in the run where it had no workers (timed over all its batches), else
-    the probe's one-worker time (a few rounds). None without a probe curve or step figures."""
+    the probe's one-worker time (a few rounds). ``file_system``: the plan of the worker count the probe timed again
+    with the file_system sharing strategy (``loader_probe.file_system``). None without a probe curve or step
+    figures."""
     probe, median = record.loader_probe, record.steps.median_s
-    if probe is None or not median or not record.steps.count:
+    if probe is None or not median or not record.steps.count or (file_system and probe.file_system is None):
         return None
     cores = record.meta.cpu_count or 1
     per = _batches_per_step(record)
     batch_s = _main_process_batch_s(record, per)
-    measured = [_completed(r, batch_s, cores) for r in probe.rates if r.batches_per_s and not r.pin_memory] or \
-               [_completed(r, batch_s, cores) for r in probe.rates if r.batches_per_s]
+    base = [_completed(r, batch_s, cores) for r in probe.rates if r.batches_per_s and not r.pin_memory] or \
+           [_completed(r, batch_s, cores) for r in probe.rates if r.batches_per_s]
+    again = probe.file_system
+    measured = ([_completed(again, batch_s, cores)] if again.batches_per_s else []) if again and file_system else base
     # with 0 workers the main process builds each batch between steps: nothing is hidden, whatever its rate
     candidates = [r for r in measured if r.num_workers > 0]
     if not candidates:
@@ -102,8 +106,7 @@ def loader_plan(record: RunRecord) -> LoaderPlan | None:
     consume = per / compute_s
     needed = consume * (1 + th.LOADER_KEEPS_UP_MARGIN)
     threads = min(probe.main_threads or 1, cores)
-    one = next((r for r in measured if r.num_workers == 1), None) or next(
-        (r for r in measured if r.num_workers == 0), None)
+    one = next((r for r in base if r.num_workers == 1), None) or next((r for r in base if r.num_workers == 0), None)
     shared = None
     build_s = batch_s or (1 / one.batches_per_s if one is not None else None)  # type: ignore[operator]
     step_build_s = per * build_s if build_s is not None else 0.0  # the step's batches' build
@@ -242,15 +245,20 @@ def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
     step_s, explanation = None, ""
     if verdict.bound == "data-loading":
         share = record.breakdown.data_wait
-        plan = loader_plan(record)
+        plan, sharing = loader_plan(record), loader_plan(record, file_system=True)
+        if sharing is not None and (plan is None or sharing.step_s <= plan.step_s * (1 - th.FILE_SYSTEM_SHORTER)):
+            plan = sharing  # the file-system-sharing rule's plan
         if plan is not None:
             step_s = plan.step_s
             how = "estimated from the run's batch time to deliver" if plan.rate.note.startswith("estimated") else \
                 "measured after the run delivering"
             delivery_s = plan.batches_per_step / plan.rate.batches_per_s  # type: ignore[operator]
-            explanation = (f"with {plan.workers} DataLoader workers, {how} "
-                           f"{plan.rate.batches_per_s:.1f} batches/s: max(compute {plan.compute_s * 1e3:.1f} ms, "
-                           f"{plan.batches_text} {delivery_s * 1e3:.1f} ms)")
+            shared_by = " handing batches over by file_system" if plan is sharing else ""
+            handover = plan.batches_per_step * handover_s(plan.rate)
+            received = f" + receiving them {handover * 1e3:.1f} ms" if handover >= 0.0005 else ""
+            explanation = (f"with {plan.workers} DataLoader workers{shared_by}, {how} "
+                           f"{plan.rate.batches_per_s:.1f} batches/s: max(compute {plan.compute_s * 1e3:.1f} ms"
+                           f"{received}, {plan.batches_text} {delivery_s * 1e3:.1f} ms)")
             explanation += _shared_text(record, plan.workers, plan.shared_cpu_s, plan.threads)
         elif (estimate := loader_estimate(record)) is not None and estimate.spread_s is not None:
             step_s = estimate.step_s

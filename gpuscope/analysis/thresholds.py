@@ -136,6 +136,13 @@ user's own Python). On the compute-bound runs measured here the ops covered 60% 
 profiler's own cost inflates them); on a loop sleeping 500 ms a step, 1 to 4%; on a loop waiting on a prefetching
 thread's queue, 1%."""
 
+FILE_SYSTEM_SHORTER = 0.1
+"""The file_system sharing strategy is advised where the step the loader probe predicts with it is at least 10%
+shorter than both the median step and the step of the best plan without it: handing 4 built batches of 4 tensors
+over took 30-34 ms with file descriptors and 4 ms with file_system (a collate function of 8 ms of Python in the worker),
+while batches of tensors a worker builds without holding its GIL (NumPy, sleeps) hand over in about a millisecond
+either way."""
+
 OUTSIDE_MODEL_DOMINANT = 0.5
 """...nor is one where at least half of each step is "other": outside the model's forward and backward, the optimizer
 and DataLoader waits, in the script's own code between them (batches built by a generator without a DataLoader,

@@ -183,11 +183,38 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
     if len(rates) < len(configs):
         notes.append(f"stopped after {rates[-1].num_workers} workers: they already deliver batches faster than "
                      "the training step consumes them")
+    file_system = _file_system_rate(torch, source, rates, deadline, clock, scale)
     return LoaderProbe(
         dataset=type(dataset).__name__, batch_size=batch_size, start_method=method, rates=tuple(rates),
         consume_batches_per_s=consume_batches_per_s, main_threads=threads, budget_s=budget_s,
         probe_batch_size=items, elapsed_s=clock() - started, pin_memory_note="" if cuda else ON_CPU_PIN,
-        note="; ".join(notes))
+        note="; ".join(notes), file_system=file_system)
+
+
+RECEIVE_WAITS_S = 0.001
+"""A hand-over of built batches (``receive_s``) this long, and over twice the main process's CPU for it, waits on the
+workers' Python: the last count is then timed again with the file_system sharing strategy."""
+FILE_SYSTEM_MIN_S = 0.2
+"""...where this much of the budget is left."""
+
+
+def _file_system_rate(torch: Any, source: _Source, rates: list[LoaderRate], deadline: float,
+                      clock: Callable[[], float], scale: float) -> LoaderRate | None:
+    """The last timed worker count again with the ``file_system`` sharing strategy (restored after), where handing
+    its built batches over waited on the workers; None where it did not or the budget has no room for it."""
+    last = next((r for r in reversed(rates) if r.num_workers and r.batches_per_s and not r.pin_memory), None)
+    slot = deadline - clock()
+    if (last is None or last.receive_s is None or last.receive_s < max(RECEIVE_WAITS_S, 2 * (last.handover_s or 0.0))
+            or slot < FILE_SYSTEM_MIN_S):
+        return None
+    sharing = torch.multiprocessing
+    before = sharing.get_sharing_strategy()
+    try:
+        sharing.set_sharing_strategy("file_system")
+        timed = time_config(source.loader(torch, last.num_workers, False, slot), last.num_workers, False, slot, clock)
+    finally:
+        sharing.set_sharing_strategy(before)
+    return _scaled(timed, scale)
 
 
 @dataclass(frozen=True, slots=True)

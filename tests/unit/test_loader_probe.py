@@ -13,7 +13,7 @@ import pytest
 
 from conftest import make_record
 from gpuscope.analysis.evidence import batches_per_step
-from gpuscope.analysis.rules.dataloader import more_dataloader_workers
+from gpuscope.analysis.rules.dataloader import file_system_sharing, more_dataloader_workers
 from gpuscope.analysis.speed import loader_plan, what_if
 from gpuscope.collectors.loader_probe import (
     LoaderProbeCollector,
@@ -23,8 +23,8 @@ from gpuscope.collectors.loader_probe import (
     probe_loader,
     worker_counts,
 )
-from gpuscope.collectors.loader_timing import MIN_TIMED_S, time_config
-from gpuscope.record import Breakdown, Loader, LoaderProbe, LoaderRate, RunMeta, Steps, Verdict
+from gpuscope.collectors.loader_timing import MIN_TIMED_S
+from gpuscope.record import Breakdown, CallSite, Loader, LoaderProbe, LoaderRate, RunMeta, Steps, Verdict
 from gpuscope.session import post_run_facts
 
 torch = pytest.importorskip("torch")
@@ -324,6 +324,39 @@ def test_a_hand_over_that_waits_for_a_busy_worker_counts_for_each_batch_a_step_t
     assert old is not None and old.step_s == pytest.approx(0.05 + 4 * 0.00083)
 
 
+def trainer_fed(file_system_receive_s: float) -> Any:
+    """The Trainer loop above, built by transformers at train.py:43, probed: one worker hands its built batches over
+    in 9.4 ms, and again with the file_system strategy in ``file_system_receive_s``."""
+    record = accumulating_record({0: 119.0, 1: 112.9})
+    rates = tuple(dataclasses.replace(r, handover_s=0.0005, receive_s=0.0094) if r.num_workers else r
+                  for r in record.loader_probe.rates)
+    again = LoaderRate(1, False, 119.3, 48, handover_s=0.0005, receive_s=file_system_receive_s)
+    site = CallSite(file="train.py", line=43, code="trainer.train()")
+    loaders = (dataclasses.replace(record.loaders[0], created_at=site, created_by="transformers"),)
+    return dataclasses.replace(record, meta=RunMeta(cpu_count=2), loaders=loaders, loader_probe=dataclasses.replace(
+        record.loader_probe, rates=rates, file_system=again))
+
+
+def test_where_handing_batches_over_waits_on_the_workers_the_file_system_strategy_is_advised_as_timed() -> None:
+    record = trainer_fed(file_system_receive_s=0.0007)
+    finding = file_system_sharing(record)
+    # then: the step with it is 50 ms of compute and four 0.7 ms hand-overs, against 87.6 ms without it
+    assert finding is not None
+    assert finding.gain == pytest.approx(1 - (0.05 + 4 * 0.0007) / 0.1)
+    assert any("took 9.4 ms while they built the next" in fact for fact in finding.evidence), finding.evidence
+    assert any("with the file_system strategy it took 0.7 ms" in fact for fact in finding.evidence)
+    # and one worker holding 2 prefetched batches of the 4 a step takes at once is given a prefetch of 4
+    assert finding.fix == ('torch.multiprocessing.set_sharing_strategy("file_system")  # before the DataLoader starts '
+                           "its workers; then TrainingArguments(..., dataloader_num_workers=1, "
+                           "dataloader_prefetch_factor=4) at transformers, called from train.py:43")
+    # and the what-if is that step
+    estimate = what_if(record, Verdict("data-loading", 0.9, ("50%",)))
+    assert estimate is not None and estimate.step_s == pytest.approx(0.05 + 4 * 0.0007)
+    assert estimate.explanation.startswith("with 1 DataLoader workers handing batches over by file_system, measured")
+    # where the strategy hands batches over no faster, it is not advised
+    assert file_system_sharing(trainer_fed(file_system_receive_s=0.009)) is None
+
+
 class PythonCollated(torch.utils.data.Dataset):
     """Items whose collation is pure Python for about 8 ms a batch (a tokenizer written in Python), returning four
     tensors: a worker building a batch holds its GIL all the while."""
@@ -343,15 +376,19 @@ class PythonCollated(torch.utils.data.Dataset):
         return {"a": ids, "b": ids + 1, "c": ids + 2, "d": ids + 3}
 
 
-@pytest.mark.slow  # starts a real DataLoader worker
+@pytest.mark.slow  # starts real DataLoader workers
 def test_the_probe_times_the_hand_over_of_a_built_batch_while_the_worker_builds_the_next() -> None:
-    loader = torch.utils.data.DataLoader(PythonCollated(), batch_size=16, num_workers=1,
-                                         collate_fn=PythonCollated.collate)
-    rate = time_config(loader, 1, False, 1.5, time.perf_counter)
-    # then: about 110 batches/s, and each built batch's four tensors wait for the busy worker: milliseconds, several
-    # times the main process's CPU for it
-    assert rate.batches_per_s is not None and rate.receive_s is not None and rate.handover_s is not None
-    assert rate.receive_s > 3 * rate.handover_s and rate.receive_s > 0.002, rate
+    # given: a step of 4 batches consuming 25 a second, which one worker keeps up with
+    probe = probe_loader(torch, PythonCollated(), batch_size=16, collate_fn=PythonCollated.collate, cores=2,
+                         consume_batches_per_s=25.0, budget_s=2.0)
+    one = next(r for r in probe.rates if r.num_workers == 1)
+    # then: each built batch's four tensors wait for the busy worker: milliseconds, several times the main
+    # process's CPU for it; timed again with the file_system strategy, they do not
+    assert one.receive_s is not None and one.handover_s is not None
+    assert one.receive_s > 3 * one.handover_s and one.receive_s > 0.002, one
+    assert probe.file_system is not None and probe.file_system.num_workers == 1
+    assert probe.file_system.receive_s is not None and probe.file_system.receive_s < one.receive_s / 3, probe
+    assert torch.multiprocessing.get_sharing_strategy() == "file_descriptor"  # put back
 
 
 def test_without_a_batch_timed_in_the_main_process_a_batchs_cpu_is_the_probes_one_worker_time() -> None:

@@ -96,6 +96,7 @@ _ABSENT = {
     "practices": "the framework's settings were not read",
     "data_probe": "the dataset was not probed",
     "syncs": "host-device syncs were not counted",
+    "loader_probe": "the DataLoader was not probed",
 }
 """Record fields filled by one collector each, and what their absence means."""
 

@@ -62,7 +62,7 @@ def more_dataloader_workers(run: RunRecord) -> Finding | None:
         evidence.append(f"predicted step {estimate.step_s * 1e3:.1f} ms, {speedup_text(median / estimate.step_s)} "
                         "(an estimate)")
     return Finding(max(0.0, 1 - estimate.step_s / median), tuple(evidence),
-                   fix=_workers_fix(loader, workers, estimate.threads))
+                   fix=_workers_fix(loader, workers, estimate.threads, per_step))
 
 
 def _threads_fact(threads: int, workers: int, cores: int, keep: int) -> str:
@@ -82,14 +82,26 @@ def _built_at(loader: Loader) -> list[str]:
     return [f"the {loader.dataset} loader is built at {line}"]
 
 
-def _workers_fix(loader: Loader, workers: int, threads: int | None) -> str:
+def _workers_fix(loader: Loader, workers: int, threads: int | None, per_step: float = 1.0) -> str:
     """The code change: the loader's arguments (the Trainer's, when transformers built it), the thread count if
     one is advised, and the line it goes on."""
-    fix = loader_call(loader, f"dataloader_num_workers={workers}, dataloader_persistent_workers=True",
-                      f"num_workers={workers}, persistent_workers=True")
+    trainer, own = _prefetch_args(loader, workers, per_step)
+    fix = loader_call(loader, f"dataloader_num_workers={workers}, dataloader_persistent_workers=True{trainer}",
+                      f"num_workers={workers}, persistent_workers=True{own}")
     if threads is not None:
         fix += f"  and  torch.set_num_threads({threads})"
     return fix + site_comment(loader)
+
+
+def _prefetch_args(loader: Loader, workers: int, per_step: float) -> tuple[str, str]:
+    """``, prefetch_factor=K`` (the Trainer's and the DataLoader's) where ``workers`` holding their prefetched
+    batches (2 each by default) hold fewer than the ``per_step`` batches a step takes: a loop that takes them all
+    at once (the transformers Trainer fetches a step's accumulated batches before the first forward) waits for the
+    rest to be built. ("", "") where they hold enough."""
+    needed = math.ceil(round(per_step, 1) / workers) if workers else 0
+    if needed <= (loader.prefetch_factor or 2):
+        return "", ""
+    return f", dataloader_prefetch_factor={needed}", f", prefetch_factor={needed}"
 
 
 def loader_call(loader: Loader, trainer_args: str, loader_args: str) -> str:
@@ -149,7 +161,7 @@ def _from_probe(run: RunRecord, plan: LoaderPlan, loader: Loader, share: float, 
         evidence.append(_threads_fact(threads, plan.workers, run.meta.cpu_count or 1, plan.threads))
     evidence.append(f"predicted step {plan.step_s * 1e3:.1f} ms, {speedup_text(median / plan.step_s)} (an estimate)")
     gain = max(0.0, 1 - plan.step_s / median)
-    return Finding(gain, tuple(evidence), fix=_workers_fix(loader, plan.workers, plan.threads))
+    return Finding(gain, tuple(evidence), fix=_workers_fix(loader, plan.workers, plan.threads, plan.batches_per_step))
 
 
 def _what_would_keep_up(run: RunRecord, plan: LoaderPlan) -> str:
@@ -245,3 +257,48 @@ def persistent_workers(run: RunRecord) -> Finding | None:
     )
     fix = loader_call(loader, "dataloader_persistent_workers=True", "persistent_workers=True")
     return Finding(share, evidence, fix=fix + site_comment(loader))
+
+
+@rule(id="file-system-sharing",
+      title="Hand batches over from the workers as shared-memory files",
+      fix='torch.multiprocessing.set_sharing_strategy("file_system")  # before the DataLoader starts its workers',
+      needs=("loaders", "loader_probe"),
+      resolved_by=(DATA_WAIT,))
+def file_system_sharing(run: RunRecord) -> Finding | None:
+    """Signal: the loader probe timed handing a built batch over while the workers built the next as milliseconds
+    (each tensor's file descriptor waits for the worker's Python, which a collate function written in Python holds),
+    and the same workers timed again with the file_system sharing strategy predict a step ``FILE_SYSTEM_SHORTER``
+    shorter than the median step and than the best plan without it.
+    Why it matters: a step pays the hand-over for every batch it takes, even where the workers keep up.
+    Fix: torch.multiprocessing.set_sharing_strategy("file_system") before the DataLoader starts its workers
+    (workers started by fork inherit it; under spawn, in worker_init_fn too), with the probe's worker count.
+    Gain: the step the probe's file_system timing predicts (``analysis.speed.loader_plan``)."""
+    share, median = run.breakdown.data_wait, run.steps.median_s
+    plan = loader_plan(run, file_system=True)
+    if share < th.DATA_WAIT_NOTABLE or plan is None or not median:
+        return None
+    default = loader_plan(run)
+    best = min(median, default.step_s) if default is not None else median
+    if plan.step_s > best * (1 - th.FILE_SYSTEM_SHORTER):
+        return None
+    loader = max(run.loaders, key=lambda l: l.wait_s)
+    described = run.loader_probe.rates  # type: ignore[union-attr]
+    fd = next((r for r in described if r.num_workers == plan.workers and not r.pin_memory), None)
+    evidence = [
+        f"{share:.0%} of each step waits for the next batch (median step {median * 1e3:.1f} ms)",
+        *_built_at(loader),
+        f"handing a batch the {loader.dataset} loader's {plan.workers} workers had built over to the main process "
+        f"took {(fd.receive_s or 0.0) * 1e3:.1f} ms while they built the next (timed by the probe: with the default "
+        "file_descriptor strategy each tensor waits for the worker's Python to pass it)" if fd is not None else "",
+        f"with the file_system strategy it took {(plan.rate.receive_s or 0.0) * 1e3:.1f} ms ({plan.rate.batches_per_s:.1f} "
+        f"batches/s), for each of {plan.batches_text}",
+        f"predicted step {plan.step_s * 1e3:.1f} ms, {speedup_text(median / plan.step_s)} (an estimate)"
+        + (f", against {default.step_s * 1e3:.1f} ms for {default.workers} workers without it" if default else ""),
+    ]
+    fix = 'torch.multiprocessing.set_sharing_strategy("file_system")  # before the DataLoader starts its workers'
+    trainer, own = _prefetch_args(loader, plan.workers, plan.batches_per_step)
+    if plan.workers > loader.num_workers or own:
+        workers = loader_call(loader, f"dataloader_num_workers={plan.workers}{trainer}",
+                              f"num_workers={plan.workers}{own}")
+        fix += f"; then {workers}{site_comment(loader).replace('  #', ' at', 1)}"
+    return Finding(max(0.0, 1 - plan.step_s / median), tuple(e for e in evidence if e), fix=fix)
