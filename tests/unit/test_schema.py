@@ -100,6 +100,46 @@ def test_a_record_with_every_optional_part_filled_in_matches_the_schema() -> Non
     assert schema_errors(record.to_json()) == []
 
 
+def inner_dataclass(hint: Any) -> Any:
+    """The dataclass a field holds (itself, optional, in a tuple or as a dict's values), or None."""
+    if dataclasses.is_dataclass(hint):
+        return hint
+    return next((d for d in map(inner_dataclass, typing.get_args(hint)) if d is not None), None)
+
+
+def object_node(node: dict[str, Any], root: dict[str, Any]) -> dict[str, Any]:
+    """The object schema ``node`` describes: through ``$ref``, ``anyOf`` (its non-null branch), array items and
+    dict values."""
+    node = resolve(node, root)
+    for key in ("anyOf",):
+        if key in node:
+            node = resolve(next(n for n in node[key] if n.get("type") != "null"), root)
+    if "items" in node:
+        return object_node(node["items"], root)
+    if "properties" not in node and isinstance(node.get("additionalProperties"), dict):
+        return object_node(node["additionalProperties"], root)
+    return node
+
+
+def test_the_schema_describes_every_field_the_record_writes() -> None:
+    # a field added to record.py and not to docs/run.schema.json (and so not to docs/run-json.md) fails here
+    root = schema()
+    todo, seen = [(RunRecord, root)], set()
+    while todo:
+        tp, node = todo.pop()
+        if tp.__name__ in seen:
+            continue
+        seen.add(tp.__name__)
+        described = set(node.get("properties", {}))
+        written = {f.name for f in dataclasses.fields(tp)}
+        assert written <= described, (tp.__name__, written - described)
+        for name, hint in typing.get_type_hints(tp).items():
+            inner = inner_dataclass(hint)
+            if inner is not None:
+                todo.append((inner, object_node(node["properties"][name], root)))
+    assert {"LoaderProbe", "LoaderRate", "OpProfile", "TraceSource"} <= seen
+
+
 @pytest.mark.parametrize("field", sorted(CONTRACT_REQUIRED[()] - {"schema"}))
 def test_a_run_json_missing_a_required_field_fails(field: str) -> None:
     data = make_record().to_json()
