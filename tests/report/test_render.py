@@ -19,7 +19,7 @@ from report_records import (
 )
 
 from gpuscope import __version__
-from gpuscope.record import RunRecord
+from gpuscope.record import LoaderProbe, LoaderRate, RunRecord
 from gpuscope.report import render_report, template_dir, write_report
 from gpuscope.report.facts import MASK, fix_lines, mask_command
 from gpuscope.report.render import plotly_js
@@ -122,6 +122,18 @@ def test_a_cpu_run_says_why_there_is_no_gpu_data() -> None:
     assert "This run used the CPU only" in html
     assert "no NVIDIA driver" in html  # the nvml collector's own reason
     assert "failed" not in html.split('id="device"')[1].split("</section>")[0]
+
+
+def test_the_loader_probes_table_shows_each_hand_over_and_the_file_system_timing() -> None:
+    probe = LoaderProbe(dataset="Texts", batch_size=16, rates=(
+        LoaderRate(0, False, 118.0, 201, note="not timed again"),
+        LoaderRate(1, False, 108.8, 44, 0.041, handover_s=0.00093, receive_s=0.0094)),
+        file_system=LoaderRate(1, False, 116.7, 47, 0.226, handover_s=0.00051, receive_s=0.00075))
+    html = render_report(dataclasses.replace(sample_record("data_loading_bound"), loader_probe=probe))
+    table = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html.split('class="loader-probe"')[1].split("</table>")[0]))
+    assert "hand-over of a built batch (wall / CPU)" in table
+    assert "1 no 108.80 44 41.0 ms 9.4 ms / 930.0 µs" in table, table
+    assert "1 no 116.70 47 226.0 ms 750.0 µs / 510.0 µs again with the file_system sharing strategy" in table, table
 
 
 @pytest.mark.parametrize("name", SAMPLE_RECORDS)
