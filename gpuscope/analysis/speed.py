@@ -78,7 +78,7 @@ def loader_plan(record: RunRecord, file_system: bool = False) -> LoaderPlan | No
     """From the loader probe's curve: the smallest measured worker count delivering batches at least
     ``LOADER_KEEPS_UP_MARGIN`` faster than the step consumes them (else the one predicting the shortest step), and
     the step it predicts: max(compute + the main process's time to receive a batch from the workers, as the probe
-    timed it (``handover_s``), one batch at that rate). On a CPU run the workers and the step share the
+    timed it (``handover_s()``), one batch at that rate). On a CPU run the workers and the step share the
     cores, so also no less than the compute on the cores the N workers leave, nor all the CPU work of a step (one
     batch's build plus the compute on the main process's threads) spread over the cores. That step needs the main
     process to keep no more than cores - N intra-op threads (at least one): more busy threads than cores stall each
@@ -96,8 +96,9 @@ def loader_plan(record: RunRecord, file_system: bool = False) -> LoaderPlan | No
     batch_s = _main_process_batch_s(record, per)
     base = [_completed(r, batch_s, cores) for r in probe.rates if r.batches_per_s and not r.pin_memory] or \
            [_completed(r, batch_s, cores) for r in probe.rates if r.batches_per_s]
-    again = probe.file_system
-    measured = ([_completed(again, batch_s, cores)] if again.batches_per_s else []) if again and file_system else base
+    measured = base
+    if file_system and probe.file_system is not None:
+        measured = [_completed(probe.file_system, batch_s, cores)] if probe.file_system.batches_per_s else []
     # with 0 workers the main process builds each batch between steps: nothing is hidden, whatever its rate
     candidates = [r for r in measured if r.num_workers > 0]
     if not candidates:

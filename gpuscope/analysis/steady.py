@@ -114,7 +114,8 @@ def evaluation_passes(capture: StepCapture, steps: Sequence[int]) -> set[int]:
     marked = sum(w for r, w in zip(records, weights) if r.evaluated)
     if not records or marked > th.MAX_EVALUATED_SHARE * sum(weights):
         return set()
-    window = [r for r in records if r.index in set(steps)]
+    wanted = set(steps)
+    window = [r for r in records if r.index in wanted]
     rest = [r.wall_s for r in window if not r.evaluated]
     if not rest:
         return set()

@@ -290,8 +290,8 @@ def file_system_sharing(run: RunRecord) -> Finding | None:
         f"handing a batch the {loader.dataset} loader's {plan.workers} workers had built over to the main process "
         f"took {(fd.receive_s or 0.0) * 1e3:.1f} ms while they built the next (timed by the probe: with the default "
         "file_descriptor strategy each tensor waits for the worker's Python to pass it)" if fd is not None else "",
-        f"with the file_system strategy it took {(plan.rate.receive_s or 0.0) * 1e3:.1f} ms ({plan.rate.batches_per_s:.1f} "
-        f"batches/s), for each of {plan.batches_text}",
+        f"with the file_system strategy it took {(plan.rate.receive_s or 0.0) * 1e3:.1f} ms "
+        f"({plan.rate.batches_per_s:.1f} batches/s), for each of {plan.batches_text}",
         f"predicted step {plan.step_s * 1e3:.1f} ms, {speedup_text(median / plan.step_s)} (an estimate)"
         + (f", against {default.step_s * 1e3:.1f} ms for {default.workers} workers without it" if default else ""),
     ]
