@@ -132,6 +132,10 @@ class Loader:
     ``persistent_workers``)."""
     restart_wait_s: float = 0.0
     """The loop's wait for the first batch of each of them: the workers' start-up, paid again each time."""
+    back_to_back: int = 0
+    """Batches asked for within a millisecond of the previous batch's arrival: taken back to back, as a loop that takes
+    several batches at once does (the transformers Trainer takes a step's accumulated batches first). Their hand-over
+    finds the workers building the next ones (``loader_probe.rates[].receive_s``)."""
     batch_sampler: str = ""
     """The class of the batch sampler passed as ``DataLoader(..., batch_sampler=...)`` on the line ``created_at``
     (whose batch size ``batch_size`` is), or empty where that DataLoader made its batches from its own

@@ -63,6 +63,8 @@ class LoaderPlan:
     workers and its current threads would be more busy threads than cores; None where nothing needs changing."""
     batches_per_step: float = 1.0
     """Batches a step takes from the loader (4 where gradients accumulate over 4 batches)."""
+    handover_s: float = 0.0
+    """What receiving a step's batches from the workers adds to it (``step_handover_s``)."""
 
     @property
     def batches_text(self) -> str:
@@ -78,7 +80,7 @@ def loader_plan(record: RunRecord, file_system: bool = False) -> LoaderPlan | No
     """From the loader probe's curve: the smallest measured worker count delivering batches at least
     ``LOADER_KEEPS_UP_MARGIN`` faster than the step consumes them (else the one predicting the shortest step), and
     the step it predicts: max(compute + the main process's time to receive a batch from the workers, as the probe
-    timed it (``handover_s()``), one batch at that rate). On a CPU run the workers and the step share the
+    timed it (``step_handover_s``), one batch at that rate). On a CPU run the workers and the step share the
     cores, so also no less than the compute on the cores the N workers leave, nor all the CPU work of a step (one
     batch's build plus the compute on the main process's threads) spread over the cores. That step needs the main
     process to keep no more than cores - N intra-op threads (at least one): more busy threads than cores stall each
@@ -114,8 +116,10 @@ def loader_plan(record: RunRecord, file_system: bool = False) -> LoaderPlan | No
     if record.device == "cpu" and build_s is not None:
         shared = (step_build_s + compute_s * threads) / cores
 
+    back = _back_to_back_share(record)
+
     def step_with(rate: LoaderRate) -> float:
-        handover = per * handover_s(rate)  # the main process receiving them
+        handover = step_handover_s(rate, per, back)  # the main process receiving them
         step = max(compute_s + handover, per / rate.batches_per_s)  # type: ignore[operator]
         if shared is not None:
             step = max(step, shared_cores(compute_s, step_build_s, rate.num_workers, threads, cores)[0] + handover)
@@ -128,16 +132,29 @@ def loader_plan(record: RunRecord, file_system: bool = False) -> LoaderPlan | No
     threads_fix = None
     if shared is not None:
         threads_fix = shared_cores(compute_s, step_build_s, rate.num_workers, threads, cores)[2]
-    return LoaderPlan(rate.num_workers, rate, bool(keeping), compute_s, step_s, shared, consume, threads_fix, per)
+    return LoaderPlan(rate.num_workers, rate, bool(keeping), compute_s, step_s, shared, consume, threads_fix, per,
+                      step_handover_s(rate, per, back))
 
 
-def handover_s(rate: LoaderRate) -> float:
-    """What the step pays for each batch it takes from ``rate``'s workers: the probe's wall time to receive one
-    already built while they build more, or, where that was not timed or is less, the main process's CPU time per
-    batch received (0 with no workers)."""
+def step_handover_s(rate: LoaderRate, per_step: float, back_to_back: float) -> float:
+    """What receiving a step's ``per_step`` batches from ``rate``'s workers adds to the step: the main process's CPU
+    for each, and for the ``back_to_back`` share of them taken right after the previous one (the workers are then
+    building the next), the probe's wall time to receive a built batch instead, where longer. A batch asked for
+    after compute finds its worker done and idle: its hand-over is the CPU alone (a Lightning loop of one batch a
+    step, 7 ms to receive from a busy worker: 1 worker measured as fast with either sharing strategy). 0 with no
+    workers."""
     if not rate.num_workers:
         return 0.0
-    return max(rate.handover_s or 0.0, rate.receive_s or 0.0)
+    cpu = rate.handover_s or 0.0
+    return per_step * (cpu + back_to_back * max(0.0, (rate.receive_s or 0.0) - cpu))
+
+
+def _back_to_back_share(record: RunRecord) -> float:
+    """The share of its batches the loader the steps waited on longest gave right after the previous one."""
+    if not record.loaders:
+        return 0.0
+    loader = max(record.loaders, key=lambda l: l.wait_s)
+    return loader.back_to_back / loader.batches if loader.batches else 0.0
 
 
 def shared_cores(compute_s: float, build_s: float, workers: int, threads: int, cores: int) -> tuple[
@@ -255,8 +272,7 @@ def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
                 "measured after the run delivering"
             delivery_s = plan.batches_per_step / plan.rate.batches_per_s  # type: ignore[operator]
             shared_by = " handing batches over by file_system" if plan is sharing else ""
-            handover = plan.batches_per_step * handover_s(plan.rate)
-            received = f" + receiving them {handover * 1e3:.1f} ms" if handover >= 0.0005 else ""
+            received = f" + receiving them {plan.handover_s * 1e3:.1f} ms" if plan.handover_s >= 0.0005 else ""
             explanation = (f"with {plan.workers} DataLoader workers{shared_by}, {how} "
                            f"{plan.rate.batches_per_s:.1f} batches/s: max(compute {plan.compute_s * 1e3:.1f} ms"
                            f"{received}, {plan.batches_text} {delivery_s * 1e3:.1f} ms)")

@@ -19,6 +19,9 @@ MAX_LOADERS = 16
 """Distinct DataLoader configurations described in the record."""
 MAX_BATCH_TENSORS = 8
 MAX_CREATED = 256
+BACK_TO_BACK_S = 0.001
+"""A batch asked for within this long of the previous one's arrival was taken back to back with it (a loop that takes
+several batches at once, as the transformers Trainer takes a step's accumulated batches first)."""
 """Datasets whose first DataLoader's line is remembered (a script building loaders in a loop stops adding here)."""
 
 
@@ -51,7 +54,7 @@ class LoaderBook:
         self.fed_by_thread = True
         start = clock()
         batch = original(iterator)
-        self.count_batch(iterator, batch, clock() - start)
+        self.count_batch(iterator, batch, clock() - start, requested=start)
         return batch
 
     def loader_created(self, dataset: Any, frame: FrameType | None, batch_sampler: str = "") -> None:
@@ -79,8 +82,8 @@ class LoaderBook:
             return None
         return created
 
-    def count_batch(self, iterator: Any, batch: Any, wait_s: float) -> None:
-        """One batch came out of ``iterator`` after ``wait_s``."""
+    def count_batch(self, iterator: Any, batch: Any, wait_s: float, requested: float | None = None) -> None:
+        """One batch came out of ``iterator`` after ``wait_s``, asked for at ``requested`` (the clock's time)."""
         dataset = getattr(iterator, "_dataset", None)
         key = (type(dataset).__name__, id(dataset), getattr(iterator, "_num_workers", 0), _batch_size(iterator))
         entry = self._entries.get(key)
@@ -94,12 +97,18 @@ class LoaderBook:
                 info["created_at"], info["created_by"], info["batch_sampler"] = created[1:]
             entry = self._entries[key] = {"info": info, "batches": 0, "wait_s": 0.0, "dataset": dataset,
                                           "loading": _loading(iterator), "iterators": weakref.WeakSet(),
-                                          "restarts": 0, "restart_wait_s": 0.0}
+                                          "restarts": 0, "restart_wait_s": 0.0, "back_to_back": 0,
+                                          "arrived": None}
         if _first_from(entry["iterators"], iterator) and entry["batches"] and getattr(iterator, "_num_workers", 0):
             entry["restarts"] += 1  # a new iterator's workers started for this batch
             entry["restart_wait_s"] += wait_s
         entry["batches"] += 1
         entry["wait_s"] += wait_s
+        if requested is not None:
+            arrived = entry["arrived"]
+            if arrived is not None and requested - arrived < BACK_TO_BACK_S:
+                entry["back_to_back"] += 1
+            entry["arrived"] = requested + wait_s
 
     def _by_wait(self) -> list[dict[str, Any]]:
         return sorted(self._entries.values(), key=lambda e: -e["wait_s"])
@@ -123,7 +132,8 @@ class LoaderBook:
     def records(self) -> tuple[Loader, ...]:
         """The loaders for the record, the longest waited on first."""
         return tuple(Loader(batches=e["batches"], wait_s=e["wait_s"], restarts=e["restarts"],
-                            restart_wait_s=e["restart_wait_s"], **e["info"]) for e in self._by_wait())
+                            restart_wait_s=e["restart_wait_s"], back_to_back=e["back_to_back"], **e["info"])
+                     for e in self._by_wait())
 
 
 def _first_from(seen: weakref.WeakSet[Any], iterator: Any) -> bool:

@@ -264,7 +264,7 @@ class StepsCollector:
                 collector._loader_depth -= 1
             now = clock()
             tracker.exit("data_wait", now)  # type: ignore[union-attr]
-            collector.loaders.count_batch(iterator, batch, now - start)
+            collector.loaders.count_batch(iterator, batch, now - start, requested=start)
             return batch
 
         return __next__

@@ -104,3 +104,17 @@ def test_a_library_that_builds_the_loader_again_with_a_batch_sampler_leaves_the_
     # on the script's line, which has a batch_size
     from torch.utils.data import BatchSampler
     assert loader_recorded({"batch_size": 2}, {"batch_sampler": BatchSampler(range(4), 2, False)}) == (2, "")
+
+
+def test_batches_asked_for_right_after_the_previous_one_arrived_are_counted_back_to_back() -> None:
+    # given: a step takes four batches at once (asked for 0.2 ms after the previous one came), then computes 40 ms
+    book, iterator = LoaderBook(), iterator_with(multiprocessing.Process())
+    now = 0.0
+    for _ in range(3):
+        for taken in range(4):
+            now += 0.0002 if taken else 0.04
+            book.count_batch(iterator, batch=[1], wait_s=0.005, requested=now)
+            now += 0.005
+    # then three of each four are back to back
+    (record,) = book.records()
+    assert (record.batches, record.back_to_back) == (12, 9)
