@@ -116,7 +116,7 @@ def loader_plan(record: RunRecord, file_system: bool = False) -> LoaderPlan | No
     if record.device == "cpu" and build_s is not None:
         shared = (step_build_s + compute_s * threads) / cores
 
-    back = _back_to_back_share(record)
+    back = back_to_back_share(record)
 
     def step_with(rate: LoaderRate) -> float:
         handover = step_handover_s(rate, per, back)  # the main process receiving them
@@ -149,7 +149,7 @@ def step_handover_s(rate: LoaderRate, per_step: float, back_to_back: float) -> f
     return per_step * (cpu + back_to_back * max(0.0, (rate.receive_s or 0.0) - cpu))
 
 
-def _back_to_back_share(record: RunRecord) -> float:
+def back_to_back_share(record: RunRecord) -> float:
     """The share of its batches the loader the steps waited on longest gave right after the previous one."""
     if not record.loaders:
         return 0.0

@@ -7,7 +7,7 @@ import math
 from gpuscope.analysis import thresholds as th
 from gpuscope.analysis.evidence import DATA_WAIT, Metric
 from gpuscope.analysis.rules.base import Finding, rule
-from gpuscope.analysis.speed import LoaderPlan, loader_estimate, loader_plan
+from gpuscope.analysis.speed import LoaderPlan, back_to_back_share, loader_estimate, loader_plan
 from gpuscope.record import Loader, RunRecord
 from gpuscope.summary import speedup_text
 
@@ -148,11 +148,12 @@ def _from_probe(run: RunRecord, plan: LoaderPlan, loader: Loader, share: float, 
         evidence.append(f"on this CPU-only run the workers share {run.meta.cpu_count} cores with the step: its "
                         f"compute keeps the cores the workers leave, and a step's CPU work spread over all of them "
                         f"takes at least {plan.shared_cpu_s * 1e3:.1f} ms")
-    receive = plan.rate.receive_s or 0.0
-    if receive > (plan.rate.handover_s or 0.0):
+    receive, back = plan.rate.receive_s or 0.0, back_to_back_share(run)
+    if receive > (plan.rate.handover_s or 0.0) and back > 0:
         evidence.append(f"receiving a batch the workers have built takes the main process {receive * 1e3:.2f} ms while "
                         "they build the next (timed by the probe: each tensor's hand-over waits for the worker's "
-                        f"Python), added to the step's compute for each of {plan.batches_text}")
+                        f"Python), added to the step's compute for the {back:.0%} of its batches the loop takes back "
+                        f"to back ({plan.handover_s * 1e3:.1f} ms a step)")
     elif plan.rate.handover_s:
         evidence.append(f"receiving a batch from the workers costs the main process {plan.rate.handover_s * 1e3:.2f} "
                         "ms of CPU (timed by the probe), added to the step's compute")
@@ -291,7 +292,8 @@ def file_system_sharing(run: RunRecord) -> Finding | None:
         f"took {(fd.receive_s or 0.0) * 1e3:.1f} ms while they built the next (timed by the probe: with the default "
         "file_descriptor strategy each tensor waits for the worker's Python to pass it)" if fd is not None else "",
         f"with the file_system strategy it took {(plan.rate.receive_s or 0.0) * 1e3:.1f} ms "
-        f"({plan.rate.batches_per_s:.1f} batches/s), for each of {plan.batches_text}",
+        f"({plan.rate.batches_per_s:.1f} batches/s); the loop takes {back_to_back_share(run):.0%} of its batches "
+        "back to back, while the workers build the next",
         f"predicted step {plan.step_s * 1e3:.1f} ms, {speedup_text(median / plan.step_s)} (an estimate)"
         + (f", against {default.step_s * 1e3:.1f} ms for {default.workers} workers without it" if default else ""),
     ]
