@@ -19,10 +19,10 @@ MAX_LOADERS = 16
 """Distinct DataLoader configurations described in the record."""
 MAX_BATCH_TENSORS = 8
 MAX_CREATED = 256
+"""Datasets whose first DataLoader's line is remembered (a script building loaders in a loop stops adding here)."""
 BACK_TO_BACK_S = 0.001
 """A batch asked for within this long of the previous one's arrival was taken back to back with it (a loop that takes
 several batches at once, as the transformers Trainer takes a step's accumulated batches first)."""
-"""Datasets whose first DataLoader's line is remembered (a script building loaders in a loop stops adding here)."""
 
 
 class LoaderBook:
