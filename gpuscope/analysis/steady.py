@@ -90,37 +90,32 @@ def _outliers(records: Sequence[StepRecord], weights: Sequence[float], later: Se
     return set() if len(outlier_at) > max(1.0, th.MAX_OUTLIER_SHARE * len(later)) else outlier_at
 
 
-def _evaluation_steps(records: Sequence[StepRecord], weights: Sequence[float], later: Sequence[int]) -> set[int]:
+def _evaluation_steps(records: Sequence[StepRecord], weights: Sequence[float], later: Sequence[int],
+                      among: Sequence[int] | None = None) -> set[int]:
     """Of the ``later`` steps (positions in ``records``), those in which the trained model ran a forward pass in
     eval mode or with gradients off and that took ``EVALUATION_LONGER`` times the other steps' median (a test pass
     between epochs): left out where the steps with such a pass are at most ``MAX_EVALUATED_SHARE`` of the steps.
     Where more are, forward passes without gradients are part of the loop's work (a rollout each step) and none is
-    left out."""
-    marked = {i for i in later if records[i].evaluated}
-    rest = [i for i in later if i not in marked]
-    if not rest or sum(weights[i] for i in marked) > th.MAX_EVALUATED_SHARE * sum(weights[i] for i in later):
+    left out. ``among``: the steps judged instead, each against the median of their own unmarked ones (a profiler's
+    window, whose steps the profiler slows alike); the share is still that of ``later``."""
+    among = later if among is None else among
+    if sum(weights[i] for i in later if records[i].evaluated) > th.MAX_EVALUATED_SHARE * sum(weights[i] for i in later):
+        return set()
+    rest = [i for i in among if not records[i].evaluated]
+    if not rest:
         return set()
     median = _quantile([records[i].wall_s for i in rest], [weights[i] for i in rest], 0.5)
-    return {i for i in marked if records[i].wall_s > th.EVALUATION_LONGER * median}
+    return {i for i in among if records[i].evaluated and records[i].wall_s > th.EVALUATION_LONGER * median}
 
 
 def evaluation_passes(capture: StepCapture, steps: Sequence[int]) -> set[int]:
     """Of ``steps`` (step numbers: a profiler's window, whose steps the step figures leave out as profiled), those
-    that held an evaluation pass as ``_evaluation_steps`` tells them: marked, in a run whose marked steps are at most
-    ``MAX_EVALUATED_SHARE`` of its kept ones, and ``EVALUATION_LONGER`` times the median of the window's unmarked
-    steps (each as slow as the profiler makes it)."""
+    that held an evaluation pass as ``_evaluation_steps`` tells them, among the run's kept steps."""
     records = capture.records
     weights = [1.0 if r.index < capture.head else capture.body_weight for r in records]
-    marked = sum(w for r, w in zip(records, weights) if r.evaluated)
-    if not records or marked > th.MAX_EVALUATED_SHARE * sum(weights):
-        return set()
     wanted = set(steps)
-    window = [r for r in records if r.index in wanted]
-    rest = [r.wall_s for r in window if not r.evaluated]
-    if not rest:
-        return set()
-    median = _quantile(rest, [1.0] * len(rest), 0.5)
-    return {r.index for r in window if r.evaluated and r.wall_s > th.EVALUATION_LONGER * median}
+    window = [i for i, r in enumerate(records) if r.index in wanted]
+    return {records[i].index for i in _evaluation_steps(records, weights, range(len(records)), window)}
 
 
 def _count_warmup(records: Sequence[StepRecord], total: int, skipped: int = 0) -> int:
