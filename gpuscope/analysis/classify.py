@@ -15,7 +15,8 @@ Every threshold is in thresholds.py.
 from __future__ import annotations
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import cpu_overhead, evaluation_passes, launch_wait, two_speeds, unlike_window
+from gpuscope.analysis.evidence import (cpu_overhead, evaluation_passes, launch_wait, slowest_loader, two_speeds,
+                                        unlike_window)
 from gpuscope.analysis.rules.base import missing_input
 from gpuscope.record import RunRecord, Verdict
 from gpuscope.summary import left_out
@@ -48,8 +49,7 @@ def _classify(record: RunRecord) -> Verdict:
     if share >= th.DATA_WAIT_BOUND:
         evidence = [f"{share:.0%} {basis} waits for the next batch (median step {steps.median_s * 1e3:.1f} ms, "
                     f"{steps.count} steady-state steps)"]
-        if record.loaders:
-            top = max(record.loaders, key=lambda loader: loader.wait_s)
+        if (top := slowest_loader(record)) is not None:
             evidence.append(f"the {top.dataset} loader has {top.num_workers} worker processes")
         return Verdict("data-loading", _rising(share, th.DATA_WAIT_BOUND, 0.5), tuple(evidence))
     waiting = f"data wait is {share:.0%} {basis}, under the {th.DATA_WAIT_BOUND:.0%} at which loading bounds the run"

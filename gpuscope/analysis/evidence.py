@@ -11,7 +11,7 @@ from typing import Literal
 
 from gpuscope.analysis.thresholds import (EVALUATION_WORTH_SAYING, TWO_SPEED_GAP, TWO_SPEED_MIN_SHARE,
                                           TWO_SPEED_SEPARATION, WINDOW_UNLIKE)
-from gpuscope.record import KernelTimeline, RunRecord
+from gpuscope.record import KernelTimeline, Loader, RunRecord
 
 MIN_COMPUTE_S = 1e-9
 """Floor of ``median_compute_s``: a step that is all data wait still consumes batches at a finite rate."""
@@ -134,6 +134,12 @@ def median_compute_s(record: RunRecord) -> float:
     """The part of the median step (s) that is not data wait: the time the step computes, at least
     ``MIN_COMPUTE_S``."""
     return compute_time_s(record.steps.median_s, record.breakdown.data_wait)
+
+
+def slowest_loader(record: RunRecord) -> Loader | None:
+    """The loader the steps waited on longest (what the data rules and the loader probe are about); None without
+    one."""
+    return max(record.loaders, key=lambda loader: loader.wait_s, default=None)
 
 
 def batches_per_step(batches: int, steps: int) -> float:

@@ -10,7 +10,8 @@ import math
 from dataclasses import dataclass
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import batches_per_step, cpu_overhead, launch_wait, median_compute_s, unlike_steps
+from gpuscope.analysis.evidence import (batches_per_step, cpu_overhead, launch_wait, median_compute_s,
+                                        slowest_loader, unlike_steps)
 from gpuscope.record import LoaderRate, RunRecord, SpeedOfLight, Verdict, WhatIf
 
 
@@ -151,10 +152,8 @@ def step_handover_s(rate: LoaderRate, per_step: float, back_to_back: float) -> f
 
 def back_to_back_share(record: RunRecord) -> float:
     """The share of its batches the loader the steps waited on longest gave right after the previous one."""
-    if not record.loaders:
-        return 0.0
-    loader = max(record.loaders, key=lambda l: l.wait_s)
-    return loader.back_to_back / loader.batches if loader.batches else 0.0
+    loader = slowest_loader(record)
+    return loader.back_to_back / loader.batches if loader is not None and loader.batches else 0.0
 
 
 def shared_cores(compute_s: float, build_s: float, workers: int, threads: int, cores: int) -> tuple[
@@ -195,10 +194,8 @@ def loader_estimate(record: RunRecord) -> LoaderEstimate | None:
     cores: the count from 1 to that cap predicting the shortest step (``shared_cores``) is taken. None without a
     loader, step figures, or a core to spare."""
     median, cores = record.steps.median_s, record.meta.cpu_count or 1
-    if not record.loaders or not median or not record.steps.count:
-        return None
-    loader = max(record.loaders, key=lambda l: l.wait_s)
-    if loader.num_workers >= cores:
+    loader = slowest_loader(record)
+    if loader is None or not median or not record.steps.count or loader.num_workers >= cores:
         return None
     compute_s = median_compute_s(record)
     # with no workers the main process built a step's batches in the wait; N workers deliver them in each step
@@ -225,18 +222,17 @@ FIRST_ROUND_ONLY = "a lower bound"
 
 def _batches_per_step(record: RunRecord) -> float:
     """Batches a step takes from the loader it waited on longest (``batches_per_step``)."""
-    if not record.loaders:
-        return 1.0
-    return batches_per_step(max(record.loaders, key=lambda loader: loader.wait_s).batches, record.steps.total)
+    loader = slowest_loader(record)
+    return batches_per_step(loader.batches, record.steps.total) if loader is not None else 1.0
 
 
 def _main_process_batch_s(record: RunRecord, per_step: float) -> float | None:
     """How long building one batch took in the main process during the run: the data wait of a run whose slowest
     loader had no workers (each wait is whole batches built between steps), over the ``per_step`` batches a step
     takes; None otherwise."""
-    if not record.loaders or not record.steps.count or not record.steps.median_s:
+    top = slowest_loader(record)
+    if top is None or not record.steps.count or not record.steps.median_s:
         return None
-    top = max(record.loaders, key=lambda loader: loader.wait_s)
     wait_s = record.breakdown.data_wait * record.steps.median_s
     return wait_s / per_step if top.num_workers == 0 and wait_s > 0 else None
 

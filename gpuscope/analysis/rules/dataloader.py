@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import DATA_WAIT, Metric
+from gpuscope.analysis.evidence import DATA_WAIT, Metric, slowest_loader
 from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.analysis.speed import LoaderPlan, back_to_back_share, loader_estimate, loader_plan
 from gpuscope.record import Loader, RunRecord
@@ -31,10 +31,9 @@ def more_dataloader_workers(run: RunRecord) -> Finding | None:
     the fastest measured one, and the gain is the step it predicts (``analysis.speed.loader_plan``). On a CPU run
     whose intra-op threads and N workers would be more busy threads than cores, the fix also keeps cores - N threads
     (``torch.set_num_threads``), as the prediction assumes."""
-    share, median = run.breakdown.data_wait, run.steps.median_s
-    loader = max(run.loaders, key=lambda l: l.wait_s)
+    share, median, loader = run.breakdown.data_wait, run.steps.median_s, slowest_loader(run)
     cores = run.meta.cpu_count or 1
-    if share < th.DATA_WAIT_NOTABLE or loader.num_workers >= cores or not median:
+    if loader is None or share < th.DATA_WAIT_NOTABLE or loader.num_workers >= cores or not median:
         return None
     plan = loader_plan(run)
     if plan is not None:
@@ -274,15 +273,14 @@ def file_system_sharing(run: RunRecord) -> Finding | None:
     Fix: torch.multiprocessing.set_sharing_strategy("file_system") before the DataLoader starts its workers
     (workers started by fork inherit it; under spawn, in worker_init_fn too), with the probe's worker count.
     Gain: the step the probe's file_system timing predicts (``analysis.speed.loader_plan``)."""
-    share, median = run.breakdown.data_wait, run.steps.median_s
+    share, median, loader = run.breakdown.data_wait, run.steps.median_s, slowest_loader(run)
     plan = loader_plan(run, file_system=True)
-    if share < th.DATA_WAIT_NOTABLE or plan is None or not median:
+    if share < th.DATA_WAIT_NOTABLE or plan is None or loader is None or not median:
         return None
     default = loader_plan(run)
     best = min(median, default.step_s) if default is not None else median
     if plan.step_s > best * (1 - th.FILE_SYSTEM_SHORTER):
         return None
-    loader = max(run.loaders, key=lambda l: l.wait_s)
     described = run.loader_probe.rates  # type: ignore[union-attr]
     fd = next((r for r in described if r.num_workers == plan.workers and not r.pin_memory), None)
     evidence = [
