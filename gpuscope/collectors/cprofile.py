@@ -9,14 +9,16 @@ DataLoader workers started by fork are profiled over their first batches (``work
 a forked worker never keeps the main thread's profiler running (it would run profiled, and slower, to no use).
 
 Two profiles are kept: the start-up (through the first step, which also pays for lazy initialisation) and the
-loop (the later steps of the window). The start-up profile pauses while torch itself is imported: that takes
-seconds, is not the user's to fix, and under cProfile takes half as long again. ``python.prof`` holds both; the top functions
+loop (the later steps of the window). The start-up profile pauses while torch itself is imported, and
+torch._dynamo, which torch imports at the script's first optimizer (``PAUSED_IMPORTS``): that takes seconds, is not
+the user's to fix, and under cProfile takes half as long again. ``python.prof`` holds both; the top functions
 come from the loop, so the training loop's hot spots are not drowned by ``import torch``.
 """
 
 from __future__ import annotations
 
 import cProfile
+import functools
 import os
 import pstats
 import sys
@@ -37,6 +39,9 @@ if TYPE_CHECKING:
 PROF_FILE = "python.prof"
 DEFAULT_STEPS = 5
 """Steps profiled after the start-up: enough to see the loop's hot functions, few enough to cost little."""
+PAUSED_IMPORTS = ("torch", "torch._dynamo")
+"""Imports the start-up profile pauses for: torch's own (about 1.5 s on a 2-core machine, more under cProfile), and
+torch._dynamo's, which torch runs at the script's first optimizer (as long again: 1.8 s of a 6-step script's 3 s)."""
 TOP_FUNCTIONS = 15
 _GPUSCOPE_DIR = str(Path(__file__).resolve().parent.parent) + os.sep
 
@@ -60,7 +65,7 @@ class CProfileCollector(StepFollower):
         self._active: cProfile.Profile | None = None
         self._last_step: int | None = None
         self._error: str | None = None
-        self._paused_for_import = False  # the start-up profile is off while torch's import runs
+        self._importing = 0  # PAUSED_IMPORTS running: the start-up profile is off while it is above 0
         self._unwrap: Callable[[], None] | None = None
         self._workers_error: str | None = None
 
@@ -87,22 +92,30 @@ class CProfileCollector(StepFollower):
             CProfileCollector._fork_hook = True
         CProfileCollector._running = self
         self._workers = WorkerProfiler(run_dir)
-        self._watch = ImportWatch("torch", self._torch_imported, before=self._torch_importing)
-        self._watch.install()
+        self._watches = [ImportWatch(name, functools.partial(self._imported, name), before=self._importing_begins)
+                         for name in PAUSED_IMPORTS]
+        for watch in self._watches:
+            watch.install()
         if not self.first:
             self._open(self._startup)
 
-    def _torch_importing(self) -> None:
-        if self._active is self._startup:
+    def _importing_begins(self) -> None:
+        self._importing += 1
+        if self._importing == 1 and self._active is self._startup:
             self._startup.disable()
-            self._paused_for_import = True
+
+    def _imported(self, name: str) -> None:
+        # installing a watch of a module already imported calls this at once, with no import paused
+        if self._importing:
+            self._importing -= 1
+            # only what _importing_begins paused: with torch imported before the run (a notebook, gpuscope.profile()),
+            # the start-up profile is running, and enabling it again raises on Python 3.12+ (one profiler at a time)
+            if not self._importing and self._active is self._startup:
+                self._startup.enable()
+        if name == "torch":
+            self._torch_imported()
 
     def _torch_imported(self) -> None:
-        # only what _torch_importing paused: with torch imported before the run (a notebook, gpuscope.profile()),
-        # the start-up profile is running, and enabling it again raises on Python 3.12+ (one profiler at a time)
-        if self._active is self._startup and self._paused_for_import:
-            self._startup.enable()
-        self._paused_for_import = False
         try:
             self._unwrap = self._workers.install()
         except Exception as exc:  # an older torch: workers are just not profiled
@@ -152,7 +165,8 @@ class CProfileCollector(StepFollower):
 
     def stop(self) -> CollectorResult:
         CProfileCollector._running = None
-        self._watch.remove()
+        for watch in self._watches:
+            watch.remove()
         if self._unwrap is not None:
             self._unwrap()
         whole_run = self._active is not None
