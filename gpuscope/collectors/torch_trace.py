@@ -107,7 +107,7 @@ class TorchTraceCollector(StepFollower):
                 return
             if phase == "active":
                 self._recorded.append(index)
-            with kineto_quiet():
+            with kineto_quiet(), _inductor_left_unimported():
                 self._prof.step()
             if phase == "after":
                 self._end()
@@ -145,7 +145,7 @@ class TorchTraceCollector(StepFollower):
         # count the profiler's steps as gpuscope does, so trace.json's ProfilerStep#N is run.json's step N
         self._prof.step_num = index
         self._prof.current_action = schedule(index)
-        with kineto_quiet():
+        with kineto_quiet(), _inductor_left_unimported():
             self._prof.start()
         self._events.window_opened()  # type: ignore[union-attr]
 
@@ -306,6 +306,32 @@ def _no_cycle_warning() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Profiler clears events", category=UserWarning)
         yield
+
+
+@contextmanager
+def _inductor_left_unimported() -> Iterator[None]:
+    """torch.profiler asks ``hasattr(torch, "_inductor")`` as it starts (to read whether inductor's CUDA graphs are
+    on), and torch's lazy attributes import a submodule on that question: torch._inductor and torch._dynamo with it,
+    1.3 s of a 2-core machine in a script that had imported neither (no torch.optim, no torch.compile). Where
+    inductor is not imported, the question reads "no" while the profiler starts: its CUDA graphs cannot be on."""
+    import torch
+
+    if "torch._inductor" in sys.modules or not callable(getattr(torch, "__getattr__", None)):
+        yield
+        return
+    lazy = torch.__getattr__
+
+    def without_inductor(name: str) -> Any:
+        if name == "_inductor":
+            raise AttributeError(name)
+        return lazy(name)
+
+    torch.__getattr__ = without_inductor  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        if torch.__dict__.get("__getattr__") is without_inductor:
+            torch.__getattr__ = lazy  # type: ignore[attr-defined]
 
 
 @contextmanager

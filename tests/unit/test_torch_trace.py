@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+import types
 import warnings
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import pytest
 
 from gpuscope.analysis.kernels import kernel_timeline
 from gpuscope.collectors.torch_trace import (
+    _inductor_left_unimported,
     cap_trace,
     kineto_quiet,
     release_cupti_after_trace,
@@ -93,3 +96,40 @@ def test_torchs_note_on_schedule_cycles_does_not_reach_the_users_stderr() -> Non
             warnings.warn(note, UserWarning)
             warnings.warn("the user's own warning", UserWarning)
     assert [str(w.message) for w in seen] == ["the user's own warning"]
+
+
+def lazy_torch(imported: list[str]) -> types.ModuleType:
+    """A stand-in for torch whose lazy attributes import their submodule, as torch's own ``__getattr__`` does."""
+    fake = types.ModuleType("torch")
+
+    def lazy(name: str) -> object:
+        imported.append(name)
+        return types.ModuleType(f"torch.{name}")
+
+    fake.__getattr__ = lazy  # type: ignore[attr-defined]
+    return fake
+
+
+def test_the_profilers_question_whether_inductor_is_on_imports_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    # given a torch whose inductor is not imported (torch.profiler asks hasattr(torch, "_inductor") as it starts:
+    # 1.3 s of imports in a script without torch.optim or torch.compile)
+    imported: list[str] = []
+    fake = lazy_torch(imported)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.delitem(sys.modules, "torch._inductor", raising=False)
+    # when the profiler starts
+    with _inductor_left_unimported():
+        inductor_on = hasattr(fake, "_inductor")
+        other = hasattr(fake, "_dynamo")
+    # then the question reads "no" and imports nothing; other lazy attributes still import, and afterwards all do
+    assert (inductor_on, other, imported) == (False, True, ["_dynamo"])
+    assert hasattr(fake, "_inductor") and imported == ["_dynamo", "_inductor"]
+
+
+def test_with_inductor_imported_the_profiler_sees_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    imported: list[str] = []
+    fake = lazy_torch(imported)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setitem(sys.modules, "torch._inductor", types.ModuleType("torch._inductor"))
+    with _inductor_left_unimported():
+        assert hasattr(fake, "_inductor")
