@@ -1,5 +1,6 @@
 """Each report opened in a real headless browser (Debian's chromium, driven by Playwright): no console error,
-every chart drawn, the verdict shown, no network request; a screenshot of each lands in ci-artifacts/.
+every chart drawn, the verdict shown, no network request; a screenshot of each (its first screen: the verdict and
+the advice) lands in ci-artifacts/.
 
 Skipped where chromium or Playwright is missing, except under CI (env CI set), where that is a failure.
 """
@@ -73,7 +74,7 @@ def open_report(browser: Any, path: Path, name: str) -> tuple[Any, dict[str, lis
         "() => [...document.querySelectorAll('[data-chart]')].every(el => el.querySelector('svg.main-svg'))",
         timeout=15_000)
     ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=str(ARTIFACTS / f"report-{name}.png"), full_page=True)
+    page.screenshot(path=str(ARTIFACTS / f"report-{name}.png"))
     return page, seen
 
 
