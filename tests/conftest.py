@@ -9,6 +9,7 @@ import itertools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -124,6 +125,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     """``pytest --update-golden`` rewrites the report's golden files instead of comparing with them."""
     parser.addoption("--update-golden", action="store_true", default=False,
                      help="rewrite tests/report/golden/*.html from the current templates")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Ctrl-C as a terminal gives it to the processes the tests start: a child inherits an ignored SIGINT, and
+    pytest-xdist's workers (CI's slow tier, two at a time) and a shell's background jobs ignore it, where a script's
+    Ctrl-C (test_runner.py) and the stop of ``gpuscope view`` (test_view.py) would then do nothing."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test marked ``timing`` must be ``slow`` too: CI runs the slow tier as "slow and not timing", then "slow and
+    timing" (.ci/run), and the fast tier would take a fast one marked timing for its own."""
+    stray = [item.nodeid for item in items if item.get_closest_marker("timing") and not item.get_closest_marker("slow")]
+    if stray:
+        raise pytest.UsageError(f"marked timing but not slow: {', '.join(stray)}")
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import pytest
 from conftest import SAMPLES, Runs, compare_runs
 from gpuscope.analysis import thresholds as th
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 SAMPLE = SAMPLES / "data_loading_bound_fp16.py"
 LINE = re.compile(r"steps=(\d+) median_step_s=([0-9.]+) data_wait_fraction=([0-9.]+)")
 NAMED = re.compile(r"data_loading_bound_fp16\.py:(\d+) `([^`]*)`")

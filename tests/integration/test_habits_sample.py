@@ -8,7 +8,7 @@ import pytest
 
 from conftest import SAMPLES, Runs, compare_runs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 HABITS = ("disable-debug-apis", "zero-grad-set-to-none", "bias-before-batchnorm", "distributed-data-parallel")
 

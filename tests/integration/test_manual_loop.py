@@ -11,7 +11,7 @@ import pytest
 
 from conftest import SAMPLES, load_run, run_gpuscope, run_python
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 SAMPLE = SAMPLES / "manual_sgd_language_model.py"
 OWN = re.compile(r"steps=(\d+) median_step_s=([0-9.]+)")

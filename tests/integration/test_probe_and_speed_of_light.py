@@ -9,7 +9,7 @@ import pytest
 
 from conftest import Runs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 FIX = re.compile(r"num_workers=(\d+)")
 THREADS = re.compile(r"torch\.set_num_threads\((\d+)\)")
 

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import Runs, compare_runs
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
 
 HOT_FUNCTION = {"data_loading_bound": "blur", "cpu_launch_bound": "forward", "compute_bound": "forward"}
 """A function of each sample's own file that must show in its python.prof."""

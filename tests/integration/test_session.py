@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.slow  # real loops that sleep, and the default collectors' post-run probes
+pytestmark = [pytest.mark.slow, pytest.mark.timing]  # real loops that sleep, and the default collectors' post-run probes
 torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 

@@ -66,6 +66,7 @@ def test_four_workers_run_under_each_start_method_and_their_memory_is_counted(lo
     assert memory["peak_bytes"] >= memory["peak_process_bytes"]
 
 
+@pytest.mark.timing
 def test_phases_are_timed_by_hooks(tmp_path: Path) -> None:
     # given a loop whose data takes 20 ms, forward 30 ms and backward 10 ms of host time per step
     run_dir = tmp_path / "run"
@@ -84,6 +85,7 @@ def test_phases_are_timed_by_hooks(tmp_path: Path) -> None:
     assert any("forward timed on root modules: SlowForward" in n for n in record["meta"]["notes"])
 
 
+@pytest.mark.timing
 def test_without_an_optimizer_each_batch_is_a_step(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     result = run_gpuscope(["run", "-q", "-o", str(run_dir), NO_PROBES, str(SCRIPTS / "no_optimizer.py")], tmp_path,

@@ -158,6 +158,7 @@ def test_torch_float16_is_recognised_in_the_function_that_makes_it() -> None:
 
 
 @pytest.mark.slow  # times a dataset that sleeps
+@pytest.mark.timing
 def test_a_lines_own_time_leaves_out_the_user_functions_it_calls() -> None:
     data = probe(Sleepy())
     own = {c.line: c.own_s for c in data.lines if c.file.endswith(HERE)}
@@ -211,6 +212,7 @@ def test_the_previous_trace_function_is_restored(dataset: object) -> None:
 
 
 @pytest.mark.slow  # probes a dataset that sleeps
+@pytest.mark.timing
 def test_float16_slowdown_is_measured_with_numpy_and_skipped_without(monkeypatch: pytest.MonkeyPatch) -> None:
     assert measure_float16_slowdown(np, elements=4096, repeats=2) > 0
     # a script that never imported NumPy gets no NumPy measurement

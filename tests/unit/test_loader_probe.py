@@ -96,6 +96,7 @@ def test_the_probe_draws_enough_items_from_a_dataset_of_one_batch_and_never_mate
 
 
 @pytest.mark.slow  # starts real DataLoader workers
+@pytest.mark.timing
 def test_the_probe_times_worker_counts_and_leaves_rng_and_output_untouched(capfd: pytest.CaptureFixture[str]) -> None:
     # given
     before = rng_states()
@@ -121,6 +122,7 @@ def test_the_probe_times_worker_counts_and_leaves_rng_and_output_untouched(capfd
 
 
 @pytest.mark.slow  # a dataset that sleeps, timed for its whole budget
+@pytest.mark.timing
 def test_the_probe_keeps_to_its_time_bound_with_a_slow_dataset() -> None:
     # given: 50 ms an item, 4 items a batch: 200 ms a batch in one process
     dataset = Squares(sleep_s=0.05)
@@ -146,6 +148,7 @@ def test_where_the_run_timed_long_batches_the_probe_loads_fewer_items_a_batch() 
 
 
 @pytest.mark.slow  # a dataset that sleeps, timed with real workers
+@pytest.mark.timing
 def test_small_probe_batches_give_rates_per_batch_of_the_runs_size() -> None:
     # given: 100 ms an item, 8 items a batch, and the run measured 800 ms a batch in the main process over 30
     dataset = Squares(sleep_s=0.1)
@@ -162,6 +165,7 @@ def test_small_probe_batches_give_rates_per_batch_of_the_runs_size() -> None:
 
 
 @pytest.mark.slow  # times a real loader for its budget
+@pytest.mark.timing
 def test_an_unpicklable_dataset_under_spawn_is_timed_in_the_main_process_only_with_a_note() -> None:
     probe = probe_loader(torch, Unpicklable(), batch_size=4, start_method="spawn", cores=4, budget_s=1.0)
     assert [r.num_workers for r in probe.rates] == [0]
@@ -181,6 +185,7 @@ def test_a_dataset_that_raises_is_a_note_not_a_crash() -> None:
 
 
 @pytest.mark.slow  # the forced probe starts real DataLoader workers
+@pytest.mark.timing
 def test_little_data_wait_is_not_probed_unless_forced() -> None:
     run = finished_run(Squares(), data_wait=0.01)
     assert LoaderProbeCollector().run(Path("."), run).status.status == "unavailable"
@@ -387,6 +392,7 @@ class PythonCollated(torch.utils.data.Dataset):
 
 
 @pytest.mark.slow  # starts real DataLoader workers
+@pytest.mark.timing
 def test_the_probe_times_the_hand_over_of_a_built_batch_while_the_worker_builds_the_next() -> None:
     # given: a step of 4 batches consuming 25 a second, which one worker keeps up with
     probe = probe_loader(torch, PythonCollated(), batch_size=16, collate_fn=PythonCollated.collate, cores=2,

@@ -77,6 +77,7 @@ class TestDescendants:
 
 class TestHostMemoryCollector:
     @pytest.mark.slow  # holds memory for half a second of real sampling
+    @pytest.mark.timing
     def test_an_allocation_held_during_the_run_shows_in_the_peak(self, tmp_path: Path) -> None:
         # given a collector sampling a run that holds 200 MB for half a second, then frees it before stop
         collector = HostMemoryCollector(interval_s=0.05)
@@ -94,6 +95,7 @@ class TestHostMemoryCollector:
         assert list(memory.t_s) == sorted(memory.t_s) and memory.t_s[0] == pytest.approx(0.0, abs=0.05)
 
     @pytest.mark.slow  # forks a real child process
+    @pytest.mark.timing
     def test_a_child_process_counts_as_a_worker(self, tmp_path: Path) -> None:
         # given a forked child holding 100 MB while the collector runs
         context = multiprocessing.get_context("fork")
@@ -126,6 +128,7 @@ class TestHostMemoryCollector:
         assert memory.max_workers == 0 and memory.peak_workers_bytes == 0
 
     @pytest.mark.slow  # samples for a real 0.3 s
+    @pytest.mark.timing
     def test_a_long_run_stays_bounded_with_a_coarser_interval(self, tmp_path: Path) -> None:
         # given a tiny capacity and a fast interval
         collector = HostMemoryCollector(interval_s=0.005, max_samples=8)
