@@ -6,6 +6,7 @@ it even where the workers keep up)."""
 from __future__ import annotations
 
 import dataclasses
+import multiprocessing
 import statistics
 import time
 from collections.abc import Callable
@@ -122,7 +123,11 @@ def _rate(workers: int, pin: bool, started: float, slot_s: float, arrivals: list
 
 def close_workers(iterator: Any) -> None:
     """Stop the iterator's workers now: killed rather than drained (a worker in the middle of a slow batch would
-    hold the shutdown up), after taking them off torch's SIGCHLD watch so their end raises nowhere."""
+    hold the shutdown up), after taking them off torch's SIGCHLD watch so their end raises nowhere.
+
+    A worker killed inside ``Event.is_set()`` (its loop asks it between batches) leaves that event's lock held for
+    good, and torch's shutdown then sets the event: it would wait forever (torch's guard, the SIGCHLD watch raising
+    in the main process, is the one taken off). So torch's shutdown gets a new event, which no dead worker holds."""
     if iterator is None:
         return
     workers = getattr(iterator, "_workers", None)
@@ -138,6 +143,11 @@ def close_workers(iterator: Any) -> None:
                     worker.terminate()
             for worker in workers:
                 worker.join(timeout=1.0)
+                if worker.is_alive():  # SIGTERM caught or blocked: SIGKILL
+                    worker.kill()
+                    worker.join(timeout=1.0)
+            if hasattr(iterator, "_workers_done_event"):
+                iterator._workers_done_event = multiprocessing.Event()
         except Exception:  # torch's own shutdown below still ends them, only more slowly
             pass
     shutdown = getattr(iterator, "_shutdown_workers", None)

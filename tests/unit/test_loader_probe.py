@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from gpuscope.collectors.loader_probe import (
     probe_loader,
     worker_counts,
 )
-from gpuscope.collectors.loader_timing import MIN_TIMED_S
+from gpuscope.collectors.loader_timing import MIN_TIMED_S, close_workers
 from gpuscope.record import Breakdown, CallSite, Loader, LoaderProbe, LoaderRate, RunMeta, Steps, Verdict
 from gpuscope.session import post_run_facts
 
@@ -119,6 +120,25 @@ def test_the_probe_times_worker_counts_and_leaves_rng_and_output_untouched(capfd
     assert "not applicable" in probe.pin_memory_note  # a CPU-only run
     assert rng_states() == before
     assert "fetching" not in capfd.readouterr().out
+
+
+@pytest.mark.slow  # starts a real DataLoader worker
+def test_a_worker_killed_holding_the_loaders_shutdown_lock_does_not_hang_the_probe() -> None:
+    # given: the probe's loader, one of whose workers was killed (the probe kills them, not drains them) while it
+    # held the lock of the event torch's shutdown sets, as inside Event.is_set() in its loop: the lock stays held
+    # for good (the slow tier hung in torch's Event.set() for 50 minutes once)
+    iterator = iter(torch.utils.data.DataLoader(Squares(), batch_size=4, num_workers=1))
+    next(iterator)
+    killed = threading.Thread(target=iterator._workers_done_event._cond.acquire)  # held by a thread that ends
+    killed.start()
+    killed.join()
+    # when the probe closes the loader
+    closing = threading.Thread(target=close_workers, args=(iterator,), daemon=True)
+    closing.start()
+    closing.join(timeout=30)
+    # then it is closed, its worker gone
+    assert not closing.is_alive(), "close_workers hung in torch's shutdown"
+    assert not any(worker.is_alive() for worker in iterator._workers)
 
 
 @pytest.mark.slow  # a dataset that sleeps, timed for its whole budget
