@@ -313,7 +313,9 @@ def _inductor_left_unimported() -> Iterator[None]:
     """torch.profiler asks ``hasattr(torch, "_inductor")`` as it starts (to read whether inductor's CUDA graphs are
     on), and torch's lazy attributes import a submodule on that question: torch._inductor and torch._dynamo with it,
     1.3 s of a 2-core machine in a script that had imported neither (no torch.optim, no torch.compile). Where
-    inductor is not imported, the question reads "no" while the profiler starts: its CUDA graphs cannot be on."""
+    inductor is not imported, the question reads "no" while the profiler starts or steps: its CUDA graphs cannot be
+    on. (For those moments, another of the script's threads reaching torch._inductor through torch's attributes,
+    not an import, would be told it is not there.)"""
     import torch
 
     if "torch._inductor" in sys.modules or not callable(getattr(torch, "__getattr__", None)):
