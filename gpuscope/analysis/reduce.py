@@ -60,13 +60,12 @@ def trace_op_profile(capture: TraceCapture, evaluated: set[int] | frozenset[int]
     figures = trace_figures(capture.events)
     window = Window(capture.recorded[0], capture.recorded[-1]) if capture.recorded else Window()
     training = [s for s in figures.steps if s.number not in evaluated]
-    if not evaluated or not training or len(training) == len(figures.steps):
-        return op_profile(op_table(capture.events), window, len(capture.recorded), figures, cuda=capture.cuda,
-                          trace_bytes=capture.trace_bytes, trace_detail=capture.trace_detail)
-    events = [e for s in training for e in window_events(capture.events, s.start_us, s.end_us)]
-    profile = op_profile(op_table(events), window, len(training), figures, cuda=capture.cuda,
-                         trace_bytes=capture.trace_bytes, trace_detail=capture.trace_detail)
-    return replace(profile, evaluated_steps=tuple(sorted(s.number for s in figures.steps if s.number in evaluated)))
+    left_out = tuple(sorted(s.number for s in figures.steps if s.number in evaluated)) if training else ()
+    events = ([e for s in training for e in window_events(capture.events, s.start_us, s.end_us)] if left_out
+              else capture.events)
+    profile = op_profile(op_table(events), window, len(training) if left_out else len(capture.recorded), figures,
+                         cuda=capture.cuda, trace_bytes=capture.trace_bytes, trace_detail=capture.trace_detail)
+    return replace(profile, evaluated_steps=left_out)
 
 
 def op_profile(table: OpTable, window: Window, steps: int, figures: TraceFigures, *, cuda: bool,

@@ -259,9 +259,13 @@ def persistent_workers(run: RunRecord) -> Finding | None:
     return Finding(share, evidence, fix=fix + site_comment(loader))
 
 
+FILE_SYSTEM_FIX = 'torch.multiprocessing.set_sharing_strategy("file_system")  # before the DataLoader starts its workers'
+"""The file-system-sharing rule's fix (its finding's adds the worker count to use where that changes)."""
+
+
 @rule(id="file-system-sharing",
       title="Hand batches over from the workers as shared-memory files",
-      fix='torch.multiprocessing.set_sharing_strategy("file_system")  # before the DataLoader starts its workers',
+      fix=FILE_SYSTEM_FIX,
       needs=("loaders", "loader_probe"),
       resolved_by=(DATA_WAIT,))
 def file_system_sharing(run: RunRecord) -> Finding | None:
@@ -295,7 +299,7 @@ def file_system_sharing(run: RunRecord) -> Finding | None:
         f"predicted step {plan.step_s * 1e3:.1f} ms, {speedup_text(median / plan.step_s)} (an estimate)"
         + (f", against {default.step_s * 1e3:.1f} ms for {default.workers} workers without it" if default else ""),
     ]
-    fix = 'torch.multiprocessing.set_sharing_strategy("file_system")  # before the DataLoader starts its workers'
+    fix = FILE_SYSTEM_FIX
     trainer, own = _prefetch_args(loader, plan.workers, plan.batches_per_step)
     if plan.workers > loader.num_workers or own:
         workers = loader_call(loader, f"dataloader_num_workers={plan.workers}{trainer}",
