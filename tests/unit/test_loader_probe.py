@@ -326,6 +326,14 @@ def test_workers_whose_batches_cost_the_main_process_more_to_receive_than_they_s
     assert any("costs the main process 0.10 ms of CPU" in fact for fact in finding.evidence)
 
 
+def handing_over(record: Any, cpu_s: float, wall_s: float) -> Any:
+    """``record`` whose probed worker counts took ``cpu_s`` of the main process's CPU (``handover_s``) and ``wall_s``
+    (``receive_s``) to hand over each built batch."""
+    rates = tuple(dataclasses.replace(r, handover_s=cpu_s, receive_s=wall_s) if r.num_workers else r
+                  for r in record.loader_probe.rates)
+    return dataclasses.replace(record, loader_probe=dataclasses.replace(record.loader_probe, rates=rates))
+
+
 def taken_at_once(record: Any, back_to_back: int = 120) -> Any:
     """``record`` with its loader's batches taken four at a time: three of each four back to back (the Trainer takes
     a step's accumulated batches first)."""
@@ -336,11 +344,8 @@ def test_a_hand_over_that_waits_for_a_busy_worker_counts_for_the_batches_a_step_
     # given (recorded: the transformers Trainer, 4 batches a step taken at once, through a Python collate of 8 ms a
     # batch, 45 ms of compute): one worker delivers 113 batches/s, which keeps up by throughput, but receiving each
     # batch it built took 9.2 ms while it built the next (0.83 ms of it CPU)
-    base = accumulating_record({0: 119.0, 1: 112.9})
-    rates = tuple(dataclasses.replace(r, handover_s=0.00083, receive_s=0.0092) if r.num_workers else r
-                  for r in base.loader_probe.rates)
-    record = taken_at_once(dataclasses.replace(base, meta=RunMeta(cpu_count=2),
-                                               loader_probe=dataclasses.replace(base.loader_probe, rates=rates)))
+    base = handing_over(accumulating_record({0: 119.0, 1: 112.9}), cpu_s=0.00083, wall_s=0.0092)
+    record = taken_at_once(dataclasses.replace(base, meta=RunMeta(cpu_count=2)))
     # then the step predicted is its 50 ms of compute, the first batch's 0.83 ms of CPU and three 9.2 ms hand-overs
     # (78.4 ms), not the 50 ms that the worker's throughput alone gives
     plan = loader_plan(record)
@@ -359,15 +364,12 @@ def test_a_hand_over_that_waits_for_a_busy_worker_counts_for_the_batches_a_step_
 def trainer_fed(file_system_receive_s: float) -> Any:
     """The Trainer loop above, built by transformers at train.py:43, probed: one worker hands its built batches over
     in 9.4 ms, and again with the file_system strategy in ``file_system_receive_s``."""
-    record = accumulating_record({0: 119.0, 1: 112.9})
-    rates = tuple(dataclasses.replace(r, handover_s=0.0005, receive_s=0.0094) if r.num_workers else r
-                  for r in record.loader_probe.rates)
+    record = handing_over(accumulating_record({0: 119.0, 1: 112.9}), cpu_s=0.0005, wall_s=0.0094)
     again = LoaderRate(1, False, 119.3, 48, handover_s=0.0005, receive_s=file_system_receive_s)
     site = CallSite(file="train.py", line=43, code="trainer.train()")
     loaders = (dataclasses.replace(record.loaders[0], created_at=site, created_by="transformers"),)
     return taken_at_once(dataclasses.replace(record, meta=RunMeta(cpu_count=2), loaders=loaders,
-                                             loader_probe=dataclasses.replace(record.loader_probe, rates=rates,
-                                                                              file_system=again)))
+                                             loader_probe=dataclasses.replace(record.loader_probe, file_system=again)))
 
 
 def test_where_handing_batches_over_waits_on_the_workers_the_file_system_strategy_is_advised_as_timed() -> None:
