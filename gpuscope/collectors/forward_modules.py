@@ -8,14 +8,21 @@ once, at the first steps. Some roots never run their own forward: Lightning call
 ``training_step``, never its ``forward``. So at the next step boundary, a hooked module whose forward did not run
 is unhooked and replaced by its children that hold trained parameters, one level a step, a few levels at most; the
 step that timed only part of the forward pass is left out of the figures.
+
+A hooked module copies and pickles as it would without gpuscope: ``copy.deepcopy(model)`` (an EMA, the best model
+so far) and ``torch.save(model)`` go through ``Module.__getstate__``, which, while hooks of ours are on, leaves them
+out of the state (they hold the collector, which neither copies nor pickles; the copy would not be timed anyway).
 """
 
 from __future__ import annotations
 
 import gc
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
+
+from gpuscope.collectors.base import patch
 
 MAX_ROOT_MODULES = 32
 """Forward hooks go on at most this many modules."""
@@ -23,6 +30,7 @@ MAX_DESCENT = 3
 """Levels below the roots the hooks may move down to (a LightningModule's model is one level down)."""
 
 Hook = Callable[..., Any]
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
 
 
 class ForwardModules:
@@ -38,6 +46,7 @@ class ForwardModules:
         self._silent: list[str] = []  # modules hooked whose forward did not run (replaced by their children)
         self._root_refs: list[weakref.ref[Any]] = []
         self._covered: set[int] = set()  # ids of the parameters the hooked modules hold
+        self._unhide: Callable[[], None] | None = None  # undoes the patch of Module.__getstate__
         self.roots: list[str] = []
         """Class names of the roots found (empty until then)."""
         self.left_out = 0
@@ -56,6 +65,8 @@ class ForwardModules:
         """Find the root modules (``trained``: the ids of the optimizers' parameters, empty without one) and hook
         them; whether their forward ran is checked at the next boundary (``check``)."""
         self._trained = trained or None
+        if self._unhide is None:
+            self._unhide = patch(nn.Module, "__getstate__", self._without_our_hooks)
         roots = self._outermost(nn)[:MAX_ROOT_MODULES]
         self._hook(roots)
         self.roots = sorted(type(m).__name__ for m in roots)
@@ -118,6 +129,9 @@ class ForwardModules:
             for remove in removers:
                 remove()
         self._checking = []
+        if self._unhide is not None:
+            self._unhide()
+            self._unhide = None
 
     def root_modules(self) -> list[Any]:
         """The root modules, while they are alive (found at the first steps)."""
@@ -143,6 +157,26 @@ class ForwardModules:
             return next(module.parameters(), None) is not None
         return any(id(p) in self._trained for p in module.parameters())
 
+    def _without_our_hooks(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        """``Module.__getstate__`` leaving our hooks out of the state it returns (the module keeps them)."""
+        ours = (self._pre, self._post)
+
+        def __getstate__(module: Any) -> Any:
+            state = original(module)
+            if not isinstance(state, dict) or not any(
+                    hook in ours for key in _HOOK_DICTS for hook in (state.get(key) or {}).values()):
+                return state
+            state = dict(state)  # a copy: the module's own dicts are left as they are
+            for key in _HOOK_DICTS:
+                state[key] = OrderedDict((i, hook) for i, hook in (state.get(key) or {}).items() if hook not in ours)
+            always = state.get("_forward_hooks_always_called")
+            if always:
+                state["_forward_hooks_always_called"] = OrderedDict(
+                    (i, flag) for i, flag in always.items() if i in state["_forward_hooks"])
+            return state
+
+        return __getstate__
+
     def _hook(self, modules: list[Any]) -> None:
         for module in modules:
             pre = module.register_forward_pre_hook(self._pre)
@@ -153,3 +187,4 @@ class ForwardModules:
             self._hooked[id(module)] = (type(module).__name__, [pre.remove, post.remove])
             self._covered.update(id(p) for p in module.parameters())
         self._checking = [weakref.ref(m) for m in modules]
+

@@ -3,6 +3,7 @@ outermost module holding the parameters, whichever marker defines the steps), an
 
 from __future__ import annotations
 
+import copy
 import os
 import threading
 import time
@@ -116,3 +117,34 @@ def test_events_from_a_forked_child_or_another_thread_are_not_the_loops() -> Non
         assert collector._mine() and seen_in_thread == [False] and seen_in_child == b"0"
     finally:
         collector.stop()
+
+
+def test_a_model_copied_or_saved_mid_run_carries_no_hook_of_gpuscope_as_without_it(tmp_path: Path) -> None:
+    # given: a loop that keeps the best model so far (copy.deepcopy) and saves the whole model (torch.save), after
+    # the forward hooks went on its root
+    collector = StepsCollector()
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tokens = torch.randint(20, (16,))
+    collector.start(Path("."))
+    try:
+        for _ in range(6):
+            optimizer.zero_grad()
+            nn.functional.nll_loss(model(tokens), tokens).backward()
+            optimizer.step()
+        hooked = (len(model._forward_pre_hooks), len(model._forward_hooks))
+        best = copy.deepcopy(model)
+        torch.save(model, tmp_path / "model.pt")
+        still_hooked = (len(model._forward_pre_hooks), len(model._forward_hooks))
+    finally:
+        collector.stop()
+    loaded = torch.load(tmp_path / "model.pt", weights_only=False)
+    assert hooked == (1, 1), "the forward hooks were on while the model was copied"
+    # then: the copies hold no hook (the collector they would drag along neither copies nor pickles) and still work
+    for twin in (best, loaded):
+        assert not twin._forward_pre_hooks and not twin._forward_hooks and not twin._forward_hooks_always_called
+        assert torch.equal(twin(tokens), model(tokens))
+    # the model kept its own hooks while the run went on, and torch's pickling is its own again after the run
+    assert still_hooked == (1, 1)
+    assert nn.Module.__getstate__ is nn.Module.__dict__["__getstate__"] and not hasattr(nn.Module.__getstate__,
+                                                                                        "__wrapped__")
