@@ -1,28 +1,28 @@
 """Which modules' forward the steps collector times: the outermost modules holding the trained parameters whose
 forward actually runs.
 
-Forward hooks go on a few modules only, never globally: a global module hook puts every submodule call on torch's
-slow path (a launch-bound loop pays several percent) and makes every ``torch.compile``d module warn. The roots
+The timing goes on a few modules only, never on every module: a global module hook puts every submodule call on
+torch's slow path (a launch-bound loop pays several percent) and makes every ``torch.compile``d module warn. The roots
 (outermost modules holding the parameters the optimizers train, or any parameters without an optimizer) are found
 once, at the first steps. Some roots never run their own forward: Lightning calls a LightningModule's
-``training_step``, never its ``forward``. So at the next step boundary, a hooked module whose forward did not run
-is unhooked and replaced by its children that hold trained parameters, one level a step, a few levels at most; the
-step that timed only part of the forward pass is left out of the figures.
+``training_step``, never its ``forward``. So at the next step boundary, a timed module whose forward did not run
+is replaced by its children that hold trained parameters, one level a step, a few levels at most; the step that
+timed only part of the forward pass is left out of the figures.
 
-A hooked module copies and pickles as it would without gpuscope: ``copy.deepcopy(model)`` (an EMA, the best model
-so far) and ``torch.save(model)`` go through ``Module.__getstate__``, which, while hooks of ours are on, leaves them
-out of the state (they hold the collector, which neither copies nor pickles; the copy would not be timed anyway).
+Nothing is put on the modules themselves: the ``__call__`` of a timed module's class is wrapped, and times the call
+when it is one of the timed modules (any other instance, or a call inside ``torch.compile``'s tracing, goes straight
+through). A module hook would be part of the module: ``copy.deepcopy(model)`` (an EMA, the best model so far) and
+``torch.save(model)`` would copy it with the collector it holds, which neither copies nor pickles, and
+``torch.jit.script(model)`` would try to compile it; and a hook puts the module's own call on torch's slow path.
 """
 
 from __future__ import annotations
 
 import gc
+import sys
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
-
-from gpuscope.collectors.base import patch
 
 MAX_ROOT_MODULES = 32
 """Forward hooks go on at most this many modules."""
@@ -30,7 +30,6 @@ MAX_DESCENT = 3
 """Levels below the roots the hooks may move down to (a LightningModule's model is one level down)."""
 
 Hook = Callable[..., Any]
-_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks")
 
 
 class ForwardModules:
@@ -39,14 +38,15 @@ class ForwardModules:
     def __init__(self, pre: Hook, post: Hook) -> None:
         self._pre, self._post = pre, post
         self._trained: set[int] | None = None  # ids of the parameters the optimizers train (None: no optimizer)
-        self._hooked: dict[int, tuple[str, list[Callable[[], None]]]] = {}  # id -> class name, hook removers
+        self._hooked: dict[int, tuple[str, weakref.ref[Any]]] = {}  # the timed modules: id -> class name, module
+        self._wrapped: list[tuple[type, Callable[..., Any] | None]] = []  # classes whose __call__ is wrapped, and
+        # the __call__ of their own that it replaced (None: it was inherited)
         self._checking: list[weakref.ref[Any]] = []  # hooked at the last boundary: did their forward run?
         self._ran: set[int] = set()  # ids of checked modules whose forward ran since
         self._descended = 0
         self._silent: list[str] = []  # modules hooked whose forward did not run (replaced by their children)
         self._root_refs: list[weakref.ref[Any]] = []
         self._covered: set[int] = set()  # ids of the parameters the hooked modules hold
-        self._unhide: Callable[[], None] | None = None  # undoes the patch of Module.__getstate__
         self.roots: list[str] = []
         """Class names of the roots found (empty until then)."""
         self.left_out = 0
@@ -65,8 +65,6 @@ class ForwardModules:
         """Find the root modules (``trained``: the ids of the optimizers' parameters, empty without one) and hook
         them; whether their forward ran is checked at the next boundary (``check``)."""
         self._trained = trained or None
-        if self._unhide is None:
-            self._unhide = patch(nn.Module, "__getstate__", self._without_our_hooks)
         roots = self._outermost(nn)[:MAX_ROOT_MODULES]
         self._hook(roots)
         self.roots = sorted(type(m).__name__ for m in roots)
@@ -109,10 +107,8 @@ class ForwardModules:
             return False
         self.left_out += 1
         for module in silent:
-            name, removers = self._hooked.pop(id(module))
-            self._silent.append(name)
-            for remove in removers:
-                remove()
+            del self._hooked[id(module)]
+            self._silent.append(type(module).__name__)
         if self._descended < MAX_DESCENT:
             self._descended += 1
             children: dict[int, Any] = {}
@@ -124,14 +120,14 @@ class ForwardModules:
         return True
 
     def remove(self) -> None:
-        """Take every forward hook out."""
-        for _, removers in self._hooked.values():
-            for remove in removers:
-                remove()
+        """Stop timing: every wrapped ``__call__`` is its class's own again."""
         self._checking = []
-        if self._unhide is not None:
-            self._unhide()
-            self._unhide = None
+        for cls, own in reversed(self._wrapped):
+            if own is None:
+                delattr(cls, "__call__")
+            else:
+                cls.__call__ = own  # type: ignore[method-assign]
+        self._wrapped = []
 
     def root_modules(self) -> list[Any]:
         """The root modules, while they are alive (found at the first steps)."""
@@ -157,34 +153,32 @@ class ForwardModules:
             return next(module.parameters(), None) is not None
         return any(id(p) in self._trained for p in module.parameters())
 
-    def _without_our_hooks(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
-        """``Module.__getstate__`` leaving our hooks out of the state it returns (the module keeps them)."""
-        ours = (self._pre, self._post)
-
-        def __getstate__(module: Any) -> Any:
-            state = original(module)
-            if not isinstance(state, dict) or not any(
-                    hook in ours for key in _HOOK_DICTS for hook in (state.get(key) or {}).values()):
-                return state
-            state = dict(state)  # a copy: the module's own dicts are left as they are
-            for key in _HOOK_DICTS:
-                state[key] = OrderedDict((i, hook) for i, hook in (state.get(key) or {}).items() if hook not in ours)
-            always = state.get("_forward_hooks_always_called")
-            if always:
-                state["_forward_hooks_always_called"] = OrderedDict(
-                    (i, flag) for i, flag in always.items() if i in state["_forward_hooks"])
-            return state
-
-        return __getstate__
-
     def _hook(self, modules: list[Any]) -> None:
         for module in modules:
-            pre = module.register_forward_pre_hook(self._pre)
-            try:
-                post = module.register_forward_hook(self._post, always_call=True)
-            except TypeError:  # torch without always_call
-                post = module.register_forward_hook(self._post)
-            self._hooked[id(module)] = (type(module).__name__, [pre.remove, post.remove])
+            self._hooked[id(module)] = (type(module).__name__, weakref.ref(module))
             self._covered.update(id(p) for p in module.parameters())
+            if not getattr(type(module).__call__, "_gpuscope_timed", False):  # its class (or a base) not yet wrapped
+                self._wrap_call(type(module))
         self._checking = [weakref.ref(m) for m in modules]
 
+    def _wrap_call(self, cls: type) -> None:
+        """Wrap ``cls.__call__``: a call of a timed module runs between the pre and post hooks."""
+        original = cls.__call__
+        hooked, pre, post = self._hooked, self._pre, self._post
+        compiler = getattr(sys.modules.get("torch"), "compiler", None)
+        compiling = getattr(compiler, "is_compiling", None) or (lambda: False)
+
+        def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
+            timed = hooked.get(id(module))
+            if timed is None or timed[1]() is not module or compiling():
+                return original(module, *args, **kwargs)
+            pre(module, args)
+            try:
+                return original(module, *args, **kwargs)
+            finally:
+                post(module, args, None)
+
+        __call__._gpuscope_timed = True  # type: ignore[attr-defined]
+        __call__.__wrapped__ = original  # type: ignore[attr-defined]
+        self._wrapped.append((cls, vars(cls).get("__call__")))
+        cls.__call__ = __call__  # type: ignore[method-assign]

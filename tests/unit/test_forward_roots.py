@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -119,9 +120,10 @@ def test_events_from_a_forked_child_or_another_thread_are_not_the_loops() -> Non
         collector.stop()
 
 
-def test_a_model_copied_or_saved_mid_run_carries_no_hook_of_gpuscope_as_without_it(tmp_path: Path) -> None:
-    # given: a loop that keeps the best model so far (copy.deepcopy) and saves the whole model (torch.save), after
-    # the forward hooks went on its root
+@pytest.mark.filterwarnings("ignore:`torch.jit.script` is deprecated")
+def test_a_model_copied_saved_or_scripted_mid_run_is_as_without_gpuscope(tmp_path: Path) -> None:
+    # given: a loop that keeps the best model so far (copy.deepcopy), saves the whole model (torch.save) and scripts
+    # it for deployment (torch.jit.script), while its forward is timed
     collector = StepsCollector()
     model = Net()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -132,19 +134,25 @@ def test_a_model_copied_or_saved_mid_run_carries_no_hook_of_gpuscope_as_without_
             optimizer.zero_grad()
             nn.functional.nll_loss(model(tokens), tokens).backward()
             optimizer.step()
-        hooked = (len(model._forward_pre_hooks), len(model._forward_hooks))
+        snapshot = model(tokens).detach()
         best = copy.deepcopy(model)
         torch.save(model, tmp_path / "model.pt")
-        still_hooked = (len(model._forward_pre_hooks), len(model._forward_hooks))
+        scripted = torch.jit.script(model)
+        for _ in range(3):  # and trains on
+            optimizer.zero_grad()
+            nn.functional.nll_loss(model(tokens), tokens).backward()
+            optimizer.step()
+            best(tokens)  # the copy's forward is no part of the step
     finally:
-        collector.stop()
+        result = collector.stop()
     loaded = torch.load(tmp_path / "model.pt", weights_only=False)
-    assert hooked == (1, 1), "the forward hooks were on while the model was copied"
-    # then: the copies hold no hook (the collector they would drag along neither copies nor pickles) and still work
-    for twin in (best, loaded):
-        assert not twin._forward_pre_hooks and not twin._forward_hooks and not twin._forward_hooks_always_called
-        assert torch.equal(twin(tokens), model(tokens))
-    # the model kept its own hooks while the run went on, and torch's pickling is its own again after the run
-    assert still_hooked == (1, 1)
-    assert nn.Module.__getstate__ is nn.Module.__dict__["__getstate__"] and not hasattr(nn.Module.__getstate__,
-                                                                                        "__wrapped__")
+    # then: the copies hold no hook of any kind and compute what the model did when they were made (the scripted
+    # one shares its parameters)
+    for twin, expected in ((best, snapshot), (loaded, snapshot), (scripted, model(tokens))):
+        assert not twin._forward_pre_hooks and not twin._forward_hooks
+        assert torch.equal(twin(tokens), expected)
+    assert any(note.startswith("forward timed on root modules: Net ") for note in result.payload.notes)
+    # the forward was timed in the steps before the copies and in those after them
+    steps = result.payload.records
+    assert len(steps) == 9 and all(r.phases_s["forward"] > 0 for r in steps[1:]), steps
+    assert type(model).__call__ is nn.Module.__call__, "after the run, calling a module is torch's own again"
