@@ -9,13 +9,13 @@ Hooks, all global and all removed at stop:
   loop's waits in ``queue.Queue.get`` are its data wait.
 - backward: ``torch.autograd.backward`` and ``torch.autograd.grad`` are wrapped (``Tensor.backward`` calls the
   former). In a loop with no optimizer, explicit mark or DataLoader, each top-level one begins a step.
-- forward: after the first step, forward hooks on the *root* modules only: the outermost modules holding the
+- forward: after the first step, the calls of the *root* modules only are timed (their class's ``__call__``
+  wrapped, nothing put on the modules: see ``forward_modules``): the outermost modules holding the
   parameters the optimizer trains (or, with no optimizer, every outermost module with parameters). A root whose
   forward does not run in the step that follows (a LightningModule: Lightning calls its ``training_step``, which
   calls ``self.model``) is replaced by its children that hold trained parameters, and so on down, one level a
-  step, until the hooked modules are the outermost ones whose forward runs; a step in which a hooked module's
-  forward did not run timed only part of the forward pass and is left out of the figures (never global module hooks:
-  see ``forward_modules``). A forward in eval mode or without gradients marks its step (an evaluation pass).
+  step, until the timed modules are the outermost ones whose forward runs; a step in which a timed module's
+  forward did not run timed only part of the forward pass and is left out of the figures. A forward in eval mode or without gradients marks its step (an evaluation pass).
 - CUDA: once the script has initialised CUDA, events on the current stream at each phase change, resolved
   when the GPU has passed them (never synchronising the loop), give the device-side breakdown.
 
