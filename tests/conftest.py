@@ -24,6 +24,7 @@ import pytest
 from gpuscope.record import Breakdown, RunRecord, Steps
 from preloaded import Preloaded
 from processes import processes_in_session, processes_mentioning
+from run_groups import scheduler
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLES = ROOT / "sample_workloads"
@@ -129,7 +130,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 def pytest_configure(config: pytest.Config) -> None:
     """Ctrl-C as a terminal gives it to the processes the tests start: a child inherits an ignored SIGINT, and
-    pytest-xdist's workers (CI's slow tier, two at a time) and a shell's background jobs ignore it, where a script's
+    pytest-xdist's workers (CI's slow tier, three at a time) and a shell's background jobs ignore it, where a script's
     Ctrl-C (test_runner.py) and the stop of ``gpuscope view`` (test_view.py) would then do nothing."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -141,6 +142,12 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     stray = [item.nodeid for item in items if item.get_closest_marker("timing") and not item.get_closest_marker("slow")]
     if stray:
         raise pytest.UsageError(f"marked timing but not slow: {', '.join(stray)}")
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: called only where it runs the tests
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadgroup`` sends the tests out by run group (tests/run_groups.py)."""
+    return scheduler(config, log) if config.getvalue("dist") == "loadgroup" else None
 
 
 @pytest.fixture

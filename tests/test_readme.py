@@ -16,8 +16,8 @@ def readme_commands() -> list[str]:
 
 
 SLOW_TIER = "python -m pytest -m slow"
-SLOW_TIER_PARTS = ('python -m pytest -m "slow and not timing" -n 2', 'python -m pytest -m "slow and timing"')
-"""How CI runs the slow tier: the tests that time nothing two at a time, then those that do, alone."""
+SLOW_TIER_PARTS = ('python -m pytest -m "slow and not timing" -n 3', 'python -m pytest -m "slow and timing"')
+"""How CI runs the slow tier: the tests that time nothing three at a time, then those that do, alone."""
 
 
 def test_ci_runs_the_readmes_install_and_test_commands_verbatim() -> None:

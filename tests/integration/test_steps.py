@@ -16,7 +16,7 @@ START_METHODS = ("fork", "spawn", "forkserver")
 
 
 def two_workers(start_method: str) -> tuple[Path, tuple[str, ...], tuple[str, ...]]:
-    """A loader of two workers (the spawn run is shared with test_collectors.py's)."""
+    """A loader of two workers."""
     return LOADER, ("--start-method", start_method), (NO_PROBES,)
 
 
@@ -27,10 +27,11 @@ def four_workers(start_method: str) -> tuple[Path, tuple[str, ...], tuple[str, .
                      "--sample-ms", "20"), (NO_PROBES,))
 
 
-@pytest.fixture(scope="module")
-def loader_runs(runs: Runs) -> Runs:
-    """The module's loader runs, made two at a time (they check no timing, so sharing the cores costs nothing)."""
-    runs.prefetch(*(spec(method) for spec in (two_workers, four_workers) for method in START_METHODS),
+@pytest.fixture
+def loader_runs(runs: Runs, start_method: str) -> Runs:
+    """The start method's loader runs (two and four workers), made side by side once for both tests (they check no
+    timing, so sharing the cores costs nothing)."""
+    runs.prefetch(two_workers(start_method), four_workers(start_method),
                   preloaded=False)  # each start method in a real process, as a user's script gets it
     return runs
 
