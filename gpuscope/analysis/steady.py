@@ -122,7 +122,8 @@ def _count_warmup(records: Sequence[StepRecord], total: int, skipped: int = 0) -
     """Leading steps left out: the ``skipped`` ones (not kept), the first always (given enough steps, and none
     skipped: a run measured from step 0 pays its lazy initialisation there), then those still far slower than
     the slow end of the run's second half (its 90th percentile: past any warm-up, and high enough that a loop
-    whose steps alternate fast and slow loses none)."""
+    whose steps alternate fast and slow loses none), up to a profiler's window: a profiled step is slow because it
+    is profiled (cProfile slows a loader's Python several times over), and is left out as such."""
     if total - skipped < th.MIN_STEPS_FOR_WARMUP:
         return skipped
     rest = [r.wall_s for r in records[max(1, len(records) // 2):]]
@@ -130,7 +131,7 @@ def _count_warmup(records: Sequence[StepRecord], total: int, skipped: int = 0) -
     limit = skipped + max(1, math.floor(th.MAX_WARMUP_SHARE * (total - skipped)))
     at = 0 if skipped else 1  # position in ``records`` of the first step that may be steady
     while skipped + at < limit and at < len(records) and records[at].index == skipped + at:
-        if records[at].wall_s <= th.WARMUP_FACTOR * reference:
+        if records[at].profiled or records[at].wall_s <= th.WARMUP_FACTOR * reference:
             break
         at += 1
     return skipped + at

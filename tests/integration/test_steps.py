@@ -16,7 +16,7 @@ START_METHODS = ("fork", "spawn", "forkserver")
 
 
 def two_workers(start_method: str) -> tuple[Path, tuple[str, ...], tuple[str, ...]]:
-    """A loader of two workers."""
+    """A loader of two workers (the spawn run is also test_collectors.py's, shared where one worker runs both)."""
     return LOADER, ("--start-method", start_method), (NO_PROBES,)
 
 

@@ -50,6 +50,19 @@ def test_profiled_steps_are_left_out_and_counted() -> None:
     assert steps.sample.status[5:8] == ("profiled",) * 3
 
 
+def test_a_profiler_window_right_after_the_first_step_is_profiled_not_warm_up() -> None:
+    # given: cProfile on steps 1-4, each made three times slower (a loader's Python under the profiler), as
+    # slow as a warm-up would be
+    recs = records([5.0] + [3.0] * 4 + [1.0] * 19)
+    for r in recs[1:5]:
+        r.profiled = True
+    steps = summarize(recs, total=24, head=64, body_weight=1.0, source="optimizer").steps
+    # then: the first step is the warm-up, the window's steps are profiled, and the figures are the same either way
+    assert (steps.warmup, steps.profiled, steps.count) == (1, 4, 19)
+    assert steps.sample.status[:6] == ("warmup",) + ("profiled",) * 4 + ("steady",)
+    assert steps.median_s == 1.0
+
+
 def test_warmup_never_swallows_more_than_a_quarter_of_the_run() -> None:
     walls = [10.0 - i * 0.5 for i in range(16)] + [1.0] * 4  # a run that keeps speeding up
     steps = summary_of(walls).steps
