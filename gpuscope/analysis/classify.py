@@ -71,7 +71,17 @@ def _classify(record: RunRecord) -> Verdict:
 
 def _why_no_step(record: RunRecord) -> str:
     """Why no step was found: a script that failed before its first step ended says so (its traceback is above
-    the summary); one that ran to its end without a step needs its steps marked."""
+    the summary); one that started processes of its own and iterated no DataLoader most likely trained in them
+    (``torch.multiprocessing.spawn``, as pytorch/examples' data-parallel scripts do); any other needs its steps
+    marked."""
+    memory = record.host_memory
+    if record.exit_status == 0 and memory is not None and memory.max_workers and not any(
+            loader.batches for loader in record.loaders):
+        children = f"{memory.max_workers} child process{'es' if memory.max_workers != 1 else ''}"
+        return (f"no training step was found in the script's own process, and {children} ran beside it "
+                f"({memory.peak_workers_bytes / 2**20:.0f} MiB at their peak) while it iterated no DataLoader: if the "
+                "training ran in them (torch.multiprocessing.spawn, multiprocessing), profile one of them from "
+                "inside: `with gpuscope.profile():` around the loop of the function they run (rank 0's is enough)")
     if record.exit_status == 0:
         return HOW_TO_MARK_STEPS
     batches = sum(loader.batches for loader in record.loaders)

@@ -14,6 +14,7 @@ from gpuscope.record import (
     Calibration,
     CollectorStatus,
     FunctionStat,
+    HostMemory,
     KernelTimeline,
     Loader,
     OpProfile,
@@ -233,6 +234,21 @@ def test_a_run_with_no_step_at_all_says_how_to_mark_steps() -> None:
     verdict = classify(record)
     assert verdict.bound == "inconclusive"
     assert any("gpuscope.step()" in fact for fact in verdict.evidence)
+
+
+def test_a_script_that_trained_in_processes_it_spawned_is_told_to_profile_them_from_inside() -> None:
+    # given: no step in the script's own process, two child processes of 300 MiB each beside it and no DataLoader
+    # (torch.multiprocessing.spawn(worker, nprocs=2), as pytorch/examples' data-parallel scripts start their ranks)
+    children = HostMemory(interval_s=0.1, peak_bytes=800 * 2**20, peak_process_bytes=200 * 2**20,
+                          peak_workers_bytes=600 * 2**20, max_workers=2)
+    record = make_record(steps=Steps(count=0, total=0, source="none"), host_memory=children)
+    # then: it says what was measured and how to profile a rank, not to mark steps the script has none of
+    (why,) = classify(record).evidence[1:]
+    assert "2 child processes ran beside it (600 MiB at their peak)" in why
+    assert "`with gpuscope.profile():`" in why and "gpuscope.step()" not in why
+    # a DataLoader's workers are children too: the loop that iterated it is the script's own, and marks its steps
+    fed = dataclasses.replace(record, loaders=(Loader(dataset="Items", batches=3, wait_s=0.1, num_workers=2),))
+    assert any("gpuscope.step()" in fact for fact in classify(fed).evidence)
 
 
 @pytest.mark.parametrize(("exit_status", "loaders", "said"), [
