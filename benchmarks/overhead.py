@@ -8,28 +8,22 @@ It also reports what each profiling window costs while it is open: from each run
 the steps inside the cProfile window and inside the torch.profiler window, against the steady-state median.
 
 Alternating cancels slow drifts of the machine (thermal, other load); the median resists a stray slow run.
-``--together`` runs each pair at the same time instead, each run pinned to a core of its own (the pair's cores
-swapped from pair to pair) with one intra-op thread: on a shared machine whose cores run 2x faster or slower from
-one minute to the next, both runs of a pair then see the same machine. gpuscope's own threads share its run's core.
 
     python benchmarks/overhead.py                      # compute_bound, 5 pairs
     python benchmarks/overhead.py --pairs 7 cpu_launch_bound compute_bound
     python benchmarks/overhead.py --args "--device cpu" cpu_launch_bound   # more of the script's own options
-    python benchmarks/overhead.py --together --pairs 6 cpu_launch_bound manual_sgd_language_model
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import shlex
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -39,35 +33,15 @@ RUN_ARGS = {"compute_bound": ["--steps", "60"], "data_loading_bound": ["--steps"
 """Longer than the samples' defaults: the profiling windows cost a fixed dozen steps, and real runs are long."""
 
 
-def run_once(command: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
+def run_once(command: list[str]) -> tuple[float, float]:
     """Run ``command``; return (the script's own median step time, the process's wall time)."""
     start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, check=True, env=env)
+    done = subprocess.run(command, capture_output=True, text=True, check=True)
     wall = time.perf_counter() - start
     match = LINE.search(done.stdout)
     if match is None:
         raise SystemExit(f"no median_step_s= line in the output of {command}:\n{done.stdout}")
     return float(match.group(1)), wall
-
-
-def run_together(commands: dict[str, list[str]], cores: dict[str, int]) -> dict[str, tuple[float, float]]:
-    """Run every command at once, each pinned to its core with one intra-op thread: ``run_once``'s figures, by
-    name."""
-    results: dict[str, tuple[float, float]] = {}
-
-    def pinned(name: str) -> None:
-        core = cores[name]
-        command = ["taskset", "-c", str(core), *commands[name]]
-        results[name] = run_once(command, {**os.environ, "OMP_NUM_THREADS": "1"})
-
-    threads = [threading.Thread(target=pinned, args=(name,)) for name in commands]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if len(results) != len(commands):
-        raise SystemExit(f"a run failed: {sorted(set(commands) - set(results))}")
-    return results
 
 
 def window_costs(run_dir: Path) -> dict[str, float]:
@@ -87,7 +61,7 @@ def window_costs(run_dir: Path) -> dict[str, float]:
     return costs
 
 
-def measure(workload: str, pairs: int, extra: list[str], together: bool = False) -> dict[str, object]:
+def measure(workload: str, pairs: int, extra: list[str]) -> dict[str, object]:
     script = str(ROOT / "sample_workloads" / f"{workload}.py")
     plain_cmd = [sys.executable, script, *extra]
     step_ratios, wall_ratios, rows = [], [], []
@@ -99,10 +73,7 @@ def measure(workload: str, pairs: int, extra: list[str], together: bool = False)
             order = [("plain", plain_cmd), ("gpuscope", profiled_cmd)]
             if i % 2:
                 order.reverse()
-            if together:
-                result = run_together(dict(order), {"plain": i % 2, "gpuscope": 1 - i % 2})
-            else:
-                result = {name: run_once(cmd) for name, cmd in order}
+            result = {name: run_once(cmd) for name, cmd in order}
             (p_step, p_wall), (g_step, g_wall) = result["plain"], result["gpuscope"]
             for name, cost in window_costs(Path(f"{tmp}/run{i}")).items():
                 windows.setdefault(name, []).append(cost)
@@ -116,7 +87,6 @@ def measure(workload: str, pairs: int, extra: list[str], together: bool = False)
         "workload": workload,
         "args": extra,
         "pairs": pairs,
-        "together": together,
         "step_time_overhead": statistics.median(step_ratios) - 1.0,
         "wall_time_overhead": statistics.median(wall_ratios) - 1.0,
         "window_step_cost": {name: statistics.median(v) - 1.0 for name, v in windows.items()},
@@ -130,16 +100,12 @@ def main() -> None:
     parser.add_argument("--pairs", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--args", default="", help="options for every workload, after its defaults")
-    parser.add_argument("--together", action="store_true",
-                        help="run each pair at once, each run on a core of its own with one intra-op thread")
     args = parser.parse_args()
-    results = [measure(w, args.pairs, [*RUN_ARGS.get(w, []), *shlex.split(args.args)], args.together)
-               for w in args.workloads]
+    results = [measure(w, args.pairs, [*RUN_ARGS.get(w, []), *shlex.split(args.args)]) for w in args.workloads]
     print()
     for r in results:
         print(f"{r['workload']:>20}: step time {r['step_time_overhead']:+.1%}, "
-              f"process wall time {r['wall_time_overhead']:+.1%}  (median of {r['pairs']} "
-              + ("pairs run together)" if r["together"] else "alternating pairs)"))
+              f"process wall time {r['wall_time_overhead']:+.1%}  (median of {r['pairs']} alternating pairs)")
         for name, cost in r["window_step_cost"].items():  # type: ignore[union-attr]
             print(f"{'':>20}  a step inside the {name} window: {cost:+.0%} (left out of the step figures)")
     if args.json:
