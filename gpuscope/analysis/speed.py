@@ -119,22 +119,22 @@ def loader_plan(record: RunRecord, file_system: bool = False) -> LoaderPlan | No
 
     back = back_to_back_share(record)
 
-    def step_with(rate: LoaderRate) -> float:
+    def plan_with(rate: LoaderRate) -> tuple[float, float, int | None]:
+        """The step with ``rate``'s workers, the hand-over in it, and the intra-op threads it needs kept."""
         handover = step_handover_s(rate, per, back)  # the main process receiving them
         step = max(compute_s + handover, per / rate.batches_per_s)  # type: ignore[operator]
+        threads_fix = None
         if shared is not None:
-            step = max(step, shared_cores(compute_s, step_build_s, rate.num_workers, threads, cores)[0] + handover)
-        return step
+            on_cores, _, threads_fix = shared_cores(compute_s, step_build_s, rate.num_workers, threads, cores)
+            step = max(step, on_cores + handover)
+        return step, handover, threads_fix
 
     keeping = [r for r in candidates if r.batches_per_s >= needed]  # type: ignore[operator]
     rate = min(keeping, key=lambda r: r.num_workers) if keeping else \
-        min(candidates, key=lambda r: (step_with(r), r.num_workers))
-    step_s = step_with(rate)
-    threads_fix = None
-    if shared is not None:
-        threads_fix = shared_cores(compute_s, step_build_s, rate.num_workers, threads, cores)[2]
+        min(candidates, key=lambda r: (plan_with(r)[0], r.num_workers))
+    step_s, handover, threads_fix = plan_with(rate)
     return LoaderPlan(rate.num_workers, rate, bool(keeping), compute_s, step_s, shared, consume, threads_fix, per,
-                      step_handover_s(rate, per, back))
+                      handover)
 
 
 def step_handover_s(rate: LoaderRate, per_step: float, back_to_back: float) -> float:
