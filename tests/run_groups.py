@@ -6,7 +6,7 @@ A run group is a test file, whose module and session fixtures share runs among i
 each parameter's tests are a group of their own, and the longest file of the tier (five frameworks, about 100 s
 alone) spreads over the workers instead of holding one of them to the end. The groups go out longest first
 (``LONGEST_FIRST``, from ``--durations``), so that no long group starts last; a group left out of that list, or
-in the wrong place, costs minutes, never a wrong result.
+in the wrong place, costs time, never a wrong result.
 
 pytest-xdist's own ``loadgroup`` (groups from ``xdist_group`` marks) no longer groups anything under pytest 9, whose
 node ids it cannot amend; its ``loadscope`` scheduler does the sending here, with these groups as its scopes.

@@ -21,6 +21,7 @@ def test_a_files_tests_are_one_group_and_the_framework_matrix_a_group_per_framew
     assert run_group(f"{FRAMEWORKS}::test_an_optimizer_closure_leaves_only_the_update_in_the_optimizer_phase") == \
         FRAMEWORKS
 
+
 def test_the_longest_groups_go_first_and_name_groups_that_exist() -> None:
     assert rank(f"{FRAMEWORKS}[lightning-trainer]") == 0
     assert rank("tests/integration/test_view.py") == len(LONGEST_FIRST)  # a short group: after the listed ones
