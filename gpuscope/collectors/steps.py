@@ -19,7 +19,8 @@ Hooks, all global and all removed at stop:
 - CUDA: once the script has initialised CUDA, events on the current stream at each phase change, resolved
   when the GPU has passed them (never synchronising the loop), give the device-side breakdown.
 
-Otherwise only events from the thread that started the collector are counted (the training loop's thread).
+Otherwise only events from the training loop's thread are counted: the one that started the collector, or the one
+whose step-defining events come first (a script training in a ``threading.Thread``: see ``loopthread``).
 
 Taken out in the middle of the run (``--profile-steps``): a step begins inside torch's optimizer hook, while torch
 iterates over its hooks, where no hook can be removed. So the stop is asked for (``stop_at_safe_point``) and runs
@@ -29,10 +30,8 @@ at the next *safe point*: the next DataLoader ``__next__``, forward of a timed m
 
 from __future__ import annotations
 
-import os
 import queue
 import sys
-import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -44,6 +43,7 @@ from gpuscope.collectors.base import CollectorResult, Stage, patch
 from gpuscope.collectors.device_timeline import timing_event
 from gpuscope.collectors.forward_modules import ForwardModules
 from gpuscope.collectors.loaders import LoaderBook
+from gpuscope.collectors.loopthread import LoopThread
 from gpuscope.collectors.steplog import OTHER, DeviceTimeline, StepLog, StepTracker
 from gpuscope.importwatch import ImportWatch
 from gpuscope.record import CollectorStatus
@@ -82,8 +82,7 @@ class StepsCollector:
 
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self, run_dir: Path) -> None:
-        self._thread = threading.get_ident()
-        self._pid = _this_pid
+        self._loop = LoopThread()
         self.tracker = StepTracker(self._clock(), StepLog(skip=self._skip), self._clock)
         # first listener, so its one-time work comes before any profiler window opens or switches
         self.tracker.listeners.append(self._after_boundary)
@@ -93,7 +92,8 @@ class StepsCollector:
 
     def mark_step(self) -> None:
         """An explicit step marker (``gpuscope.step()``)."""
-        if self._mine():
+        if self._mine() or self._adopt():
+            self._loop.stepped = True
             now = self._clock()
             self.tracker.explicit(now)  # type: ignore[union-attr]
             self._safe_point()
@@ -162,6 +162,8 @@ class StepsCollector:
         if tracker.dropped:
             notes.append(f"{tracker.dropped} steps first counted by another kind of marker were dropped when "
                          f"{tracker.source} markers appeared")
+        if self._loop.adopted:
+            notes.append(f"the training loop ran in the thread {self._loop.adopted!r}, followed from its first step")
         forward = self.forward.note(self._discovery_s)
         if forward is not None:
             notes.append(forward)
@@ -196,14 +198,22 @@ class StepsCollector:
         self._undo.append(patch(torch.autograd, "grad", self._wrap_phase("backward")))
 
     def _mine(self) -> bool:
-        """Whether the event is the training loop's: its thread, and not a forked child's (a DataLoader worker
-        forked from the loop's thread has the same thread id)."""
-        return threading.get_ident() == self._thread and _this_pid == self._pid
+        """Whether the event is the training loop's (``LoopThread.mine``)."""
+        return self._loop.mine()
+
+    def _adopt(self) -> bool:
+        """Follow the calling thread from now on, if it is the loop's (``LoopThread.adopt``). Its first batches were
+        taken for a prefetching thread's (``LoaderBook.take_elsewhere``): from now on they are the loop's own."""
+        if not self._loop.adopt():
+            return False
+        self.loaders.fed_by_thread = False
+        return True
 
     # -- hooks -------------------------------------------------------------------------------------------
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
-        if not self._mine():
+        if not self._mine() and not self._adopt():
             return None
+        self._loop.stepped = True
         self._optimizers.setdefault(id(optimizer), weakref.ref(optimizer))
         self.tracker.enter("optimizer", self._clock())  # type: ignore[union-attr]
         # step(self, closure) or step(self, closure=closure): the closure's time is not the update's
@@ -239,7 +249,7 @@ class StepsCollector:
         def __next__(iterator: Any) -> Any:
             clock = collector._clock
             if not collector._mine():  # a prefetching thread's batch is counted; a forked worker's is not
-                forked = _this_pid != collector._pid
+                forked = collector._loop.forked()
                 return original(iterator) if forked else collector.loaders.take_elsewhere(original, iterator, clock)
             if collector._loader_depth or collector._safe_point():
                 return original(iterator)
@@ -291,8 +301,9 @@ class StepsCollector:
 
         def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
             def timed(*args: Any, **kwargs: Any) -> Any:
-                if not collector._mine() or collector._safe_point():
+                if not (collector._mine() or collector._adopt()) or collector._safe_point():
                     return original(*args, **kwargs)
+                collector._loop.stepped = True
                 tracker = collector.tracker
                 tracker.enter(phase, collector._clock())  # type: ignore[union-attr]
                 collector._backward_depth += 1
@@ -386,15 +397,3 @@ class StepsCollector:
         """The root modules, while they are alive (found at the first steps)."""
         return self.forward.root_modules()
 
-
-_this_pid = os.getpid()
-"""This process's id, kept current across forks: ``_mine`` runs several times a step, and ``os.getpid()`` is a
-system call each time."""
-
-
-def _forked() -> None:
-    global _this_pid
-    _this_pid = os.getpid()
-
-
-os.register_at_fork(after_in_child=_forked)
