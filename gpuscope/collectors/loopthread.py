@@ -31,7 +31,7 @@ class LoopThread:
     def adopt(self) -> bool:
         """A step-defining event from another thread of this process: while the followed thread has defined no
         step, the loop runs in the calling thread, followed from now on (True)."""
-        if self.stepped or _this_pid != self.pid:
+        if self.stepped or self.forked():
             return False
         self.ident = threading.get_ident()
         self.adopted = threading.current_thread().name

@@ -92,8 +92,7 @@ class StepsCollector:
 
     def mark_step(self) -> None:
         """An explicit step marker (``gpuscope.step()``)."""
-        if self._mine() or self._adopt():
-            self._loop.stepped = True
+        if self._defines_step():
             now = self._clock()
             self.tracker.explicit(now)  # type: ignore[union-attr]
             self._safe_point()
@@ -201,19 +200,22 @@ class StepsCollector:
         """Whether the event is the training loop's (``LoopThread.mine``)."""
         return self._loop.mine()
 
-    def _adopt(self) -> bool:
-        """Follow the calling thread from now on, if it is the loop's (``LoopThread.adopt``). Its first batches were
-        taken for a prefetching thread's (``LoaderBook.take_elsewhere``): from now on they are the loop's own."""
-        if not self._loop.adopt():
-            return False
-        self.loaders.fed_by_thread = False
+    def _defines_step(self) -> bool:
+        """A step-defining event (an optimizer step, ``backward()``, ``gpuscope.step()``): whether it is the loop's,
+        the calling thread followed from now on if the followed one has defined no step yet (``LoopThread.adopt``;
+        its first batches were taken for a prefetching thread's, ``LoaderBook.take_elsewhere``: from now on they
+        are the loop's own)."""
+        if not self._mine():
+            if not self._loop.adopt():
+                return False
+            self.loaders.fed_by_thread = False
+        self._loop.stepped = True
         return True
 
     # -- hooks -------------------------------------------------------------------------------------------
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
-        if not self._mine() and not self._adopt():
+        if not self._defines_step():
             return None
-        self._loop.stepped = True
         self._optimizers.setdefault(id(optimizer), weakref.ref(optimizer))
         self.tracker.enter("optimizer", self._clock())  # type: ignore[union-attr]
         # step(self, closure) or step(self, closure=closure): the closure's time is not the update's
@@ -301,9 +303,8 @@ class StepsCollector:
 
         def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
             def timed(*args: Any, **kwargs: Any) -> Any:
-                if not (collector._mine() or collector._adopt()) or collector._safe_point():
+                if not collector._defines_step() or collector._safe_point():
                     return original(*args, **kwargs)
-                collector._loop.stepped = True
                 tracker = collector.tracker
                 tracker.enter(phase, collector._clock())  # type: ignore[union-attr]
                 collector._backward_depth += 1
