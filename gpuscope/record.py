@@ -352,6 +352,14 @@ class HostMemory:
     t_s: tuple[float, ...] = ()
     process_bytes: tuple[int, ...] = ()
     workers_bytes: tuple[int, ...] = ()
+    workers_cpu_s: float = 0.0
+    """CPU time its children used while they were watched (the kernel's schedstat), summed over them, seconds."""
+    workers_runnable_s: float = 0.0
+    """Time its children were runnable but waiting for a core while watched, summed, seconds."""
+    workers_watched_s: float = 0.0
+    """How long each child was watched, from the first to the last scan that found it, summed, seconds (0 where the
+    kernel keeps no schedstat): the rest of it, after ``workers_cpu_s`` and ``workers_runnable_s``, the children
+    were blocked (on files, the network, a sleep)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -71,6 +71,19 @@ LOADER_KEEPS_UP_MARGIN = 0.1
 training step consumes them: the probe times the loader alone, and in training the workers share the machine with
 the step (and the rate varies from batch to batch), so a bare 1.0x would leave the step waiting part of the time."""
 
+WORKERS_MOSTLY_WAITING = 0.5
+"""DataLoader workers as many as the cores, still waited for, that were on a CPU or runnable and waiting for one
+less than half the time they ran (the kernel's schedstat over the time they were watched) spend most of it blocked:
+on files, the network, a remote store. More workers than cores then overlap those waits instead of queueing for a
+core; the cores fill only when workers x their CPU share reach them. At half, a worker already needs a core for as
+long as it is blocked, and the gain of going past the cores is at most twofold before they are full. Time waiting
+for a core counts as busy: CPU-bound workers on crowded cores are on a CPU a fraction of the time, but never
+blocked."""
+
+WORKERS_WATCHED_MIN_S = 1.0
+"""Seconds of worker time the host memory sampler must have watched (two scans at least, summed over the workers)
+before their CPU share is taken as theirs: a first scan can fall in a spawned worker's import of torch."""
+
 # -- launch-bound vs compute-bound ---------------------------------------------------------------------------
 LAUNCH_BOUND_OVERHEAD = 0.5
 """On a CPU run, when the ops issued per step times this machine's fixed cost per op (measured on tiny tensors)

@@ -4,6 +4,10 @@ A daemon thread samples every ``interval_s``. Children are found recursively, so
 every start method: fork and spawn workers are our children, forkserver workers the forkserver's. The series
 stays bounded: when ``max_samples`` are held, every other sample is dropped and the interval doubles, so a run
 of any length is covered evenly. Peaks are kept over every sample taken, thinned ones included.
+
+At each scan the children's CPU time, and their time waiting for a core, are read too (``ChildrenCpu``, from the
+kernel's ``/proc/PID/schedstat``): how much of their time DataLoader workers spend on a CPU or waiting for one,
+rather than blocked on files or the network, tells whether more workers than cores would help.
 """
 
 from __future__ import annotations
@@ -112,10 +116,45 @@ def peaks_of(samples: Iterable[MemorySample], start: MemoryPeaks | None = None) 
     return peaks
 
 
+class ChildrenCpu:
+    """Where child processes spent the time they were watched: for each, the CPU time and the time runnable but
+    waiting for a core that it added between the first and the last reading that found it, and the time between
+    those readings (a child seen once adds nothing)."""
+
+    def __init__(self) -> None:
+        self._first: dict[int, tuple[float, float, float]] = {}  # pid -> (when, CPU s, runnable s) first read
+        self._last: dict[int, tuple[float, float, float]] = {}
+
+    def read(self, now: float, pid: int, cpu_s: float, runnable_s: float) -> None:
+        self._first.setdefault(pid, (now, cpu_s, runnable_s))
+        self._last[pid] = (now, cpu_s, runnable_s)
+
+    def totals(self) -> tuple[float, float, float]:
+        """(CPU seconds, seconds waiting for a core, watched seconds), summed over the children."""
+        cpu = runnable = watched = 0.0
+        for pid, (t0, c0, r0) in self._first.items():
+            t1, c1, r1 = self._last[pid]
+            cpu, runnable, watched = cpu + max(0.0, c1 - c0), runnable + max(0.0, r1 - r0), watched + (t1 - t0)
+        return cpu, runnable, watched
+
+
+def schedstat(pid: int, proc: str = PROC) -> tuple[float, float] | None:
+    """(seconds on a CPU, seconds runnable waiting for one) of process ``pid`` from ``/proc/PID/schedstat``; None
+    where the kernel keeps no such file (not Linux, or built without scheduler statistics) or the process is gone."""
+    try:
+        with open(f"{proc}/{pid}/schedstat", "rb") as stat:
+            on_cpu, waiting = stat.read().split()[:2]
+        return int(on_cpu) / 1e9, int(waiting) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
 def build_host_memory(
-    samples: Sequence[MemorySample], interval_s: float, peaks: MemoryPeaks | None = None
+    samples: Sequence[MemorySample], interval_s: float, peaks: MemoryPeaks | None = None,
+    children_cpu: tuple[float, float, float] = (0.0, 0.0, 0.0),
 ) -> HostMemory:
-    """The record's ``HostMemory`` from kept samples; ``peaks`` adds those of samples thinned away."""
+    """The record's ``HostMemory`` from kept samples; ``peaks`` adds those of samples thinned away;
+    ``children_cpu``: the children's (CPU, waiting for a core, watched) seconds (``ChildrenCpu.totals``)."""
     top = peaks_of(samples, peaks)
     return HostMemory(
         interval_s=interval_s,
@@ -126,6 +165,9 @@ def build_host_memory(
         t_s=tuple(s.t_s for s in samples),
         process_bytes=tuple(s.process_bytes for s in samples),
         workers_bytes=tuple(s.workers_bytes for s in samples),
+        workers_cpu_s=children_cpu[0],
+        workers_runnable_s=children_cpu[1],
+        workers_watched_s=children_cpu[2],
     )
 
 
@@ -163,6 +205,7 @@ class HostMemoryCollector(Watcher):
         self._children_scan_s = children_scan_s
         self._clock = clock
         self._peaks = MemoryPeaks()
+        self._children_cpu = ChildrenCpu()
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -218,7 +261,8 @@ class HostMemoryCollector(Watcher):
         self.notes = tuple(notes)
         if not samples:
             return CollectorResult(CollectorStatus("failed", f"no memory sample succeeded: {self._last_error}"))
-        return CollectorResult(CollectorStatus("ok"), build_host_memory(samples, interval_s, peaks))
+        return CollectorResult(CollectorStatus("ok"), build_host_memory(samples, interval_s, peaks,
+                                                                        self._children_cpu.totals()))
 
     # -- sampling ----------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -237,6 +281,7 @@ class HostMemoryCollector(Watcher):
             process = self._process_rss()
             if rescan or now - self._last_scan >= self._children_scan_s:
                 self._scan_children(now)
+                self._read_children_cpu(now)
             workers_bytes, workers = self._children_rss()
             sample = MemorySample(now - self._t0, process, workers_bytes, workers)
             with self._lock:
@@ -271,6 +316,12 @@ class HostMemoryCollector(Watcher):
             self._children = children
         except Exception as exc:  # /proc hidden from us, say: keep the children already known, and the sample
             self._scan_error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+    def _read_children_cpu(self, now: float) -> None:
+        for child in self._children:
+            times = schedstat(child.pid)
+            if times is not None:  # else exited since the scan, or no such statistics here: nothing is claimed
+                self._children_cpu.read(now, child.pid, *times)
 
     def _children_rss(self) -> tuple[int, int]:
         psutil = self._psutil

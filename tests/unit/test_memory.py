@@ -11,6 +11,7 @@ import pytest
 
 from gpuscope.collectors.memory import (
     BoundedSeries,
+    ChildrenCpu,
     HostMemoryCollector,
     MemoryPeaks,
     MemorySample,
@@ -18,6 +19,7 @@ from gpuscope.collectors.memory import (
     descendants,
     next_deadline,
     peaks_of,
+    schedstat,
     thin,
 )
 from gpuscope.record import CollectorStatus, HostMemory
@@ -31,6 +33,14 @@ def _hold_memory(size: int, ready: Any, release: Any) -> None:
     ready.set()
     release.wait(10)
     del block
+
+
+def _wait_or_spin(spin: bool, seconds: float) -> None:
+    """A worker's body: ``seconds`` on a CPU (``spin``) or waiting (as for a file or the network)."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not spin:
+            time.sleep(0.01)
 
 
 def _stop(collector: HostMemoryCollector) -> HostMemory:
@@ -118,6 +128,27 @@ class TestHostMemoryCollector:
         assert max(memory.workers_bytes) == memory.peak_workers_bytes
         assert memory.peak_bytes >= memory.peak_workers_bytes + min(memory.process_bytes)
 
+    @pytest.mark.slow  # two real child processes for 1.5 s
+    @pytest.mark.timing
+    @pytest.mark.parametrize("spin", [False, True], ids=["waiting", "computing"])
+    def test_the_childrens_cpu_time_tells_a_waiting_worker_from_a_computing_one(self, tmp_path: Path,
+                                                                                spin: bool) -> None:
+        # given two forked children that wait (sleep) or compute for 1.5 s while the collector scans every 0.1 s
+        context = multiprocessing.get_context("fork")
+        collector = HostMemoryCollector(interval_s=0.05, children_scan_s=0.1)
+        collector.start(tmp_path)
+        children = [context.Process(target=_wait_or_spin, args=(spin, 1.5), daemon=True) for _ in range(2)]
+        for child in children:
+            child.start()
+        for child in children:
+            child.join(10)
+        memory = _stop(collector)
+        # then both were watched for most of their 1.5 s, and the share of it on a CPU or waiting for one (two
+        # spinning children and this process on two cores: runnable when not running) tells which they did
+        assert 2.0 <= memory.workers_watched_s <= 3.2
+        busy = (memory.workers_cpu_s + memory.workers_runnable_s) / memory.workers_watched_s
+        assert busy > 0.8 if spin else busy < 0.1
+
     def test_a_very_short_run_still_has_a_first_and_a_last_sample(self, tmp_path: Path) -> None:
         collector = HostMemoryCollector(interval_s=10.0)
         collector.start(tmp_path)
@@ -139,6 +170,27 @@ class TestHostMemoryCollector:
         assert len(memory.t_s) <= 8
         assert memory.interval_s >= 0.01
         assert memory.interval_s / 0.005 in {2.0**k for k in range(1, 12)}
+
+
+class TestChildrenCpu:
+    def test_each_child_adds_the_cpu_time_and_the_time_between_its_first_and_last_reading(self) -> None:
+        cpu = ChildrenCpu()
+        cpu.read(0.0, 101, 5.0, 1.0)  # a spawned worker seen after its start-up: 5 s of CPU already
+        cpu.read(0.5, 102, 0.2, 0.0)
+        cpu.read(1.0, 101, 5.1, 1.2)
+        cpu.read(1.0, 102, 0.7, 0.1)
+        cpu.read(2.0, 101, 5.3, 1.2)  # 102 has exited: its last reading stands
+        cpu.read(2.0, 103, 1.0, 0.5)  # seen once: nothing to measure yet
+        assert cpu.totals() == pytest.approx((0.3 + 0.5, 0.2 + 0.1, 2.0 + 0.5))
+
+    def test_no_child_is_no_time(self) -> None:
+        assert ChildrenCpu().totals() == (0.0, 0.0, 0.0)
+
+    def test_the_kernels_schedstat_gives_seconds_on_a_cpu_and_waiting_for_one(self, tmp_path: Path) -> None:
+        (tmp_path / "7").mkdir()
+        (tmp_path / "7" / "schedstat").write_text("1500000000 250000000 42\n")
+        assert schedstat(7, str(tmp_path)) == pytest.approx((1.5, 0.25))
+        assert schedstat(8, str(tmp_path)) is None  # exited, or no such statistics: nothing claimed
 
 
 class TestBoundedSeries:

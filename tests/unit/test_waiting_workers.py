@@ -1,0 +1,80 @@
+"""``more-dataloader-workers`` when the loader already has as many workers as the machine has cores: more help
+only when the workers mostly wait (files, the network) rather than compute, which their measured CPU time over the
+time they ran (``host_memory``) tells. Figures from a real run on the 2-core machine: a streaming IterableDataset
+whose items each wait 0.5 ms, two workers on a CPU 11% of their 3.2 s, the 10.5 ms step 85% data wait; with the
+advised 9 workers the step measured 4.4 ms (and in a later run, the workers busy 18%, 12 advised: 10.3 -> 3.4 ms)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from conftest import make_record
+from gpuscope.analysis.rules.dataloader import more_dataloader_workers
+from gpuscope.record import Breakdown, HostMemory, Loader, RunMeta, Steps
+
+STREAM = Loader(dataset="Stream", num_workers=2, batch_size=32, iterable=True, batches=180, wait_s=1.5)
+
+
+def run_with(workers_cpu_s: float, workers_watched_s: float, loader: Loader = STREAM, device: str = "cpu",
+             workers_runnable_s: float = 0.06) -> object:
+    return make_record(
+        device=device,
+        steps=Steps(count=170, median_s=0.0105, total=180, source="optimizer"),
+        breakdown=Breakdown(data_wait=0.85, forward=0.04, backward=0.03, optimizer=0.04, other=0.04),
+        loaders=(loader,), meta=RunMeta(cpu_count=2, torch_threads=2),
+        host_memory=HostMemory(max_workers=2, workers_cpu_s=workers_cpu_s, workers_runnable_s=workers_runnable_s,
+                               workers_watched_s=workers_watched_s))
+
+
+def test_workers_that_mostly_wait_are_advised_past_the_cores_as_many_as_their_cpu_time_fills() -> None:
+    # given: two workers on a CPU 11% of the time they ran (and waiting for one 2%), on two cores
+    finding = more_dataloader_workers(run_with(0.35, 3.2))
+    # then: 21 ms a batch against a 1.6 ms step would take 14 workers; 9 at 11% fill the core the step leaves
+    assert finding is not None
+    assert finding.fix.startswith("DataLoader(..., num_workers=9, persistent_workers=True)")
+    evidence = " | ".join(finding.evidence)
+    assert ("its workers (the run's only child processes) were on a CPU or waiting for one 13% of the 3.2 s they "
+            "ran (on a CPU 0.35 s, measured by the kernel)") in evidence
+    assert "14 workers keep up, 9 fit" in evidence
+    # and the step predicted is a bound: the CPU work of a step (the workers' 11% of 21 ms, the 1.6 ms compute on
+    # two threads) over the two cores
+    step_s = (0.35 / 3.2 * 0.0105 * 2 + 0.0105 * 0.15 * 2) / 2
+    assert f"predicted step {step_s * 1e3:.1f} ms" in evidence and "at best" in evidence
+    assert finding.gain == pytest.approx(1 - step_s / 0.0105)
+    # and an IterableDataset is reminded to split its stream among the workers
+    assert "get_worker_info()" in evidence
+
+
+def test_on_a_gpu_run_the_step_is_bounded_by_the_batches_not_the_cores() -> None:
+    finding = more_dataloader_workers(run_with(0.35, 3.2, device="cuda"))
+    assert finding is not None and "num_workers=9" in finding.fix
+    assert finding.gain == pytest.approx(1 - (0.0105 * 2 / 9) / 0.0105)
+
+
+def test_workers_that_compute_most_of_the_time_are_not_advised_past_the_cores() -> None:
+    # given: the same wait, but the workers were on a CPU 80% of the time: the cores, not the workers, are short
+    assert more_dataloader_workers(run_with(2.56, 3.2)) is None
+    # and so they are when they were on a CPU only 30% of it, waiting for a core another 40% (crowded cores)
+    assert more_dataloader_workers(run_with(0.96, 3.2, workers_runnable_s=1.28)) is None
+
+
+def test_too_little_watched_worker_time_is_no_evidence() -> None:
+    # given: the workers watched for under a second in all (a first scan may fall in a spawned worker's start-up)
+    assert more_dataloader_workers(run_with(0.05, 0.8)) is None
+    # and a run with no host memory record advises nothing past the cores either
+    assert more_dataloader_workers(dataclasses.replace(run_with(0.35, 3.2), host_memory=None)) is None
+
+
+def test_children_other_than_the_loaders_workers_leave_their_cpu_share_unjudged() -> None:
+    # given: four child processes at once for a loader of two workers (an idle pool of torch.compile workers, say,
+    # whose idleness would pass for the workers' waiting)
+    record = run_with(0.35, 6.4)
+    crowded = dataclasses.replace(record, host_memory=dataclasses.replace(record.host_memory, max_workers=4))
+    assert more_dataloader_workers(crowded) is None
+
+
+def test_a_map_style_dataset_gets_no_reminder_about_streams() -> None:
+    finding = more_dataloader_workers(run_with(0.35, 3.2, loader=dataclasses.replace(STREAM, iterable=False)))
+    assert finding is not None and not any("get_worker_info" in fact for fact in finding.evidence)
