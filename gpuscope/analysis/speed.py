@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from gpuscope.analysis import thresholds as th
 from gpuscope.analysis.evidence import (batches_per_step, cpu_overhead, launch_wait, median_compute_s,
                                         slowest_loader, unlike_steps)
+from gpuscope.analysis.waiting_workers import waiting_workers
 from gpuscope.record import LoaderRate, RunRecord, SpeedOfLight, Verdict, WhatIf
 
 
@@ -258,33 +259,7 @@ def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
         return None
     step_s, explanation = None, ""
     if verdict.bound == "data-loading":
-        share = record.breakdown.data_wait
-        plan, sharing = loader_plan(record), loader_plan(record, file_system=True)
-        if sharing is not None and (plan is None or sharing.step_s <= plan.step_s * (1 - th.FILE_SYSTEM_SHORTER)):
-            plan = sharing  # the file-system-sharing rule's plan
-        if plan is not None:
-            step_s = plan.step_s
-            how = "estimated from the run's batch time to deliver" if plan.rate.note.startswith("estimated") else \
-                "measured after the run delivering"
-            delivery_s = plan.batches_per_step / plan.rate.batches_per_s  # type: ignore[operator]
-            shared_by = " handing batches over by file_system" if plan is sharing else ""
-            received = f" + receiving them {plan.handover_s * 1e3:.1f} ms" if plan.handover_s >= 0.0005 else ""
-            explanation = (f"with {plan.workers} DataLoader workers{shared_by}, {how} "
-                           f"{plan.rate.batches_per_s:.1f} batches/s: max(compute {plan.compute_s * 1e3:.1f} ms"
-                           f"{received}, {plan.batches_text} {delivery_s * 1e3:.1f} ms)")
-            explanation += _shared_text(record, plan.workers, plan.shared_cpu_s, plan.threads)
-        elif (estimate := loader_estimate(record)) is not None and estimate.spread_s is not None:
-            step_s = estimate.step_s
-            explanation = (f"with {estimate.workers} DataLoader workers, from the run's batch time: max(compute "
-                           f"{estimate.compute_s * 1e3:.1f} ms, {batches_text(estimate.batches_per_step)} "
-                           f"{estimate.batch_s * 1e3:.1f} ms / "
-                           f"{estimate.workers})" +
-                           _shared_text(record, estimate.workers, estimate.spread_s, estimate.threads))
-        else:
-            data_s, compute_s = share * median, median_compute_s(record)
-            step_s = max(data_s, compute_s)
-            explanation = (f"data wait hidden behind compute by workers: max(data {data_s * 1e3:.1f} ms, compute "
-                           f"{compute_s * 1e3:.1f} ms) a step")
+        step_s, explanation = _without_data_wait(record)
     elif verdict.bound == "cpu-launch":
         overhead = cpu_overhead(record) if record.device == "cpu" else None
         kernels = record.op_profile.kernels if record.op_profile is not None else None
@@ -307,6 +282,45 @@ def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
     if step_s is None or step_s <= 0:
         return None
     return WhatIf(step_s=step_s, speedup=median / step_s, explanation=explanation)
+
+
+def _without_data_wait(record: RunRecord) -> tuple[float, str]:
+    """The what-if of a data-loading-bound run: the step with the loader keeping up, and how it was worked out."""
+    median, share = record.steps.median_s, record.breakdown.data_wait
+    plan, sharing = loader_plan(record), loader_plan(record, file_system=True)
+    if sharing is not None and (plan is None or sharing.step_s <= plan.step_s * (1 - th.FILE_SYSTEM_SHORTER)):
+        plan = sharing  # the file-system-sharing rule's plan
+    if plan is not None:
+        step_s = plan.step_s
+        how = "estimated from the run's batch time to deliver" if plan.rate.note.startswith("estimated") else \
+            "measured after the run delivering"
+        delivery_s = plan.batches_per_step / plan.rate.batches_per_s  # type: ignore[operator]
+        shared_by = " handing batches over by file_system" if plan is sharing else ""
+        received = f" + receiving them {plan.handover_s * 1e3:.1f} ms" if plan.handover_s >= 0.0005 else ""
+        explanation = (f"with {plan.workers} DataLoader workers{shared_by}, {how} "
+                       f"{plan.rate.batches_per_s:.1f} batches/s: max(compute {plan.compute_s * 1e3:.1f} ms"
+                       f"{received}, {plan.batches_text} {delivery_s * 1e3:.1f} ms)")
+        explanation += _shared_text(record, plan.workers, plan.shared_cpu_s, plan.threads)
+    elif (estimate := loader_estimate(record)) is not None and estimate.spread_s is not None:
+        step_s = estimate.step_s
+        explanation = (f"with {estimate.workers} DataLoader workers, from the run's batch time: max(compute "
+                       f"{estimate.compute_s * 1e3:.1f} ms, {batches_text(estimate.batches_per_step)} "
+                       f"{estimate.batch_s * 1e3:.1f} ms / "
+                       f"{estimate.workers})" +
+                       _shared_text(record, estimate.workers, estimate.spread_s, estimate.threads))
+    elif (waiting := waiting_workers(record)) is not None:
+        step_s = waiting.step_s
+        explanation = (f"with {waiting.workers} DataLoader workers, more than the cores (they were blocked "
+                       f"{1 - waiting.busy:.0%} of their time): max(compute {waiting.compute_s * 1e3:.1f} ms, "
+                       f"{batches_text(waiting.batches_per_step)} {waiting.batch_s * 1e3:.1f} ms / "
+                       f"{waiting.workers})" + (f"; a step's CPU work over all cores takes at least "
+                                                f"{waiting.spread_s * 1e3:.1f} ms" if waiting.spread_s else ""))
+    else:
+        data_s, compute_s = share * median, median_compute_s(record)
+        step_s = max(data_s, compute_s)
+        explanation = (f"data wait hidden behind compute by workers: max(data {data_s * 1e3:.1f} ms, compute "
+                       f"{compute_s * 1e3:.1f} ms) a step")
+    return step_s, explanation
 
 
 def _shared_text(record: RunRecord, workers: int, spread_s: float | None, threads: int | None) -> str:

@@ -12,7 +12,8 @@ import pytest
 
 from conftest import make_record
 from gpuscope.analysis.rules.dataloader import more_dataloader_workers
-from gpuscope.record import Breakdown, HostMemory, Loader, RunMeta, Steps
+from gpuscope.analysis.speed import what_if
+from gpuscope.record import Breakdown, HostMemory, Loader, RunMeta, Steps, Verdict
 
 STREAM = Loader(dataset="Stream", num_workers=2, batch_size=32, iterable=True, batches=180, wait_s=1.5)
 
@@ -45,6 +46,16 @@ def test_workers_that_mostly_wait_are_advised_past_the_cores_as_many_as_their_cp
     assert finding.gain == pytest.approx(1 - step_s / 0.0105)
     # and an IterableDataset is reminded to split its stream among the workers
     assert "get_worker_info()" in evidence
+
+
+def test_the_verdicts_what_if_is_the_recommendations_step() -> None:
+    record = run_with(0.35, 3.2)
+    finding = more_dataloader_workers(record)
+    estimate = what_if(record, Verdict(bound="data-loading", confidence=0.9))  # type: ignore[arg-type]
+    assert finding is not None and estimate is not None
+    assert finding.gain == pytest.approx(1 - estimate.step_s / 0.0105)
+    assert estimate.explanation.startswith("with 9 DataLoader workers, more than the cores (they were blocked 87% "
+                                           "of their time)")
 
 
 def test_on_a_gpu_run_the_step_is_bounded_by_the_batches_not_the_cores() -> None:

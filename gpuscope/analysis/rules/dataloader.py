@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import DATA_WAIT, Metric, batches_per_step, median_compute_s, slowest_loader
+from gpuscope.analysis.evidence import DATA_WAIT, Metric, slowest_loader
 from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.analysis.speed import LoaderPlan, back_to_back_share, loader_estimate, loader_plan
+from gpuscope.analysis.waiting_workers import waiting_workers
 from gpuscope.record import Loader, RunRecord
 from gpuscope.summary import speedup_text
 
@@ -70,47 +71,32 @@ def more_dataloader_workers(run: RunRecord) -> Finding | None:
 def _beyond_the_cores(run: RunRecord, loader: Loader, share: float, median: float, cores: int) -> Finding | None:
     """Workers as many as the cores and still waited for: more help only if they are mostly blocked (on files, the
     network) rather than on a CPU or waiting for one, as the kernel's accounting of their time tells
-    (``host_memory``). N = the workers that keep up, ceil(T_b / compute) with T_b = median step x workers (each
-    builds one of the batches the steps take in turn), at most the count whose CPU time fills the cores the step
-    leaves: (cores - 1) / their CPU share. The
-    step predicted is max(compute, T_b / N), and on a CPU run no less than a step's CPU work (the workers' share of
-    T_b and the compute on torch's threads) spread over the cores: a bound, which the workers' contention for the
-    cores keeps the step above. The CPU time is that of every child process: only a run whose children were this
-    loader's workers alone is judged (an idle pool of compile workers would pass for waiting DataLoader workers)."""
+    (``host_memory``); the count and the step from ``analysis.speed.waiting_workers``."""
+    waiting = waiting_workers(run)
     memory = run.host_memory
-    if (memory is None or memory.workers_watched_s < th.WORKERS_WATCHED_MIN_S
-            or memory.max_workers != loader.num_workers):
+    if waiting is None or memory is None:
         return None
-    on_cpu = memory.workers_cpu_s / memory.workers_watched_s
-    busy = on_cpu + memory.workers_runnable_s / memory.workers_watched_s
-    if busy >= th.WORKERS_MOSTLY_WAITING:
-        return None
-    compute_s, per_step = median_compute_s(run), batches_per_step(loader.batches, run.steps.total)
-    batch_s = median * loader.num_workers
-    needed = max(loader.num_workers + 1, math.ceil(batch_s / compute_s))
-    free = max(1, cores - 1)
-    fill = math.floor(free / max(on_cpu, 0.01))
-    workers = max(loader.num_workers + 1, min(needed, fill))
-    threads = min(run.meta.torch_threads or 1, cores)
-    spread = (on_cpu * batch_s + compute_s * threads) / cores if run.device == "cpu" else 0.0
-    step_s = max(compute_s, batch_s / workers, spread)
+    free, per_step = waiting.free, waiting.batches_per_step
     evidence = [
         f"{share:.0%} of each step waits for the next batch (median step {median * 1e3:.1f} ms)",
         f"the {loader.dataset} loader has {loader.num_workers} workers; this machine has {cores} cores",
         *_built_at(loader),
-        f"its workers (the run's only child processes) were on a CPU or waiting for one {busy:.0%} of the "
+        f"its workers (the run's only child processes) were on a CPU or waiting for one {waiting.busy:.0%} of the "
         f"{memory.workers_watched_s:.1f} s they ran (on a CPU {memory.workers_cpu_s:.2f} s, measured by the kernel): "
         "the rest they were blocked (on files, the network), so workers beyond the cores overlap those waits; "
-        f"{fill} that busy fill the {free} core{'s' if free > 1 else ''} the step leaves",
-        f"a batch takes about {batch_s / per_step * 1e3:.0f} ms to prepare and the model uses one every "
-        f"{compute_s / per_step * 1e3:.0f} ms: {needed} workers keep up" + (f", {fill} fit" if fill < needed else ""),
-        f"predicted step {step_s * 1e3:.1f} ms, {speedup_text(median / step_s)} (an estimate, at best"
-        + (f": a step's CPU work spread over the {cores} cores takes {spread * 1e3:.1f} ms)" if spread else ")"),
+        f"{waiting.fill} that busy fill the {free} core{'s' if free > 1 else ''} the step leaves",
+        f"a batch takes about {waiting.batch_s / per_step * 1e3:.0f} ms to prepare and the model uses one every "
+        f"{waiting.compute_s / per_step * 1e3:.0f} ms: {waiting.needed} workers keep up"
+        + (f", {waiting.fill} fit" if waiting.fill < waiting.needed else ""),
+        f"predicted step {waiting.step_s * 1e3:.1f} ms, {speedup_text(median / waiting.step_s)} (an estimate, at best"
+        + (f": a step's CPU work spread over the {cores} cores takes {waiting.spread_s * 1e3:.1f} ms)"
+           if waiting.spread_s else ")"),
     ]
     if loader.iterable:
         evidence.append("an IterableDataset: each worker must take its own part of the stream "
                         "(torch.utils.data.get_worker_info()), else every worker yields all of it")
-    return Finding(max(0.0, 1 - step_s / median), tuple(evidence), fix=_workers_fix(loader, workers, None, per_step))
+    return Finding(max(0.0, 1 - waiting.step_s / median), tuple(evidence),
+                   fix=_workers_fix(loader, waiting.workers, None, per_step))
 
 
 def _threads_fact(threads: int, workers: int, cores: int, keep: int) -> str:

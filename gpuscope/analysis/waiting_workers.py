@@ -1,0 +1,60 @@
+"""More DataLoader workers than cores, for workers that are mostly blocked (on files, the network): whether the
+run's measured worker time says so, and the step they would give."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from gpuscope.analysis import thresholds as th
+from gpuscope.analysis.evidence import batches_per_step, median_compute_s, slowest_loader
+from gpuscope.record import RunRecord
+
+
+@dataclass(frozen=True, slots=True)
+class WaitingWorkers:
+    """A loader with as many workers as cores whose workers were mostly blocked (files, the network): more workers
+    than cores, and the step they would give (``waiting_workers``). ``needed`` keep up; ``fill``, at the CPU share
+    measured (``on_cpu``; ``busy`` adds their time waiting for a core), fill the ``free`` cores the step leaves."""
+
+    workers: int
+    needed: int
+    fill: int
+    free: int
+    busy: float
+    on_cpu: float
+    batch_s: float
+    compute_s: float
+    spread_s: float | None
+    """On a CPU run, a step's CPU work (the workers' CPU share of ``batch_s``, the compute on torch's threads)
+    over the cores, which bounds the step (else None)."""
+    step_s: float
+    batches_per_step: float
+
+
+def waiting_workers(record: RunRecord) -> WaitingWorkers | None:
+    """Where the slowest loader has as many workers as the cores and the steps still wait, and its workers (the run's
+    only child processes, watched long enough) were on a CPU or waiting for one under ``WORKERS_MOSTLY_WAITING`` of
+    their time: N = ceil(T_b / compute) keep up, T_b = median step x workers (each builds one of the batches the steps
+    take in turn), at most ``fill`` = (cores - 1) / their CPU share. The step is max(compute, T_b / N) and, on a CPU
+    run, no less than ``spread_s``: a bound, which the workers' contention for the cores keeps the step above.
+    None otherwise."""
+    median, cores, memory = record.steps.median_s, record.meta.cpu_count or 1, record.host_memory
+    loader = slowest_loader(record)
+    if (loader is None or not median or not record.steps.count or loader.num_workers < cores or memory is None
+            or memory.workers_watched_s < th.WORKERS_WATCHED_MIN_S or memory.max_workers != loader.num_workers):
+        return None
+    on_cpu = memory.workers_cpu_s / memory.workers_watched_s
+    busy = on_cpu + memory.workers_runnable_s / memory.workers_watched_s
+    if busy >= th.WORKERS_MOSTLY_WAITING:
+        return None
+    compute_s, batch_s = median_compute_s(record), median * loader.num_workers
+    needed = max(loader.num_workers + 1, math.ceil(batch_s / compute_s))
+    free = max(1, cores - 1)
+    fill = math.floor(free / max(on_cpu, 0.01))
+    workers = max(loader.num_workers + 1, min(needed, fill))
+    threads = min(record.meta.torch_threads or 1, cores)
+    spread = (on_cpu * batch_s + compute_s * threads) / cores if record.device == "cpu" else None
+    step_s = max(compute_s, batch_s / workers, spread or 0.0)
+    return WaitingWorkers(workers, needed, fill, free, busy, on_cpu, batch_s, compute_s, spread, step_s,
+                          batches_per_step(loader.batches, record.steps.total))
