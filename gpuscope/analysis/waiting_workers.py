@@ -42,7 +42,8 @@ def waiting_workers(record: RunRecord) -> WaitingWorkers | None:
     median, cores, memory = record.steps.median_s, record.meta.cpu_count or 1, record.host_memory
     loader = slowest_loader(record)
     if (loader is None or not median or not record.steps.count or loader.num_workers < cores or memory is None
-            or memory.workers_watched_s < th.WORKERS_WATCHED_MIN_S or memory.max_workers != loader.num_workers):
+            or record.breakdown.data_wait < th.DATA_WAIT_NOTABLE or memory.workers_watched_s < th.WORKERS_WATCHED_MIN_S
+            or memory.max_workers != loader.num_workers):
         return None
     on_cpu = memory.workers_cpu_s / memory.workers_watched_s
     busy = on_cpu + memory.workers_runnable_s / memory.workers_watched_s

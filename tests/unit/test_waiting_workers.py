@@ -25,8 +25,8 @@ def run_with(workers_cpu_s: float, workers_watched_s: float, loader: Loader = ST
         steps=Steps(count=170, median_s=0.0105, total=180, source="optimizer"),
         breakdown=Breakdown(data_wait=0.85, forward=0.04, backward=0.03, optimizer=0.04, other=0.04),
         loaders=(loader,), meta=RunMeta(cpu_count=2, torch_threads=2),
-        host_memory=HostMemory(max_workers=2, workers_cpu_s=workers_cpu_s, workers_runnable_s=workers_runnable_s,
-                               workers_watched_s=workers_watched_s))
+        host_memory=HostMemory(max_workers=2, peak_workers_bytes=600 << 20, workers_cpu_s=workers_cpu_s,
+                               workers_runnable_s=workers_runnable_s, workers_watched_s=workers_watched_s))
 
 
 def test_workers_that_mostly_wait_are_advised_past_the_cores_as_many_as_their_cpu_time_fills() -> None:
@@ -44,6 +44,8 @@ def test_workers_that_mostly_wait_are_advised_past_the_cores_as_many_as_their_cp
     step_s = (0.35 / 3.2 * 0.0105 * 2 + 0.0105 * 0.15 * 2) / 2
     assert f"predicted step {step_s * 1e3:.1f} ms" in evidence and "at best" in evidence
     assert finding.gain == pytest.approx(1 - step_s / 0.0105)
+    # and what the workers would hold in memory, as measured: 300 MB each
+    assert "each worker held up to 300 MB resident" in evidence and "9 would hold about 2.6 GB" in evidence
     # and an IterableDataset is reminded to split its stream among the workers
     assert "get_worker_info()" in evidence
 

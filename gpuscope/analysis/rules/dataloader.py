@@ -20,8 +20,8 @@ from gpuscope.summary import speedup_text
       resolved_by=(DATA_WAIT,))
 def more_dataloader_workers(run: RunRecord) -> Finding | None:
     """Signal: steps wait for the next batch for a notable share of their time while the loader has fewer
-    workers than the machine has cores, or as many and they mostly wait rather than compute (their measured CPU
-    time under WORKERS_MOSTLY_WAITING of the time they ran: ``_beyond_the_cores``).
+    workers than the machine has cores, or as many and they are mostly blocked (on a CPU or waiting for one under
+    WORKERS_MOSTLY_WAITING of the time they ran, as the kernel accounts it: ``_beyond_the_cores``).
     Why it matters: the model idles while Python builds the batch; workers build the next batches meanwhile.
     Fix: DataLoader(num_workers=N, persistent_workers=True), N from the measured times: a batch takes
     T_b = (data wait x workers, or the wait itself with 0 workers) to prepare, the model consumes one every
@@ -71,7 +71,7 @@ def more_dataloader_workers(run: RunRecord) -> Finding | None:
 def _beyond_the_cores(run: RunRecord, loader: Loader, share: float, median: float, cores: int) -> Finding | None:
     """Workers as many as the cores and still waited for: more help only if they are mostly blocked (on files, the
     network) rather than on a CPU or waiting for one, as the kernel's accounting of their time tells
-    (``host_memory``); the count and the step from ``analysis.speed.waiting_workers``."""
+    (``host_memory``); the count and the step from ``analysis.waiting_workers``."""
     waiting = waiting_workers(run)
     memory = run.host_memory
     if waiting is None or memory is None:
@@ -92,6 +92,10 @@ def _beyond_the_cores(run: RunRecord, loader: Loader, share: float, median: floa
         + (f": a step's CPU work spread over the {cores} cores takes {waiting.spread_s * 1e3:.1f} ms)"
            if waiting.spread_s else ")"),
     ]
+    if memory.max_workers and memory.peak_workers_bytes:
+        each = memory.peak_workers_bytes / memory.max_workers
+        evidence.append(f"each worker held up to {each / 2**20:.0f} MB resident (pages shared with the main process "
+                        f"counted in each): {waiting.workers} would hold about {waiting.workers * each / 2**30:.1f} GB")
     if loader.iterable:
         evidence.append("an IterableDataset: each worker must take its own part of the stream "
                         "(torch.utils.data.get_worker_info()), else every worker yields all of it")
