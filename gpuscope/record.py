@@ -360,6 +360,9 @@ class HostMemory:
     """How long each child was watched, from the first to the last scan that found it, summed, seconds (0 where the
     kernel keeps no schedstat): the rest of it, after ``workers_cpu_s`` and ``workers_runnable_s``, the children
     were blocked (on files, the network, a sleep)."""
+    max_helpers: int = 0
+    """Of its children, multiprocessing's resource tracker and forkserver, most at once: counted in ``max_workers``
+    and the memory series, left out of the three times above."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,7 +34,7 @@ class WaitingWorkers:
 
 def waiting_workers(record: RunRecord) -> WaitingWorkers | None:
     """Where the slowest loader has as many workers as the cores and the steps still wait, and its workers (the run's
-    only child processes, watched long enough) were on a CPU or waiting for one under ``WORKERS_MOSTLY_WAITING`` of
+    only child processes but multiprocessing's helpers, watched long enough) were on a CPU or waiting for one under ``WORKERS_MOSTLY_WAITING`` of
     their time: N = ceil(T_b / compute) keep up, T_b = median step x workers (each builds one of the batches the steps
     take in turn), at most ``fill`` = (cores - 1) / their CPU share. The step is max(compute, T_b / N) and, on a CPU
     run, no less than ``spread_s``: a bound, which the workers' contention for the cores keeps the step above.
@@ -43,7 +43,7 @@ def waiting_workers(record: RunRecord) -> WaitingWorkers | None:
     loader = slowest_loader(record)
     if (loader is None or not median or not record.steps.count or loader.num_workers < cores or memory is None
             or record.breakdown.data_wait < th.DATA_WAIT_NOTABLE or memory.workers_watched_s < th.WORKERS_WATCHED_MIN_S
-            or memory.max_workers != loader.num_workers):
+            or memory.max_workers - memory.max_helpers != loader.num_workers):
         return None
     on_cpu = memory.workers_cpu_s / memory.workers_watched_s
     busy = on_cpu + memory.workers_runnable_s / memory.workers_watched_s

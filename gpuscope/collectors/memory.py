@@ -7,7 +7,9 @@ of any length is covered evenly. Peaks are kept over every sample taken, thinned
 
 At each scan the children's CPU time, and their time waiting for a core, are read too (``ChildrenCpu``, from the
 kernel's ``/proc/PID/schedstat``): how much of their time DataLoader workers spend on a CPU or waiting for one,
-rather than blocked on files or the network, tells whether more workers than cores would help.
+rather than blocked on files or the network, tells whether more workers than cores would help. multiprocessing's
+own helpers, its resource tracker (spawn, forkserver) and forkserver (whose forked workers share its command line,
+but not its parent), are counted (``max_helpers``) and left out of that time: they wait all run long.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ the fallback elsewhere, reads every process's ``/proc/PID/stat`` in Python, hold
 host of 60 processes (half a percent of the training thread at two scans a second, more than all the samples
 themselves), 13 us more for each further process."""
 PROC = "/proc"
+HELPERS = ("from multiprocessing.resource_tracker import", "from multiprocessing.forkserver import")
+"""How the command line of multiprocessing's helper processes begins, after ``python -c`` (a direct child's)."""
 JOIN_TIMEOUT_S = 2.0
 MIB = 1 << 20
 
@@ -151,10 +155,11 @@ def schedstat(pid: int, proc: str = PROC) -> tuple[float, float] | None:
 
 def build_host_memory(
     samples: Sequence[MemorySample], interval_s: float, peaks: MemoryPeaks | None = None,
-    children_cpu: tuple[float, float, float] = (0.0, 0.0, 0.0),
+    children_cpu: tuple[float, float, float] = (0.0, 0.0, 0.0), max_helpers: int = 0,
 ) -> HostMemory:
     """The record's ``HostMemory`` from kept samples; ``peaks`` adds those of samples thinned away;
-    ``children_cpu``: the children's (CPU, waiting for a core, watched) seconds (``ChildrenCpu.totals``)."""
+    ``children_cpu``: the children's (CPU, waiting for a core, watched) seconds (``ChildrenCpu.totals``), less
+    multiprocessing's helpers (``max_helpers`` of them at once)."""
     top = peaks_of(samples, peaks)
     return HostMemory(
         interval_s=interval_s,
@@ -168,6 +173,7 @@ def build_host_memory(
         workers_cpu_s=children_cpu[0],
         workers_runnable_s=children_cpu[1],
         workers_watched_s=children_cpu[2],
+        max_helpers=max_helpers,
     )
 
 
@@ -206,6 +212,8 @@ class HostMemoryCollector(Watcher):
         self._clock = clock
         self._peaks = MemoryPeaks()
         self._children_cpu = ChildrenCpu()
+        self._helpers: dict[int, bool] = {}  # pid -> whether it is one of multiprocessing's helpers
+        self._max_helpers = 0
         self._lock = threading.Lock()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
@@ -261,8 +269,8 @@ class HostMemoryCollector(Watcher):
         self.notes = tuple(notes)
         if not samples:
             return CollectorResult(CollectorStatus("failed", f"no memory sample succeeded: {self._last_error}"))
-        return CollectorResult(CollectorStatus("ok"), build_host_memory(samples, interval_s, peaks,
-                                                                        self._children_cpu.totals()))
+        return CollectorResult(CollectorStatus("ok"), build_host_memory(
+            samples, interval_s, peaks, self._children_cpu.totals(), self._max_helpers))
 
     # -- sampling ----------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -318,10 +326,28 @@ class HostMemoryCollector(Watcher):
             self._scan_error = f"{type(exc).__name__}: {exc}".splitlines()[0]
 
     def _read_children_cpu(self, now: float) -> None:
+        helpers = 0
         for child in self._children:
+            if self._is_helper(child):
+                helpers += 1
+                continue
             times = schedstat(child.pid)
             if times is not None:  # else exited since the scan, or no such statistics here: nothing is claimed
                 self._children_cpu.read(now, child.pid, *times)
+        self._max_helpers = max(self._max_helpers, helpers)
+
+    def _is_helper(self, child: Any) -> bool:
+        """Whether ``child`` is multiprocessing's resource tracker or forkserver (asked once a process)."""
+        known = self._helpers.get(child.pid)
+        if known is None:
+            try:
+                command = child.cmdline()
+                known = child.ppid() == self._pid and len(command) > 2 and command[-2] == "-c" \
+                    and command[-1].startswith(HELPERS)
+            except Exception:  # exited, or hidden from us: a worker, as before
+                known = False
+            self._helpers[child.pid] = known
+        return known
 
     def _children_rss(self) -> tuple[int, int]:
         psutil = self._psutil

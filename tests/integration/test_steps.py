@@ -65,6 +65,11 @@ def test_four_workers_run_under_each_start_method_and_their_memory_is_counted(lo
     assert memory["max_workers"] >= 4
     assert memory["peak_workers_bytes"] > 4 * 20 * 2**20  # each worker holds a Python with torch
     assert memory["peak_bytes"] >= memory["peak_process_bytes"]
+    # multiprocessing's helpers are told from the workers (spawn: its resource tracker; forkserver: that and the
+    # forkserver, whose forked workers share its command line), and the workers' time was watched
+    assert memory["max_helpers"] == {"fork": 0, "spawn": 1, "forkserver": 2}[start_method]
+    assert memory["max_workers"] - memory["max_helpers"] == 4
+    assert memory["workers_watched_s"] > 0
 
 
 @pytest.mark.timing

@@ -81,7 +81,8 @@ def _beyond_the_cores(run: RunRecord, loader: Loader, share: float, median: floa
         f"{share:.0%} of each step waits for the next batch (median step {median * 1e3:.1f} ms)",
         f"the {loader.dataset} loader has {loader.num_workers} workers; this machine has {cores} cores",
         *_built_at(loader),
-        f"its workers (the run's only child processes) were on a CPU or waiting for one {waiting.busy:.0%} of the "
+        f"its workers (the run's child processes but multiprocessing's helpers) were on a CPU or waiting for one "
+        f"{waiting.busy:.0%} of the "
         f"{memory.workers_watched_s:.1f} s they ran (on a CPU {memory.workers_cpu_s:.2f} s, measured by the kernel): "
         "the rest they were blocked (on files, the network), so workers beyond the cores overlap those waits; "
         f"{waiting.fill} that busy fill the {free} core{'s' if free > 1 else ''} the step leaves",
