@@ -34,11 +34,11 @@ class WaitingWorkers:
 
 def waiting_workers(record: RunRecord) -> WaitingWorkers | None:
     """Where the slowest loader has as many workers as the cores and the steps still wait, and its workers (the run's
-    only child processes but multiprocessing's helpers, watched long enough) were on a CPU or waiting for one under ``WORKERS_MOSTLY_WAITING`` of
-    their time: N = ceil(T_b / compute) keep up, T_b = median step x workers (each builds one of the batches the steps
-    take in turn), at most ``fill`` = (cores - 1) / their CPU share. The step is max(compute, T_b / N) and, on a CPU
-    run, no less than ``spread_s``: a bound, which the workers' contention for the cores keeps the step above.
-    None otherwise."""
+    only child processes but multiprocessing's helpers, watched long enough) were on a CPU or waiting for one under
+    ``WORKERS_MOSTLY_WAITING`` of their time: N = ceil(T_b / compute) keep up, T_b = median step x workers (each
+    builds one of the batches the steps take in turn), at most ``fill`` = (cores - 1) / their CPU share. The step is
+    max(compute, T_b / N) and, on a CPU run, no less than ``spread_s``: a bound, which the workers' contention for the
+    cores keeps the step above. None otherwise."""
     median, cores, memory = record.steps.median_s, record.meta.cpu_count or 1, record.host_memory
     loader = slowest_loader(record)
     if (loader is None or not median or not record.steps.count or loader.num_workers < cores or memory is None

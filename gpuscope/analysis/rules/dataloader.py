@@ -48,9 +48,7 @@ def more_dataloader_workers(run: RunRecord) -> Finding | None:
     workers, needed, per_step = estimate.workers, estimate.needed, estimate.batches_per_step
     capped = min(needed, cores)
     evidence = [
-        f"{share:.0%} of each step waits for the next batch (median step {median * 1e3:.1f} ms)",
-        f"the {loader.dataset} loader has {loader.num_workers} workers; this machine has {cores} cores",
-        *_built_at(loader),
+        *_waiting_facts(loader, share, median, cores),
         f"a batch takes about {estimate.batch_s / per_step * 1e3:.0f} ms to prepare and the model uses one every "
         f"{estimate.compute_s / per_step * 1e3:.0f} ms{'' if per_step == 1 else f' ({per_step:.3g} a step)'}: "
         f"{needed} workers keep up" +
@@ -78,13 +76,10 @@ def _beyond_the_cores(run: RunRecord, loader: Loader, share: float, median: floa
         return None
     free, per_step = waiting.free, waiting.batches_per_step
     evidence = [
-        f"{share:.0%} of each step waits for the next batch (median step {median * 1e3:.1f} ms)",
-        f"the {loader.dataset} loader has {loader.num_workers} workers; this machine has {cores} cores",
-        *_built_at(loader),
+        *_waiting_facts(loader, share, median, cores),
         f"its workers (the run's child processes but multiprocessing's helpers) were on a CPU or waiting for one "
-        f"{waiting.busy:.0%} of the "
-        f"{memory.workers_watched_s:.1f} s they ran (on a CPU {memory.workers_cpu_s:.2f} s, measured by the kernel): "
-        "the rest they were blocked (on files, the network), so workers beyond the cores overlap those waits; "
+        f"{waiting.busy:.0%} of the {memory.workers_watched_s:.1f} s they ran (on a CPU {memory.workers_cpu_s:.2f} s, "
+        "measured by the kernel): the rest they were blocked (on files, the network), so workers beyond the cores overlap those waits; "
         f"{waiting.fill} that busy fill the {free} core{'s' if free > 1 else ''} the step leaves",
         f"a batch takes about {waiting.batch_s / per_step * 1e3:.0f} ms to prepare and the model uses one every "
         f"{waiting.compute_s / per_step * 1e3:.0f} ms: {waiting.needed} workers keep up"
@@ -102,6 +97,14 @@ def _beyond_the_cores(run: RunRecord, loader: Loader, share: float, median: floa
                         "(torch.utils.data.get_worker_info()), else every worker yields all of it")
     return Finding(max(0.0, 1 - waiting.step_s / median), tuple(evidence),
                    fix=_workers_fix(loader, waiting.workers, None, per_step))
+
+
+def _waiting_facts(loader: Loader, share: float, median: float, cores: int) -> list[str]:
+    """The evidence a worker count is worked out from the run's times opens with: the wait, the workers against
+    the cores, and where the loader was built."""
+    return [f"{share:.0%} of each step waits for the next batch (median step {median * 1e3:.1f} ms)",
+            f"the {loader.dataset} loader has {loader.num_workers} workers; this machine has {cores} cores",
+            *_built_at(loader)]
 
 
 def _threads_fact(threads: int, workers: int, cores: int, keep: int) -> str:
