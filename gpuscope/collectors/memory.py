@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from gpuscope.collectors.base import CollectorResult, Watcher, register
+from gpuscope.collectors.children import PROC, ChildrenCpu, helper_verdict, schedstat
 from gpuscope.record import CollectorStatus, HostMemory
 
 T = TypeVar("T")
@@ -38,9 +39,6 @@ a scan reads the kernel's list of each thread's children (``descendants``: about
 the fallback elsewhere, reads every process's ``/proc/PID/stat`` in Python, holding the GIL: 2.5 ms on a quiet
 host of 60 processes (half a percent of the training thread at two scans a second, more than all the samples
 themselves), 13 us more for each further process."""
-PROC = "/proc"
-HELPERS = ("from multiprocessing.resource_tracker import", "from multiprocessing.forkserver import")
-"""How the command line of multiprocessing's helper processes begins, after ``python -c`` (a direct child's)."""
 JOIN_TIMEOUT_S = 2.0
 MIB = 1 << 20
 
@@ -118,39 +116,6 @@ def peaks_of(samples: Iterable[MemorySample], start: MemoryPeaks | None = None) 
     for sample in samples:
         peaks = merge_peaks(peaks, sample)
     return peaks
-
-
-class ChildrenCpu:
-    """Where child processes spent the time they were watched: for each, the CPU time and the time runnable but
-    waiting for a core that it added between the first and the last reading that found it, and the time between
-    those readings (a child seen once adds nothing)."""
-
-    def __init__(self) -> None:
-        self._first: dict[int, tuple[float, float, float]] = {}  # pid -> (when, CPU s, runnable s) first read
-        self._last: dict[int, tuple[float, float, float]] = {}
-
-    def read(self, now: float, pid: int, cpu_s: float, runnable_s: float) -> None:
-        self._first.setdefault(pid, (now, cpu_s, runnable_s))
-        self._last[pid] = (now, cpu_s, runnable_s)
-
-    def totals(self) -> tuple[float, float, float]:
-        """(CPU seconds, seconds waiting for a core, watched seconds), summed over the children."""
-        cpu = runnable = watched = 0.0
-        for pid, (t0, c0, r0) in self._first.items():
-            t1, c1, r1 = self._last[pid]
-            cpu, runnable, watched = cpu + max(0.0, c1 - c0), runnable + max(0.0, r1 - r0), watched + (t1 - t0)
-        return cpu, runnable, watched
-
-
-def schedstat(pid: int, proc: str = PROC) -> tuple[float, float] | None:
-    """(seconds on a CPU, seconds runnable waiting for one) of process ``pid`` from ``/proc/PID/schedstat``; None
-    where the kernel keeps no such file (not Linux, or built without scheduler statistics) or the process is gone."""
-    try:
-        with open(f"{proc}/{pid}/schedstat", "rb") as stat:
-            on_cpu, waiting = stat.read().split()[:2]
-        return int(on_cpu) / 1e9, int(waiting) / 1e9
-    except (OSError, ValueError):
-        return None
 
 
 def build_host_memory(
@@ -242,6 +207,7 @@ class HostMemoryCollector(Watcher):
         self._psutil = psutil
         self._pid = os.getpid()
         self._me = psutil.Process(self._pid)
+        self._command = self._me.cmdline()
         # The design names memory_profiler for RSS; its per-pid reader is private, so fall back to psutil
         # (which it uses underneath) should a later release drop it.
         self._get_memory: Callable[..., Any] | None = getattr(memory_profiler, "_get_memory", None)
@@ -337,15 +303,17 @@ class HostMemoryCollector(Watcher):
         self._max_helpers = max(self._max_helpers, helpers)
 
     def _is_helper(self, child: Any) -> bool:
-        """Whether ``child`` is multiprocessing's resource tracker or forkserver (asked once a process)."""
+        """Whether ``child`` is multiprocessing's resource tracker or forkserver (decided once a process, once it can
+        be told: ``helper_verdict``)."""
         known = self._helpers.get(child.pid)
         if known is None:
             try:
-                command = child.cmdline()
-                known = child.ppid() == self._pid and len(command) > 2 and command[-2] == "-c" \
-                    and command[-1].startswith(HELPERS)
+                known = helper_verdict(child.cmdline(), self._command, time.time() - child.create_time(),
+                                       child.ppid() == self._pid)
             except Exception:  # exited, or hidden from us: a worker, as before
                 known = False
+            if known is None:
+                return False  # asked again at the next scan
             self._helpers[child.pid] = known
         return known
 

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from gpuscope.collectors.children import EXEC_GRACE_S, ChildrenCpu, helper_verdict, schedstat
 from gpuscope.collectors.memory import (
     BoundedSeries,
-    ChildrenCpu,
     HostMemoryCollector,
     MemoryPeaks,
     MemorySample,
@@ -22,7 +22,6 @@ from gpuscope.collectors.memory import (
     descendants,
     next_deadline,
     peaks_of,
-    schedstat,
     thin,
 )
 from gpuscope.record import CollectorStatus, HostMemory
@@ -208,6 +207,26 @@ class TestChildrenCpu:
         (tmp_path / "7" / "schedstat").write_text("1500000000 250000000 42\n")
         assert schedstat(7, str(tmp_path)) == pytest.approx((1.5, 0.25))
         assert schedstat(8, str(tmp_path)) is None  # exited, or no such statistics: nothing claimed
+
+
+class TestHelperVerdict:
+    RUN = ["/venv/bin/python", "-m", "gpuscope", "run", "train.py"]
+    TRACKER = ["/venv/bin/python", "-B", "-c", "from multiprocessing.resource_tracker import main;main(5)"]
+
+    def test_multiprocessings_resource_tracker_and_forkserver_are_helpers_when_direct_children(self) -> None:
+        forkserver = ["/venv/bin/python", "-c", "from multiprocessing.forkserver import main; main(8, 9, ['__main__'])"]
+        assert helper_verdict(self.TRACKER, self.RUN, 5.0, direct=True) is True
+        assert helper_verdict(forkserver, self.RUN, 5.0, direct=True) is True
+        # a forkserver's workers share its command line but are its children, not the run's
+        assert helper_verdict(forkserver, self.RUN, 5.0, direct=False) is False
+
+    def test_a_child_still_showing_the_runs_command_line_is_judged_only_once_it_is_old_enough(self) -> None:
+        # just forked, before its exec: it may yet become the resource tracker
+        assert helper_verdict(self.RUN, self.RUN, 0.01, direct=True) is None
+        assert helper_verdict(self.TRACKER, self.RUN, 0.02, direct=True) is True
+        # a DataLoader worker started by fork shows the run's command line all its life: a worker
+        assert helper_verdict(self.RUN, self.RUN, EXEC_GRACE_S, direct=True) is False
+        assert helper_verdict(["/venv/bin/python", "-c", "print(1)"], self.RUN, 0.01, direct=True) is False
 
 
 class TestBoundedSeries:

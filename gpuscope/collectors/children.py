@@ -1,0 +1,56 @@
+"""What the memory sampler learns of the run's child processes besides their memory: where their time went
+(``ChildrenCpu``, from the kernel's ``/proc/PID/schedstat``), and which of them are multiprocessing's own helpers
+(``helper_verdict``): its resource tracker (spawn, forkserver) and forkserver, which wait all run long and are no
+DataLoader workers."""
+
+from __future__ import annotations
+
+PROC = "/proc"
+HELPERS = ("from multiprocessing.resource_tracker import", "from multiprocessing.forkserver import")
+"""How the command line of multiprocessing's helper processes begins, after ``python -c`` (a direct child's)."""
+EXEC_GRACE_S = 2.0
+"""A child showing the run's own command line is judged only once it is this old. multiprocessing starts its
+helpers by fork and exec, and until the exec, a few milliseconds on (more on a loaded machine), the child still
+shows its parent's command line: judged then, the resource tracker passed for a worker all run long (seen in CI:
+``max_helpers`` 0 under spawn). A worker started by fork shows the parent's command line all its life."""
+
+
+class ChildrenCpu:
+    """Where child processes spent the time they were watched: for each, the CPU time and the time runnable but
+    waiting for a core that it added between the first and the last reading that found it, and the time between
+    those readings (a child seen once adds nothing)."""
+
+    def __init__(self) -> None:
+        self._first: dict[int, tuple[float, float, float]] = {}  # pid -> (when, CPU s, runnable s) first read
+        self._last: dict[int, tuple[float, float, float]] = {}
+
+    def read(self, now: float, pid: int, cpu_s: float, runnable_s: float) -> None:
+        self._first.setdefault(pid, (now, cpu_s, runnable_s))
+        self._last[pid] = (now, cpu_s, runnable_s)
+
+    def totals(self) -> tuple[float, float, float]:
+        """(CPU seconds, seconds waiting for a core, watched seconds), summed over the children."""
+        cpu = runnable = watched = 0.0
+        for pid, (t0, c0, r0) in self._first.items():
+            t1, c1, r1 = self._last[pid]
+            cpu, runnable, watched = cpu + max(0.0, c1 - c0), runnable + max(0.0, r1 - r0), watched + (t1 - t0)
+        return cpu, runnable, watched
+
+
+def schedstat(pid: int, proc: str = PROC) -> tuple[float, float] | None:
+    """(seconds on a CPU, seconds runnable waiting for one) of process ``pid`` from ``/proc/PID/schedstat``; None
+    where the kernel keeps no such file (not Linux, or built without scheduler statistics) or the process is gone."""
+    try:
+        with open(f"{proc}/{pid}/schedstat", "rb") as stat:
+            on_cpu, waiting = stat.read().split()[:2]
+        return int(on_cpu) / 1e9, int(waiting) / 1e9
+    except (OSError, ValueError):
+        return None
+
+
+def helper_verdict(command: list[str], own_command: list[str], age_s: float, direct: bool) -> bool | None:
+    """Whether a child process is one of multiprocessing's helpers, from its command line (``own_command``: the
+    run's), its age and whether it is a direct child; None while it cannot be told yet (``EXEC_GRACE_S``)."""
+    if command == own_command and age_s < EXEC_GRACE_S:
+        return None
+    return direct and len(command) > 2 and command[-2] == "-c" and command[-1].startswith(HELPERS)
