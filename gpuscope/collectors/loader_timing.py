@@ -5,8 +5,10 @@ it even where the workers keep up)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -127,10 +129,14 @@ def close_workers(iterator: Any) -> None:
 
     A worker killed inside ``Event.is_set()`` (its loop asks it between batches) leaves that event's lock held for
     good, and torch's shutdown then sets the event: it would wait forever (torch's guard, the SIGCHLD watch raising
-    in the main process, is the one taken off). So torch's shutdown gets a new event, which no dead worker holds."""
+    in the main process, is the one taken off). So torch's shutdown gets a new event, which no dead worker holds.
+
+    Under the ``file_system`` sharing strategy each batch a worker has queued is a named file in shared memory,
+    removed when the batch is received: those of the killed workers are removed here (``remove_shared_files``)."""
     if iterator is None:
         return
     workers = getattr(iterator, "_workers", None)
+    pids = [worker.pid for worker in workers or () if worker.pid is not None]
     if workers:
         try:
             if getattr(iterator, "_worker_pids_set", False):
@@ -153,3 +159,31 @@ def close_workers(iterator: Any) -> None:
     shutdown = getattr(iterator, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()
+    remove_shared_files(pids)
+
+
+SHARED_MEMORY = "/dev/shm"
+
+
+def remove_shared_files(pids: list[int], folder: str = SHARED_MEMORY, maps: str = "/proc/self/maps") -> int:
+    """Remove the shared-memory files that processes ``pids``, now gone, made for tensors (torch names them
+    ``torch_PID_...``) and that this process does not map; how many. Nothing would read those batches again, and
+    each file would hold its memory until the machine restarts (a probe of image batches: tens of MB a run). A file
+    this process maps (a batch received and still held) is left to torch, which removes it when its last holder
+    lets go: removed under it, torch's release would fail and abort the process."""
+    if not pids:
+        return 0
+    prefixes = tuple(f"torch_{pid}_" for pid in pids)
+    try:
+        with open(maps) as lines:
+            mapped = {line.rsplit(None, 1)[-1] for line in lines if folder in line}
+        with os.scandir(folder) as entries:
+            orphans = [e.path for e in entries if e.name.startswith(prefixes) and e.path not in mapped]
+    except OSError:  # not Linux: no such folder, nothing named was made; or the mappings unreadable: leave all
+        return 0
+    removed = 0
+    for path in orphans:
+        with contextlib.suppress(OSError):  # removed since, or not ours to remove
+            os.unlink(path)
+            removed += 1
+    return removed

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import random
 import threading
 import time
@@ -24,7 +25,7 @@ from gpuscope.collectors.loader_probe import (
     probe_loader,
     worker_counts,
 )
-from gpuscope.collectors.loader_timing import MIN_TIMED_S, close_workers
+from gpuscope.collectors.loader_timing import MIN_TIMED_S, close_workers, remove_shared_files
 from gpuscope.record import Breakdown, CallSite, Loader, LoaderProbe, LoaderRate, RunMeta, Steps, Verdict
 from gpuscope.session import post_run_facts
 
@@ -139,6 +140,46 @@ def test_a_worker_killed_holding_the_loaders_shutdown_lock_does_not_hang_the_pro
     # then it is closed, its worker gone
     assert not closing.is_alive(), "close_workers hung in torch's shutdown"
     assert not any(worker.is_alive() for worker in iterator._workers)
+
+
+@pytest.mark.slow  # starts real DataLoader workers
+def test_workers_killed_under_the_file_system_strategy_leave_no_shared_memory_behind() -> None:
+    # given: the probe's loader under the file_system sharing strategy (the probe times it when handing batches over
+    # waits on the workers), whose workers have filled their prefetch queue: each queued batch is a named file in
+    # /dev/shm, which torch removes when the batch is received, and no one does for a worker killed before that
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm here")
+    sharing = torch.multiprocessing
+    strategy = sharing.get_sharing_strategy()
+    sharing.set_sharing_strategy("file_system")
+    try:
+        iterator = iter(torch.utils.data.DataLoader(Squares(), batch_size=4, num_workers=2))
+        next(iterator)
+        time.sleep(0.5)
+        pids = [worker.pid for worker in iterator._workers]
+        # when the probe closes the loader
+        close_workers(iterator)
+        del iterator  # the batches it had received and held: torch removes their files as they go
+        gc.collect()
+    finally:
+        sharing.set_sharing_strategy(strategy)
+    # then none of the files its workers made is left: they would hold the memory until the machine restarts
+    assert [f.name for f in shm.iterdir() if f.name.startswith(tuple(f"torch_{pid}_" for pid in pids))] == []
+
+
+def test_only_files_of_the_gone_workers_that_this_process_does_not_map_are_removed(tmp_path: Path) -> None:
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    for name in ("torch_11_5_0", "torch_11_6_1", "torch_12_7_0", "torch_110_8_0", "sem.mp-x"):
+        (shm / name).write_bytes(b"")
+    maps = tmp_path / "maps"  # this process still holds a batch of worker 11's: torch removes that file itself
+    maps.write_text(f"7f00-7f01 rw-s 00000000 00:1b 77 {shm / 'torch_11_6_1'}\n"
+                    "7f02-7f03 r-xp 00000000 fe:00 5 /lib/x.so\n")
+    assert remove_shared_files([11], str(shm), str(maps)) == 1
+    assert sorted(f.name for f in shm.iterdir()) == ["sem.mp-x", "torch_110_8_0", "torch_11_6_1", "torch_12_7_0"]
+    assert remove_shared_files([], str(shm), str(maps)) == 0
+    assert remove_shared_files([11], str(tmp_path / "none"), str(maps)) == 0  # not Linux: nothing was named
 
 
 @pytest.mark.slow  # a dataset that sleeps, timed for its whole budget
