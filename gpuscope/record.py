@@ -353,12 +353,14 @@ class HostMemory:
     process_bytes: tuple[int, ...] = ()
     workers_bytes: tuple[int, ...] = ()
     workers_cpu_s: float = 0.0
-    """CPU time its children used while they were watched (the kernel's schedstat), summed over them, seconds."""
+    """CPU time its children used while they were watched (the kernel's schedstat), summed over them, seconds; a
+    child busy at first (a worker started by spawn or forkserver importing torch) is watched from its first interval
+    between scans busy less than half the time."""
     workers_runnable_s: float = 0.0
     """Time its children were runnable but waiting for a core while watched, summed, seconds."""
     workers_watched_s: float = 0.0
-    """How long each child was watched, from the first to the last scan that found it, summed, seconds (0 where the
-    kernel keeps no schedstat): the rest of it, after ``workers_cpu_s`` and ``workers_runnable_s``, the children
+    """How long each child was watched, from the first scan that found it (or the end of its start-up, see
+    ``workers_cpu_s``) to the last, summed, seconds (0 where the kernel keeps no schedstat): the rest of it, after ``workers_cpu_s`` and ``workers_runnable_s``, the children
     were blocked (on files, the network, a sleep)."""
     max_helpers: int = 0
     """Of its children, multiprocessing's resource tracker and forkserver, most at once: counted in ``max_workers``

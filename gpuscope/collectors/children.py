@@ -15,17 +15,31 @@ shows its parent's command line: judged then, the resource tracker passed for a 
 ``max_helpers`` 0 under spawn). A worker started by fork shows the parent's command line all its life."""
 
 
+STARTED_BUSY = 0.5
+"""A child's figures begin with its first interval between scans in which it was busy (on a CPU or waiting for one)
+less than this share of the time: a worker started by spawn or forkserver first imports torch and the script's
+modules, seconds of CPU that say nothing of how busy its batches keep it (a short run's waiting workers passed for
+busy ones). A child busy from start to end keeps them all."""
+
+
 class ChildrenCpu:
     """Where child processes spent the time they were watched: for each, the CPU time and the time runnable but
-    waiting for a core that it added between the first and the last reading that found it, and the time between
-    those readings (a child seen once adds nothing)."""
+    waiting for a core that it added between the reading its figures begin with (its first, or the start of its
+    first interval busy less than ``STARTED_BUSY``: its start-up is then behind it) and its last reading, and the
+    time between those readings (a child seen once adds nothing)."""
 
     def __init__(self) -> None:
-        self._first: dict[int, tuple[float, float, float]] = {}  # pid -> (when, CPU s, runnable s) first read
+        self._first: dict[int, tuple[float, float, float]] = {}  # pid -> (when, CPU s, runnable s) figures begin
         self._last: dict[int, tuple[float, float, float]] = {}
+        self._started: set[int] = set()  # children whose start-up is behind them
 
     def read(self, now: float, pid: int, cpu_s: float, runnable_s: float) -> None:
-        self._first.setdefault(pid, (now, cpu_s, runnable_s))
+        last = self._last.get(pid)
+        if last is None:
+            self._first[pid] = (now, cpu_s, runnable_s)
+        elif pid not in self._started and (cpu_s + runnable_s - last[1] - last[2]) < STARTED_BUSY * (now - last[0]):
+            self._started.add(pid)
+            self._first[pid] = last
         self._last[pid] = (now, cpu_s, runnable_s)
 
     def totals(self) -> tuple[float, float, float]:

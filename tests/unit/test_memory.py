@@ -199,6 +199,21 @@ class TestChildrenCpu:
         cpu.read(2.0, 103, 1.0, 0.5)  # seen once: nothing to measure yet
         assert cpu.totals() == pytest.approx((0.3 + 0.5, 0.2 + 0.1, 2.0 + 0.5))
 
+    def test_a_childs_figures_begin_once_its_start_up_is_behind_it(self) -> None:
+        # a worker started by spawn imports torch (busy, on a CPU or waiting for one), then mostly waits
+        cpu = ChildrenCpu()
+        cpu.read(0.0, 201, 0.1, 0.0)
+        cpu.read(0.5, 201, 0.5, 0.05)  # 90% busy: starting
+        cpu.read(1.0, 201, 0.9, 0.1)  # 90%
+        cpu.read(1.5, 201, 1.0, 0.1)  # 20%: started; its figures begin at 1.0 s
+        cpu.read(2.5, 201, 1.5, 0.2)  # a busy second after that counts
+        assert cpu.totals() == pytest.approx((0.6, 0.1, 1.5))
+        # a child busy throughout keeps every reading
+        busy = ChildrenCpu()
+        for t in range(4):
+            busy.read(t * 0.5, 7, t * 0.4, t * 0.05)
+        assert busy.totals() == pytest.approx((1.2, 0.15, 1.5))
+
     def test_no_child_is_no_time(self) -> None:
         assert ChildrenCpu().totals() == (0.0, 0.0, 0.0)
 
