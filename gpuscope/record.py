@@ -360,8 +360,8 @@ class HostMemory:
     """Time its children were runnable but waiting for a core while watched, summed, seconds."""
     workers_watched_s: float = 0.0
     """How long each child was watched, from the first scan that found it (or the end of its start-up, see
-    ``workers_cpu_s``) to the last, summed, seconds (0 where the kernel keeps no schedstat): the rest of it, after ``workers_cpu_s`` and ``workers_runnable_s``, the children
-    were blocked (on files, the network, a sleep)."""
+    ``workers_cpu_s``) to the last, summed, seconds (0 where the kernel keeps no schedstat): the rest of it, after
+    ``workers_cpu_s`` and ``workers_runnable_s``, the children were blocked (on files, the network, a sleep)."""
     max_helpers: int = 0
     """Of its children, multiprocessing's resource tracker and forkserver, most at once: counted in ``max_workers``
     and the memory series, left out of the three times above."""

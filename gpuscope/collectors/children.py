@@ -13,8 +13,6 @@ EXEC_GRACE_S = 2.0
 helpers by fork and exec, and until the exec, a few milliseconds on (more on a loaded machine), the child still
 shows its parent's command line: judged then, the resource tracker passed for a worker all run long (seen in CI:
 ``max_helpers`` 0 under spawn). A worker started by fork shows the parent's command line all its life."""
-
-
 STARTED_BUSY = 0.5
 """A child's figures begin with its first interval between scans in which it was busy (on a CPU or waiting for one)
 less than this share of the time: a worker started by spawn or forkserver first imports torch and the script's
