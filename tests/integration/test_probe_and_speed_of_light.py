@@ -91,7 +91,22 @@ def test_the_loader_probes_worker_count_applied_clears_the_data_wait_as_predicte
             break
     # then: loading no longer bounds the run, and the speed-up is the predicted one, within 25%
     assert cleared, fixed["verdict"]["evidence"]
-    assert measured == pytest.approx(predicted, rel=0.25), (measured, predicted, advice["evidence"])
+    assert measured == pytest.approx(predicted, rel=0.25), (measured, predicted, slow["what_if"]["explanation"],
+                                                            figures(slow), figures(fixed))
+
+
+def figures(record: dict[str, Any]) -> dict[str, Any]:
+    """What a failed prediction is read against: the median step, its phases, the loader probe's rates and what the
+    workers did (CI's failures of the test above measured 2.12x for 1.52-1.60x predicted, systematically, where this
+    machine measures 1.57-1.78x: which term was off was not recorded)."""
+    probe = record.get("loader_probe") or {}
+    memory = record["host_memory"]
+    return {"median_ms": round(record["steps"]["median_s"] * 1e3, 1),
+            "breakdown": {k: round(v, 3) for k, v in record["breakdown"].items()},
+            "rates": {r["num_workers"]: round(r["batches_per_s"] or 0, 2) for r in probe.get("rates", ())},
+            "workers_cpu_s": round(memory["workers_cpu_s"], 2),
+            "workers_watched_s": round(memory["workers_watched_s"], 2),
+            "cpu_count": record["meta"]["cpu_count"], "torch_threads": record["meta"].get("torch_threads")}
 
 
 def test_on_cores_the_workers_share_with_the_step_the_predicted_speedup_is_the_measured_one(runs: Runs) -> None:
