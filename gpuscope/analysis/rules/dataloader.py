@@ -79,8 +79,10 @@ def _beyond_the_cores(run: RunRecord, loader: Loader, share: float, median: floa
         *_waiting_facts(loader, share, median, cores),
         f"its workers (the run's child processes but multiprocessing's helpers) were on a CPU or waiting for one "
         f"{waiting.busy:.0%} of the {memory.workers_watched_s:.1f} s they ran (on a CPU {memory.workers_cpu_s:.2f} s, "
-        "measured by the kernel): the rest they were blocked (on files, the network), so workers beyond the cores overlap those waits; "
-        f"{waiting.fill} that busy fill the {free} core{'s' if free > 1 else ''} the step leaves",
+        "measured by the kernel): the rest they were blocked (on files, the network), so workers beyond the cores "
+        "overlap those waits; "
+        + (f"{waiting.fill} that busy bring the step down to its CPU work over the {cores} cores" if waiting.spread_s
+           else f"{waiting.fill} that busy fill the {free} core{'s' if free > 1 else ''} the step leaves"),
         f"a batch takes about {waiting.batch_s / per_step * 1e3:.0f} ms to prepare and the model uses one every "
         f"{waiting.compute_s / per_step * 1e3:.0f} ms: {waiting.needed} workers keep up"
         + (f", {waiting.fill} fit" if waiting.fill < waiting.needed else ""),
