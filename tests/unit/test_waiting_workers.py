@@ -1,8 +1,9 @@
 """``more-dataloader-workers`` when the loader already has as many workers as the machine has cores: more help
 only when the workers mostly wait (files, the network) rather than compute, which their measured CPU time over the
 time they ran (``host_memory``) tells. Figures from a real run on the 2-core machine: a streaming IterableDataset
-whose items each wait 0.5 ms, two workers on a CPU 11% of their 3.2 s, the 10.5 ms step 85% data wait; with the
-advised 9 workers the step measured 4.4 ms (and in a later run, the workers busy 18%, 12 advised: 10.3 -> 3.4 ms)."""
+whose items each wait 0.5 ms, two workers on a CPU 11% of their 3.2 s, the 10.5 ms step 85% data wait; with the 9
+workers then advised the step measured 4.4 ms (8 are advised now: the count the step's CPU work over the cores
+allows; measured again on that script, 7 advised now gave 5.2 ms, 9 gave 5.5)."""
 
 from __future__ import annotations
 
