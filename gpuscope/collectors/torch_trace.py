@@ -336,11 +336,18 @@ def _inductor_left_unimported() -> Iterator[None]:
             torch.__getattr__ = lazy  # type: ignore[attr-defined]
 
 
+KINETO_NOISE = (b"USDT:", b"ERROR: External init callback must run in same thread as registerClient")
+"""How the lines kineto prints straight to file descriptor 2 about gpuscope's own profiler begin: ``USDT: ...
+profiler_start`` on each start and stop, and, for a loop trained in a thread other than the one that first used
+torch.profiler, an "ERROR" whose trace is whole all the same (a threaded script's window: its 349 ops a step, all on
+the loop's thread)."""
+
+
 @contextmanager
 def kineto_quiet() -> Iterator[None]:
-    """Kineto prints ``USDT: ... profiler_start`` lines straight to file descriptor 2 on each start and stop,
-    and no setting turns them off. Capture fd 2 around the profiler's calls and pass on every other line, so
-    the user's stderr reads as it would without gpuscope."""
+    """Kineto prints lines about the profiler straight to file descriptor 2 (``KINETO_NOISE``), and no setting turns
+    them off. Capture fd 2 around the profiler's calls and pass on every other line, so the user's stderr reads as it
+    would without gpuscope."""
     try:
         sys.stderr.flush()
         saved = os.dup(2)
@@ -361,7 +368,7 @@ def kineto_quiet() -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         capture.seek(0)
-        kept = [line for line in capture.read().splitlines(keepends=True) if not line.startswith(b"USDT:")]
+        kept = [line for line in capture.read().splitlines(keepends=True) if not line.startswith(KINETO_NOISE)]
         capture.close()
         if kept:
             os.write(2, b"".join(kept))

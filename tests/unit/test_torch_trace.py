@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 import types
@@ -96,6 +97,15 @@ def test_torchs_note_on_schedule_cycles_does_not_reach_the_users_stderr() -> Non
             warnings.warn(note, UserWarning)
             warnings.warn("the user's own warning", UserWarning)
     assert [str(w.message) for w in seen] == ["the user's own warning"]
+
+
+def test_kinetos_lines_about_gpuscopes_profiler_are_kept_from_the_users_stderr(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    with kineto_quiet():
+        os.write(2, b"USDT: profiler_start\n")
+        os.write(2, b"ERROR: External init callback must run in same thread as registerClient (-4605 != 6080)\n")
+        os.write(2, b"the user's own line\n")
+    assert capfd.readouterr().err == "the user's own line\n"
 
 
 def lazy_torch(imported: list[str]) -> types.ModuleType:
