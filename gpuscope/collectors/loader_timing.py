@@ -175,12 +175,15 @@ def remove_shared_files(pids: list[int], folder: str = SHARED_MEMORY, maps: str 
         return 0
     prefixes = tuple(f"torch_{pid}_" for pid in pids)
     try:
+        with os.scandir(folder) as entries:
+            made = [e.path for e in entries if e.name.startswith(prefixes)]
+        if not made:  # the usual case (file_descriptor sharing names no file): the mappings need not be read
+            return 0
         with open(maps) as lines:
             mapped = {line.rsplit(None, 1)[-1] for line in lines if folder in line}
-        with os.scandir(folder) as entries:
-            orphans = [e.path for e in entries if e.name.startswith(prefixes) and e.path not in mapped]
     except OSError:  # not Linux: no such folder, nothing named was made; or the mappings unreadable: leave all
         return 0
+    orphans = [path for path in made if path not in mapped]
     removed = 0
     for path in orphans:
         with contextlib.suppress(OSError):  # removed since, or not ours to remove
