@@ -119,7 +119,8 @@ def test_the_model_is_read_for_biases_before_batchnorm_data_parallel_and_conv_la
         "module.8 (Linear) -> module.9 (BatchNorm1d)",
     )
     assert facts["wasted_bias_params"] == 14
-    assert facts["data_parallel"] == ("DataParallel(Sequential) on 0 devices",)
+    gpus = torch.cuda.device_count()  # DataParallel takes every visible GPU: none here, one on a GPU machine
+    assert facts["data_parallel"] == (f"DataParallel(Sequential) on {gpus} device{'s' if gpus != 1 else ''}",)
     assert (facts["conv_layers"], facts["channels_last_convs"]) == (3, 3)
 
 
