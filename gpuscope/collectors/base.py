@@ -58,6 +58,10 @@ class StepEvents(Protocol):
         """Call ``listener(index)`` as each step begins (in the loop's thread, outside the step's figures)."""
         ...
 
+    def remove_step_listener(self, listener: Callable[[int], None]) -> None:
+        """Stop calling ``listener``, from the next step on: a collector done with the steps leaves the hot path."""
+        ...
+
     def add_phase_listener(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(phase)`` on each phase change (on the loop's hot path: microseconds at most)."""
         ...
@@ -191,6 +195,12 @@ class StepFollower(Watcher):
         self._events = events
         events.add_step_listener(self._on_step)
 
+    def _unfollow(self) -> None:
+        """Follow the steps no more (called from ``_on_step`` once the collector has done with them: its window has
+        closed or failed), so that every later step of a long run costs it nothing."""
+        if self._events is not None:
+            self._events.remove_step_listener(self._on_step)
+
     def _on_step(self, index: int) -> None:
         pass
 
@@ -270,6 +280,11 @@ class StepWindow:
             except Exception as exc:
                 reason = f"{reason}; closing it failed too: {exc}"
         self.state, self.reason = "failed", reason
+
+    @property
+    def over(self) -> bool:
+        """Whether the window will open no more (closed, failed, or not on this kind of run)."""
+        return self.state in ("done", "failed", "skipped")
 
     @property
     def complete(self) -> bool:

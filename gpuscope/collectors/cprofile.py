@@ -124,6 +124,7 @@ class CProfileCollector(StepFollower):
     def _on_step(self, index: int) -> None:
         """Step ``index`` begins."""
         if self._closed:
+            self._unfollow()
             return
         if self._active is None:
             if self.first and index >= self.first:  # a window after skipped steps: no start-up profile

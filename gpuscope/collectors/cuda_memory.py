@@ -48,7 +48,10 @@ class CudaMemoryCollector(StepFollower):
 
     def _on_step(self, index: int) -> None:
         """Step ``index`` begins: the allocator's counters now are those at the end of step ``index - 1``."""
-        if self._error is not None or index < 1:
+        if self._error is not None:
+            self._unfollow()
+            return
+        if index < 1:
             return
         try:
             if not self._active:

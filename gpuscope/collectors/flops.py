@@ -97,6 +97,8 @@ class SpeedOfLightCollector(StepFollower):
 
     def _on_step(self, index: int) -> None:
         self._window.on_step(index, self._events, "the FLOP counter")  # type: ignore[arg-type]
+        if self._window.over:
+            self._unfollow()
 
     def _open(self, index: int) -> None:
         from torch.utils.flop_counter import FlopCounterMode, flop_registry

@@ -44,6 +44,7 @@ class NvtxCollector(StepFollower):
 
     def _on_step(self, index: int) -> None:
         if self._error is not None:
+            self._unfollow()
             return
         try:
             if not self._active:

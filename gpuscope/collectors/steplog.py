@@ -206,6 +206,7 @@ class StepTracker:
         self._profiled = False
         self._evaluated = False  # the trained model ran forward in eval mode / without gradients
         self.listeners: list[Callable[[int], None]] = []
+        self._leaving: list[Callable[[int], None]] = []  # listeners to drop once the current notification is over
         self.phase_listeners: list[Callable[[str], None]] = []  # called with the phase now charged
 
     # -- phases ------------------------------------------------------------------------------------------
@@ -365,12 +366,19 @@ class StepTracker:
         if self.device is not None:
             self._attach_device_times(self.device.poll())
 
+    def remove_listener(self, listener: Callable[[int], None]) -> None:
+        """Stop calling ``listener``, from the next step on (it may be the one being called now)."""
+        self._leaving.append(listener)
+
     def _notify(self) -> None:
         if not self.listeners:
             return
         started = self._clock() if self._clock is not None else 0.0
         for listener in self.listeners:
             listener(self.log.count)
+        if self._leaving:
+            self.listeners = [listener for listener in self.listeners if listener not in self._leaving]
+            self._leaving.clear()
         if self._clock is not None:
             self.discount(started, self._clock())
         # a window opened or closed by a listener did so exactly at this step's start

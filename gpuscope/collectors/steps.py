@@ -9,15 +9,15 @@ Hooks, all global and all removed at stop:
   loop's waits in ``queue.Queue.get`` are its data wait.
 - backward: ``torch.autograd.backward`` and ``torch.autograd.grad`` are wrapped (``Tensor.backward`` calls the
   former). In a loop with no optimizer, explicit mark or DataLoader, each top-level one begins a step.
-- forward: after the first step, the calls of the *root* modules only are timed (their class's ``__call__``
-  wrapped, nothing put on the modules: see ``forward_modules``): the outermost modules holding the
-  parameters the optimizer trains (or, with no optimizer, every outermost module with parameters). A root whose
-  forward does not run in the step that follows (a LightningModule: Lightning calls its ``training_step``, which
-  calls ``self.model``) is replaced by its children that hold trained parameters, and so on down, one level a
-  step, until the timed modules are the outermost ones whose forward runs; a step in which a timed module's
-  forward did not run timed only part of the forward pass and is left out of the figures. A forward in eval mode or without gradients marks its step (an evaluation pass).
-- CUDA: once the script has initialised CUDA, events on the current stream at each phase change, resolved
-  when the GPU has passed them (never synchronising the loop), give the device-side breakdown.
+- forward: after the first step, the calls of the *root* modules only are timed (their class's ``__call__`` wrapped,
+  nothing put on the modules: see ``forward_modules``): the outermost modules holding the parameters the optimizer
+  trains (or, with no optimizer, every outermost module with parameters). A root whose forward does not run in the
+  step that follows (a LightningModule: Lightning calls its ``training_step``, which calls ``self.model``) is
+  replaced by its children that hold trained parameters, one level a step, until the timed modules are the
+  outermost ones whose forward runs; a step that timed only part of the forward pass is left out of the figures.
+  A forward in eval mode or without gradients marks its step (an evaluation pass).
+- CUDA: once the script has initialised CUDA, events on the current stream at each phase change, resolved when the
+  GPU has passed them (never synchronising the loop), give the device-side breakdown.
 
 Otherwise only events from the training loop's thread are counted: the one that started the collector, or the one
 whose step-defining events come first (a script training in a ``threading.Thread``: see ``loopthread``).
@@ -93,8 +93,7 @@ class StepsCollector:
     def mark_step(self) -> None:
         """An explicit step marker (``gpuscope.step()``)."""
         if self._defines_step():
-            now = self._clock()
-            self.tracker.explicit(now)  # type: ignore[union-attr]
+            self.tracker.explicit(self._clock())  # type: ignore[union-attr]
             self._safe_point()
 
     def stop_at_safe_point(self, action: Callable[[], None]) -> None:
@@ -112,13 +111,14 @@ class StepsCollector:
 
     # -- the step events other collectors follow (collectors.base.StepEvents) ----------------------------
     def add_step_listener(self, listener: Callable[[int], None]) -> None:
-        """Call ``listener(index)`` as each step begins (in the training loop's thread, at the step boundary).
-        Time the listener takes is gpuscope's and is kept out of the step's figures."""
+        """``listener(index)`` as each step begins, in the loop's thread; its time is kept out of the step's."""
         self.tracker.listeners.append(listener)  # type: ignore[union-attr]
 
+    def remove_step_listener(self, listener: Callable[[int], None]) -> None:
+        self.tracker.remove_listener(listener)  # type: ignore[union-attr]
+
     def add_phase_listener(self, listener: Callable[[str], None]) -> None:
-        """Call ``listener(phase)`` whenever the phase being timed changes ("other" between phases). Called on
-        the loop's hot path: keep it to a few microseconds."""
+        """``listener(phase)`` on each phase change ("other" between phases), on the hot path: microseconds."""
         self.tracker.phase_listeners.append(listener)  # type: ignore[union-attr]
 
     def cuda_in_use(self) -> bool:

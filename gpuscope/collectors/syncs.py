@@ -149,6 +149,8 @@ class SyncCollector(StepFollower):
     def _on_step(self, index: int) -> None:
         self._current = index
         self._window.on_step(index, self._events, "the CUDA sync debug mode")  # type: ignore[arg-type]
+        if self._window.over:
+            self._unfollow()
 
     def _open(self, index: int) -> None:
         cuda = self._cuda

@@ -97,7 +97,10 @@ class TorchTraceCollector(StepFollower):
 
     # -- at each step boundary -----------------------------------------------------------------------------
     def _on_step(self, index: int) -> None:
-        if self._error is not None or self._finished or "torch" not in sys.modules:
+        if self._error is not None or self._finished:
+            self._unfollow()
+            return
+        if "torch" not in sys.modules:
             return
         phase = trace_window(index, self.start_step, self.active)
         try:

@@ -20,6 +20,9 @@ class FakeSteps:
     def add_step_listener(self, listener: Any) -> None:
         self.tracker.listeners.append(listener)
 
+    def remove_step_listener(self, listener: Any) -> None:
+        self.tracker.remove_listener(listener)
+
     def add_phase_listener(self, listener: Any) -> None:
         self.tracker.phase_listeners.append(listener)
 

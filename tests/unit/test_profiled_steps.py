@@ -11,7 +11,7 @@ import pytest
 
 from gpuscope import profile
 from gpuscope.analysis.steady import summarize
-from gpuscope.collectors import CollectOptions, plan_windows
+from gpuscope.collectors import CollectOptions, default_collectors, plan_windows
 from gpuscope.collectors.base import CollectorResult, StepFollower, WindowRequest
 from gpuscope.collectors.schedule import Window, schedule
 from gpuscope.collectors.steplog import StepLog, StepRecord
@@ -143,3 +143,24 @@ def test_a_hand_over_that_fails_is_one_line_and_the_loop_goes_on(tmp_path: Path,
         session.mark_step()
     session.stop(0)
     assert capsys.readouterr().err == "gpuscope: error: could not hand the record over: OSError: disk full\n"
+
+
+# -- after the windows -----------------------------------------------------------------------------------------
+def test_collectors_done_with_their_windows_leave_the_step_boundary(tmp_path: Path) -> None:
+    # given a session of every live collector with its default windows (a CPU run)
+    session = Session(tmp_path, ["train.py"], default_collectors(CollectOptions(probes=False)))
+    session.start()
+    try:
+        tracker = session._steps.tracker
+        followers = {getattr(listener, "__self__", None).__class__.__name__ for listener in tracker.listeners}
+        assert {"CProfileCollector", "TorchTraceCollector", "SpeedOfLightCollector", "SyncCollector"} <= followers
+        # when the loop runs past the last window (the FLOP counter's step 10)
+        for _ in range(14):
+            session.mark_step()
+        # then the profilers whose windows closed (or, for the sync count, never open on a CPU run) are called at no
+        # later step: what is left is what every step needs
+        left = {listener.__self__.__class__.__name__ for listener in tracker.listeners}
+        assert left == {"StepsCollector", "PracticesCollector", "NvtxCollector", "CudaMemoryCollector"}
+    finally:
+        record = session.stop(0)
+    assert record.collectors["cprofile"].status == "ok" and record.python_profile is not None

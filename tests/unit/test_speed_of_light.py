@@ -33,6 +33,9 @@ class FakeSteps:
     def add_step_listener(self, listener: Any) -> None:
         self.listener = listener
 
+    def remove_step_listener(self, listener: Any) -> None:
+        self.unfollowed = True
+
     def cuda_in_use(self) -> bool:
         return False
 

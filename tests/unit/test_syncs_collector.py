@@ -68,6 +68,9 @@ class FakeSteps:
     def add_step_listener(self, listener: Any) -> None:
         self.listeners.append(listener)
 
+    def remove_step_listener(self, listener: Any) -> None:
+        self.listeners = [other for other in self.listeners if other != listener]
+
     def cuda_in_use(self) -> bool:
         return self.cuda
 

@@ -184,6 +184,9 @@ class StepEvents:
     def window_opened(self) -> None:
         pass
 
+    def remove_step_listener(self, listener: object) -> None:
+        pass
+
     def window_closed(self) -> None:
         pass
 
