@@ -114,3 +114,6 @@ class PostRunFacts:
     loader: dict[str, object] | None = None
     dataset: object | None = None
     payloads: dict[str, object] = field(default_factory=dict)
+    optimizer: object | None = None
+    """The first optimizer the loop stepped (live, kept by the steps collector), whose update the optimizer probe
+    times again on copies of its parameters."""

@@ -567,6 +567,30 @@ class LoaderProbe:
 
 
 @dataclass(frozen=True, slots=True)
+class OptimizerProbe:
+    """The loop's optimizer's update timed again after the run, on copies of its parameters and gradients, as the
+    run ran it and with ``fused=True``: what a fused update would save."""
+
+    optimizer: str = ""
+    """Its class name (``Adam``)."""
+    implementation: str = ""
+    """How the run updated: ``for-loop`` (one parameter at a time), ``foreach`` (a few ops over lists of tensors)
+    or ``fused`` (one kernel for all)."""
+    device: str = ""
+    tensors: int = 0
+    """Parameter tensors the optimizer updates."""
+    parameters: int = 0
+    """Elements in them."""
+    timed_tensors: int = 0
+    """Of which the probe updated (the first ones, up to its size cap; the times are scaled to all of them)."""
+    step_s: float | None = None
+    """One update as the run ran it (best of a few)."""
+    fused_step_s: float | None = None
+    """One update with ``fused=True`` (best of a few); None where it could not be built (``note`` says why)."""
+    note: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class SpeedOfLight:
     """FLOPs of one training step (torch's FLOP counter, on one step outside the figures) against the device's
     peak. ``achieved_flops_per_s`` and ``mfu`` (0..1) are filled in by the analysis from the median step."""
@@ -729,6 +753,7 @@ class RunRecord:
     data_probe: DataProbe | None = None
     syncs: SyncProfile | None = None
     loader_probe: LoaderProbe | None = None
+    optimizer_probe: OptimizerProbe | None = None
     speed_of_light: SpeedOfLight | None = None
     what_if: WhatIf | None = None
     """An estimate of the step without the verdict's bottleneck (filled in by the analysis)."""

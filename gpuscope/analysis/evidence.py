@@ -244,3 +244,4 @@ STEP = Metric("median step", "seconds", lambda r: r.steps.median_s if r.steps.co
 DATA_WAIT = Metric("data wait", "share", lambda r: r.breakdown.data_wait if r.steps.count else None)
 FIXED_COST = Metric("per-op fixed cost", "share", _fixed_cost)
 LAUNCH_WAIT = Metric("GPU idle waiting for launches", "share", launch_wait)
+OPTIMIZER = Metric("optimizer phase", "share", lambda r: r.breakdown.optimizer if r.steps.count else None)

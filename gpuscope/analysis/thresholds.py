@@ -342,6 +342,14 @@ BIAS_BEFORE_NORM_MIN_LAYERS = 1
 """One biased layer feeding BatchNorm is enough to say so: its bias is wasted work wherever it is, and the fix is a
 keyword argument."""
 
+# -- the optimizer's update (analysis/rules/optimizer.py) -------------------------------------------------------
+OPTIMIZER_SHARE_NOTABLE = 0.05
+"""The optimizer's update is worth a recommendation from 5% of the step, the bar a data wait must reach to be
+notable (``DATA_WAIT_NOTABLE``)."""
+FUSED_SPEEDUP_NOTABLE = 1.2
+"""A fused update is recommended where the probe timed it at least this many times faster than the run's: under
+that, two timings of a few bursts after the run cannot tell it from noise."""
+
 # -- speed of light and number formats on a CPU (analysis/speed.py, analysis/rules/precision.py) ------------------
 MEASURED_PEAK_NOISE = 1.5
 """A CPU run's own FLOP/s above the matmul rate measured after it, by at most this factor, is the benchmark slowed

@@ -62,7 +62,8 @@ class StepsCollector:
         self._skip = skip
         self._at_safe_point: Callable[[], None] | None = None
         self._undo: list[Callable[[], None]] = []
-        self._optimizers: dict[int, weakref.ref[Any]] = {}
+        self.optimizers: dict[int, weakref.ref[Any]] = {}  # stepped in the loop's thread, by id, first first
+        self.first_optimizer: Any = None  # the first of them, kept alive for the post-run optimizer probe
         self.loaders = LoaderBook()
         """The DataLoaders iterated (the post-run probes load the slowest one again)."""
         self._loader_depth = 0
@@ -70,8 +71,7 @@ class StepsCollector:
         self._roots_found = False
         self._rooted: set[int] = set()  # ids of the optimizers whose modules were looked for
         self._discovery_s = 0.0
-        self.forward = ForwardModules(self._forward_pre, self._forward_post)
-        """The modules whose forward is timed."""
+        self.forward = ForwardModules(self._forward_pre, self._forward_post)  # the modules whose forward is timed
         self._device_failed = False
         self._failures: list[str] = []
         self._torch: Any = None
@@ -163,8 +163,7 @@ class StepsCollector:
                          f"{tracker.source} markers appeared")
         if self._loop.adopted:
             notes.append(f"the training loop ran in the thread {self._loop.adopted!r}, followed from its first step")
-        forward = self.forward.note(self._discovery_s)
-        if forward is not None:
+        if (forward := self.forward.note(self._discovery_s)) is not None:
             notes.append(forward)
         if tracker.device is not None and tracker.device.gave_up:
             notes.append("device timing stopped: its markers could not be recorded or read (see the host figures)")
@@ -216,7 +215,9 @@ class StepsCollector:
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         if not self._defines_step():
             return None
-        self._optimizers.setdefault(id(optimizer), weakref.ref(optimizer))
+        self.optimizers.setdefault(id(optimizer), weakref.ref(optimizer))
+        if self.first_optimizer is None:
+            self.first_optimizer = optimizer
         self.tracker.enter("optimizer", self._clock())  # type: ignore[union-attr]
         # step(self, closure) or step(self, closure=closure): the closure's time is not the update's
         if "closure" in kwargs and callable(kwargs["closure"]):
@@ -241,9 +242,8 @@ class StepsCollector:
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if self._mine():
             now = self._clock()
-            tracker = self.tracker
-            tracker.exit("optimizer", now)  # type: ignore[union-attr]
-            tracker.optimizer_stepped(id(optimizer), now)  # type: ignore[union-attr]
+            self.tracker.exit("optimizer", now)  # type: ignore[union-attr]
+            self.tracker.optimizer_stepped(id(optimizer), now)  # type: ignore[union-attr]
 
     def _wrap_next(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
         collector = self
@@ -346,14 +346,14 @@ class StepsCollector:
         # after two batches.
         settled = tracker.source != "dataloader" or index >= 2
         # an optimizer stepped for the first time since the roots were found (a GAN's second one)
-        late = self._roots_found and len(self._optimizers) > len(self._rooted)
+        late = self._roots_found and len(self.optimizers) > len(self._rooted)
         if (not self._roots_found and settled) or self.forward.checking or late:
             started = self._clock()
             try:
                 if not self._roots_found:
                     self._roots_found = True
                     self.forward.hook_roots(self._torch.nn, self._trained_parameters())
-                    self._rooted = set(self._optimizers)
+                    self._rooted = set(self.optimizers)
                 elif self.forward.check() if self.forward.checking else self._root_late_optimizers():
                     # the step that just ended timed only part of the forward pass: keep it out of the figures
                     record = tracker.log.find(index - 1)
@@ -377,13 +377,13 @@ class StepsCollector:
 
     def _trained_parameters(self, ids: set[int] | None = None) -> set[int]:
         """The ids of the parameters the optimizers stepped so far train (those of ``ids``, by default all)."""
-        return {id(p) for key, ref in self._optimizers.items() if (ids is None or key in ids)
+        return {id(p) for key, ref in self.optimizers.items() if (ids is None or key in ids)
                 and (opt := ref()) is not None for group in opt.param_groups for p in group["params"]}
 
     def _root_late_optimizers(self) -> bool:
         """Hook the modules trained by optimizers first stepped since the roots were found; True when the step that
         just ended ran some of their forward untimed."""
-        new = set(self._optimizers) - self._rooted
+        new = set(self.optimizers) - self._rooted
         self._rooted |= new
         return self.forward.add_roots(self._torch.nn, self._trained_parameters(new))
 

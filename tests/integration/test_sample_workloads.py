@@ -105,6 +105,24 @@ def test_workers_fix_the_data_bound_sample(runs: Runs) -> None:
     assert compare_runs(fixed, slow, "--fail-if-slower", "5").returncode == 1
 
 
+def test_a_fused_optimizer_saves_the_launch_bound_sample_what_the_probe_measured(runs: Runs) -> None:
+    # given: the sample's AdamW updating 64 small tensors one at a time, timed again by the optimizer probe
+    slow, own_slow = profile(runs, "cpu_launch_bound")
+    advice = {r["id"]: r for r in slow["recommendations"]}.get("fused-optimizer")
+    assert advice is not None, slow["checks"]["fused-optimizer"]
+    # when: the fix is applied
+    fused, own_fused = profile(runs, "cpu_launch_bound", "--steps", "400", "--fused-optimizer")
+    # then: the update is fused, the rule is clear, and the step saved at least half what was promised (promised
+    # 36% on the 2-core machine; plain python measured 31, 34 and 42% in three pairs)
+    assert fused["optimizer_probe"]["implementation"] == "fused"
+    assert fused["checks"]["fused-optimizer"]["status"] == "clear"
+    saved = 1 - own_fused["median_step_s"] / own_slow["median_step_s"]
+    assert saved >= advice["expected_gain"] / 2, (saved, advice["expected_gain"])
+    result = compare_runs(slow, fused)
+    assert result.returncode == 0, result.stderr
+    assert "fused-optimizer: resolved" in result.stdout
+
+
 def test_a_larger_batch_fixes_the_launch_bound_sample(runs: Runs) -> None:
     small, own_small = profile(runs, "cpu_launch_bound")
     # batch 8192, 60 steps (about 55 ms each on 2 idle cores, 50 steady): at 2048 the run sat on the verdict's

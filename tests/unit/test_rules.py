@@ -203,11 +203,11 @@ def test_a_rule_whose_input_was_not_collected_is_not_checked_and_says_why() -> N
 def test_every_contract_id_has_exactly_one_rule() -> None:
     ids = [r.id for r in RULES]
     assert len(ids) == len(set(ids))
-    # the contract's 15, reduce-communication, cpu-fp32-over-low-precision, persistent-workers and
-    # file-system-sharing (docs/contract-additions.md)
-    assert len(contract_ids()) == 19
+    # the contract's 15, reduce-communication, cpu-fp32-over-low-precision, persistent-workers,
+    # file-system-sharing and fused-optimizer (docs/contract-additions.md)
+    assert len(contract_ids()) == 20
     assert {"reduce-communication", "cpu-fp32-over-low-precision", "persistent-workers",
-            "file-system-sharing"} <= contract_ids()
+            "file-system-sharing", "fused-optimizer"} <= contract_ids()
     assert set(ids) == contract_ids()
 
 

@@ -14,8 +14,8 @@ from gpuscope.record import RunRecord
 Needs = tuple[str, ...]
 """Record fields a rule reads: "op_profile", "calibration", "loaders", "kernels" (the CUDA kernel timeline),
 "cuda" (a CUDA run), "cpu" (a CPU-only run), "practices", "data_probe", "syncs", "model" (the model's layers,
-inspected), "matmul_rates" (this machine's measured matmul rate in the step's dtype, and in float32 where that is
-another)."""
+inspected), "optimizer_probe" (the optimizer's update timed again, as run and fused), "matmul_rates" (this
+machine's measured matmul rate in the step's dtype, and in float32 where that is another)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +97,7 @@ _ABSENT = {
     "data_probe": "the dataset was not probed",
     "syncs": "host-device syncs were not counted",
     "loader_probe": "the DataLoader was not probed",
+    "optimizer_probe": "the optimizer's update was not timed again",
 }
 """Record fields filled by one collector each, and what their absence means."""
 

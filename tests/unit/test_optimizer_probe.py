@@ -1,0 +1,138 @@
+"""The optimizer probe and the fused-optimizer rule: after the run, the loop's own optimizer is built again over
+copies of its parameters, as the run ran it and with ``fused=True``, and both updates are timed; the rule turns the
+two times and the optimizer's share of the step into the expected gain. The run is left as the script left it."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+import gpuscope
+from conftest import make_record
+from gpuscope.analysis.rules import evaluate
+from gpuscope.collectors import optimizer_probe
+from gpuscope.collectors.optimizer_probe import OptimizerProbeCollector
+from gpuscope.record import Breakdown, OptimizerProbe
+from gpuscope.session import post_run_facts
+
+
+def trained(optimizer_class: type, **options: object) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A small model after one real update by ``optimizer_class(**options)``."""
+    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(6)])
+    optimizer = optimizer_class(model.parameters(), lr=1e-3, **options)
+    model(torch.randn(4, 16)).sum().backward()
+    optimizer.step()
+    return model, optimizer
+
+
+def probe(optimizer: object) -> tuple[str, object]:
+    result = OptimizerProbeCollector().run(None, post_run_facts(optimizer=optimizer))  # type: ignore[arg-type]
+    return result.status.status, result.payload if result.payload is not None else result.status.reason
+
+
+# -- the probe -----------------------------------------------------------------------------------------------
+def test_the_update_is_timed_as_run_and_fused_on_copies_and_the_run_is_left_as_it_was() -> None:
+    # given: Adam after an update, with its state, gradients and the random generator as the script left them
+    model, optimizer = trained(torch.optim.Adam)
+    params = [p.detach().clone() for p in model.parameters()]
+    grads = [p.grad.clone() for p in model.parameters()]  # type: ignore[union-attr]
+    state = [{k: v.clone() for k, v in s.items()} for s in optimizer.state.values()]
+    rng = torch.get_rng_state()
+    # when
+    status, found = probe(optimizer)
+    # then: both updates timed, over every tensor, as the run ran it (one tensor at a time, a CPU's default)
+    assert status == "ok"
+    assert isinstance(found, OptimizerProbe)
+    assert (found.optimizer, found.implementation, found.device) == ("Adam", "for-loop", "cpu")
+    assert (found.tensors, found.timed_tensors, found.parameters) == (12, 12, 6 * (16 * 16 + 16))
+    assert found.step_s and found.fused_step_s and found.note == ""
+    # and nothing of the run's changed
+    assert all(torch.equal(a, b) for a, b in zip(params, model.parameters()))
+    assert all(torch.equal(a, p.grad) for a, p in zip(grads, model.parameters()))
+    assert all(torch.equal(a[k], b[k]) for a, b in zip(state, optimizer.state.values()) for k in a)
+    assert torch.equal(rng, torch.get_rng_state())
+
+
+def test_an_optimizer_asked_for_foreach_is_timed_as_foreach() -> None:
+    _, optimizer = trained(torch.optim.SGD, momentum=0.9, foreach=True)
+    status, found = probe(optimizer)
+    assert status == "ok" and found.implementation == "foreach" and found.fused_step_s  # type: ignore[union-attr]
+
+
+def test_an_optimizer_already_fused_is_recorded_and_not_timed_again() -> None:
+    _, optimizer = trained(torch.optim.AdamW, fused=True)
+    status, found = probe(optimizer)
+    assert status == "ok"
+    assert found.implementation == "fused" and found.step_s is None  # type: ignore[union-attr]
+
+
+def test_an_optimizer_with_no_fused_update_is_not_probed_and_says_so() -> None:
+    _, optimizer = trained(torch.optim.RMSprop)
+    assert probe(optimizer) == ("unavailable", "RMSprop has no fused implementation in this torch")
+    assert probe(None) == ("unavailable", "no optimizer stepped in the training loop")
+
+
+def test_a_model_over_the_size_cap_is_timed_on_its_first_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
+    _, optimizer = trained(torch.optim.Adam)
+    monkeypatch.setattr(optimizer_probe, "PROBE_BYTES", 3 * (16 * 16 * 4))
+    status, found = probe(optimizer)
+    assert status == "ok" and (found.tensors, found.timed_tensors) == (12, 4)  # type: ignore[union-attr]
+    assert found.note.startswith("timed on the first 4 tensors")  # type: ignore[union-attr]
+
+
+def test_the_loops_optimizer_is_probed_after_the_block_that_made_it_has_let_it_go(tmp_path) -> None:
+    # given: a training function whose model and optimizer are gone when it returns, as in most scripts
+    def train() -> None:
+        _, optimizer = trained(torch.optim.AdamW)
+        model = optimizer.param_groups[0]["params"]
+        for _ in range(8):
+            sum(p.sum() for p in model).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+
+    # when it runs profiled, with the post-run probes
+    with gpuscope.profile(output=str(tmp_path / "run"), quiet=True) as prof:
+        train()
+    # then the steps collector kept the first optimizer for the probe
+    assert prof.record.collectors["optimizer-probe"].status == "ok"
+    assert prof.record.optimizer_probe.optimizer == "AdamW"  # type: ignore[union-attr]
+
+
+# -- the rule ------------------------------------------------------------------------------------------------
+def run_with(optimizer_share: float, step_s: float | None, fused_step_s: float | None, implementation: str = "for-loop"):
+    return make_record(
+        breakdown=Breakdown(data_wait=0.0, forward=0.3, backward=0.3, optimizer=optimizer_share,
+                            other=0.4 - optimizer_share),
+        optimizer_probe=OptimizerProbe(optimizer="AdamW", implementation=implementation, device="cpu", tensors=64,
+                                       parameters=49976, timed_tensors=64, step_s=step_s, fused_step_s=fused_step_s))
+
+
+def test_a_slow_unfused_update_is_told_to_fuse_with_the_gain_the_probe_measured() -> None:
+    # given: the launch-bound sample's figures on the 2-core machine: AdamW's update 43% of a 7.0 ms step, timed
+    # after the run at 5.58 ms as run and 0.92 ms fused
+    record = dataclasses.replace(run_with(0.43, 5.58e-3, 0.92e-3), steps=dataclasses.replace(
+        make_record().steps, median_s=7.0e-3))
+    recommendations, checks = evaluate(record)
+    fused = {r.id: r for r in recommendations}["fused-optimizer"]
+    # then: the gain is the share the fused update would save, and the evidence holds the figures
+    assert fused.expected_gain == pytest.approx(0.43 * (1 - 0.92 / 5.58), abs=1e-3)
+    assert fused.evidence[0] == "the optimizer's update is 43% of the step (3.01 ms of the 7.0 ms median step)"
+    assert "5.58 ms an update as the run ran it, 0.92 ms with fused=True (6.1x faster)" in fused.evidence[2]
+    assert "torch.optim.AdamW(model.parameters(), ..., fused=True)" in fused.fix
+
+
+@pytest.mark.parametrize(("record", "why"), [
+    (run_with(0.03, 5e-3, 1e-3), "the update is under 5% of the step"),
+    (run_with(0.4, 1.1e-3, 1e-3), "fused is under 1.2x faster"),
+    (run_with(0.4, None, None, implementation="fused"), "the run's update is fused already"),
+    (run_with(0.4, 5e-3, None), "fused=True could not be built"),
+])
+def test_no_fused_update_is_advised_where_it_would_not_pay(record, why: str) -> None:
+    assert evaluate(record)[1]["fused-optimizer"].status == "clear", why
+
+
+def test_without_the_probe_the_rule_says_it_was_not_checked() -> None:
+    check = evaluate(make_record())[1]["fused-optimizer"]
+    assert (check.status, check.reason) == ("not-checked", "the optimizer's update was not timed again")
