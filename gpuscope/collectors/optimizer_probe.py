@@ -47,7 +47,8 @@ class OptimizerProbeCollector(PostRunProbe):
             return _unavailable("no optimizer stepped in the training loop")
         name = type(optimizer).__name__
         if "fused" not in inspect.signature(type(optimizer).__init__).parameters:
-            return _unavailable(f"{name} has no fused implementation in this torch")
+            return _unavailable(f"{name}'s constructor takes no fused argument (torch's Adam, AdamW, SGD and "
+                                "Adagrad do)")
         groups = optimizer.param_groups
         params = [p for group in groups for p in group["params"]]
         devices = {p.device.type for p in params}

@@ -70,7 +70,8 @@ def test_an_optimizer_already_fused_is_recorded_and_not_timed_again() -> None:
 
 def test_an_optimizer_with_no_fused_update_is_not_probed_and_says_so() -> None:
     _, optimizer = trained(torch.optim.RMSprop)
-    assert probe(optimizer) == ("unavailable", "RMSprop has no fused implementation in this torch")
+    assert probe(optimizer) == ("unavailable", "RMSprop's constructor takes no fused argument (torch's Adam, AdamW, "
+                                               "SGD and Adagrad do)")
     assert probe(None) == ("unavailable", "no optimizer stepped in the training loop")
 
 
