@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ("data_loading_bound", "data_loading_bound_fp16", "data_loading_shared_cores", "cpu_launch_bound",
              "compute_bound", "compute_bound_habits", "manual_sgd_language_model")
 STARTUP_SCRIPT = "import torch\nprint('first line', flush=True)\n"
-PROBES = ("calibration", "cpu-peak", "data-probe", "loader-probe")
+PROBES = ("calibration", "cpu-peak", "data-probe", "loader-probe", "optimizer-probe")
 
 
 def timed_lines(command: list[str]) -> tuple[float | None, float | None, float]:

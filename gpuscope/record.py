@@ -469,6 +469,8 @@ class Practices:
     """The GPU's compute capability (``8.0``), on CUDA runs."""
     cpu_autocast_sites: tuple[CallSite, ...] = ()
     """Lines of the user's code that entered ``torch.autocast`` on the CPU, enabled, in bfloat16 or float16."""
+    optimizer_sites: tuple[CallSite, ...] = ()
+    """Lines of the user's code that built an optimizer (``torch.optim.Optimizer``'s constructor ran under them)."""
 
 
 @dataclass(frozen=True, slots=True)

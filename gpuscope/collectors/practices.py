@@ -56,6 +56,7 @@ class PracticesCollector(StepFollower):
         self._zero_grad_calls = 0
         self._fill_sites = SiteCounter()
         self._autocast_sites = SiteCounter()
+        self._optimizer_sites = SiteCounter()
         self._inspected: dict[str, Any] = {}
         self.notes: list[str] = []
 
@@ -87,6 +88,7 @@ class PracticesCollector(StepFollower):
             zero_grad_fill_calls=self._fill_sites.total(),
             zero_grad_fill_sites=self._fill_sites.sites(),
             cpu_autocast_sites=self._autocast_sites.sites(),
+            optimizer_sites=self._optimizer_sites.sites(),
             **self._inspected,
         ))
 
@@ -100,6 +102,8 @@ class PracticesCollector(StepFollower):
             if callable(getattr(torch.autograd, name, None)):
                 self._undo.append(patch(torch.autograd, name, self._wrap_counted(self._gradcheck_sites)))
         self._undo.append(patch(torch.optim.Optimizer, "zero_grad", self._wrap_zero_grad))
+        # where each optimizer is built: a subclass's constructor calls this one, under the user's line
+        self._undo.append(patch(torch.optim.Optimizer, "__init__", self._wrap_counted(self._optimizer_sites)))
         self._undo.append(patch(torch.nn.Module, "zero_grad", self._wrap_zero_grad))
         autocast = getattr(getattr(torch, "amp", None), "autocast_mode", None)
         if autocast is not None and hasattr(autocast, "autocast"):

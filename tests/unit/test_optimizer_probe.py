@@ -14,7 +14,7 @@ from conftest import make_record
 from gpuscope.analysis.rules import evaluate
 from gpuscope.collectors import optimizer_probe
 from gpuscope.collectors.optimizer_probe import OptimizerProbeCollector
-from gpuscope.record import Breakdown, OptimizerProbe
+from gpuscope.record import Breakdown, CallSite, OptimizerProbe, Practices
 from gpuscope.session import post_run_facts
 
 
@@ -96,9 +96,11 @@ def test_the_loops_optimizer_is_probed_after_the_block_that_made_it_has_let_it_g
     # when it runs profiled, with the post-run probes
     with gpuscope.profile(output=str(tmp_path / "run"), quiet=True) as prof:
         train()
-    # then the steps collector kept the first optimizer for the probe
+    # then the steps collector kept the first optimizer for the probe, and the line that built it was seen
     assert prof.record.collectors["optimizer-probe"].status == "ok"
     assert prof.record.optimizer_probe.optimizer == "AdamW"  # type: ignore[union-attr]
+    (site,) = prof.record.practices.optimizer_sites  # type: ignore[union-attr]
+    assert (site.function, site.code) == ("trained", "optimizer = optimizer_class(model.parameters(), lr=1e-3, **options)")
 
 
 # -- the rule ------------------------------------------------------------------------------------------------
@@ -121,7 +123,16 @@ def test_a_slow_unfused_update_is_told_to_fuse_with_the_gain_the_probe_measured(
     assert fused.expected_gain == pytest.approx(0.43 * (1 - 0.92 / 5.58), abs=1e-3)
     assert fused.evidence[0] == "the optimizer's update is 43% of the step (3.01 ms of the 7.0 ms median step)"
     assert "5.58 ms an update as the run ran it, 0.92 ms with fused=True (6.1x faster)" in fused.evidence[2]
-    assert "torch.optim.AdamW(model.parameters(), ..., fused=True)" in fused.fix
+    assert fused.fix == "torch.optim.AdamW(..., fused=True)"
+
+
+def test_the_fix_names_the_users_line_that_built_the_optimizer_not_a_librarys() -> None:
+    built = CallSite(file="train.py", line=41, code="opt = torch.optim.AdamW(model.parameters(), lr=1e-3)", calls=1)
+    by_trainer = CallSite(file="train.py", line=60, code="trainer.train()", calls=1)
+    for sites, fix in [((by_trainer, built), "torch.optim.AdamW(..., fused=True)  # train.py:41"),
+                       ((by_trainer,), "torch.optim.AdamW(..., fused=True)")]:
+        record = dataclasses.replace(run_with(0.4, 5e-3, 1e-3), practices=Practices(optimizer_sites=sites))
+        assert {r.id: r for r in evaluate(record)[0]}["fused-optimizer"].fix == fix
 
 
 @pytest.mark.parametrize(("record", "why"), [

@@ -10,7 +10,7 @@ from gpuscope.record import OptimizerProbe, RunRecord
 
 @rule(id="fused-optimizer",
       title="Update the parameters with a fused optimizer",
-      fix="`torch.optim.Adam(model.parameters(), ..., fused=True)` (Adam, AdamW, SGD, Adagrad; CUDA, and CPU since "
+      fix="`torch.optim.Adam(..., fused=True)` (Adam, AdamW, SGD, Adagrad; CUDA, and CPU since "
           "torch 2.4)",
       needs=("optimizer_probe",),
       resolved_by=(OPTIMIZER,))
@@ -39,8 +39,15 @@ def fused_optimizer(run: RunRecord) -> Finding | None:
         f"timed again after the run on copies{timed}: {probe.step_s * 1e3:.2f} ms an update as the run ran it, "
         f"{probe.fused_step_s * 1e3:.2f} ms with fused=True ({faster:.1f}x faster)",
     )
-    fix = f"`torch.optim.{probe.optimizer}(model.parameters(), ..., fused=True)` where the optimizer is built"
-    return Finding(share * (1 - probe.fused_step_s / probe.step_s), evidence, fix=fix)
+    return Finding(share * (1 - probe.fused_step_s / probe.step_s), evidence, fix=_fix(run, probe.optimizer))
+
+
+def _fix(run: RunRecord, optimizer: str) -> str:
+    """``torch.optim.Adam(..., fused=True)`` and, where the user's line that built it is known (its code names the
+    class: not a library's, such as a Trainer's), that line: ``  # train.py:41``."""
+    sites = run.practices.optimizer_sites if run.practices is not None else ()
+    site = next((s for s in sites if f"{optimizer}(" in s.code), None)
+    return f"torch.optim.{optimizer}(..., fused=True)" + (f"  # {site.file}:{site.line}" if site is not None else "")
 
 
 def _as_run(implementation: str) -> str:
