@@ -66,7 +66,10 @@ class OptimizerProbeCollector(PostRunProbe):
             return _unavailable("too little free GPU memory to copy the parameters")
         deadline = time.perf_counter() + self.budget_s
         with torch.random.fork_rng(devices=[params[0].device] if cuda else []), torch.no_grad():
-            as_run, note = [_copy(torch, optimizer, groups, timed, {})], ""
+            try:
+                as_run, note = [_copy(torch, optimizer, groups, timed, {})], ""
+            except Exception as exc:  # a subclass whose constructor wants more than its hyperparameters
+                return _unavailable(f"{name} could not be built again over copies: {type(exc).__name__}: {exc}")
             try:
                 fused = [_copy(torch, optimizer, groups, timed, {"fused": True, "foreach": None})]
             except Exception as exc:  # this torch, device or dtype has no fused update

@@ -75,6 +75,15 @@ def test_an_optimizer_with_no_fused_update_is_not_probed_and_says_so() -> None:
     assert probe(None) == ("unavailable", "no optimizer stepped in the training loop")
 
 
+def test_a_subclass_that_cannot_be_built_from_its_hyperparameters_is_not_probed_and_says_why() -> None:
+    class Scheduled(torch.optim.SGD):
+        def __init__(self, params, lr, schedule, fused=None):  # noqa: ANN001 (a user's own optimizer)
+            super().__init__(params, lr=lr, fused=fused)
+
+    status, reason = probe(Scheduled(torch.nn.Linear(2, 2).parameters(), lr=0.1, schedule="cosine"))
+    assert status == "unavailable" and str(reason).startswith("Scheduled could not be built again over copies")
+
+
 def test_a_model_over_the_size_cap_is_timed_on_its_first_tensors(monkeypatch: pytest.MonkeyPatch) -> None:
     _, optimizer = trained(torch.optim.Adam)
     monkeypatch.setattr(optimizer_probe, "PROBE_BYTES", 3 * (16 * 16 * 4))
