@@ -62,7 +62,7 @@ class StepsCollector:
         self._skip = skip
         self._at_safe_point: Callable[[], None] | None = None
         self._undo: list[Callable[[], None]] = []
-        self.optimizers: dict[int, weakref.ref[Any]] = {}  # stepped in the loop's thread, by id, first first
+        self._optimizers: dict[int, weakref.ref[Any]] = {}  # stepped in the loop's thread, by id, in order
         self.first_optimizer: Any = None  # the first of them, kept alive for the post-run optimizer probe
         self.loaders = LoaderBook()
         """The DataLoaders iterated (the post-run probes load the slowest one again)."""
@@ -215,7 +215,7 @@ class StepsCollector:
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         if not self._defines_step():
             return None
-        self.optimizers.setdefault(id(optimizer), weakref.ref(optimizer))
+        self._optimizers.setdefault(id(optimizer), weakref.ref(optimizer))
         if self.first_optimizer is None:
             self.first_optimizer = optimizer
         self.tracker.enter("optimizer", self._clock())  # type: ignore[union-attr]
@@ -346,14 +346,14 @@ class StepsCollector:
         # after two batches.
         settled = tracker.source != "dataloader" or index >= 2
         # an optimizer stepped for the first time since the roots were found (a GAN's second one)
-        late = self._roots_found and len(self.optimizers) > len(self._rooted)
+        late = self._roots_found and len(self._optimizers) > len(self._rooted)
         if (not self._roots_found and settled) or self.forward.checking or late:
             started = self._clock()
             try:
                 if not self._roots_found:
                     self._roots_found = True
                     self.forward.hook_roots(self._torch.nn, self._trained_parameters())
-                    self._rooted = set(self.optimizers)
+                    self._rooted = set(self._optimizers)
                 elif self.forward.check() if self.forward.checking else self._root_late_optimizers():
                     # the step that just ended timed only part of the forward pass: keep it out of the figures
                     record = tracker.log.find(index - 1)
@@ -377,13 +377,13 @@ class StepsCollector:
 
     def _trained_parameters(self, ids: set[int] | None = None) -> set[int]:
         """The ids of the parameters the optimizers stepped so far train (those of ``ids``, by default all)."""
-        return {id(p) for key, ref in self.optimizers.items() if (ids is None or key in ids)
+        return {id(p) for key, ref in self._optimizers.items() if (ids is None or key in ids)
                 and (opt := ref()) is not None for group in opt.param_groups for p in group["params"]}
 
     def _root_late_optimizers(self) -> bool:
         """Hook the modules trained by optimizers first stepped since the roots were found; True when the step that
         just ended ran some of their forward untimed."""
-        new = set(self.optimizers) - self._rooted
+        new = set(self._optimizers) - self._rooted
         self._rooted |= new
         return self.forward.add_roots(self._torch.nn, self._trained_parameters(new))
 
