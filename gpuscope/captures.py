@@ -117,3 +117,6 @@ class PostRunFacts:
     optimizer: object | None = None
     """The first optimizer the loop stepped (live, kept by the steps collector), whose update the optimizer probe
     times again on copies of its parameters."""
+    optimizer_notable: bool = True
+    """Whether the optimizer's update reached ``thresholds.OPTIMIZER_SHARE_NOTABLE`` of the step (True where the
+    share is unknown)."""

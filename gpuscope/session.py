@@ -232,7 +232,8 @@ class Session:
         if isinstance(capture, StepCapture):
             reduced = self._reduce("steps", "steps", capture, payloads)
             figures = {"data_wait": reduced["breakdown"].data_wait, "median_s": reduced["steps"].median_s,
-                       "steps": reduced["steps"].count, "cuda": capture.device == "cuda"}
+                       "steps": reduced["steps"].count, "cuda": capture.device == "cuda",
+                       "optimizer_share": reduced["breakdown"].optimizer}
             if loader is not None:
                 figures["batches_per_step"] = batches_per_step(loader["batches"], capture.count)
         dataset = loaders.probe_dataset() if loaders is not None else None
@@ -298,7 +299,7 @@ def _said_after(delay_s: float, say: Callable[[str], None] | None, message: str)
 def post_run_facts(*, data_wait: float = 0.0, median_s: float | None = None, steps: int = 0, cuda: bool = False,
                    batches_per_step: float = 1.0, loader: dict[str, object] | None = None,
                    dataset: object | None = None, payloads: dict[str, object] | None = None,
-                   optimizer: object | None = None) -> PostRunFacts:
+                   optimizer: object | None = None, optimizer_share: float | None = None) -> PostRunFacts:
     """The facts the probes get from the run's steady steps (``data_wait`` share, ``median_s``, ``steps``): whether
     data wait was notable, and the rate the step consumes batches (``batches_per_step`` of the slowest loader)."""
     compute_s = compute_time_s(median_s, data_wait) if steps and median_s else None
@@ -308,6 +309,7 @@ def post_run_facts(*, data_wait: float = 0.0, median_s: float | None = None, ste
         consume_batches_per_s=batches_per_step / compute_s if compute_s else None,
         keeps_up_margin=thresholds.LOADER_KEEPS_UP_MARGIN,
         loader=loader, dataset=dataset, payloads=payloads or {}, optimizer=optimizer,
+        optimizer_notable=optimizer_share is None or optimizer_share >= thresholds.OPTIMIZER_SHARE_NOTABLE,
     )
 
 

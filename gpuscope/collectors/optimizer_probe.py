@@ -45,6 +45,8 @@ class OptimizerProbeCollector(PostRunProbe):
         torch, optimizer = sys.modules.get("torch"), facts.optimizer
         if torch is None or optimizer is None:
             return _unavailable("no optimizer stepped in the training loop")
+        if not facts.optimizer_notable:
+            return _unavailable("not run: the optimizer's update is too small a share of the step to advise on")
         name = type(optimizer).__name__
         if "fused" not in inspect.signature(type(optimizer).__init__).parameters:
             return _unavailable(f"{name}'s constructor takes no fused argument (torch's Adam, AdamW, SGD and "

@@ -75,6 +75,14 @@ def test_an_optimizer_with_no_fused_update_is_not_probed_and_says_so() -> None:
     assert probe(None) == ("unavailable", "no optimizer stepped in the training loop")
 
 
+def test_an_update_too_small_a_share_of_the_step_to_advise_on_is_not_timed() -> None:
+    _, optimizer = trained(torch.optim.Adam)
+    facts = post_run_facts(optimizer=optimizer, optimizer_share=0.04)  # under the rule's 5%
+    result = OptimizerProbeCollector().run(None, facts)  # type: ignore[arg-type]
+    assert (result.status.status, result.status.reason) == (
+        "unavailable", "not run: the optimizer's update is too small a share of the step to advise on")
+
+
 def test_a_subclass_that_cannot_be_built_from_its_hyperparameters_is_not_probed_and_says_why() -> None:
     class Scheduled(torch.optim.SGD):
         def __init__(self, params, lr, schedule, fused=None):  # noqa: ANN001 (a user's own optimizer)
