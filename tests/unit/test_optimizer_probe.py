@@ -146,7 +146,9 @@ def test_a_slow_unfused_update_is_told_to_fuse_with_the_gain_the_probe_measured(
 def test_the_fix_names_the_users_line_that_built_the_optimizer_not_a_librarys() -> None:
     built = CallSite(file="train.py", line=41, code="opt = torch.optim.AdamW(model.parameters(), lr=1e-3)", calls=1)
     by_trainer = CallSite(file="train.py", line=60, code="trainer.train()", calls=1)
+    second = dataclasses.replace(built, line=42, code="opt_g = torch.optim.AdamW(generator.parameters())")
     for sites, fix in [((by_trainer, built), "torch.optim.AdamW(..., fused=True)  # train.py:41"),
+                       ((built, second), "torch.optim.AdamW(..., fused=True)  # train.py:41, train.py:42"),
                        ((by_trainer,), "torch.optim.AdamW(..., fused=True)")]:
         record = dataclasses.replace(run_with(0.4, 5e-3, 1e-3), practices=Practices(optimizer_sites=sites))
         assert {r.id: r for r in evaluate(record)[0]}["fused-optimizer"].fix == fix

@@ -43,11 +43,12 @@ def fused_optimizer(run: RunRecord) -> Finding | None:
 
 
 def _fix(run: RunRecord, optimizer: str) -> str:
-    """``torch.optim.Adam(..., fused=True)`` and, where the user's line that built it is known (its code names the
-    class: not a library's, such as a Trainer's), that line: ``  # train.py:41``."""
+    """``torch.optim.Adam(..., fused=True)`` and, where the user's lines that built one are known (their code names
+    the class: not a library's, such as a Trainer's), those lines: ``  # train.py:41`` (a GAN's two optimizers, whose
+    updates both count in the optimizer's share of the step: ``  # dcgan.py:8, dcgan.py:9``)."""
     sites = run.practices.optimizer_sites if run.practices is not None else ()
-    site = next((s for s in sites if f"{optimizer}(" in s.code), None)
-    return f"torch.optim.{optimizer}(..., fused=True)" + (f"  # {site.file}:{site.line}" if site is not None else "")
+    lines = [f"{s.file}:{s.line}" for s in sites if f"{optimizer}(" in s.code]
+    return f"torch.optim.{optimizer}(..., fused=True)" + (f"  # {', '.join(lines)}" if lines else "")
 
 
 def _as_run(implementation: str) -> str:
