@@ -579,16 +579,18 @@ class OptimizerProbe:
     """How the run updated: ``for-loop`` (one parameter at a time), ``foreach`` (a few ops over lists of tensors)
     or ``fused`` (one kernel for all)."""
     device: str = ""
+    """The device type its parameters are on (``cpu``, ``cuda``)."""
     tensors: int = 0
     """Parameter tensors the optimizer updates."""
     parameters: int = 0
     """Elements in them."""
     timed_tensors: int = 0
-    """Of which the probe updated (the first ones, up to its size cap; the times are scaled to all of them)."""
+    """Of which the probe updated (the first ones, up to its size cap of 32 MiB)."""
     step_s: float | None = None
-    """One update as the run ran it (best of a few)."""
+    """One update of the timed tensors as the run ran it (best of a few bursts)."""
     fused_step_s: float | None = None
-    """One update with ``fused=True`` (best of a few); None where it could not be built (``note`` says why)."""
+    """One update of the timed tensors with ``fused=True`` (best of a few bursts); None where it could not be built
+    (``note`` says why)."""
     note: str = ""
 
 
