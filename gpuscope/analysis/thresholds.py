@@ -55,11 +55,9 @@ the kernel timeline and the host's ops over the whole recorded window (thousands
 Analysis reads a trace of a few steps), not on a distribution of step times, and such traces hold 1-5 steps."""
 
 # -- recommendations ---------------------------------------------------------------------------------------
-MIN_RECOMMENDED_GAIN = 0.01
-"""A rule whose measured gain is under 1% of the step is not recommended: it would show as "~0%" or "~1% of step
-time", below what a rerun can tell from noise (the same run on a quiet hour swings a few percent), and on an H100 it
-put TF32 third on a launch-bound loop whose GPU ran kernels 3% of the step (0.5-0.6% of the step, from its sgemm
-kernels). The rule's check records that it fired too small, and why."""
+MIN_RECOMMENDED_GAIN = 0.005
+"""A rule whose measured gain is under half a percent of the step is not recommended: it would show as "~0% of step
+time", below what a rerun can tell from noise (the rule's check records that it fired too small, and why)."""
 
 # -- data loading ------------------------------------------------------------------------------------------
 DATA_WAIT_NOTABLE = 0.05

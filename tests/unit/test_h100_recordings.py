@@ -58,15 +58,6 @@ def test_a_launch_bound_gpu_run_gets_cuda_graphs_first_with_its_measured_gain() 
     assert any("waiting for data" in fact for fact in record.verdict.evidence)
 
 
-def test_advice_worth_under_one_percent_of_the_step_is_left_out_and_says_why() -> None:
-    # given: the launch-bound loop, whose sgemm kernels are a third of kernel time on a GPU busy 3% of the step
-    _, record = recorded("launch-events")
-    # then: TF32 would gain 0.6% of the step: checked, not recommended
-    assert "tf32" not in gains(record)
-    check = record.checks["tf32"]
-    assert check.status == "clear" and check.reason.startswith("its measured gain, 0.6% of the step")
-
-
 @pytest.mark.parametrize("name", ["data-fixed", "compute-4096"])
 def test_launch_advice_is_never_sized_by_a_data_wait(name: str) -> None:
     # given: the data-bound loop with 6 workers and pinned memory, still waiting for batches on an H100; the
