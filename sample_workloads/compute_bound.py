@@ -63,6 +63,8 @@ def main():
     parser.add_argument("--batch-size", type=int, default=None, help="default 256 on a CPU, 4096 on a GPU")
     parser.add_argument("--bf16", action="store_true", help="autocast forward+loss to bfloat16")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--print-step-times", action="store_true",
+                        help="also print each step's time (the tests compare them with gpuscope's)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
 
@@ -109,6 +111,8 @@ def main():
     waits, durations = (wait_times[1:], step_times[1:]) if step > 1 else (wait_times, step_times)
     print(f"steps={step} median_step_s={statistics.median(durations):.6f} "
           f"data_wait_fraction={sum(waits) / sum(durations):.4f}")
+    if args.print_step_times:
+        print("step_times_s=" + ",".join(f"{t:.6f}" for t in step_times))
 
 
 if __name__ == "__main__":

@@ -59,6 +59,8 @@ def main():
     parser.add_argument("--steps", type=int, default=2000, help="optimizer steps to run")
     parser.add_argument("--batch-size", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--print-step-times", action="store_true",
+                        help="also print each step's time (the tests compare them with gpuscope's)")
     parser.add_argument("--fused-optimizer", action="store_true", help="AdamW(..., fused=True)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--time-from", type=int, default=1, metavar="STEP",
@@ -106,6 +108,8 @@ def main():
     print(f"steps={step} median_step_s={median:.6f} "
           f"data_wait_fraction={sum(waits) / sum(durations):.4f} "
           f"samples_per_s={args.batch_size / median:.1f}")
+    if args.print_step_times:
+        print("step_times_s=" + ",".join(f"{t:.6f}" for t in step_times))
 
 
 if __name__ == "__main__":

@@ -102,6 +102,8 @@ def main():
     parser.add_argument("--start-method", choices=["fork", "spawn", "forkserver"], default=None,
                         help="multiprocessing start method for the workers (default: platform default)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--print-step-times", action="store_true",
+                        help="also print each step's time (the tests compare them with gpuscope's)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
 
@@ -153,6 +155,8 @@ def main():
     waits, durations = (wait_times[1:], step_times[1:]) if step > 1 else (wait_times, step_times)
     print(f"steps={step} median_step_s={statistics.median(durations):.6f} "
           f"data_wait_fraction={sum(waits) / sum(durations):.4f}")
+    if args.print_step_times:
+        print("step_times_s=" + ",".join(f"{t:.6f}" for t in step_times))
 
 
 if __name__ == "__main__":

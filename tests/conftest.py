@@ -171,15 +171,17 @@ def side_by_side(*calls: Callable[[], T]) -> list[T]:
 
 
 SAMPLE_ARGS = {
-    "data_loading_bound": ("--steps", "24"),
-    "cpu_launch_bound": ("--steps", "400"),
-    "compute_bound": ("--steps", "18"),
+    "data_loading_bound": ("--steps", "24", "--print-step-times"),
+    "cpu_launch_bound": ("--steps", "400", "--print-step-times"),
+    "compute_bound": ("--steps", "18", "--print-step-times"),
     "data_loading_shared_cores": ("--steps", "60"),
 }
 """The shared run of the samples several tests read: enough steps for each of them (the verdict, every collector's
 output, the probes)."""
 OWN_FIGURES = re.compile(r"steps=(\d+) median_step_s=([0-9.]+) data_wait_fraction=([0-9.]+)")
 """The line each sample workload prints about itself at the end."""
+OWN_STEP_TIMES = re.compile(r"^step_times_s=([0-9.,]+)$", re.MULTILINE)
+"""...and, with ``--print-step-times``, each step's time as the script measured it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,6 +207,14 @@ class Run:
         assert match, self.result.stdout
         return {"steps": int(match.group(1)), "median_step_s": float(match.group(2)),
                 "data_wait_fraction": float(match.group(3))}
+
+    @property
+    def own_step_times(self) -> list[float]:
+        """Each step's time as the sample measured it (run with ``--print-step-times``), in step order."""
+        assert self.result.returncode == 0, self.result.stderr
+        match = OWN_STEP_TIMES.search(self.result.stdout)
+        assert match, self.result.stdout
+        return [float(t) for t in match.group(1).split(",")]
 
 
 class Runs:
