@@ -56,6 +56,16 @@ def active_session() -> Session | None:
     return _Active.session
 
 
+def _forget_inherited_session() -> None:
+    """In a forked child the parent's session collects nothing (its hooks ignore a forked child's events), so it is
+    not this process's: the child may profile itself (``gpuscope.profile()`` in a ``multiprocessing`` worker of a
+    script run under ``gpuscope run``, as under plain python)."""
+    _Active.session = None
+
+
+os.register_at_fork(after_in_child=_forget_inherited_session)
+
+
 class Session:
     """Collectors around a stretch of the user's code; ``stop`` returns the finished record."""
 

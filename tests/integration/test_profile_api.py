@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.data import DataLoader, Dataset  # noqa: E402
 
 import gpuscope  # noqa: E402
+from conftest import load_run, run_gpuscope  # noqa: E402
 from gpuscope.api import ProfileError  # noqa: E402
 from gpuscope.session import active_session  # noqa: E402
 
@@ -161,3 +162,40 @@ def test_the_default_folder_is_the_clis(tmp_path: Path, monkeypatch: pytest.Monk
     assert prof.run_dir.parent == tmp_path / "gpuscope-runs"
     assert prof.run_dir.name.startswith("train-")
     assert prof.record.command == (str(tmp_path / "train.py"), "--lr", "0.1")
+
+
+PROFILES_ITS_WORKER = '''
+import multiprocessing, sys, time
+import torch
+import gpuscope
+
+def train(out):
+    model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with gpuscope.profile(out, quiet=True, probes=False):
+        for _ in range(12):
+            time.sleep(0.002)
+            loss = model(torch.randn(4, 8)).sum()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+
+if __name__ == "__main__":
+    worker = multiprocessing.get_context("fork").Process(target=train, args=(sys.argv[1],))
+    worker.start()
+    worker.join()
+    sys.exit(worker.exitcode)
+'''
+
+
+def test_a_forked_worker_of_a_script_under_gpuscope_run_profiles_itself_as_under_python(tmp_path: Path) -> None:
+    # what gpuscope advises where the training runs in child processes (a hogwild loop, torch.multiprocessing):
+    # the parent's session, inherited by fork, is not the child's, so the child's own profile starts
+    script = tmp_path / "hogwild.py"
+    script.write_text(PROFILES_ITS_WORKER)
+    result = run_gpuscope(["run", "-q", "--no-probes", "-o", str(tmp_path / "parent"), str(script),
+                           str(tmp_path / "worker")], tmp_path, preloaded=True)
+    assert result.returncode == 0, result.stderr
+    assert load_run(tmp_path / "worker")["steps"]["total"] == 12
+    parent = load_run(tmp_path / "parent")
+    assert (parent["exit_status"], parent["steps"]["total"]) == (0, 0)
