@@ -471,6 +471,9 @@ class Practices:
     """Lines of the user's code that entered ``torch.autocast`` on the CPU, enabled, in bfloat16 or float16."""
     optimizer_sites: tuple[CallSite, ...] = ()
     """Lines of the user's code that built an optimizer (``torch.optim.Optimizer``'s constructor ran under them)."""
+    float64_sites: tuple[CallSite, ...] = ()
+    """Lines of the user's code that made float64 the model's or torch's default dtype: ``Module.double()``,
+    ``Module.to(torch.float64)``, ``torch.set_default_dtype(torch.float64)``."""
 
 
 @dataclass(frozen=True, slots=True)

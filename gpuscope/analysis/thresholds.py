@@ -360,6 +360,13 @@ load the two do not share puts the benchmark under the run. The bfloat16 run tha
 against 0.95 measured (4.2x), on a CPU without bfloat16 matrix instructions. 1.5x covers the noise seen with room,
 and leaves "100% of peak" unsaid where the benchmark times another kind of matmul than the run's."""
 
+CPU_FLOAT64_SLOWER = 1.5
+"""``float32-over-float64`` fires where this machine's float32 matmul rate is at least 1.5x its float64 rate, both
+measured after the run back to back (below that, load could make the difference: MEASURED_PEAK_NOISE). A CPU's
+vector units hold twice as many float32 lanes as float64 ones: on the project's 2-core AMD EPYC, 1024x1024 matmuls,
+float32 80 and float64 36 GFLOP/s on 1 thread (2.2x), 124 and 62 on 2; the probe after a float64 regression fit
+measured 169 and 70 (2.4x; tests/unit/test_rules_float64.py)."""
+
 CPU_LOW_PRECISION_SLOWER = 1.5
 """``cpu-fp32-over-low-precision`` fires where this machine's float32 matmul rate is at least 1.5x its rate in the
 run's bfloat16 / float16: the two are timed back to back, so a smaller ratio could be load (MEASURED_PEAK_NOISE);

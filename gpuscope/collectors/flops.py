@@ -55,6 +55,9 @@ takes 25 ms on one thread of the project's 2-core machine, so a warm-up and 5 ti
 PREDICT_SIZE = 256
 """One matmul of this size, first, predicts how long a BENCH_SIZE one takes in the dtype (see ``fitting_size``)."""
 MIN_BENCH_SIZE = 128
+MEASURED_DTYPES = ("float32", "bfloat16", "float16", "float64")
+"""The step dtypes the CPU peak is measured in (float32 beside any other); a step in another is held against
+float32's."""
 TOP_OPS = 8
 EVALUATED_RETRIES = 3
 """A counted step that held an evaluation pass (the trained model's forward in eval mode or without gradients: a
@@ -221,7 +224,7 @@ class CpuPeakProbe(PostRunProbe):
             return CollectorResult(CollectorStatus("unavailable", "no step's FLOPs were counted"))
         if count.cuda:
             return CollectorResult(CollectorStatus("unavailable", "a CUDA run: the GPU's datasheet peak is used"))
-        dtype = count.dtype if count.dtype in ("float32", "bfloat16", "float16") else "float32"
+        dtype = count.dtype if count.dtype in MEASURED_DTYPES else "float32"
         threads = torch.get_num_threads()
         peak = time_matmuls(torch, getattr(torch, dtype), clock=self._clock)
         source = f"measured here after the run: {peak.describe(dtype)} on {threads} thread{'s' if threads != 1 else ''}"

@@ -57,6 +57,7 @@ class PracticesCollector(StepFollower):
         self._fill_sites = SiteCounter()
         self._autocast_sites = SiteCounter()
         self._optimizer_sites = SiteCounter()
+        self._float64_sites = SiteCounter()
         self._inspected: dict[str, Any] = {}
         self.notes: list[str] = []
 
@@ -89,6 +90,7 @@ class PracticesCollector(StepFollower):
             zero_grad_fill_sites=self._fill_sites.sites(),
             cpu_autocast_sites=self._autocast_sites.sites(),
             optimizer_sites=self._optimizer_sites.sites(),
+            float64_sites=self._float64_sites.sites(),
             **self._inspected,
         ))
 
@@ -105,6 +107,13 @@ class PracticesCollector(StepFollower):
         # where each optimizer is built: a subclass's constructor calls this one, under the user's line
         self._undo.append(patch(torch.optim.Optimizer, "__init__", self._wrap_counted(self._optimizer_sites)))
         self._undo.append(patch(torch.nn.Module, "zero_grad", self._wrap_zero_grad))
+        # where float64 is made the model's dtype (.double(), .to(torch.float64)) or torch's default
+        def names_float64(*args: Any, **kwargs: Any) -> bool:
+            return any(arg is torch.float64 for arg in (*args, *kwargs.values()))
+
+        self._undo.append(patch(torch.nn.Module, "double", self._wrap_counted(self._float64_sites)))
+        for owner, name in ((torch.nn.Module, "to"), (torch, "set_default_dtype")):
+            self._undo.append(patch(owner, name, self._wrap_counted(self._float64_sites, names_float64)))
         autocast = getattr(getattr(torch, "amp", None), "autocast_mode", None)
         if autocast is not None and hasattr(autocast, "autocast"):
             self._undo.append(patch(autocast.autocast, "__enter__", self._wrap_autocast_enter))
@@ -135,10 +144,13 @@ class PracticesCollector(StepFollower):
 
         return set_anomaly_enabled
 
-    def _wrap_counted(self, sites: SiteCounter) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def _wrap_counted(self, sites: SiteCounter, when: Callable[..., bool] | None = None,
+                      ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """A wrapper counting the user's line under each call (those ``when(*args, **kwargs)`` holds for)."""
         def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
             def counted(*args: Any, **kwargs: Any) -> Any:
-                sites.count(user_frame(sys._getframe(1)))
+                if when is None or when(*args, **kwargs):
+                    sites.count(user_frame(sys._getframe(1)))
                 return original(*args, **kwargs)
 
             return counted

@@ -150,3 +150,25 @@ def test_cpu_autocast_in_a_reduced_dtype_is_named_with_its_line(tmp_path: Path) 
     assert site.code == 'with torch.autocast("cpu", dtype=torch.bfloat16):  # the autocast line'
     assert torch.amp.autocast_mode.autocast.__enter__ is enter  # left as it was found
     assert practices_of(tmp_path, plain_step).cpu_autocast_sites == ()
+
+
+def test_the_lines_that_make_float64_the_models_or_torchs_dtype_are_named(tmp_path: Path) -> None:
+    patched = (nn.Module.double, nn.Module.to, torch.set_default_dtype)
+    default = torch.get_default_dtype()
+
+    def step(model, opt, i):
+        if i == 0:
+            model.double()  # made float64
+            model.to(dtype=torch.float64)  # made float64 again
+            model.to(torch.float32)  # not float64: not counted
+            model.to("cpu")  # nor a device
+            torch.set_default_dtype(torch.float64)  # torch's default made float64
+            torch.set_default_dtype(default)  # not float64: not counted
+        plain_step(model, opt, i)
+
+    practices = practices_of(tmp_path, step)
+    assert [site.code for site in practices.float64_sites] == [
+        "model.double()  # made float64", "model.to(dtype=torch.float64)  # made float64 again",
+        "torch.set_default_dtype(torch.float64)  # torch's default made float64"]
+    assert (nn.Module.double, nn.Module.to, torch.set_default_dtype) == patched  # left as they were found
+    assert practices_of(tmp_path, plain_step).float64_sites == ()

@@ -204,10 +204,10 @@ def test_every_contract_id_has_exactly_one_rule() -> None:
     ids = [r.id for r in RULES]
     assert len(ids) == len(set(ids))
     # the contract's 15, reduce-communication, cpu-fp32-over-low-precision, persistent-workers,
-    # file-system-sharing and fused-optimizer (docs/contract-additions.md)
-    assert len(contract_ids()) == 20
+    # file-system-sharing, fused-optimizer and float32-over-float64 (docs/contract-additions.md)
+    assert len(contract_ids()) == 21
     assert {"reduce-communication", "cpu-fp32-over-low-precision", "persistent-workers",
-            "file-system-sharing", "fused-optimizer"} <= contract_ids()
+            "file-system-sharing", "fused-optimizer", "float32-over-float64"} <= contract_ids()
     assert set(ids) == contract_ids()
 
 

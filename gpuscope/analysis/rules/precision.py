@@ -1,5 +1,5 @@
 """Rules about number formats: mixed precision on Tensor Cores; float32 on a CPU whose bfloat16 / float16 matmuls
-are slower than its float32 ones."""
+are slower than its float32 ones, or whose step ran in float64."""
 
 from __future__ import annotations
 
@@ -71,17 +71,13 @@ def cpu_fp32_over_low_precision(run: RunRecord) -> Finding | None:
     Gain: the matmul ops' time in the step (their share of the profiled op time) less the same matmuls in float32:
     their counted FLOPs at the measured float32 rate, or their time scaled by the two measured rates, the longer."""
     sol = run.speed_of_light
-    if sol is None or sol.dtype not in LOW_PRECISION or not sol.peak_flops_per_s or not sol.float32_flops_per_s:
+    if sol is None or sol.dtype not in LOW_PRECISION:
         return None
+    found = _matmuls_in_float32(run, th.CPU_LOW_PRECISION_SLOWER)
+    if found is None:
+        return None
+    share, matmul_s, fp32_s, flops = found
     low, fp32, median = sol.peak_flops_per_s, sol.float32_flops_per_s, run.steps.median_s
-    share = matmul_share(run)
-    if fp32 < low * th.CPU_LOW_PRECISION_SLOWER or not share or not median or not run.steps.count:
-        return None
-    matmul_s = share * median_compute_s(run)
-    flops = sum(n for op, n in sol.flops_by_op.items() if op_kind(op) == "matmul")
-    fp32_s = max(flops / fp32, matmul_s * low / fp32)
-    if fp32_s >= matmul_s:
-        return None
     sites = run.practices.cpu_autocast_sites if run.practices is not None else ()
     how = f", under torch.autocast at {_sites(sites)}" if sites else ""
     evidence = (
@@ -99,6 +95,66 @@ def cpu_fp32_over_low_precision(run: RunRecord) -> Finding | None:
     elif run.practices is not None:
         fix = (f"keep the model and its inputs in float32 (no .to(torch.{sol.dtype}) / .half()) on this CPU, whose "
                f"{sol.dtype} matmuls are {fp32 / low:.0f}x slower than its float32 ones")
+    return Finding((matmul_s - fp32_s) / median, evidence, fix=fix)
+
+
+def _matmuls_in_float32(run: RunRecord, slower: float) -> tuple[float, float, float, float] | None:
+    """The step's matmuls in its dtype and in float32, on a machine whose measured float32 matmul rate is at least
+    ``slower`` times the dtype's: (their share of the op time, their time in the step, the same in float32, their
+    FLOPs); None where float32 would not be faster. In float32: the counted FLOPs at the measured float32 rate, or
+    their time scaled by the two measured rates, the longer."""
+    sol, median = run.speed_of_light, run.steps.median_s
+    if sol is None or not sol.peak_flops_per_s or not sol.float32_flops_per_s:
+        return None
+    rate, fp32 = sol.peak_flops_per_s, sol.float32_flops_per_s
+    share = matmul_share(run)
+    if fp32 < rate * slower or not share or not median or not run.steps.count:
+        return None
+    matmul_s = share * median_compute_s(run)
+    flops = sum(n for op, n in sol.flops_by_op.items() if op_kind(op) == "matmul")
+    fp32_s = max(flops / fp32, matmul_s * rate / fp32)
+    return (share, matmul_s, fp32_s, flops) if fp32_s < matmul_s else None
+
+
+@rule(id="float32-over-float64",
+      title="Train in float32: the step's matmuls ran in float64",
+      fix="keep the model and its inputs in float32, unless it needs float64's precision: no model.double() or "
+          "torch.set_default_dtype(torch.float64); NumPy data as torch.from_numpy(a).float() (NumPy's default "
+          "dtype is float64)",
+      needs=("cpu", "op_profile", "matmul_rates"),
+      resolved_by=(Metric("op time in matmuls", "share", matmul_share), STEP))
+def float32_over_float64(run: RunRecord) -> Finding | None:
+    """Signal: a CPU run whose matmuls ran in float64 (the model made ``.double()``, float64 the default dtype, or
+    NumPy's float64 arrays fed in), on a machine whose float32 matmul rate, measured after the run, is
+    ``CPU_FLOAT64_SLOWER`` times its float64 rate or more.
+    Why it matters: deep-learning training needs no more than float32's precision (mixed precision goes lower
+    still), and a float64 matmul moves twice the bytes and fills half the vector lanes: half the speed on a CPU.
+    Some scientific models do need float64: the advice says so.
+    Fix: keep the model and its data in float32, naming the lines that made float64 the model's or torch's dtype.
+    Gain: as ``cpu-fp32-over-low-precision``'s: the matmuls' time less the same matmuls at the float32 rate."""
+    sol = run.speed_of_light
+    if sol is None or sol.dtype != "float64":
+        return None
+    found = _matmuls_in_float32(run, th.CPU_FLOAT64_SLOWER)
+    if found is None:
+        return None
+    share, matmul_s, fp32_s, flops = found
+    f64, fp32, median = sol.peak_flops_per_s, sol.float32_flops_per_s, run.steps.median_s
+    sites = run.practices.float64_sites if run.practices is not None else ()
+    evidence = (
+        "the step's matmuls ran in float64" + (f", the model's or torch's dtype made so at {_sites(sites)}"
+                                               if sites else ""),
+        f"this machine's matmul rates, measured after the run: float32 {fp32 / 1e9:.1f} GFLOP/s, float64 "
+        f"{f64 / 1e9:.1f} GFLOP/s ({fp32 / f64:.1f}x slower)",
+        f"matmul ops take {share:.0%} of the step's op time, about {matmul_s * 1e3:.1f} ms of the "
+        f"{median * 1e3:.1f} ms step; in float32 they would take about {fp32_s * 1e3:.1f} ms "
+        f"({flops / 1e9:.2f} GFLOP at the float32 rate)",
+    )
+    fix = None
+    if sites and sites[0].file:
+        fix = (f"{_site(sites[0])}: keep the model (and its inputs) in float32 on this CPU, whose float64 matmuls "
+               f"are {fp32 / f64:.1f}x slower than its float32 ones, unless it needs float64's precision (training "
+               "rarely does: mixed precision goes below float32)")
     return Finding((matmul_s - fp32_s) / median, evidence, fix=fix)
 
 
