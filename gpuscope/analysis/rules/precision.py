@@ -3,6 +3,8 @@ are slower than its float32 ones, or whose step ran in float64."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from gpuscope.analysis import thresholds as th
 from gpuscope.analysis.evidence import STEP, Metric, kernel_share, median_compute_s, op_kind
 from gpuscope.analysis.rules.base import Finding, rule
@@ -76,33 +78,62 @@ def cpu_fp32_over_low_precision(run: RunRecord) -> Finding | None:
     found = _matmuls_in_float32(run, th.CPU_LOW_PRECISION_SLOWER)
     if found is None:
         return None
-    share, matmul_s, fp32_s, flops = found
-    low, fp32, median = sol.peak_flops_per_s, sol.float32_flops_per_s, run.steps.median_s
     sites = run.practices.cpu_autocast_sites if run.practices is not None else ()
     how = f", under torch.autocast at {_sites(sites)}" if sites else ""
-    evidence = (
-        f"the step's matmuls ran in {sol.dtype}{how}",
-        f"this machine's matmul rates, measured after the run: float32 {fp32 / 1e9:.1f} GFLOP/s, {sol.dtype} "
-        f"{low / 1e9:.2f} GFLOP/s ({fp32 / low:.0f}x slower)",
-        f"matmul ops take {share:.0%} of the step's op time, about {matmul_s * 1e3:.1f} ms of the "
-        f"{median * 1e3:.1f} ms step; in float32 they would take about {fp32_s * 1e3:.1f} ms "
-        f"({flops / 1e9:.2f} GFLOP at the float32 rate)",
-    )
+    evidence = (f"the step's matmuls ran in {sol.dtype}{how}", *found.evidence(sol.dtype))
     fix = None
     if sites and sites[0].file:
         fix = (f"{_site(sites[0])}: drop the autocast (or pass enabled=False) and train in float32 on this CPU, "
-               f"whose {sol.dtype} matmuls are {fp32 / low:.0f}x slower than its float32 ones")
+               f"whose {sol.dtype} matmuls are {found.slower()} slower than its float32 ones")
     elif run.practices is not None:
         fix = (f"keep the model and its inputs in float32 (no .to(torch.{sol.dtype}) / .half()) on this CPU, whose "
-               f"{sol.dtype} matmuls are {fp32 / low:.0f}x slower than its float32 ones")
-    return Finding((matmul_s - fp32_s) / median, evidence, fix=fix)
+               f"{sol.dtype} matmuls are {found.slower()} slower than its float32 ones")
+    return Finding(found.gain(), evidence, fix=fix)
 
 
-def _matmuls_in_float32(run: RunRecord, slower: float) -> tuple[float, float, float, float] | None:
+@dataclass(frozen=True, slots=True)
+class Float32Matmuls:
+    """The step's matmuls in their dtype, and what they would take in float32 at this machine's measured rates."""
+
+    share: float
+    """Their share of the profiled op time."""
+    matmul_s: float
+    """Their time in the median step."""
+    fp32_s: float
+    """The same matmuls at the float32 rate."""
+    flops: float
+    rate: float
+    """This machine's measured matmul rate in the step's dtype..."""
+    fp32: float
+    """...and in float32."""
+    median_s: float
+
+    def gain(self) -> float:
+        return (self.matmul_s - self.fp32_s) / self.median_s
+
+    def evidence(self, dtype: str) -> tuple[str, str]:
+        """The measured rates, and the matmuls' time in the step against the same in float32."""
+        return (
+            f"this machine's matmul rates, measured after the run: float32 {_rate(self.fp32)}, {dtype} "
+            f"{_rate(self.rate)} ({self.slower()} slower)",
+            f"matmul ops take {self.share:.0%} of the step's op time, about {self.matmul_s * 1e3:.1f} ms of the "
+            f"{self.median_s * 1e3:.1f} ms step; in float32 they would take about {self.fp32_s * 1e3:.1f} ms "
+            f"({self.flops / 1e9:.2f} GFLOP at the float32 rate)",
+        )
+
+    def slower(self) -> str:
+        ratio = self.fp32 / self.rate
+        return f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.1f}x"
+
+
+def _rate(flops_per_s: float) -> str:
+    return f"{flops_per_s / 1e9:.1f} GFLOP/s" if flops_per_s >= 10e9 else f"{flops_per_s / 1e9:.2f} GFLOP/s"
+
+
+def _matmuls_in_float32(run: RunRecord, slower: float) -> Float32Matmuls | None:
     """The step's matmuls in its dtype and in float32, on a machine whose measured float32 matmul rate is at least
-    ``slower`` times the dtype's: (their share of the op time, their time in the step, the same in float32, their
-    FLOPs); None where float32 would not be faster. In float32: the counted FLOPs at the measured float32 rate, or
-    their time scaled by the two measured rates, the longer."""
+    ``slower`` times the dtype's; None where float32 would not be faster. In float32: the counted FLOPs at the
+    measured float32 rate, or their time scaled by the two measured rates, the longer."""
     sol, median = run.speed_of_light, run.steps.median_s
     if sol is None or not sol.peak_flops_per_s or not sol.float32_flops_per_s:
         return None
@@ -113,7 +144,7 @@ def _matmuls_in_float32(run: RunRecord, slower: float) -> tuple[float, float, fl
     matmul_s = share * median_compute_s(run)
     flops = sum(n for op, n in sol.flops_by_op.items() if op_kind(op) == "matmul")
     fp32_s = max(flops / fp32, matmul_s * rate / fp32)
-    return (share, matmul_s, fp32_s, flops) if fp32_s < matmul_s else None
+    return Float32Matmuls(share, matmul_s, fp32_s, flops, rate, fp32, median) if fp32_s < matmul_s else None
 
 
 @rule(id="float32-over-float64",
@@ -138,24 +169,15 @@ def float32_over_float64(run: RunRecord) -> Finding | None:
     found = _matmuls_in_float32(run, th.CPU_FLOAT64_SLOWER)
     if found is None:
         return None
-    share, matmul_s, fp32_s, flops = found
-    f64, fp32, median = sol.peak_flops_per_s, sol.float32_flops_per_s, run.steps.median_s
     sites = run.practices.float64_sites if run.practices is not None else ()
-    evidence = (
-        "the step's matmuls ran in float64" + (f", the model's or torch's dtype made so at {_sites(sites)}"
-                                               if sites else ""),
-        f"this machine's matmul rates, measured after the run: float32 {fp32 / 1e9:.1f} GFLOP/s, float64 "
-        f"{f64 / 1e9:.1f} GFLOP/s ({fp32 / f64:.1f}x slower)",
-        f"matmul ops take {share:.0%} of the step's op time, about {matmul_s * 1e3:.1f} ms of the "
-        f"{median * 1e3:.1f} ms step; in float32 they would take about {fp32_s * 1e3:.1f} ms "
-        f"({flops / 1e9:.2f} GFLOP at the float32 rate)",
-    )
+    how = f", the model's or torch's dtype made so at {_sites(sites)}" if sites else ""
+    evidence = (f"the step's matmuls ran in float64{how}", *found.evidence("float64"))
     fix = None
     if sites and sites[0].file:
         fix = (f"{_site(sites[0])}: keep the model (and its inputs) in float32 on this CPU, whose float64 matmuls "
-               f"are {fp32 / f64:.1f}x slower than its float32 ones, unless it needs float64's precision (training "
+               f"are {found.slower()} slower than its float32 ones, unless it needs float64's precision (training "
                "rarely does: mixed precision goes below float32)")
-    return Finding((matmul_s - fp32_s) / median, evidence, fix=fix)
+    return Finding(found.gain(), evidence, fix=fix)
 
 
 def _site(site: CallSite) -> str:
