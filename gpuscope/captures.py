@@ -46,6 +46,8 @@ class StepCapture:
     notes: tuple[str, ...] = ()
     skipped: int = 0
     """The first steps, counted and not kept (``--skip-steps``); ``head`` counts from step 0."""
+    passes: tuple[int, int] = (0, 0)
+    """The timed modules' forward passes, and the ``backward()`` calls once forwards were timed."""
 
 
 @dataclass(frozen=True, slots=True)

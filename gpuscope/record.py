@@ -100,6 +100,10 @@ class Steps:
     breakdown_basis: TimeBasis = "host"
     """``device``: the breakdown splits the GPU's timeline by the host phase that queued the work."""
     device_median_s: float | None = None
+    forwards_per_backward: float | None = None
+    """The trained model's forward passes (its root modules', from the second step on) per ``backward()`` call: about
+    1 in most training loops (a GAN's two models, 1.3); many where the model runs on one sample or token at a time
+    before one backward (a policy's rollout, a decoder called token by token). None without a backward."""
     sampled: bool = False
     """True when the run had more steps than are kept one by one; figures then rest on an even sample."""
     sample: StepSample = field(default_factory=StepSample)

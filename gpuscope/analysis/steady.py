@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+import dataclasses
 from dataclasses import dataclass
 
 from gpuscope.analysis import thresholds as th
@@ -206,6 +207,11 @@ def _phase_seconds(record: StepRecord, phase: str) -> float:
 
 
 def summarize_capture(capture: StepCapture) -> StepSummary:
-    """``summarize`` of what the steps collector captured."""
-    return summarize(capture.records, capture.count, capture.head, capture.body_weight, capture.source,
-                     capture.skipped)
+    """``summarize`` of what the steps collector captured, with the forward passes per backward."""
+    summary = summarize(capture.records, capture.count, capture.head, capture.body_weight, capture.source,
+                        capture.skipped)
+    forwards, backwards = capture.passes
+    if not backwards:
+        return summary
+    return dataclasses.replace(summary, steps=dataclasses.replace(summary.steps,
+                                                                  forwards_per_backward=forwards / backwards))

@@ -197,6 +197,7 @@ class StepTracker:
         self.source: str | None = None
         self.dropped = 0  # steps dropped when a higher-priority marker appeared
         self.device: DeviceTimeline | None = None
+        self.passes = [0, 0]  # forwards of the timed (root) modules, backward() calls once forwards are timed
         self._t0 = now
         self._open_t: float | None = now
         self._anchor_optimizer: int | None = None
@@ -213,6 +214,8 @@ class StepTracker:
     def enter(self, phase: str, now: float) -> None:
         """A timed phase begins."""
         if self.clock.enter(phase, now):
+            if phase == "forward" or (phase == "backward" and self.passes[0]):  # not nested in another
+                self.passes[phase == "backward"] += 1
             self._phase_changed()
 
     def exit(self, phase: str, now: float) -> None:

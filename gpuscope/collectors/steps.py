@@ -167,11 +167,11 @@ class StepsCollector:
             notes.append(forward)
         if tracker.device is not None and tracker.device.gave_up:
             notes.append("device timing stopped: its markers could not be recorded or read (see the host figures)")
-        capture = StepCapture(
+        return CollectorResult(CollectorStatus("ok"), StepCapture(
             records=tuple(log.records()), count=log.count, head=log.skip + log.head_size,
             body_weight=log.body_weight, source=tracker.source or "none", loaders=self.loaders.records(),
-            device="cuda" if self._cuda_initialized() else "cpu", notes=tuple(notes), skipped=min(log.skip, log.count))
-        return CollectorResult(CollectorStatus("ok"), capture)
+            device="cuda" if self._cuda_initialized() else "cpu", notes=tuple(notes), skipped=min(log.skip, log.count),
+            passes=(tracker.passes[0], tracker.passes[1])))
 
     # -- hook installation -------------------------------------------------------------------------------
     def _install_torch_hooks(self) -> None:

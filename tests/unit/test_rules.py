@@ -148,6 +148,23 @@ def test_the_larger_batch_fix_goes_on_the_loaders_line_or_where_a_loop_without_o
         "then retune the learning rate and warm-up")
 
 
+def test_a_model_run_sample_by_sample_before_each_backward_is_told_to_stack_its_samples_not_to_batch_more() -> None:
+    # given: a REINFORCE loop (pytorch/examples' style), its policy called once for each environment step, 60 times
+    # for each backward(): more samples an update would be more forwards, as many ops a sample (measured: two
+    # episodes an update took as long per environment step as one)
+    rollout = dataclasses.replace(cpu_run(), loaders=(), steps=dataclasses.replace(
+        cpu_run().steps, forwards_per_backward=60.4))
+    launch = fired(rollout)["larger-batch"]
+    assert launch.evidence[-1] == ("the model runs forward 60 times for each backward(): sample by sample, its op "
+                                   "count grows with the samples")
+    assert launch.fix.startswith("run 2 environments (or sequences) side by side and call the model once on their "
+                                 "stacked inputs, instead of once for each (60 forwards for each backward() here)")
+    assert launch.expected_gain == fired(cpu_run())["larger-batch"].expected_gain
+    # a loop of one forward a backward (a GAN's two models: about 1.3, under the bar) keeps the batch advice
+    gan = dataclasses.replace(cpu_run(), steps=dataclasses.replace(cpu_run().steps, forwards_per_backward=1.3))
+    assert fired(gan)["larger-batch"].fix.startswith("DataLoader(..., batch_size=4)")
+
+
 def restarting_run(persistent: bool = False, restart_wait_s: float = 9.0):
     """Recorded: an IterableDataset with two spawn workers over 3 epochs of 126 steps, 19 ms a steady step; each new
     epoch's iterator started the workers again, and the loop waited 4.5 s for its first batch."""

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpuscope.analysis.steady import summarize
+from gpuscope.analysis.steady import summarize, summarize_capture
+from gpuscope.captures import StepCapture
 from gpuscope.collectors.steplog import StepLog, StepRecord
 
 
@@ -112,3 +113,14 @@ def test_a_long_periodic_run_is_summarised_from_a_fair_sample_with_counts_of_the
     assert steps.count == pytest.approx(99_999, rel=0.01)
     assert steps.mean_s == pytest.approx(1.5, rel=0.05)  # both phases of the period are in the sample
     assert len(steps.sample.index) <= 2000
+
+
+def test_the_forward_passes_per_backward_come_with_the_steps_where_a_backward_was_seen() -> None:
+    records = tuple(StepRecord(index=i, wall_s=0.03, phases_s={}) for i in range(8))
+    capture = StepCapture(records=records, count=8, head=64, body_weight=1.0, source="optimizer", loaders=(),
+                          device="cpu", passes=(420, 7))
+    assert summarize_capture(capture).steps.forwards_per_backward == 60
+    # a loop with no backward (inference, or a hand-written update): none
+    no_backward = StepCapture(records=records, count=8, head=64, body_weight=1.0, source="explicit", loaders=(),
+                              device="cpu", passes=(8, 0))
+    assert summarize_capture(no_backward).steps.forwards_per_backward is None

@@ -222,6 +222,26 @@ class TestStepTracker:
         last = records[-1]
         assert last.phases_s == pytest.approx({"data_wait": 0.5, "forward": 0.2, "backward": 0.1, "optimizer": 0.1})
 
+    def test_forward_passes_and_the_backwards_after_them_are_counted_once_each(self) -> None:
+        tracker = StepTracker(now=0.0)
+        tracker.enter("backward", 0.0)  # before forwards are timed (the first step): not counted
+        tracker.exit("backward", 0.1)
+        t = 1.0
+        for _ in range(2):  # a rollout: 3 forwards (one holding a nested root's forward), then one backward
+            for _ in range(3):
+                tracker.enter("forward", t)
+                tracker.enter("forward", t + 0.01)  # nested: the same pass
+                tracker.exit("forward", t + 0.02)
+                tracker.exit("forward", t + 0.03)
+                t += 0.1
+            tracker.enter("backward", t)
+            tracker.enter("backward", t + 0.01)  # backward() inside backward() (a gradient penalty): the same one
+            tracker.exit("backward", t + 0.02)
+            tracker.exit("backward", t + 0.03)
+            tracker.optimizer_stepped(1, t + 0.1)
+            t += 1.0
+        assert tracker.passes == [6, 2]
+
     def test_with_two_optimizers_the_first_one_stepped_ends_the_step(self) -> None:
         tracker = StepTracker(now=0.0)
         for i in range(4):

@@ -45,6 +45,15 @@ def larger_batch(run: RunRecord) -> Finding | None:
     share, fact = found
     batch = batch_size(run)
     evidence = (fact,) + ((f"the batch size is {batch}",) if batch else ())
+    passes = run.steps.forwards_per_backward
+    if passes is not None and passes >= th.ROLLOUT_FORWARDS:
+        # a rollout: more samples a step would mean more forwards, as many ops a sample; the fix is a wider forward
+        evidence += (f"the model runs forward {passes:.0f} times for each backward(): sample by sample, its op "
+                     "count grows with the samples",)
+        fix = ("run 2 environments (or sequences) side by side and call the model once on their stacked inputs, "
+               f"instead of once for each ({passes:.0f} forwards for each backward() here)  # then retune the "
+               "learning rate")
+        return Finding(share / 2, evidence, fix=fix)
     # doubling the batch halves the fixed cost per sample: the time per sample falls by share / 2
     return Finding(share / 2, evidence, fix=_batch_fix(run, batch))
 
