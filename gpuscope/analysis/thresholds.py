@@ -362,7 +362,7 @@ and leaves "100% of peak" unsaid where the benchmark times another kind of matmu
 
 ROLLOUT_FORWARDS = 4
 """``larger-batch`` advises stacking samples into one forward, rather than larger batches, where the trained model
-runs forward this many times or more for each ``backward()``: a policy's rollout (pytorch/examples' REINFORCE:
+runs forward this many times or more for each ``backward()`` and no DataLoader batched its inputs: a policy's rollout (pytorch/examples' REINFORCE:
 about 50), a decoder called token by token. A loop of one forward and one backward a batch gives 1, a GAN's two
 models about 1.3 (the discriminator on real and fake, the generator), gradient accumulation and LBFGS's closure 1.
 Measured on the REINFORCE loop (2-core machine): two episodes an update instead of one took the same time per

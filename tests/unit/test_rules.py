@@ -160,9 +160,12 @@ def test_a_model_run_sample_by_sample_before_each_backward_is_told_to_stack_its_
     assert launch.fix.startswith("run 2 environments (or sequences) side by side and call the model once on their "
                                  "stacked inputs, instead of once for each (60 forwards for each backward() here)")
     assert launch.expected_gain == fired(cpu_run())["larger-batch"].expected_gain
-    # a loop of one forward a backward (a GAN's two models: about 1.3, under the bar) keeps the batch advice
-    gan = dataclasses.replace(cpu_run(), steps=dataclasses.replace(cpu_run().steps, forwards_per_backward=1.3))
-    assert fired(gan)["larger-batch"].fix.startswith("DataLoader(..., batch_size=4)")
+    # a loop of one forward a backward (a GAN's two models: about 1.3, under the bar) keeps the batch advice, and
+    # so does a loader's batch stepped through time (a recurrent cell called once a token on a batch of sequences)
+    for passes in (1.3, 35):
+        batched = dataclasses.replace(cpu_run(), steps=dataclasses.replace(cpu_run().steps,
+                                                                           forwards_per_backward=passes))
+        assert fired(batched)["larger-batch"].fix.startswith("DataLoader(..., batch_size=4)")
 
 
 def restarting_run(persistent: bool = False, restart_wait_s: float = 9.0):

@@ -46,8 +46,10 @@ def larger_batch(run: RunRecord) -> Finding | None:
     batch = batch_size(run)
     evidence = (fact,) + ((f"the batch size is {batch}",) if batch else ())
     passes = run.steps.forwards_per_backward
-    if passes is not None and passes >= th.ROLLOUT_FORWARDS:
-        # a rollout: more samples a step would mean more forwards, as many ops a sample; the fix is a wider forward
+    if passes is not None and passes >= th.ROLLOUT_FORWARDS and not run.loaders:
+        # a rollout (no DataLoader batches the samples): more samples a step would be more forwards, as many ops a
+        # sample; the fix is a wider forward. With a loader, its batch is what each forward takes (an RNN stepped
+        # through time on a batch of sequences): a larger one still spreads the ops over more samples
         evidence += (f"the model runs forward {passes:.0f} times for each backward(): sample by sample, its op "
                      "count grows with the samples",)
         fix = ("run 2 environments (or sequences) side by side and call the model once on their stacked inputs, "
