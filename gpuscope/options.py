@@ -91,8 +91,9 @@ class RunOptions:
              "wait was under 5%% of the step (above, it always runs)")
     probes: bool = _option(
         True, "--no-probes", action="store_false",
-        help="skip the post-run probes (data probe, loader probe, per-op cost calibration): a faster exit with the "
-             "timings only; the CPU verdict then cannot tell launch- from compute-bound")
+        help="skip the post-run probes (data probe, loader probe, optimizer probe, per-op cost calibration, CPU "
+             "matmul peak): a faster exit with the timings only; the CPU verdict then cannot tell launch- from "
+             "compute-bound")
 
     skip_steps: int = _option(
         0, "--skip-steps", metavar="K", type=count,
