@@ -3,14 +3,14 @@ distribution, and the breakdown of step time into phases. A pure function of the
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
-import dataclasses
 from dataclasses import dataclass
 
 from gpuscope.analysis import thresholds as th
 from gpuscope.captures import TIMED_PHASES, StepCapture, StepRecord
-from gpuscope.record import PHASES, Breakdown, StepSample, Steps
+from gpuscope.record import PHASES, Breakdown, Steps, StepSample
 
 
 @dataclass(frozen=True, slots=True)

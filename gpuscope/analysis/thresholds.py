@@ -362,11 +362,12 @@ and leaves "100% of peak" unsaid where the benchmark times another kind of matmu
 
 ROLLOUT_FORWARDS = 4
 """``larger-batch`` advises stacking samples into one forward, rather than larger batches, where the trained model
-runs forward this many times or more for each ``backward()`` and no DataLoader batched its inputs: a policy's rollout (pytorch/examples' REINFORCE:
-about 50), a decoder called token by token. A loop of one forward and one backward a batch gives 1, a GAN's two
-models about 1.3 (the discriminator on real and fake, the generator), gradient accumulation and LBFGS's closure 1.
-Measured on the REINFORCE loop (2-core machine): two episodes an update instead of one took the same time per
-environment step (0.70 and 0.73 ms against 0.78 and 0.63), where the batch advice had promised 16% of the step."""
+runs forward this many times or more for each ``backward()`` and no DataLoader batched its inputs: a policy's
+rollout (pytorch/examples' REINFORCE: 60), a decoder called token by token (the seq2seq tutorial: 12). A loop of one
+forward and one backward a batch gives 1 (the transformers Trainer, accelerate and Lightning loops, LBFGS's
+closure), a DCGAN-style loop's two models 1.33 (the discriminator on real and fake, the generator). Measured on the
+REINFORCE loop (2-core machine): two episodes an update instead of one took the same time per environment step (0.70
+and 0.73 ms against 0.78 and 0.63), where the batch advice had promised 16% of the step."""
 
 CPU_FLOAT64_SLOWER = 1.5
 """``float32-over-float64`` fires where this machine's float32 matmul rate is at least 1.5x its float64 rate, both

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import make_record
+
 from gpuscope.analysis.rules import evaluate
 from gpuscope.captures import FlopCount
 from gpuscope.collectors import flops
