@@ -374,7 +374,7 @@ CPU_FLOAT64_SLOWER = 1.5
 measured after the run back to back (below that, load could make the difference: MEASURED_PEAK_NOISE). A CPU's
 vector units hold twice as many float32 lanes as float64 ones: on the project's 2-core AMD EPYC, 1024x1024 matmuls,
 float32 80 and float64 36 GFLOP/s on 1 thread (2.2x), 124 and 62 on 2; the probe after a float64 regression fit
-measured 169 and 70 (2.4x; tests/unit/test_rules_float64.py)."""
+measured 169 and 70 (2.4x; tests/unit/test_rules_cpu_precision.py)."""
 
 CPU_LOW_PRECISION_SLOWER = 1.5
 """``cpu-fp32-over-low-precision`` fires where this machine's float32 matmul rate is at least 1.5x its rate in the
