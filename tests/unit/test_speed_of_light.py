@@ -198,6 +198,9 @@ def test_on_a_bf16_run_the_cpu_peak_probe_times_float32_matmuls_too(monkeypatch:
     ("Tesla V100-SXM2-16GB", "float16", "V100 SXM2", 125),
     ("NVIDIA GeForce RTX 4090", "bfloat16", "RTX 4090", 165.2),
     ("NVIDIA GeForce RTX 3090", "float32", "RTX 3090", 35.6),
+    ("NVIDIA H100 80GB HBM3", "float64", "H100 SXM", 67),  # FP64 Tensor Cores
+    ("NVIDIA A100-SXM4-40GB", "float64", "A100 SXM", 19.5),
+    ("Tesla V100-PCIE-32GB", "float64", "V100 PCIe", 7),  # no FP64 Tensor Cores: the FP64 rate
 ])
 def test_gpu_peaks_are_looked_up_by_model_and_dtype(name: str, dtype: str, model: str, tflops: float) -> None:
     peak, source = gpu_peak_flops(name, dtype)
@@ -211,6 +214,7 @@ def test_an_unknown_gpu_or_dtype_has_no_peak_and_says_why() -> None:
                                                                         "no peak in gpuscope's table")
     peak, why = gpu_peak_flops("Tesla T4", "bfloat16")
     assert peak is None and "no bfloat16 peak for the T4" in why
+    assert gpu_peak_flops("Tesla T4", "float64")[0] is None  # its datasheet gives no FP64 figure
     assert find_gpu("NVIDIA A10G") is None  # not the A10
 
 
