@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from gpuscope.callsites import is_user_file
 from gpuscope.collectors.base import CollectorResult, PostRunProbe, register
 from gpuscope.collectors.cprofile import short_path
-from gpuscope.collectors.probing import DatasetError, dataset_error, unseen
+from gpuscope.collectors.probing import DatasetError, dataset_error, unseen, wait_under_the_bar
 from gpuscope.record import CollectorStatus, DataProbe, LineCost
 
 if TYPE_CHECKING:
@@ -71,8 +71,8 @@ class DataProbeCollector(PostRunProbe):
         if dataset is None:
             return CollectorResult(CollectorStatus("unavailable", "no map-style dataset was iterated"))
         if not facts.data_wait_notable:  # the user's dataset code runs again only when loading matters
-            return CollectorResult(CollectorStatus("unavailable", f"data wait was {facts.data_wait:.0%} "
-                                                   f"of the step, under {facts.notable_share:.0%}: not probed"))
+            return CollectorResult(CollectorStatus(
+                "unavailable", f"{wait_under_the_bar(facts.data_wait, facts.notable_share)}: not probed"))
         try:
             with unseen():
                 probe = probe_dataset(dataset, self._clock)

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collectors.base import CollectorResult, PostRunProbe, register
 from gpuscope.collectors.loader_timing import time_config
-from gpuscope.collectors.probing import DatasetError, first_line, unseen, user_torch_threads
+from gpuscope.collectors.probing import DatasetError, first_line, unseen, user_torch_threads, wait_under_the_bar
 from gpuscope.record import CollectorStatus, LoaderProbe, LoaderRate
 
 if TYPE_CHECKING:
@@ -97,10 +97,9 @@ class LoaderProbeCollector(PostRunProbe):
         torch = sys.modules.get("torch")
         if loader is None or torch is None:
             return CollectorResult(CollectorStatus("unavailable", "no DataLoader was iterated"))
-        share = facts.data_wait
         if not self._forced and not facts.data_wait_notable:
-            return CollectorResult(CollectorStatus("unavailable", f"data wait was {share:.0%} of the step, under "
-                                                   f"{facts.notable_share:.0%}: not probed (--probe-loader forces it)"))
+            under = wait_under_the_bar(facts.data_wait, facts.notable_share)
+            return CollectorResult(CollectorStatus("unavailable", f"{under}: not probed (--probe-loader forces it)"))
         info: dict[str, Any] = loader["info"]  # type: ignore[assignment]
         if info.get("iterable"):
             return CollectorResult(CollectorStatus("unavailable", (

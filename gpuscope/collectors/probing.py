@@ -79,6 +79,13 @@ code blowing up (materialising ``len(dataset)`` of anything) gets a MemoryError 
 killer, which could pick the profiled run itself."""
 
 
+def wait_under_the_bar(share: float, bar: float) -> str:
+    """"data wait was SHARE of the step, under BAR": SHARE to a tenth of a percent where whole percents would read
+    as the bar itself (4.9% is not "5%, under 5%")."""
+    shown = f"{share:.0%}" if round(share * 100) < round(bar * 100) else f"{share:.1%}"
+    return f"data wait was {shown} of the step, under {bar:.0%}"
+
+
 def run_isolated(probe: Callable[[], CollectorResult], budget_s: float, what: str) -> CollectorResult:
     """Run ``probe`` in a forked child (its own process group, one torch thread, its output discarded, its address
     space capped) and return its result, or an ``unavailable`` status if it did not finish within ``budget_s`` plus

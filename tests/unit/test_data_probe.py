@@ -225,6 +225,9 @@ def test_a_run_that_hardly_waits_for_data_is_not_probed() -> None:
     result = DataProbeCollector().run(Path("."), finished_run(HalfImages(), data_wait=0.02))
     assert result.status.status == "unavailable"
     assert result.status.reason == "data wait was 2% of the step, under 5%: not probed"
+    # just under the bar: to a tenth of a percent, not "5% of the step, under 5%"
+    result = DataProbeCollector().run(Path("."), finished_run(HalfImages(), data_wait=0.049))
+    assert result.status.reason == "data wait was 4.9% of the step, under 5%: not probed"
 
 
 class Chatty(HalfImages):
