@@ -52,6 +52,22 @@ def user_frame(start: FrameType | None = None) -> FrameType | None:
     return frame
 
 
+def calling_library(frame: FrameType | None, outermost: bool = False) -> str:
+    """The top-level package of the code that made a call gpuscope watches for (``transformers`` building a
+    DataLoader), or "" when it was the user's own code: the first frame at or outside ``frame`` that is not torch's
+    (or NumPy's). ``outermost``: the library the user's code called into, the last such frame before the user's
+    (``transformers`` for a Trainer whose autocast ``accelerate`` enters)."""
+    frameworks = framework_dirs()
+    library = ""
+    while frame is not None and not is_user_file(frame.f_code.co_filename):
+        if not os.path.realpath(frame.f_code.co_filename).startswith(frameworks):
+            library = str(frame.f_globals.get("__name__", "")).split(".", 1)[0]
+            if not outermost:
+                break
+        frame = frame.f_back
+    return library
+
+
 class SiteCounter:
     """Calls counted per user line; ``sites()`` turns them into record entries, most frequent first."""
 

@@ -473,6 +473,9 @@ class Practices:
     """The GPU's compute capability (``8.0``), on CUDA runs."""
     cpu_autocast_sites: tuple[CallSite, ...] = ()
     """Lines of the user's code that entered ``torch.autocast`` on the CPU, enabled, in bfloat16 or float16."""
+    cpu_autocast_by: str = ""
+    """The libraries whose code entered that autocast for those lines (``pytorch_lightning`` for
+    ``Trainer(precision="bf16-mixed")``), comma-separated; empty where the user's code entered it itself."""
     optimizer_sites: tuple[CallSite, ...] = ()
     """Lines of the user's code that built an optimizer (``torch.optim.Optimizer``'s constructor ran under them)."""
     float64_sites: tuple[CallSite, ...] = ()

@@ -5,14 +5,13 @@ post-run probes need to build it again. Kept strongly: the script's loader may b
 from __future__ import annotations
 
 import multiprocessing
-import os
 import sys
 import weakref
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from gpuscope.callsites import call_site, framework_dirs, is_user_file, user_frame
+from gpuscope.callsites import call_site, calling_library, user_frame
 from gpuscope.record import CallSite, Loader
 
 MAX_LOADERS = 16
@@ -72,7 +71,7 @@ class LoaderBook:
         except TypeError:  # no weak references (``__slots__``): the id alone, and the latest DataLoader's line
             ref = None
         site = call_site(user_frame(frame) if frame is not None else None)
-        self._created[id(dataset)] = (ref, site, _library(frame), batch_sampler)
+        self._created[id(dataset)] = (ref, site, calling_library(frame), batch_sampler)
 
     def _created_for(self, dataset: Any) -> tuple[Any, CallSite, str, str] | None:
         """The line noted for ``dataset``: its entry, if the dataset it was noted for is this one (an id alone, for
@@ -146,17 +145,6 @@ def _first_from(seen: weakref.WeakSet[Any], iterator: Any) -> bool:
     except TypeError:
         return False
     return True
-
-
-def _library(frame: FrameType | None) -> str:
-    """The top-level package of the code that constructed a DataLoader (``transformers``), or "" when it was the
-    user's own code: the first frame outside torch (and NumPy)."""
-    frameworks = framework_dirs()
-    while frame is not None and os.path.realpath(frame.f_code.co_filename).startswith(frameworks):
-        frame = frame.f_back
-    if frame is None or is_user_file(frame.f_code.co_filename):
-        return ""
-    return str(frame.f_globals.get("__name__", "")).split(".", 1)[0]
 
 
 def _passed_sampler(loader: Any) -> str:

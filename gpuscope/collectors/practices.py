@@ -28,7 +28,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, ClassVar
 
-from gpuscope.callsites import SiteCounter, user_frame
+from gpuscope.callsites import SiteCounter, calling_library, user_frame
 from gpuscope.collectors.base import CollectorResult, StepFollower, patch, register
 from gpuscope.importwatch import ImportWatch
 from gpuscope.record import CollectorStatus, Practices
@@ -56,6 +56,7 @@ class PracticesCollector(StepFollower):
         self._zero_grad_calls = 0
         self._fill_sites = SiteCounter()
         self._autocast_sites = SiteCounter()
+        self._autocast_libraries: set[str] = set()
         self._optimizer_sites = SiteCounter()
         self._float64_sites = SiteCounter()
         self._inspected: dict[str, Any] = {}
@@ -89,6 +90,7 @@ class PracticesCollector(StepFollower):
             zero_grad_fill_calls=self._fill_sites.total(),
             zero_grad_fill_sites=self._fill_sites.sites(),
             cpu_autocast_sites=self._autocast_sites.sites(),
+            cpu_autocast_by=",".join(sorted(self._autocast_libraries - {""})),
             optimizer_sites=self._optimizer_sites.sites(),
             float64_sites=self._float64_sites.sites(),
             **self._inspected,
@@ -119,7 +121,7 @@ class PracticesCollector(StepFollower):
             self._undo.append(patch(autocast.autocast, "__enter__", self._wrap_autocast_enter))
 
     def _wrap_autocast_enter(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        sites = self._autocast_sites
+        sites, libraries = self._autocast_sites, self._autocast_libraries
         low = {getattr(self._torch, name, None) for name in ("bfloat16", "float16")}
 
         def __enter__(mode: Any) -> Any:
@@ -128,6 +130,7 @@ class PracticesCollector(StepFollower):
                 caller = sys._getframe(1)
                 if not _torch_internal(caller, AUTOCAST_FILES):
                     sites.count(user_frame(caller))
+                    libraries.add(calling_library(caller, outermost=True))  # "": the user's own autocast
             return original(mode)
 
         return __enter__

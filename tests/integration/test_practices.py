@@ -148,6 +148,7 @@ def test_cpu_autocast_in_a_reduced_dtype_is_named_with_its_line(tmp_path: Path) 
     (site,) = practices.cpu_autocast_sites
     assert site.file.endswith("test_practices.py") and site.calls == 6
     assert site.code == 'with torch.autocast("cpu", dtype=torch.bfloat16):  # the autocast line'
+    assert practices.cpu_autocast_by == ""  # entered by the user's own code, not a library's
     assert torch.amp.autocast_mode.autocast.__enter__ is enter  # left as it was found
     assert practices_of(tmp_path, plain_step).cpu_autocast_sites == ()
 
@@ -172,3 +173,25 @@ def test_the_lines_that_make_float64_the_models_or_torchs_dtype_are_named(tmp_pa
         "torch.set_default_dtype(torch.float64)  # torch's default made float64"]
     assert (nn.Module.double, nn.Module.to, torch.set_default_dtype) == patched  # left as they were found
     assert practices_of(tmp_path, plain_step).float64_sites == ()
+
+
+def test_an_autocast_a_library_enters_is_named_with_the_library_and_the_users_line_into_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # given: a library (installed in site-packages, as Lightning is) whose fit() enters a CPU bfloat16 autocast
+    library = tmp_path / "site-packages" / "fittinglib"
+    library.mkdir(parents=True)
+    (library / "__init__.py").write_text(
+        "import torch\n\ndef fit(step, *args):\n    with torch.autocast('cpu', dtype=torch.bfloat16):\n"
+        "        step(*args)\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site-packages"))
+    import fittinglib
+
+    def step(model, opt, i):
+        fittinglib.fit(plain_step, model, opt, i)  # the user's line into the library
+
+    # when
+    practices = practices_of(tmp_path, step)
+    # then
+    (site,) = practices.cpu_autocast_sites
+    assert site.code == "fittinglib.fit(plain_step, model, opt, i)  # the user's line into the library"
+    assert practices.cpu_autocast_by == "fittinglib"

@@ -84,6 +84,25 @@ def test_a_bf16_autocast_run_on_a_cpu_with_slow_bf16_matmuls_is_told_to_train_in
     assert "bfloat16 matmuls are 80x slower than its float32 ones" in rec.fix
 
 
+def test_an_autocast_a_framework_entered_is_turned_off_by_that_frameworks_setting() -> None:
+    # given: Lightning's Trainer(precision="bf16-mixed") entered the autocast; the user's line is trainer.fit(...)
+    fit = CallSite(file="pl_bf16.py", line=24, function="<module>", calls=70, code="trainer.fit(model, loader)")
+    lightning = dataclasses.replace(bf16_run(sites=(fit,)), practices=Practices(
+        torch_version="2.13.0", steps_checked=60, cpu_autocast_sites=(fit,), cpu_autocast_by="pytorch_lightning"))
+    # when
+    _, rec = outcome(lightning)
+    # then: the fix is Lightning's setting, not "drop the autocast" on the fit() line
+    assert rec.evidence[0].endswith("`trainer.fit(model, loader)` (70x), entered by pytorch_lightning")
+    assert rec.fix.startswith('Trainer(..., precision="32-true")  # pytorch_lightning, called from pl_bf16.py:24, '
+                              "enters torch.autocast in bfloat16")
+    for library, setting in [("accelerate", 'Accelerator(mixed_precision="no")'),
+                             ("transformers", "TrainingArguments(..., bf16=False, fp16=False)"),
+                             ("mytrainer", "mytrainer's mixed precision off")]:
+        record = dataclasses.replace(lightning, practices=dataclasses.replace(lightning.practices,
+                                                                              cpu_autocast_by=library))
+        assert outcome(record)[1].fix.startswith(f"{setting}  # {library}, called from pl_bf16.py:24"), library
+
+
 def test_where_the_runs_matmuls_beat_the_benchmark_the_float32_time_is_their_flops_at_the_float32_rate() -> None:
     # given: the 1.6 GFLOP of matmuls ran in 360 ms (4.4 GFLOP/s), faster than the 1 GFLOP/s benchmark; at the
     # float32 rate of 8 GFLOP/s they take 200 ms, not 360 ms x 1/8 = 45 ms

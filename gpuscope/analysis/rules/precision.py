@@ -11,6 +11,13 @@ from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.record import CallSite, KernelTimeline, RunRecord
 
 LOW_PRECISION = ("bfloat16", "float16")
+MIXED_PRECISION_OFF = {
+    "pytorch_lightning": 'Trainer(..., precision="32-true")',
+    "lightning": 'Trainer(..., precision="32-true")',
+    "accelerate": 'Accelerator(mixed_precision="no")',
+    "transformers": "TrainingArguments(..., bf16=False, fp16=False)",
+}
+"""Where a library entered the CPU autocast, the setting of that library that trains in float32."""
 
 
 def compute_busy(kernels: KernelTimeline) -> float:
@@ -79,10 +86,16 @@ def cpu_fp32_over_low_precision(run: RunRecord) -> Finding | None:
     if found is None:
         return None
     sites = run.practices.cpu_autocast_sites if run.practices is not None else ()
-    how = f", under torch.autocast at {_sites(sites)}" if sites else ""
+    by = run.practices.cpu_autocast_by if run.practices is not None else ""
+    how = f", under torch.autocast at {_sites(sites)}" + (f", entered by {by}" if by else "") if sites else ""
     evidence = (f"the step's matmuls ran in {sol.dtype}{how}", *found.evidence(sol.dtype))
     fix = None
-    if sites and sites[0].file:
+    if by and sites and sites[0].file:  # a library's mixed-precision setting, not a line of the user's, enters it
+        setting = MIXED_PRECISION_OFF.get(by, f"{by}'s mixed precision off")
+        fix = (f"{setting}  # {by}, called from {sites[0].file}:{sites[0].line}, enters torch.autocast in "
+               f"{sol.dtype}: train in float32 on this CPU, whose {sol.dtype} matmuls are {found.slower()} slower "
+               "than its float32 ones")
+    elif sites and sites[0].file:
         fix = (f"{_site(sites[0])}: drop the autocast (or pass enabled=False) and train in float32 on this CPU, "
                f"whose {sol.dtype} matmuls are {found.slower()} slower than its float32 ones")
     elif run.practices is not None:
