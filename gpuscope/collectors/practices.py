@@ -56,7 +56,7 @@ class PracticesCollector(StepFollower):
         self._zero_grad_calls = 0
         self._fill_sites = SiteCounter()
         self._autocast_sites = SiteCounter()
-        self._autocast_libraries: set[str] = set()
+        self._autocast_libraries: dict[Any, str] = {}  # the library each user line entered its autocast through
         self._optimizer_sites = SiteCounter()
         self._float64_sites = SiteCounter()
         self._inspected: dict[str, Any] = {}
@@ -90,7 +90,7 @@ class PracticesCollector(StepFollower):
             zero_grad_fill_calls=self._fill_sites.total(),
             zero_grad_fill_sites=self._fill_sites.sites(),
             cpu_autocast_sites=self._autocast_sites.sites(),
-            cpu_autocast_by=",".join(sorted(self._autocast_libraries - {""})),
+            cpu_autocast_by=",".join(sorted(set(self._autocast_libraries.values()) - {""})),
             optimizer_sites=self._optimizer_sites.sites(),
             float64_sites=self._float64_sites.sites(),
             **self._inspected,
@@ -129,8 +129,11 @@ class PracticesCollector(StepFollower):
                     getattr(mode, "fast_dtype", None) in low:
                 caller = sys._getframe(1)
                 if not _torch_internal(caller, AUTOCAST_FILES):
-                    sites.count(user_frame(caller))
-                    libraries.add(calling_library(caller, outermost=True))  # "": the user's own autocast
+                    frame = user_frame(caller)
+                    sites.count(frame)
+                    where = (frame.f_code, frame.f_lineno) if frame is not None else None
+                    if where not in libraries:  # once a line: the stack walk is a path lookup a frame
+                        libraries[where] = calling_library(caller, outermost=True)  # "": the user's own
             return original(mode)
 
         return __enter__
