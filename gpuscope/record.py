@@ -481,6 +481,10 @@ class Practices:
     float64_sites: tuple[CallSite, ...] = ()
     """Lines of the user's code that made float64 the model's or torch's default dtype: ``Module.double()``,
     ``Module.to(torch.float64)``, ``torch.set_default_dtype(torch.float64)``."""
+    half_precision_sites: tuple[CallSite, ...] = ()
+    """Lines of the user's code that made bfloat16 or float16 the model's or torch's default dtype:
+    ``Module.half()``, ``Module.bfloat16()``, ``Module.to(torch.float16)`` (or bfloat16),
+    ``torch.set_default_dtype``."""
 
 
 @dataclass(frozen=True, slots=True)

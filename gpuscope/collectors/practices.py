@@ -59,6 +59,7 @@ class PracticesCollector(StepFollower):
         self._autocast_libraries: dict[Any, str] = {}  # the library each user line entered its autocast through
         self._optimizer_sites = SiteCounter()
         self._float64_sites = SiteCounter()
+        self._half_sites = SiteCounter()
         self._inspected: dict[str, Any] = {}
         self.notes: list[str] = []
 
@@ -93,6 +94,7 @@ class PracticesCollector(StepFollower):
             cpu_autocast_by=",".join(sorted(set(self._autocast_libraries.values()) - {""})),
             optimizer_sites=self._optimizer_sites.sites(),
             float64_sites=self._float64_sites.sites(),
+            half_precision_sites=self._half_sites.sites(),
             **self._inspected,
         ))
 
@@ -109,13 +111,22 @@ class PracticesCollector(StepFollower):
         # where each optimizer is built: a subclass's constructor calls this one, under the user's line
         self._undo.append(patch(torch.optim.Optimizer, "__init__", self._wrap_counted(self._optimizer_sites)))
         self._undo.append(patch(torch.nn.Module, "zero_grad", self._wrap_zero_grad))
-        # where float64 is made the model's dtype (.double(), .to(torch.float64)) or torch's default
-        def names_float64(*args: Any, **kwargs: Any) -> bool:
-            return any(arg is torch.float64 for arg in (*args, *kwargs.values()))
+        # where float64, or half precision, is made the model's dtype (.double(), .half(), .to(dtype)) or torch's
+        half = (torch.float16, torch.bfloat16)
+
+        def sites_of_dtype(*args: Any, **kwargs: Any) -> SiteCounter | None:
+            for arg in (*args, *kwargs.values()):
+                if arg is torch.float64:
+                    return self._float64_sites
+                if any(arg is dtype for dtype in half):
+                    return self._half_sites
+            return None
 
         self._undo.append(patch(torch.nn.Module, "double", self._wrap_counted(self._float64_sites)))
+        for name in ("half", "bfloat16"):
+            self._undo.append(patch(torch.nn.Module, name, self._wrap_counted(self._half_sites)))
         for owner, name in ((torch.nn.Module, "to"), (torch, "set_default_dtype")):
-            self._undo.append(patch(owner, name, self._wrap_counted(self._float64_sites, names_float64)))
+            self._undo.append(patch(owner, name, self._wrap_sited(sites_of_dtype)))
         autocast = getattr(getattr(torch, "amp", None), "autocast_mode", None)
         if autocast is not None and hasattr(autocast, "autocast"):
             self._undo.append(patch(autocast.autocast, "__enter__", self._wrap_autocast_enter))
@@ -150,12 +161,17 @@ class PracticesCollector(StepFollower):
 
         return set_anomaly_enabled
 
-    def _wrap_counted(self, sites: SiteCounter, when: Callable[..., bool] | None = None,
-                      ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """A wrapper counting the user's line under each call (those ``when(*args, **kwargs)`` holds for)."""
+    def _wrap_counted(self, sites: SiteCounter) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """A wrapper counting the user's line under each call in ``sites``."""
+        return self._wrap_sited(lambda *args, **kwargs: sites)
+
+    def _wrap_sited(self, pick: Callable[..., SiteCounter | None],
+                    ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """A wrapper counting the user's line under each call in ``pick(*args, **kwargs)`` (None: not counted)."""
         def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
             def counted(*args: Any, **kwargs: Any) -> Any:
-                if when is None or when(*args, **kwargs):
+                sites = pick(*args, **kwargs)
+                if sites is not None:
                     sites.count(user_frame(sys._getframe(1)))
                 return original(*args, **kwargs)
 

@@ -154,7 +154,7 @@ def test_cpu_autocast_in_a_reduced_dtype_is_named_with_its_line(tmp_path: Path) 
 
 
 def test_the_lines_that_make_float64_the_models_or_torchs_dtype_are_named(tmp_path: Path) -> None:
-    patched = (nn.Module.double, nn.Module.to, torch.set_default_dtype)
+    patched = (nn.Module.double, nn.Module.half, nn.Module.bfloat16, nn.Module.to, torch.set_default_dtype)
     default = torch.get_default_dtype()
 
     def step(model, opt, i):
@@ -171,7 +171,9 @@ def test_the_lines_that_make_float64_the_models_or_torchs_dtype_are_named(tmp_pa
     assert [site.code for site in practices.float64_sites] == [
         "model.double()  # made float64", "model.to(dtype=torch.float64)  # made float64 again",
         "torch.set_default_dtype(torch.float64)  # torch's default made float64"]
-    assert (nn.Module.double, nn.Module.to, torch.set_default_dtype) == patched  # left as they were found
+    assert practices.half_precision_sites == ()
+    assert (nn.Module.double, nn.Module.half, nn.Module.bfloat16, nn.Module.to,
+            torch.set_default_dtype) == patched  # left as they were found
     assert practices_of(tmp_path, plain_step).float64_sites == ()
 
 
@@ -195,3 +197,18 @@ def test_an_autocast_a_library_enters_is_named_with_the_library_and_the_users_li
     (site,) = practices.cpu_autocast_sites
     assert site.code == "fittinglib.fit(plain_step, model, opt, i)  # the user's line into the library"
     assert practices.cpu_autocast_by == "fittinglib"
+
+
+def test_the_lines_that_make_half_precision_the_models_dtype_are_named(tmp_path: Path) -> None:
+    def step(model, opt, i):
+        if i == 0:
+            model.half()  # made float16
+            model.to(torch.bfloat16)  # made bfloat16
+            model.bfloat16()  # and again
+            model.float()  # back: not counted
+        plain_step(model, opt, i)
+
+    practices = practices_of(tmp_path, step)
+    assert [site.code for site in practices.half_precision_sites] == [
+        "model.half()  # made float16", "model.to(torch.bfloat16)  # made bfloat16", "model.bfloat16()  # and again"]
+    assert practices.float64_sites == ()

@@ -115,6 +115,14 @@ def test_without_an_autocast_line_the_fix_keeps_the_model_in_float32() -> None:
     _, rec = outcome(bf16_run(sites=(), dtype="float16"))
     assert rec.evidence[0] == "the step's matmuls ran in float16"
     assert rec.fix.startswith("keep the model and its inputs in float32 (no .to(torch.float16) / .half())")
+    # the line that cast it, where the practices collector saw it
+    half = CallSite(file="train.py", line=30, function="main", calls=1, code="model = Net().half()")
+    cast = bf16_run(sites=(), dtype="float16")
+    cast = dataclasses.replace(cast, practices=dataclasses.replace(cast.practices, half_precision_sites=(half,)))
+    _, rec = outcome(cast)
+    assert rec.evidence[0] == ("the step's matmuls ran in float16, the model's or torch's dtype made so at train.py:30 "
+                               "`model = Net().half()` (1x)")
+    assert rec.fix.startswith("train.py:30 `model = Net().half()`: keep the model (and its inputs) in float32")
 
 
 def test_a_float32_run_is_clear() -> None:

@@ -87,7 +87,9 @@ def cpu_fp32_over_low_precision(run: RunRecord) -> Finding | None:
         return None
     sites = run.practices.cpu_autocast_sites if run.practices is not None else ()
     by = run.practices.cpu_autocast_by if run.practices is not None else ""
-    how = f", under torch.autocast at {_sites(sites)}" + (f", entered by {by}" if by else "") if sites else ""
+    cast = run.practices.half_precision_sites if run.practices is not None else ()
+    how = f", under torch.autocast at {_sites(sites)}" + (f", entered by {by}" if by else "") if sites else (
+        f", the model's or torch's dtype made so at {_sites(cast)}" if cast else "")
     evidence = (f"the step's matmuls ran in {sol.dtype}{how}", *found.evidence(sol.dtype))
     fix = None
     if by and sites and sites[0].file:  # a library's mixed-precision setting, not a line of the user's, enters it
@@ -98,6 +100,9 @@ def cpu_fp32_over_low_precision(run: RunRecord) -> Finding | None:
     elif sites and sites[0].file:
         fix = (f"{_site(sites[0])}: drop the autocast (or pass enabled=False) and train in float32 on this CPU, "
                f"whose {sol.dtype} matmuls are {found.slower()} slower than its float32 ones")
+    elif cast and cast[0].file:
+        fix = (f"{_site(cast[0])}: keep the model (and its inputs) in float32 on this CPU, whose {sol.dtype} matmuls "
+               f"are {found.slower()} slower than its float32 ones")
     elif run.practices is not None:
         fix = (f"keep the model and its inputs in float32 (no .to(torch.{sol.dtype}) / .half()) on this CPU, whose "
                f"{sol.dtype} matmuls are {found.slower()} slower than its float32 ones")
