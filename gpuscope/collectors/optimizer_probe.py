@@ -12,6 +12,7 @@ The run's parameters, optimizer state and random number generators are left as t
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import sys
 import time
@@ -80,10 +81,8 @@ class OptimizerProbeCollector(PostRunProbe):
         if len(timed) < len(params):
             note = f"timed on the first {len(timed)} tensors ({PROBE_BYTES >> 20} MiB of parameters)" + (
                 f"; {note}" if note else "")
-        return CollectorResult(CollectorStatus("ok"), OptimizerProbe(
-            optimizer=name, implementation=implementation, device=found.device, tensors=len(params),
-            parameters=found.parameters, timed_tensors=len(timed), step_s=step_s,
-            fused_step_s=fused_s[0] if fused_s else None, note=note))
+        return CollectorResult(CollectorStatus("ok"), dataclasses.replace(
+            found, timed_tensors=len(timed), step_s=step_s, fused_step_s=fused_s[0] if fused_s else None, note=note))
 
 
 def _unavailable(reason: str) -> CollectorResult:

@@ -88,8 +88,11 @@ def cpu_fp32_over_low_precision(run: RunRecord) -> Finding | None:
     sites = run.practices.cpu_autocast_sites if run.practices is not None else ()
     by = run.practices.cpu_autocast_by if run.practices is not None else ""
     cast = run.practices.half_precision_sites if run.practices is not None else ()
-    how = f", under torch.autocast at {_sites(sites)}" + (f", entered by {by}" if by else "") if sites else (
-        f", the model's or torch's dtype made so at {_sites(cast)}" if cast else "")
+    how = ""
+    if sites:
+        how = f", under torch.autocast at {_sites(sites)}" + (f", entered by {by}" if by else "")
+    elif cast:
+        how = f", the model's or torch's dtype made so at {_sites(cast)}"
     evidence = (f"the step's matmuls ran in {sol.dtype}{how}", *found.evidence(sol.dtype))
     fix = None
     if by and sites and sites[0].file:  # a library's mixed-precision setting, not a line of the user's, enters it
