@@ -579,7 +579,9 @@ class LoaderProbe:
     file_system: LoaderRate | None = None
     """The last worker count in ``rates`` timed again with ``torch.multiprocessing``'s ``file_system`` sharing
     strategy (tensors handed over as named shared-memory files, not as file descriptors the worker's Python must
-    pass), where handing its batches over waited on the workers (``receive_s``); None where not timed."""
+    pass), where handing batches over waited on the workers (the ``receive_s`` of the last count it was timed for);
+    None where not timed. Its slot of the probe's budget is kept from the first count whose hand-over waited, and
+    the start of torch's shared-memory manager is not taken from it."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,7 +7,13 @@ import math
 from gpuscope.analysis import thresholds as th
 from gpuscope.analysis.evidence import DATA_WAIT, Metric, slowest_loader
 from gpuscope.analysis.rules.base import Finding, rule
-from gpuscope.analysis.speed import LoaderPlan, back_to_back_share, loader_estimate, loader_plan
+from gpuscope.analysis.speed import (
+    FIRST_ROUND_ONLY,
+    LoaderPlan,
+    back_to_back_share,
+    loader_estimate,
+    loader_plan,
+)
 from gpuscope.analysis.waiting_workers import waiting_workers
 from gpuscope.record import Loader, RunRecord
 from gpuscope.summary import speedup_text
@@ -321,6 +327,9 @@ def file_system_sharing(run: RunRecord) -> Finding | None:
     Why it matters: a step pays the hand-over for every batch it takes, even where the workers keep up.
     Fix: torch.multiprocessing.set_sharing_strategy("file_system") before the DataLoader starts its workers
     (workers started by fork inherit it; under spawn, in worker_init_fn too), with the probe's worker count.
+    Not advised where the file_system timing got its first round only (a lower bound, which the analysis would
+    complete from the run's batch time) while the same count without it was timed over whole rounds: an estimate
+    of ideal workers against a measurement is no comparison.
     Gain: the step the probe's file_system timing predicts (``analysis.speed.loader_plan``)."""
     share, median, loader = run.breakdown.data_wait, run.steps.median_s, slowest_loader(run)
     plan = loader_plan(run, file_system=True)
@@ -332,15 +341,19 @@ def file_system_sharing(run: RunRecord) -> Finding | None:
         return None
     described = run.loader_probe.rates  # type: ignore[union-attr]
     fd = next((r for r in described if r.num_workers == plan.workers and not r.pin_memory), None)
+    timed = run.loader_probe.file_system  # type: ignore[union-attr]
+    if timed is not None and fd is not None and FIRST_ROUND_ONLY in timed.note and FIRST_ROUND_ONLY not in fd.note:
+        return None  # its first round only, against whole rounds without it: no comparison
+    received = (f"it took {plan.rate.receive_s * 1e3:.1f} ms" if plan.rate.receive_s is not None
+                else "its hand-over was not timed")
     evidence = [
         f"{share:.0%} of each step waits for the next batch (median step {median * 1e3:.1f} ms)",
         *_built_at(loader),
         f"handing a batch the {loader.dataset} loader's {plan.workers} workers had built over to the main process "
         f"took {(fd.receive_s or 0.0) * 1e3:.1f} ms while they built the next (timed by the probe: with the default "
         "file_descriptor strategy each tensor waits for the worker's Python to pass it)" if fd is not None else "",
-        f"with the file_system strategy it took {(plan.rate.receive_s or 0.0) * 1e3:.1f} ms "
-        f"({plan.rate.batches_per_s:.1f} batches/s); the loop takes {back_to_back_share(run):.0%} of its batches "
-        "back to back, while the workers build the next",
+        f"with the file_system strategy {received} ({plan.rate.batches_per_s:.1f} batches/s); the loop takes "
+        f"{back_to_back_share(run):.0%} of its batches back to back, while the workers build the next",
         f"predicted step {plan.step_s * 1e3:.1f} ms, {speedup_text(median / plan.step_s)} (an estimate)"
         + (f", against {default.step_s * 1e3:.1f} ms for {default.workers} workers without it" if default else ""),
     ]
