@@ -115,6 +115,9 @@ class PostRunFacts:
     """How much faster than that a loader must deliver to hide loading (``thresholds.LOADER_KEEPS_UP_MARGIN``)."""
     loader: dict[str, object] | None = None
     dataset: object | None = None
+    dataset_fetch: int | None = None
+    """Where ``dataset`` fetches whole batches (its loader's sampler yields lists of indices, with
+    ``batch_size=None``): the indices a fetch asks for; None where it is given one index at a time."""
     payloads: dict[str, object] = field(default_factory=dict)
     optimizer: object | None = None
     """The first optimizer the loop stepped (live, kept by the steps collector), whose update the optimizer probe

@@ -517,6 +517,10 @@ class DataProbe:
     """How many times slower the same element-wise NumPy arithmetic runs in float16 than in float32 here (None: not
     timed, as no line made float16 data, or NumPy was not imported)."""
     note: str = ""
+    batch_items: int | None = None
+    """Where the dataset fetches whole batches (its loader's sampler yields lists of indices, with
+    ``batch_size=None``): the indices each fetch asked for, as the loader's did; ``items`` and ``item_s`` then count
+    such fetches. None: one index a fetch."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -246,9 +246,10 @@ class Session:
                        "optimizer_share": reduced["breakdown"].optimizer}
             if loader is not None:
                 figures["batches_per_step"] = batches_per_step(loader["batches"], capture.count)
-        dataset = loaders.probe_dataset() if loaders is not None else None
+        dataset, fetch = loaders.probe_dataset() if loaders is not None else (None, None)
         optimizer = self._steps.first_optimizer if self._steps is not None else None
-        return post_run_facts(**figures, loader=loader, dataset=dataset, payloads=payloads, optimizer=optimizer)
+        return post_run_facts(**figures, loader=loader, dataset=dataset, dataset_fetch=fetch, payloads=payloads,
+                              optimizer=optimizer)
 
     def _reduce(self, name: str, field: str, payload: object, payloads: Mapping[str, object]) -> dict[str, Any]:
         """``record_fields`` of collector ``name``'s payload, computed once (the record is written before and after
@@ -308,8 +309,9 @@ def _said_after(delay_s: float, say: Callable[[str], None] | None, message: str)
 
 def post_run_facts(*, data_wait: float = 0.0, median_s: float | None = None, steps: int = 0, cuda: bool = False,
                    batches_per_step: float = 1.0, loader: dict[str, object] | None = None,
-                   dataset: object | None = None, payloads: dict[str, object] | None = None,
-                   optimizer: object | None = None, optimizer_share: float | None = None) -> PostRunFacts:
+                   dataset: object | None = None, dataset_fetch: int | None = None,
+                   payloads: dict[str, object] | None = None, optimizer: object | None = None,
+                   optimizer_share: float | None = None) -> PostRunFacts:
     """The facts the probes get from the run's steady steps (``data_wait`` share, ``median_s``, ``steps``): whether
     data wait was notable, and the rate the step consumes batches (``batches_per_step`` of the slowest loader)."""
     compute_s = compute_time_s(median_s, data_wait) if steps and median_s else None
@@ -318,7 +320,7 @@ def post_run_facts(*, data_wait: float = 0.0, median_s: float | None = None, ste
         data_wait_notable=data_wait >= thresholds.DATA_WAIT_NOTABLE, notable_share=thresholds.DATA_WAIT_NOTABLE,
         consume_batches_per_s=batches_per_step / compute_s if compute_s else None,
         keeps_up_margin=thresholds.LOADER_KEEPS_UP_MARGIN,
-        loader=loader, dataset=dataset, payloads=payloads or {}, optimizer=optimizer,
+        loader=loader, dataset=dataset, dataset_fetch=dataset_fetch, payloads=payloads or {}, optimizer=optimizer,
         optimizer_notable=optimizer_share is None or optimizer_share >= thresholds.OPTIMIZER_SHARE_NOTABLE,
     )
 

@@ -1,7 +1,8 @@
 """Where building one dataset item spends its time, line by line, and how much of it on float16 data.
 
 After the script has ended and every other collector has stopped (no hook, profiler or step window sees it), a
-few items of the map-style dataset the steps waited on longest are fetched again, ``dataset[i]``, under a
+few items of the map-style dataset the steps waited on longest are fetched again, ``dataset[i]`` (or, where its
+loader gave the dataset a list of indices a fetch, ``dataset[[i, ...]]``, a batch a fetch, as it did), under a
 ``sys.settrace`` line tracer that follows the user's own code only. Per line it keeps the line's own time (the
 time to its next line, less the time in traced user functions it called: NumPy's and torch's calls count as the
 line's) and whether the line produced float16 arrays or tensors. NumPy float16 arithmetic is emulated on most
@@ -75,7 +76,7 @@ class DataProbeCollector(PostRunProbe):
                 "unavailable", f"{wait_under_the_bar(facts.data_wait, facts.notable_share)}: not probed"))
         try:
             with unseen():
-                probe = probe_dataset(dataset, self._clock)
+                probe = probe_dataset(dataset, self._clock, fetch=facts.dataset_fetch)
         except DatasetError as exc:
             return CollectorResult(CollectorStatus("unavailable", str(exc)))
         numpy = sys.modules.get("numpy")
@@ -89,6 +90,7 @@ class DataProbeCollector(PostRunProbe):
             lines=probe.lines,
             numpy_float16_slowdown=slowdown,
             note=NOTE,
+            batch_items=facts.dataset_fetch,
         ))
 
 
@@ -103,8 +105,9 @@ class Probe:
 
 
 def probe_dataset(dataset: Any, clock: Callable[[], float] = time.perf_counter, items: int = ITEMS,
-                  budget_s: float = BUDGET_S) -> Probe:
-    """Fetch up to ``items`` items of ``dataset`` under the line tracer, within ``budget_s`` (at least one).
+                  budget_s: float = BUDGET_S, fetch: int | None = None) -> Probe:
+    """Fetch up to ``items`` items of ``dataset`` under the line tracer, within ``budget_s`` (at least one); where
+    ``fetch`` is given, each a batch: ``dataset[[i, i + 1, ...]]`` of ``fetch`` indices (wrapping around).
 
     Raises DatasetError if the dataset raises. Restores the trace function that was set before.
     """
@@ -123,10 +126,11 @@ def probe_dataset(dataset: Any, clock: Callable[[], float] = time.perf_counter, 
         for index in indices:
             if fetched and clock() - started > budget_s:
                 break
+            key = [(index + k) % length for k in range(fetch)] if fetch else index
             before = clock()
             sys.settrace(tracer)
             try:
-                dataset[index]
+                dataset[key]
             finally:
                 sys.settrace(previous)
             wall_s += clock() - before

@@ -114,6 +114,7 @@ class LoaderProbeCollector(PostRunProbe):
                 probe = probe_loader(
                     torch, loader["dataset"], batch_size=info.get("batch_size"), collate_fn=loader.get("collate_fn"),
                     drop_last=bool(loader.get("drop_last", False)), worker_init_fn=loader.get("worker_init_fn"),
+                    fetches_batches=bool(loader.get("fetch")),
                     start_method=info.get("start_method"), cores=_cores(),
                     consume_batches_per_s=facts.consume_batches_per_s,
                     keeps_up_margin=facts.keeps_up_margin, budget_s=self._budget_s, cuda=facts.cuda,
@@ -136,7 +137,8 @@ def worker_counts(cores: int, limit: int = MAX_WORKERS) -> list[int]:
 
 
 def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn: Any = None, drop_last: bool = False,
-                 worker_init_fn: Any = None, start_method: str | None = None, cores: int = 1,
+                 worker_init_fn: Any = None, fetches_batches: bool = False, start_method: str | None = None,
+                 cores: int = 1,
                  consume_batches_per_s: float | None = None, keeps_up_margin: float = 0.1,
                  budget_s: float = BUDGET_S, cuda: bool = False, main_batch_s: float | None = None,
                  main_batch_batches: int = 0, clock: Callable[[], float] = time.perf_counter) -> LoaderProbe:
@@ -144,7 +146,8 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
     ``budget_s`` in all, stopping at the first count delivering ``keeps_up_margin`` more than
     ``consume_batches_per_s``. ``main_batch_s``: a batch's time in the main process as measured in the run over
     ``main_batch_batches`` batches, if known: then it is the 0-worker rate, and the probe's batches are smaller
-    (``probe_batch_size``).
+    (``probe_batch_size``). ``fetches_batches``: the dataset fetches whole batches, a list of indices each (the
+    run's loader had a sampler of lists and ``batch_size=None``), and is given them so.
 
     Raises DatasetError when the dataset raises in the main process.
     """
@@ -162,7 +165,7 @@ def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn
     configs = affordable_configs(counts, pins, budget_s, main_batch_s, consume_batches_per_s, keeps_up_margin,
                                  notes, probe_batch_s=main_batch_s * scale if main_batch_s else None)
     share_s = budget_s / len(configs)
-    source = _Source(dataset, items, collate_fn, drop_last, worker_init_fn, start_method)
+    source = _Source(dataset, items, collate_fn, drop_last, worker_init_fn, start_method, fetches_batches)
     rates: list[LoaderRate] = []
     threads = user_torch_threads(torch)  # the step's threads, not the probe child's one
     for workers, pin in configs:
@@ -252,6 +255,8 @@ class _Source:
     drop_last: bool
     worker_init_fn: Any
     start_method: str | None
+    fetches_batches: bool = False
+    """The dataset is given a list of ``items`` indices a fetch (``batch_size=None``), as the run's loader did."""
 
     def loader(self, torch: Any, workers: int, pin: bool, timeout_s: float) -> Any:
         """A ``DataLoader`` of this source with ``workers`` workers; a wait on them ends after ``timeout_s``."""
@@ -264,6 +269,8 @@ class _Source:
         sampler = ProbeSampler(length, self.items) if length else SequentialSampler(self.dataset)
         kwargs: dict[str, Any] = {"batch_size": self.items, "sampler": sampler, "drop_last": self.drop_last,
                                   "num_workers": workers, "pin_memory": pin, "generator": torch.Generator()}
+        if self.fetches_batches and length and self.items:
+            kwargs.update(batch_size=None, sampler=ProbeBatches(length, self.items), drop_last=False)
         if self.collate_fn is not None:
             kwargs["collate_fn"] = self.collate_fn
         if workers:
@@ -346,6 +353,21 @@ class ProbeSampler:
     def __iter__(self) -> Iterator[int]:
         rng = random.Random(0)  # its own generator: the global state is not touched
         return (rng.randrange(self.length) for _ in range(self.count))
+
+
+class ProbeBatches(ProbeSampler):
+    """``ProbeSampler``'s items as lists of ``batch_size`` indices, for a dataset that fetches whole batches."""
+
+    def __init__(self, length: int, batch_size: int, batches: int = PROBE_BATCHES) -> None:
+        super().__init__(length, batch_size, batches)
+        self.batch_size = batch_size
+
+    def __len__(self) -> int:
+        return self.count // self.batch_size
+
+    def __iter__(self) -> Iterator[list[int]]:  # type: ignore[override]
+        items = super().__iter__()
+        return ([next(items) for _ in range(self.batch_size)] for _ in range(len(self)))
 
 
 def _worker_counts_for(method: str, cores: int, pickled: tuple[Any, ...], notes: list[str]) -> list[int]:

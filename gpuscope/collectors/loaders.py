@@ -112,17 +112,18 @@ class LoaderBook:
     def _by_wait(self) -> list[dict[str, Any]]:
         return sorted(self._entries.values(), key=lambda e: -e["wait_s"])
 
-    def probe_dataset(self) -> Any:
-        """The map-style dataset the steps waited on longest (for the data probe), or None."""
+    def probe_dataset(self) -> tuple[Any, int | None]:
+        """The map-style dataset the steps waited on longest (for the data probe), or None; and where it fetches
+        whole batches, the indices its loader asked for at a time (``_loading``)."""
         for entry in self._by_wait():
             if not entry["info"]["iterable"] and entry["dataset"] is not None:
-                return entry["dataset"]
-        return None
+                return entry["dataset"], entry.get("loading", {}).get("fetch")
+        return None, None
 
     def probe_loader(self) -> dict[str, Any] | None:
         """What the loader probe needs of the loader the steps waited on longest: its description (``info``),
-        ``batches`` and ``wait_s`` as measured, and the ``dataset``, ``collate_fn``, ``drop_last`` and
-        ``worker_init_fn`` it loaded with; None when no DataLoader was iterated."""
+        ``batches`` and ``wait_s`` as measured, and the ``dataset``, ``collate_fn``, ``drop_last``,
+        ``worker_init_fn`` and ``fetch`` it loaded with; None when no DataLoader was iterated."""
         for entry in self._by_wait():
             return {"info": entry["info"], "batches": entry["batches"], "wait_s": entry["wait_s"],
                     "dataset": entry["dataset"], **entry.get("loading", {})}
@@ -180,12 +181,16 @@ def describe_tensors(batch: Any, depth: int = 0) -> list[str]:
 
 
 def _loading(iterator: Any) -> dict[str, Any]:
-    """How a DataLoader builds its batches, read off its iterator, for the loader probe to rebuild it."""
+    """How a DataLoader builds its batches, read off its iterator, for the probes to fetch as it did: its collate
+    function, drop_last, worker set-up, and ``fetch``: where the dataset itself fetches whole batches (a
+    ``BatchSampler`` passed as ``sampler`` with ``batch_size=None``, the fast path for tabular data: each
+    ``dataset[indices]`` gets a list), the indices a fetch asks for, else None (one index a fetch)."""
     sampler = getattr(iterator, "_index_sampler", None)
     return {
         "collate_fn": getattr(iterator, "_collate_fn", None),
         "drop_last": bool(getattr(sampler, "drop_last", getattr(iterator, "_drop_last", False))),
         "worker_init_fn": getattr(iterator, "_worker_init_fn", None),
+        "fetch": _batch_size(iterator) if getattr(iterator, "_auto_collation", True) is False else None,
     }
 
 

@@ -19,7 +19,7 @@ from report_records import (
 )
 
 from gpuscope import __version__
-from gpuscope.record import LoaderProbe, LoaderRate, RunRecord
+from gpuscope.record import DataProbe, LineCost, LoaderProbe, LoaderRate, RunRecord
 from gpuscope.report import render_report, template_dir, write_report
 from gpuscope.report.facts import MASK, fix_lines, mask_command
 from gpuscope.report.render import plotly_js
@@ -134,6 +134,17 @@ def test_the_loader_probes_table_shows_each_hand_over_and_the_file_system_timing
     assert "hand-over of a built batch (wall / CPU)" in table
     assert "1 no 108.80 44 41.0 ms 9.4 ms / 930.0 µs" in table, table
     assert "1 no 116.70 47 226.0 ms 750.0 µs / 510.0 µs again with the file_system sharing strategy" in table, table
+
+
+def test_a_dataset_probed_a_batch_at_a_time_is_described_by_the_batch() -> None:
+    probe = DataProbe(dataset="Table", items=3, item_s=0.0176, batch_items=512, lines=(
+        LineCost(file="tabular.py", line=23, function="Table.__getitem__", code="feats = np.stack(...)",
+                 own_s=0.0094),))
+    html = render_report(dataclasses.replace(sample_record("data_loading_bound"), data_probe=probe))
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html.split('id="steps"')[1].split("</section>")[0]))
+    assert "Fetching 3 batches of 512 items of Table again under a line tracer (its loader gave the dataset a list " \
+           "of indices a fetch): 17.6 ms a batch" in text, text
+    assert "per batch" in text and "per item" not in text
 
 
 @pytest.mark.parametrize("name", SAMPLE_RECORDS)

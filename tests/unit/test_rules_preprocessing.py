@@ -97,3 +97,14 @@ def test_float32_batches_are_not_called_float16() -> None:
 def test_without_a_data_probe_the_rule_says_why_it_was_not_checked() -> None:
     _, checks = evaluate(fp16_run(probe=False))
     assert checks[RULE].reason == "the dataset was not probed (data-probe: no map-style dataset was iterated)"
+
+
+def test_a_dataset_probed_a_batch_at_a_time_is_described_by_the_batch() -> None:
+    # given: the dataset fetches whole batches of 64 (a BatchSampler passed as the loader's sampler)
+    run = fp16_run()
+    run = make_record(steps=run.steps, breakdown=run.breakdown, loaders=run.loaders,
+                      data_probe=DataProbe(dataset="Images", items=3, item_s=0.0158, float16_s=0.0123, lines=LINES,
+                                           numpy_float16_slowdown=9.4, batch_items=64))
+    found = recommendation(run)
+    assert found is not None
+    assert found.evidence[1].startswith("78% of fetching one Images batch of 64 items (12.3 ms of 15.8 ms")

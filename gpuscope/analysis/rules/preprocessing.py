@@ -36,7 +36,7 @@ def fp32_preprocessing(run: RunRecord) -> Finding | None:
     heavy = [line for line in probe.lines if line.float16][:SHOWN_LINES]
     evidence = [
         f"{share:.0%} of each step waits for the next batch (median step {run.steps.median_s * 1e3:.1f} ms)",
-        f"{float16_share:.0%} of fetching one {probe.dataset} item ({probe.float16_s * 1e3:.1f} ms of "
+        f"{float16_share:.0%} of fetching one {probe.dataset} {_fetched(probe)} ({probe.float16_s * 1e3:.1f} ms of "
         f"{probe.item_s * 1e3:.1f} ms, under a line tracer) is on lines producing float16 data"
         + (": " + ", ".join(f"{_where(line)} `{line.code}` ({line.own_s * 1e3:.1f} ms)" for line in heavy)
            if heavy else ""),
@@ -49,6 +49,11 @@ def fp32_preprocessing(run: RunRecord) -> Finding | None:
         evidence.append(f"the {loader.dataset} loader's batches hold {', '.join(half)}")
     gain = share * float16_share * (1 - 1 / slowdown) if slowdown is not None else None
     return Finding(gain, tuple(evidence), fix=_fix(heavy, numpy=slowdown is not None))
+
+
+def _fetched(probe: DataProbe) -> str:
+    """What one fetch of the probed dataset gave: an item, or a batch where the dataset fetches whole batches."""
+    return f"batch of {probe.batch_items} items" if probe.batch_items else "item"
 
 
 def _where(line: LineCost) -> str:
