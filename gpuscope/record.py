@@ -517,6 +517,10 @@ class DataProbe:
     """How many times slower the same element-wise NumPy arithmetic runs in float16 than in float32 here (None: not
     timed, as no line made float16 data, or NumPy was not imported)."""
     note: str = ""
+    lines_s: float = 0.0
+    """Of ``item_s``, the time on the dataset's own lines, every one of them (not only those in ``lines``), the line
+    tracer's own work left out: what fetching an item takes untraced, about (the tracer makes a line of a Python
+    loop several times slower; NumPy's and torch's calls count as the line's). 0 in records made before it was."""
     batch_items: int | None = None
     """Where the dataset fetches whole batches (its loader's sampler yields lists of indices, with
     ``batch_size=None``): the indices each fetch asked for, as the loader's did; ``items`` and ``item_s`` then count

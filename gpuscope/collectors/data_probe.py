@@ -88,6 +88,7 @@ class DataProbeCollector(PostRunProbe):
             item_s=probe.item_s,
             float16_s=probe.float16_s,
             lines=probe.lines,
+            lines_s=probe.lines_s,
             numpy_float16_slowdown=slowdown,
             note=NOTE,
             batch_items=facts.dataset_fetch,
@@ -102,6 +103,8 @@ class Probe:
     item_s: float
     float16_s: float
     lines: tuple[LineCost, ...]
+    lines_s: float = 0.0
+    """Every traced line's own time per item, summed (the tracer's own work left out)."""
 
 
 def probe_dataset(dataset: Any, clock: Callable[[], float] = time.perf_counter, items: int = ITEMS,
@@ -140,7 +143,7 @@ def probe_dataset(dataset: Any, clock: Callable[[], float] = time.perf_counter, 
     lines = tracer.line_costs(fetched)
     float16_s = sum(c.own_s for c in lines if c.float16)
     ranked = sorted(lines, key=lambda c: (-c.own_s, c.file, c.line))[:TOP_LINES]
-    return Probe(fetched, wall_s / fetched, float16_s, tuple(ranked))
+    return Probe(fetched, wall_s / fetched, float16_s, tuple(ranked), sum(c.own_s for c in lines))
 
 
 @dataclass(slots=True)
