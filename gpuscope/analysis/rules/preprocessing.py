@@ -95,10 +95,8 @@ def cheaper_batches(run: RunRecord) -> Finding | None:
            f" ({probe.item_s * 1e3:.1f} ms under a line tracer)"),
     )
     gain = share * lines_share if not loader.num_workers else min(share, lines_share)
-    first = heavy[0]
-    places = [_where(first)] + [f":{line.line}" if line.file == first.file else _where(line) for line in heavy[1:]]
-    fix = (f"{', '.join(places)}: do this work once, ahead of training (in __init__, or cached to disk), or "
-           "vectorise it over the batch")
+    fix = f"{_places(heavy)}: do this work once, ahead of training (in __init__, or cached to disk), or vectorise it " \
+          "over the batch"
     return Finding(gain, evidence, fix=fix)
 
 
@@ -147,8 +145,11 @@ def _fix(lines: list[LineCost], numpy: bool) -> str:
     """The rule's fix with the lines to change in front of it (``data.py:42, :45``)."""
     convert = "`x = x.astype(np.float32)`" if numpy else "`x = x.float()`"
     advice = f"compute in float32 ({convert} first) and cast to float16 at the end, or on the GPU"
-    if not lines:
-        return advice
+    return f"{_places(lines)}: {advice}" if lines else advice
+
+
+def _places(lines: list[LineCost]) -> str:
+    """The lines, the file named once where they share it: ``data.py:42, :45``."""
     places = [_where(lines[0])]
     places += [f":{line.line}" if line.file == lines[0].file else _where(line) for line in lines[1:]]
-    return f"{', '.join(places)}: {advice}"
+    return ", ".join(places)
