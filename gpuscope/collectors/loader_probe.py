@@ -138,8 +138,7 @@ def worker_counts(cores: int, limit: int = MAX_WORKERS) -> list[int]:
 
 def probe_loader(torch: Any, dataset: Any, *, batch_size: int | None, collate_fn: Any = None, drop_last: bool = False,
                  worker_init_fn: Any = None, fetches_batches: bool = False, start_method: str | None = None,
-                 cores: int = 1,
-                 consume_batches_per_s: float | None = None, keeps_up_margin: float = 0.1,
+                 cores: int = 1, consume_batches_per_s: float | None = None, keeps_up_margin: float = 0.1,
                  budget_s: float = BUDGET_S, cuda: bool = False, main_batch_s: float | None = None,
                  main_batch_batches: int = 0, clock: Callable[[], float] = time.perf_counter) -> LoaderProbe:
     """Time batches delivered per second by ``DataLoader(dataset, ...)`` for each worker count, within
