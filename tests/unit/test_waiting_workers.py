@@ -3,18 +3,24 @@ only when the workers mostly wait (files, the network) rather than compute, whic
 time they ran (``host_memory``) tells. Figures from a real run on the 2-core machine: a streaming IterableDataset
 whose items each wait 0.5 ms, two workers on a CPU 11% of their 3.2 s, the 10.5 ms step 85% data wait; with the 9
 workers then advised the step measured 4.4 ms (8 are advised now: the count the step's CPU work over the cores
-allows; measured again on that script, 7 advised now gave 5.2 ms, 9 gave 5.5)."""
+allows; measured again on that script, 7 advised now gave 5.2 ms, 9 gave 5.5). Workers that the loader probe
+timed keeping up are idle because they are ahead, not blocked."""
 
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
 from conftest import make_record
 from gpuscope.analysis.rules.dataloader import more_dataloader_workers
 from gpuscope.analysis.speed import what_if
-from gpuscope.record import Breakdown, HostMemory, Loader, RunMeta, Steps, Verdict
+from gpuscope.analysis.waiting_workers import waiting_workers
+from gpuscope.record import Breakdown, HostMemory, Loader, RunMeta, RunRecord, Steps, Verdict
+
+RECORDS = Path(__file__).parent.parent / "fixtures" / "records"
 
 STREAM = Loader(dataset="Stream", num_workers=2, batch_size=32, iterable=True, batches=180, wait_s=1.5)
 
@@ -114,3 +120,19 @@ def test_children_other_than_the_loaders_workers_leave_their_cpu_share_unjudged(
 def test_a_map_style_dataset_gets_no_reminder_about_streams() -> None:
     finding = more_dataloader_workers(run_with(0.35, 3.2, loader=dataclasses.replace(STREAM, iterable=False)))
     assert finding is not None and not any("get_worker_info" in fact for fact in finding.evidence)
+
+
+def test_workers_idle_because_ahead_are_not_taken_for_workers_blocked_on_files() -> None:
+    # given (recorded: tests/fixtures/records/ckpt.py, an in-memory TensorDataset with 2 persistent workers on the
+    # 2 cores, 5% of the 51 ms step waiting; the workers on a CPU 3% of the 12 s they ran, idle with their batches
+    # built, which the kernel counts as blocked): the loader probe timed one worker at 533 batches/s, where the step
+    # consumes 20.6
+    run = RunRecord.from_json(json.loads((RECORDS / "ckpt_idle_workers.json").read_text()))
+    # then: more workers are not advised (3 were, for 4%): the wait is not the workers' building
+    assert waiting_workers(run) is None
+    assert more_dataloader_workers(run) is None
+    # without the probe's curve nothing tells idle from blocked: the advice stands, an estimate
+    unprobed = dataclasses.replace(run, loader_probe=None)
+    assert waiting_workers(unprobed) is not None
+    finding = more_dataloader_workers(unprobed)
+    assert finding is not None and "num_workers=3" in finding.fix
