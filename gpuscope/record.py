@@ -144,6 +144,12 @@ class Loader:
     """The class of the batch sampler passed as ``DataLoader(..., batch_sampler=...)`` on the line ``created_at``
     (whose batch size ``batch_size`` is), or empty where that DataLoader made its batches from its own
     ``batch_size``."""
+    eval_batches: int = 0
+    """Of ``batches``, those taken in steps that held an evaluation pass (the trained model's forward in eval mode
+    or without gradients: a test set read between epochs)."""
+    eval_wait_s: float = 0.0
+    """Of ``wait_s``, the wait for them. The loaders are ordered, and the data rules pick theirs, by the rest: the
+    training steps' wait."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -517,6 +523,10 @@ class DataProbe:
     """How many times slower the same element-wise NumPy arithmetic runs in float16 than in float32 here (None: not
     timed, as no line made float16 data, or NumPy was not imported)."""
     note: str = ""
+    item_cpu_share: float | None = None
+    """The share of fetching an item spent on the main thread's CPU, timed untraced on other items than the traced
+    ones (whose reads the page cache holds): well under 1 where fetching mostly waits (reads a disk, sleeps), so
+    that workers building items take little of a core. None where not timed (the budget spent, an older record)."""
     lines_s: float = 0.0
     """Of ``item_s``, the time on the dataset's own lines, every one of them (not only those in ``lines``), the line
     tracer's own work left out: what fetching an item takes untraced, about (the tracer makes a line of a Python

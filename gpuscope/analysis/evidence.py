@@ -137,9 +137,19 @@ def median_compute_s(record: RunRecord) -> float:
 
 
 def slowest_loader(record: RunRecord) -> Loader | None:
-    """The loader the steps waited on longest (what the data rules and the loader probe are about); None without
-    one."""
-    return max(record.loaders, key=lambda loader: loader.wait_s, default=None)
+    """The loader the training steps waited on longest (what the data rules and the loader probe are about), waits
+    in steps that held an evaluation pass left out; None without one."""
+    return max(record.loaders, key=training_wait_s, default=None)
+
+
+def training_wait_s(loader: Loader) -> float:
+    """The steps' wait for ``loader``, less the wait in steps that held an evaluation pass."""
+    return loader.wait_s - loader.eval_wait_s
+
+
+def training_batches(loader: Loader) -> int:
+    """The batches ``loader`` gave, less those taken in steps that held an evaluation pass."""
+    return loader.batches - loader.eval_batches
 
 
 def batches_per_step(batches: int, steps: int) -> float:

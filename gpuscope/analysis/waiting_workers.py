@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import batches_per_step, median_compute_s, slowest_loader
+from gpuscope.analysis.evidence import batches_per_step, median_compute_s, slowest_loader, training_batches
 from gpuscope.record import RunRecord
 
 
@@ -68,7 +68,7 @@ def waiting_workers(record: RunRecord) -> WaitingWorkers | None:
     workers = max(loader.num_workers + 1, min(needed, fill))
     step_s = max(compute_s, batch_s / workers, spread or 0.0)
     return WaitingWorkers(workers, needed, fill, free, busy, on_cpu, batch_s, compute_s, spread, step_s,
-                          batches_per_step(loader.batches, record.steps.total))
+                          batches_per_step(training_batches(loader), record.steps.total))
 
 
 def _ahead(record: RunRecord, workers: int) -> bool:

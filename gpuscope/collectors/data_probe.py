@@ -89,6 +89,7 @@ class DataProbeCollector(PostRunProbe):
             float16_s=probe.float16_s,
             lines=probe.lines,
             lines_s=probe.lines_s,
+            item_cpu_share=probe.cpu_share,
             numpy_float16_slowdown=slowdown,
             note=NOTE,
             batch_items=facts.dataset_fetch,
@@ -105,6 +106,8 @@ class Probe:
     lines: tuple[LineCost, ...]
     lines_s: float = 0.0
     """Every traced line's own time per item, summed (the tracer's own work left out)."""
+    cpu_share: float | None = None
+    """The share of an item's fetch on the main thread's CPU, untraced."""
 
 
 def probe_dataset(dataset: Any, clock: Callable[[], float] = time.perf_counter, items: int = ITEMS,
@@ -125,25 +128,45 @@ def probe_dataset(dataset: Any, clock: Callable[[], float] = time.perf_counter, 
     fetched, wall_s = 0, 0.0
     started = clock()
     previous = sys.gettrace()
+
+    def key(index: int) -> Any:
+        return [(index + k) % length for k in range(fetch)] if fetch else index
+
     try:
         for index in indices:
             if fetched and clock() - started > budget_s:
                 break
-            key = [(index + k) % length for k in range(fetch)] if fetch else index
+            item = key(index)
             before = clock()
             sys.settrace(tracer)
             try:
-                dataset[key]
+                dataset[item]
             finally:
                 sys.settrace(previous)
             wall_s += clock() - before
             fetched += 1
+        share = _cpu_share(dataset, [key(i + max(1, length // (2 * items))) for i in indices[:fetched]],
+                           started + budget_s, clock)
     except Exception as exc:  # the user's code failing is not gpuscope's to report as its own failure
         raise dataset_error(exc, "when fetched again after the run") from None
     lines = tracer.line_costs(fetched)
     float16_s = sum(c.own_s for c in lines if c.float16)
     ranked = sorted(lines, key=lambda c: (-c.own_s, c.file, c.line))[:TOP_LINES]
-    return Probe(fetched, wall_s / fetched, float16_s, tuple(ranked), sum(c.own_s for c in lines))
+    return Probe(fetched, wall_s / fetched, float16_s, tuple(ranked), sum(c.own_s for c in lines), share)
+
+
+def _cpu_share(dataset: Any, keys: list[Any], deadline: float, clock: Callable[[], float]) -> float | None:
+    """The share of fetching ``keys`` (other items than the traced ones, whose reads the page cache now holds)
+    spent on the main thread's CPU, untraced, as far as ``deadline`` allows; None where none was fetched."""
+    wall_s = cpu_s = 0.0
+    for item in keys:
+        if clock() > deadline:
+            break
+        before, cpu_before = clock(), time.thread_time()
+        dataset[item]
+        wall_s += clock() - before
+        cpu_s += time.thread_time() - cpu_before
+    return min(1.0, cpu_s / wall_s) if wall_s > 0 else None
 
 
 @dataclass(slots=True)

@@ -33,6 +33,7 @@ class LoaderBook:
         """By the dataset's id: the dataset (a weak reference), the line, the library and the batch sampler passed."""
         self.fed_by_thread = False
         """Whether a thread other than the loop's has taken DataLoader batches (a prefetching thread)."""
+        self._open: dict[int, dict[str, Any]] = {}  # the loaders the open step took batches from (their "open" wait)
 
     def wrap_init(self, original: Callable[..., None]) -> Callable[..., None]:
         """``DataLoader.__init__``, noting the line that built each loader."""
@@ -97,42 +98,59 @@ class LoaderBook:
             entry = self._entries[key] = {"info": info, "batches": 0, "wait_s": 0.0, "dataset": dataset,
                                           "loading": _loading(iterator), "iterators": weakref.WeakSet(),
                                           "restarts": 0, "restart_wait_s": 0.0, "back_to_back": 0,
-                                          "arrived": None}
+                                          "arrived": None, "eval_batches": 0, "eval_wait_s": 0.0, "open": [0, 0.0]}
         if _first_from(entry["iterators"], iterator) and entry["batches"] and getattr(iterator, "_num_workers", 0):
             entry["restarts"] += 1  # a new iterator's workers started for this batch
             entry["restart_wait_s"] += wait_s
         entry["batches"] += 1
         entry["wait_s"] += wait_s
+        entry["open"][0] += 1
+        entry["open"][1] += wait_s
+        self._open[id(entry)] = entry
         if requested is not None:
             arrived = entry["arrived"]
             if arrived is not None and requested - arrived < BACK_TO_BACK_S:
                 entry["back_to_back"] += 1
             entry["arrived"] = requested + wait_s
 
+    def step_closed(self, evaluated: bool) -> None:
+        """A step ended: where it held an evaluation pass, its batches count for the loaders' evaluation."""
+        for entry in self._open.values():
+            if evaluated:
+                entry["eval_batches"] += entry["open"][0]
+                entry["eval_wait_s"] += entry["open"][1]
+            entry["open"] = [0, 0.0]
+        self._open.clear()
+
     def _by_wait(self) -> list[dict[str, Any]]:
-        return sorted(self._entries.values(), key=lambda e: -e["wait_s"])
+        """The loaders, the one the training steps waited on longest first (evaluation passes left out: a test set
+        read slowly between epochs is not what the training waits on)."""
+        return sorted(self._entries.values(), key=lambda e: -(e["wait_s"] - e["eval_wait_s"]))
 
     def probe_dataset(self) -> tuple[Any, int | None]:
-        """The map-style dataset the steps waited on longest (for the data probe), or None; and where it fetches
-        whole batches, the indices its loader asked for at a time (``_loading``)."""
+        """The map-style dataset the training steps waited on longest (for the data probe), or None; and where it
+        fetches whole batches, the indices its loader asked for at a time (``_loading``)."""
         for entry in self._by_wait():
             if not entry["info"]["iterable"] and entry["dataset"] is not None:
                 return entry["dataset"], entry.get("loading", {}).get("fetch")
         return None, None
 
     def probe_loader(self) -> dict[str, Any] | None:
-        """What the loader probe needs of the loader the steps waited on longest: its description (``info``),
-        ``batches`` and ``wait_s`` as measured, and the ``dataset``, ``collate_fn``, ``drop_last``,
-        ``worker_init_fn`` and ``fetch`` it loaded with; None when no DataLoader was iterated."""
+        """What the loader probe needs of the loader the training steps waited on longest: its description
+        (``info``), ``batches`` and ``wait_s`` as measured (evaluation passes left out), and the ``dataset``,
+        ``collate_fn``, ``drop_last``, ``worker_init_fn`` and ``fetch`` it loaded with; None when no DataLoader was
+        iterated."""
         for entry in self._by_wait():
-            return {"info": entry["info"], "batches": entry["batches"], "wait_s": entry["wait_s"],
-                    "dataset": entry["dataset"], **entry.get("loading", {})}
+            return {"info": entry["info"], "batches": entry["batches"] - entry["eval_batches"],
+                    "wait_s": entry["wait_s"] - entry["eval_wait_s"], "dataset": entry["dataset"],
+                    **entry.get("loading", {})}
         return None
 
     def records(self) -> tuple[Loader, ...]:
         """The loaders for the record, the longest waited on first."""
         return tuple(Loader(batches=e["batches"], wait_s=e["wait_s"], restarts=e["restarts"],
-                            restart_wait_s=e["restart_wait_s"], back_to_back=e["back_to_back"], **e["info"])
+                            restart_wait_s=e["restart_wait_s"], back_to_back=e["back_to_back"],
+                            eval_batches=e["eval_batches"], eval_wait_s=e["eval_wait_s"], **e["info"])
                      for e in self._by_wait())
 
 

@@ -5,8 +5,7 @@ without a GPU.
   nested phases (a closure's forward inside ``optimizer.step``) are never counted twice and the phases plus
   "other" add up to the step's wall time exactly. "other" can be opened too, inside a phase: the rest of an
   optimizer's closure (the loss, zero_grad, a framework's own code) is then no part of the optimizer phase.
-- ``StepLog`` keeps the first steps one by one and a uniform sample of the rest, so a run of a million
-  steps holds a few thousand records.
+- ``StepLog`` keeps the first steps one by one and a uniform sample of the rest (a million steps: a few thousand).
 - ``DeviceTimeline`` resolves device-side markers (CUDA events) once the device has passed them, without ever
   waiting for the device, and splits the device's timeline by the host phase that queued each interval.
 - ``StepTracker`` ties them together: it decides where steps begin and end.
@@ -118,6 +117,7 @@ class StepLog:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.skip = skip
+        self.on_add: Callable[[bool], None] | None = None
         self.head_size = head
         self.capacity = capacity
         self._seed = seed
@@ -125,9 +125,11 @@ class StepLog:
 
     def add(self, wall_s: float, phases_s: dict[str, float], profiled: bool = False,
             evaluated: bool = False) -> StepRecord | None:
-        """Count one step; return its record if it is kept."""
+        """Count one step (``on_add`` told whether it held an evaluation pass); return its record if it is kept."""
         index = self.count
         self.count += 1
+        if self.on_add is not None:
+            self.on_add(evaluated)
         if index < self.skip:
             return None
         record = StepRecord(index, wall_s, phases_s, profiled, evaluated=evaluated)

@@ -118,3 +118,25 @@ def test_batches_asked_for_right_after_the_previous_one_arrived_are_counted_back
     # then three of each four are back to back
     (record,) = book.records()
     assert (record.batches, record.back_to_back) == (12, 9)
+
+
+def test_batches_taken_in_a_step_that_held_an_evaluation_pass_count_apart_and_the_training_loader_comes_first() -> None:
+    # given: a training loader waited 10 ms a batch over 3 steps; between them a test loader waited 500 ms a batch
+    # for 2 batches in a step that held an evaluation pass
+    book = LoaderBook()
+    train, test = EpochIterator([1, 2, 3], 0), EpochIterator([4, 5], 0)
+    for _ in range(3):
+        book.count_batch(train, batch=[1], wait_s=0.01)
+        book.step_closed(evaluated=False)
+    book.count_batch(train, batch=[1], wait_s=0.01)
+    book.count_batch(test, batch=[4], wait_s=0.5)
+    book.count_batch(test, batch=[5], wait_s=0.5)
+    book.step_closed(evaluated=True)
+    # then: the test loader's whole wait is evaluation, the training loader's but one batch's is not
+    first, second = book.records()
+    assert (first.batches, first.eval_batches, first.wait_s, first.eval_wait_s) == pytest.approx((4, 1, 0.04, 0.01))
+    assert (second.batches, second.eval_batches, second.eval_wait_s) == pytest.approx((2, 2, 1.0))
+    # and the probes are given the training loader, with its training batches
+    probed = book.probe_loader()
+    assert probed is not None and probed["dataset"] == [1, 2, 3]
+    assert (probed["batches"], probed["wait_s"]) == pytest.approx((3, 0.03))

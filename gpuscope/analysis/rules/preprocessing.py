@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import DATA_WAIT, slowest_loader
+from gpuscope.analysis.evidence import DATA_WAIT, slowest_loader, training_wait_s
 from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.analysis.speed import loader_estimate, loader_plan
 from gpuscope.analysis.waiting_workers import waiting_workers
@@ -138,7 +138,7 @@ def _where(line: LineCost) -> str:
 def _loader_of(run: RunRecord, dataset: str) -> Loader:
     """The loader over the probed dataset (the one waited on longest, if several share its class)."""
     matching = [loader for loader in run.loaders if loader.dataset == dataset] or list(run.loaders)
-    return max(matching, key=lambda loader: loader.wait_s)
+    return max(matching, key=training_wait_s)
 
 
 def _fix(lines: list[LineCost], numpy: bool) -> str:
