@@ -1,13 +1,11 @@
-"""Turning hook events into timed steps, in bounded memory. Pure Python: no torch here, so all of it is tested
-without a GPU.
+"""Turning hook events into timed steps, in bounded memory. Pure Python (no torch), tested without a GPU.
 
-- ``PhaseClock`` charges host time to the innermost open phase (data wait, forward, backward, optimizer), so
-  nested phases (a closure's forward inside ``optimizer.step``) are never counted twice and the phases plus
-  "other" add up to the step's wall time exactly. "other" can be opened too, inside a phase: the rest of an
-  optimizer's closure (the loss, zero_grad, a framework's own code) is then no part of the optimizer phase.
+- ``PhaseClock`` charges host time to the innermost open phase (data wait, forward, backward, optimizer): nested
+  phases (a closure's forward inside ``optimizer.step``) count once, and the phases plus "other" add up to the
+  step's wall time. "other" opened inside a phase (the rest of an optimizer's closure) is no part of that phase.
 - ``StepLog`` keeps the first steps one by one and a uniform sample of the rest (a million steps: a few thousand).
-- ``DeviceTimeline`` resolves device-side markers (CUDA events) once the device has passed them, without ever
-  waiting for the device, and splits the device's timeline by the host phase that queued each interval.
+- ``DeviceTimeline`` resolves device-side markers (CUDA events) once the device has passed them, never waiting
+  for it, and splits the device's timeline by the host phase that queued each interval.
 - ``StepTracker`` ties them together: it decides where steps begin and end.
 """
 
@@ -26,9 +24,8 @@ STEP_CAPACITY = 4096
 """Further steps kept as a uniform sample of at most this many records (about 1 MB of memory)."""
 
 SOURCE_PRIORITY = {"explicit": 3, "optimizer": 2, "dataloader": 1, "backward": 0}
-"""Which kind of marker defines steps when several are seen: explicit marks win over optimizer steps, which win
-over DataLoader batches, which win over ``backward()`` calls (a loop that updates its parameters by hand and
-slices its batches out of a tensor has only those)."""
+"""Which kind of marker defines steps when several are seen: explicit marks, then optimizer steps, DataLoader
+batches, ``backward()`` calls (a loop updating its parameters by hand on batches sliced from a tensor)."""
 
 
 class PhaseClock:
@@ -104,12 +101,10 @@ class PhaseClock:
 
 class StepLog:
     """The first ``head`` steps one by one, then a uniform random sample of at most ``capacity`` later steps
-    (reservoir sampling, seeded, so runs are reproducible): memory stays bounded however long the run.
-
-    A random sample rather than every k-th step: loops are often periodic (gradient accumulation, a slow
-    batch every N), and a fixed stride can land on one phase of the period only.
-
-    The first ``skip`` steps (``--skip-steps``) are counted and not kept: the head begins after them.
+    (reservoir sampling, seeded, so runs are reproducible): memory stays bounded however long the run. A random
+    sample rather than every k-th step: loops are often periodic (gradient accumulation, a slow batch every N), and
+    a fixed stride can land on one phase of the period only. The first ``skip`` steps (``--skip-steps``) are
+    counted and not kept: the head begins after them.
     """
 
     def __init__(self, head: int = STEP_HEAD, capacity: int = STEP_CAPACITY, seed: int = 0x5EED,
@@ -184,8 +179,9 @@ class StepTracker:
       with none of the above (parameters updated by hand, batches sliced from a tensor). The first ``backward()``'s
       end is held as a possible boundary, and taken only if a second one ends with no other marker in between (an
       optimizer usually steps right after the first): then the loop's steps equal its iterations.
-    The highest-priority kind seen defines the steps; when a higher one first appears, steps counted by a
-    lower one are dropped (they were counted by a coarser marker) and counting restarts.
+    The highest-priority kind seen defines the steps; when a higher one first appears, steps counted by a lower
+    one are dropped (counted by a coarser marker) and counting restarts. A span that ends without being counted
+    (between epochs, the run's end) tells ``log.on_add`` how it ended too.
 
     Profilers open *windows* (``window_opened`` / ``window_closed``); a step during any part of which a window
     was open is marked ``profiled``. ``listeners`` are called with the index of each step as it begins (under the
@@ -235,8 +231,7 @@ class StepTracker:
             listener(phase)
 
     def evaluation_forward(self) -> None:
-        """The trained model's forward began in eval mode or with gradients off (an evaluation pass, a rollout): the
-        open step is marked ``evaluated``."""
+        """The trained model's forward began in eval mode or with gradients off (an evaluation pass): so marked."""
         self._evaluated = True
 
     # -- profiling windows -------------------------------------------------------------------------------
@@ -245,8 +240,7 @@ class StepTracker:
         self._windows += 1
         self._profiled = True
 
-    def window_closed(self) -> None:
-        """A profiler stopped."""
+    def window_closed(self) -> None:  # a profiler stopped
         self._windows = max(0, self._windows - 1)
 
     @property
@@ -299,7 +293,7 @@ class StepTracker:
             self._close_step(now)
         else:
             self.clock.split(now)  # time between epochs belongs to no step
-            self._profiled, self._evaluated = self._windows > 0, False
+            self._uncounted_end()
         self._open_t = now
         if self.device is not None:
             self.device.mark(self.log.count, self.clock.current)
@@ -330,8 +324,14 @@ class StepTracker:
     def finish(self) -> None:
         """End of tracking: resolve outstanding device markers. The open step (after the last marker) is
         not a step and is not counted."""
+        self._uncounted_end()
         if self.device is not None:
             self._attach_device_times(self.device.drain())
+
+    def _uncounted_end(self) -> None:
+        if self.log.on_add is not None:
+            self.log.on_add(self._evaluated)
+        self._profiled, self._evaluated = self._windows > 0, False
 
     # -- internals ---------------------------------------------------------------------------------------
     def _takes(self, source: str) -> bool:

@@ -171,3 +171,19 @@ def test_the_op_table_keeps_every_step_where_no_forward_without_gradients_is_an_
     assert (ops.steps, ops.ops, ops.evaluated_steps) == (3, 56, ())
     # no steps collector: nothing to tell them apart by
     assert record_fields("op_profile", trace, {})["op_profile"].ops == 56
+
+
+def test_every_span_tells_how_it_ended_even_the_uncounted_ones_so_a_last_test_pass_counts_as_evaluation() -> None:
+    # given: two optimizer steps, the second with a test pass in it; then a last test pass after the last step
+    # (pytorch/examples' train() then test(), a Lightning fit's final validation): an open span, never a step
+    ended: list[bool] = []
+    tracker = StepTracker(0.0, StepLog())
+    tracker.log.on_add = ended.append
+    tracker.optimizer_stepped(1, 1.0)
+    tracker.evaluation_forward()
+    tracker.optimizer_stepped(1, 2.0)
+    tracker.evaluation_forward()
+    tracker.finish()
+    # then: the two steps and the open span, the second and the last evaluated
+    assert ended == [False, True, True]
+    assert tracker.log.count == 2
