@@ -114,13 +114,14 @@ class LoaderBook:
             entry["arrived"] = requested + wait_s
 
     def step_closed(self, evaluated: bool) -> None:
-        """A step ended: where it held an evaluation pass, its batches count for the loaders' evaluation."""
-        for entry in self._open.values():
+        """A step ended: where it held an evaluation pass, its batches count for the loaders' evaluation. (A thread
+        taking batches may note one meanwhile: the open loaders are swapped out and copied, never iterated live.)"""
+        opened, self._open = self._open, {}
+        for entry in list(opened.values()):
             if evaluated:
                 entry["eval_batches"] += entry["open"][0]
                 entry["eval_wait_s"] += entry["open"][1]
             entry["open"] = [0, 0.0]
-        self._open.clear()
 
     def _by_wait(self) -> list[dict[str, Any]]:
         """The loaders, the one the training steps waited on longest first (evaluation passes left out: a test set
