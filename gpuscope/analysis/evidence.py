@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuscope.analysis.thresholds import (EVALUATION_WORTH_SAYING, TWO_SPEED_GAP, TWO_SPEED_MIN_SHARE,
-                                          TWO_SPEED_SEPARATION, WINDOW_UNLIKE)
+from gpuscope.analysis.thresholds import (EVALUATION_LOADING_WORTH_SAYING, EVALUATION_WORTH_SAYING, TWO_SPEED_GAP,
+                                          TWO_SPEED_MIN_SHARE, TWO_SPEED_SEPARATION, WINDOW_UNLIKE)
 from gpuscope.record import KernelTimeline, Loader, RunRecord
 
 MIN_COMPUTE_S = 1e-9
@@ -108,9 +108,16 @@ def evaluation_passes(record: RunRecord) -> str | None:
         return None
     ratio = steps.evaluated_s / steady_s
     than = f"{ratio:.1f}x" if ratio >= 1 else f"{ratio:.0%} of"
+    loader = max(record.loaders, key=lambda loader: loader.eval_wait_s, default=None)
+    waited = ""
+    if loader is not None and loader.eval_wait_s >= EVALUATION_LOADING_WORTH_SAYING * steps.evaluated_s:
+        waited = (f"; the evaluation waited {loader.eval_wait_s:.1f} s in all for the {loader.dataset} loader's "
+                  f"{loader.eval_batches} batches ({loader.num_workers} worker processes"
+                  + (f", built at {loader.created_at.file}:{loader.created_at.line}" if loader.created_at else "")
+                  + (f" by {loader.created_by}" if loader.created_by else "") + ")")
     return (f"{steps.evaluated} steps held an evaluation pass (the trained model ran forward in eval mode or "
             f"without gradients): {steps.evaluated_s:.1f} s in all, {than} the {steady_s:.1f} s of the {steps.count} "
-            "steady steps; the step figures leave them out and describe the training steps")
+            f"steady steps; the step figures leave them out and describe the training steps{waited}")
 
 
 def _which_are_slow(slow: list[int], sampled: bool) -> str:

@@ -44,7 +44,9 @@ the others."""
 
 EVALUATION_WORTH_SAYING = 0.1
 """Evaluation passes left out of the step figures get a line in the verdict's evidence where they took this share
-of the steady steps' time or more: the run's time went there too, and the figures do not show it."""
+of the steady steps' time or more: the run's time went there too, and the figures do not show it. The line names
+the loader they waited on where that wait is ``EVALUATION_LOADING_WORTH_SAYING`` of their time or more."""
+EVALUATION_LOADING_WORTH_SAYING = 0.25
 
 MIN_STEADY_STEPS = 5
 """Fewer steady-state steps than this give an inconclusive verdict: a median of four is not a measurement."""

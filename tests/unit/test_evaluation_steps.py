@@ -20,7 +20,7 @@ from gpuscope.analysis.steady import summarize
 from gpuscope.captures import StepCapture, TraceCapture
 from gpuscope.collectors.steplog import StepLog, StepTracker
 from gpuscope.collectors.steps import StepsCollector
-from gpuscope.record import Steps, Window
+from gpuscope.record import CallSite, Loader, Steps, Window
 from gpuscope.summary import left_out
 
 TRAIN = {"data_wait": 0.01, "forward": 0.03, "backward": 0.05, "optimizer": 0.01}
@@ -95,6 +95,24 @@ def test_the_verdict_says_what_notable_evaluation_passes_took() -> None:
     assert "22.0 s in all, 2.2x the 10.0 s of the 100 steady steps" in line
     assert line in classify(record).evidence
     assert left_out(record) == "left out: 1 warm-up, 9 profiled, 0 outliers, 10 with an evaluation pass"
+
+
+def test_the_loader_notable_evaluation_passes_waited_on_is_named() -> None:
+    # given (as recorded on a Trainer evaluating every 20 steps on a slow eval set): 2 passes of 1.7 s, and the
+    # eval loader's 12 batches waited 2.4 s (the last pass, after the last step, in no step)
+    steps = Steps(count=48, median_s=0.0133, mean_s=0.0125, total=60, warmup=1, profiled=9, evaluated=2,
+                  evaluated_s=1.7)
+    site = CallSite(file="hf_eval.py", line=27, code="trainer.train()")
+    loaders = (Loader(dataset="Tokens", batches=60, wait_s=0.03, eval_batches=2, eval_wait_s=0.001),
+               Loader(dataset="SlowTokens", batches=12, wait_s=2.44, eval_batches=12, eval_wait_s=2.44,
+                      created_at=site, created_by="transformers"))
+    line = evaluation_passes(make_record(steps=steps, loaders=loaders))
+    assert line is not None and line.endswith(
+        "; the evaluation waited 2.4 s in all for the SlowTokens loader's 12 batches (0 worker processes, built at "
+        "hf_eval.py:27 by transformers)")
+    # a quick loader is not named
+    quick = (dataclasses.replace(loaders[1], wait_s=0.1, eval_wait_s=0.1),)
+    assert "waited" not in evaluation_passes(make_record(steps=steps, loaders=quick))  # type: ignore[operator]
 
 
 def test_brief_evaluation_passes_get_no_line() -> None:
