@@ -33,7 +33,7 @@ class LoaderBook:
         """By the dataset's id: the dataset (a weak reference), the line, the library and the batch sampler passed."""
         self.fed_by_thread = False
         """Whether a thread other than the loop's has taken DataLoader batches (a prefetching thread)."""
-        self._open: dict[int, dict[str, Any]] = {}  # the loaders the open step took batches from (their "open" wait)
+        self._open: dict[int, list[Any]] = {}  # the open step's [loader entry, batches, wait], by the entry's id
 
     def wrap_init(self, original: Callable[..., None]) -> Callable[..., None]:
         """``DataLoader.__init__``, noting the line that built each loader."""
@@ -98,15 +98,15 @@ class LoaderBook:
             entry = self._entries[key] = {"info": info, "batches": 0, "wait_s": 0.0, "dataset": dataset,
                                           "loading": _loading(iterator), "iterators": weakref.WeakSet(),
                                           "restarts": 0, "restart_wait_s": 0.0, "back_to_back": 0,
-                                          "arrived": None, "eval_batches": 0, "eval_wait_s": 0.0, "open": [0, 0.0]}
+                                          "arrived": None, "eval_batches": 0, "eval_wait_s": 0.0}
         if _first_from(entry["iterators"], iterator) and entry["batches"] and getattr(iterator, "_num_workers", 0):
             entry["restarts"] += 1  # a new iterator's workers started for this batch
             entry["restart_wait_s"] += wait_s
         entry["batches"] += 1
         entry["wait_s"] += wait_s
-        entry["open"][0] += 1
-        entry["open"][1] += wait_s
-        self._open[id(entry)] = entry
+        opened = self._open.setdefault(id(entry), [entry, 0, 0.0])
+        opened[1] += 1
+        opened[2] += wait_s
         if requested is not None:
             arrived = entry["arrived"]
             if arrived is not None and requested - arrived < BACK_TO_BACK_S:
@@ -114,14 +114,14 @@ class LoaderBook:
             entry["arrived"] = requested + wait_s
 
     def step_closed(self, evaluated: bool) -> None:
-        """A step ended: where it held an evaluation pass, its batches count for the loaders' evaluation. (A thread
-        taking batches may note one meanwhile: the open loaders are swapped out and copied, never iterated live.)"""
+        """A span ended (a step, or the time between epochs or after the last one): where it held an evaluation
+        pass, its batches count for the loaders' evaluation. (A thread taking batches may note one meanwhile: the open
+        loaders are swapped out and copied, never iterated live.)"""
         opened, self._open = self._open, {}
-        for entry in list(opened.values()):
-            if evaluated:
-                entry["eval_batches"] += entry["open"][0]
-                entry["eval_wait_s"] += entry["open"][1]
-            entry["open"] = [0, 0.0]
+        if evaluated:
+            for entry, batches, wait_s in list(opened.values()):
+                entry["eval_batches"] += batches
+                entry["eval_wait_s"] += wait_s
 
     def _by_wait(self) -> list[dict[str, Any]]:
         """The loaders, the one the training steps waited on longest first (evaluation passes left out: a test set

@@ -112,7 +112,6 @@ class StepLog:
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         self.skip = skip
-        self.on_add: Callable[[bool], None] | None = None
         self.head_size = head
         self.capacity = capacity
         self._seed = seed
@@ -120,11 +119,9 @@ class StepLog:
 
     def add(self, wall_s: float, phases_s: dict[str, float], profiled: bool = False,
             evaluated: bool = False) -> StepRecord | None:
-        """Count one step (``on_add`` told whether it held an evaluation pass); return its record if it is kept."""
+        """Count one step; return its record if it is kept."""
         index = self.count
         self.count += 1
-        if self.on_add is not None:
-            self.on_add(evaluated)
         if index < self.skip:
             return None
         record = StepRecord(index, wall_s, phases_s, profiled, evaluated=evaluated)
@@ -180,8 +177,8 @@ class StepTracker:
       end is held as a possible boundary, and taken only if a second one ends with no other marker in between (an
       optimizer usually steps right after the first): then the loop's steps equal its iterations.
     The highest-priority kind seen defines the steps; when a higher one first appears, steps counted by a lower
-    one are dropped (counted by a coarser marker) and counting restarts. A span that ends without being counted
-    (between epochs, the run's end) tells ``log.on_add`` how it ended too.
+    one are dropped (counted by a coarser marker) and counting restarts. ``on_span_end`` hears whether each span
+    held an evaluation pass as it ends, counted as a step or not (between epochs, the run's end).
 
     Profilers open *windows* (``window_opened`` / ``window_closed``); a step during any part of which a window
     was open is marked ``profiled``. ``listeners`` are called with the index of each step as it begins (under the
@@ -204,6 +201,7 @@ class StepTracker:
         self._windows = 0
         self._profiled = False
         self._evaluated = False  # the trained model ran forward in eval mode / without gradients
+        self.on_span_end: Callable[[bool], None] | None = None
         self.listeners: list[Callable[[int], None]] = []
         self._leaving: list[Callable[[int], None]] = []  # listeners to drop once the current notification is over
         self.phase_listeners: list[Callable[[str], None]] = []  # called with the phase now charged
@@ -273,7 +271,7 @@ class StepTracker:
             self._held = None
             self._takes("backward")
             self.log.add(held_t - self._t0, held_phases, self._profiled, self._evaluated)
-            self._profiled, self._evaluated = self._windows > 0, False
+            self._end_span()
             self._open_t = held_t
             # the step that began at the first backward's end has run already: the listeners hear of the next
             # one only (told of both now, a listener hooking modules at one would find at the other that their
@@ -293,7 +291,7 @@ class StepTracker:
             self._close_step(now)
         else:
             self.clock.split(now)  # time between epochs belongs to no step
-            self._uncounted_end()
+            self._end_span()
         self._open_t = now
         if self.device is not None:
             self.device.mark(self.log.count, self.clock.current)
@@ -324,13 +322,14 @@ class StepTracker:
     def finish(self) -> None:
         """End of tracking: resolve outstanding device markers. The open step (after the last marker) is
         not a step and is not counted."""
-        self._uncounted_end()
+        self._end_span()
         if self.device is not None:
             self._attach_device_times(self.device.drain())
 
-    def _uncounted_end(self) -> None:
-        if self.log.on_add is not None:
-            self.log.on_add(self._evaluated)
+    def _end_span(self) -> None:
+        """The open span ended (a step counted or not): ``on_span_end`` is told how, and its marks are reset."""
+        if self.on_span_end is not None:
+            self.on_span_end(self._evaluated)
         self._profiled, self._evaluated = self._windows > 0, False
 
     # -- internals ---------------------------------------------------------------------------------------
@@ -367,7 +366,7 @@ class StepTracker:
         wall = now - self._open_t  # type: ignore[operator]
         phases = self.clock.split(now)
         self.log.add(wall, phases, self._profiled, self._evaluated)
-        self._profiled, self._evaluated = self._windows > 0, False
+        self._end_span()
         if self.device is not None:
             self._attach_device_times(self.device.poll())
 

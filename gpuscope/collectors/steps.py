@@ -84,7 +84,7 @@ class StepsCollector:
     def start(self, run_dir: Path) -> None:
         self._loop = LoopThread()
         self.tracker = StepTracker(self._clock(), StepLog(skip=self._skip), self._clock)
-        self.tracker.log.on_add = self.loaders.step_closed
+        self.tracker.on_span_end = self.loaders.step_closed
         self.tracker.listeners.append(self._after_boundary)  # first: its one-time work before any window opens
         watch = ImportWatch("torch", self._install_torch_hooks)
         self._undo.append(watch.remove)

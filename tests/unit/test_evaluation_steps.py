@@ -196,7 +196,7 @@ def test_every_span_tells_how_it_ended_even_the_uncounted_ones_so_a_last_test_pa
     # (pytorch/examples' train() then test(), a Lightning fit's final validation): an open span, never a step
     ended: list[bool] = []
     tracker = StepTracker(0.0, StepLog())
-    tracker.log.on_add = ended.append
+    tracker.on_span_end = ended.append
     tracker.optimizer_stepped(1, 1.0)
     tracker.evaluation_forward()
     tracker.optimizer_stepped(1, 2.0)
