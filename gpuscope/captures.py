@@ -56,13 +56,15 @@ class TraceCapture:
 
     ``events`` are the whole trace's ``traceEvents`` (as exported, before ``trace.json`` was capped: the figures
     and the op table are computed from all of them, the cap is about the file) over the recorded steps
-    (``recorded``); ``trace_bytes`` and ``trace_detail`` what the file on disk holds."""
+    (``recorded``); ``trace_bytes`` and ``trace_detail`` what the file on disk holds. ``unfinished``: the last
+    recorded step where the run ended inside the window: the script's last lines after its last step, no step."""
 
     events: list[dict[str, object]]
     recorded: tuple[int, ...]
     cuda: bool
     trace_bytes: int
     trace_detail: str
+    unfinished: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -177,3 +177,19 @@ def _tally(frame: Frame, rows: dict[tuple[str, RowKind], list[int]]) -> None:
         row[0] += 1
         row[1] += frame[2] - frame[6]
         row[2] += frame[3]
+
+
+def events_before(events: Iterable[Mapping[str, Any]], end_us: float) -> list[Mapping[str, Any]]:
+    """``events`` less the host events starting at ``end_us`` or later and the device events those launched (their
+    ``External id``): the trace up to a point, its metadata kept."""
+    dropped: set[int] = set()
+    kept: list[Mapping[str, Any]] = []
+    for e in events:
+        if e.get("cat") in HOST_CATEGORIES and type(ts := e.get("ts")) in _NUMBERS and ts >= end_us:
+            ext = (e.get("args") or {}).get("External id") if e.get("cat") == "cpu_op" else None
+            if type(ext) is int:
+                dropped.add(ext)
+            continue
+        kept.append(e)
+    return [e for e in kept if e.get("cat") not in DEVICE_CATEGORIES
+            or (e.get("args") or {}).get("External id") not in dropped]

@@ -10,7 +10,7 @@ from typing import Any
 
 from gpuscope.analysis.evidence import op_kind
 from gpuscope.analysis.figures import TraceFigures, trace_figures
-from gpuscope.analysis.optable import OpTable, op_table, window_events
+from gpuscope.analysis.optable import OpTable, events_before, op_table, window_events
 from gpuscope.analysis.peaks import gpu_peak_flops
 from gpuscope.analysis.steady import StepSummary, evaluation_passes, summarize_capture
 from gpuscope.captures import CpuPeak, FlopCount, StepCapture, TraceCapture
@@ -56,14 +56,20 @@ def steps_fields(summary: StepSummary, capture: StepCapture) -> dict[str, Any]:
 def trace_op_profile(capture: TraceCapture, evaluated: set[int] | frozenset[int] = frozenset()) -> OpProfile:
     """torch.profiler's window as figures: the op table, and from every event of the trace the kernel timeline
     (per device), communication and the recorded steps. The op table leaves out the ``evaluated`` steps (a test
-    pass between epochs that fell in the window) while some other recorded step is left."""
-    figures = trace_figures(capture.events)
-    window = Window(capture.recorded[0], capture.recorded[-1]) if capture.recorded else Window()
+    pass between epochs that fell in the window) while some other recorded step is left, and, where the run ended
+    inside the window, the script's last lines after its last step (``unfinished``), which are no step."""
+    events, recorded = capture.events, capture.recorded
+    figures = trace_figures(events)
+    tail = next((s for s in figures.steps if s.number == capture.unfinished), None)
+    if tail is not None and len(recorded) > 1:
+        events, recorded = events_before(events, tail.start_us), tuple(i for i in recorded if i != tail.number)
+        figures = trace_figures(events)
+    window = Window(recorded[0], recorded[-1]) if recorded else Window()
     training = [s for s in figures.steps if s.number not in evaluated]
     left_out = tuple(sorted(s.number for s in figures.steps if s.number in evaluated)) if training else ()
-    events = ([e for s in training for e in window_events(capture.events, s.start_us, s.end_us)] if left_out
-              else capture.events)
-    profile = op_profile(op_table(events), window, len(training) if left_out else len(capture.recorded), figures,
+    if left_out:
+        events = [e for s in training for e in window_events(events, s.start_us, s.end_us)]
+    profile = op_profile(op_table(events), window, len(training) if left_out else len(recorded), figures,
                          cuda=capture.cuda, trace_bytes=capture.trace_bytes, trace_detail=capture.trace_detail)
     return replace(profile, evaluated_steps=left_out)
 

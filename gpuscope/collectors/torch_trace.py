@@ -181,7 +181,10 @@ class TorchTraceCollector(StepFollower):
 
     # -- end of the run ------------------------------------------------------------------------------------
     def stop(self) -> CollectorResult:
+        unfinished = None
         if self._prof is not None:
+            # the run ended inside the window: the span the last boundary opened ended with the script, not a step
+            unfinished = self._recorded[-1] if self._recorded else None
             try:
                 self._end()  # the run ended inside the window: keep what was recorded
             except Exception as exc:
@@ -195,7 +198,8 @@ class TorchTraceCollector(StepFollower):
                 "unavailable",
                 f"the run ended before the profiled steps ({self.start_step + WARMUP_STEPS}-"
                 f"{self.start_step + WARMUP_STEPS + self.active - 1}); run more steps to get trace.json"))
-        capture = capture_trace(self._run_dir / TRACE_FILE, self.max_bytes, recorded=self._recorded, cuda=self._cuda)
+        capture = capture_trace(self._run_dir / TRACE_FILE, self.max_bytes, recorded=self._recorded, cuda=self._cuda,
+                                unfinished=unfinished)
         return CollectorResult(CollectorStatus("ok"), capture)
 
 
@@ -250,7 +254,8 @@ def window_wall_s(events: list[dict[str, Any]]) -> float:
     return (max(end for _, end in spans) - min(start for start, _ in spans)) / 1e6
 
 
-def capture_trace(path: Path, max_bytes: int, recorded: Sequence[int] = (), cuda: bool = False) -> TraceCapture:
+def capture_trace(path: Path, max_bytes: int, recorded: Sequence[int] = (), cuda: bool = False,
+                  unfinished: int | None = None) -> TraceCapture:
     """Read the exported trace, cap the file to ``max_bytes``, and keep every event for the figures: capping is
     about the file on disk, never about the figures (a capped trace keeps only the first recorded step, and
     per-step figures divided by every recorded step would shrink by that factor); the op table too is read from the
@@ -259,7 +264,7 @@ def capture_trace(path: Path, max_bytes: int, recorded: Sequence[int] = (), cuda
     events = trace.get("traceEvents", [])
     detail = cap_trace(path, max_bytes, trace)[1]
     return TraceCapture(events=events, recorded=tuple(recorded), cuda=cuda, trace_bytes=path.stat().st_size,
-                        trace_detail=detail)
+                        trace_detail=detail, unfinished=unfinished)
 
 
 def cap_trace(path: Path, max_bytes: int, trace: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], str]:

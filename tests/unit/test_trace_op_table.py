@@ -18,7 +18,7 @@ import pytest
 from gpuscope.analysis.evidence import op_kind
 from gpuscope.analysis.figures import trace_figures
 from gpuscope.analysis.optable import OpTable, op_table
-from gpuscope.analysis.reduce import op_profile
+from gpuscope.analysis.reduce import op_profile, trace_op_profile
 from gpuscope.collectors.torch_trace import TRACE_FILE, TorchTraceCollector
 from gpuscope.captures import TraceCapture
 from gpuscope.record import OpStat, Window
@@ -227,3 +227,30 @@ def test_the_window_ends_without_key_averages_and_lets_the_recorded_events_go(
     assert (tmp_path / TRACE_FILE).exists()
     stats = by_name(list(op_table(result.payload.events).ops))
     assert stats["aten::mm"].calls == 2 and stats["aten::relu"].calls == 2
+
+
+def test_a_run_that_ends_inside_the_window_counts_its_last_lines_as_no_step(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    # given: a window of steps 2-4 (step 1 its warm-up) in a run whose last step is step 2: after it the script
+    # runs a prediction pass (many small ops) and ends, with no step boundary to close that span
+    collector = TorchTraceCollector(start=1, active=3)
+    collector._events = StepEvents()  # type: ignore[assignment]
+    collector.start(tmp_path)
+    x = torch.randn(16, 16)
+    for index in range(3):
+        collector._on_step(index)
+        (x @ x).relu().sum()
+    collector._on_step(3)
+    for _ in range(20):
+        x.tanh()
+    capture = collector.stop().payload
+    assert isinstance(capture, TraceCapture)
+    assert (capture.recorded, capture.unfinished) == ((2, 3), 3)
+    # then the op profile is the one whole step's: its ops per step are step 2's, not halved by the tail, and the
+    # tail's ops are in no figure (trace.json keeps them)
+    profile = trace_op_profile(capture)
+    assert (profile.window, profile.steps) == (Window(2, 2), 1)
+    names = {s.name for s in profile.top_host}
+    assert {"aten::mm", "aten::relu"} <= names and "aten::tanh" not in names
+    assert profile.ops_per_step == profile.ops
+    assert "aten::tanh" in (tmp_path / TRACE_FILE).read_text()
