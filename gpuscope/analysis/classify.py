@@ -117,8 +117,9 @@ def _classify_cpu(record: RunRecord) -> Verdict:
                      "is made of per-op overhead, not arithmetic")
         return Verdict("cpu-launch", _rising(th.TINY_OP_RATIO / max(ratio, 1e-9), 1.0, th.TINY_OP_RATIO), tuple(facts))
     if share <= th.COMPUTE_BOUND_MAX_OVERHEAD and ratio <= th.TINY_OP_RATIO:
-        facts.append(f"the ops are tiny yet their fixed cost explains only {share:.0%} of the step: most of it is "
-                     "spent outside torch ops")
+        spent = covered / steps.median_s
+        facts.append(f"the ops are tiny yet their fixed cost explains only {share:.0%} of the step, their own time "
+                     f"{spent:.0%} of it" + (": most of the step is spent outside torch ops" if spent < 0.5 else ""))
         return Verdict("inconclusive", 0.3, tuple(facts))
     other = record.breakdown.other
     if share <= th.COMPUTE_BOUND_MAX_OVERHEAD and other >= th.OUTSIDE_MODEL_DOMINANT:

@@ -116,6 +116,18 @@ def test_the_verdict_follows_the_evidence(record, bound) -> None:
     assert all(any(ch.isdigit() for ch in fact) for fact in verdict.evidence)  # every fact carries its number
 
 
+def test_tiny_ops_whose_fixed_cost_explains_little_of_the_step_say_how_much_of_it_they_fill() -> None:
+    # the LBFGS loop's figures, before its op profile left out the prediction pass after its last step: 197130 ops
+    # of 3.9 us (2.8x the 1.38 us fixed cost) fill 56% of the 1368 ms step, their fixed cost 20%
+    verdict = classify(cpu_record(197130, 1.38e-6, 1.368, mean_op_s=3.9e-6))
+    assert verdict.bound == "inconclusive"
+    tiny = next(fact for fact in verdict.evidence if fact.startswith("the ops are tiny"))
+    assert tiny == "the ops are tiny yet their fixed cost explains only 20% of the step, their own time 56% of it"
+    # where they fill less than half of it, most of the step is spent outside them, and that is said
+    verdict = classify(cpu_record(197130, 1.38e-6, 2.0, mean_op_s=3.9e-6))
+    assert any(fact.endswith("38% of it: most of the step is spent outside torch ops") for fact in verdict.evidence)
+
+
 def test_a_cpu_step_spent_outside_torch_ops_is_not_called_compute_bound_and_says_where_it_went() -> None:
     # recorded from a loop that sleeps 500 ms a step: 138 ops of 28 us each, 4 ms of a 505 ms step
     sleeping = dataclasses.replace(
