@@ -64,8 +64,25 @@ def unlike_steps(record: RunRecord, first: int, last: int, what: str) -> str | N
     took = f"{first}," if one else f"{first}-{last}, median"
     return (f"{what} ({took} {statistics.median(times) * 1e3:.1f} ms) {'is' if one else 'are'} {how} than the "
             f"steady-state steps (median {steps.median_s * 1e3:.1f} ms): the run changed pace after "
-            f"{'it' if one else 'them'}; `gpuscope run --skip-steps {steps.warmup} ...` profiles steps like the "
-            "steady ones")
+            f"{'it' if one else 'them'}; `gpuscope run --skip-steps {_skip_to_steady(record, first, last)} ...` "
+            "profiles steps like the steady ones")
+
+
+def _skip_to_steady(record: RunRecord, first: int, last: int) -> int:
+    """The ``--skip-steps`` count that moves steps ``first``..``last`` (a window: every window moves as far) onto
+    steady steps like the median one (their median within a factor of sqrt(WINDOW_UNLIKE) of it, well inside): past
+    the warm-up, and further where the steps after it are still unlike the median (a run whose steps lengthen as it
+    goes, as a reinforcement-learning loop's episodes do). The warm-up's count where no such steps were sampled."""
+    steps = record.steps
+    sample = steps.sample
+    usable = {i: t for i, t, status in zip(sample.index, sample.wall_s, sample.status or ("steady",) * len(sample.index))
+              if t > 0 and status == "steady"}
+    like = math.sqrt(WINDOW_UNLIKE)
+    for skip in range(steps.warmup, max(usable, default=0) - last + 1):
+        times = [usable.get(i) for i in range(first + skip, last + skip + 1)]
+        if None not in times and 1 / like <= statistics.median(times) / steps.median_s <= like:  # type: ignore[type-var]
+            return skip
+    return steps.warmup
 
 
 def two_speeds(record: RunRecord) -> str | None:

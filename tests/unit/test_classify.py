@@ -192,6 +192,25 @@ def test_an_op_profile_of_steps_unlike_the_steady_ones_decides_nothing_and_says_
     assert launch.status == "not-checked" and "17x longer" in (launch.reason or "")
 
 
+def test_in_a_run_whose_steps_lengthen_as_it_goes_the_advice_skips_to_steps_like_the_median_one() -> None:
+    # given: a reinforcement-learning loop whose episodes (its steps) lengthen from 10 ms by 1 ms each, its median
+    # 85 ms, so that torch.profiler's window (steps 7-9, 17-19 ms) is 5x shorter; past the one warm-up step the steps
+    # are steady, bar the profiled ones
+    record = cpu_record(3400, 1.4e-6, 0.085, mean_op_s=1.8e-6)
+    index = tuple(range(150))
+    status = tuple("warmup" if i == 0 else "profiled" if 6 <= i <= 9 else "steady" for i in index)
+    sample = StepSample(index=index, wall_s=tuple(0.010 + 0.001 * i for i in index), status=status)
+    steps = dataclasses.replace(record.steps, sample=sample, warmup=1)
+    record = dataclasses.replace(record, steps=steps, op_profile=dataclasses.replace(
+        record.op_profile, window=Window(first_step=7, last_step=9)))
+    verdict = classify(record)
+    assert verdict.bound == "inconclusive"
+    # then skipping the warm-up alone would profile steps 8-10, as short: the advice skips 25 steps, which puts the
+    # window on steps 32-34, the first whose median (43 ms) is within 2x of the median step
+    assert "5x shorter than the steady-state steps (median 85.0 ms)" in verdict.evidence[0]
+    assert "`gpuscope run --skip-steps 25 ...`" in verdict.evidence[0]
+
+
 def test_an_op_profile_a_little_slower_than_the_steady_steps_still_decides() -> None:
     # the profiler's own cost lengthens an op-heavy step by up to 1.5x
     assert classify(two_phase_record(window_step_s=0.004)).bound == "cpu-launch"
