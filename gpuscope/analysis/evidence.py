@@ -75,12 +75,12 @@ def _skip_to_steady(record: RunRecord, first: int, last: int) -> int:
     goes, as a reinforcement-learning loop's episodes do). The warm-up's count where no such steps were sampled."""
     steps = record.steps
     sample = steps.sample
-    usable = {i: t for i, t, status in zip(sample.index, sample.wall_s, sample.status or ("steady",) * len(sample.index))
-              if t > 0 and status == "steady"}
+    status = sample.status or ("steady",) * len(sample.index)
+    usable = {i: t for i, t, kind in zip(sample.index, sample.wall_s, status) if t > 0 and kind == "steady"}
     like = math.sqrt(WINDOW_UNLIKE)
     for skip in range(steps.warmup, max(usable, default=0) - last + 1):
-        times = [usable.get(i) for i in range(first + skip, last + skip + 1)]
-        if None not in times and 1 / like <= statistics.median(times) / steps.median_s <= like:  # type: ignore[type-var]
+        times = [usable[i] for i in range(first + skip, last + skip + 1) if i in usable]
+        if len(times) == last - first + 1 and 1 / like <= statistics.median(times) / steps.median_s <= like:
             return skip
     return steps.warmup
 
