@@ -14,6 +14,15 @@ BOUND_LABELS = {
 }
 
 
+def flop_text(value: float) -> str:
+    """A FLOP count with a prefix that suits it: "2.82 GFLOP", and "520.00 kFLOP" where GFLOP would read 0.00 (a policy
+    network stepped one observation at a time)."""
+    for prefix, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {prefix}FLOP"
+    return f"{value:.0f} FLOP"
+
+
 def speedup_text(speedup: float) -> str:
     """A predicted speed-up in words: "1.64x faster", or "1.30x slower" where the remedy would cost time."""
     return f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"
@@ -63,8 +72,8 @@ def summary_lines(record: RunRecord, run_dir: Path, report_path: Path | None = N
         if sol.peak_flops_per_s and sol.mfu is None:  # a measured rate too far below the run's to be its peak
             peak = (f"; this machine's {sol.dtype or 'float32'} matmul benchmark measured "
                     f"{sol.peak_flops_per_s / 1e9:.2f} GFLOP/s, not this run's peak: no MFU")
-        lines.append(f"  speed of light: {sol.flops_per_step / 1e9:.2f} GFLOP a step, achieved "
-                     f"{sol.achieved_flops_per_s / 1e9:.1f} GFLOP/s{peak}")
+        lines.append(f"  speed of light: {flop_text(sol.flops_per_step)} a step, achieved {flop_text(sol.achieved_flops_per_s)}/s"
+                     f"{peak}")
     if record.what_if is not None:
         lines.append(f"  what if (estimate): step {record.what_if.step_s * 1e3:.1f} ms, "
                      f"{speedup_text(record.what_if.speedup)}, {record.what_if.explanation}")

@@ -21,7 +21,7 @@ from gpuscope.analysis.compare import Comparison, compare
 from gpuscope.errors import GpuscopeError
 from gpuscope.record import PHASES, RunRecord
 from gpuscope.report import charts, compare_charts, facts
-from gpuscope.summary import bound_label, left_out, speedup_text
+from gpuscope.summary import bound_label, flop_text, left_out, speedup_text
 
 REPORT_HTML = "report.html"
 TEMPLATE = "report.html"
@@ -68,7 +68,8 @@ def environment() -> Environment:
         keep_trailing_newline=True,
     )
     env.policies["json.dumps_kwargs"] = {"sort_keys": True, "allow_nan": False}
-    env.filters.update(seconds=facts.seconds, speedup=speedup_text, percent=facts.percent, size=facts.size)
+    env.filters.update(seconds=facts.seconds, speedup=speedup_text, percent=facts.percent, size=facts.size,
+                       flops=flop_text)
     return env
 
 

@@ -19,6 +19,7 @@ from gpuscope.collectors import flops
 from gpuscope.collectors.flops import CpuPeakProbe, MatmulTiming, SpeedOfLightCollector, fitting_size, time_matmuls
 from gpuscope.record import Breakdown, RunMeta, SpeedOfLight, StepSample, Steps, Verdict
 from gpuscope.session import post_run_facts
+from gpuscope.summary import flop_text
 
 torch = pytest.importorskip("torch")
 
@@ -306,7 +307,7 @@ def test_a_measured_peak_far_below_the_runs_own_rate_is_not_its_peak_and_gives_n
 
     summary = "\n".join(summary_lines(record, Path("run")))
     assert summary.startswith("gpuscope: CPU-compute-bound (confidence 0.95)")
-    assert "achieved 4.0 GFLOP/s; this machine's bfloat16 matmul benchmark measured" in summary
+    assert "achieved 4.03 GFLOP/s; this machine's bfloat16 matmul benchmark measured" in summary
     assert "not this run's peak: no MFU" in summary and "peak" not in summary.splitlines()[0]
     html = render_report(record, inline_plotly=False)
     assert "no model FLOPs utilisation is given" in html and "model FLOPs utilisation," not in html
@@ -349,3 +350,9 @@ def test_a_what_if_slower_than_the_run_reads_slower_in_the_summary_and_the_repor
     assert "1.31x slower" in summary and "x faster" not in summary
     html = render_report(record, inline_plotly=False)
     assert "(1.31x slower)" in html and "0.76x faster" not in html
+
+
+def test_a_step_of_few_flops_is_counted_in_a_prefix_that_shows_them() -> None:
+    # a policy network stepped one observation at a time: 0.52 MFLOP a step would read "0.00 GFLOP"
+    assert [flop_text(n) for n in (5.2e5, 2.82e9, 1.5e13, 12)] == ["520.00 kFLOP", "2.82 GFLOP", "15.00 TFLOP",
+                                                                   "12 FLOP"]
