@@ -121,6 +121,11 @@ class Loader:
     prefetch_factor: int | None = None
     start_method: str | None = None
     iterable: bool = False
+    shards_by_worker: bool | None = None
+    """An IterableDataset: whether N workers would each take their own part of its stream (its class's code, or the
+    loader's ``worker_init_fn``, calls ``torch.utils.data.get_worker_info()``); false where its class is the
+    script's own and calls it nowhere (each worker would yield the whole stream); null where that cannot be told,
+    and for a map-style dataset."""
     batches: int = 0
     wait_s: float = 0.0
     batch_tensors: tuple[str, ...] = ()

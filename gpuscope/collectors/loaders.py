@@ -11,7 +11,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
-from gpuscope.callsites import call_site, calling_library, user_frame
+from gpuscope.callsites import call_site, calling_library, is_user_file, user_frame
 from gpuscope.record import CallSite, Loader
 
 MAX_LOADERS = 16
@@ -227,6 +227,7 @@ def _describe(iterator: Any) -> dict[str, Any]:
             context = own or multiprocessing.get_start_method(allow_none=True)
             break
     prefetch = getattr(iterator, "_prefetch_factor", None)
+    init_fn = getattr(iterator, "_worker_init_fn", None)
     return {
         "dataset": type(dataset).__name__,
         "num_workers": workers if isinstance(workers, int) else 0,
@@ -236,4 +237,57 @@ def _describe(iterator: Any) -> dict[str, Any]:
         "prefetch_factor": prefetch if isinstance(prefetch, int) else None,
         "start_method": {"fork": "fork", "spawn": "spawn", "forkserver": "forkserver"}.get(context or ""),
         "iterable": kind == 1,
+        "shards_by_worker": splits_its_stream(dataset, init_fn) if kind == 1 else None,
     }
+
+
+def splits_its_stream(dataset: Any, worker_init_fn: Any) -> bool | None:
+    """Whether an IterableDataset's workers would each take their own part of its stream: its class's own code (and
+    the functions of the user's it calls, a few levels down), or the loader's ``worker_init_fn``, names
+    ``get_worker_info``, torch's documented way to split it. False where the class is the user's, no
+    ``worker_init_fn`` is given and none of that code names it; None where it cannot be told (a class from an
+    installed library: Hugging Face's streaming datasets split their shards in code of their own)."""
+    try:
+        classes = [cls for cls in type(dataset).__mro__ if _users(cls)]
+        found = [f for cls in classes for f in vars(cls).values()]
+        if worker_init_fn is not None:
+            found.append(getattr(worker_init_fn, "func", worker_init_fn))  # a functools.partial's function
+        if any(_names_worker_info(f, depth=3) for f in found):
+            return True
+    except Exception:
+        return None
+    return False if classes[:1] and type(dataset) is classes[0] and worker_init_fn is None else None
+
+
+def _names_worker_info(function: Any, depth: int) -> bool:
+    """Whether ``function``'s code, a function nested in it, or a function of the user's it calls by a global name
+    (``depth`` levels down), names ``get_worker_info``."""
+    code = getattr(getattr(function, "__func__", function), "__code__", None)
+    if code is None:
+        return False
+    found = _code_names(code)
+    if "get_worker_info" in found:
+        return True
+    if depth <= 0:
+        return False
+    scope = getattr(getattr(function, "__func__", function), "__globals__", {})
+    return any(_names_worker_info(f, depth - 1) for name in found
+               if callable(f := scope.get(name)) and _users_function(f))
+
+
+def _code_names(code: Any) -> set[str]:
+    """The global and attribute names ``code`` and the functions nested in it use."""
+    names = set(code.co_names)
+    for const in code.co_consts:
+        if hasattr(const, "co_names"):
+            names |= _code_names(const)
+    return names
+
+
+def _users(cls: type) -> bool:
+    """Whether ``cls`` is defined in the user's code (``callsites.is_user_file``)."""
+    return is_user_file(getattr(sys.modules.get(cls.__module__), "__file__", None) or "")
+
+
+def _users_function(function: Any) -> bool:
+    return hasattr(function, "__code__") and is_user_file(function.__code__.co_filename)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from gpuscope.analysis import thresholds as th
 from gpuscope.analysis.evidence import DATA_WAIT, Metric, slowest_loader
@@ -38,7 +39,35 @@ def more_dataloader_workers(run: RunRecord) -> Finding | None:
     measured count delivering at least LOADER_KEEPS_UP_MARGIN more than the step consumes (1 / compute time), or
     the fastest measured one, and the gain is the step it predicts (``analysis.speed.loader_plan``). On a CPU run
     whose intra-op threads and N workers would be more busy threads than cores, the fix also keeps cores - N threads
-    (``torch.set_num_threads``), as the prediction assumes."""
+    (``torch.set_num_threads``), as the prediction assumes. An IterableDataset must split its stream among the
+    workers, else each yields all of it: where its code does not, the fix says how (``_split_stream``)."""
+    finding, loader = _more_workers(run), slowest_loader(run)
+    if finding is None or loader is None or not loader.iterable:
+        return finding
+    return _split_stream(finding, loader)
+
+
+def _split_stream(finding: Finding, loader: Loader) -> Finding:
+    """``finding`` for a loader over an IterableDataset: whether its workers would split the stream, and where the
+    dataset's own code does not, the lines that split it, ahead of the DataLoader change."""
+    name = loader.dataset
+    if loader.shards_by_worker:
+        return replace(finding, evidence=(*finding.evidence, f"the {name} IterableDataset splits its stream among the "
+                                          "workers (its code calls torch.utils.data.get_worker_info())"))
+    if loader.shards_by_worker is None:
+        return replace(finding, evidence=(*finding.evidence, "an IterableDataset: each worker must take its own part "
+                                          "of the stream (torch.utils.data.get_worker_info()), else every worker "
+                                          "yields all of it"))
+    split = (f"# and in {name}.__iter__, each worker reads and prepares only its own share of the stream:\n"
+             "info = torch.utils.data.get_worker_info()  # None in the main process\n"
+             "if info is not None and i % info.num_workers != info.id: continue  # for item i, before any work on it")
+    return replace(finding, evidence=(*finding.evidence, (
+        f"the {name} IterableDataset's code never calls torch.utils.data.get_worker_info(): with N workers each "
+        "would yield the whole stream, N copies of every batch")), fix=f"{finding.fix}\n{split}")
+
+
+def _more_workers(run: RunRecord) -> Finding | None:
+    """The finding before an IterableDataset's caveat (see ``more_dataloader_workers``)."""
     share, median, loader = run.breakdown.data_wait, run.steps.median_s, slowest_loader(run)
     cores = run.meta.cpu_count or 1
     if loader is None or share < th.DATA_WAIT_NOTABLE or not median:
@@ -100,9 +129,6 @@ def _beyond_the_cores(run: RunRecord, loader: Loader, share: float, median: floa
         each = memory.peak_workers_bytes / memory.max_workers
         evidence.append(f"each worker held up to {each / 2**20:.0f} MB resident (pages shared with the main process "
                         f"counted in each): {waiting.workers} would hold about {waiting.workers * each / 2**30:.1f} GB")
-    if loader.iterable:
-        evidence.append("an IterableDataset: each worker must take its own part of the stream "
-                        "(torch.utils.data.get_worker_info()), else every worker yields all of it")
     return Finding(max(0.0, 1 - waiting.step_s / median), tuple(evidence),
                    fix=_workers_fix(loader, waiting.workers, None, per_step))
 
