@@ -126,6 +126,9 @@ class Loader:
     loader's ``worker_init_fn``, calls ``torch.utils.data.get_worker_info()``); false where its class is the
     script's own and calls it nowhere (each worker would yield the whole stream); null where that cannot be told,
     and for a map-style dataset."""
+    repeated_first_batches: int = 0
+    """An IterableDataset's loader with N workers: of the first N batches it gave (one from each worker), those with
+    the same tensors as an earlier one; N - 1 where each worker yields the whole stream."""
     batches: int = 0
     wait_s: float = 0.0
     batch_tensors: tuple[str, ...] = ()

@@ -17,6 +17,9 @@ from gpuscope.record import CallSite, Loader
 MAX_LOADERS = 16
 """Distinct DataLoader configurations described in the record."""
 MAX_BATCH_TENSORS = 8
+FINGERPRINT_BYTES = 16 * 2**20
+"""The first batch from each worker of an IterableDataset's loader is hashed (to tell workers that each yield the
+whole stream) where its tensors hold at most this much: a few milliseconds, once."""
 MAX_CREATED = 256
 """Datasets whose first DataLoader's line is remembered (a script building loaders in a loop stops adding here)."""
 BACK_TO_BACK_S = 0.001
@@ -98,7 +101,11 @@ class LoaderBook:
             entry = self._entries[key] = {"info": info, "batches": 0, "wait_s": 0.0, "dataset": dataset,
                                           "loading": _loading(iterator), "iterators": weakref.WeakSet(),
                                           "restarts": 0, "restart_wait_s": 0.0, "back_to_back": 0,
-                                          "arrived": None, "eval_batches": 0, "eval_wait_s": 0.0}
+                                          "arrived": None, "eval_batches": 0, "eval_wait_s": 0.0, "firsts": [],
+                                          "repeated": 0}
+        workers = entry["info"]["num_workers"]
+        if entry["info"]["iterable"] and workers > 1 and entry["batches"] < workers:
+            _note_first(entry, batch)  # one batch from each worker, the first time the loader is iterated
         if _first_from(entry["iterators"], iterator) and entry["batches"] and getattr(iterator, "_num_workers", 0):
             entry["restarts"] += 1  # a new iterator's workers started for this batch
             entry["restart_wait_s"] += wait_s
@@ -151,8 +158,41 @@ class LoaderBook:
         """The loaders for the record, the longest waited on first."""
         return tuple(Loader(batches=e["batches"], wait_s=e["wait_s"], restarts=e["restarts"],
                             restart_wait_s=e["restart_wait_s"], back_to_back=e["back_to_back"],
-                            eval_batches=e["eval_batches"], eval_wait_s=e["eval_wait_s"], **e["info"])
+                            eval_batches=e["eval_batches"], eval_wait_s=e["eval_wait_s"],
+                            repeated_first_batches=e["repeated"], **e["info"])
                      for e in self._by_wait())
+
+
+def _note_first(entry: dict[str, Any], batch: Any) -> None:
+    """Count ``batch`` as repeated where an earlier first batch of the loader had the same contents."""
+    mark = fingerprint(batch)
+    if mark is not None:
+        entry["repeated"] += mark in entry["firsts"]
+        entry["firsts"].append(mark)
+
+
+def fingerprint(batch: Any, limit: int = FINGERPRINT_BYTES) -> int | None:
+    """A hash of a batch's CPU tensors (their dtype, shape and bytes), or None where it holds none, a tensor on
+    another device, or more than ``limit`` bytes of them."""
+    tensors: list[Any] = []
+    pending, size = [batch], 0
+    while pending and len(tensors) < MAX_BATCH_TENSORS:
+        item = pending.pop(0)
+        if hasattr(item, "untyped_storage"):
+            tensors.append(item)
+            size += item.numel() * item.element_size()
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+    if not tensors or size > limit or any(t.device.type != "cpu" for t in tensors):
+        return None
+    uint8 = sys.modules["torch"].uint8
+    try:
+        return hash(tuple((str(t.dtype), tuple(t.shape), t.detach().contiguous().view(-1).view(uint8).numpy().tobytes())
+                          for t in tensors))
+    except Exception:  # a tensor subclass, a dtype whose bytes cannot be viewed: no fingerprint
+        return None
 
 
 def _first_from(seen: weakref.WeakSet[Any], iterator: Any) -> bool:

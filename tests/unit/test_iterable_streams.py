@@ -5,6 +5,7 @@ more-dataloader-workers fix says how where it does not: on a streaming corpus re
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -12,7 +13,7 @@ import pytest
 
 from conftest import make_record
 from gpuscope.analysis.rules import evaluate
-from gpuscope.collectors.loaders import _describe, splits_its_stream
+from gpuscope.collectors.loaders import LoaderBook, _describe, fingerprint, splits_its_stream
 from gpuscope.record import Breakdown, Loader, RunMeta, Steps
 
 torch = pytest.importorskip("torch")
@@ -120,3 +121,56 @@ def test_workers_for_a_stream_that_is_split_or_not_known_to_be_say_so_and_change
     assert split.evidence[-1] == ("the LineStream IterableDataset splits its stream among the workers (its code calls "
                                   "torch.utils.data.get_worker_info())")
     assert "else every worker yields all of it" in unknown.evidence[-1]
+
+
+def first_batches(dataset: Any, workers: int) -> Loader:
+    """The record of a loader of ``workers`` workers over ``dataset`` whose first batches the book saw."""
+    book = LoaderBook()
+    stream = iter(DataLoader(dataset, batch_size=2, num_workers=workers))
+    for _ in range(workers + 1):
+        book.count_batch(stream, next(stream), 0.01)
+    (loader,) = book.records()
+    return loader
+
+
+@pytest.mark.slow  # starts worker processes
+def test_workers_that_each_yield_the_whole_stream_give_the_same_first_batch() -> None:
+    whole, split = first_batches(Lines(), 2), first_batches(OwnLines(), 2)
+    assert (whole.shards_by_worker, whole.repeated_first_batches) == (False, 1)
+    assert (split.shards_by_worker, split.repeated_first_batches) == (True, 0)
+
+
+def test_a_batch_is_fingerprinted_by_its_tensors_contents_within_a_bound() -> None:
+    batch = (torch.arange(6).reshape(3, 2), torch.tensor([0.5, 1.5]))
+    assert fingerprint(batch) == fingerprint((batch[0].clone(), batch[1].clone()))
+    assert fingerprint(batch) != fingerprint((batch[0] + 1, batch[1]))
+    assert fingerprint({"ids": torch.ones(2, dtype=torch.bfloat16)}) is not None  # bytes of any dtype
+    assert fingerprint(batch, limit=8) is None and fingerprint(["no tensor"]) is None
+
+
+def repeating_run(shards: bool | None, repeated: int) -> Any:
+    """A run whose LineStream loader's 2 workers gave ``repeated`` of their first 2 batches again."""
+    record = streaming_run(shards)
+    loader = dataclasses.replace(record.loaders[0], num_workers=2, repeated_first_batches=repeated)
+    return dataclasses.replace(record, loaders=(loader,), breakdown=Breakdown(data_wait=0.01, forward=0.99))
+
+
+def test_workers_that_repeat_the_stream_are_told_how_to_split_it_with_no_step_gain_promised() -> None:
+    recommendations, checks = evaluate(repeating_run(shards=False, repeated=1))
+    rec = next(r for r in recommendations if r.id == "split-iterable-stream")
+    assert rec.expected_gain is None  # the step is no slower: the epoch takes half the steps
+    assert rec.evidence[:2] == (
+        "the LineStream loader's 2 workers gave the same first batch (1 of the first 2 batches repeated an earlier "
+        "one)",
+        "the LineStream IterableDataset's code never calls torch.utils.data.get_worker_info(): each worker yields the "
+        "whole stream, so every batch is trained on 2 times and an epoch takes 2x the steps its data needs")
+    assert rec.fix.splitlines()[0] == ("# in LineStream.__iter__, each worker reads and prepares only its own share "
+                                       "of the stream:")
+
+
+@pytest.mark.parametrize(("shards", "repeated"), [(False, 0), (None, 1), (True, 0)],
+                         ids=["different-first-batches", "code-not-read", "split"])
+def test_workers_not_shown_to_repeat_the_stream_are_left_alone(shards: bool | None, repeated: int) -> None:
+    # a random stream each worker seeds differently yields different batches unsplit: no repeat, nothing said
+    _, checks = evaluate(repeating_run(shards, repeated))
+    assert checks["split-iterable-stream"].status == "clear"

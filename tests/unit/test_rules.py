@@ -228,10 +228,11 @@ def test_every_contract_id_has_exactly_one_rule() -> None:
     ids = [r.id for r in RULES]
     assert len(ids) == len(set(ids))
     # the contract's 15, reduce-communication, cpu-fp32-over-low-precision, persistent-workers,
-    # file-system-sharing, fused-optimizer, float32-over-float64 and cheaper-batches (docs/contract-additions.md)
-    assert len(contract_ids()) == 22
-    assert {"reduce-communication", "cpu-fp32-over-low-precision", "persistent-workers",
-            "file-system-sharing", "fused-optimizer", "float32-over-float64", "cheaper-batches"} <= contract_ids()
+    # file-system-sharing, fused-optimizer, float32-over-float64, cheaper-batches and split-iterable-stream
+    # (docs/contract-additions.md)
+    assert len(contract_ids()) == 23
+    assert {"reduce-communication", "cpu-fp32-over-low-precision", "persistent-workers", "file-system-sharing",
+            "fused-optimizer", "float32-over-float64", "cheaper-batches", "split-iterable-stream"} <= contract_ids()
     assert set(ids) == contract_ids()
 
 

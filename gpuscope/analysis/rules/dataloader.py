@@ -58,12 +58,17 @@ def _split_stream(finding: Finding, loader: Loader) -> Finding:
         return replace(finding, evidence=(*finding.evidence, "an IterableDataset: each worker must take its own part "
                                           "of the stream (torch.utils.data.get_worker_info()), else every worker "
                                           "yields all of it"))
-    split = (f"# and in {name}.__iter__, each worker reads and prepares only its own share of the stream:\n"
-             "info = torch.utils.data.get_worker_info()  # None in the main process\n"
-             "if info is not None and i % info.num_workers != info.id: continue  # for item i, before any work on it")
     return replace(finding, evidence=(*finding.evidence, (
         f"the {name} IterableDataset's code never calls torch.utils.data.get_worker_info(): with N workers each "
-        "would yield the whole stream, N copies of every batch")), fix=f"{finding.fix}\n{split}")
+        "would yield the whole stream, N copies of every batch")), fix=f"{finding.fix}\n# and{split_lines(name)}")
+
+
+def split_lines(dataset: str) -> str:
+    """The lines that give each worker of an IterableDataset's loader its own share of the stream (the first a
+    comment that goes on ``# and``)."""
+    return (f" in {dataset}.__iter__, each worker reads and prepares only its own share of the stream:\n"
+            "info = torch.utils.data.get_worker_info()  # None in the main process\n"
+            "if info is not None and i % info.num_workers != info.id: continue  # for item i, before any work on it")
 
 
 def _more_workers(run: RunRecord) -> Finding | None:
@@ -138,7 +143,7 @@ def _waiting_facts(loader: Loader, share: float, median: float, cores: int) -> l
     the cores, and where the loader was built."""
     return [f"{share:.0%} of each step waits for the next batch (median step {median * 1e3:.1f} ms)",
             f"the {loader.dataset} loader has {loader.num_workers} workers; this machine has {cores} cores",
-            *_built_at(loader)]
+            *built_at(loader)]
 
 
 def _threads_fact(threads: int, workers: int, cores: int, keep: int) -> str:
@@ -147,7 +152,7 @@ def _threads_fact(threads: int, workers: int, cores: int, keep: int) -> str:
             f"the step; keep {keep} (torch.set_num_threads({keep}))")
 
 
-def _built_at(loader: Loader) -> list[str]:
+def built_at(loader: Loader) -> list[str]:
     """Where the loader was built, as a fact (none when it was not seen)."""
     site = loader.created_at
     if site is None or not site.file:
@@ -208,7 +213,7 @@ def _from_probe(run: RunRecord, plan: LoaderPlan, loader: Loader, share: float, 
                       if r.batches_per_s and not r.pin_memory)
     evidence = [
         f"{share:.0%} of each step waits for the next batch (median step {median * 1e3:.1f} ms)",
-        *_built_at(loader),
+        *built_at(loader),
         f"measured after the run, the {dataset} loader alone delivers (workers: batches/s) {curve}",
         f"the training step consumes {plan.consume_batches_per_s:.1f} batches/s "
         f"({plan.batches_per_step:.3g} per {plan.compute_s * 1e3:.1f} ms of compute)",
@@ -284,7 +289,7 @@ def pin_memory(run: RunRecord) -> Finding | None:
         f"{kernels.h2d_pageable_copies} of {kernels.h2d_copies} host-to-device copies in the profiled steps came "  # type: ignore[union-attr]
         f"from pageable memory, {kernels.h2d_copy_s * 1e3:.2f} ms in all ({copy_share:.0%} of the steps' time)",  # type: ignore[union-attr]
         f"the {unpinned[0].dataset} loader has pin_memory=False",
-        *_built_at(unpinned[0]),
+        *built_at(unpinned[0]),
     )
     comment = site_comment(unpinned[0])
     if not comment:
@@ -330,7 +335,7 @@ def persistent_workers(run: RunRecord) -> Finding | None:
         f"{loader.restart_wait_s:.2f} s in all for the first batch after each restart",
         f"that is {share:.0%} of the run's step time (the {run.steps.mean_s * 1e3:.1f} ms mean steady step over "
         f"the {run.steps.total} steps, and the restarts' waits)",
-        *_built_at(loader),
+        *built_at(loader),
     )
     fix = loader_call(loader, "dataloader_persistent_workers=True", "persistent_workers=True")
     return Finding(share, evidence, fix=fix + site_comment(loader))
@@ -374,7 +379,7 @@ def file_system_sharing(run: RunRecord) -> Finding | None:
                 else "its hand-over was not timed")
     evidence = [
         f"{share:.0%} of each step waits for the next batch (median step {median * 1e3:.1f} ms)",
-        *_built_at(loader),
+        *built_at(loader),
         f"handing a batch the {loader.dataset} loader's {plan.workers} workers had built over to the main process "
         f"took {(fd.receive_s or 0.0) * 1e3:.1f} ms while they built the next (timed by the probe: with the default "
         "file_descriptor strategy each tensor waits for the worker's Python to pass it)" if fd is not None else "",
