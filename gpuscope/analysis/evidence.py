@@ -68,6 +68,27 @@ def unlike_steps(record: RunRecord, first: int, last: int, what: str) -> str | N
             "profiles steps like the steady ones")
 
 
+NEIGHBOURS = 3
+"""Steps on each side of the FLOP-counted one that tell whether it lies among steps like the steady ones."""
+
+
+def counted_step_unlike(record: RunRecord, step: int) -> str | None:
+    """Why the step whose FLOPs were counted does not describe the steady-state ones (``unlike_steps``), or None.
+    Under the FLOP counter every op of that step goes through Python (tens of microseconds each), so a step of many
+    small ops runs several times longer for that alone (an LBFGS loop's 1.6 s steps: 10.5 s): where the steady steps
+    nearest it (``NEIGHBOURS`` on each side at most) are like the median one, it is counted as one of them."""
+    unlike = unlike_steps(record, step, step, "the step whose FLOPs were counted")
+    if unlike is None:
+        return None
+    sample, median = record.steps.sample, record.steps.median_s
+    status = sample.status or ("steady",) * len(sample.index)
+    near = [t for i, t, kind in zip(sample.index, sample.wall_s, status)
+            if 0 < abs(i - step) <= NEIGHBOURS and kind == "steady" and t > 0]
+    if near and 1 / WINDOW_UNLIKE < statistics.median(near) / median < WINDOW_UNLIKE:
+        return None
+    return unlike
+
+
 def _skip_to_steady(record: RunRecord, first: int, last: int) -> int:
     """The ``--skip-steps`` count that moves steps ``first``..``last`` (a window: every window moves as far) onto
     steady steps like the median one (their median within a factor of sqrt(WINDOW_UNLIKE) of it, well inside): past

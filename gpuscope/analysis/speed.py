@@ -10,8 +10,8 @@ import math
 from dataclasses import dataclass
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import (batches_per_step, cpu_overhead, launch_wait, median_compute_s,
-                                        slowest_loader, training_batches, unlike_steps)
+from gpuscope.analysis.evidence import (batches_per_step, counted_step_unlike, cpu_overhead, launch_wait,
+                                        median_compute_s, slowest_loader, training_batches)
 from gpuscope.analysis.waiting_workers import waiting_workers
 from gpuscope.record import LoaderRate, RunRecord, SpeedOfLight, Verdict, WhatIf
 
@@ -26,8 +26,7 @@ def complete_speed_of_light(record: RunRecord) -> SpeedOfLight | None:
     sol, steps = record.speed_of_light, record.steps
     if sol is None or not steps.count or not steps.median_s or not sol.flops_per_step:
         return sol
-    unlike = unlike_steps(record, sol.step, sol.step, "the step whose FLOPs were counted") \
-        if sol.step is not None else None
+    unlike = counted_step_unlike(record, sol.step) if sol.step is not None else None
     if unlike is not None:  # its FLOPs are not a steady step's: no achieved rate, no MFU
         return dataclasses.replace(sol, note=f"{sol.note}; {unlike}" if sol.note else unlike)
     achieved = sol.flops_per_step / steps.median_s

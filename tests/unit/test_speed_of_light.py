@@ -257,6 +257,21 @@ def test_flops_counted_on_a_step_unlike_the_steady_ones_give_no_achieved_rate_an
     assert complete_speed_of_light(like).achieved_flops_per_s == pytest.approx(6e9 / 0.005)  # type: ignore[union-attr]
 
 
+def test_a_counted_step_slowed_by_the_counter_alone_among_steady_steps_gives_the_achieved_rate() -> None:
+    # given: an LBFGS loop of 1.56 s steps of many small ops, whose counted step (14) took 10.5 s: every op through
+    # the FLOP counter's Python; the steps before it are steady at the median's pace (12 was profiled too)
+    base = compute_bound_record()
+    index = tuple(range(15))
+    wall = tuple(10.5 if i == 14 else 3.0 if i in (10, 12) else 1.56 for i in index)
+    status = tuple("profiled" if i in (10, 12, 14) else "steady" for i in index)
+    steps = dataclasses.replace(base.steps, median_s=1.56, sample=StepSample(index=index, wall_s=wall, status=status))
+    record = dataclasses.replace(base, steps=steps, speed_of_light=dataclasses.replace(base.speed_of_light, step=14))
+    # then the count is a steady step's: 6 GFLOP over the 1.56 s median step
+    sol = complete_speed_of_light(record)
+    assert sol is not None and sol.note == ""
+    assert sol.achieved_flops_per_s == pytest.approx(6e9 / 1.56)
+
+
 def test_a_measured_peak_below_what_the_run_itself_did_is_raised_to_the_runs_rate() -> None:
     # given: the run's steps did 30 GFLOP/s, and the matmul benchmark after it measured only 25 (seen in CI: the
     # shared machine's load slowed the benchmark, and the run beat its own "peak")
