@@ -189,8 +189,8 @@ def fingerprint(batch: Any, limit: int = FINGERPRINT_BYTES) -> int | None:
         return None
     uint8 = sys.modules["torch"].uint8
     try:
-        return hash(tuple((str(t.dtype), tuple(t.shape), t.detach().contiguous().view(-1).view(uint8).numpy().tobytes())
-                          for t in tensors))
+        return hash(tuple((str(t.dtype), tuple(t.shape), t.detach().contiguous().view(-1).view(uint8).numpy()
+                           .tobytes()) for t in tensors))
     except Exception:  # a tensor subclass, a dtype whose bytes cannot be viewed: no fingerprint
         return None
 
@@ -296,7 +296,16 @@ def splits_its_stream(dataset: Any, worker_init_fn: Any) -> bool | None:
             return True
     except Exception:
         return None
-    return False if classes[:1] and type(dataset) is classes[0] and worker_init_fn is None else None
+    mro = type(dataset).__mro__
+    own = classes[:1] == [mro[0]] and all(cls in classes or cls.__module__.split(".")[0] in TORCH_AND_STDLIB
+                                          for cls in mro)
+    return False if own and worker_init_fn is None else None
+
+
+TORCH_AND_STDLIB = frozenset({"torch", "builtins", "typing", "collections", "abc"})
+"""Where the classes an IterableDataset of the user's may derive from come from, besides the user's code (torch's
+IterableDataset derives from typing.Generic and collections.abc.Iterable): any other base (an installed library's)
+may split the stream in code of its own."""
 
 
 def _names_worker_info(function: Any, depth: int) -> bool:
