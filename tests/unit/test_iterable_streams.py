@@ -78,7 +78,7 @@ def test_a_stream_from_an_installed_library_is_not_judged() -> None:
     # torch's own ChainDataset: code the user did not write, which may split its stream in ways not read here
     assert splits_its_stream(torch.utils.data.ChainDataset([Lines()]), None) is None
     # nor a class of the script's own derived from one (a library's base may split the stream itself)
-    library = type("LibraryStream", (IterableDataset,), {"__module__": "json"})
+    library = type("LibraryStream", (IterableDataset,), {"__module__": "json", "__iter__": lambda self: iter(())})
     assert splits_its_stream(type("Mine", (library,), {"__module__": __name__})(), None) is None
 
 
