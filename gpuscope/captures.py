@@ -48,6 +48,9 @@ class StepCapture:
     """The first steps, counted and not kept (``--skip-steps``); ``head`` counts from step 0."""
     passes: tuple[int, int] = (0, 0)
     """The timed modules' forward passes, and the ``backward()`` calls once forwards were timed."""
+    final_evaluation_s: float = 0.0
+    """An evaluation pass after the last step (a test pass once training is done): from that step's end to the
+    end of tracking, seconds; 0 without one."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -96,6 +96,9 @@ class Steps:
     pass are a minority (at most a third)."""
     evaluated_s: float = 0.0
     """Those steps' wall time in all, seconds."""
+    final_evaluation_s: float = 0.0
+    """An evaluation pass after the last step (a test pass once training is done, no step): from that step's end to
+    the script's, seconds; 0 without one."""
     source: StepSource = "none"
     breakdown_basis: TimeBasis = "host"
     """``device``: the breakdown splits the GPU's timeline by the host phase that queued the work."""

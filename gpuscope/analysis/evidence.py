@@ -138,24 +138,27 @@ def two_speeds(record: RunRecord) -> str | None:
 
 
 def evaluation_passes(record: RunRecord) -> str | None:
-    """What the steps left out as evaluation passes took, where it is ``EVALUATION_WORTH_SAYING`` of the steady
-    steps' time or more; None otherwise."""
+    """What the steps left out as evaluation passes took, with a pass after the last step (a test pass once
+    training is done), where it is ``EVALUATION_WORTH_SAYING`` of the steady steps' time or more; None otherwise."""
     steps = record.steps
     steady_s = steps.count * steps.mean_s
-    if not steps.evaluated or not steady_s or steps.evaluated_s < EVALUATION_WORTH_SAYING * steady_s:
+    evaluated_s = steps.evaluated_s + steps.final_evaluation_s
+    if not evaluated_s or not steady_s or evaluated_s < EVALUATION_WORTH_SAYING * steady_s:
         return None
-    ratio = steps.evaluated_s / steady_s
+    ratio = evaluated_s / steady_s
     than = f"{ratio:.1f}x" if ratio >= 1 else f"{ratio:.0%} of"
     loader = max(record.loaders, key=lambda loader: loader.eval_wait_s, default=None)
     waited = ""
-    if loader is not None and loader.eval_wait_s >= EVALUATION_LOADING_WORTH_SAYING * steps.evaluated_s:
+    if loader is not None and loader.eval_wait_s >= EVALUATION_LOADING_WORTH_SAYING * evaluated_s:
         waited = (f"; the evaluation waited {loader.eval_wait_s:.1f} s in all for the {loader.dataset} loader's "
                   f"{loader.eval_batches} batches ({loader.num_workers} worker processes"
                   + (f", built at {loader.created_at.file}:{loader.created_at.line}" if loader.created_at else "")
                   + (f" by {loader.created_by}" if loader.created_by else "") + ")")
-    return (f"{steps.evaluated} steps held an evaluation pass (the trained model ran forward in eval mode or "
-            f"without gradients): {steps.evaluated_s:.1f} s in all, {than} the {steady_s:.1f} s of the {steps.count} "
-            f"steady steps; the step figures leave them out and describe the training steps{waited}")
+    held = " and".join(filter(None, (f"{steps.evaluated} steps" if steps.evaluated else "",
+                                     " the run's end, after the last step," if steps.final_evaluation_s else "")))
+    return (f"{held.strip()} held an evaluation pass (the trained model ran forward in eval mode or without "
+            f"gradients): {evaluated_s:.1f} s in all, {than} the {steady_s:.1f} s of the {steps.count} steady steps; "
+            f"the step figures leave them out and describe the training steps{waited}")
 
 
 def _which_are_slow(slow: list[int], sampled: bool) -> str:

@@ -211,7 +211,7 @@ def summarize_capture(capture: StepCapture) -> StepSummary:
     summary = summarize(capture.records, capture.count, capture.head, capture.body_weight, capture.source,
                         capture.skipped)
     forwards, backwards = capture.passes
-    if not backwards:
-        return summary
-    return dataclasses.replace(summary, steps=dataclasses.replace(summary.steps,
-                                                                  forwards_per_backward=forwards / backwards))
+    steps = dataclasses.replace(summary.steps, final_evaluation_s=capture.final_evaluation_s)
+    if backwards:
+        steps = dataclasses.replace(steps, forwards_per_backward=forwards / backwards)
+    return dataclasses.replace(summary, steps=steps)

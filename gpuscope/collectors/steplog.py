@@ -58,10 +58,8 @@ class PhaseClock:
         return True
 
     def exit(self, phase: str, now: float) -> bool:
-        """Close ``phase``; True when the phase being charged changed.
-
-        A close whose inner phases never closed (an exception skipped their hooks) unwinds them too.
-        """
+        """Close ``phase``; True when the phase being charged changed. A close whose inner phases never closed (an
+        exception skipped their hooks) unwinds them too."""
         stack = self._stack
         for pos in range(len(stack) - 1, -1, -1):
             if stack[pos][0] == phase:
@@ -201,6 +199,7 @@ class StepTracker:
         self._windows = 0
         self._profiled = False
         self._evaluated = False  # the trained model ran forward in eval mode / without gradients
+        self.final_evaluation_s = 0.0  # see finish()
         self.on_span_end: Callable[[bool], None] | None = None
         self.listeners: list[Callable[[int], None]] = []
         self._leaving: list[Callable[[int], None]] = []  # listeners to drop once the current notification is over
@@ -319,9 +318,11 @@ class StepTracker:
             self._open_t += spent
         self.clock.skip(spent)
 
-    def finish(self) -> None:
-        """End of tracking: resolve outstanding device markers. The open step (after the last marker) is
-        not a step and is not counted."""
+    def finish(self, now: float | None = None) -> None:
+        """End of tracking: resolve outstanding device markers. The open span (after the last marker) is no step;
+        where it held an evaluation pass (a test pass after training), its time to ``now`` is final_evaluation_s."""
+        if self._evaluated and now is not None and self._open_t is not None:
+            self.final_evaluation_s = now - self._open_t
         self._end_span()
         if self.device is not None:
             self._attach_device_times(self.device.drain())

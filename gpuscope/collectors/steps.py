@@ -154,7 +154,7 @@ class StepsCollector:
         assert tracker is not None, "stop() before start()"
         notes = list(self._failures)
         try:
-            tracker.finish()
+            tracker.finish(self._clock())
         except Exception as exc:  # a broken CUDA context must not cost the host figures
             notes.append(f"device timing could not be resolved: {exc}")
         log = tracker.log
@@ -171,7 +171,7 @@ class StepsCollector:
             records=tuple(log.records()), count=log.count, head=log.skip + log.head_size,
             body_weight=log.body_weight, source=tracker.source or "none", loaders=self.loaders.records(),
             device="cuda" if self._cuda_initialized() else "cpu", notes=tuple(notes), skipped=min(log.skip, log.count),
-            passes=(tracker.passes[0], tracker.passes[1])))
+            passes=(tracker.passes[0], tracker.passes[1]), final_evaluation_s=tracker.final_evaluation_s))
 
     # -- hook installation -------------------------------------------------------------------------------
     def _install_torch_hooks(self) -> None:

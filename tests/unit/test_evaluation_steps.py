@@ -205,3 +205,29 @@ def test_every_span_tells_how_it_ended_even_the_uncounted_ones_so_a_last_test_pa
     # then: the two steps and the open span, the second and the last evaluated
     assert ended == [False, True, True]
     assert tracker.log.count == 2
+
+
+def test_a_test_pass_after_the_last_step_is_timed_and_the_verdict_counts_it() -> None:
+    # given: one epoch of training (steps end at 1.0 and 2.0 s), then its test pass, ended at 5.5 s
+    tracker = StepTracker(0.0, StepLog())
+    tracker.optimizer_stepped(1, 1.0)
+    tracker.optimizer_stepped(1, 2.0)
+    tracker.evaluation_forward()
+    tracker.finish(5.5)
+    # then: the pass took 3.5 s, in no step
+    assert (tracker.final_evaluation_s, tracker.log.count) == (3.5, 2)
+    # a script's last lines without an evaluation pass are not one
+    quiet = StepTracker(0.0, StepLog())
+    quiet.optimizer_stepped(1, 1.0)
+    quiet.finish(9.0)
+    assert quiet.final_evaluation_s == 0.0
+    # and the verdict says what it took, though no step held one (a profiling run of one epoch: its only pass)
+    steps = Steps(count=100, median_s=0.1, mean_s=0.1, total=110, warmup=1, profiled=9, final_evaluation_s=3.5)
+    line = evaluation_passes(make_record(steps=steps))
+    assert line is not None and line.startswith(
+        "the run's end, after the last step, held an evaluation pass (the trained model ran forward in eval mode or "
+        "without gradients): 3.5 s in all, 35% of the 10.0 s of the 100 steady steps")
+    both = dataclasses.replace(steps, evaluated=2, evaluated_s=2.0)
+    assert evaluation_passes(make_record(steps=both)).startswith(  # type: ignore[union-attr]
+        "2 steps and the run's end, after the last step, held an evaluation pass")
+    assert "5.5 s in all" in evaluation_passes(make_record(steps=both))  # type: ignore[operator]
