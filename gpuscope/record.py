@@ -538,6 +538,10 @@ class DataProbe:
     """The share of fetching an item spent on the main thread's CPU, timed untraced on other items than the traced
     ones (whose reads the page cache holds): well under 1 where fetching mostly waits (reads a disk, sleeps), so
     that workers building items take little of a core. None where not timed (the budget spent, an older record)."""
+    item_untraced_s: float | None = None
+    """Fetching one item (or batch, ``batch_items``) untraced, timed beside ``item_cpu_share`` on other items: the
+    dataset's own time without the line tracer's, which inflates a trivial line (an item's indexing) many times.
+    None where not timed."""
     lines_s: float = 0.0
     """Of ``item_s``, the time on the dataset's own lines, every one of them (not only those in ``lines``), the line
     tracer's own work left out: what fetching an item takes untraced, about (the tracer makes a line of a Python

@@ -251,9 +251,9 @@ own time per line), at most ``CHEAPER_LINES_SHOWN`` of them, and fires where tog
 ``CHEAPER_LINES_SHARE``: a line that heavy is one piece of work (a per-row Python loop, a decode, a transform), not
 the item's indexing. On a tabular dataset transforming each row of a batch in a Python loop, the loop was 98% of
 the time on the dataset's lines (19.4 of 19.8 ms a batch)."""
-CHEAPER_LINES_SHARE = 0.3
-CHEAPER_LINES_SHOWN = 3
-
+CHEAPER_LINES_SHARE, CHEAPER_LINES_SHOWN = 0.3, 3
+CHEAPER_ITEMS_SHARE = 0.5
+"""...where fetching a batch's items, untraced, is half its build at least (else the collate_fn's: 27% a padder's)."""
 WORKERS_HELP = 0.05
 """Workers help the loading where a worker count is predicted to shorten the step by this share at least (the
 share from which data wait is notable): below it, on this machine, only less work per batch cuts the wait."""

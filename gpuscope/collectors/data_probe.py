@@ -90,6 +90,7 @@ class DataProbeCollector(PostRunProbe):
             lines=probe.lines,
             lines_s=probe.lines_s,
             item_cpu_share=probe.cpu_share,
+            item_untraced_s=probe.untraced_s,
             numpy_float16_slowdown=slowdown,
             note=NOTE,
             batch_items=facts.dataset_fetch,
@@ -108,6 +109,8 @@ class Probe:
     """Every traced line's own time per item, summed (the tracer's own work left out)."""
     cpu_share: float | None = None
     """The share of an item's fetch on the main thread's CPU, untraced."""
+    untraced_s: float | None = None
+    """An item's fetch, untraced (other items than the traced ones)."""
 
 
 def probe_dataset(dataset: Any, clock: Callable[[], float] = time.perf_counter, items: int = ITEMS,
@@ -145,20 +148,23 @@ def probe_dataset(dataset: Any, clock: Callable[[], float] = time.perf_counter, 
                 sys.settrace(previous)
             wall_s += clock() - before
             fetched += 1
-        share = _cpu_share(dataset, [key(i + max(1, length // (2 * items))) for i in indices[:fetched]],
+        share, untraced_s = _cpu_share(dataset, [key(i + max(1, length // (2 * items))) for i in indices[:fetched]],
                            started + budget_s, clock)
     except Exception as exc:  # the user's code failing is not gpuscope's to report as its own failure
         raise dataset_error(exc, "when fetched again after the run") from None
     lines = tracer.line_costs(fetched)
     float16_s = sum(c.own_s for c in lines if c.float16)
     ranked = sorted(lines, key=lambda c: (-c.own_s, c.file, c.line))[:TOP_LINES]
-    return Probe(fetched, wall_s / fetched, float16_s, tuple(ranked), sum(c.own_s for c in lines), share)
+    return Probe(fetched, wall_s / fetched, float16_s, tuple(ranked), sum(c.own_s for c in lines), share, untraced_s)
 
 
-def _cpu_share(dataset: Any, keys: list[Any], deadline: float, clock: Callable[[], float]) -> float | None:
+def _cpu_share(dataset: Any, keys: list[Any], deadline: float,
+               clock: Callable[[], float]) -> tuple[float | None, float | None]:
     """The share of fetching ``keys`` (other items than the traced ones, whose reads the page cache now holds)
-    spent on the main thread's CPU, untraced, as far as ``deadline`` allows; None where none was fetched."""
+    spent on the main thread's CPU, and the time a fetch took, untraced, as far as ``deadline`` allows; None and
+    None where none was fetched."""
     wall_s = cpu_s = 0.0
+    fetched = 0
     for item in keys:
         if clock() > deadline:
             break
@@ -166,7 +172,10 @@ def _cpu_share(dataset: Any, keys: list[Any], deadline: float, clock: Callable[[
         dataset[item]
         wall_s += clock() - before
         cpu_s += time.thread_time() - cpu_before
-    return min(1.0, cpu_s / wall_s) if wall_s > 0 else None
+        fetched += 1
+    if not fetched or wall_s <= 0:
+        return None, None
+    return min(1.0, cpu_s / wall_s), wall_s / fetched
 
 
 @dataclass(slots=True)

@@ -65,13 +65,15 @@ def cheaper_batches(run: RunRecord) -> Finding | None:
     with workers as many as the cores, the estimate from their CPU time: ``_workers_help``); and a few of the
     dataset's own lines take ``CHEAPER_LINES_SHARE`` of fetching an item as the data probe timed them (each
     ``CHEAPER_LINE_SHARE`` at least; float16 lines left to ``fp32-preprocessing``): of the time on all its lines,
-    the tracer's own work left out (``lines_s``), which a line of a Python loop inflates several times.
+    the tracer's own work left out (``lines_s``), which a line of a Python loop inflates several times; and, with no
+    workers, fetching a batch's items (untraced) is ``CHEAPER_ITEMS_SHARE`` of the loop's wait for it at least
+    (``_items_share``: else the batch is built mostly outside the dataset, by its collate_fn).
     Why it matters: where workers would take the cores the step computes on, or already have them all, the wait
     falls only with the work per batch: a per-row Python loop vectorised over the batch, a deterministic transform
     or decode done once ahead of training.
     Fix: those lines' work once, ahead of training, or vectorised.
     Gain, an upper bound (the lines' work gone altogether, as precomputing it makes it): built in the main process,
-    the wait falls by the lines' share, data wait x share; by workers, the step by at most that share,
+    the wait falls by the lines' share (of the items', where timed untraced), data wait x share; by workers, the step by at most that share,
     min(data wait, share). On the tabular script (tests/fixtures/records): promised 35.6% (the loop 19.4 of the
     19.8 ms on the dataset's lines, 36% data wait), measured 7-55% by pair (median 33%) with the loop vectorised."""
     probe, share, median, loader = run.data_probe, run.breakdown.data_wait, run.steps.median_s, slowest_loader(run)
@@ -81,8 +83,10 @@ def cheaper_batches(run: RunRecord) -> Finding | None:
     heavy = [line for line in probe.lines if not line.float16
              and line.own_s >= th.CHEAPER_LINE_SHARE * whole_s][:th.CHEAPER_LINES_SHOWN]
     lines_share = min(1.0, sum(line.own_s for line in heavy) / whole_s)
-    if lines_share < th.CHEAPER_LINES_SHARE or _workers_help(run, loader, median):
-        return None
+    items = _items_share(loader, probe)
+    if lines_share < th.CHEAPER_LINES_SHARE or (items is not None and items[0] < th.CHEAPER_ITEMS_SHARE) \
+            or _workers_help(run, loader, median):
+        return None  # a batch built mostly outside the dataset (its collate_fn) is not the dataset lines' doing
     built = "the main process builds each batch" if not loader.num_workers else \
         f"its {loader.num_workers} workers build the batches"
     evidence = (
@@ -93,11 +97,27 @@ def cheaper_batches(run: RunRecord) -> Finding | None:
         + (f" (of the {whole_s * 1e3:.1f} ms on the dataset's own lines, as the data probe timed them without its "
            f"tracer's own work; {probe.item_s * 1e3:.1f} ms traced)" if probe.lines_s else
            f" ({probe.item_s * 1e3:.1f} ms under a line tracer)"),
-    )
+    ) + ((items[1],) if items is not None else ())
+    lines_share *= items[0] if items is not None else 1.0
     gain = share * lines_share if not loader.num_workers else min(share, lines_share)
     fix = f"{_places(heavy)}: do this work once, ahead of training (in __init__, or cached to disk), or vectorise it " \
           "over the batch"
     return Finding(gain, evidence, fix=fix)
+
+
+def _items_share(loader: Loader, probe: DataProbe) -> tuple[float, str] | None:
+    """With no workers, the share of building a batch (the training steps' wait for it) that fetching its items
+    from the dataset takes, untraced, with the fact; None where a figure is missing. The rest is the loader's own
+    work: its collate_fn (a padding loop in Python), its sampler."""
+    per_batch = 1 if probe.batch_items else loader.batch_size
+    batches, wait_s = loader.batches - loader.eval_batches, loader.wait_s - loader.eval_wait_s
+    if loader.num_workers or not probe.item_untraced_s or not per_batch or batches <= 0 or wait_s <= 0:
+        return None
+    fetch_s, build_s = probe.item_untraced_s * per_batch, wait_s / batches
+    share = min(1.0, fetch_s / build_s)
+    what = "its batch" if probe.batch_items else f"its {per_batch} items"
+    return share, (f"fetching {what} from the dataset, untraced, takes {fetch_s * 1e3:.2f} ms of the "
+                   f"{build_s * 1e3:.2f} ms the loop waited for each batch ({share:.0%})")
 
 
 def _workers_help(run: RunRecord, loader: Loader, median: float) -> bool:
