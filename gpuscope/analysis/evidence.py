@@ -80,13 +80,17 @@ def counted_step_unlike(record: RunRecord, step: int) -> str | None:
     unlike = unlike_steps(record, step, step, "the step whose FLOPs were counted")
     if unlike is None:
         return None
-    sample, median = record.steps.sample, record.steps.median_s
-    status = sample.status or ("steady",) * len(sample.index)
-    near = [t for i, t, kind in zip(sample.index, sample.wall_s, status)
-            if 0 < abs(i - step) <= NEIGHBOURS and kind == "steady" and t > 0]
-    if near and 1 / WINDOW_UNLIKE < statistics.median(near) / median < WINDOW_UNLIKE:
+    near = [t for i, t in _steady_walls(record).items() if 0 < abs(i - step) <= NEIGHBOURS]
+    if near and 1 / WINDOW_UNLIKE < statistics.median(near) / record.steps.median_s < WINDOW_UNLIKE:
         return None
     return unlike
+
+
+def _steady_walls(record: RunRecord) -> dict[int, float]:
+    """The sampled steady steps' wall times, by step index (every sampled step where the sample has no status)."""
+    sample = record.steps.sample
+    status = sample.status or ("steady",) * len(sample.index)
+    return {i: t for i, t, kind in zip(sample.index, sample.wall_s, status) if t > 0 and kind == "steady"}
 
 
 def _skip_to_steady(record: RunRecord, first: int, last: int) -> int:
@@ -94,10 +98,7 @@ def _skip_to_steady(record: RunRecord, first: int, last: int) -> int:
     steady steps like the median one (their median within a factor of sqrt(WINDOW_UNLIKE) of it, well inside): past
     the warm-up, and further where the steps after it are still unlike the median (a run whose steps lengthen as it
     goes, as a reinforcement-learning loop's episodes do). The warm-up's count where no such steps were sampled."""
-    steps = record.steps
-    sample = steps.sample
-    status = sample.status or ("steady",) * len(sample.index)
-    usable = {i: t for i, t, kind in zip(sample.index, sample.wall_s, status) if t > 0 and kind == "steady"}
+    steps, usable = record.steps, _steady_walls(record)
     like = math.sqrt(WINDOW_UNLIKE)
     for skip in range(steps.warmup, max(usable, default=0) - last + 1):
         times = [usable[i] for i in range(first + skip, last + skip + 1) if i in usable]

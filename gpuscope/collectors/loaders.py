@@ -174,18 +174,9 @@ def _note_first(entry: dict[str, Any], batch: Any) -> None:
 def fingerprint(batch: Any, limit: int = FINGERPRINT_BYTES) -> int | None:
     """A hash of a batch's CPU tensors (their dtype, shape and bytes), or None where it holds none, a tensor on
     another device, or more than ``limit`` bytes of them."""
-    tensors: list[Any] = []
-    pending, size = [batch], 0
-    while pending and len(tensors) < MAX_BATCH_TENSORS:
-        item = pending.pop(0)
-        if hasattr(item, "untyped_storage"):
-            tensors.append(item)
-            size += item.numel() * item.element_size()
-        elif isinstance(item, dict):
-            pending.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            pending.extend(item)
-    if not tensors or size > limit or any(t.device.type != "cpu" for t in tensors):
+    tensors = [a for a in batch_arrays(batch) if hasattr(a, "untyped_storage")]  # torch's, not NumPy's
+    if not tensors or sum(t.numel() * t.element_size() for t in tensors) > limit \
+            or any(t.device.type != "cpu" for t in tensors):
         return None
     uint8 = sys.modules["torch"].uint8
     try:
@@ -221,19 +212,23 @@ def _batch_size(iterator: Any) -> int | None:
 
 
 
-def describe_tensors(batch: Any, depth: int = 0) -> list[str]:
+def describe_tensors(batch: Any) -> list[str]:
     """The tensors (and NumPy arrays) in a batch, as ``dtype[shape] device``, first MAX_BATCH_TENSORS of them."""
-    shape = getattr(batch, "shape", None)
-    dtype = getattr(batch, "dtype", None)
-    if shape is not None and dtype is not None:
-        name = str(dtype).removeprefix("torch.")
-        return [f"{name}[{', '.join(str(int(d)) for d in shape)}] {getattr(batch, 'device', 'cpu')}"]
+    return [f"{str(a.dtype).removeprefix('torch.')}[{', '.join(str(int(d)) for d in a.shape)}] "
+            f"{getattr(a, 'device', 'cpu')}" for a in batch_arrays(batch)]
+
+
+def batch_arrays(batch: Any, depth: int = 0) -> list[Any]:
+    """The tensors (and NumPy arrays) in a batch, in order, first MAX_BATCH_TENSORS of them: the batch itself, or
+    those in its dicts' values and its lists and tuples, four levels down."""
+    if getattr(batch, "shape", None) is not None and getattr(batch, "dtype", None) is not None:
+        return [batch]
     if isinstance(batch, dict):
         batch = list(batch.values())
-    found: list[str] = []
+    found: list[Any] = []
     if isinstance(batch, (list, tuple)) and depth < 4:
         for item in batch:
-            found.extend(describe_tensors(item, depth + 1))
+            found.extend(batch_arrays(item, depth + 1))
             if len(found) >= MAX_BATCH_TENSORS:
                 return found[:MAX_BATCH_TENSORS]
     return found
@@ -311,7 +306,8 @@ may split the stream in code of its own."""
 def _names_worker_info(function: Any, depth: int) -> bool:
     """Whether ``function``'s code, a function nested in it, or a function of the user's it calls by a global name
     (``depth`` levels down), names ``get_worker_info``."""
-    code = getattr(getattr(function, "__func__", function), "__code__", None)
+    function = getattr(function, "__func__", function)  # a method's function
+    code = getattr(function, "__code__", None)
     if code is None:
         return False
     found = _code_names(code)
@@ -319,7 +315,7 @@ def _names_worker_info(function: Any, depth: int) -> bool:
         return True
     if depth <= 0:
         return False
-    scope = getattr(getattr(function, "__func__", function), "__globals__", {})
+    scope = getattr(function, "__globals__", {})
     return any(_names_worker_info(f, depth - 1) for name in found
                if callable(f := scope.get(name)) and _users_function(f))
 

@@ -73,9 +73,10 @@ def cheaper_batches(run: RunRecord) -> Finding | None:
     or decode done once ahead of training.
     Fix: those lines' work once, ahead of training, or vectorised.
     Gain, an upper bound (the lines' work gone altogether, as precomputing it makes it): built in the main process,
-    the wait falls by the lines' share (of the items', where timed untraced), data wait x share; by workers, the step by at most that share,
-    min(data wait, share). On the tabular script (tests/fixtures/records): promised 35.6% (the loop 19.4 of the
-    19.8 ms on the dataset's lines, 36% data wait), measured 7-55% by pair (median 33%) with the loop vectorised."""
+    the wait falls by the lines' share (of the items', where timed untraced), data wait x share; by workers, the
+    step by at most that share, min(data wait, share). On the tabular script (tests/fixtures/records): promised
+    35.6% (the loop 19.4 of the 19.8 ms on the dataset's lines, 36% data wait), measured 7-55% by pair (median 33%)
+    with the loop vectorised."""
     probe, share, median, loader = run.data_probe, run.breakdown.data_wait, run.steps.median_s, slowest_loader(run)
     if probe is None or loader is None or not median or share < th.DATA_WAIT_NOTABLE or probe.item_s <= 0:
         return None
