@@ -41,7 +41,9 @@ class ForwardModules:
         self._hooked: dict[int, tuple[str, weakref.ref[Any]]] = {}  # the timed modules: id -> class name, module
         self._wrapped: list[tuple[type, Callable[..., Any] | None]] = []  # classes whose __call__ is wrapped, and
         # the __call__ of their own that it replaced (None: it was inherited)
-        self._checking: list[weakref.ref[Any]] = []  # hooked at the last boundary: did their forward run?
+        self.checking: list[weakref.ref[Any]] = []
+        """The modules hooked at the last boundary, still to be checked for having run (a list, not a property:
+        the forward hook reads it on every call)."""
         self._ran: set[int] = set()  # ids of checked modules whose forward ran since
         self._descended = 0
         self._silent: list[str] = []  # modules hooked whose forward did not run (replaced by their children)
@@ -51,11 +53,6 @@ class ForwardModules:
         """Class names of the roots found (empty until then)."""
         self.left_out = 0
         """Steps that timed only part of the forward pass (left out of the figures)."""
-
-    @property
-    def checking(self) -> bool:
-        """Whether modules hooked at the last boundary are still to be checked for having run."""
-        return bool(self._checking)
 
     def ran(self, module: Any) -> None:
         """``module``'s forward began (called from the pre-hook while ``checking``)."""
@@ -100,8 +97,8 @@ class ForwardModules:
         """The step that just ended ran with the modules hooked at its start: those whose forward did not run are
         replaced by their children that hold trained parameters (checked in turn at the next boundary). True when
         that step timed only part of the forward pass (it is to be left out of the figures)."""
-        silent = [m for ref in self._checking if (m := ref()) is not None and id(m) not in self._ran]
-        self._checking = []
+        silent = [m for ref in self.checking if (m := ref()) is not None and id(m) not in self._ran]
+        self.checking = []
         self._ran.clear()
         if not silent:
             return False
@@ -121,7 +118,7 @@ class ForwardModules:
 
     def remove(self) -> None:
         """Stop timing: every wrapped ``__call__`` is its class's own again."""
-        self._checking = []
+        self.checking = []
         for cls, own in reversed(self._wrapped):
             if own is None:
                 delattr(cls, "__call__")
@@ -159,7 +156,7 @@ class ForwardModules:
             self._covered.update(id(p) for p in module.parameters())
             if not getattr(type(module).__call__, "_gpuscope_timed", False):  # its class (or a base) not yet wrapped
                 self._wrap_call(type(module))
-        self._checking = [weakref.ref(m) for m in modules]
+        self.checking = [weakref.ref(m) for m in modules]
 
     def _wrap_call(self, cls: type) -> None:
         """Wrap ``cls.__call__``: a call of a timed module runs between the pre and post hooks."""

@@ -211,16 +211,15 @@ class StepTracker:
         if self.clock.enter(phase, now):
             if phase == "forward" or (phase == "backward" and self.passes[0]):  # not nested in another
                 self.passes[phase == "backward"] += 1
-            self._phase_changed()
+            if self.device is not None or self.phase_listeners:  # else a CPU run: no one to tell (the hot path)
+                self._phase_changed()
 
     def exit(self, phase: str, now: float) -> None:
         """A timed phase ends."""
-        if self.clock.exit(phase, now):
+        if self.clock.exit(phase, now) and (self.device is not None or self.phase_listeners):
             self._phase_changed()
 
     def _phase_changed(self) -> None:
-        if self.device is None and not self.phase_listeners:  # a CPU run: no one to tell (the hot path)
-            return
         phase = self.clock.current
         if self.device is not None:
             self.device.mark(self._device_step(), phase)
@@ -354,7 +353,7 @@ class StepTracker:
         return True
 
     def _boundary(self, source: str, now: float) -> None:
-        if not self._takes(source):
+        if source != self.source and not self._takes(source):
             return
         if self._open_t is not None:
             self._close_step(now)

@@ -73,6 +73,7 @@ class StepsCollector:
         self._discovery_s = 0.0
         self.forward = ForwardModules(self._forward_pre, self._forward_post)  # the modules whose forward is timed
         self._device_failed = False
+        self._cuda_built = True  # False for a torch built without CUDA (or ROCm): no step asks whether CUDA is up
         self._failures: list[str] = []
         self._torch: Any = None
         self.tracker: StepTracker | None = None
@@ -184,6 +185,7 @@ class StepsCollector:
             self._failures.append(f"torch hooks not installed: {exc}")
             return
         self._torch = torch
+        self._cuda_built = bool(getattr(torch.version, "cuda", None) or getattr(torch.version, "hip", None))
         for handle in (
             register_optimizer_step_pre_hook(self._optimizer_pre),
             register_optimizer_step_post_hook(self._optimizer_post),
@@ -195,16 +197,12 @@ class StepsCollector:
         self._undo.append(patch(torch.autograd, "backward", self._wrap_phase("backward")))
         self._undo.append(patch(torch.autograd, "grad", self._wrap_phase("backward")))
 
-    def _mine(self) -> bool:
-        """Whether the event is the training loop's (``LoopThread.mine``)."""
-        return self._loop.mine()
-
     def _defines_step(self) -> bool:
         """A step-defining event (an optimizer step, ``backward()``, ``gpuscope.step()``): whether it is the loop's,
         the calling thread followed from now on if the followed one has defined no step yet (``LoopThread.adopt``;
         its first batches were taken for a prefetching thread's, ``LoaderBook.take_elsewhere``: from now on they
         are the loop's own)."""
-        if not self._mine():
+        if not self._loop.mine():
             if not self._loop.adopt():
                 return False
             self.loaders.fed_by_thread = False
@@ -240,7 +238,7 @@ class StepsCollector:
         return timed_closure
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._mine():
+        if self._loop.mine():
             now = self._clock()
             self.tracker.exit("optimizer", now)  # type: ignore[union-attr]
             self.tracker.optimizer_stepped(id(optimizer), now)  # type: ignore[union-attr]
@@ -250,7 +248,7 @@ class StepsCollector:
 
         def __next__(iterator: Any) -> Any:
             clock = collector._clock
-            if not collector._mine():  # a prefetching thread's batch is counted; a forked worker's is not
+            if not collector._loop.mine():  # a prefetching thread's batch is counted; a forked worker's is not
                 forked = collector._loop.forked()
                 return original(iterator) if forked else collector.loaders.take_elsewhere(original, iterator, clock)
             if collector._loader_depth or collector._safe_point():
@@ -287,7 +285,7 @@ class StepsCollector:
         collector = self
 
         def get(handoff: Any, *args: Any, **kwargs: Any) -> Any:
-            if not collector.loaders.fed_by_thread or collector._loader_depth or not collector._mine():
+            if not collector.loaders.fed_by_thread or collector._loader_depth or not collector._loop.mine():
                 return original(handoff, *args, **kwargs)
             tracker = collector.tracker
             tracker.enter("data_wait", collector._clock())  # type: ignore[union-attr]
@@ -303,7 +301,8 @@ class StepsCollector:
 
         def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
             def timed(*args: Any, **kwargs: Any) -> Any:
-                if not collector._defines_step() or collector._safe_point():
+                # (the safe point's method is called only when an action waits: this is the hot path)
+                if not collector._defines_step() or (collector._at_safe_point and collector._safe_point()):
                     return original(*args, **kwargs)
                 tracker = collector.tracker
                 tracker.enter(phase, collector._clock())  # type: ignore[union-attr]
@@ -316,14 +315,15 @@ class StepsCollector:
                     tracker.exit(phase, now)  # type: ignore[union-attr]
                     if not collector._backward_depth:
                         tracker.backward_ended(now)  # type: ignore[union-attr]
-                        collector._safe_point()
+                        if collector._at_safe_point:
+                            collector._safe_point()
 
             return timed
 
         return wrap
 
     def _forward_pre(self, module: Any, args: Any) -> None:
-        if self._mine() and not self._safe_point():
+        if self._loop.mine() and not (self._at_safe_point and self._safe_point()):
             if self.forward.checking:
                 self.forward.ran(module)
             self.tracker.enter("forward", self._clock())  # type: ignore[union-attr]
@@ -331,7 +331,7 @@ class StepsCollector:
                 self.tracker.evaluation_forward()  # type: ignore[union-attr]
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
-        if self._mine():
+        if self._loop.mine():
             self.tracker.exit("forward", self._clock())  # type: ignore[union-attr]
 
     # -- after each step boundary ------------------------------------------------------------------------
@@ -363,7 +363,7 @@ class StepsCollector:
                 self.forward.remove()
                 self._failures.append(f"forward not timed: {exc}")
             self._discovery_s += self._clock() - started
-        if tracker.device is None and not self._device_failed and self._cuda_initialized():
+        if tracker.device is None and self._cuda_built and not self._device_failed and self._cuda_initialized():
             torch = self._torch
             try:
                 tracker.attach_device(DeviceTimeline(

@@ -103,19 +103,19 @@ def test_events_from_a_forked_child_or_another_thread_are_not_the_loops() -> Non
     collector.start(Path("."))
     try:
         seen_in_thread: list[bool] = []
-        thread = threading.Thread(target=lambda: seen_in_thread.append(collector._mine()))
+        thread = threading.Thread(target=lambda: seen_in_thread.append(collector._loop.mine()))
         thread.start()
         thread.join()
         read, write = os.pipe()
         pid = os.fork()
         if pid == 0:  # a DataLoader worker forked from the loop's thread has the loop's thread id
-            os.write(write, b"1" if collector._mine() else b"0")
+            os.write(write, b"1" if collector._loop.mine() else b"0")
             os._exit(0)
         os.waitpid(pid, 0)
         seen_in_child = os.read(read, 1)
         os.close(read)
         os.close(write)
-        assert collector._mine() and seen_in_thread == [False] and seen_in_child == b"0"
+        assert collector._loop.mine() and seen_in_thread == [False] and seen_in_child == b"0"
     finally:
         collector.stop()
 
