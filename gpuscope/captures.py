@@ -74,8 +74,9 @@ class TraceCapture:
 class FlopCount:
     """The FLOPs of one steady step, as ``FlopCounterMode`` counted them (the flops collector's payload).
 
-    ``flops_by_op`` holds the top ops; ``dtype`` is the one most FLOPs ran in; ``device_name`` the GPU's (None on a
-    CPU run); ``tf32`` whether float32 matmuls were allowed TF32 (which sets the GPU peak they are held against)."""
+    ``flops_by_op`` holds the top ops; ``dtype`` is the one most FLOPs ran in, ``flops_by_dtype`` every dtype's;
+    ``device_name`` the GPU's (None on a CPU run); ``tf32`` whether float32 matmuls were allowed TF32 (which sets the
+    GPU peak they are held against)."""
 
     flops_per_step: int
     flops_by_op: dict[str, int]
@@ -85,18 +86,21 @@ class FlopCount:
     device_name: str | None = None
     tf32: bool = False
     note: str = ""
+    flops_by_dtype: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
 class CpuPeak:
     """This machine's measured float matmul rate (the cpu-peak probe's payload): what a CPU step could reach; and,
-    where ``dtype`` is not float32, its float32 rate measured beside it."""
+    where ``dtype`` is not float32, its float32 rate measured beside it; where the step ran convolutions and some
+    of its FLOPs in bfloat16 or float16, one convolution's rate in that dtype and in float32."""
 
     flops_per_s: float
     dtype: str
     device_name: str
     source: str
     float32_flops_per_s: float | None = None
+    conv_flops_per_s: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -667,6 +667,12 @@ class SpeedOfLight:
     float32_flops_per_s: float | None = None
     """On a CPU run whose matmuls were not float32: this machine's float32 matmul rate, measured beside the peak in
     their dtype (null otherwise)."""
+    flops_by_dtype: dict[str, int] = field(default_factory=dict)
+    """The counted step's FLOPs by the dtype they ran in (``float32``, ``bfloat16``...): a step may mix them (a
+    student under ``torch.autocast`` beside a float32 teacher)."""
+    conv_flops_per_s: dict[str, float] = field(default_factory=dict)
+    """On a CPU run whose counted step ran convolutions and FLOPs in bfloat16 or float16: this machine's rate for one
+    3x3 convolution in that dtype and in float32, by dtype, measured after the run (empty otherwise)."""
 
 
 @dataclass(frozen=True, slots=True)

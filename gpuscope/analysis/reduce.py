@@ -103,7 +103,8 @@ def speed_of_light(count: FlopCount, cpu_peak: CpuPeak | None) -> SpeedOfLight:
     probe did not run), with its float32 rate where the matmuls were in another dtype. ``achieved_flops_per_s``
     and ``mfu`` are filled in later, from the median step."""
     result = SpeedOfLight(flops_per_step=count.flops_per_step, flops_by_op=dict(count.flops_by_op), step=count.step,
-                          dtype=count.dtype, device_name=count.device_name, note=count.note)
+                          dtype=count.dtype, device_name=count.device_name, note=count.note,
+                          flops_by_dtype=dict(count.flops_by_dtype))
     if count.cuda and count.device_name is not None:
         dtype = count.dtype or "float32"
         table_dtype = "tfloat32" if dtype == "float32" and count.tf32 else dtype
@@ -113,5 +114,6 @@ def speed_of_light(count: FlopCount, cpu_peak: CpuPeak | None) -> SpeedOfLight:
     if not count.cuda and cpu_peak is not None:
         return replace(result, device_name=cpu_peak.device_name, peak_flops_per_s=cpu_peak.flops_per_s,
                        peak_measured=True, peak_source=cpu_peak.source,
-                       float32_flops_per_s=cpu_peak.float32_flops_per_s)
+                       float32_flops_per_s=cpu_peak.float32_flops_per_s,
+                       conv_flops_per_s=dict(cpu_peak.conv_flops_per_s))
     return result

@@ -12,7 +12,10 @@ The peak: on CUDA, the detected GPU model's datasheet figure for the matmuls' dt
 ``analysis/peaks.py``); on a CPU run, this machine measured after the run by the ``cpu-peak`` probe: the best of a
 few square matmuls in the step's dtype with the run's own thread count, which is what the step's matmuls could
 reach at most; where that dtype is not float32, float32 as well, so that the analysis can tell a CPU whose bfloat16
-or float16 matmuls are slower than its float32 ones (no matrix instructions for them: emulated).
+or float16 matmuls are slower than its float32 ones (no matrix instructions for them: emulated). Where the step ran
+convolutions and some of its FLOPs in bfloat16 or float16 (a model under ``torch.autocast``, beside others in
+float32), one convolution in that dtype and in float32 too: without instructions for the dtype, torch runs its
+convolutions on a slow reference kernel (``aten::_slow_conv2d_forward``).
 """
 
 from __future__ import annotations
@@ -58,6 +61,17 @@ MIN_BENCH_SIZE = 128
 MEASURED_DTYPES = ("float32", "bfloat16", "float16", "float64")
 """The step dtypes the CPU peak is measured in (float32 beside any other); a step in another is held against
 float32's."""
+LOW_PRECISION = ("bfloat16", "float16")
+CONV_SHAPE = (4, 16, 16)
+"""The convolution timed in a low-precision dtype and in float32: 3x3, 16 channels to 16, on 4 images of 16x16
+pixels (4.7 MFLOP). A small one: torch's reference kernel runs bfloat16 at about 2 GFLOP/s on the project's 2-core
+machine whatever the shape, while float32 runs small convolutions slower than large ones (10-22 GFLOP/s for 3 or 16
+channels, 75-120 for 32-64), so that the rate held against the step's convolutions is one a small CPU-trained
+model reaches: the fix's gain is not over-promised (a distilled student's 16-channel convolutions: 49% predicted
+from this shape, 49% measured; 59% from a 32-channel one)."""
+CONV_REPEATS = 3
+CONV_BUDGET_S = 0.3
+"""Each dtype's convolution timings stop once they have taken this long (after a warm-up)."""
 TOP_OPS = 8
 EVALUATED_RETRIES = 3
 """A counted step that held an evaluation pass (the trained model's forward in eval mode or without gradients: a
@@ -176,7 +190,7 @@ class SpeedOfLightCollector(StepFollower):
         name, note = _gpu_name() if cuda else (None, "")
         return CollectorResult(CollectorStatus("ok"), FlopCount(
             flops_per_step=total, flops_by_op=top, step=counted, dtype=dtype, cuda=cuda, device_name=name,
-            tf32=self._tf32, note=note))
+            tf32=self._tf32, note=note, flops_by_dtype=dict(self._dtypes)))
 
 
 class _GlobalOnly:
@@ -207,11 +221,12 @@ def _gpu_name() -> tuple[str | None, str]:
 class CpuPeakProbe(PostRunProbe):
     """After the run, on a CPU run whose step FLOPs were counted: this machine's matmul rate in the step's dtype,
     the best of a few square matmuls with the run's own thread count (what the step's matmuls could reach), and in
-    float32 too where the step's dtype is another."""
+    float32 too where the step's dtype is another; and a convolution in bfloat16 or float16 and in float32 where the
+    step ran convolutions and FLOPs in that dtype."""
 
     name: ClassVar[str] = "cpu-peak"
     field: ClassVar[str | None] = None  # read by the speed-of-light reduction, with the flops collector's count
-    budget_s: ClassVar[float] = BENCH_BUDGET_S + FLOAT32_BUDGET_S
+    budget_s: ClassVar[float] = BENCH_BUDGET_S + FLOAT32_BUDGET_S + 2 * CONV_BUDGET_S
     doing: ClassVar[str] = "timing this machine's matmul peak"
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
@@ -233,9 +248,16 @@ class CpuPeakProbe(PostRunProbe):
             timed = time_matmuls(torch, torch.float32, budget_s=FLOAT32_BUDGET_S, clock=self._clock)
             float32 = timed.flops_per_s
             source += f"; float32 for comparison: {float32 / 1e9:.1f} GFLOP/s, {timed.describe('float32')}"
+        low = next((d for d in LOW_PRECISION if count.flops_by_dtype.get(d)), None)
+        conv = {}
+        if low is not None and any("convolution" in op for op in count.flops_by_op):
+            conv = {d: time_conv(torch, getattr(torch, d), clock=self._clock) for d in (low, "float32")}
+            batch, channels, size = CONV_SHAPE
+            source += (f"; a 3x3 convolution of {channels} channels on {batch} images of {size}x{size}: "
+                       + ", ".join(f"{d} {rate / 1e9:.2f} GFLOP/s" for d, rate in conv.items()))
         return CollectorResult(CollectorStatus("ok"), CpuPeak(
             flops_per_s=peak.flops_per_s, dtype=dtype, device_name=platform.processor() or platform.machine() or "CPU",
-            source=source, float32_flops_per_s=float32))
+            source=source, float32_flops_per_s=float32, conv_flops_per_s=conv))
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,3 +312,25 @@ def fitting_size(torch: Any, dtype: Any, size: int, budget_s: float, clock: Call
     while size > max(n, MIN_BENCH_SIZE) and 2 * size**3 / rate > budget_s / 4:
         size //= 2
     return size
+
+
+def time_conv(torch: Any, dtype: Any, repeats: int = CONV_REPEATS, budget_s: float = CONV_BUDGET_S,
+              clock: Callable[[], float] = time.perf_counter) -> float:
+    """FLOP/s of the fastest of up to ``repeats`` CONV_SHAPE convolutions in ``dtype`` (one warm-up first), within
+    about ``budget_s``. Its own generator: the global RNG is not touched."""
+    batch, channels, size = CONV_SHAPE
+    generator = torch.Generator().manual_seed(0)
+    images = torch.randn(batch, channels, size, size, generator=generator).to(dtype)
+    weight = torch.randn(channels, channels, 3, 3, generator=generator).to(dtype)
+    conv2d = torch.nn.functional.conv2d
+    best = float("inf")
+    with torch.no_grad():
+        conv2d(images, weight, padding=1)
+        started = clock()
+        for _ in range(repeats):
+            before = clock()
+            conv2d(images, weight, padding=1)
+            best = min(best, clock() - before)
+            if clock() - started > budget_s:
+                break
+    return 2 * batch * channels * channels * 9 * size * size / best if best > 0 else 0.0

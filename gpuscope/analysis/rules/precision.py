@@ -1,5 +1,5 @@
 """Rules about number formats: mixed precision on Tensor Cores; float32 on a CPU whose bfloat16 / float16 matmuls
-are slower than its float32 ones, or whose step ran in float64."""
+or convolutions are slower than its float32 ones, or whose step ran in float64."""
 
 from __future__ import annotations
 
@@ -18,6 +18,10 @@ MIXED_PRECISION_OFF = {
     "transformers": "TrainingArguments(..., bf16=False, fp16=False)",
 }
 """Where a library entered the CPU autocast, the setting of that library that trains in float32."""
+SLOW_CONVS = ("_slow_conv2d_forward", "_slow_conv2d_backward", "slow_conv3d_forward", "slow_conv_dilated2d",
+              "slow_conv_dilated3d", "slow_conv_transpose2d", "slow_conv_transpose3d")
+"""torch's reference convolution kernels (``aten::_slow_conv2d_forward``...): a CPU runs its convolutions on them
+where oneDNN has no kernel for the dtype (bfloat16 / float16 without instructions for them)."""
 
 
 def compute_busy(kernels: KernelTimeline) -> float:
@@ -63,28 +67,50 @@ def matmul_share(run: RunRecord) -> float | None:
     return min(1.0, matmuls / (ops.mean_op_s * ops.ops))
 
 
+def slow_conv_share(run: RunRecord) -> float | None:
+    """Share of the profiled steps' op time in torch's reference convolution kernels (``SLOW_CONVS``); None without
+    an op profile."""
+    ops = run.op_profile
+    if ops is None or not ops.ops or not ops.mean_op_s:
+        return None
+    slow = sum(o.self_host_s for o in ops.top_host if o.name.removeprefix("aten::") in SLOW_CONVS)
+    return min(1.0, slow / (ops.mean_op_s * ops.ops))
+
+
 @rule(id="cpu-fp32-over-low-precision",
-      title="Train in float32 on this CPU: its bfloat16 / float16 matmuls are slower",
+      title="Train in float32 on this CPU: its bfloat16 / float16 matmuls or convolutions are slower",
       fix="train in float32 on this CPU: drop torch.autocast('cpu', dtype=torch.bfloat16), or keep the model and its "
           "inputs in float32 (no .to(torch.bfloat16) / .half())",
       needs=("cpu", "op_profile", "matmul_rates"),
-      resolved_by=(Metric("op time in matmuls", "share", matmul_share), STEP))
+      resolved_by=(Metric("op time in matmuls", "share", matmul_share),
+                   Metric("op time on reference convolution kernels", "share", slow_conv_share), STEP))
 def cpu_fp32_over_low_precision(run: RunRecord) -> Finding | None:
     """Signal: a CPU run whose matmuls ran in bfloat16 or float16 (under autocast, or a model cast to it), on a
     machine whose float32 matmul rate, measured after the run, is ``CPU_LOW_PRECISION_SLOWER`` times its rate in
-    that dtype or more.
+    that dtype or more; or whose step ran convolutions on torch's reference kernels (``SLOW_CONVS``) and FLOPs in
+    that dtype, where a convolution measured after the run is as much slower in it than in float32 (a student
+    under bf16 autocast beside a float32 teacher: most of the step's FLOPs are float32, most of its time the
+    student's convolutions).
     Why it matters: a CPU without matrix instructions for the dtype (AVX512-BF16 or AMX for bfloat16) runs those
     matmuls on a slow path: on the project's 2-core machine bfloat16 matmuls run at 1-3 GFLOP/s (by size) against
-    93 in float32, and a TransformerEncoder's step under bf16 autocast took 420 ms against 45 ms without.
+    93 in float32, and a TransformerEncoder's step under bf16 autocast took 420 ms against 45 ms without; a small
+    conv net's forward and backward under bf16 autocast took 114 ms against 26 ms without.
     Fix: drop the autocast (naming its line where gpuscope saw it) or the cast to half precision: train in float32.
     Gain: the matmul ops' time in the step (their share of the profiled op time) less the same matmuls in float32:
-    their counted FLOPs at the measured float32 rate, or their time scaled by the two measured rates, the longer."""
+    their counted FLOPs at the measured float32 rate, or their time scaled by the two measured rates, the longer;
+    and the reference kernels' time less the same convolutions in float32: the step's FLOPs in their dtype at the
+    measured float32 convolution rate, or their time scaled by the two measured rates, the longer."""
     sol = run.speed_of_light
-    if sol is None or sol.dtype not in LOW_PRECISION:
+    if sol is None:
         return None
-    found = _matmuls_in_float32(run, th.CPU_LOW_PRECISION_SLOWER)
-    if found is None:
+    found = _matmuls_in_float32(run, th.CPU_LOW_PRECISION_SLOWER) if sol.dtype in LOW_PRECISION else None
+    convs = _slow_convs(run, th.CPU_LOW_PRECISION_SLOWER)
+    if found is None and convs is None:
         return None
+    shown = found if found is not None else convs
+    assert shown is not None
+    dtype = sol.dtype if found is not None else convs.dtype  # type: ignore[union-attr]
+    what, slower = "matmuls" if found is not None else "convolutions", shown.slower()
     sites = run.practices.cpu_autocast_sites if run.practices is not None else ()
     by = run.practices.cpu_autocast_by if run.practices is not None else ""
     cast = run.practices.half_precision_sites if run.practices is not None else ()
@@ -93,23 +119,90 @@ def cpu_fp32_over_low_precision(run: RunRecord) -> Finding | None:
         how = f", under torch.autocast at {_sites(sites)}" + (f", entered by {by}" if by else "")
     elif cast:
         how = f", the model's or torch's dtype made so at {_sites(cast)}"
-    evidence = (f"the step's matmuls ran in {sol.dtype}{how}", *found.evidence(sol.dtype))
+    evidence: tuple[str, ...] = ()
+    if found is not None:
+        evidence = (f"the step's matmuls ran in {dtype}{how}", *found.evidence(dtype))
+    if convs is not None:
+        evidence += convs.evidence("" if found is not None else how)
     fix = None
     if by and sites and sites[0].file:  # a library's mixed-precision setting, not a line of the user's, enters it
         setting = MIXED_PRECISION_OFF.get(by, f"{by}'s mixed precision off")
         fix = (f"{setting}  # {by}, called from {sites[0].file}:{sites[0].line}, enters torch.autocast in "
-               f"{sol.dtype}: train in float32 on this CPU, whose {sol.dtype} matmuls are {found.slower()} slower "
-               "than its float32 ones")
+               f"{dtype}: train in float32 on this CPU, whose {dtype} {what} are {slower} slower than its float32 "
+               "ones")
     elif sites and sites[0].file:
         fix = (f"{_site(sites[0])}: drop the autocast (or pass enabled=False) and train in float32 on this CPU, "
-               f"whose {sol.dtype} matmuls are {found.slower()} slower than its float32 ones")
+               f"whose {dtype} {what} are {slower} slower than its float32 ones")
     elif cast and cast[0].file:
-        fix = (f"{_site(cast[0])}: keep the model (and its inputs) in float32 on this CPU, whose {sol.dtype} matmuls "
-               f"are {found.slower()} slower than its float32 ones")
+        fix = (f"{_site(cast[0])}: keep the model (and its inputs) in float32 on this CPU, whose {dtype} {what} "
+               f"are {slower} slower than its float32 ones")
     elif run.practices is not None:
-        fix = (f"keep the model and its inputs in float32 (no .to(torch.{sol.dtype}) / .half()) on this CPU, whose "
-               f"{sol.dtype} matmuls are {found.slower()} slower than its float32 ones")
-    return Finding(found.gain(), evidence, fix=fix)
+        fix = (f"keep the model and its inputs in float32 (no .to(torch.{dtype}) / .half()) on this CPU, whose "
+               f"{dtype} {what} are {slower} slower than its float32 ones")
+    gain = (found.gain() if found is not None else 0.0) + (convs.gain if convs is not None else 0.0)
+    return Finding(gain, evidence, fix=fix)
+
+
+@dataclass(frozen=True, slots=True)
+class SlowConvs:
+    """The step's convolutions on torch's reference kernels, and what they would take at the float32 rate."""
+
+    dtype: str
+    """The low-precision dtype the step ran FLOPs in, whose convolution rate was measured."""
+    share: float
+    """Their share of the profiled op time."""
+    conv_s: float
+    """Their time in the median step."""
+    rate: float
+    """This machine's measured convolution rate in ``dtype``..."""
+    fp32: float
+    """...and in float32."""
+    median_s: float
+    names: tuple[str, ...]
+    fp32_s: float
+    """The same convolutions in float32."""
+    flops: float
+    """The step's FLOPs in ``dtype``."""
+
+    @property
+    def gain(self) -> float:
+        return (self.conv_s - self.fp32_s) / self.median_s
+
+    def evidence(self, how: str) -> tuple[str, str]:
+        """Where their time went, and the measured rates."""
+        return (
+            f"the step's convolutions ran on torch's reference kernels ({', '.join(self.names)}), as it runs "
+            f"{self.dtype} ones on this CPU{how}: {self.share:.0%} of the step's op time, about "
+            f"{self.conv_s * 1e3:.1f} ms of the {self.median_s * 1e3:.1f} ms step; in float32 they would take about "
+            f"{self.fp32_s * 1e3:.1f} ms ({self.flops / 1e9:.2f} GFLOP in {self.dtype} at the float32 rate)",
+            f"this machine's rate for a 3x3 convolution, measured after the run: float32 {_rate(self.fp32)}, "
+            f"{self.dtype} {_rate(self.rate)} ({self.slower()} slower)",
+        )
+
+    def slower(self) -> str:
+        ratio = self.fp32 / self.rate
+        return f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.1f}x"
+
+
+def _slow_convs(run: RunRecord, slower: float) -> SlowConvs | None:
+    """The step's reference-kernel convolutions, where the step ran FLOPs in bfloat16 / float16 and this machine's
+    measured float32 convolution rate is at least ``slower`` times that dtype's; None otherwise."""
+    sol, median, share = run.speed_of_light, run.steps.median_s, slow_conv_share(run)
+    if sol is None or not share or not median or not run.steps.count:
+        return None
+    dtype = next((d for d in LOW_PRECISION if d in sol.conv_flops_per_s), None)
+    rate, fp32 = sol.conv_flops_per_s.get(dtype or ""), sol.conv_flops_per_s.get("float32")
+    if not rate or not fp32 or fp32 < rate * slower:
+        return None
+    ops = run.op_profile
+    assert ops is not None  # slow_conv_share read it
+    slow = [o for o in ops.top_host if o.name.removeprefix("aten::") in SLOW_CONVS]
+    conv_s, flops = share * median_compute_s(run), sol.flops_by_dtype.get(dtype, 0)  # type: ignore[arg-type]
+    fp32_s = max(flops / fp32, conv_s * rate / fp32)
+    if fp32_s >= conv_s:
+        return None
+    return SlowConvs(dtype, share, conv_s, rate, fp32, median, tuple(o.name for o in slow),  # type: ignore[arg-type]
+                     fp32_s, flops)
 
 
 @dataclass(frozen=True, slots=True)

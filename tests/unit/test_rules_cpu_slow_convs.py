@@ -1,0 +1,173 @@
+"""``cpu-fp32-over-low-precision`` for convolutions: a CPU without bfloat16 instructions runs bfloat16 convolutions
+on torch's reference kernel (``aten::_slow_conv2d_forward``), about 2 GFLOP/s whatever their shape. Found on a
+knowledge-distillation script: a float32 teacher under ``no_grad`` beside a small student trained under
+``torch.autocast("cpu", dtype=torch.bfloat16)``. Most of the step's FLOPs were the teacher's float32 ones, so the
+step's dtype was float32 and the rule, which looked at matmuls in the step's dtype only, stayed clear, while the
+student's convolutions took 59% of the step; without the autocast the script ran 1.94x faster.
+
+The flops collector now counts the step's FLOPs by dtype, the cpu-peak probe times a convolution in the
+low-precision dtype and in float32 where the step ran both convolutions and such FLOPs, and the rule holds the
+reference kernels' time against those rates."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from conftest import make_record
+from gpuscope.analysis.reduce import speed_of_light
+from gpuscope.analysis.rules import evaluate
+from gpuscope.captures import FlopCount
+from gpuscope.collectors import flops
+from gpuscope.collectors.flops import CpuPeakProbe, MatmulTiming, SpeedOfLightCollector, time_conv
+from gpuscope.record import Breakdown, CallSite, CollectorStatus, OpProfile, OpStat, Practices, SpeedOfLight, Steps
+from gpuscope.session import post_run_facts
+
+RULE = "cpu-fp32-over-low-precision"
+AUTOCAST = CallSite(file="distill.py", line=61, function="main", calls=64,
+                    code='with torch.autocast("cpu", dtype=torch.bfloat16):')
+
+
+def distillation(*, bf16_conv_rate: float = 1.28e9, float32_conv_rate: float = 25.7e9,
+                 slow: tuple[OpStat, ...] = (OpStat("aten::_slow_conv2d_forward", 6, 0.26),
+                                             OpStat("aten::_slow_conv2d_backward", 6, 0.06))) -> Any:
+    """As the distillation run measured: a 164 ms step of float32 and bfloat16 FLOPs (3.74 and 0.51 GFLOP), whose
+    profiled ops (3 steps, 0.5 s in all) spent 0.32 s on the reference kernels; one 3x3 convolution measured after
+    the run at ``bf16_conv_rate`` in bfloat16 and ``float32_conv_rate`` in float32."""
+    return make_record(
+        device="cpu",
+        steps=Steps(count=54, median_s=0.164, total=64, warmup=1, profiled=9, source="optimizer"),
+        breakdown=Breakdown(data_wait=0.02, forward=0.49, backward=0.12, optimizer=0.01, other=0.36),
+        op_profile=OpProfile(steps=3, ops=2500, ops_per_step=833, mean_op_s=2e-4, top_host=(
+            *slow, OpStat("aten::mkldnn_convolution", 12, 0.12), OpStat("aten::max_pool2d_with_indices", 9, 0.03))),
+        speed_of_light=SpeedOfLight(
+            flops_per_step=4_250_000_000,
+            flops_by_op={"convolution": 3_920_000_000, "convolution_backward": 330_000_000},
+            step=10, dtype="float32", device_name="x86_64", peak_flops_per_s=132e9, peak_measured=True,
+            peak_source="measured here after the run",
+            flops_by_dtype={"float32": 3_740_000_000, "bfloat16": 510_000_000},
+            conv_flops_per_s={"bfloat16": bf16_conv_rate, "float32": float32_conv_rate}),
+        practices=Practices(torch_version="2.13.0", steps_checked=64, cpu_autocast_sites=(AUTOCAST,)),
+        collectors={"cpu-peak": CollectorStatus("ok")},
+    )
+
+
+def outcome(record: Any) -> tuple[Any, Any]:
+    recommendations, checks = evaluate(record)
+    return checks[RULE], {r.id: r for r in recommendations}.get(RULE)
+
+
+def test_a_student_under_bf16_autocast_beside_a_float32_teacher_is_told_to_train_in_float32() -> None:
+    # when
+    check, rec = outcome(distillation())
+    # then: the reference kernels' 0.32 s of the 0.5 s of op time (64%) of the median step's 161 ms of compute
+    # (its 2% data wait left out) is about 103 ms; in float32 the 0.51 GFLOP of bfloat16 take 19.8 ms at 25.7 GFLOP/s
+    # (longer than 103 ms / 20)
+    assert check.status == "fired"
+    assert rec.evidence[0] == (
+        "the step's convolutions ran on torch's reference kernels (aten::_slow_conv2d_forward, "
+        "aten::_slow_conv2d_backward), as it runs bfloat16 ones on this CPU, under torch.autocast at distill.py:61 "
+        '`with torch.autocast("cpu", dtype=torch.bfloat16):` (64x): 64% of the step\'s op time, about 102.9 ms of '
+        "the 164.0 ms step; in float32 they would take about 19.8 ms (0.51 GFLOP in bfloat16 at the float32 rate)")
+    assert rec.evidence[1] == ("this machine's rate for a 3x3 convolution, measured after the run: float32 25.7 "
+                               "GFLOP/s, bfloat16 1.28 GFLOP/s (20x slower)")
+    assert rec.expected_gain == pytest.approx((0.64 * 0.164 * 0.98 - 0.51 / 25.7) / 0.164, abs=0.002)
+    assert rec.fix.startswith('distill.py:61 `with torch.autocast("cpu", dtype=torch.bfloat16):`: drop the autocast')
+    assert rec.fix.endswith("whose bfloat16 convolutions are 20x slower than its float32 ones")
+
+
+def test_a_cpu_whose_bf16_convolutions_are_about_as_fast_as_float32_ones_is_clear() -> None:
+    # within the measurement's noise, and faster (a CPU with bfloat16 instructions)
+    assert outcome(distillation(float32_conv_rate=1.8e9))[0].status == "clear"
+    assert outcome(distillation(bf16_conv_rate=60e9))[0].status == "clear"
+
+
+def test_without_the_reference_kernels_in_the_op_profile_the_rule_is_clear() -> None:
+    # the step's convolutions ran in oneDNN's kernels: nothing in the slow path to save
+    assert outcome(distillation(slow=()))[0].status == "clear"
+
+
+def test_without_convolution_rates_a_float32_step_is_clear() -> None:
+    record = distillation()
+    record = dataclasses.replace(record, speed_of_light=dataclasses.replace(record.speed_of_light,
+                                                                            conv_flops_per_s={}))
+    assert outcome(record)[0].status == "clear"
+
+
+class Steps1:
+    """The step events the flops collector follows, for one step at a time (as test_speed_of_light.py's)."""
+
+    def __init__(self) -> None:
+        self.listener: Any = None
+
+    def add_step_listener(self, listener: Any) -> None:
+        self.listener = listener
+
+    def remove_step_listener(self, listener: Any) -> None:
+        self.listener = None
+
+    def cuda_in_use(self) -> bool:
+        return False
+
+    def window_opened(self) -> None:
+        pass
+
+    def window_closed(self) -> None:
+        pass
+
+    def step_evaluated(self, index: int) -> bool:
+        return False
+
+
+def test_the_counted_step_keeps_its_flops_by_dtype() -> None:
+    # given: a float32 teacher convolution without gradients, and a student's trained under bf16 autocast
+    torch.manual_seed(0)
+    teacher, student = torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(3, 4, 3)
+    x = torch.randn(2, 3, 8, 8)
+    steps, collector = Steps1(), SpeedOfLightCollector(start=1)
+    collector.follow(steps)
+    # when: step 1 is counted
+    for index in (0, 1, 2):
+        steps.listener(index)
+        with torch.no_grad():
+            teacher(x)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = student(x)
+        out.float().sum().backward()
+    count = collector.stop().payload
+    # then: each dtype's FLOPs (the teacher's forward 2x3x8x9x36x2, the student's forward 2x3x4x9x36x2 and its
+    # weight gradient as much), adding up to the step's
+    assert count.flops_by_dtype == {"float32": 31104, "bfloat16": 31104}
+    assert sum(count.flops_by_dtype.values()) == count.flops_per_step
+
+
+def test_the_cpu_peak_probe_times_a_convolution_in_bf16_and_float32_where_the_step_ran_both(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # given: a step of float32 and bfloat16 FLOPs with convolutions (the matmul benchmark faked: not under test)
+    monkeypatch.setattr(flops, "time_matmuls", lambda *args, **kwargs: MatmulTiming(80e9, 1024, 5))
+    count = FlopCount(flops_per_step=10**9, flops_by_op={"convolution": 10**9}, step=3, dtype="float32", cuda=False,
+                      flops_by_dtype={"float32": 9 * 10**8, "bfloat16": 10**8})
+    # when
+    peak = CpuPeakProbe().run(Path("."), post_run_facts(payloads={"flops": count})).payload
+    # then: both rates measured, and said where they come from
+    assert set(peak.conv_flops_per_s) == {"bfloat16", "float32"}
+    assert all(rate > 0 for rate in peak.conv_flops_per_s.values())
+    assert "a 3x3 convolution of 16 channels on 4 images of 16x16: bfloat16 " in peak.source
+    assert speed_of_light(count, peak).conv_flops_per_s == peak.conv_flops_per_s
+    # and not where the step ran no convolution, or no FLOP in bfloat16 / float16
+    for other in (dataclasses.replace(count, flops_by_op={"mm": 10**9}),
+                  dataclasses.replace(count, flops_by_dtype={"float32": 10**9})):
+        assert CpuPeakProbe().run(Path("."), post_run_facts(payloads={"flops": other})).payload.conv_flops_per_s == {}
+
+
+def test_the_convolution_benchmark_stops_at_its_budget() -> None:
+    # a clock that moves 0.1 s at each reading: each convolution is timed at 0.1 s, and after the second of the 5
+    # asked for, 0.6 s have passed since the first began, past the 0.35 s budget
+    ticks = iter(i * 0.1 for i in range(100))
+    rate = time_conv(torch, torch.float32, repeats=5, budget_s=0.35, clock=lambda: next(ticks))
+    assert rate == pytest.approx(2 * 4 * 16 * 16 * 9 * 16 * 16 / 0.1)
+    assert next(ticks) == pytest.approx(0.7)  # two timings read the clock 6 times after the start
