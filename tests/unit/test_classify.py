@@ -167,6 +167,20 @@ def test_a_cpu_step_mostly_outside_the_model_and_optimizer_is_not_called_compute
         == "compute"
 
 
+def test_a_cpu_step_mostly_outside_the_model_yet_filled_by_torch_ops_is_compute_bound() -> None:
+    # recorded from a distillation loop: a frozen teacher's forward under no_grad (no trained parameters: not a timed
+    # root) and a small student; "other" is 79% of the 110.84 ms step, yet its 707 ops of 126.3 us cover 81% of it
+    record = cpu_record(707, 2.71e-6, 0.11084, data_wait=0.03, mean_op_s=126.3e-6)
+    distilled = dataclasses.replace(
+        record, breakdown=Breakdown(data_wait=0.03, forward=0.08, backward=0.09, optimizer=0.01, other=0.79))
+    verdict = classify(distilled)
+    assert verdict.bound == "compute" and verdict.confidence > 0.9
+    assert verdict.evidence[0] == (
+        "79% of each step is spent outside the model's forward and backward, the optimizer and DataLoader waits, yet "
+        "torch ops ran 89.29 ms of the 110.84 ms step (81%): computing outside the trained model's forward and "
+        "backward (a model run without gradients, a loss)")
+
+
 def two_phase_record(window_step_s: float) -> object:
     """A script that trains an encoder for 64 steps of ~40 ms, then a head for 256 of 2.5 ms: the steady state is
     the head's, and torch.profiler's window (steps 7-9) took ``window_step_s`` a step."""
