@@ -6,26 +6,19 @@ step's dtype was float32 and the rule, which looked at matmuls in the step's dty
 student's convolutions took 59% of the step; without the autocast the script ran 1.94x faster.
 
 The flops collector now counts the step's FLOPs by dtype, the cpu-peak probe times a convolution in the
-low-precision dtype and in float32 where the step ran both convolutions and such FLOPs, and the rule holds the
-reference kernels' time against those rates."""
+low-precision dtype and in float32 where the step ran both convolutions and such FLOPs (both tested in
+test_speed_of_light.py), and the rule holds the reference kernels' time against those rates."""
 
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from conftest import make_record
-from gpuscope.analysis.reduce import speed_of_light
 from gpuscope.analysis.rules import evaluate
-from gpuscope.captures import FlopCount
-from gpuscope.collectors import flops
-from gpuscope.collectors.flops import CpuPeakProbe, MatmulTiming, SpeedOfLightCollector, time_conv
 from gpuscope.record import Breakdown, CallSite, CollectorStatus, OpProfile, OpStat, Practices, SpeedOfLight, Steps
-from gpuscope.session import post_run_facts
 
 RULE = "cpu-fp32-over-low-precision"
 AUTOCAST = CallSite(file="distill.py", line=61, function="main", calls=64,
@@ -96,78 +89,3 @@ def test_without_convolution_rates_a_float32_step_is_clear() -> None:
     record = dataclasses.replace(record, speed_of_light=dataclasses.replace(record.speed_of_light,
                                                                             conv_flops_per_s={}))
     assert outcome(record)[0].status == "clear"
-
-
-class Steps1:
-    """The step events the flops collector follows, for one step at a time (as test_speed_of_light.py's)."""
-
-    def __init__(self) -> None:
-        self.listener: Any = None
-
-    def add_step_listener(self, listener: Any) -> None:
-        self.listener = listener
-
-    def remove_step_listener(self, listener: Any) -> None:
-        self.listener = None
-
-    def cuda_in_use(self) -> bool:
-        return False
-
-    def window_opened(self) -> None:
-        pass
-
-    def window_closed(self) -> None:
-        pass
-
-    def step_evaluated(self, index: int) -> bool:
-        return False
-
-
-def test_the_counted_step_keeps_its_flops_by_dtype() -> None:
-    # given: a float32 teacher convolution without gradients, and a student's trained under bf16 autocast
-    torch.manual_seed(0)
-    teacher, student = torch.nn.Conv2d(3, 8, 3), torch.nn.Conv2d(3, 4, 3)
-    x = torch.randn(2, 3, 8, 8)
-    steps, collector = Steps1(), SpeedOfLightCollector(start=1)
-    collector.follow(steps)
-    # when: step 1 is counted
-    for index in (0, 1, 2):
-        steps.listener(index)
-        with torch.no_grad():
-            teacher(x)
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            out = student(x)
-        out.float().sum().backward()
-    count = collector.stop().payload
-    # then: each dtype's FLOPs (the teacher's forward 2x3x8x9x36x2, the student's forward 2x3x4x9x36x2 and its
-    # weight gradient as much), adding up to the step's
-    assert count.flops_by_dtype == {"float32": 31104, "bfloat16": 31104}
-    assert sum(count.flops_by_dtype.values()) == count.flops_per_step
-
-
-def test_the_cpu_peak_probe_times_a_convolution_in_bf16_and_float32_where_the_step_ran_both(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    # given: a step of float32 and bfloat16 FLOPs with convolutions (the matmul benchmark faked: not under test)
-    monkeypatch.setattr(flops, "time_matmuls", lambda *args, **kwargs: MatmulTiming(80e9, 1024, 5))
-    count = FlopCount(flops_per_step=10**9, flops_by_op={"convolution": 10**9}, step=3, dtype="float32", cuda=False,
-                      flops_by_dtype={"float32": 9 * 10**8, "bfloat16": 10**8})
-    # when
-    peak = CpuPeakProbe().run(Path("."), post_run_facts(payloads={"flops": count})).payload
-    # then: both rates measured, and said where they come from
-    assert set(peak.conv_flops_per_s) == {"bfloat16", "float32"}
-    assert all(rate > 0 for rate in peak.conv_flops_per_s.values())
-    assert "a 3x3 convolution of 16 channels on 4 images of 16x16: bfloat16 " in peak.source
-    assert speed_of_light(count, peak).conv_flops_per_s == peak.conv_flops_per_s
-    # and not where the step ran no convolution, or no FLOP in bfloat16 / float16
-    for other in (dataclasses.replace(count, flops_by_op={"mm": 10**9}),
-                  dataclasses.replace(count, flops_by_dtype={"float32": 10**9})):
-        assert CpuPeakProbe().run(Path("."), post_run_facts(payloads={"flops": other})).payload.conv_flops_per_s == {}
-
-
-def test_the_convolution_benchmark_stops_at_its_budget() -> None:
-    # a clock that moves 0.1 s at each reading: each convolution is timed at 0.1 s, and after the second of the 5
-    # asked for, 0.6 s have passed since the first began, past the 0.35 s budget
-    ticks = iter(i * 0.1 for i in range(100))
-    rate = time_conv(torch, torch.float32, repeats=5, budget_s=0.35, clock=lambda: next(ticks))
-    assert rate == pytest.approx(2 * 4 * 16 * 16 * 9 * 16 * 16 / 0.1)
-    assert next(ticks) == pytest.approx(0.7)  # two timings read the clock 6 times after the start
