@@ -550,6 +550,13 @@ class DataProbe:
     """Where the dataset fetches whole batches (its loader's sampler yields lists of indices, with
     ``batch_size=None``): the indices each fetch asked for, as the loader's did; ``items`` and ``item_s`` then count
     such fetches. None: one index a fetch."""
+    collate_s: float | None = None
+    """Where the loader's collate function is the user's own: one batch's items collated again with it, untraced
+    (None where it is torch's, or was not timed)."""
+    collate_lines: tuple[LineCost, ...] = ()
+    """That function's lines (and the user functions it calls), as the line tracer timed one batch, heaviest first."""
+    collate_lines_s: float = 0.0
+    """Every traced line's own time in that batch, the tracer's own work left out."""
 
 
 @dataclass(frozen=True, slots=True)

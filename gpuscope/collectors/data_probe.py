@@ -7,7 +7,9 @@ loader gave the dataset a list of indices a fetch, ``dataset[[i, ...]]``, a batc
 time to its next line, less the time in traced user functions it called: NumPy's and torch's calls count as the
 line's) and whether the line produced float16 arrays or tensors. NumPy float16 arithmetic is emulated on most
 CPUs and many times slower than float32; so that the advice rests on this machine rather than on folklore, the
-same element-wise expression is also timed in both precisions here.
+same element-wise expression is also timed in both precisions here. Where the loader builds its batches with a
+collate function of the user's own (a padding loop), one batch's items are collated again the same way, untraced
+and then traced: a batch can be built mostly outside the dataset.
 
 The probe leaves no trace: the global RNG states (Python's, NumPy's, torch's CPU generator) and any trace
 function already set are restored, and an item that fails to build says so in the collector's status.
@@ -74,11 +76,19 @@ class DataProbeCollector(PostRunProbe):
         if not facts.data_wait_notable:  # the user's dataset code runs again only when loading matters
             return CollectorResult(CollectorStatus(
                 "unavailable", f"{wait_under_the_bar(facts.data_wait, facts.notable_share)}: not probed"))
+        began = self._clock()
         try:
             with unseen():
                 probe = probe_dataset(dataset, self._clock, fetch=facts.dataset_fetch)
         except DatasetError as exc:
             return CollectorResult(CollectorStatus("unavailable", str(exc)))
+        collate, left_s = None, BUDGET_S - (self._clock() - began)
+        if (collating := _users_collate(facts)) is not None and left_s > 0:
+            try:
+                with unseen():
+                    collate = probe_collate(dataset, *collating, self._clock, budget_s=left_s)
+            except DatasetError:
+                collate = None  # the items' own probe stands; a failing collate function is the loader probe's to say
         numpy = sys.modules.get("numpy")
         # timed only where it matters: some line of the item's made float16 data
         slowdown = measure_float16_slowdown(numpy, self._clock) if numpy is not None and probe.float16_s else None
@@ -94,7 +104,67 @@ class DataProbeCollector(PostRunProbe):
             numpy_float16_slowdown=slowdown,
             note=NOTE,
             batch_items=facts.dataset_fetch,
+            collate_s=collate.untraced_s if collate is not None else None,
+            collate_lines=collate.lines if collate is not None else (),
+            collate_lines_s=collate.lines_s if collate is not None else 0.0,
         ))
+
+
+def _users_collate(facts: PostRunFacts) -> tuple[Callable[[list[Any]], Any], int] | None:
+    """The slowest loader's collate function and batch size, where the function is the user's own code (not
+    torch's default_collate) and the dataset gives one item a fetch; None otherwise."""
+    loader = facts.loader or {}
+    collate, size = loader.get("collate_fn"), (loader.get("info") or {}).get("batch_size")  # type: ignore[union-attr]
+    if collate is None or not isinstance(size, int) or size < 1 or facts.dataset_fetch:
+        return None
+    function = getattr(collate, "func", collate)  # functools.partial
+    call = getattr(type(function), "__call__", None)  # a callable object's
+    code = getattr(function, "__code__", None) or getattr(call, "__code__", None)
+    if code is None or not is_user_file(code.co_filename):
+        return None
+    return collate, size  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, slots=True)
+class Collated:
+    """One batch collated again: untraced, and its lines under the tracer."""
+
+    untraced_s: float
+    lines: tuple[LineCost, ...]
+    lines_s: float
+
+
+def probe_collate(dataset: Any, collate_fn: Callable[[list[Any]], Any], batch_size: int,
+                  clock: Callable[[], float] = time.perf_counter, budget_s: float = BUDGET_S) -> Collated | None:
+    """Fetch one batch's items (``batch_size`` of them, from the first), then collate them with ``collate_fn`` once
+    untraced and once under the line tracer; None where fetching the items took the budget. Raises DatasetError if
+    the dataset or the function raises."""
+    started = clock()
+    try:
+        length = len(dataset)
+    except TypeError:
+        length = batch_size
+    previous = sys.gettrace()
+    tracer = LineTracer(clock)
+    try:
+        items = []
+        for index in range(batch_size):
+            items.append(dataset[index % max(length, 1)])
+            if clock() - started > budget_s:
+                return None
+        before = clock()
+        collate_fn(items)
+        untraced_s = clock() - before
+        sys.settrace(tracer)
+        try:
+            collate_fn(items)
+        finally:
+            sys.settrace(previous)
+    except Exception as exc:
+        raise dataset_error(exc, "when its batch was collated again after the run") from None
+    lines = tracer.line_costs(1)
+    ranked = sorted(lines, key=lambda c: (-c.own_s, c.file, c.line))[:TOP_LINES]
+    return Collated(untraced_s, tuple(ranked), sum(c.own_s for c in lines))
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,10 +3,12 @@ data, names them, and leaves the process as it found it (RNG states, trace funct
 
 from __future__ import annotations
 
+import functools
 import random
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -240,3 +242,60 @@ def test_what_the_dataset_prints_while_probed_is_not_shown(capsys: pytest.Captur
     result = DataProbeCollector().run(Path("."), finished_run(Chatty(), data_wait=0.6))
     assert result.status.status == "ok"
     assert capsys.readouterr() == ("", "")
+
+
+# -- the loader's own collate function --------------------------------------------------------------------------
+
+class Sentences:
+    """Token lists of 5 to 35 tokens (a list of indices fetches them all)."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, index: int | list[int]) -> Any:
+        if isinstance(index, list):
+            return [self[i] for i in index]
+        return list(range(5 + index * 2)), index % 2
+
+
+def pad_collate(batch: list[tuple[list[int], int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    longest = max(len(tokens) for tokens, _ in batch)
+    padded = []
+    for tokens, _ in batch:
+        padded.append([tokens[t] if t < len(tokens) else pad for t in range(longest)])  # collate: the loop
+    return torch.tensor(padded), torch.tensor([label for _, label in batch])
+
+
+def loader_facts(collate_fn: object, fetch: int | None = None) -> PostRunFacts:
+    """A finished run whose steps waited half their time on a loader of Sentences, 8 a batch, built by
+    ``collate_fn``."""
+    return post_run_facts(data_wait=0.5, median_s=0.1, steps=10, dataset=Sentences(), dataset_fetch=fetch,
+                          loader={"info": {"batch_size": 8}, "collate_fn": collate_fn})
+
+
+def test_a_collate_function_of_the_users_own_is_timed_collating_one_batch_and_its_lines_named() -> None:
+    # when
+    probe = DataProbeCollector().run(Path("."), loader_facts(pad_collate)).payload
+    # then: one batch of 8 collated untraced, and its lines under the tracer, the padding loop heaviest
+    assert isinstance(probe, DataProbe) and probe.collate_s is not None and probe.collate_s > 0
+    assert probe.collate_lines[0].code.endswith("# collate: the loop") and probe.collate_lines[0].file.endswith(HERE)
+    assert probe.collate_lines[0].function.startswith("pad_collate")
+    assert probe.collate_lines_s >= sum(line.own_s for line in probe.collate_lines) * 0.999
+    # the same function behind functools.partial, or a callable object of the user's, is the user's too
+    for collate in (functools.partial(pad_collate, pad=-1), PadCollator()):
+        assert DataProbeCollector().run(Path("."), loader_facts(collate)).payload.collate_s, collate
+
+
+class PadCollator:
+    """A collate function as a callable object."""
+
+    def __call__(self, batch: list[tuple[list[int], int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        return pad_collate(batch)
+
+
+def test_torchs_own_collate_function_and_a_dataset_fetching_whole_batches_are_not_collated_again() -> None:
+    from torch.utils.data import default_collate
+
+    for facts in (loader_facts(default_collate), loader_facts(pad_collate, fetch=8)):
+        probe = DataProbeCollector().run(Path("."), facts).payload
+        assert probe.collate_s is None and probe.collate_lines == () and probe.collate_lines_s == 0.0

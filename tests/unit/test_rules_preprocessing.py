@@ -1,7 +1,8 @@
 """The ``fp32-preprocessing`` rule on hand-built records: it fires when the steps wait for data, the dataset's
 float16 lines take a notable share of an item, and float16 is measured slow here; it names the lines, with their
 numbers, and says "not checked" without a data probe. ``cheaper-batches`` on a recorded run: where no worker count
-shortens the step, it names the dataset's heaviest lines as the work to cut."""
+shortens the step, it names the dataset's heaviest lines as the work to cut, or, where the loader's own collate
+function builds most of each batch, that function's."""
 
 from __future__ import annotations
 
@@ -208,3 +209,43 @@ def test_batches_built_mostly_outside_the_dataset_are_not_blamed_on_its_lines() 
     # dataset's `return self.data[i], self.labels[i]`, "100% of fetching one item")
     run = with_untraced_fetch(tabular_run(), 1e-5, batch_items=None)
     assert evaluate(run)[1]["cheaper-batches"].status == "clear"
+
+
+PADDING = (
+    LineCost("collate.py", 30, "pad_collate", "row.append(tokens[t] if t < len(tokens) else 0)", own_s=0.0129),
+    LineCost("collate.py", 29, "pad_collate", "for t in range(longest):", own_s=0.0076),
+    LineCost("collate.py", 33, "pad_collate.<locals>.<listcomp>", "return torch.tensor(padded), lengths, ...",
+             own_s=0.0031),
+)
+"""A padding collate_fn's lines, as the data probe traced one batch (the GRU script of issue 15's round)."""
+
+
+def collated(run: RunRecord, collate_s: float) -> RunRecord:
+    """``run`` whose batches of 64 items, each fetched in 10 us, the loop waited 6.58 ms for: its collate function
+    collated one batch again in ``collate_s``, untraced, its lines as ``PADDING`` (24.5 ms traced in all)."""
+    run = with_untraced_fetch(run, 1e-5, batch_items=None)
+    probe = run.data_probe
+    assert probe is not None
+    return dataclasses.replace(run, data_probe=dataclasses.replace(
+        probe, collate_s=collate_s, collate_lines=PADDING, collate_lines_s=0.0245))
+
+
+def test_where_the_collate_function_builds_each_batch_its_lines_are_named() -> None:
+    # given: the collate function took 4.2 ms of the 6.58 ms wait for each batch (64%)
+    found = next((r for r in evaluate(collated(tabular_run(), 0.0042))[0] if r.id == "cheaper-batches"), None)
+    # then: its two heaviest lines (84% of its lines' time), not the dataset's
+    assert found is not None
+    assert found.evidence[2] == ("fetching its 64 items from the dataset, untraced, takes 0.64 ms of the 6.58 ms the "
+                                 "loop waited for each batch (10%)")
+    assert found.evidence[3] == ("its collate function, pad_collate, collating one batch again after the run, "
+                                 "untraced, took 4.20 ms (64% of that wait)")
+    assert found.evidence[4].startswith("collate.py:30 `row.append(tokens[t] if t < len(tokens) else 0)` (12.9 ms), "
+                                        "collate.py:29 `for t in range(longest):` (7.6 ms) take 84% of it")
+    assert found.fix.startswith("collate.py:30, :29: build the batch with less Python in pad_collate: vectorise it")
+    # and the gain, an upper bound (the lines' work gone): the wait x the function's share x its lines' share
+    assert found.expected_gain == pytest.approx(0.363 * (0.0042 / 0.00658) * (0.0205 / 0.0245), abs=0.003)
+
+
+def test_a_collate_function_that_takes_little_of_the_wait_is_not_named() -> None:
+    # 2 ms of the 6.58 ms wait: most of the batch's build is neither the dataset's nor the collate function's
+    assert evaluate(collated(tabular_run(), 0.002))[1]["cheaper-batches"].status == "clear"

@@ -67,7 +67,8 @@ def cheaper_batches(run: RunRecord) -> Finding | None:
     ``CHEAPER_LINE_SHARE`` at least; float16 lines left to ``fp32-preprocessing``): of the time on all its lines,
     the tracer's own work left out (``lines_s``), which a line of a Python loop inflates several times; and, with no
     workers, fetching a batch's items (untraced) is ``CHEAPER_ITEMS_SHARE`` of the loop's wait for it at least
-    (``_items_share``: else the batch is built mostly outside the dataset, by its collate_fn).
+    (``_items_share``: else the batch is built mostly outside the dataset, by its collate_fn: then, where that
+    function is the user's own, its lines take the dataset's place, ``_collate_finding``).
     Why it matters: where workers would take the cores the step computes on, or already have them all, the wait
     falls only with the work per batch: a per-row Python loop vectorised over the batch, a deterministic transform
     or decode done once ahead of training.
@@ -80,14 +81,15 @@ def cheaper_batches(run: RunRecord) -> Finding | None:
     probe, share, median, loader = run.data_probe, run.breakdown.data_wait, run.steps.median_s, slowest_loader(run)
     if probe is None or loader is None or not median or share < th.DATA_WAIT_NOTABLE or probe.item_s <= 0:
         return None
+    items = _items_share(loader, probe)
+    if items is not None and items[0] < th.CHEAPER_ITEMS_SHARE:  # the batch is built mostly by its collate_fn
+        return None if _workers_help(run, loader, median) else _collate_finding(run, loader, probe, items[1])
     whole_s = probe.lines_s or probe.item_s  # untraced, about (older records: the traced time)
     heavy = [line for line in probe.lines if not line.float16
              and line.own_s >= th.CHEAPER_LINE_SHARE * whole_s][:th.CHEAPER_LINES_SHOWN]
     lines_share = min(1.0, sum(line.own_s for line in heavy) / whole_s)
-    items = _items_share(loader, probe)
-    if lines_share < th.CHEAPER_LINES_SHARE or (items is not None and items[0] < th.CHEAPER_ITEMS_SHARE) \
-            or _workers_help(run, loader, median):
-        return None  # a batch built mostly outside the dataset (its collate_fn) is not the dataset lines' doing
+    if lines_share < th.CHEAPER_LINES_SHARE or _workers_help(run, loader, median):
+        return None
     built = "the main process builds each batch" if not loader.num_workers else \
         f"its {loader.num_workers} workers build the batches"
     evidence = (
@@ -104,6 +106,38 @@ def cheaper_batches(run: RunRecord) -> Finding | None:
     fix = f"{_places(heavy)}: do this work once, ahead of training (in __init__, or cached to disk), or vectorise it " \
           "over the batch"
     return Finding(gain, evidence, fix=fix)
+
+
+def _collate_finding(run: RunRecord, loader: Loader, probe: DataProbe, items_fact: str) -> Finding | None:
+    """``cheaper-batches`` where the loop's wait for a batch is mostly its collate function's (the user's own): its
+    heaviest lines as the data probe traced one batch, where that function takes ``CHEAPER_ITEMS_SHARE`` of the wait
+    at least (timed untraced). Gain: data wait x the function's share of the wait x its lines' share."""
+    lines_s, batches = probe.collate_lines_s, loader.batches - loader.eval_batches
+    if not probe.collate_s or not lines_s or batches <= 0 or loader.wait_s <= loader.eval_wait_s:
+        return None
+    heavy = [line for line in probe.collate_lines if line.own_s >= th.CHEAPER_LINE_SHARE * lines_s]
+    heavy = heavy[:th.CHEAPER_LINES_SHOWN]
+    lines_share = min(1.0, sum(line.own_s for line in heavy) / lines_s)
+    build_s = (loader.wait_s - loader.eval_wait_s) / batches
+    collate_share = min(1.0, probe.collate_s / build_s)
+    if lines_share < th.CHEAPER_LINES_SHARE or collate_share < th.CHEAPER_ITEMS_SHARE:
+        return None
+    name = heavy[0].function.split(".")[0]
+    evidence = (
+        f"{run.breakdown.data_wait:.0%} of each step waits for the next batch (median step "
+        f"{run.steps.median_s * 1e3:.1f} ms); the main process builds each batch",
+        _no_workers_fact(run, loader),
+        items_fact,
+        f"its collate function, {name}, collating one batch again after the run, untraced, took "
+        f"{probe.collate_s * 1e3:.2f} ms ({collate_share:.0%} of that wait)",
+        ", ".join(f"{_where(line)} `{line.code}` ({line.own_s * 1e3:.1f} ms)" for line in heavy)
+        + f" take{'s' if len(heavy) == 1 else ''} {lines_share:.0%} of it (of the {lines_s * 1e3:.1f} ms on its "
+        "lines, as the data probe timed them without its tracer's own work)",
+    )
+    fix = f"{_places(heavy)}: build the batch with less Python in {name}: vectorise it over the batch (" \
+          "torch.nn.utils.rnn.pad_sequence pads a batch of sequences in one call), or do the work once, ahead of " \
+          "training"
+    return Finding(run.breakdown.data_wait * collate_share * lines_share, evidence, fix=fix)
 
 
 def _items_share(loader: Loader, probe: DataProbe) -> tuple[float, str] | None:
