@@ -622,6 +622,11 @@ class LoaderProbe:
     pass), where handing batches over waited on the workers (the ``receive_s`` of the last count it was timed for);
     None where not timed. Its slot of the probe's budget is kept from the first count whose hand-over waited, and
     the start of torch's shared-memory manager is not taken from it."""
+    sampler_s: float | None = None
+    """Where the loader's sampler is a class of the user's own: the time it takes to draw one batch's indices. The
+    main process runs it whatever the number of workers, so no worker count hides it. None otherwise."""
+    sampler: str = ""
+    """That sampler: its class and where its ``__iter__`` is (``BalancedSampler (data.py:33)``); empty otherwise."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,6 +66,8 @@ class LoaderPlan:
     """Batches a step takes from the loader (4 where gradients accumulate over 4 batches)."""
     handover_s: float = 0.0
     """What receiving a step's batches from the workers adds to it (``step_handover_s``)."""
+    sampler_s: float = 0.0
+    """What the user's own sampler, drawing a step's batches' indices in the main process, adds to it."""
 
     @property
     def batches_text(self) -> str:
@@ -80,17 +82,16 @@ def batches_text(per_step: float) -> str:
 def loader_plan(record: RunRecord, file_system: bool = False) -> LoaderPlan | None:
     """From the loader probe's curve: the smallest measured worker count delivering batches at least
     ``LOADER_KEEPS_UP_MARGIN`` faster than the step consumes them (else the one predicting the shortest step), and
-    the step it predicts: max(compute + the main process's time to receive a batch from the workers, as the probe
-    timed it (``step_handover_s``), one batch at that rate). On a CPU run the workers and the step share the
-    cores, so also no less than the compute on the cores the N workers leave, nor all the CPU work of a step (one
-    batch's build plus the compute on the main process's threads) spread over the cores. That step needs the main
-    process to keep no more than cores - N intra-op threads (at least one): more busy threads than cores stall each
-    other at every parallel region (on 2 cores, 2 threads and 2 workers: median step 27 ms but mean 36 ms, spikes to
-    80 ms; with 1 thread 26 and 25 ms), so the plan names that count (``threads``) where the run had more. A batch's
-    build is the main process's batch time in the run where it had no workers (timed over all its batches), else
-    the probe's one-worker time (a few rounds). ``file_system``: the plan of the worker count the probe timed again
-    with the file_system sharing strategy (``loader_probe.file_system``). None without a probe curve or step
-    figures."""
+    the step it predicts: max(compute + the main process's time to receive a batch from the workers (as the probe
+    timed it: ``step_handover_s``) and to draw its indices with the user's own sampler, one batch at that rate). On
+    a CPU run the workers and the step share the cores, so also no less than the compute on the cores the N workers
+    leave, nor all the CPU work of a step (one batch's build plus the compute on the main process's threads) spread
+    over the cores. That step needs the main process to keep no more than cores - N intra-op threads (at least one):
+    more busy threads than cores stall each other at every parallel region (on 2 cores, 2 threads and 2 workers:
+    median step 27 ms but mean 36 ms, spikes to 80 ms; with 1 thread 26 and 25 ms), so the plan names that count
+    (``threads``) where the run had more. A batch's build is the run's main-process batch time where it had no
+    workers, else the probe's one-worker time. ``file_system``: the plan of the worker count timed again with the
+    file_system sharing strategy. None without a probe curve or step figures."""
     probe, median = record.loader_probe, record.steps.median_s
     if probe is None or not median or not record.steps.count or (file_system and probe.file_system is None):
         return None
@@ -119,10 +120,11 @@ def loader_plan(record: RunRecord, file_system: bool = False) -> LoaderPlan | No
         shared = (step_build_s * cpu_share + compute_s * threads) / cores
 
     back = back_to_back_share(record)
+    drawing = per * (probe.sampler_s or 0.0)  # the main process draws every batch's indices, workers or not
 
     def plan_with(rate: LoaderRate) -> tuple[float, float, int | None]:
         """The step with ``rate``'s workers, the hand-over in it, and the intra-op threads it needs kept."""
-        handover = step_handover_s(rate, per, back)  # the main process receiving them
+        handover = step_handover_s(rate, per, back) + drawing  # the main process receiving them, drawing indices
         step = max(compute_s + handover, per / rate.batches_per_s)  # type: ignore[operator]
         threads_fix = None
         if shared is not None:
@@ -136,7 +138,7 @@ def loader_plan(record: RunRecord, file_system: bool = False) -> LoaderPlan | No
         min(candidates, key=lambda r: (plan_with(r)[0], r.num_workers))
     step_s, handover, threads_fix = plan_with(rate)
     return LoaderPlan(rate.num_workers, rate, bool(keeping), compute_s, step_s, shared, consume, threads_fix, per,
-                      handover)
+                      handover - drawing, drawing)
 
 
 def step_handover_s(rate: LoaderRate, per_step: float, back_to_back: float) -> float:
@@ -313,7 +315,8 @@ def _without_data_wait(record: RunRecord) -> tuple[float, str]:
             "measured after the run delivering"
         delivery_s = plan.batches_per_step / plan.rate.batches_per_s  # type: ignore[operator]
         shared_by = " handing batches over by file_system" if plan is sharing else ""
-        received = f" + receiving them {plan.handover_s * 1e3:.1f} ms" if plan.handover_s >= 0.0005 else ""
+        received = (f" + receiving them {plan.handover_s * 1e3:.1f} ms" if plan.handover_s >= 0.0005 else "") + (
+            f" + the sampler drawing their indices {plan.sampler_s * 1e3:.1f} ms" if plan.sampler_s else "")
         explanation = (f"with {plan.workers} DataLoader workers{shared_by}, {how} "
                        f"{plan.rate.batches_per_s:.1f} batches/s: max(compute {plan.compute_s * 1e3:.1f} ms"
                        f"{received}, {plan.batches_text} {delivery_s * 1e3:.1f} ms)")

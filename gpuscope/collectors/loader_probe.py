@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collectors.base import CollectorResult, PostRunProbe, register
-from gpuscope.collectors.loader_timing import time_config
+from gpuscope.collectors.loader_timing import time_config, time_sampler
 from gpuscope.collectors.probing import DatasetError, first_line, unseen, user_torch_threads, wait_under_the_bar
 from gpuscope.record import CollectorStatus, LoaderProbe, LoaderRate
 
@@ -111,16 +111,21 @@ class LoaderProbeCollector(PostRunProbe):
         estimate = wait_s / batches if info.get("num_workers") == 0 and batches else None  # type: ignore[operator]
         try:
             with unseen():
+                began = self._clock()
+                sampler = time_sampler(loader.get("index_sampler"), self._clock)
+                budget_s = max(0.1 * self._budget_s, self._budget_s - (self._clock() - began))
                 probe = probe_loader(
                     torch, loader["dataset"], batch_size=info.get("batch_size"), collate_fn=loader.get("collate_fn"),
                     drop_last=bool(loader.get("drop_last", False)), worker_init_fn=loader.get("worker_init_fn"),
                     fetches_batches=bool(loader.get("fetch")),
                     start_method=info.get("start_method"), cores=_cores(),
                     consume_batches_per_s=facts.consume_batches_per_s,
-                    keeps_up_margin=facts.keeps_up_margin, budget_s=self._budget_s, cuda=facts.cuda,
+                    keeps_up_margin=facts.keeps_up_margin, budget_s=budget_s, cuda=facts.cuda,
                     main_batch_s=estimate, main_batch_batches=batches, clock=self._clock)
         except DatasetError as exc:
             return CollectorResult(CollectorStatus("unavailable", str(exc)))
+        if sampler is not None:
+            probe = dataclasses.replace(probe, sampler_s=sampler[0], sampler=sampler[1])
         return CollectorResult(CollectorStatus("ok"), probe)
 
 

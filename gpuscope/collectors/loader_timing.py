@@ -1,7 +1,8 @@
 """Timing one DataLoader configuration for the loader probe: batches delivered per second once its workers are up,
 over whole rounds after the first, the main process's CPU time per batch taken from the workers, and the wall time
 it takes to receive a batch already built while the workers build the next ones (the hand-over: a training step pays
-it even where the workers keep up)."""
+it even where the workers keep up). And the user's own sampler, drawing a batch's indices: the main process runs it,
+whatever the number of workers."""
 
 from __future__ import annotations
 
@@ -14,8 +15,47 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpuscope.callsites import is_user_file
+from gpuscope.collectors.cprofile import short_path
 from gpuscope.collectors.probing import dataset_error
 from gpuscope.record import LoaderRate
+
+SAMPLER_BATCHES = 4
+"""Batches of indices the user's sampler is timed drawing, at most (within ``SAMPLER_BUDGET_S``)."""
+SAMPLER_BUDGET_S = 0.2
+
+
+def time_sampler(index_sampler: Any, clock: Callable[[], float] = time.perf_counter,
+                 budget_s: float = SAMPLER_BUDGET_S) -> tuple[float, str] | None:
+    """The time the loader's index sampler takes to draw one batch's indices (the mean over up to SAMPLER_BATCHES
+    batches after the first, which may set the sampler up), and the user's class as ``Name (file.py:line)`` of its
+    ``__iter__``, where that sampler, or the sampler a torch BatchSampler draws from, is a class of the user's own;
+    None otherwise (torch's samplers are cheap per batch, and setting one up can be costly: a RandomSampler permutes
+    the whole dataset), or where it ran out.
+
+    Raises DatasetError if the sampler raises."""
+    inner = getattr(index_sampler, "sampler", None) if type(index_sampler).__module__.startswith("torch.") else None
+    user = index_sampler if inner is None else inner
+    code = getattr(getattr(type(user), "__iter__", None), "__code__", None)
+    if code is None or not is_user_file(code.co_filename):
+        return None
+    started = clock()
+    try:
+        batches = iter(index_sampler)
+        next(batches)
+        drawn, timed_from = 0, clock()
+        while drawn < SAMPLER_BATCHES and clock() - started < budget_s:
+            next(batches)
+            drawn += 1
+    except StopIteration:
+        pass
+    except Exception as exc:
+        raise dataset_error(exc, "when its sampler drew indices again after the run") from None
+    if not drawn:
+        return None
+    where = f"{short_path(code.co_filename)}:{code.co_firstlineno}"
+    return (clock() - timed_from) / drawn, f"{type(user).__name__} ({where})"
+
 
 ROUNDS = 3
 """A configuration stops after this many whole rounds past the first (3 x N batches) and ``MIN_TIMED_S``, or at its

@@ -245,6 +245,7 @@ def _loading(iterator: Any) -> dict[str, Any]:
         "drop_last": bool(getattr(sampler, "drop_last", getattr(iterator, "_drop_last", False))),
         "worker_init_fn": getattr(iterator, "_worker_init_fn", None),
         "fetch": _batch_size(iterator) if getattr(iterator, "_auto_collation", True) is False else None,
+        "index_sampler": sampler,
     }
 
 

@@ -247,7 +247,7 @@ def test_what_the_dataset_prints_while_probed_is_not_shown(capsys: pytest.Captur
 # -- the loader's own collate function --------------------------------------------------------------------------
 
 class Sentences:
-    """Token lists of 5 to 35 tokens (a list of indices fetches them all)."""
+    """Token lists of 5 to 305 tokens (a list of indices fetches them all)."""
 
     def __len__(self) -> int:
         return 16
@@ -255,7 +255,7 @@ class Sentences:
     def __getitem__(self, index: int | list[int]) -> Any:
         if isinstance(index, list):
             return [self[i] for i in index]
-        return list(range(5 + index * 2)), index % 2
+        return list(range(5 + index * 20)), index % 2
 
 
 def pad_collate(batch: list[tuple[list[int], int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -15,6 +15,7 @@ import pytest
 
 from conftest import make_record
 from gpuscope.analysis.evidence import batches_per_step
+from gpuscope.analysis.rules import evaluate
 from gpuscope.analysis.rules.dataloader import file_system_sharing, more_dataloader_workers
 from gpuscope.analysis.speed import loader_plan, what_if
 from gpuscope.collectors.loader_probe import (
@@ -25,7 +26,7 @@ from gpuscope.collectors.loader_probe import (
     probe_loader,
     worker_counts,
 )
-from gpuscope.collectors.loader_timing import MIN_TIMED_S, close_workers, remove_shared_files
+from gpuscope.collectors.loader_timing import MIN_TIMED_S, close_workers, remove_shared_files, time_sampler
 from gpuscope.record import Breakdown, CallSite, Loader, LoaderProbe, LoaderRate, RunMeta, Steps, Verdict
 from gpuscope.session import post_run_facts
 
@@ -663,3 +664,58 @@ def test_batches_per_step(batches: int, steps: int, per: float) -> None:
 def test_the_probe_is_told_the_rate_a_step_consumes_its_batches() -> None:
     facts = post_run_facts(data_wait=0.5, median_s=0.1, steps=40, batches_per_step=4.0)
     assert facts.consume_batches_per_s == pytest.approx(80.0)
+
+
+# -- a sampler of the user's own: the main process runs it, workers or not ------------------------------------
+
+class EveryOther(torch.utils.data.Sampler):
+    """A user's sampler that works for each index it yields (a Python loop over a list)."""
+
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __len__(self) -> int:
+        return self.length // 2
+
+    def __iter__(self) -> Any:
+        for index in range(0, self.length, 2):
+            sum(range(2000))  # the per-index work
+            yield index
+
+
+def test_a_samplers_time_to_draw_a_batch_is_timed_where_the_sampler_is_the_users_own() -> None:
+    # given: the index samplers a DataLoader iterates: a BatchSampler over the user's sampler, the user's own batch
+    # sampler, and torch's own
+    batches = torch.utils.data.BatchSampler(EveryOther(1000), batch_size=8, drop_last=False)
+    # when / then: each batch of 8 indices timed, and the user's class named where its __iter__ is
+    for index_sampler in (batches, EveryOther(1000)):
+        timed = time_sampler(index_sampler)
+        assert timed is not None and timed[0] > 0
+        assert timed[1].startswith("EveryOther (")
+        assert timed[1].endswith(f"{Path(__file__).name}:{EveryOther.__iter__.__code__.co_firstlineno})")
+    # torch's own samplers are not timed: setting one up can cost more than the run's use of it (a RandomSampler
+    # permutes the whole dataset)
+    random_batches = torch.utils.data.BatchSampler(torch.utils.data.RandomSampler(range(10**6)), 8, False)
+    assert time_sampler(random_batches) is None and time_sampler(None) is None
+
+
+def test_where_the_users_sampler_is_most_of_the_wait_workers_promise_little_and_the_sampler_is_named() -> None:
+    # given: a CPU run on 2 cores waiting 50 ms of its 100 ms step for each batch, of which the user's sampler takes
+    # 48 ms drawing the indices; two workers would deliver 23 batches/s
+    record = dataclasses.replace(probed_record({0: 20.0, 1: 12.0, 2: 23.0}, device="cpu"), meta=RunMeta(cpu_count=2))
+    record = dataclasses.replace(record, loader_probe=dataclasses.replace(
+        record.loader_probe, sampler_s=0.048, sampler="Balanced (data.py:33)"))
+    # when
+    plan = loader_plan(record)
+    recommendations, _ = evaluate(record)
+    # then: with workers the main process still draws the indices: the step is compute + 48 ms, 2% shorter (the
+    # probe's workers, loading with a sampler of its own, would have promised 50%), and a cheaper sampler is advised
+    assert plan is not None and plan.sampler_s == pytest.approx(0.048) and plan.step_s == pytest.approx(0.098)
+    by_id = {r.id: r for r in recommendations}
+    assert by_id["more-dataloader-workers"].expected_gain == pytest.approx(0.02)
+    found = by_id["cheaper-batches"]
+    assert found.evidence[1] == ("the loader's sampler, Balanced (data.py:33), takes 48.0 ms to draw each batch's "
+                                 "indices (timed again after the run): 96% of the 50.0 ms the loop waited for each "
+                                 "batch")
+    assert found.fix.startswith("data.py:33: draw each batch's indices with less work in Balanced.__iter__")
+    assert found.expected_gain == pytest.approx(0.5 * 0.96)

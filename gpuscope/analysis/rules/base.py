@@ -15,7 +15,8 @@ Needs = tuple[str, ...]
 """Record fields a rule reads: "op_profile", "calibration", "loaders", "kernels" (the CUDA kernel timeline),
 "cuda" (a CUDA run), "cpu" (a CPU-only run), "practices", "data_probe", "syncs", "model" (the model's layers,
 inspected), "optimizer_probe" (the optimizer's update timed again, as run and fused), "matmul_rates" (this
-machine's measured matmul rate in the step's dtype, and in float32 where that is another)."""
+machine's measured matmul rate in the step's dtype, and in float32 where that is another), "batch_build" (the data
+probe, or the loader probe's timing of a sampler of the user's own: some part of building a batch timed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +85,9 @@ def missing_input(record: RunRecord, needs: Needs) -> str | None:
             return unlike
         if need == "loaders" and not record.loaders:
             return "no DataLoader was iterated"
+        if need == "batch_build" and record.data_probe is None and not (
+                record.loader_probe is not None and record.loader_probe.sampler_s):
+            return _ABSENT["data_probe"] + _collector_reason(record, "data_probe")
         if need in _ABSENT and getattr(record, need) is None:
             return _ABSENT[need] + _collector_reason(record, need)
         if need == "model" and (record.practices is None or not record.practices.modules_inspected):

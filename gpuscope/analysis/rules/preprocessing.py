@@ -57,7 +57,7 @@ def fp32_preprocessing(run: RunRecord) -> Finding | None:
       title="Build each batch with less work: more workers cannot hide the loading here",
       fix="do the dataset's slowest lines' work once, ahead of training (in __init__, or cached to disk), or "
           "vectorise it over the batch",
-      needs=("loaders", "data_probe"),
+      needs=("loaders", "batch_build"),
       resolved_by=(DATA_WAIT,))
 def cheaper_batches(run: RunRecord) -> Finding | None:
     """Signal: steps wait for data a notable share of their time; no worker count would shorten the step by
@@ -68,7 +68,8 @@ def cheaper_batches(run: RunRecord) -> Finding | None:
     the tracer's own work left out (``lines_s``), which a line of a Python loop inflates several times; and, with no
     workers, fetching a batch's items (untraced) is ``CHEAPER_ITEMS_SHARE`` of the loop's wait for it at least
     (``_items_share``: else the batch is built mostly outside the dataset, by its collate_fn: then, where that
-    function is the user's own, its lines take the dataset's place, ``_collate_finding``).
+    function is the user's own, its lines take the dataset's place, ``_collate_finding``); or the user's own sampler
+    takes that share of the wait drawing each batch's indices (``_sampler_finding``: no worker count hides it).
     Why it matters: where workers would take the cores the step computes on, or already have them all, the wait
     falls only with the work per batch: a per-row Python loop vectorised over the batch, a deterministic transform
     or decode done once ahead of training.
@@ -79,6 +80,8 @@ def cheaper_batches(run: RunRecord) -> Finding | None:
     35.6% (the loop 19.4 of the 19.8 ms on the dataset's lines, 36% data wait), measured 7-55% by pair (median 33%)
     with the loop vectorised."""
     probe, share, median, loader = run.data_probe, run.breakdown.data_wait, run.steps.median_s, slowest_loader(run)
+    if loader is not None and median and share >= th.DATA_WAIT_NOTABLE and (found := _sampler_finding(run, loader)):
+        return found
     if probe is None or loader is None or not median or share < th.DATA_WAIT_NOTABLE or probe.item_s <= 0:
         return None
     items = _items_share(loader, probe)
@@ -106,6 +109,33 @@ def cheaper_batches(run: RunRecord) -> Finding | None:
     fix = f"{_places(heavy)}: do this work once, ahead of training (in __init__, or cached to disk), or vectorise it " \
           "over the batch"
     return Finding(gain, evidence, fix=fix)
+
+
+def _sampler_finding(run: RunRecord, loader: Loader) -> Finding | None:
+    """``cheaper-batches`` where the user's own sampler, drawing each batch's indices in the main process (the
+    loader probe timed it again), takes ``CHEAPER_ITEMS_SHARE`` of the loop's wait for a batch or more, and no worker
+    count shortens the step (the loader plan counts the sampler's time: workers do not run it). Gain, an upper
+    bound: data wait x the sampler's share of it."""
+    probe, batches = run.loader_probe, loader.batches - loader.eval_batches
+    if probe is None or not probe.sampler_s or batches <= 0 or loader.wait_s <= loader.eval_wait_s:
+        return None
+    build_s = (loader.wait_s - loader.eval_wait_s) / batches
+    drawn = min(1.0, probe.sampler_s / build_s)
+    if drawn < th.CHEAPER_ITEMS_SHARE or _workers_help(run, loader, run.steps.median_s):
+        return None
+    name, _, where = probe.sampler.partition(" (")
+    evidence = (
+        f"{run.breakdown.data_wait:.0%} of each step waits for the next batch (median step "
+        f"{run.steps.median_s * 1e3:.1f} ms)",
+        f"the loader's sampler, {probe.sampler}, takes {probe.sampler_s * 1e3:.1f} ms to draw each batch's indices "
+        f"(timed again after the run): {drawn:.0%} of the {build_s * 1e3:.1f} ms the loop waited for each batch",
+        "no worker count shortens the step (the loader probe's plan): the main process draws every batch's indices "
+        "itself, however many workers build the batches",
+    )
+    fix = (f"{where.rstrip(')')}: draw each batch's indices with less work in {name}.__iter__: compute what every "
+           "draw shares (class counts, weights) once, in __init__, or draw the epoch's indices at once "
+           "(torch.multinomial; torch.utils.data.WeightedRandomSampler)")
+    return Finding(run.breakdown.data_wait * drawn, evidence, fix=fix)
 
 
 def _collate_finding(run: RunRecord, loader: Loader, probe: DataProbe, items_fact: str) -> Finding | None:
