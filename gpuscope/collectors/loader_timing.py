@@ -40,10 +40,11 @@ def time_sampler(index_sampler: Any, clock: Callable[[], float] = time.perf_coun
     if code is None or not is_user_file(code.co_filename):
         return None
     started = clock()
+    drawn, timed_from = 0, started
     try:
         batches = iter(index_sampler)
         next(batches)
-        drawn, timed_from = 0, clock()
+        timed_from = clock()
         while drawn < SAMPLER_BATCHES and clock() - started < budget_s:
             next(batches)
             drawn += 1

@@ -719,3 +719,9 @@ def test_where_the_users_sampler_is_most_of_the_wait_workers_promise_little_and_
                                  "batch")
     assert found.fix.startswith("data.py:33: draw each batch's indices with less work in Balanced.__iter__")
     assert found.expected_gain == pytest.approx(0.5 * 0.96)
+
+
+def test_a_sampler_of_the_users_that_draws_one_batch_or_none_is_not_timed() -> None:
+    # the first batch may set the sampler up: nothing is timed without a second one
+    one = torch.utils.data.BatchSampler(EveryOther(8), batch_size=8, drop_last=False)
+    assert time_sampler(one) is None and time_sampler(EveryOther(0)) is None

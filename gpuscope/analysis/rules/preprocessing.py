@@ -37,7 +37,7 @@ def fp32_preprocessing(run: RunRecord) -> Finding | None:
         return None
     heavy = [line for line in probe.lines if line.float16][:SHOWN_LINES]
     evidence = [
-        f"{share:.0%} of each step waits for the next batch (median step {run.steps.median_s * 1e3:.1f} ms)",
+        _waits_fact(run),
         f"{float16_share:.0%} of fetching one {probe.dataset} {_fetched(probe)} ({probe.float16_s * 1e3:.1f} ms of "
         f"{probe.item_s * 1e3:.1f} ms, under a line tracer) is on lines producing float16 data"
         + (": " + ", ".join(f"{_where(line)} `{line.code}` ({line.own_s * 1e3:.1f} ms)" for line in heavy)
@@ -96,7 +96,7 @@ def cheaper_batches(run: RunRecord) -> Finding | None:
     built = "the main process builds each batch" if not loader.num_workers else \
         f"its {loader.num_workers} workers build the batches"
     evidence = (
-        f"{share:.0%} of each step waits for the next batch (median step {median * 1e3:.1f} ms); {built}",
+        f"{_waits_fact(run)}; {built}",
         _no_workers_fact(run, loader),
         ", ".join(f"{_where(line)} `{line.code}` ({line.own_s * 1e3:.1f} ms)" for line in heavy)
         + f" take{'s' if len(heavy) == 1 else ''} {lines_share:.0%} of fetching one {probe.dataset} {_fetched(probe)}"
@@ -116,17 +116,15 @@ def _sampler_finding(run: RunRecord, loader: Loader) -> Finding | None:
     loader probe timed it again), takes ``CHEAPER_ITEMS_SHARE`` of the loop's wait for a batch or more, and no worker
     count shortens the step (the loader plan counts the sampler's time: workers do not run it). Gain, an upper
     bound: data wait x the sampler's share of it."""
-    probe, batches = run.loader_probe, loader.batches - loader.eval_batches
-    if probe is None or not probe.sampler_s or batches <= 0 or loader.wait_s <= loader.eval_wait_s:
+    probe, build_s = run.loader_probe, _wait_per_batch(loader)
+    if probe is None or not probe.sampler_s or build_s is None:
         return None
-    build_s = (loader.wait_s - loader.eval_wait_s) / batches
     drawn = min(1.0, probe.sampler_s / build_s)
     if drawn < th.CHEAPER_ITEMS_SHARE or _workers_help(run, loader, run.steps.median_s):
         return None
     name, _, where = probe.sampler.partition(" (")
     evidence = (
-        f"{run.breakdown.data_wait:.0%} of each step waits for the next batch (median step "
-        f"{run.steps.median_s * 1e3:.1f} ms)",
+        _waits_fact(run),
         f"the loader's sampler, {probe.sampler}, takes {probe.sampler_s * 1e3:.1f} ms to draw each batch's indices "
         f"(timed again after the run): {drawn:.0%} of the {build_s * 1e3:.1f} ms the loop waited for each batch",
         "no worker count shortens the step (the loader probe's plan): the main process draws every batch's indices "
@@ -142,20 +140,18 @@ def _collate_finding(run: RunRecord, loader: Loader, probe: DataProbe, items_fac
     """``cheaper-batches`` where the loop's wait for a batch is mostly its collate function's (the user's own): its
     heaviest lines as the data probe traced one batch, where that function takes ``CHEAPER_ITEMS_SHARE`` of the wait
     at least (timed untraced). Gain: data wait x the function's share of the wait x its lines' share."""
-    lines_s, batches = probe.collate_lines_s, loader.batches - loader.eval_batches
-    if not probe.collate_s or not lines_s or batches <= 0 or loader.wait_s <= loader.eval_wait_s:
+    lines_s, build_s = probe.collate_lines_s, _wait_per_batch(loader)
+    if not probe.collate_s or not lines_s or build_s is None:
         return None
     heavy = [line for line in probe.collate_lines if line.own_s >= th.CHEAPER_LINE_SHARE * lines_s]
     heavy = heavy[:th.CHEAPER_LINES_SHOWN]
     lines_share = min(1.0, sum(line.own_s for line in heavy) / lines_s)
-    build_s = (loader.wait_s - loader.eval_wait_s) / batches
     collate_share = min(1.0, probe.collate_s / build_s)
     if lines_share < th.CHEAPER_LINES_SHARE or collate_share < th.CHEAPER_ITEMS_SHARE:
         return None
     name = heavy[0].function.split(".")[0]
     evidence = (
-        f"{run.breakdown.data_wait:.0%} of each step waits for the next batch (median step "
-        f"{run.steps.median_s * 1e3:.1f} ms); the main process builds each batch",
+        f"{_waits_fact(run)}; the main process builds each batch",
         _no_workers_fact(run, loader),
         items_fact,
         f"its collate function, {name}, collating one batch again after the run, untraced, took "
@@ -174,15 +170,27 @@ def _items_share(loader: Loader, probe: DataProbe) -> tuple[float, str] | None:
     """With no workers, the share of building a batch (the training steps' wait for it) that fetching its items
     from the dataset takes, untraced, with the fact; None where a figure is missing. The rest is the loader's own
     work: its collate_fn (a padding loop in Python), its sampler."""
-    per_batch = 1 if probe.batch_items else loader.batch_size
-    batches, wait_s = loader.batches - loader.eval_batches, loader.wait_s - loader.eval_wait_s
-    if loader.num_workers or not probe.item_untraced_s or not per_batch or batches <= 0 or wait_s <= 0:
+    per_batch, build_s = 1 if probe.batch_items else loader.batch_size, _wait_per_batch(loader)
+    if loader.num_workers or not probe.item_untraced_s or not per_batch or build_s is None:
         return None
-    fetch_s, build_s = probe.item_untraced_s * per_batch, wait_s / batches
+    fetch_s = probe.item_untraced_s * per_batch
     share = min(1.0, fetch_s / build_s)
     what = "its batch" if probe.batch_items else f"its {per_batch} items"
     return share, (f"fetching {what} from the dataset, untraced, takes {fetch_s * 1e3:.2f} ms of the "
                    f"{build_s * 1e3:.2f} ms the loop waited for each batch ({share:.0%})")
+
+
+def _wait_per_batch(loader: Loader) -> float | None:
+    """The training loop's mean wait for each of the loader's batches (evaluation passes left out); None without
+    one."""
+    batches, wait_s = loader.batches - loader.eval_batches, loader.wait_s - loader.eval_wait_s
+    return wait_s / batches if batches > 0 and wait_s > 0 else None
+
+
+def _waits_fact(run: RunRecord) -> str:
+    """The steps' wait for data, in a sentence."""
+    return (f"{run.breakdown.data_wait:.0%} of each step waits for the next batch (median step "
+            f"{run.steps.median_s * 1e3:.1f} ms)")
 
 
 def _workers_help(run: RunRecord, loader: Loader, median: float) -> bool:
