@@ -15,7 +15,8 @@ reach at most; where that dtype is not float32, float32 as well, so that the ana
 or float16 matmuls are slower than its float32 ones (no matrix instructions for them: emulated). Where the step ran
 convolutions and some of its FLOPs in bfloat16 or float16 (a model under ``torch.autocast``, beside others in
 float32), one convolution in that dtype and in float32 too: without instructions for the dtype, torch runs its
-convolutions on a slow reference kernel (``aten::_slow_conv2d_forward``).
+convolutions on a slow reference kernel (``aten::_slow_conv2d_forward``), as it runs float64 ones on any CPU (as
+an unfolding and a float64 matmul: the matmul rates hold for those).
 """
 
 from __future__ import annotations

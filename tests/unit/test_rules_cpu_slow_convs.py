@@ -7,7 +7,9 @@ student's convolutions took 59% of the step; without the autocast the script ran
 
 The flops collector now counts the step's FLOPs by dtype, the cpu-peak probe times a convolution in the
 low-precision dtype and in float32 where the step ran both convolutions and such FLOPs (both tested in
-test_speed_of_light.py), and the rule holds the reference kernels' time against those rates."""
+test_speed_of_light.py), and the rule holds the reference kernels' time against those rates. ``float32-over-float64``
+likewise holds a float64 step's convolutions, which the reference kernel runs as float64 matmuls, against the matmul
+rates: a small CNN made ``.double()`` was promised 1% by its matmuls alone, and ran 41% faster in float32."""
 
 from __future__ import annotations
 
@@ -89,3 +91,48 @@ def test_without_convolution_rates_a_float32_step_is_clear() -> None:
     record = dataclasses.replace(record, speed_of_light=dataclasses.replace(record.speed_of_light,
                                                                             conv_flops_per_s={}))
     assert outcome(record)[0].status == "clear"
+
+
+DOUBLE = CallSite(file="cnn64.py", line=11, function="<module>", calls=1,
+                  code="nn.Flatten(), nn.Linear(32 * 7 * 7, 10)).double()")
+
+
+def float64_cnn(*, linear_s: float = 0.005) -> Any:
+    """As the small CNN made ``.double()`` measured: a 14.5 ms step, its profiled ops (3 steps, 60 ms in all) 69% on
+    the reference kernels and ``linear_s`` in a matmul; float64 matmuls at 52.8 GFLOP/s, float32 at 118.7."""
+    return make_record(
+        device="cpu",
+        steps=Steps(count=54, median_s=0.0145, total=64, warmup=1, profiled=9, source="optimizer"),
+        breakdown=Breakdown(data_wait=0.0, forward=0.43, backward=0.5, optimizer=0.02, other=0.05),
+        op_profile=OpProfile(steps=3, ops=600, ops_per_step=200, mean_op_s=1e-4, top_host=(
+            OpStat("aten::_slow_conv2d_backward", 6, 0.026), OpStat("aten::_slow_conv2d_forward", 6, 0.0154),
+            OpStat("aten::addmm", 3, linear_s), OpStat("aten::max_pool2d_with_indices", 6, 0.006))),
+        speed_of_light=SpeedOfLight(
+            flops_per_step=190_000_000, flops_by_op={"convolution": 120_000_000, "convolution_backward": 69_000_000,
+                                                     "addmm": 1_000_000},
+            step=10, dtype="float64", device_name="x86_64", peak_flops_per_s=52.8e9, peak_measured=True,
+            peak_source="measured here after the run", float32_flops_per_s=118.7e9,
+            flops_by_dtype={"float64": 190_000_000}),
+        practices=Practices(torch_version="2.13.0", steps_checked=64, float64_sites=(DOUBLE,)),
+        collectors={"cpu-peak": CollectorStatus("ok")},
+    )
+
+
+def test_float64_convolutions_on_the_reference_kernels_are_held_against_the_float32_matmul_rate() -> None:
+    # given: the matmuls are 1% of the op time; the convolutions 69%, 10.0 ms of the 14.5 ms step
+    recommendations, checks = evaluate(float64_cnn(linear_s=0.0006))
+    found = {r.id: r for r in recommendations}["float32-over-float64"]
+    # then: the convolutions' time less the same at the float32 rate (the reference kernel runs float64 ones as a
+    # float64 matmul): 10.0 ms x (1 - 52.8 / 118.7) = 5.6 ms of the step, the matmul rates given once
+    assert found.evidence[-1] == (
+        "the step's convolutions ran on torch's reference kernels (aten::_slow_conv2d_backward, "
+        "aten::_slow_conv2d_forward), as it runs float64 ones on this CPU: 69% of the step's op time, about 10.0 ms "
+        "of the 14.5 ms step; in float32 they would take about 4.5 ms (0.19 GFLOP in float64 at the float32 rate)")
+    assert sum("matmul rates, measured after the run" in line for line in found.evidence) == 1
+    assert found.expected_gain == pytest.approx(0.69 * (1 - 52.8 / 118.7), abs=0.01)
+    # the fix names the .double() line; with no matmul at all it speaks of the convolutions, with the rates
+    assert found.fix.startswith("cnn64.py:11 `nn.Flatten(), nn.Linear(32 * 7 * 7, 10)).double()`: keep the model")
+    alone = {r.id: r for r in evaluate(float64_cnn(linear_s=0.0))[0]}["float32-over-float64"]
+    assert "whose float64 convolutions are 2.2x slower than its float32 ones" in alone.fix
+    assert alone.evidence[-1] == ("this machine's rate for a square matmul, measured after the run: float32 118.7 "
+                                  "GFLOP/s, float64 52.8 GFLOP/s (2.2x slower)")

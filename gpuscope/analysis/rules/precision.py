@@ -163,35 +163,44 @@ class SlowConvs:
     """The same convolutions in float32."""
     flops: float
     """The step's FLOPs in ``dtype``."""
+    measured: str
+    """What the two rates are the rates of (a 3x3 convolution; float64's: a matmul, as the kernel runs them)."""
 
     @property
     def gain(self) -> float:
         return (self.conv_s - self.fp32_s) / self.median_s
 
-    def evidence(self, how: str) -> tuple[str, str]:
-        """Where their time went, and the measured rates."""
+    def evidence(self, how: str, rates: bool = True) -> tuple[str, ...]:
+        """Where their time went, and the measured rates (``rates``: unless the evidence gives them already)."""
         return (
             f"the step's convolutions ran on torch's reference kernels ({', '.join(self.names)}), as it runs "
             f"{self.dtype} ones on this CPU{how}: {self.share:.0%} of the step's op time, about "
             f"{self.conv_s * 1e3:.1f} ms of the {self.median_s * 1e3:.1f} ms step; in float32 they would take about "
             f"{self.fp32_s * 1e3:.1f} ms ({self.flops / 1e9:.2f} GFLOP in {self.dtype} at the float32 rate)",
-            f"this machine's rate for a 3x3 convolution, measured after the run: float32 {_rate(self.fp32)}, "
+            f"this machine's rate for {self.measured}, measured after the run: float32 {_rate(self.fp32)}, "
             f"{self.dtype} {_rate(self.rate)} ({self.slower()} slower)",
-        )
+        )[:2 if rates else 1]
 
     def slower(self) -> str:
         ratio = self.fp32 / self.rate
         return f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.1f}x"
 
 
-def _slow_convs(run: RunRecord, slower: float) -> SlowConvs | None:
-    """The step's reference-kernel convolutions, where the step ran FLOPs in bfloat16 / float16 and this machine's
-    measured float32 convolution rate is at least ``slower`` times that dtype's; None otherwise."""
+def _slow_convs(run: RunRecord, slower: float, float64: bool = False) -> SlowConvs | None:
+    """The step's reference-kernel convolutions, where the step ran FLOPs in bfloat16 / float16 (``float64``: in
+    float64) and this machine's measured float32 rate is at least ``slower`` times that dtype's; None otherwise.
+    The rates: a 3x3 convolution's, timed by the cpu-peak probe; for float64, its matmuls', as the reference kernel
+    runs a float64 convolution as an unfolding and a float64 matmul (a 3x3 convolution's float64 time against
+    float32's ranges 1.2-3.9x with its shape on this machine, a small one's below the threshold)."""
     sol, median, share = run.speed_of_light, run.steps.median_s, slow_conv_share(run)
     if sol is None or not share or not median or not run.steps.count:
         return None
-    dtype = next((d for d in LOW_PRECISION if d in sol.conv_flops_per_s), None)
-    rate, fp32 = sol.conv_flops_per_s.get(dtype or ""), sol.conv_flops_per_s.get("float32")
+    if float64:
+        dtype, measured = "float64", "a square matmul"
+        rate, fp32 = sol.peak_flops_per_s if sol.dtype == "float64" else None, sol.float32_flops_per_s
+    else:
+        dtype, measured = next((d for d in LOW_PRECISION if d in sol.conv_flops_per_s), None), "a 3x3 convolution"
+        rate, fp32 = sol.conv_flops_per_s.get(dtype or ""), sol.conv_flops_per_s.get("float32")
     if not rate or not fp32 or fp32 < rate * slower:
         return None
     ops = run.op_profile
@@ -202,7 +211,7 @@ def _slow_convs(run: RunRecord, slower: float) -> SlowConvs | None:
     if fp32_s >= conv_s:
         return None
     return SlowConvs(dtype, share, conv_s, rate, fp32, median, tuple(o.name for o in slow),  # type: ignore[arg-type]
-                     fp32_s, flops)
+                     fp32_s, flops, measured)
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,36 +271,49 @@ def _matmuls_in_float32(run: RunRecord, slower: float) -> Float32Matmuls | None:
 
 
 @rule(id="float32-over-float64",
-      title="Train in float32: the step's matmuls ran in float64",
+      title="Train in float32: the step's matmuls or convolutions ran in float64",
       fix="keep the model and its inputs in float32, unless it needs float64's precision: no model.double() or "
           "torch.set_default_dtype(torch.float64); NumPy data as torch.from_numpy(a).float() (NumPy's default "
           "dtype is float64)",
       needs=("cpu", "op_profile", "matmul_rates"),
-      resolved_by=(Metric("op time in matmuls", "share", matmul_share), STEP))
+      resolved_by=(Metric("op time in matmuls", "share", matmul_share),
+                   Metric("op time on reference convolution kernels", "share", slow_conv_share), STEP))
 def float32_over_float64(run: RunRecord) -> Finding | None:
     """Signal: a CPU run whose matmuls ran in float64 (the model made ``.double()``, float64 the default dtype, or
     NumPy's float64 arrays fed in), on a machine whose float32 matmul rate, measured after the run, is
-    ``CPU_FLOAT64_SLOWER`` times its float64 rate or more.
+    ``CPU_FLOAT64_SLOWER`` times its float64 rate or more; or whose convolutions ran in float64 on torch's reference
+    kernels (``SLOW_CONVS``: oneDNN has no float64 kernel), where a convolution measured after the run is as much
+    slower in float64 (a small CNN made ``.double()``: promised 1% by its matmuls alone, measured 41% in float32).
     Why it matters: deep-learning training needs no more than float32's precision (mixed precision goes lower
     still), and a float64 matmul moves twice the bytes and fills half the vector lanes: half the speed on a CPU.
     Some scientific models do need float64: the advice says so.
     Fix: keep the model and its data in float32, naming the lines that made float64 the model's or torch's dtype.
-    Gain: as ``cpu-fp32-over-low-precision``'s: the matmuls' time less the same matmuls at the float32 rate."""
+    Gain: as ``cpu-fp32-over-low-precision``'s: the matmuls' time less the same matmuls at the float32 rate, and the
+    reference kernels' time less the same at the float32 convolution rate."""
     sol = run.speed_of_light
     if sol is None or sol.dtype != "float64":
         return None
     found = _matmuls_in_float32(run, th.CPU_FLOAT64_SLOWER)
-    if found is None:
+    convs = _slow_convs(run, th.CPU_FLOAT64_SLOWER, float64=True)
+    if found is None and convs is None:
         return None
     sites = run.practices.float64_sites if run.practices is not None else ()
     how = f", the model's or torch's dtype made so at {_sites(sites)}" if sites else ""
-    evidence = (f"the step's matmuls ran in float64{how}", *found.evidence("float64"))
+    evidence: tuple[str, ...] = ()
+    if found is not None:
+        evidence = (f"the step's matmuls ran in float64{how}", *found.evidence("float64"))
+    if convs is not None:  # the matmul rates, where the matmuls' lines gave them already
+        evidence += convs.evidence("" if found is not None else how, rates=found is None)
+    shown = found if found is not None else convs
+    assert shown is not None
+    what, slower = "matmuls" if found is not None else "convolutions", shown.slower()
     fix = None
     if sites and sites[0].file:
-        fix = (f"{_site(sites[0])}: keep the model (and its inputs) in float32 on this CPU, whose float64 matmuls "
-               f"are {found.slower()} slower than its float32 ones, unless it needs float64's precision (training "
-               "rarely does: mixed precision goes below float32)")
-    return Finding(found.gain(), evidence, fix=fix)
+        fix = (f"{_site(sites[0])}: keep the model (and its inputs) in float32 on this CPU, whose float64 {what} "
+               f"are {slower} slower than its float32 ones, unless it needs float64's precision (training rarely "
+               "does: mixed precision goes below float32)")
+    gain = (found.gain() if found is not None else 0.0) + (convs.gain if convs is not None else 0.0)
+    return Finding(gain, evidence, fix=fix)
 
 
 def _site(site: CallSite) -> str:
