@@ -699,7 +699,7 @@ def test_a_samplers_time_to_draw_a_batch_is_timed_where_the_sampler_is_the_users
     assert time_sampler(random_batches) is None and time_sampler(None) is None
 
 
-def test_where_the_users_sampler_is_most_of_the_wait_workers_promise_little_and_the_sampler_is_named() -> None:
+def test_where_the_users_sampler_is_most_of_the_wait_workers_are_not_advised_and_the_sampler_is_named() -> None:
     # given: a CPU run on 2 cores waiting 50 ms of its 100 ms step for each batch, of which the user's sampler takes
     # 48 ms drawing the indices; two workers would deliver 23 batches/s
     record = dataclasses.replace(probed_record({0: 20.0, 1: 12.0, 2: 23.0}, device="cpu"), meta=RunMeta(cpu_count=2))
@@ -709,11 +709,11 @@ def test_where_the_users_sampler_is_most_of_the_wait_workers_promise_little_and_
     plan = loader_plan(record)
     recommendations, _ = evaluate(record)
     # then: with workers the main process still draws the indices: the step is compute + 48 ms, 2% shorter (the
-    # probe's workers, loading with a sampler of its own, would have promised 50%), and a cheaper sampler is advised
+    # probe's workers, loading with a sampler of its own, would have promised 50%), under the 5% that makes workers
+    # worth advising; a cheaper sampler is advised instead
     assert plan is not None and plan.sampler_s == pytest.approx(0.048) and plan.step_s == pytest.approx(0.098)
-    by_id = {r.id: r for r in recommendations}
-    assert by_id["more-dataloader-workers"].expected_gain == pytest.approx(0.02)
-    found = by_id["cheaper-batches"]
+    assert [r.id for r in recommendations] == ["cheaper-batches"]
+    found = recommendations[0]
     assert found.evidence[1] == ("the loader's sampler, Balanced (data.py:33), takes 48.0 ms to draw each batch's "
                                  "indices (timed again after the run): 96% of the 50.0 ms the loop waited for each "
                                  "batch")

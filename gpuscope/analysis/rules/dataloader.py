@@ -37,7 +37,9 @@ def more_dataloader_workers(run: RunRecord) -> Finding | None:
     loader_estimate``).
     With the loader probe's measured curve (batches/s per worker count, after the run), N is instead the smallest
     measured count delivering at least LOADER_KEEPS_UP_MARGIN more than the step consumes (1 / compute time), or
-    the fastest measured one, and the gain is the step it predicts (``analysis.speed.loader_plan``). On a CPU run
+    the fastest measured one, and the gain is the step it predicts (``analysis.speed.loader_plan``), where that is
+    ``WORKERS_HELP`` shorter at least (a sampler of the user's own, which the main process runs, can leave workers
+    2% to save: advised, they ran slower). On a CPU run
     whose intra-op threads and N workers would be more busy threads than cores, the fix also keeps cores - N threads
     (``torch.set_num_threads``), as the prediction assumes. An IterableDataset must split its stream among the
     workers, else each yields all of it: where its code does not, the fix says how (``_split_stream``)."""
@@ -205,8 +207,8 @@ def site_comment(loader: Loader) -> str:
 def _from_probe(run: RunRecord, plan: LoaderPlan, loader: Loader, share: float, median: float) -> Finding | None:
     """The finding from the loader probe's curve (None when the probe finds no more workers worth having, or the
     step they predict is no shorter)."""
-    if plan.workers <= loader.num_workers or plan.step_s >= median:
-        return None
+    if plan.workers <= loader.num_workers or plan.step_s > median * (1 - th.WORKERS_HELP):
+        return None  # workers worth having shorten the step by WORKERS_HELP at least (as cheaper-batches holds)
     dataset = loader.dataset
     probe = run.loader_probe
     curve = ", ".join(f"{r.num_workers}: {r.batches_per_s:.1f}" for r in probe.rates  # type: ignore[union-attr]
