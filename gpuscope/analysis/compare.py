@@ -177,11 +177,12 @@ def resolved_by(rec_id: str) -> tuple[Metric, ...]:
 
 
 def changes(rec_id: str, a: RunRecord, b: RunRecord) -> tuple[Change, ...]:
-    """The figures of ``rec_id``'s rule known in both runs; the median step where none is."""
+    """The figures of ``rec_id``'s rule known in both runs, and not zero in both (a rule's figure for a case the
+    runs do not have: the convolutions' share of a model that has none); the median step where none is."""
     found = []
     for metric in resolved_by(rec_id):
         value_a, value_b = metric.read(a), metric.read(b)
-        if value_a is not None and value_b is not None:
+        if value_a is not None and value_b is not None and (value_a or value_b):
             found.append(Change(metric.name, value_a, value_b, metric.unit))
     if not found:
         value_a, value_b = STEP.read(a), STEP.read(b)

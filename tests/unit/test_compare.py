@@ -14,6 +14,7 @@ from gpuscope.record import (
     Breakdown,
     Calibration,
     OpProfile,
+    OpStat,
     Practices,
     Recommendation,
     RuleCheck,
@@ -224,6 +225,21 @@ def test_a_habit_recommendation_shows_its_own_count_and_the_step() -> None:
     (outcome,) = compare(a, b).outcomes
     assert outcome.line() == ("zero-grad-set-to-none: resolved, zero_grad calls that zero-fill 100% -> 0%, "
                               "median step 100.0 ms -> 90.0 ms")
+
+
+def test_a_figure_zero_in_both_runs_is_left_out() -> None:
+    # given: a bf16 student's convolutions on the reference kernels, fixed; its rule also declares the matmuls' share,
+    # which this model (no matmul ops) has at 0% in both runs
+    def profiled(slow_s: float) -> OpProfile:
+        return OpProfile(steps=3, ops=100, ops_per_step=33, mean_op_s=0.01, top_host=(
+            OpStat("aten::_slow_conv2d_forward", 6, slow_s), OpStat("aten::max_pool2d_with_indices", 6, 0.1)))
+
+    fired = Recommendation(id="cpu-fp32-over-low-precision", title="Train in float32 on this CPU")
+    a = run(0.18, recommendations=(fired,), op_profile=profiled(0.6))
+    b = run(0.11, checks={"cpu-fp32-over-low-precision": RuleCheck("clear")}, op_profile=profiled(0.0))
+    (outcome,) = compare(a, b).outcomes
+    assert outcome.line() == ("cpu-fp32-over-low-precision: resolved, op time on reference convolution kernels "
+                              "60% -> 0%, median step 180.0 ms -> 110.0 ms")
 
 
 def test_a_figure_missing_from_either_run_falls_back_to_the_step_time() -> None:
