@@ -163,8 +163,7 @@ def probe_collate(dataset: Any, collate_fn: Callable[[list[Any]], Any], batch_si
     except Exception as exc:
         raise dataset_error(exc, "when its batch was collated again after the run") from None
     lines = tracer.line_costs(1)
-    ranked = sorted(lines, key=lambda c: (-c.own_s, c.file, c.line))[:TOP_LINES]
-    return Collated(untraced_s, tuple(ranked), sum(c.own_s for c in lines))
+    return Collated(untraced_s, heaviest(lines), sum(c.own_s for c in lines))
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,8 +223,12 @@ def probe_dataset(dataset: Any, clock: Callable[[], float] = time.perf_counter, 
         raise dataset_error(exc, "when fetched again after the run") from None
     lines = tracer.line_costs(fetched)
     float16_s = sum(c.own_s for c in lines if c.float16)
-    ranked = sorted(lines, key=lambda c: (-c.own_s, c.file, c.line))[:TOP_LINES]
-    return Probe(fetched, wall_s / fetched, float16_s, tuple(ranked), sum(c.own_s for c in lines), share, untraced_s)
+    return Probe(fetched, wall_s / fetched, float16_s, heaviest(lines), sum(c.own_s for c in lines), share, untraced_s)
+
+
+def heaviest(lines: list[LineCost]) -> tuple[LineCost, ...]:
+    """The TOP_LINES lines of most own time, heaviest first."""
+    return tuple(sorted(lines, key=lambda c: (-c.own_s, c.file, c.line))[:TOP_LINES])
 
 
 def _cpu_share(dataset: Any, keys: list[Any], deadline: float,

@@ -279,22 +279,28 @@ def time_matmuls(torch: Any, dtype: Any, size: int = BENCH_SIZE, repeats: int = 
     ``size``, or smaller where one would take over a quarter of the budget (``fitting_size``). Its own generator:
     the global RNG is not touched."""
     generator = torch.Generator().manual_seed(0)
-    timed = 0
     with torch.no_grad():
         size = fitting_size(torch, dtype, size, budget_s, clock)
         a = torch.randn(size, size, generator=generator).to(dtype)
         b = torch.randn(size, size, generator=generator).to(dtype)
-        torch.mm(a, b)
-        started = clock()
-        best = float("inf")
-        for _ in range(repeats):
-            before = clock()
-            torch.mm(a, b)
-            best = min(best, clock() - before)
-            timed += 1
-            if clock() - started > budget_s:
-                break
+        best, timed = fastest(lambda: torch.mm(a, b), repeats, budget_s, clock)
     return MatmulTiming(2 * size**3 / best if best > 0 else 0.0, size, timed)
+
+
+def fastest(action: Callable[[], object], repeats: int, budget_s: float,
+            clock: Callable[[], float]) -> tuple[float, int]:
+    """The fastest of up to ``repeats`` timings of ``action`` after a warm-up, stopping once they have taken
+    ``budget_s``, and how many were timed."""
+    action()
+    started, best, timed = clock(), float("inf"), 0
+    for _ in range(repeats):
+        before = clock()
+        action()
+        best = min(best, clock() - before)
+        timed += 1
+        if clock() - started > budget_s:
+            break
+    return best, timed
 
 
 def fitting_size(torch: Any, dtype: Any, size: int, budget_s: float, clock: Callable[[], float]) -> int:
@@ -323,15 +329,6 @@ def time_conv(torch: Any, dtype: Any, repeats: int = CONV_REPEATS, budget_s: flo
     generator = torch.Generator().manual_seed(0)
     images = torch.randn(batch, channels, size, size, generator=generator).to(dtype)
     weight = torch.randn(channels, channels, 3, 3, generator=generator).to(dtype)
-    conv2d = torch.nn.functional.conv2d
-    best = float("inf")
     with torch.no_grad():
-        conv2d(images, weight, padding=1)
-        started = clock()
-        for _ in range(repeats):
-            before = clock()
-            conv2d(images, weight, padding=1)
-            best = min(best, clock() - before)
-            if clock() - started > budget_s:
-                break
+        best, _ = fastest(lambda: torch.nn.functional.conv2d(images, weight, padding=1), repeats, budget_s, clock)
     return 2 * batch * channels * channels * 9 * size * size / best if best > 0 else 0.0
