@@ -122,23 +122,25 @@ def test_workers_fix_the_data_bound_sample(runs: Runs) -> None:
 
 
 def test_a_fused_optimizer_saves_the_launch_bound_sample_what_the_probe_measured(runs: Runs) -> None:
-    # This shared 2-core machine's load swings a run's step times by 2x (CI run cf: one pair of 400-step runs saved
-    # 11%, the next three -12 to 3%, while plain python pairs saved 34 and 52%): a pair spoiled by it is measured
-    # once more, as the loader probe's prediction is (a real error in the promise fails both)
+    # This shared 2-core machine's load swings a run's median step by 2x (official CI at d78c1c1: a pair saved 16%
+    # where plain python saves 40-50%; two plain python runs here had medians of 8.4 and 12.4 ms), while it only ever
+    # adds time to a step: the pair is held by its fastest tenth of steps (6.3 and 6.5 ms in those runs), and a pair
+    # spoiled even so is measured once more (a real error in the promise fails both)
     for attempt in range(2):
         # given: the sample's AdamW updating 64 small tensors one at a time, timed again by the optimizer probe
         slow_run = runs.sample("cpu_launch_bound", fresh=attempt > 0)
-        slow, own_slow = slow_run.record, slow_run.own
+        slow = slow_run.record
         advice = {r["id"]: r for r in slow["recommendations"]}.get("fused-optimizer")
         assert advice is not None, slow["checks"]["fused-optimizer"]
         # when: the fix is applied
-        fused_run = runs.sample("cpu_launch_bound", "--steps", "400", "--fused-optimizer", fresh=attempt > 0)
-        fused, own_fused = fused_run.record, fused_run.own
-        saved = 1 - own_fused["median_step_s"] / own_slow["median_step_s"]
+        fused_run = runs.sample("cpu_launch_bound", "--steps", "400", "--print-step-times", "--fused-optimizer",
+                                fresh=attempt > 0)
+        fused = fused_run.record
+        saved = 1 - fastest_tenth(fused_run.own_step_times) / fastest_tenth(slow_run.own_step_times)
         if saved >= advice["expected_gain"] / 2:
             break
     # then: the update is fused, the rule is clear, and the step saved at least half what was promised (promised
-    # 36% on the 2-core machine; plain python measured 31, 34 and 42% in three pairs)
+    # 35% on the 2-core machine; plain python saved 40 and 47% in two pairs, by their fastest tenth)
     assert fused["optimizer_probe"]["implementation"] == "fused"
     assert fused["checks"]["fused-optimizer"]["status"] == "clear"
     assert saved >= advice["expected_gain"] / 2, (saved, advice["expected_gain"])
@@ -166,3 +168,8 @@ def test_a_larger_batch_fixes_the_launch_bound_sample(runs: Runs) -> None:
     ratio = float(re.search(r"per sample \(batch 2 -> 8192\): .*: (\d+\.\d+)x the throughput", result.stdout)[1])
     assert ratio > 10
     assert "larger-batch: resolved" in result.stdout
+
+
+def fastest_tenth(step_times: list[float]) -> float:
+    """The step time a tenth of the steps beat: what a step costs with the least of the machine's load in it."""
+    return sorted(step_times)[len(step_times) // 10]
