@@ -70,6 +70,11 @@ class StepEvents(Protocol):
         """Whether the script has initialised CUDA (gpuscope never does it first)."""
         ...
 
+    def cuda_possible(self) -> bool:
+        """False once torch is known to be built without CUDA (or ROCm): ``cuda_in_use()`` stays False all run, and a
+        collector waiting for CUDA can leave the steps (every step of a CPU run pays for each one following them)."""
+        ...
+
     def window_opened(self) -> None:
         """A profiler started: steps it touches are left out of the steady-state figures."""
         ...

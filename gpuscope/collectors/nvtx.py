@@ -49,6 +49,8 @@ class NvtxCollector(StepFollower):
         try:
             if not self._active:
                 if not self._events.cuda_in_use():  # type: ignore[union-attr]
+                    if not self._events.cuda_possible():  # type: ignore[union-attr]
+                        self._unfollow()  # a torch without CUDA: nothing to wait for
                     return
                 if self._nvtx is None:
                     import nvtx

@@ -122,9 +122,8 @@ class StepsCollector:
         """``listener(phase)`` on each phase change ("other" between phases), on the hot path: microseconds."""
         self.tracker.phase_listeners.append(listener)  # type: ignore[union-attr]
 
-    def cuda_in_use(self) -> bool:
-        """Whether the script has initialised CUDA (gpuscope never does it first)."""
-        return self._cuda_initialized()
+    def cuda_possible(self) -> bool:
+        return self._torch is None or self._cuda_built
 
     def window_opened(self) -> None:
         """A profiler started: steps it touches are left out of the steady-state figures."""
@@ -171,7 +170,7 @@ class StepsCollector:
         return CollectorResult(CollectorStatus("ok"), StepCapture(
             records=tuple(log.records()), count=log.count, head=log.skip + log.head_size,
             body_weight=log.body_weight, source=tracker.source or "none", loaders=self.loaders.records(),
-            device="cuda" if self._cuda_initialized() else "cpu", notes=tuple(notes), skipped=min(log.skip, log.count),
+            device="cuda" if self.cuda_in_use() else "cpu", notes=tuple(notes), skipped=min(log.skip, log.count),
             passes=(tracker.passes[0], tracker.passes[1]), final_evaluation_s=tracker.final_evaluation_s))
 
     # -- hook installation -------------------------------------------------------------------------------
@@ -363,7 +362,7 @@ class StepsCollector:
                 self.forward.remove()
                 self._failures.append(f"forward not timed: {exc}")
             self._discovery_s += self._clock() - started
-        if tracker.device is None and self._cuda_built and not self._device_failed and self._cuda_initialized():
+        if tracker.device is None and self._cuda_built and not self._device_failed and self.cuda_in_use():
             torch = self._torch
             try:
                 tracker.attach_device(DeviceTimeline(
@@ -387,7 +386,8 @@ class StepsCollector:
         self._rooted |= new
         return self.forward.add_roots(self._torch.nn, self._trained_parameters(new))
 
-    def _cuda_initialized(self) -> bool:
+    def cuda_in_use(self) -> bool:
+        """Whether the script has initialised CUDA (gpuscope never does it first)."""
         torch = self._torch if self._torch is not None else sys.modules.get("torch")
         try:
             return bool(torch is not None and torch.cuda.is_initialized())

@@ -16,6 +16,7 @@ class FakeSteps:
     def __init__(self) -> None:
         self.tracker = StepTracker(now=0.0)
         self.cuda = False
+        self.cuda_built = True  # False: torch's CPU-only build
 
     def add_step_listener(self, listener: Any) -> None:
         self.tracker.listeners.append(listener)
@@ -28,6 +29,9 @@ class FakeSteps:
 
     def cuda_in_use(self) -> bool:
         return self.cuda
+
+    def cuda_possible(self) -> bool:
+        return self.cuda_built
 
     def train_step(self, t: float) -> None:
         self.tracker.enter("forward", t + 0.1)
@@ -95,6 +99,23 @@ def test_nvtx_is_unavailable_when_the_script_never_used_cuda() -> None:
     steps.train_step(0.0)
     result = collector.stop()
     assert (result.status.status, result.status.reason) == ("unavailable", "the script did not use CUDA")
+
+
+def test_on_a_torch_without_cuda_both_collectors_leave_the_steps_at_once() -> None:
+    # given torch's CPU-only build: CUDA can never come up, and each collector following the steps costs every step
+    steps = FakeSteps()
+    steps.cuda_built = False
+    collectors = [NvtxCollector(FakeNvtx()), CudaMemoryCollector(FakeCuda())]
+    for collector in collectors:
+        collector.follow(steps)
+    # when steps run
+    for i in range(3):
+        steps.train_step(float(i))
+    # then neither follows them any more, and each says why it has nothing
+    assert steps.tracker.listeners == []
+    for collector in collectors:
+        result = collector.stop()
+        assert (result.status.status, result.status.reason) == ("unavailable", "the script did not use CUDA")
 
 
 def test_cuda_memory_is_read_at_each_step_end_and_bounded() -> None:

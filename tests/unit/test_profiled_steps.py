@@ -158,9 +158,11 @@ def test_collectors_done_with_their_windows_leave_the_step_boundary(tmp_path: Pa
         for _ in range(14):
             session.mark_step()
         # then the profilers whose windows closed (or, for the sync count, never open on a CPU run) are called at no
-        # later step: what is left is what every step needs
+        # later step, nor, on a torch built without CUDA, the collectors waiting for CUDA: what is left is what
+        # every step needs
         left = {listener.__self__.__class__.__name__ for listener in tracker.listeners}
-        assert left == {"StepsCollector", "PracticesCollector", "NvtxCollector", "CudaMemoryCollector"}
+        waiting_for_cuda = {"NvtxCollector", "CudaMemoryCollector"} if session._steps.cuda_possible() else set()
+        assert left == {"StepsCollector", "PracticesCollector", *waiting_for_cuda}
     finally:
         record = session.stop(0)
     assert record.collectors["cprofile"].status == "ok" and record.python_profile is not None
