@@ -136,9 +136,9 @@ class Collated:
 
 def probe_collate(dataset: Any, collate_fn: Callable[[list[Any]], Any], batch_size: int,
                   clock: Callable[[], float] = time.perf_counter, budget_s: float = BUDGET_S) -> Collated | None:
-    """Fetch one batch's items (``batch_size`` of them, from the first), then collate them with ``collate_fn`` once
-    untraced and once under the line tracer; None where fetching the items took the budget. Raises DatasetError if
-    the dataset or the function raises."""
+    """Fetch one batch's items (``batch_size`` of them, from the first), then collate them with ``collate_fn`` twice
+    untraced (the faster call counts) and once under the line tracer; None where fetching the items took the budget.
+    Raises DatasetError if the dataset or the function raises."""
     started = clock()
     try:
         length = len(dataset)
@@ -152,9 +152,11 @@ def probe_collate(dataset: Any, collate_fn: Callable[[list[Any]], Any], batch_si
             items.append(dataset[index % max(length, 1)])
             if clock() - started > budget_s:
                 return None
-        before = clock()
-        collate_fn(items)
-        untraced_s = clock() - before
+        untraced_s = float("inf")
+        for _ in range(2):  # the first call runs cold: 1.5 ms against 0.5 ms on a graph batcher's loop
+            before = clock()
+            collate_fn(items)
+            untraced_s = min(untraced_s, clock() - before)
         sys.settrace(tracer)
         try:
             collate_fn(items)

@@ -64,12 +64,14 @@ def cheaper_batches(run: RunRecord) -> Finding | None:
     ``WORKERS_HELP`` on this machine (the loader probe's plan, else the estimate from the run's batch time, or,
     with workers as many as the cores, the estimate from their CPU time: ``_workers_help``); and a few of the
     dataset's own lines take ``CHEAPER_LINES_SHARE`` of fetching an item as the data probe timed them (each
-    ``CHEAPER_LINE_SHARE`` at least; float16 lines left to ``fp32-preprocessing``): of the time on all its lines,
-    the tracer's own work left out (``lines_s``), which a line of a Python loop inflates several times; and, with no
-    workers, fetching a batch's items (untraced) is ``CHEAPER_ITEMS_SHARE`` of the loop's wait for it at least
-    (``_items_share``: else the batch is built mostly outside the dataset, by its collate_fn: then, where that
-    function is the user's own, its lines take the dataset's place, ``_collate_finding``); or the user's own sampler
-    takes that share of the wait drawing each batch's indices (``_sampler_finding``: no worker count hides it).
+    ``CHEAPER_LINE_SHARE`` and ``CHEAPER_LINE_MIN_S`` at least; float16 lines left to ``fp32-preprocessing``): of
+    the time on all its lines, the tracer's own work left out (``lines_s``), which a line of a Python loop inflates
+    several times; and, with no workers, fetching a batch's items (untraced) is ``CHEAPER_ITEMS_SHARE`` of the
+    loop's wait for it at least (``_items_share``: else the batch is built mostly outside the dataset, by its
+    collate_fn: then, where that function is the user's own, its lines take the dataset's place,
+    ``_collate_finding``, as they do where collating a batch took longer than fetching its items, or where the
+    dataset's lines are too light to name); or the user's own sampler takes that share of the wait drawing each
+    batch's indices (``_sampler_finding``: no worker count hides it).
     Why it matters: where workers would take the cores the step computes on, or already have them all, the wait
     falls only with the work per batch: a per-row Python loop vectorised over the batch, a deterministic transform
     or decode done once ahead of training.
@@ -84,14 +86,18 @@ def cheaper_batches(run: RunRecord) -> Finding | None:
         return found
     if probe is None or loader is None or not median or share < th.DATA_WAIT_NOTABLE or probe.item_s <= 0:
         return None
+    if _workers_help(run, loader, median):
+        return None
     items = _items_share(loader, probe)
-    if items is not None and items[0] < th.CHEAPER_ITEMS_SHARE:  # the batch is built mostly by its collate_fn
-        return None if _workers_help(run, loader, median) else _collate_finding(run, loader, probe, items[1])
     whole_s = probe.lines_s or probe.item_s  # untraced, about (older records: the traced time)
     heavy = [line for line in probe.lines if not line.float16
-             and line.own_s >= th.CHEAPER_LINE_SHARE * whole_s][:th.CHEAPER_LINES_SHOWN]
+             and line.own_s >= max(th.CHEAPER_LINE_SHARE * whole_s, th.CHEAPER_LINE_MIN_S)][:th.CHEAPER_LINES_SHOWN]
     lines_share = min(1.0, sum(line.own_s for line in heavy) / whole_s)
-    if lines_share < th.CHEAPER_LINES_SHARE or _workers_help(run, loader, median):
+    # the batch is built mostly by its collate_fn, or more by it than by the dataset, or the dataset's lines are light
+    if items is not None and (items[0] < th.CHEAPER_ITEMS_SHARE or (probe.collate_s or 0) > _fetch_s(loader, probe)
+                              or lines_share < th.CHEAPER_LINES_SHARE):
+        return _collate_finding(run, loader, probe, items[1])
+    if lines_share < th.CHEAPER_LINES_SHARE:
         return None
     built = "the main process builds each batch" if not loader.num_workers else \
         f"its {loader.num_workers} workers build the batches"
@@ -170,14 +176,18 @@ def _items_share(loader: Loader, probe: DataProbe) -> tuple[float, str] | None:
     """With no workers, the share of building a batch (the training steps' wait for it) that fetching its items
     from the dataset takes, untraced, with the fact; None where a figure is missing. The rest is the loader's own
     work: its collate_fn (a padding loop in Python), its sampler."""
-    per_batch, build_s = 1 if probe.batch_items else loader.batch_size, _wait_per_batch(loader)
-    if loader.num_workers or not probe.item_untraced_s or not per_batch or build_s is None:
+    fetch_s, build_s = _fetch_s(loader, probe), _wait_per_batch(loader)
+    if loader.num_workers or not fetch_s or build_s is None:
         return None
-    fetch_s = probe.item_untraced_s * per_batch
     share = min(1.0, fetch_s / build_s)
-    what = "its batch" if probe.batch_items else f"its {per_batch} items"
+    what = "its batch" if probe.batch_items else f"its {loader.batch_size} items"
     return share, (f"fetching {what} from the dataset, untraced, takes {fetch_s * 1e3:.2f} ms of the "
                    f"{build_s * 1e3:.2f} ms the loop waited for each batch ({share:.0%})")
+
+
+def _fetch_s(loader: Loader, probe: DataProbe) -> float:
+    """Fetching a batch's items from the dataset, untraced, as the data probe timed it (0.0 where not timed)."""
+    return (probe.item_untraced_s or 0.0) * (1 if probe.batch_items else (loader.batch_size or 0))
 
 
 def _wait_per_batch(loader: Loader) -> float | None:
