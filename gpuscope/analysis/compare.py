@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Literal
 
-from gpuscope.analysis.evidence import STEP, Metric, Unit, batch_size, show
+from gpuscope.analysis.evidence import STEP, Metric, Unit, batch_size, show, step_batches
 from gpuscope.analysis.rules import RULES
 from gpuscope.record import PHASES, RunRecord
 from gpuscope.summary import bound_label
@@ -149,25 +149,38 @@ class Comparison:
 
 @dataclass(frozen=True, slots=True)
 class PerSample:
-    """Median step over batch size, in A and B."""
+    """Median step over the samples a step takes (its batch size x its batches), in A and B."""
 
     batch_a: int
     batch_b: int
     seconds_a: float
     seconds_b: float
+    batches_a: float = 1.0
+    """Batches a step takes in A (8 where gradients accumulate over 8 batches before each optimizer step)."""
+    batches_b: float = 1.0
 
     def line(self) -> str:
-        """One line: "per sample (batch 32 -> 64): A 3.1 ms -> B 1.6 ms: 1.94x the throughput"."""
-        return (f"per sample (batch {self.batch_a} -> {self.batch_b}): A {show(self.seconds_a, 'seconds')} -> "
-                f"B {show(self.seconds_b, 'seconds')}: {self.seconds_a / self.seconds_b:.2f}x the throughput")
+        """One line: "per sample (batch 32 -> batch 64): A 0.194 ms -> B 0.1 ms: 1.94x the throughput" (three
+        significant digits: a sample can take microseconds); with batches accumulated, "(batch 8, 8 a step -> ..."."""
+        return (f"per sample (batch {self.batch_a}{_accumulated(self.batches_a)} -> batch {self.batch_b}"
+                f"{_accumulated(self.batches_b)}): A {self.seconds_a * 1e3:.3g} ms -> B {self.seconds_b * 1e3:.3g} ms: "
+                f"{self.seconds_a / self.seconds_b:.2f}x the throughput")
+
+
+def _accumulated(batches: float) -> str:
+    return "" if round(batches, 1) == 1 else f", {batches:.3g} a step"
 
 
 def per_sample(a: RunRecord, b: RunRecord) -> PerSample | None:
-    """Time per sample in both runs when their (main) loaders' batch sizes differ and both are known."""
+    """Time per sample in both runs when the samples their steps take (of their main loaders) differ and both are
+    known: a step that accumulates gradients over 8 batches takes 8 batches' samples."""
     batch_a, batch_b = batch_size(a), batch_size(b)
-    if not batch_a or not batch_b or batch_a == batch_b or not a.steps.median_s or not b.steps.median_s:
+    batches_a, batches_b = step_batches(a), step_batches(b)
+    samples_a, samples_b = batch_a * batches_a, batch_b * batches_b
+    if not samples_a or not samples_b or samples_a == samples_b or not a.steps.median_s or not b.steps.median_s:
         return None
-    return PerSample(batch_a, batch_b, a.steps.median_s / batch_a, b.steps.median_s / batch_b)
+    return PerSample(batch_a, batch_b, a.steps.median_s / samples_a, b.steps.median_s / samples_b, batches_a,
+                     batches_b)
 
 
 def resolved_by(rec_id: str) -> tuple[Metric, ...]:

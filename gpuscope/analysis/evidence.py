@@ -234,6 +234,13 @@ def batch_size(record: RunRecord) -> int:
     return max((loader.batch_size or 0 for loader in record.loaders), default=0)
 
 
+def step_batches(record: RunRecord) -> float:
+    """Batches a step takes from the loader of the largest batch size (``batch_size``): 8 where gradients accumulate
+    over 8 batches before each optimizer step; 1 where unknown."""
+    loader = max(record.loaders, key=lambda l: l.batch_size or 0, default=None)
+    return batches_per_step(training_batches(loader), record.steps.total) if loader is not None else 1.0
+
+
 ELEMENTWISE = frozenset({
     "abs", "add", "addcdiv", "addcmul", "clamp", "clamp_min", "cos", "div", "erf", "exp", "fill", "gelu",
     "hardtanh", "leaky_relu", "lerp", "log", "log_sigmoid", "maximum", "minimum", "mul", "neg", "pow", "reciprocal",

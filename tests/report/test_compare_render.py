@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+from html import escape
 
 import pytest
 from report_records import HOSTILE, fixed_data_loading_record, gpu_record, hostile_record, sample_record
@@ -42,6 +43,19 @@ def test_two_recorded_runs_render_with_both_charts() -> None:
     assert "data-loading-bound" in html and "CPU-compute-bound" in html
     assert "resolved" in html and "data wait 34% -&gt; 5%" in html
     assert "differ in more than one change" not in html
+
+
+def test_runs_whose_steps_take_different_samples_are_compared_per_sample_too() -> None:
+    # given: the data-loading sample at batch 32, then at batch 64
+    before = sample_record("data_loading_bound")
+    after = dataclasses.replace(fixed_data_loading_record(), loaders=tuple(
+        dataclasses.replace(loader, batch_size=2 * (loader.batch_size or 1)) for loader in before.loaders))
+    html = render_compare(before, after, inline_plotly=False)
+    # then the page says what a sample costs in each, as the terminal does
+    line = compare(before, after).per_sample
+    assert line is not None
+    assert (f'<p id="per-sample">The steps take different numbers of samples: {escape(line.line())}.</p>') in html
+    assert 'id="per-sample"' not in render_compare(before, fixed_data_loading_record(), inline_plotly=False)
 
 
 def test_plotly_is_inlined_once_and_nothing_is_fetched() -> None:

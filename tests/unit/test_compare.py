@@ -13,6 +13,7 @@ from gpuscope.report.compare_text import gate_text, speedup_text, summary_lines
 from gpuscope.record import (
     Breakdown,
     Calibration,
+    Loader,
     OpProfile,
     OpStat,
     Practices,
@@ -163,6 +164,35 @@ def test_the_verdict_change_is_said_as_people_say_it() -> None:
     assert ("  verdict: data-loading-bound (confidence 0.90) -> GPU-compute-bound (confidence 0.70)"
             in summary_lines(compare(a, b)))
     assert not compare(a, a).verdict.changed
+
+
+# --- per sample --------------------------------------------------------------------------------------------------
+
+def loading(batch_size: int, batches_per_step: int, median_s: float):
+    """A run of 150 optimizer steps over batches of ``batch_size``, ``batches_per_step`` of them a step."""
+    loader = Loader(dataset="TensorDataset", batch_size=batch_size, batches=150 * batches_per_step, wait_s=1.0)
+    return run(median_s, times=jittered(median_s, 151), loaders=(loader,))
+
+
+def test_a_larger_batch_is_compared_per_sample() -> None:
+    lines = summary_lines(compare(loading(32, 1, 0.0062), loading(64, 1, 0.0064)))
+    assert "  per sample (batch 32 -> batch 64): A 0.194 ms -> B 0.1 ms: 1.94x the throughput" in lines
+
+
+def test_per_sample_counts_every_batch_a_step_accumulates() -> None:
+    # given: 8 batches of 8 accumulated for each optimizer step (8.0 ms), against 8 batches of 16 (10.0 ms)
+    lines = summary_lines(compare(loading(8, 8, 0.008), loading(16, 8, 0.010)))
+    # then a sample is a 64th of A's step and a 128th of B's
+    assert "  per sample (batch 8, 8 a step -> batch 16, 8 a step): A 0.125 ms -> B 0.0781 ms: 1.60x the throughput" \
+        in lines
+
+
+def test_one_batch_of_64_against_8_accumulated_batches_of_8_is_the_same_samples_a_step() -> None:
+    # the step's speed-up is the throughput's: no per-sample line (it once read "A 1.0 ms -> B 0.0 ms: 25.73x",
+    # each step's time over one batch of 8, where the throughput had risen 3.2x)
+    comparison = compare(loading(8, 8, 0.008), loading(64, 1, 0.0025))
+    assert comparison.per_sample is None
+    assert comparison.speedup.ratio == pytest.approx(3.2, rel=0.05)
 
 
 # --- A's recommendations in B --------------------------------------------------------------------------------------
