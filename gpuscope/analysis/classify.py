@@ -15,8 +15,8 @@ Every threshold is in thresholds.py.
 from __future__ import annotations
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import (cpu_overhead, evaluation_passes, launch_wait, slowest_loader, two_speeds,
-                                        unlike_window)
+from gpuscope.analysis.evidence import (accumulated_passes, cpu_overhead, evaluation_passes, launch_wait,
+                                        slowest_loader, two_speeds, unlike_window)
 from gpuscope.analysis.rules.base import missing_input
 from gpuscope.record import RunRecord, Verdict
 from gpuscope.summary import left_out
@@ -120,6 +120,12 @@ def _classify_cpu(record: RunRecord) -> Verdict:
         spent = covered / steps.median_s
         facts.append(f"the ops are tiny yet their fixed cost explains only {share:.0%} of the step, their own time "
                      f"{spent:.0%} of it" + (": most of the step is spent outside torch ops" if spent < 0.5 else ""))
+        if (passes := accumulated_passes(record)) is not None:  # the rest is each pass's Python, paid k times
+            mfu = record.speed_of_light.mfu  # type: ignore[union-attr]
+            facts.append(f"each step runs {passes} forward and backward passes, one a batch (gradients accumulated), "
+                         f"its arithmetic at {mfu:.1%} of the peak: the passes' fixed cost (Python, the ops' launches, "
+                         "autograd) bounds it")
+            return Verdict("cpu-launch", 0.5, tuple(facts))
         return Verdict("inconclusive", 0.3, tuple(facts))
     other = record.breakdown.other
     if share <= th.COMPUTE_BOUND_MAX_OVERHEAD and other >= th.OUTSIDE_MODEL_DOMINANT:

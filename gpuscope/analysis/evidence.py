@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
-from gpuscope.analysis.thresholds import (EVALUATION_LOADING_WORTH_SAYING, EVALUATION_WORTH_SAYING, TWO_SPEED_GAP,
-                                          TWO_SPEED_MIN_SHARE, TWO_SPEED_SEPARATION, WINDOW_UNLIKE)
+from gpuscope.analysis.thresholds import (ACCUMULATED_MFU, EVALUATION_LOADING_WORTH_SAYING, EVALUATION_WORTH_SAYING,
+                                          TWO_SPEED_GAP, TWO_SPEED_MIN_SHARE, TWO_SPEED_SEPARATION, WINDOW_UNLIKE)
 from gpuscope.record import KernelTimeline, Loader, RunRecord
 
 MIN_COMPUTE_S = 1e-9
@@ -232,6 +232,17 @@ def launch_wait(record: RunRecord) -> float | None:
 def batch_size(record: RunRecord) -> int:
     """The largest batch size among the run's loaders (0 when none is known)."""
     return max((loader.batch_size or 0 for loader in record.loaders), default=0)
+
+
+def accumulated_passes(record: RunRecord) -> int | None:
+    """Where each step takes k >= 2 batches from its loader (gradients accumulated over them before the optimizer
+    steps) and the step's arithmetic ran at ``ACCUMULATED_MFU`` of the peak or less: k, the forward and backward
+    passes a step, each of them mostly fixed cost. None otherwise."""
+    sol, per_step = record.speed_of_light, step_batches(record)
+    passes = round(per_step)
+    if sol is None or sol.mfu is None or sol.mfu > ACCUMULATED_MFU or passes < 2 or abs(per_step - passes) > 0.1:
+        return None
+    return passes
 
 
 def step_batches(record: RunRecord) -> float:

@@ -188,15 +188,14 @@ injected 64 ms loading delay showed as 79%)."""
 
 # -- recommendations -----------------------------------------------------------------------------------------
 LAUNCH_NOTABLE = 0.3
-"""Per-op overhead (or host-wait idle on a GPU) from which launch-cutting advice is worth giving: below a third of
-the step, the arithmetic or the loader matters more."""
+"""Per-op overhead (or host-wait idle on a GPU) from which launch-cutting advice is worth giving (below a third of
+the step the arithmetic or the loader matters more)."""
 
 ELEMENTWISE_NOTABLE = 0.3
 """Fusion is worth suggesting when at least this share of the op calls are element-wise chains' material."""
-
 PINNED_COPY_SAVING = 0.5
-"""Pinned host memory copies at about twice the speed of pageable memory (NVIDIA's bandwidth test figures), so
-about half the pageable copy time is saved."""
+"""Pinned host memory copies at about twice the speed of pageable memory (NVIDIA's bandwidth test figures): about
+half the pageable copy time is saved."""
 
 TENSOR_CORE_ENOUGH = 0.5
 """With half or more of the kernel time already on Tensor Cores, mixed precision is (mostly) in use."""
@@ -376,25 +375,26 @@ load the two do not share puts the benchmark under the run. The bfloat16 run tha
 against 0.95 measured (4.2x), on a CPU without bfloat16 matrix instructions. 1.5x covers the noise seen with room,
 and leaves "100% of peak" unsaid where the benchmark times another kind of matmul than the run's."""
 
-ROLLOUT_FORWARDS = 4
+ROLLOUT_FORWARDS, ACCUMULATED_MFU = 4, 0.02
 """``larger-batch`` advises stacking samples into one forward, rather than larger batches, where the trained model
 runs forward this many times or more for each ``backward()`` and no DataLoader batched its inputs: a policy's
 rollout (pytorch/examples' REINFORCE: 60), a decoder called token by token (the seq2seq tutorial: 12). A loop of one
-forward and one backward a batch gives 1 (the transformers Trainer, accelerate and Lightning loops, LBFGS's
-closure), a DCGAN-style loop's two models 1.33 (the discriminator on real and fake, the generator). Measured on the
-REINFORCE loop (2-core machine): two episodes an update instead of one took the same time per environment step (0.70
-and 0.73 ms against 0.78 and 0.63), where the batch advice had promised 16% of the step."""
+forward and one backward a batch gives 1 (the Trainer, accelerate and Lightning loops, LBFGS's closure), a DCGAN's two
+models 1.33. On the REINFORCE loop (2-core machine) two episodes an update instead of one took the same time per
+environment step (0.70 and 0.73 ms against 0.78 and 0.63), where the batch advice had promised 16% of the step. And
+it advises one pass over a step's batches, where gradients accumulate over 2 or more and the step's arithmetic ran
+at ACCUMULATED_MFU of the peak or less, its ops tiny: each pass is then fixed cost (a text classifier accumulating
+8 batches of 8: 0.1% of the peak; one batch of 64 took 69% off the step)."""
 
 CPU_FLOAT64_SLOWER = 1.5
 """``float32-over-float64`` fires where this machine's float32 matmul rate is at least 1.5x its float64 rate, both
 measured after the run back to back (below that, load could make the difference: MEASURED_PEAK_NOISE). A CPU's
 vector units hold twice as many float32 lanes as float64 ones: on the project's 2-core AMD EPYC, 1024x1024 matmuls,
-float32 80 and float64 36 GFLOP/s on 1 thread (2.2x), 124 and 62 on 2; the probe after a float64 regression fit
-measured 169 and 70 (2.4x; tests/unit/test_rules_cpu_precision.py)."""
+float32 80 and float64 36 GFLOP/s on 1 thread (2.2x), 124 and 62 on 2; after a float64 fit, 169 and 70 (2.4x)."""
 
 CPU_LOW_PRECISION_SLOWER = 1.5
 """``cpu-fp32-over-low-precision`` fires where this machine's float32 matmul rate is at least 1.5x its rate in the
 run's bfloat16 / float16: the two are timed back to back, so a smaller ratio could be load (MEASURED_PEAK_NOISE);
-beyond it the rule's gain, worked out from the measured rates, decides. Measured on the project's 2-core AMD EPYC
-(no AVX512-BF16 / AMX), 1 thread: float32 93 GFLOP/s, bfloat16 1.3 and float16 1.3 (512x512), 73x; CPUs with
-bfloat16 matrix instructions run bfloat16 faster than float32, and the rule stays clear."""
+beyond it the rule's gain, worked out from the measured rates, decides. On the project's 2-core AMD EPYC (no
+AVX512-BF16 / AMX), 1 thread, 512x512: float32 93 GFLOP/s, bfloat16 and float16 1.3 (73x); CPUs with bfloat16
+matrix instructions run bfloat16 faster than float32, and the rule stays clear."""

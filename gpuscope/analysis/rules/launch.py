@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import FIXED_COST, LAUNCH_WAIT, STEP, batch_size, cpu_overhead, launch_wait
+from gpuscope.analysis.evidence import (
+    FIXED_COST,
+    LAUNCH_WAIT,
+    STEP,
+    accumulated_passes,
+    batch_size,
+    cpu_overhead,
+    launch_wait,
+)
 from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.analysis.rules.dataloader import loader_call, site_comment
 from gpuscope.record import RunRecord
@@ -35,10 +43,13 @@ def _launch_evidence(run: RunRecord) -> tuple[float, str] | None:
       needs=("op_profile",),
       resolved_by=(FIXED_COST, LAUNCH_WAIT, STEP))
 def larger_batch(run: RunRecord) -> Finding | None:
-    """Signal: per-op overhead (CPU) or host-wait idle (GPU) is a notable share of the step.
+    """Signal: per-op overhead (CPU) or host-wait idle (GPU) is a notable share of the step; or the step
+    accumulates gradients over batches whose passes are fixed cost (``_accumulation_finding``).
     Why it matters: the op count per step does not grow with the batch, so a larger batch spreads the fixed cost
     over more samples (the seeds' lesson: larger batches hide CPU overhead).
     Fix: raise the batch size while memory allows; retune learning rate and warm-up."""
+    if (accumulated := _accumulation_finding(run)) is not None:
+        return accumulated
     found = _launch_evidence(run)
     if found is None or found[0] < th.LAUNCH_NOTABLE:
         return None
@@ -58,6 +69,40 @@ def larger_batch(run: RunRecord) -> Finding | None:
         return Finding(share / 2, evidence, fix=fix)
     # doubling the batch halves the fixed cost per sample: the time per sample falls by share / 2
     return Finding(share / 2, evidence, fix=_batch_fix(run, batch))
+
+
+def _accumulation_finding(run: RunRecord) -> Finding | None:
+    """``larger-batch`` where each step takes 2 batches or more from its loader (gradients accumulated before the
+    optimizer steps) and its passes are fixed cost: the step's arithmetic ran at ``ACCUMULATED_MFU`` of the peak or
+    less, and, on a CPU, its ops were tiny (``TINY_OP_RATIO``). One forward and backward over all of a step's samples
+    makes the same update with one pass's fixed cost. Gain, with the forward and backward only (the loader's
+    per-batch work and a loss per batch fall too): (k - 1) / k of their share, less their arithmetic at the peak."""
+    sol, batch, passes = run.speed_of_light, batch_size(run), accumulated_passes(run)
+    if passes is None or sol is None or not sol.peak_flops_per_s or not batch or not run.steps.median_s:
+        return None
+    overhead = cpu_overhead(run) if run.device != "cuda" else None
+    if run.device != "cuda" and (overhead is None or run.op_profile is None
+                                 or run.op_profile.mean_op_s > th.TINY_OP_RATIO * overhead.op_cost_s):
+        return None
+    arithmetic = sol.flops_per_step / sol.peak_flops_per_s / run.steps.median_s
+    model = run.breakdown.forward + run.breakdown.backward
+    gain = (passes - 1) / passes * max(0.0, model - arithmetic)
+    evidence = (
+        f"each optimizer step takes {passes} batches of {batch} from the DataLoader (gradients accumulated over "
+        f"them): {passes} forward and backward passes a step, {model:.0%} of it",
+        f"the step's arithmetic, {sol.flops_per_step / 1e6:.2f} MFLOP, ran at {sol.mfu:.1%} of the peak "
+        f"({sol.peak_source}): each pass is fixed cost (Python, the ops' launches, autograd), paid {passes} times a "
+        "step",
+    )
+    loader = max(run.loaders, key=lambda l: l.batch_size or 0)
+    fix = loader_call(loader, f"per_device_train_batch_size={passes * batch}, gradient_accumulation_steps=1",
+                      f"batch_size={passes * batch}")
+    then = "while memory allows" if loader.created_by == "transformers" else (
+        f"then step the optimizer after every batch, not every {passes}, and divide the loss by {passes} no more: the "
+        f"same {passes * batch} samples an update, in one forward and backward, while memory allows")
+    where = site_comment(loader)
+    fix = f"{fix}{where}, {then}" if where else f"{fix}  # {then}"
+    return Finding(gain, evidence, fix=fix)
 
 
 def _batch_fix(run: RunRecord, batch: int) -> str:
