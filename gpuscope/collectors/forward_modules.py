@@ -28,6 +28,8 @@ MAX_ROOT_MODULES = 32
 """Forward hooks go on at most this many modules."""
 MAX_DESCENT = 3
 """Levels below the roots the hooks may move down to (a LightningModule's model is one level down)."""
+FETCH_AHEAD = 16
+"""DataLoader batches a loop may fetch before its first ``backward()`` (gradient accumulation's, fetched first)."""
 
 Hook = Callable[..., Any]
 
@@ -93,10 +95,15 @@ class ForwardModules:
         inner = {id(c) for m in owners for c in m.modules() if c is not m}
         return [m for m in owners if id(m) not in inner]
 
-    def check(self) -> bool:
-        """The step that just ended ran with the modules hooked at its start: those whose forward did not run are
-        replaced by their children that hold trained parameters (checked in turn at the next boundary). True when
-        that step timed only part of the forward pass (it is to be left out of the figures)."""
+    def check(self, tracker: Any = None, index: int = 0) -> bool:
+        """The step that just ended (``index - 1`` of ``tracker``'s) ran with the modules hooked at its start: those
+        whose forward did not run are replaced by their children that hold trained parameters (checked in turn at
+        the next boundary). True when that step timed only part of the forward pass (it is to be left out of the
+        figures). Steps counted by DataLoader batches before any ``backward()`` may only be batches fetched ahead
+        (the transformers Trainer fetches a step's accumulated batches first: 8 of them took its model for one whose
+        forward never runs, down to its leaves), so the modules are checked once one ran or at ``FETCH_AHEAD``."""
+        if tracker is not None and tracker.source == "dataloader" and not tracker.passes[1] and index < FETCH_AHEAD:
+            return False
         silent = [m for ref in self.checking if (m := ref()) is not None and id(m) not in self._ran]
         self.checking = []
         self._ran.clear()

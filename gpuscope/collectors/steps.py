@@ -353,11 +353,11 @@ class StepsCollector:
                     self._roots_found = True
                     self.forward.hook_roots(self._torch.nn, self._trained_parameters())
                     self._rooted = set(self._optimizers)
-                elif self.forward.check() if self.forward.checking else self._root_late_optimizers():
-                    # the step that just ended timed only part of the forward pass: keep it out of the figures
-                    record = tracker.log.find(index - 1)
-                    if record is not None:
-                        record.profiled = True
+                else:  # the step that just ended timed only part of the forward pass: keep it out of the figures
+                    ended = tracker.log.find(index - 1)
+                    if (self.forward.check(tracker, index) if self.forward.checking else self._root_late_optimizers()) \
+                            and ended is not None:
+                        ended.profiled = True
             except Exception as exc:
                 self.forward.remove()
                 self._failures.append(f"forward not timed: {exc}")

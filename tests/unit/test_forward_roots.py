@@ -98,6 +98,32 @@ def test_a_gan_loop_times_the_forward_of_both_models_though_its_second_optimizer
     assert all(r.wall_s - sum(r.phases_s.values()) < 0.01 for r in timed), [r.phases_s for r in timed]  # "other"
 
 
+def test_batches_fetched_ahead_for_gradient_accumulation_do_not_hide_the_models_forward() -> None:
+    # given: the transformers Trainer's way with 8 accumulated batches: all of a step's batches fetched first, then a
+    # forward and backward on each, then the optimizer step (the fetches define the first steps: no optimizer yet)
+    collector = StepsCollector()
+    torch.manual_seed(0)
+    model = Net()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = torch.utils.data.DataLoader(torch.randint(20, (512,)), batch_size=4)
+    collector.start(Path("."))
+    try:
+        batches = iter(loader)
+        for _ in range(6):
+            fetched = [next(batches) for _ in range(8)]
+            for tokens in fetched:
+                (nn.functional.nll_loss(model(tokens), tokens) / 8).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    finally:
+        capture = collector.stop().payload
+    # then: the model itself is timed (the fetches alone once took it for a module whose forward never runs, and
+    # its children, and theirs: no forward timed at all)
+    assert capture.source == "optimizer"
+    assert any(note.startswith("forward timed on root modules: Net ") for note in capture.notes), capture.notes
+    assert all(r.phases_s["forward"] > 0 for r in capture.records[1:])
+
+
 def test_events_from_a_forked_child_or_another_thread_are_not_the_loops() -> None:
     collector = StepsCollector()
     collector.start(Path("."))
