@@ -11,6 +11,7 @@ import pytest
 
 from gpuscope.analysis.classify import classify
 from gpuscope.analysis.rules import evaluate
+from gpuscope.analysis.speed import what_if
 from gpuscope.record import RunRecord
 
 RECORDS = Path(__file__).resolve().parent.parent / "fixtures" / "records"
@@ -32,6 +33,16 @@ def test_a_step_of_eight_fixed_cost_passes_is_cpu_launch_bound_and_says_why() ->
     assert verdict.evidence[3] == ("each step runs 8 forward and backward passes, one a batch (gradients accumulated), "
                                    "its arithmetic at 0.1% of the peak: the passes' fixed cost (Python, the ops' "
                                    "launches, autograd) bounds it")
+
+
+def test_the_what_if_is_the_step_with_the_passes_fixed_cost_paid_once() -> None:
+    run = accumulating_run()
+    estimate = what_if(run, classify(run))
+    found = larger_batch(run)
+    assert estimate is not None and found is not None
+    assert estimate.step_s == pytest.approx(run.steps.median_s * (1 - found.expected_gain), rel=0.002)  # gain rounded
+    assert estimate.explanation == ("with one forward and backward over a step's 8 accumulated batches at once: their "
+                                    "fixed cost paid once (larger-batch)")
 
 
 def test_one_pass_over_the_steps_samples_is_advised_with_the_gain_of_seven_passes_fixed_cost() -> None:

@@ -8,6 +8,7 @@ from gpuscope.analysis.evidence import (
     LAUNCH_WAIT,
     STEP,
     accumulated_passes,
+    accumulation_saving,
     batch_size,
     cpu_overhead,
     launch_wait,
@@ -77,16 +78,14 @@ def _accumulation_finding(run: RunRecord) -> Finding | None:
     less, and, on a CPU, its ops were tiny (``TINY_OP_RATIO``). One forward and backward over all of a step's samples
     makes the same update with one pass's fixed cost. Gain, with the forward and backward only (the loader's
     per-batch work and a loss per batch fall too): (k - 1) / k of their share, less their arithmetic at the peak."""
-    sol, batch, passes = run.speed_of_light, batch_size(run), accumulated_passes(run)
-    if passes is None or sol is None or not sol.peak_flops_per_s or not batch or not run.steps.median_s:
+    sol, batch, passes, gain = run.speed_of_light, batch_size(run), accumulated_passes(run), accumulation_saving(run)
+    if passes is None or gain is None or sol is None or not batch:
         return None
     overhead = cpu_overhead(run) if run.device != "cuda" else None
     if run.device != "cuda" and (overhead is None or run.op_profile is None
                                  or run.op_profile.mean_op_s > th.TINY_OP_RATIO * overhead.op_cost_s):
         return None
-    arithmetic = sol.flops_per_step / sol.peak_flops_per_s / run.steps.median_s
     model = run.breakdown.forward + run.breakdown.backward
-    gain = (passes - 1) / passes * max(0.0, model - arithmetic)
     evidence = (
         f"each optimizer step takes {passes} batches of {batch} from the DataLoader (gradients accumulated over "
         f"them): {passes} forward and backward passes a step, {model:.0%} of it",
