@@ -165,7 +165,7 @@ def test_a_larger_batch_fixes_the_launch_bound_sample(runs: Runs) -> None:
     # compare says so too: the step is slower, the sample far faster, and larger-batch is resolved
     result = compare_runs(small, large)
     assert result.returncode == 0, result.stderr
-    ratio = float(re.search(r"per sample \(batch 2 -> 8192\): .*: (\d+\.\d+)x the throughput", result.stdout)[1])
+    ratio = float(re.search(r"per sample \(batch 2 -> batch 8192\): .*: (\d+\.\d+)x the throughput", result.stdout)[1])
     assert ratio > 10
     assert "larger-batch: resolved" in result.stdout
 
