@@ -107,10 +107,7 @@ def cpu_fp32_over_low_precision(run: RunRecord) -> Finding | None:
     convs = _slow_convs(run, th.CPU_LOW_PRECISION_SLOWER)
     if found is None and convs is None:
         return None
-    shown = found if found is not None else convs
-    assert shown is not None
     dtype = sol.dtype if found is not None else convs.dtype  # type: ignore[union-attr]
-    what, slower = "matmuls" if found is not None else "convolutions", shown.slower()
     sites = run.practices.cpu_autocast_sites if run.practices is not None else ()
     by = run.practices.cpu_autocast_by if run.practices is not None else ""
     cast = run.practices.half_precision_sites if run.practices is not None else ()
@@ -119,11 +116,7 @@ def cpu_fp32_over_low_precision(run: RunRecord) -> Finding | None:
         how = f", under torch.autocast at {_sites(sites)}" + (f", entered by {by}" if by else "")
     elif cast:
         how = f", the model's or torch's dtype made so at {_sites(cast)}"
-    evidence: tuple[str, ...] = ()
-    if found is not None:
-        evidence = (f"the step's matmuls ran in {dtype}{how}", *found.evidence(dtype))
-    if convs is not None:
-        evidence += convs.evidence("" if found is not None else how)
+    evidence, what, slower, gain = _together(found, convs, dtype, how)
     fix = None
     if by and sites and sites[0].file:  # a library's mixed-precision setting, not a line of the user's, enters it
         setting = MIXED_PRECISION_OFF.get(by, f"{by}'s mixed precision off")
@@ -139,8 +132,23 @@ def cpu_fp32_over_low_precision(run: RunRecord) -> Finding | None:
     elif run.practices is not None:
         fix = (f"keep the model and its inputs in float32 (no .to(torch.{dtype}) / .half()) on this CPU, whose "
                f"{dtype} {what} are {slower} slower than its float32 ones")
-    gain = (found.gain() if found is not None else 0.0) + (convs.gain if convs is not None else 0.0)
     return Finding(gain, evidence, fix=fix)
+
+
+def _together(found: Float32Matmuls | None, convs: SlowConvs | None, dtype: str, how: str,
+              rates_once: bool = False) -> tuple[tuple[str, ...], str, str, float]:
+    """The matmuls' and the reference convolutions' findings as one (either may be None, not both): the evidence
+    (``how`` the dtype came about, said once; the convolutions' rates left out where ``rates_once`` and the matmuls
+    gave them), what runs slower in ``dtype`` ("matmuls" first), by how much, and the two gains summed."""
+    evidence: tuple[str, ...] = ()
+    if found is not None:
+        evidence = (f"the step's matmuls ran in {dtype}{how}", *found.evidence(dtype))
+    if convs is not None:
+        evidence += convs.evidence("" if found is not None else how, rates=not (rates_once and found is not None))
+    shown = found if found is not None else convs
+    assert shown is not None
+    gain = (found.gain() if found is not None else 0.0) + (convs.gain if convs is not None else 0.0)
+    return evidence, "matmuls" if found is not None else "convolutions", shown.slower(), gain
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,20 +307,13 @@ def float32_over_float64(run: RunRecord) -> Finding | None:
         return None
     sites = run.practices.float64_sites if run.practices is not None else ()
     how = f", the model's or torch's dtype made so at {_sites(sites)}" if sites else ""
-    evidence: tuple[str, ...] = ()
-    if found is not None:
-        evidence = (f"the step's matmuls ran in float64{how}", *found.evidence("float64"))
-    if convs is not None:  # the matmul rates, where the matmuls' lines gave them already
-        evidence += convs.evidence("" if found is not None else how, rates=found is None)
-    shown = found if found is not None else convs
-    assert shown is not None
-    what, slower = "matmuls" if found is not None else "convolutions", shown.slower()
+    # the convolutions' rates are the matmul rates, which the matmuls' lines give already
+    evidence, what, slower, gain = _together(found, convs, "float64", how, rates_once=True)
     fix = None
     if sites and sites[0].file:
         fix = (f"{_site(sites[0])}: keep the model (and its inputs) in float32 on this CPU, whose float64 {what} "
                f"are {slower} slower than its float32 ones, unless it needs float64's precision (training rarely "
                "does: mixed precision goes below float32)")
-    gain = (found.gain() if found is not None else 0.0) + (convs.gain if convs is not None else 0.0)
     return Finding(gain, evidence, fix=fix)
 
 
