@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 
 from gpuscope.captures import StepCapture
+from gpuscope.collectors.forward_modules import FETCH_AHEAD
 from gpuscope.collectors.steps import StepsCollector
 
 
@@ -122,6 +123,28 @@ def test_batches_fetched_ahead_for_gradient_accumulation_do_not_hide_the_models_
     assert capture.source == "optimizer"
     assert any(note.startswith("forward timed on root modules: Net ") for note in capture.notes), capture.notes
     assert all(r.phases_s["forward"] > 0 for r in capture.records[1:])
+
+
+def test_an_inference_loop_whose_outer_module_never_runs_times_its_inner_model_after_the_fetch_ahead() -> None:
+    # given: inference over a DataLoader (no backward, no optimizer) calling the inner model of a wrapper whose own
+    # forward never runs (as a LightningModule's predict_step calls self.model)
+    collector = StepsCollector()
+    wrapper = nn.Module()
+    wrapper.model = Slow(0.002)
+    loader = torch.utils.data.DataLoader(torch.randn(160, 4), batch_size=4)
+    collector.start(Path("."))
+    try:
+        with torch.no_grad():
+            for batch in loader:
+                wrapper.model(batch)
+    finally:
+        capture = collector.stop().payload
+    # then: the wrapper's silence counts only from FETCH_AHEAD batches on (before, a loop may be fetching a step's
+    # accumulated batches); from then on the inner model is timed
+    assert any(note.startswith("forward timed on the outermost modules whose forward runs: Slow")
+               for note in capture.notes), capture.notes
+    timed = [r for r in capture.records if r.index > FETCH_AHEAD + 1]
+    assert len(timed) >= 10 and all(r.phases_s["forward"] > 0.001 for r in timed), [r.phases_s for r in timed]
 
 
 def test_events_from_a_forked_child_or_another_thread_are_not_the_loops() -> None:
