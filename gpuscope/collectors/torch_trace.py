@@ -71,6 +71,7 @@ class TorchTraceCollector(StepFollower):
         self._finished = False
         self._saved = False
         self._recorded: list[int] = []
+        self._last_index = -1
         self._error: str | None = None
         self._cuda = False
         self._cupti_teardown = False
@@ -104,6 +105,9 @@ class TorchTraceCollector(StepFollower):
             return
         phase = trace_window(index, self.start_step, self.active)
         try:
+            if self._prof is not None and index <= self._last_index:
+                self._restart()
+            self._last_index = index
             if self._prof is None:
                 if phase != "before":
                     self._begin(index)
@@ -171,6 +175,16 @@ class TorchTraceCollector(StepFollower):
             prof.profiler = None
             return_freed_heap()
         self._events.window_closed()  # type: ignore[union-attr]
+
+    def _restart(self) -> None:
+        """The steps are counted anew, from 0: another kind of marker defines them from now on (an optimizer that
+        first stepped after a gradient accumulation's batches, each counted as a step until then). The window so far
+        held other steps (trace.json's first steps held one batch each): it is dropped, unsaved, and waits for its
+        steps again."""
+        self._prof.on_trace_ready = None
+        self._end()
+        self._finished, self._saved, self._recorded = False, False, []
+        (self._run_dir / TRACE_FILE).unlink(missing_ok=True)
 
     def _abandon(self) -> None:
         if self._prof is not None:
