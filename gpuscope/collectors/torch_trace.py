@@ -105,7 +105,7 @@ class TorchTraceCollector(StepFollower):
             return
         phase = trace_window(index, self.start_step, self.active)
         try:
-            if self._prof is not None and index <= self._last_index:
+            if self._prof is not None and index < self._last_index:  # (an epoch's first batch repeats its index)
                 self._restart()
             self._last_index = index
             if self._prof is None:
