@@ -229,13 +229,19 @@ def test_the_window_ends_without_key_averages_and_lets_the_recorded_events_go(
     assert stats["aten::mm"].calls == 2 and stats["aten::relu"].calls == 2
 
 
+def started(run_dir: Path, active: int) -> TorchTraceCollector:
+    """A collector whose window begins at step 1 (its warm-up), started on ``run_dir``, its step events inert."""
+    collector = TorchTraceCollector(start=1, active=active)
+    collector._events = StepEvents()  # type: ignore[assignment]
+    collector.start(run_dir)
+    return collector
+
+
 def test_steps_counted_anew_start_the_window_again(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     # given: a window of steps 2-3 (1 its warm-up) in a loop accumulating 4 batches a step: its batches are counted
     # as steps (0, 1, 2...) until the optimizer first steps, and from then on its optimizer steps, from 0 again
-    collector = TorchTraceCollector(start=1, active=2)
-    collector._events = StepEvents()  # type: ignore[assignment]
-    collector.start(tmp_path)
+    collector = started(tmp_path, active=2)
     x = torch.randn(16, 16)
     for index, batches in [(i, 1) for i in range(4)] + [(i, 4) for i in range(6)]:  # batches 0-3, then steps 0-5
         collector._on_step(index)
@@ -253,9 +259,7 @@ def test_a_run_that_ends_inside_the_window_counts_its_last_lines_as_no_step(tmp_
     torch = pytest.importorskip("torch")
     # given: a window of steps 2-4 (step 1 its warm-up) in a run whose last step is step 2: after it the script
     # runs a prediction pass (many small ops) and ends, with no step boundary to close that span
-    collector = TorchTraceCollector(start=1, active=3)
-    collector._events = StepEvents()  # type: ignore[assignment]
-    collector.start(tmp_path)
+    collector = started(tmp_path, active=3)
     x = torch.randn(16, 16)
     for index in range(3):
         collector._on_step(index)
