@@ -54,9 +54,9 @@ def test_one_pass_over_the_steps_samples_is_advised_with_the_gain_of_seven_passe
                                  "over them): 8 forward and backward passes a step, 55% of it")
     assert found.evidence[1].startswith("the step's arithmetic, 1.67 MFLOP, ran at 0.1% of the peak (measured here")
     assert found.fix == ("DataLoader(..., batch_size=64)  # acc_accum.py:22, then accumulate no more: an optimizer "
-                         "step every batch, not every 8 (accelerate: Accelerator(gradient_accumulation_steps=1); a "
-                         "loop of your own: no division of the loss by 8), the same 64 samples an update in one "
-                         "forward and backward, while memory allows")
+                         "step every batch, not every 8 (accelerate: Accelerator(gradient_accumulation_steps=1); "
+                         "Lightning: Trainer(accumulate_grad_batches=1); a loop of your own: no division of the loss "
+                         "by 8), the same 64 samples an update in one forward and backward, while memory allows")
     # the forward and backward's share, less their arithmetic at the peak, paid once instead of 8 times; measured with
     # one batch of 64 and gradient_accumulation_steps=1: 17.9 -> 4.4 ms a step (75%; accelerate's own work and the
     # loader's per batch, left out of the estimate, fell too)

@@ -98,8 +98,9 @@ def _accumulation_finding(run: RunRecord) -> Finding | None:
                       f"batch_size={passes * batch}")
     then = "while memory allows" if loader.created_by == "transformers" else (
         f"then accumulate no more: an optimizer step every batch, not every {passes} (accelerate: "
-        f"Accelerator(gradient_accumulation_steps=1); a loop of your own: no division of the loss by {passes}), the "
-        f"same {passes * batch} samples an update in one forward and backward, while memory allows")
+        f"Accelerator(gradient_accumulation_steps=1); Lightning: Trainer(accumulate_grad_batches=1); a loop of your "
+        f"own: no division of the loss by {passes}), the same {passes * batch} samples an update in one forward and "
+        "backward, while memory allows")
     where = site_comment(loader)
     fix = f"{fix}{where}, {then}" if where else f"{fix}  # {then}"
     return Finding(gain, evidence, fix=fix)
