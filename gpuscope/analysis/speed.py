@@ -125,13 +125,13 @@ def loader_plan(record: RunRecord, file_system: bool = False) -> LoaderPlan | No
 
     def plan_with(rate: LoaderRate) -> tuple[float, float, int | None]:
         """The step with ``rate``'s workers, the hand-over in it, and the intra-op threads it needs kept."""
-        handover = step_handover_s(rate, per, back) + drawing  # the main process receiving them, drawing indices
-        step = max(compute_s + handover, per / rate.batches_per_s)  # type: ignore[operator]
+        handover = step_handover_s(rate, per, back)  # the main process receiving them (and drawing their indices)
+        step = max(compute_s + handover + drawing, per / rate.batches_per_s)  # type: ignore[operator]
         threads_fix = None
         if shared is not None:
             on_cores, _, threads_fix = shared_cores(compute_s, step_build_s, rate.num_workers, threads, cores,
                                                     cpu_share)
-            step = max(step, on_cores + handover)
+            step = max(step, on_cores + handover + drawing)
         return step, handover, threads_fix
 
     keeping = [r for r in candidates if r.batches_per_s >= needed]  # type: ignore[operator]
@@ -139,7 +139,7 @@ def loader_plan(record: RunRecord, file_system: bool = False) -> LoaderPlan | No
         min(candidates, key=lambda r: (plan_with(r)[0], r.num_workers))
     step_s, handover, threads_fix = plan_with(rate)
     return LoaderPlan(rate.num_workers, rate, bool(keeping), compute_s, step_s, shared, consume, threads_fix, per,
-                      handover - drawing, drawing)
+                      handover, drawing)
 
 
 def step_handover_s(rate: LoaderRate, per_step: float, back_to_back: float) -> float:
