@@ -245,15 +245,16 @@ def accumulated_passes(record: RunRecord) -> int | None:
     return passes
 
 
-def accumulation_saving(record: RunRecord) -> float | None:
-    """The share of the step that one forward and backward over all of a step's ``accumulated_passes`` k batches
-    would save: (k - 1) / k of the forward and backward's share, less their arithmetic at the peak (the loader's
-    per-batch work and a loss per batch, which fall too, left out); None where no such passes are accumulated."""
+def accumulation_saving(record: RunRecord) -> tuple[int, float] | None:
+    """The ``accumulated_passes`` k, and the share of the step that one forward and backward over all of a step's k
+    batches would save: (k - 1) / k of the forward and backward's share, less their arithmetic at the peak (the
+    loader's per-batch work and a loss per batch, which fall too, left out); None where no such passes are
+    accumulated."""
     passes, sol, median = accumulated_passes(record), record.speed_of_light, record.steps.median_s
     if passes is None or sol is None or not sol.peak_flops_per_s or not median:
         return None
     arithmetic = sol.flops_per_step / sol.peak_flops_per_s / median
-    return (passes - 1) / passes * max(0.0, record.breakdown.forward + record.breakdown.backward - arithmetic)
+    return passes, (passes - 1) / passes * max(0.0, record.breakdown.forward + record.breakdown.backward - arithmetic)
 
 
 def step_batches(record: RunRecord) -> float:

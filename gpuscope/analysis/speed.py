@@ -10,9 +10,8 @@ import math
 from dataclasses import dataclass
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import (accumulated_passes, accumulation_saving, batches_per_step,
-                                        counted_step_unlike, cpu_overhead, launch_wait, median_compute_s,
-                                        slowest_loader, training_batches)
+from gpuscope.analysis.evidence import (accumulation_saving, batches_per_step, counted_step_unlike, cpu_overhead,
+                                        launch_wait, median_compute_s, slowest_loader, training_batches)
 from gpuscope.analysis.waiting_workers import waiting_workers
 from gpuscope.record import LoaderRate, RunRecord, SpeedOfLight, Verdict, WhatIf
 
@@ -283,10 +282,11 @@ def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
     elif verdict.bound == "cpu-launch":
         overhead = cpu_overhead(record) if record.device == "cpu" else None
         kernels = record.op_profile.kernels if record.op_profile is not None else None
-        if (saving := accumulation_saving(record)) is not None:
+        if (accumulated := accumulation_saving(record)) is not None:
+            passes, saving = accumulated
             step_s = median * (1 - saving)
-            explanation = (f"with one forward and backward over a step's {accumulated_passes(record)} accumulated "
-                           "batches at once: their fixed cost paid once (larger-batch)")
+            explanation = (f"with one forward and backward over a step's {passes} accumulated batches at once: their "
+                           "fixed cost paid once (larger-batch)")
         elif overhead is not None:
             step_s = max(median - overhead.seconds, 0.0)
             explanation = (f"without the per-op fixed cost ({overhead.ops_per_step:.0f} ops x "

@@ -7,7 +7,6 @@ from gpuscope.analysis.evidence import (
     FIXED_COST,
     LAUNCH_WAIT,
     STEP,
-    accumulated_passes,
     accumulation_saving,
     batch_size,
     cpu_overhead,
@@ -78,9 +77,10 @@ def _accumulation_finding(run: RunRecord) -> Finding | None:
     less, and, on a CPU, its ops were tiny (``TINY_OP_RATIO``). One forward and backward over all of a step's samples
     makes the same update with one pass's fixed cost. Gain, with the forward and backward only (the loader's
     per-batch work and a loss per batch fall too): (k - 1) / k of their share, less their arithmetic at the peak."""
-    sol, batch, passes, gain = run.speed_of_light, batch_size(run), accumulated_passes(run), accumulation_saving(run)
-    if passes is None or gain is None or sol is None or not batch:
+    sol, batch, accumulated = run.speed_of_light, batch_size(run), accumulation_saving(run)
+    if accumulated is None or sol is None or not batch:
         return None
+    passes, gain = accumulated
     overhead = cpu_overhead(run) if run.device != "cuda" else None
     if run.device != "cuda" and (overhead is None or run.op_profile is None
                                  or run.op_profile.mean_op_s > th.TINY_OP_RATIO * overhead.op_cost_s):
