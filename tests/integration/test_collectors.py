@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SAMPLES, SCRIPTS, Run, Runs, load_run
+from conftest import SAMPLES, SCRIPTS, Run, Runs, load_run, run_gpuscope, run_python
 from gpuscope.collectors.base import CollectorResult
 from gpuscope.collectors.steps import StepsCollector
 from gpuscope.record import CollectorStatus
@@ -177,3 +177,18 @@ def test_workers_started_by_spawn_are_not_profiled_and_the_record_says_so(own_ru
     python = record["python_profile"]
     assert not python["workers_profiled"]
     assert "spawn" in python["workers_note"]
+
+
+@pytest.mark.slow
+def test_counting_a_steps_flops_imports_nothing_into_the_script_that_python_would_not(tmp_path: Path) -> None:
+    # given: a loop that updates its weights by hand, whose process never imports torch._dynamo under python (a
+    # torch.optim optimizer would); torch wraps every dispatch mode, the FLOP counter's too, to import it at first use
+    script = str(SCRIPTS / "manual_update.py")
+    # when: it runs under python and under gpuscope, each in a real process
+    plain = run_python([script], tmp_path)
+    under = run_gpuscope(["run", "-q", *NO_PROBES, "-o", str(tmp_path / "run"), script], tmp_path)
+    # then: a step's FLOPs are counted, and the script's process imported what it does under python (not torch's
+    # compiler with sympy: 2.2 s of CPU inside its run on the 2-core machine, and 120,000 objects that each of its
+    # later garbage collections walked)
+    assert load_run(tmp_path / "run")["speed_of_light"]["flops_per_step"] > 0
+    assert under.stdout == plain.stdout == "imported: []\n", under.stderr
