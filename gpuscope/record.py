@@ -502,6 +502,16 @@ class Practices:
     """Lines of the user's code that made bfloat16 or float16 the model's or torch's default dtype:
     ``Module.half()``, ``Module.bfloat16()``, ``Module.to(torch.float16)`` (or bfloat16),
     ``torch.set_default_dtype``."""
+    distribution_check_steps: tuple[int, ...] = ()
+    """Steps in which ``torch.distributions`` ran its argument and sample checks (``validate_args``), or every step
+    from the first such check on (up to 512): the indices of ``distribution_check_s``."""
+    distribution_check_s: tuple[float, ...] = ()
+    """Seconds each of those steps spent in the checks: timed around ``Distribution.__init__`` where it checked its
+    arguments, and around ``Distribution._validate_sample`` (``log_prob`` checking its value)."""
+    distribution_check_counts: tuple[int, ...] = ()
+    """The checks made in each of those steps (a distribution built, a sample checked)."""
+    distribution_sites: tuple[CallSite, ...] = ()
+    """Lines of the user's code that built distributions which checked their arguments."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,6 +13,9 @@
 - Mixed precision on the CPU: ``torch.autocast.__enter__`` is wrapped to name the lines that enter it on the CPU,
   enabled, in bfloat16 or float16 (a CPU without matrix instructions for them runs those matmuls slower than
   float32's).
+- ``torch.distributions``' checks (``validate_args``, on by default): ``Distribution.__init__`` and
+  ``Distribution._validate_sample`` are wrapped to time the checks, step by step, and name the lines that built
+  the distributions.
 
 Every wrapper is one Python call and a counter; the reads at a boundary are a few C calls.
 """
@@ -23,6 +26,7 @@ import inspect
 import itertools
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
@@ -35,6 +39,10 @@ from gpuscope.record import CollectorStatus, Practices
 
 INSPECT_AT_STEP = 2
 """Model and flags are read at this step's start: the optimizer has stepped and the loop is set up."""
+CHECKED_STEPS = 512
+"""Steps whose distribution checks are kept, from the first step with one (a float and an int each)."""
+SITED_CHECKS = 256
+"""Distributions whose building line is looked up (a walk up the stack each): the first ones built."""
 
 
 @register
@@ -61,6 +69,7 @@ class PracticesCollector(StepFollower):
         self._float64_sites = SiteCounter()
         self._half_sites = SiteCounter()
         self._inspected: dict[str, Any] = {}
+        self._checks = _Checks()
         self.notes: list[str] = []
 
     def unavailable_reason(self) -> str | None:
@@ -95,6 +104,10 @@ class PracticesCollector(StepFollower):
             optimizer_sites=self._optimizer_sites.sites(),
             float64_sites=self._float64_sites.sites(),
             half_precision_sites=self._half_sites.sites(),
+            distribution_check_steps=tuple(self._checks.steps),
+            distribution_check_s=tuple(self._checks.seconds),
+            distribution_check_counts=tuple(self._checks.counts),
+            distribution_sites=self._checks.sites.sites(),
             **self._inspected,
         ))
 
@@ -130,6 +143,10 @@ class PracticesCollector(StepFollower):
         autocast = getattr(getattr(torch, "amp", None), "autocast_mode", None)
         if autocast is not None and hasattr(autocast, "autocast"):
             self._undo.append(patch(autocast.autocast, "__enter__", self._wrap_autocast_enter))
+        distribution = getattr(getattr(torch, "distributions", None), "Distribution", None)
+        for name in ("__init__", "_validate_sample"):
+            if callable(getattr(distribution, name, None)):
+                self._undo.append(patch(distribution, name, self._checks.wrap(built=name == "__init__")))
 
     def _wrap_autocast_enter(self, original: Callable[..., Any]) -> Callable[..., Any]:
         sites, libraries = self._autocast_sites, self._autocast_libraries
@@ -200,6 +217,7 @@ class PracticesCollector(StepFollower):
         if torch is None:
             return
         self._steps_checked += 1
+        self._checks.step_began(index)
         on_now = bool(torch.is_anomaly_enabled())
         if on_now or self._anomaly_switched_on:
             self._anomaly_steps += 1
@@ -214,6 +232,50 @@ class PracticesCollector(StepFollower):
             except Exception as exc:  # an exotic module must not break the user's step
                 self.notes.append(f"model not inspected: {exc}")
                 self._inspected = {"modules_inspected": False, **_flags(torch)}
+
+
+class _Checks:
+    """The time ``torch.distributions`` spends checking arguments and samples, step by step."""
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.seconds: list[float] = []
+        self.counts: list[int] = []
+        self.sites = SiteCounter()
+        self._step: int | None = None  # the step under way
+        self._step_s = 0.0
+        self._step_checks = 0
+        self._built = 0
+
+    def wrap(self, built: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """A wrapper timing ``Distribution.__init__`` (``built``), where it checked its arguments, or
+        ``_validate_sample``, which only runs to check."""
+        checks, clock = self, time.perf_counter
+
+        def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+            def timed(distribution: Any, *args: Any, **kwargs: Any) -> Any:
+                start = clock()
+                try:
+                    return original(distribution, *args, **kwargs)
+                finally:
+                    if not built or getattr(distribution, "_validate_args", False):
+                        checks._step_s += clock() - start
+                        checks._step_checks += 1
+                        if built and checks._built < SITED_CHECKS:
+                            checks._built += 1
+                            checks.sites.count(user_frame(sys._getframe(1)))
+
+            return timed
+
+        return wrap
+
+    def step_began(self, index: int) -> None:
+        """Keep the step that ended (from the first with a check on, up to CHECKED_STEPS), and start on ``index``."""
+        if self._step is not None and (self._step_checks or self.steps) and len(self.steps) < CHECKED_STEPS:
+            self.steps.append(self._step)
+            self.seconds.append(self._step_s)
+            self.counts.append(self._step_checks)
+        self._step, self._step_s, self._step_checks = index, 0.0, 0
 
 
 ANOMALY_FILES = (os.path.join("autograd", "anomaly_mode.py"),)

@@ -125,11 +125,12 @@ def test_the_model_is_read_for_biases_before_batchnorm_data_parallel_and_conv_la
 
 
 def test_every_patch_is_undone(tmp_path: Path) -> None:
+    distribution = torch.distributions.Distribution
     before = (torch.set_anomaly_enabled, torch.autograd.gradcheck, torch.optim.Optimizer.zero_grad,
-              nn.Module.zero_grad)
+              nn.Module.zero_grad, distribution.__init__, distribution._validate_sample)
     practices_of(tmp_path, plain_step)
     assert (torch.set_anomaly_enabled, torch.autograd.gradcheck, torch.optim.Optimizer.zero_grad,
-            nn.Module.zero_grad) == before
+            nn.Module.zero_grad, distribution.__init__, distribution._validate_sample) == before
 
 
 def test_cpu_autocast_in_a_reduced_dtype_is_named_with_its_line(tmp_path: Path) -> None:
@@ -212,3 +213,33 @@ def test_the_lines_that_make_half_precision_the_models_dtype_are_named(tmp_path:
     assert [site.code for site in practices.half_precision_sites] == [
         "model.half()  # made float16", "model.to(torch.bfloat16)  # made bfloat16", "model.bfloat16()  # and again"]
     assert practices.float64_sites == ()
+
+
+def policy_step(validate: bool | None):
+    """A step of a policy gradient: a distribution built from the model's output, sampled and scored."""
+    def step(model, opt, i):
+        logits = model(torch.randn(16, 4)).squeeze(1)
+        dist = torch.distributions.Categorical(logits=logits, validate_args=validate)  # the line to name
+        action = dist.sample()
+        loss = -dist.log_prob(action)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return step
+
+
+def test_distribution_checks_are_timed_step_by_step_with_the_line_that_built_them(tmp_path: Path) -> None:
+    practices = practices_of(tmp_path, policy_step(validate=None))  # torch's default: checked
+    # each step ended at a boundary is kept: one distribution built and one sample scored, both checked
+    assert len(practices.distribution_check_steps) >= 4
+    assert practices.distribution_check_steps == tuple(sorted(practices.distribution_check_steps))
+    assert set(practices.distribution_check_counts) == {2}
+    assert all(0 < s < 0.1 for s in practices.distribution_check_s)
+    (site,) = practices.distribution_sites
+    assert site.code.endswith("# the line to name") and site.calls == 6
+
+
+def test_distributions_built_without_checks_leave_nothing_to_time(tmp_path: Path) -> None:
+    practices = practices_of(tmp_path, policy_step(validate=False))
+    assert (practices.distribution_check_steps, practices.distribution_check_s, practices.distribution_sites) == (
+        (), (), ())

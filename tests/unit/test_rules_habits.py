@@ -10,7 +10,7 @@ import pytest
 
 from conftest import make_record
 from gpuscope.analysis.rules import evaluate
-from gpuscope.record import Calibration, CallSite, CollectorStatus, OpProfile, OpStat, Practices, Steps
+from gpuscope.record import Calibration, CallSite, CollectorStatus, OpProfile, OpStat, Practices, Steps, StepSample
 
 LINE = CallSite(file="train.py", line=42, function="main", code="optimizer.zero_grad(set_to_none=False)", calls=50)
 ANOMALY = CallSite(file="train.py", line=30, function="main", code="with torch.autograd.detect_anomaly():", calls=50)
@@ -129,3 +129,45 @@ def test_without_the_practices_collector_nothing_is_checked(rule_id) -> None:
     check, _ = outcome(record, rule_id)
     assert check == dataclasses.replace(check, status="not-checked")
     assert "practices: boom" in check.reason
+
+
+POLICY = CallSite(file="rl.py", line=45, function="main", code="m = Categorical(probs); action = m.sample()",
+                  calls=256)
+
+
+def policy_run(check_s: tuple[float, ...], device: str = "cpu"):
+    """A run of a 100 ms step whose practices timed torch.distributions' checks in steps 1-10 (47 a step): step 0
+    warm-up, 1-2 profiled (cProfile slows the checks' Python), 3-10 steady."""
+    record = run_with(habits(distribution_check_steps=tuple(range(1, 11)), distribution_check_s=check_s,
+                             distribution_check_counts=(47,) * 10, distribution_sites=(POLICY,)), device=device)
+    sample = StepSample(index=tuple(range(11)), wall_s=(0.1,) * 11,
+                        status=("warmup", "profiled", "profiled") + ("steady",) * 8)
+    return dataclasses.replace(record, steps=dataclasses.replace(record.steps, sample=sample))
+
+
+def test_distribution_checks_are_costed_from_the_steady_steps_and_named_with_their_line() -> None:
+    check, rec = outcome(policy_run((0.05, 0.05) + (0.012,) * 4 + (0.014,) * 4), "skip-distribution-checks")
+    assert check.status == "fired"
+    assert rec.evidence == (
+        "torch.distributions checked its arguments or a sample 47 times a step (validate_args, on by default), "
+        "taking 13.00 ms of the 100.0 ms median step (13%), timed around the checks in each step",
+        "the distributions were built at rl.py:45 `m = Categorical(probs); action = m.sample()`")
+    assert rec.expected_gain == pytest.approx(0.13)  # the profiled steps' 50 ms left out
+    assert rec.fix == ("rl.py:45 `m = Categorical(probs); action = m.sample()`: pass validate_args=False to the "
+                       "distribution built there, or call "
+                       "torch.distributions.Distribution.set_default_validate_args(False) once before training")
+
+
+def test_on_a_gpu_the_checks_waits_for_the_device_are_said() -> None:
+    _, rec = outcome(policy_run((0.02,) * 10, device="cuda"), "skip-distribution-checks")
+    assert rec.evidence[-1] == "on the GPU each check also waits for the device to hand back its verdict"
+
+
+def test_distribution_checks_under_two_percent_of_the_step_are_clear() -> None:
+    check, rec = outcome(policy_run((0.0019,) * 10), "skip-distribution-checks")
+    assert (check.status, rec) == ("clear", None)
+
+
+def test_a_run_whose_distributions_checked_nothing_is_clear() -> None:
+    check, rec = outcome(run_with(), "skip-distribution-checks")
+    assert (check.status, rec) == ("clear", None)

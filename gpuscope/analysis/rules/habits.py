@@ -3,6 +3,7 @@ that BatchNorm cancels, DataParallel."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable
 
 from gpuscope.analysis import thresholds as th
@@ -180,3 +181,67 @@ def distributed_data_parallel(run: RunRecord) -> Finding | None:
         return None
     return Finding(None, (f"the model is wrapped in {', '.join(p.data_parallel)}",
                           "DataParallel drives every GPU from this one process, replicating the model each step"))
+
+
+DISTRIBUTION_CHECKS_MIN_SHARE = 0.02
+"""The share of the step torch.distributions' checks must take for ``skip-distribution-checks`` to fire: below it,
+a line changed for a saving no run-to-run comparison could show."""
+
+
+def _distribution_check_s(run: RunRecord) -> tuple[float, float] | None:
+    """The checks' seconds and count a step: medians over the steady steps among those the practices kept (over
+    all but the first where the step sample names none of them)."""
+    p = run.practices
+    if p is None or not p.distribution_check_steps:
+        return None
+    sample = run.steps.sample
+    steady = {i for i, status in zip(sample.index, sample.status) if status == "steady"}
+    kept = [(s, n) for i, s, n in zip(p.distribution_check_steps, p.distribution_check_s,
+                                      p.distribution_check_counts) if i in steady]
+    if not kept:
+        kept = list(zip(p.distribution_check_s[1:], p.distribution_check_counts[1:]))
+    if not kept:
+        return None
+    return statistics.median(s for s, _ in kept), statistics.median(n for _, n in kept)
+
+
+def _distribution_share(run: RunRecord) -> float | None:
+    checks = _distribution_check_s(run)
+    return checks[0] / run.steps.median_s if checks is not None and run.steps.median_s else None
+
+
+@rule(id="skip-distribution-checks",
+      title="Skip torch.distributions' argument checks while training",
+      fix="torch.distributions.Distribution.set_default_validate_args(False)  # once, before the training loop",
+      needs=("practices",),
+      resolved_by=(Metric("torch.distributions' checks, share of the step", "share", _distribution_share), STEP))
+def skip_distribution_checks(run: RunRecord) -> Finding | None:
+    """Signal: torch.distributions checked its arguments and samples (``validate_args``, on by default) for 2% of
+    the step or more.
+    Why it matters: each distribution built checks every parameter against its constraint (probabilities on the
+    simplex, a positive scale), and each ``log_prob`` checks its value: a Python loop and several small ops per
+    call, and on CUDA a wait for the GPU to hand back each verdict. A policy that builds a distribution per
+    environment step pays them at every one. They catch bugs in the model; they do not train it.
+    Fix: ``Distribution.set_default_validate_args(False)`` once, or ``validate_args=False`` where one is built
+    (keep them on while debugging).
+    Gain: the checks' own time, timed around them in each steady step, over the median step."""
+    checks = _distribution_check_s(run)
+    share = _distribution_share(run)
+    if checks is None or share is None or share < DISTRIBUTION_CHECKS_MIN_SHARE:
+        return None
+    seconds, count = checks
+    p = run.practices
+    assert p is not None
+    evidence = [f"torch.distributions checked its arguments or a sample {count:.0f} times a step (validate_args, "
+                f"on by default), taking {seconds * 1e3:.2f} ms of the {run.steps.median_s * 1e3:.1f} ms median "
+                f"step ({min(share, 1.0):.0%}), timed around the checks in each step"]
+    if p.distribution_sites:
+        evidence.append("the distributions were built at " + ", ".join(_site(s) for s in p.distribution_sites[:3]))
+    if run.device == "cuda":
+        evidence.append("on the GPU each check also waits for the device to hand back its verdict")
+    site = p.distribution_sites[0] if p.distribution_sites else None
+    fix = None
+    if site is not None and site.file:
+        fix = (f"{_site(site)}: pass validate_args=False to the distribution built there, or call "
+               f"torch.distributions.Distribution.set_default_validate_args(False) once before training")
+    return Finding(min(share, 1.0), tuple(evidence), fix=fix)
