@@ -120,7 +120,6 @@ class SpeedOfLightCollector(StepFollower):
 
     def _open(self, index: int) -> None:
         from torch.utils import flop_counter
-        from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
         torch = sys.modules["torch"]
         dtypes = self._dtypes
@@ -139,10 +138,11 @@ class SpeedOfLightCollector(StepFollower):
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            mode = FlopCounterMode(display=False, custom_mapping={k: tracking(v) for k, v in flop_registry.items()})
+            mode = flop_counter.FlopCounterMode(
+                display=False, custom_mapping={k: tracking(v) for k, v in flop_counter.flop_registry.items()})
         if hasattr(mode, "mod_tracker"):
             mode.mod_tracker = _GlobalOnly()  # no global module hooks: see _GlobalOnly
-        _without_dynamo_import(getattr(flop_counter, "_FlopCounterMode", FlopCounterMode))  # the dispatch mode
+        _without_dynamo_import(getattr(flop_counter, "_FlopCounterMode", flop_counter.FlopCounterMode))
         self._tf32 = bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False))
         mode.__enter__()
         self._mode = mode
