@@ -386,6 +386,23 @@ class HostMemory:
     max_helpers: int = 0
     """Of its children, multiprocessing's resource tracker and forkserver, most at once: counted in ``max_workers``
     and the memory series, left out of the three times above."""
+    user_s: tuple[float, ...] = ()
+    """This process's CPU time in user mode so far at each sample (all its threads, not its children), seconds."""
+    sys_s: tuple[float, ...] = ()
+    """Its CPU time in the kernel so far at each sample, seconds: system calls, and page faults (each fresh page of
+    memory the process touches is mapped in and zeroed by the kernel)."""
+    minor_faults: tuple[int, ...] = ()
+    """Its page faults served without reading a disk, so far at each sample (getrusage's ``ru_minflt``)."""
+    steps_seen: tuple[int, ...] = ()
+    """Training steps counted by each sample."""
+    page_bytes: int = 0
+    """The size of a page of memory, bytes."""
+    allocator: str = ""
+    """The C allocator serving ``malloc``: ``glibc``, or ``jemalloc``, ``tcmalloc``, ``mimalloc`` where one was
+    loaded; empty where it could not be told."""
+    malloc_settings: tuple[str, ...] = ()
+    """Names of glibc's malloc settings set in the environment (``MALLOC_MMAP_THRESHOLD_``, ``GLIBC_TUNABLES``...),
+    never their values."""
 
 
 @dataclass(frozen=True, slots=True)

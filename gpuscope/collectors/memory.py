@@ -5,6 +5,10 @@ every start method: fork and spawn workers are our children, forkserver workers 
 stays bounded: when ``max_samples`` are held, every other sample is dropped and the interval doubles, so a run
 of any length is covered evenly. Peaks are kept over every sample taken, thinned ones included.
 
+Each sample also reads this process's own CPU time, user and kernel, and its page faults (``getrusage``), with
+the steps counted by then: how much of the steps' time the kernel takes faulting in fresh memory (the
+``tune-host-allocator`` rule), at no cost to the steps themselves.
+
 At each scan the children's CPU time, and their time waiting for a core, are read too (``ChildrenCpu``, from the
 kernel's ``/proc/PID/schedstat``): how much of their time DataLoader workers spend on a CPU or waiting for one,
 rather than blocked on files or the network, tells whether more workers than cores would help. multiprocessing's
@@ -25,7 +29,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
-from gpuscope.collectors.base import CollectorResult, Watcher, register
+from gpuscope.collectors.allocator import allocator_in_use, malloc_settings, own_usage, page_bytes
+from gpuscope.collectors.base import CollectorResult, StepEvents, Watcher, register
 from gpuscope.collectors.children import PROC, ChildrenCpu, helper_verdict, schedstat
 from gpuscope.record import CollectorStatus, HostMemory
 
@@ -82,12 +87,18 @@ class BoundedSeries(Generic[T]):
 
 
 class MemorySample(NamedTuple):
-    """One reading: seconds since start, RSS of the process, summed RSS of its children, and how many."""
+    """One reading: seconds since start, RSS of the process, summed RSS of its children, and how many; the
+    process's CPU seconds so far in user mode and in the kernel, its minor page faults so far, and the steps
+    counted by then."""
 
     t_s: float
     process_bytes: int
     workers_bytes: int
     workers: int
+    user_s: float = 0.0
+    sys_s: float = 0.0
+    minor_faults: int = 0
+    steps: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,10 +132,12 @@ def peaks_of(samples: Iterable[MemorySample], start: MemoryPeaks | None = None) 
 def build_host_memory(
     samples: Sequence[MemorySample], interval_s: float, peaks: MemoryPeaks | None = None,
     children_cpu: tuple[float, float, float] = (0.0, 0.0, 0.0), max_helpers: int = 0,
+    allocator: tuple[str, tuple[str, ...]] = ("", ()),
 ) -> HostMemory:
     """The record's ``HostMemory`` from kept samples; ``peaks`` adds those of samples thinned away;
     ``children_cpu``: the children's (CPU, waiting for a core, watched) seconds (``ChildrenCpu.totals``), less
-    multiprocessing's helpers (``max_helpers`` of them at once)."""
+    multiprocessing's helpers (``max_helpers`` of them at once); ``allocator``: the C allocator serving malloc and
+    the names of glibc's malloc settings set (``allocator_in_use``, ``malloc_settings``)."""
     top = peaks_of(samples, peaks)
     return HostMemory(
         interval_s=interval_s,
@@ -139,6 +152,13 @@ def build_host_memory(
         workers_runnable_s=children_cpu[1],
         workers_watched_s=children_cpu[2],
         max_helpers=max_helpers,
+        user_s=tuple(round(s.user_s, 4) for s in samples),
+        sys_s=tuple(round(s.sys_s, 4) for s in samples),
+        minor_faults=tuple(s.minor_faults for s in samples),
+        steps_seen=tuple(s.steps for s in samples),
+        page_bytes=page_bytes(),
+        allocator=allocator[0],
+        malloc_settings=allocator[1],
     )
 
 
@@ -185,6 +205,8 @@ class HostMemoryCollector(Watcher):
         self._children: list[Any] = []
         self._last_scan = -math.inf
         self._failures = 0
+        self._events: StepEvents | None = None
+        self._allocator: tuple[str, tuple[str, ...]] = ("", ())
         self._last_error = ""
         self._scan_error = ""
         self.notes: tuple[str, ...] = ()
@@ -200,6 +222,10 @@ class HostMemoryCollector(Watcher):
         return None
 
     # -- lifecycle ---------------------------------------------------------------------------------------
+    def follow(self, events: StepEvents) -> None:
+        """Read the steps counted so far at each sample (no listener: the steps pay nothing for it)."""
+        self._events = events
+
     def start(self, run_dir: Path) -> None:
         import memory_profiler
         import psutil
@@ -212,6 +238,7 @@ class HostMemoryCollector(Watcher):
         # (which it uses underneath) should a later release drop it.
         self._get_memory: Callable[..., Any] | None = getattr(memory_profiler, "_get_memory", None)
         self._t0 = self._clock()
+        self._allocator = (allocator_in_use(), malloc_settings())
         self._sample(rescan=True)  # synchronous, so even a run shorter than one interval has a first point
         self._thread = threading.Thread(target=self._run, name="gpuscope-memory", daemon=True)
         self._thread.start()
@@ -236,7 +263,7 @@ class HostMemoryCollector(Watcher):
         if not samples:
             return CollectorResult(CollectorStatus("failed", f"no memory sample succeeded: {self._last_error}"))
         return CollectorResult(CollectorStatus("ok"), build_host_memory(
-            samples, interval_s, peaks, self._children_cpu.totals(), self._max_helpers))
+            samples, interval_s, peaks, self._children_cpu.totals(), self._max_helpers, self._allocator))
 
     # -- sampling ----------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -257,7 +284,8 @@ class HostMemoryCollector(Watcher):
                 self._scan_children(now)
                 self._read_children_cpu(now)
             workers_bytes, workers = self._children_rss()
-            sample = MemorySample(now - self._t0, process, workers_bytes, workers)
+            steps = self._events.steps_seen() if self._events is not None else 0
+            sample = MemorySample(now - self._t0, process, workers_bytes, workers, *own_usage(), steps)
             with self._lock:
                 self._series.add(sample)
                 self._peaks = merge_peaks(self._peaks, sample)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import subprocess
 import sys
 import time
@@ -277,10 +278,10 @@ class TestBoundedSeries:
 
 class TestPeaks:
     SAMPLES = [
-        MemorySample(0.0, 100, 0, 0),
-        MemorySample(0.1, 300, 50, 2),
-        MemorySample(0.2, 200, 400, 4),
-        MemorySample(0.3, 150, 10, 1),
+        MemorySample(0.0, 100, 0, 0, 0.5, 0.1, 1000, 0),
+        MemorySample(0.1, 300, 50, 2, 0.6, 0.13, 1800, 3),
+        MemorySample(0.2, 200, 400, 4, 0.7, 0.16, 2600, 6),
+        MemorySample(0.3, 150, 10, 1, 0.8, 0.19, 3400, 9),
     ]
 
     def test_peaks_are_the_highest_readings_and_the_highest_sum_at_one_sample(self) -> None:
@@ -288,10 +289,13 @@ class TestPeaks:
         assert peaks == MemoryPeaks(total_bytes=600, process_bytes=300, workers_bytes=400, workers=4)
 
     def test_the_record_carries_the_series_and_the_peaks(self) -> None:
-        memory = build_host_memory(self.SAMPLES, interval_s=0.1)
+        memory = build_host_memory(self.SAMPLES, interval_s=0.1, allocator=("glibc", ("MALLOC_TOP_PAD_",)))
         assert memory == HostMemory(
             interval_s=0.1, peak_bytes=600, peak_process_bytes=300, peak_workers_bytes=400, max_workers=4,
             t_s=(0.0, 0.1, 0.2, 0.3), process_bytes=(100, 300, 200, 150), workers_bytes=(0, 50, 400, 10),
+            user_s=(0.5, 0.6, 0.7, 0.8), sys_s=(0.1, 0.13, 0.16, 0.19), minor_faults=(1000, 1800, 2600, 3400),
+            steps_seen=(0, 3, 6, 9), page_bytes=os.sysconf("SC_PAGE_SIZE"), allocator="glibc",
+            malloc_settings=("MALLOC_TOP_PAD_",),
         )
 
     def test_peaks_of_thinned_samples_are_not_lost(self) -> None:

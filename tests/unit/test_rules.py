@@ -228,12 +228,12 @@ def test_every_contract_id_has_exactly_one_rule() -> None:
     ids = [r.id for r in RULES]
     assert len(ids) == len(set(ids))
     # the contract's 15, reduce-communication, cpu-fp32-over-low-precision, persistent-workers,
-    # file-system-sharing, fused-optimizer, float32-over-float64, cheaper-batches, split-iterable-stream and
-    # skip-distribution-checks (docs/contract-additions.md)
-    assert len(contract_ids()) == 24
+    # file-system-sharing, fused-optimizer, float32-over-float64, cheaper-batches, split-iterable-stream,
+    # skip-distribution-checks and tune-host-allocator (docs/contract-additions.md)
+    assert len(contract_ids()) == 25
     assert {"reduce-communication", "cpu-fp32-over-low-precision", "persistent-workers", "file-system-sharing",
             "fused-optimizer", "float32-over-float64", "cheaper-batches", "split-iterable-stream",
-            "skip-distribution-checks"} <= contract_ids()
+            "skip-distribution-checks", "tune-host-allocator"} <= contract_ids()
     assert set(ids) == contract_ids()
 
 

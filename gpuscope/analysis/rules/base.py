@@ -16,7 +16,8 @@ Needs = tuple[str, ...]
 "cuda" (a CUDA run), "cpu" (a CPU-only run), "practices", "data_probe", "syncs", "model" (the model's layers,
 inspected), "optimizer_probe" (the optimizer's update timed again, as run and fused), "matmul_rates" (this
 machine's measured matmul rate in the step's dtype, and in float32 where that is another), "batch_build" (the data
-probe, or the loader probe's timing of a sampler of the user's own: some part of building a batch timed)."""
+probe, or the loader probe's timing of a sampler of the user's own: some part of building a batch timed),
+"host_memory" (the host memory samples), "glibc_malloc" (glibc's malloc served the process)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,9 @@ def missing_input(record: RunRecord, needs: Needs) -> str | None:
             return _ABSENT["data_probe"] + _collector_reason(record, "data_probe")
         if need in _ABSENT and getattr(record, need) is None:
             return _ABSENT[need] + _collector_reason(record, need)
+        if need == "glibc_malloc" and record.host_memory is not None and record.host_memory.allocator != "glibc":
+            return (f"malloc was {record.host_memory.allocator}'s, not glibc's" if record.host_memory.allocator
+                    else "the C allocator serving malloc could not be told (not Linux?)")
         if need == "model" and (record.practices is None or not record.practices.modules_inspected):
             return "the model's layers were not inspected (fewer than three steps, or no trained module found)"
     return None
@@ -98,6 +102,7 @@ def missing_input(record: RunRecord, needs: Needs) -> str | None:
 _ABSENT = {
     "calibration": "no per-op cost calibration",
     "practices": "the framework's settings were not read",
+    "host_memory": "host memory was not sampled",
     "data_probe": "the dataset was not probed",
     "syncs": "host-device syncs were not counted",
     "loader_probe": "the DataLoader was not probed",

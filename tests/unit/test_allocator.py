@@ -1,0 +1,81 @@
+"""Which allocator serves malloc, which of glibc's malloc settings are set (their names only), and the host memory
+sampler's reading of the process's CPU time, page faults and steps beside its memory."""
+
+from __future__ import annotations
+
+import platform
+from pathlib import Path
+
+import pytest
+
+from gpuscope.collectors.allocator import allocator_in_use, malloc_settings, own_usage
+from gpuscope.collectors.memory import HostMemoryCollector
+from gpuscope.record import CollectorStatus, HostMemory
+
+MAPS = """\
+7f0000000000-7f0000001000 r-xp 00000000 fe:00 11 /usr/lib/x86_64-linux-gnu/libc.so.6
+7f0000002000-7f0000003000 r-xp 00000000 fe:00 12 /venv/lib/python3.11/site-packages/torch/lib/libtorch_cpu.so
+"""
+
+
+def test_a_preloaded_allocator_mapped_into_the_process_is_named(tmp_path: Path) -> None:
+    maps = tmp_path / "maps"
+    maps.write_text(MAPS + "7f0000004000-7f0000005000 r-xp 00000000 fe:00 13 /usr/lib/libjemalloc.so.2\n")
+    assert allocator_in_use(str(maps)) == "jemalloc"
+    maps.write_text(MAPS + "7f0000004000-7f0000005000 r-xp 00000000 fe:00 13 /opt/lib/libtcmalloc_minimal.so.4\n")
+    assert allocator_in_use(str(maps)) == "tcmalloc"
+
+
+def test_without_one_it_is_glibc_on_a_glibc_system_and_unknown_without_proc(tmp_path: Path) -> None:
+    maps = tmp_path / "maps"
+    maps.write_text(MAPS)
+    assert allocator_in_use(str(maps)) == ("glibc" if platform.libc_ver()[0] == "glibc" else "")
+    assert allocator_in_use(str(tmp_path / "no-such-file")) == ""
+
+
+def test_malloc_settings_are_named_never_valued() -> None:
+    environ = {"MALLOC_TRIM_THRESHOLD_": "1073741824", "MALLOC_ARENA_MAX": "2", "HOME": "/root",
+               "GLIBC_TUNABLES": "glibc.malloc.mmap_threshold=1073741824", "API_TOKEN": "secret"}
+    assert malloc_settings(environ) == ("MALLOC_TRIM_THRESHOLD_", "MALLOC_ARENA_MAX", "GLIBC_TUNABLES")
+    assert malloc_settings({"GLIBC_TUNABLES": "glibc.rtld.nns=2", "MALLOC_TOP_PAD_": ""}) == ()
+
+
+class Steps:
+    """The step events the sampler reads: only how many steps were counted."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def steps_seen(self) -> int:
+        return self.count
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="page faults as Linux counts them")
+def test_each_sample_reads_the_cpu_time_the_page_faults_and_the_steps_so_far(tmp_path: Path) -> None:
+    # given: a sampler whose only samples are its first and last (at start and stop), following the steps
+    steps = Steps()
+    collector = HostMemoryCollector(interval_s=60.0)
+    collector.follow(steps)  # type: ignore[arg-type]
+    collector.start(tmp_path)
+    # when: seven steps run, which touch 64 MiB of fresh memory
+    fresh = bytearray(64 << 20)
+    fresh[::4096] = b"\x01" * len(range(0, 64 << 20, 4096))
+    steps.count = 7
+    result = collector.stop()
+    # then
+    assert result.status == CollectorStatus("ok")
+    memory: HostMemory = result.payload
+    assert memory.steps_seen == (0, 7)
+    assert memory.minor_faults[1] - memory.minor_faults[0] >= 0.9 * (64 << 20) / memory.page_bytes
+    assert memory.user_s[1] >= memory.user_s[0] > 0 and memory.sys_s[1] >= memory.sys_s[0] > 0
+    assert memory.page_bytes > 0
+    assert memory.allocator in ("glibc", "jemalloc", "tcmalloc", "mimalloc", "")
+    del fresh
+
+
+def test_the_process_cpu_time_grows() -> None:
+    before = own_usage()
+    sum(i * i for i in range(200_000))
+    after = own_usage()
+    assert after[0] + after[1] > before[0] + before[1]
+    assert after[2] >= before[2]
