@@ -4,7 +4,9 @@ and the notebook API.
 
 Order, all of it derived from the collectors' declarations (``collectors.default_collectors``):
 1. the steps collector starts first: it is the source of the step events the others follow;
-2. live collectors start in window order (the scheduler's), the rest after them, and stop in reverse;
+2. live collectors start in window order (the scheduler's), the rest after them, and stop in reverse, but for the
+   steps collector, which stops first, as the script ends: what the others do as they stop (a trace of many ops
+   written out: 15 s) is no part of the script's time after its last step;
 3. the steps are reduced (``analysis.steady``) so the probes know what the run measured;
 4. post-run probes run one at a time, each after every live hook is gone (they may run the user's code again);
 5. every payload becomes record fields (``analysis.reduce``), and the record is analysed and written.
@@ -223,9 +225,10 @@ class Session:
         return reason is None
 
     def _stop_live(self) -> dict[str, CollectorResult]:
-        """Stop the live collectors, the last started first; one that fails is recorded as failed."""
+        """Stop the live collectors, the steps collector first, then the last started first; one that fails is
+        recorded as failed."""
         results: dict[str, CollectorResult] = {}
-        for collector in reversed(self._started):
+        for collector in sorted(reversed(self._started), key=lambda c: c is not self._steps):
             try:
                 results[collector.name] = collector.stop()
             except Exception as exc:

@@ -2,8 +2,9 @@
 
 Hooks, all global and all removed at stop:
 - ``optimizer.step()``: torch's global optimizer step pre/post hooks: the optimizer phase, and the step's end. A
-  closure passed to it (Lightning's automatic optimisation runs the whole training step in one) is wrapped: its
-  time is no part of the optimizer phase (its forward and backward are timed as such, the rest is "other").
+  closure passed to it (Lightning's automatic optimisation runs the whole training step in one; LBFGS calls it up to
+  20 times a step) is wrapped: its time is no part of the optimizer phase (its forward and backward are timed as
+  such, the rest is "other"), and its ``backward()`` begins no step.
 - DataLoader: ``_BaseDataLoaderIter.__next__`` is wrapped: the time spent in it is the step's data wait. A batch
   taken in another thread (a prefetching thread handing batches over) counts for its loader, and from then on the
   loop's waits in ``queue.Queue.get`` are its data wait.
@@ -64,10 +65,9 @@ class StepsCollector:
         self._undo: list[Callable[[], None]] = []
         self._optimizers: dict[int, weakref.ref[Any]] = {}  # stepped in the loop's thread, by id, in order
         self.first_optimizer: Any = None  # the first of them, kept alive for the post-run optimizer probe
-        self.loaders = LoaderBook()
-        """The DataLoaders iterated (the post-run probes load the slowest one again)."""
+        self.loaders = LoaderBook()  # the DataLoaders iterated (the post-run probes load the slowest one again)
         self._loader_depth = 0
-        self._backward_depth = 0  # backward() inside backward() (a gradient penalty) marks no step
+        self._backward_depth = 0  # backward() in backward() (a gradient penalty) or in a closure marks no step
         self._roots_found = False
         self._rooted: set[int] = set()  # ids of the optimizers whose modules were looked for
         self._discovery_s = 0.0
@@ -185,10 +185,8 @@ class StepsCollector:
             return
         self._torch = torch
         self._cuda_built = bool(getattr(torch.version, "cuda", None) or getattr(torch.version, "hip", None))
-        for handle in (
-            register_optimizer_step_pre_hook(self._optimizer_pre),
-            register_optimizer_step_post_hook(self._optimizer_post),
-        ):
+        for handle in (register_optimizer_step_pre_hook(self._optimizer_pre),
+                       register_optimizer_step_post_hook(self._optimizer_post)):
             self._undo.append(handle.remove)
         self._undo.append(patch(dataloader._BaseDataLoaderIter, "__next__", self._wrap_next))
         self._undo.append(patch(dataloader.DataLoader, "__init__", self.loaders.wrap_init))
@@ -229,9 +227,11 @@ class StepsCollector:
         def timed_closure(*args: Any, **kwargs: Any) -> Any:  # any arguments: a custom step's callable may take some
             tracker = collector.tracker
             tracker.enter(OTHER, collector._clock())  # type: ignore[union-attr]
+            collector._backward_depth += 1  # its backward() is the optimizer step's, no step of its own
             try:
                 return closure(*args, **kwargs)
             finally:
+                collector._backward_depth -= 1
                 tracker.exit(OTHER, collector._clock())  # type: ignore[union-attr]
 
         return timed_closure

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import time
 from pathlib import Path
 
 import pytest
@@ -19,8 +20,9 @@ from gpuscope.analysis.reduce import record_fields
 from gpuscope.analysis.steady import summarize
 from gpuscope.captures import StepCapture, TraceCapture
 from gpuscope.collectors.steplog import StepLog, StepTracker
+from gpuscope.collectors.base import CollectorResult
 from gpuscope.collectors.steps import StepsCollector
-from gpuscope.record import CallSite, Loader, Steps, Window
+from gpuscope.record import CallSite, CollectorStatus, Loader, Steps, Window
 from gpuscope.summary import left_out
 
 TRAIN = {"data_wait": 0.01, "forward": 0.03, "backward": 0.05, "optimizer": 0.01}
@@ -231,3 +233,43 @@ def test_a_test_pass_after_the_last_step_is_timed_and_the_verdict_counts_it() ->
     assert evaluation_passes(make_record(steps=both)).startswith(  # type: ignore[union-attr]
         "2 steps and the run's end, after the last step, held an evaluation pass")
     assert "5.5 s in all" in evaluation_passes(make_record(steps=both))  # type: ignore[operator]
+
+
+class SlowToStop:
+    """A live collector whose stop takes 0.2 s, as the torch profiler's does writing out a trace of many ops."""
+
+    name = "slow-to-stop"
+    field = None
+    stage = "live"
+
+    def unavailable_reason(self) -> None:
+        return None
+
+    def start(self, run_dir: Path) -> None:
+        pass
+
+    def stop(self) -> CollectorResult:
+        time.sleep(0.2)
+        return CollectorResult(CollectorStatus("ok"))
+
+
+def test_the_time_other_collectors_take_to_stop_is_no_part_of_a_final_test_pass(tmp_path: Path) -> None:
+    # given: six training steps, then a test pass, under a session whose other collector takes 0.2 s to stop
+    from gpuscope.session import Session
+
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    session = Session(tmp_path, ["in-process"], [StepsCollector(), SlowToStop()])
+    session.start()
+    try:
+        for _ in range(6):
+            model(torch.randn(8, 4)).sum().backward()
+            optimizer.step()
+        model.eval()
+        with torch.no_grad():
+            model(torch.randn(8, 4))
+    finally:
+        record = session.stop(0)
+    # then: the test pass took what it took, microseconds, not the other collector's stop
+    assert record.steps.total == 6
+    assert 0 < record.steps.final_evaluation_s < 0.1
