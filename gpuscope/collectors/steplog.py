@@ -204,6 +204,7 @@ class StepTracker:
         self.listeners: list[Callable[[int], None]] = []
         self._leaving: list[Callable[[int], None]] = []  # listeners to drop once the current notification is over
         self.phase_listeners: list[Callable[[str], None]] = []  # called with the phase now charged
+        self.hold: Callable[[StepTracker], bool] | None = None  # keeps a provisional step from the listeners
 
     # -- phases ------------------------------------------------------------------------------------------
     def enter(self, phase: str, now: float) -> None:
@@ -375,7 +376,7 @@ class StepTracker:
         self._leaving.append(listener)
 
     def _notify(self) -> None:
-        if not self.listeners:
+        if not self.listeners or (self.hold is not None and self.hold(self)):
             return
         started = self._clock() if self._clock is not None else 0.0
         for listener in self.listeners:

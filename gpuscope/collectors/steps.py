@@ -20,8 +20,8 @@ Hooks, all global and all removed at stop:
 - CUDA: once the script has initialised CUDA, events on the current stream at each phase change, resolved when the
   GPU has passed them (never synchronising the loop), give the device-side breakdown.
 
-Otherwise only events from the training loop's thread are counted: the one that started the collector, or the one
-whose step-defining events come first (a script training in a ``threading.Thread``: see ``loopthread``).
+Only events from the training loop's thread count: the one that started the collector, or the one whose
+step-defining events come first (a script training in a ``threading.Thread``: see ``loopthread``).
 
 Taken out in the middle of the run (``--profile-steps``): a step begins inside torch's optimizer hook, while torch
 iterates over its hooks, where no hook can be removed. So the stop is asked for (``stop_at_safe_point``) and runs
@@ -45,6 +45,7 @@ from gpuscope.collectors.device_timeline import timing_event
 from gpuscope.collectors.forward_modules import ForwardModules
 from gpuscope.collectors.loaders import LoaderBook
 from gpuscope.collectors.loopthread import LoopThread
+from gpuscope.collectors.optimizer_watch import OptimizerWatch
 from gpuscope.collectors.steplog import OTHER, DeviceTimeline, StepLog, StepTracker
 from gpuscope.importwatch import ImportWatch
 from gpuscope.record import CollectorStatus
@@ -72,6 +73,7 @@ class StepsCollector:
         self._rooted: set[int] = set()  # ids of the optimizers whose modules were looked for
         self._discovery_s = 0.0
         self.forward = ForwardModules(self._forward_pre, self._forward_post)  # the modules whose forward is timed
+        self._optimizer_watch = OptimizerWatch()  # the steps are provisional while an optimizer built has not stepped
         self._device_failed = False
         self._cuda_built = True  # False for a torch built without CUDA (or ROCm): no step asks whether CUDA is up
         self._failures: list[str] = []
@@ -86,6 +88,7 @@ class StepsCollector:
         self._loop = LoopThread()
         self.tracker = StepTracker(self._clock(), StepLog(skip=self._skip), self._clock)
         self.tracker.on_span_end = self.loaders.step_closed
+        self.tracker.hold = self._optimizer_watch.holds
         self.tracker.listeners.append(self._after_boundary)  # first: its one-time work before any window opens
         watch = ImportWatch("torch", self._install_torch_hooks)
         self._undo.append(watch.remove)
@@ -185,9 +188,9 @@ class StepsCollector:
             return
         self._torch = torch
         self._cuda_built = bool(getattr(torch.version, "cuda", None) or getattr(torch.version, "hip", None))
-        for handle in (register_optimizer_step_pre_hook(self._optimizer_pre),
-                       register_optimizer_step_post_hook(self._optimizer_post)):
-            self._undo.append(handle.remove)
+        self._undo += [register_optimizer_step_pre_hook(self._optimizer_pre).remove,
+                       register_optimizer_step_post_hook(self._optimizer_post).remove]
+        self._undo.append(self._optimizer_watch.install(torch))
         self._undo.append(patch(dataloader._BaseDataLoaderIter, "__next__", self._wrap_next))
         self._undo.append(patch(dataloader.DataLoader, "__init__", self.loaders.wrap_init))
         self._undo.append(patch(queue.Queue, "get", self._wrap_handoff))
@@ -340,9 +343,8 @@ class StepsCollector:
         tracker = self.tracker
         if self._torch is None or tracker is None:
             return
-        # Wait for the kind of marker that will define the steps: an optimizer usually steps within the first
-        # batch, and then only the modules it trains are hooked. A loop with no optimizer has shown itself
-        # after two batches.
+        # Wait for the kind of marker that defines the steps: an optimizer steps within the first batch, and then
+        # only the modules it trains are hooked; a loop with no optimizer has shown itself after two batches.
         settled = tracker.source != "dataloader" or index >= 2
         # an optimizer stepped for the first time since the roots were found (a GAN's second one)
         late = self._roots_found and len(self._optimizers) > len(self._rooted)
@@ -365,11 +367,9 @@ class StepsCollector:
         if tracker.device is None and self._cuda_built and not self._device_failed and self.cuda_in_use():
             torch = self._torch
             try:
-                tracker.attach_device(DeviceTimeline(
-                    timing_event(torch),
-                    # a timing event may not be recorded on a stream that is capturing a CUDA graph
-                    can_mark=lambda: not torch.cuda.is_current_stream_capturing(),
-                ))
+                # a timing event may not be recorded on a stream that is capturing a CUDA graph
+                tracker.attach_device(DeviceTimeline(timing_event(torch),
+                                                     can_mark=lambda: not torch.cuda.is_current_stream_capturing()))
             except Exception as exc:
                 self._failures.append(f"device timing unavailable: {exc}")
                 self._device_failed = True

@@ -1,0 +1,76 @@
+"""Steps counted by ``backward()`` or by DataLoader batches while an optimizer the script built has not stepped yet
+are provisional: they are most likely the batches whose gradients the first ``optimizer.step()`` will take
+(gradient accumulation, 16 or 32 batches an update in many fine-tuning scripts). The collectors that follow the
+steps are not told of them: each profiling window would otherwise be placed, and spent, on single batches inside
+the warm-up step (a loop accumulating 16 batches had its trace, Python profile and FLOP count each hold one batch:
+"0.92 ms of torch ops in a 16.9 ms step"). Once the optimizer steps, its steps are counted from the first, and the
+windows open on them.
+
+An optimizer built and never stepped within ``HOLD_STEPS`` batches (one kept for a later phase) holds them no
+longer: the steps counted so far are then dropped and counted again from there, so that the windows placed at the
+first steps still open.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from gpuscope.collectors.base import patch
+
+HOLD_STEPS = 64
+"""The most ``backward()`` calls the step events wait for an optimizer built but not stepped."""
+
+
+class OptimizerWatch:
+    """Sees optimizers built (``torch.optim.Optimizer.__init__``) and stepped (its global step pre-hook)."""
+
+    def __init__(self) -> None:
+        self.built = False
+        self.stepped = False
+        self._holding = False  # some step was held back
+        self._gave_up = False  # and no longer is
+
+    def install(self, torch: Any) -> Callable[[], None]:
+        """Hook ``torch.optim``; returns the undo."""
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+        handle = register_optimizer_step_pre_hook(self._pre_step)
+        unpatch = patch(torch.optim.Optimizer, "__init__", self._wrap_init)
+
+        def undo() -> None:
+            handle.remove()
+            unpatch()
+
+        return undo
+
+    def _wrap_init(self, original: Callable[..., None]) -> Callable[..., None]:
+        watch = self
+
+        @functools.wraps(original)
+        def __init__(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+            watch.built = True
+            original(optimizer, *args, **kwargs)
+
+        return __init__
+
+    def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        self.stepped = True
+
+    def holds(self, tracker: Any) -> bool:
+        """Whether ``tracker`` (a ``StepTracker`` about to tell its listeners of a step) keeps it from them: a step
+        ``backward()`` or a batch counted while an optimizer built has not stepped, up to ``HOLD_STEPS``. Past them,
+        the steps counted so far are dropped, and the one beginning is step 0."""
+        if tracker.source not in ("backward", "dataloader") or not self.built or self.stepped or self._gave_up:
+            return False
+        if tracker.log.count <= HOLD_STEPS:
+            self._holding = True
+            return True
+        self._gave_up = True
+        if self._holding:  # the optimizer never stepped: backward() or the batches define the steps after all
+            tracker.dropped += tracker.log.count
+            tracker.log.clear()
+            if tracker.device is not None:
+                tracker.device.reset()
+        return False

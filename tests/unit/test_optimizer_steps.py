@@ -1,0 +1,90 @@
+"""The steps an optimizer defines, as the collectors that follow the steps hear of them: an optimizer that calls its
+closure many times a step (LBFGS evaluates the model up to 25 times in one ``optimizer.step(closure)``) makes one
+step of them, and a loop accumulating gradients over many batches before its first ``optimizer.step()`` is not
+told of those batches as steps (each profiling window would be spent on single batches of the warm-up step)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from gpuscope.collectors.optimizer_watch import HOLD_STEPS
+from gpuscope.collectors.steps import StepsCollector
+
+
+def following(tmp_path: Path) -> tuple[StepsCollector, list[int]]:
+    """A started steps collector, and the indices a collector following its steps hears, in order."""
+    collector = StepsCollector()
+    collector.start(tmp_path)
+    heard: list[int] = []
+    collector.add_step_listener(heard.append)
+    return collector, heard
+
+
+def test_each_lbfgs_step_is_one_step_whatever_its_closure_calls(tmp_path: Path) -> None:
+    # given: LBFGS, four passes of its closure (forward and backward) in each of six steps
+    collector, heard = following(tmp_path)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.LBFGS(model.parameters(), max_iter=4, tolerance_grad=0, tolerance_change=0)
+    inputs, targets = torch.randn(16, 4), torch.randn(16, 1)
+    passes = 0
+
+    def closure() -> torch.Tensor:
+        nonlocal passes
+        passes += 1
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(inputs), targets)
+        loss.backward()
+        return loss
+
+    # when
+    for _ in range(6):
+        optimizer.step(closure)
+    capture = collector.stop().payload
+    # then: six steps, counted by the optimizer from the first, each with its passes' backward inside it
+    assert passes >= 4 * 6
+    assert (capture.source, capture.count) == ("optimizer", 6)
+    assert collector.tracker.dropped == 0
+    assert heard == [1, 2, 3, 4, 5, 6]
+    assert all(record.phases_s["backward"] > 0 for record in capture.records)
+
+
+def accumulate(tmp_path: Path, batches: int, updates: int, build_optimizer: bool = True,
+               step: bool = True) -> tuple[StepsCollector, list[int]]:
+    """``updates`` rounds of ``batches`` forward and backward passes, each round ending in an optimizer step (none
+    with ``step=False``; no optimizer built with ``build_optimizer=False``)."""
+    collector, heard = following(tmp_path)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01) if build_optimizer else None
+    for _ in range(updates):
+        for _ in range(batches):
+            model(torch.randn(8, 4)).sum().backward()
+        if optimizer is not None and step:
+            optimizer.step()
+            optimizer.zero_grad()
+    collector.stop()
+    return collector, heard
+
+
+def test_batches_accumulated_before_the_first_optimizer_step_are_no_steps_to_the_followers(tmp_path: Path) -> None:
+    # given: 16 batches a step, 5 steps
+    collector, heard = accumulate(tmp_path, batches=16, updates=5)
+    # then: the followers heard of the optimizer's steps only; backward() had counted 16 before it first stepped
+    assert heard == [1, 2, 3, 4, 5]
+    assert collector.tracker.dropped == 16 and collector.tracker.source == "optimizer"
+
+
+def test_without_an_optimizer_each_backward_is_a_step_from_the_second_on(tmp_path: Path) -> None:
+    _, heard = accumulate(tmp_path, batches=1, updates=6, build_optimizer=False)
+    assert heard == [2, 3, 4, 5, 6]  # the first backward's end is known to be a boundary at the second's
+
+
+def test_an_optimizer_built_and_never_stepped_holds_the_steps_back_only_so_long(tmp_path: Path) -> None:
+    # given: an optimizer built, kept for later, and HOLD_STEPS + 10 batches trained by backward() alone
+    collector, heard = accumulate(tmp_path, batches=HOLD_STEPS + 10, updates=1, step=False)
+    # then: the steps counted while it held them are dropped, and the followers hear of the rest from step 0
+    assert collector.tracker.source == "backward"
+    assert collector.tracker.dropped == HOLD_STEPS + 1
+    assert heard == list(range(10))  # the rest of the 74 backward() calls' steps, from step 0
