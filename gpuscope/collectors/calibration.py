@@ -72,19 +72,30 @@ def measure_op_overhead(torch: Any, anomaly: bool = False) -> Calibration:
     """Time and count the ops of a tiny model's training steps (under anomaly detection if ``anomaly``, fewer)."""
     from torch.profiler import ProfilerActivity, profile
 
+    from gpuscope.collectors.lazy_dynamo import inductor_left_unimported
     from gpuscope.collectors.torch_trace import kineto_quiet
 
     model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(LAYERS)])
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    params = list(model.parameters())
+    # torch.optim's SGD where the script's process has imported torch._dynamo (every torch.optim optimizer imports it:
+    # a script that stepped one); else the same update by hand, as a loop without torch.optim makes it (SGD would
+    # import it here: 1.2 s of this probe, and an optimizer's Python the script's steps do not run)
+    optimizer = torch.optim.SGD(params, lr=0.01) if "torch._dynamo" in sys.modules else None
     x = torch.ones(1, 2)
     mode = torch.autograd.detect_anomaly if anomaly else contextlib.nullcontext
 
     def step() -> None:
         with mode():
             loss = model(x).sum()
-            optimizer.zero_grad()
+            for p in params:
+                p.grad = None  # SGD's zero_grad()
             loss.backward()
-        optimizer.step()
+        if optimizer is not None:
+            optimizer.step()
+            return
+        with torch.no_grad():
+            for p in params:
+                p.add_(p.grad, alpha=-0.01)  # SGD's update on a CPU (no momentum, single-tensor)
 
     scale = ANOMALY_SCALE if anomaly else 1
     steps, repeats = TIMED_STEPS // scale, max(2, REPEATS // scale)
@@ -97,7 +108,7 @@ def measure_op_overhead(torch: Any, anomaly: bool = False) -> Calibration:
             step()
         timings.append((time.perf_counter() - started) / steps)
     step_s = min(timings)
-    with kineto_quiet():
+    with kineto_quiet(), inductor_left_unimported():
         prof = profile(activities=[ProfilerActivity.CPU])
         prof.start()
         for _ in range(COUNTED_STEPS):

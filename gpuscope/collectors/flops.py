@@ -39,6 +39,7 @@ from gpuscope.collectors.base import (
     WindowRequest,
     register,
 )
+from gpuscope.collectors.lazy_dynamo import leave_unimported
 from gpuscope.record import CollectorStatus
 
 if TYPE_CHECKING:
@@ -142,7 +143,9 @@ class SpeedOfLightCollector(StepFollower):
                 display=False, custom_mapping={k: tracking(v) for k, v in flop_counter.flop_registry.items()})
         if hasattr(mode, "mod_tracker"):
             mode.mod_tracker = _GlobalOnly()  # no global module hooks: see _GlobalOnly
-        _without_dynamo_import(getattr(flop_counter, "_FlopCounterMode", flop_counter.FlopCounterMode))
+        # the dispatch mode imports nothing the script would not (lazy_dynamo)
+        leave_unimported(vars(getattr(flop_counter, "_FlopCounterMode", flop_counter.FlopCounterMode)).get(
+            "__torch_dispatch__"))
         self._tf32 = bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False))
         mode.__enter__()
         self._mode = mode
@@ -196,24 +199,6 @@ class SpeedOfLightCollector(StepFollower):
             tf32=self._tf32, note=note, flops_by_dtype=dict(self._dtypes)))
 
 
-def _without_dynamo_import(mode_class: type) -> None:
-    """Keep the counted step from importing ``torch._dynamo``. Since torch 2.10 every TorchDispatchMode's
-    ``__torch_dispatch__`` is wrapped by ``torch._disable_dynamo``, which at its first call imports torch._dynamo
-    (and with it sympy, torch.distributed and torch.onnx: about 800 modules, 2.2 s of CPU on the project's 2-core
-    machine) only to keep the mode out of what torch.compile traces, and caches the result on the function. Under
-    python the script never pays that; under gpuscope it paid it inside its run, and every later full garbage
-    collection of its process walked the 120,000 objects the import left. Where the script has not imported
-    torch._dynamo nothing is compiled, so the cache is filled with the function itself; elsewhere (or where a torch
-    wraps differently) nothing is changed."""
-    if "torch._dynamo" in sys.modules:
-        return
-    wrapper = mode_class.__dict__.get("__torch_dispatch__")
-    function = getattr(wrapper, "__wrapped__", None)
-    if function is not None and not hasattr(function, DYNAMO_CACHE):
-        setattr(function, DYNAMO_CACHE, function)
-
-
-DYNAMO_CACHE = "__dynamo_disable"
 """The attribute ``torch._disable_dynamo``'s wrapper caches the dynamo-disabled function in (torch/_compile.py)."""
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from gpuscope.collectors.base import CollectorResult, StepFollower, WindowRequest, register
+from gpuscope.collectors.lazy_dynamo import inductor_left_unimported
 from gpuscope.captures import TraceCapture
 from gpuscope.record import CollectorStatus
 from gpuscope.versions import parse_version
@@ -114,7 +115,7 @@ class TorchTraceCollector(StepFollower):
                 return
             if phase == "active":
                 self._recorded.append(index)
-            with kineto_quiet(), _inductor_left_unimported():
+            with kineto_quiet(), inductor_left_unimported():
                 self._prof.step()
             if phase == "after":
                 self._end()
@@ -152,7 +153,7 @@ class TorchTraceCollector(StepFollower):
         # count the profiler's steps as gpuscope does, so trace.json's ProfilerStep#N is run.json's step N
         self._prof.step_num = index
         self._prof.current_action = schedule(index)
-        with kineto_quiet(), _inductor_left_unimported():
+        with kineto_quiet(), inductor_left_unimported():
             self._prof.start()
         self._events.window_opened()  # type: ignore[union-attr]
 
@@ -328,34 +329,6 @@ def _no_cycle_warning() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message=".*Profiler clears events", category=UserWarning)
         yield
-
-
-@contextmanager
-def _inductor_left_unimported() -> Iterator[None]:
-    """torch.profiler asks ``hasattr(torch, "_inductor")`` as it starts (to read whether inductor's CUDA graphs are
-    on), and torch's lazy attributes import a submodule on that question: torch._inductor and torch._dynamo with it,
-    1.3 s of a 2-core machine in a script that had imported neither (no torch.optim, no torch.compile). Where
-    inductor is not imported, the question reads "no" while the profiler starts or steps: its CUDA graphs cannot be
-    on. (For those moments, another of the script's threads reaching torch._inductor through torch's attributes,
-    not an import, would be told it is not there.)"""
-    import torch
-
-    if "torch._inductor" in sys.modules or not callable(getattr(torch, "__getattr__", None)):
-        yield
-        return
-    lazy = torch.__getattr__
-
-    def without_inductor(name: str) -> Any:
-        if name == "_inductor":
-            raise AttributeError(name)
-        return lazy(name)
-
-    torch.__getattr__ = without_inductor  # type: ignore[attr-defined]
-    try:
-        yield
-    finally:
-        if torch.__dict__.get("__getattr__") is without_inductor:
-            torch.__getattr__ = lazy  # type: ignore[attr-defined]
 
 
 KINETO_NOISE = (b"USDT:", b"ERROR: External init callback must run in same thread as registerClient")

@@ -192,3 +192,20 @@ def test_counting_a_steps_flops_imports_nothing_into_the_script_that_python_woul
     # later garbage collections walked)
     assert load_run(tmp_path / "run")["speed_of_light"]["flops_per_step"] > 0
     assert under.stdout == plain.stdout == "imported: []\n", under.stderr
+
+
+CALIBRATE = """
+import sys, torch
+from gpuscope.collectors.calibration import measure_op_overhead
+calibration = measure_op_overhead(torch)
+print(sorted(m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules), calibration.ops_per_step)
+"""
+
+
+@pytest.mark.slow
+def test_the_calibration_probe_imports_no_compiler_into_a_process_without_one(tmp_path: Path) -> None:
+    # given: a process that never imported torch._dynamo (a loop with no torch.optim optimizer); the probe's SGD
+    # would import it (1.2 s of the 2-core machine, after every such script), and so would torch.profiler's start
+    done = run_python(["-c", CALIBRATE], tmp_path)
+    # then: the same model and the same 379 ops a step, SGD's update made by hand, and no compiler imported
+    assert done.stdout.splitlines()[-1] == "[] 379.0", done.stderr

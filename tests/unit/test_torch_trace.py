@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from gpuscope.analysis.kernels import kernel_timeline
+from gpuscope.collectors.lazy_dynamo import inductor_left_unimported
 from gpuscope.collectors.torch_trace import (
-    _inductor_left_unimported,
     cap_trace,
     kineto_quiet,
     release_cupti_after_trace,
@@ -128,7 +128,7 @@ def test_the_profilers_question_whether_inductor_is_on_imports_nothing(monkeypat
     monkeypatch.setitem(sys.modules, "torch", fake)
     monkeypatch.delitem(sys.modules, "torch._inductor", raising=False)
     # when the profiler starts
-    with _inductor_left_unimported():
+    with inductor_left_unimported():
         inductor_on = hasattr(fake, "_inductor")
         other = hasattr(fake, "_dynamo")
     # then the question reads "no" and imports nothing; other lazy attributes still import, and afterwards all do
@@ -141,5 +141,5 @@ def test_with_inductor_imported_the_profiler_sees_it(monkeypatch: pytest.MonkeyP
     fake = lazy_torch(imported)
     monkeypatch.setitem(sys.modules, "torch", fake)
     monkeypatch.setitem(sys.modules, "torch._inductor", types.ModuleType("torch._inductor"))
-    with _inductor_left_unimported():
+    with inductor_left_unimported():
         assert hasattr(fake, "_inductor")
