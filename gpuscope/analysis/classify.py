@@ -90,6 +90,13 @@ def _why_no_step(record: RunRecord) -> str:
             "there is nothing to measure until it gets that far")
 
 
+def _ops_ran(covered: float, median_s: float) -> str:
+    """How long the traced steps' torch ops ran against the median step; where the traced steps ran slower than
+    the median (early steps, still growing their memory), more than the step, which is said."""
+    text = f"torch ops ran {covered * 1e3:.2f} ms of the {median_s * 1e3:.2f} ms step ({min(covered / median_s, 1):.0%}"
+    return text + (": the traced steps ran slower than the median)" if covered > median_s else ")")
+
+
 def _classify_cpu(record: RunRecord) -> Verdict:
     ops, steps = record.op_profile, record.steps
     overhead = cpu_overhead(record)
@@ -108,9 +115,8 @@ def _classify_cpu(record: RunRecord) -> Verdict:
         return Verdict("cpu-launch", _rising(share, th.LAUNCH_BOUND_OVERHEAD, 0.9), tuple(facts))
     covered = ops.ops_per_step * ops.mean_op_s  # type: ignore[union-attr]
     if share <= th.COMPUTE_BOUND_MAX_OVERHEAD and covered < th.OPS_COVER_STEP * steps.median_s:
-        outside = f"torch ops ran {covered * 1e3:.2f} ms of the {steps.median_s * 1e3:.2f} ms step " \
-                  f"({covered / steps.median_s:.0%}): most of the step is spent outside torch ops, neither computing " \
-                  "nor waiting for a DataLoader"
+        outside = f"{_ops_ran(covered, steps.median_s)}: most of the step is spent outside torch ops, neither " \
+                  "computing nor waiting for a DataLoader"
         return Verdict("inconclusive", 0.3, (outside, *_outside_ops(record), *facts))
     if share > th.COMPUTE_BOUND_MAX_OVERHEAD and ratio <= th.TINY_OP_RATIO:
         facts.append(f"the ops are tiny (mean self time at most {th.TINY_OP_RATIO:.0f}x their fixed cost): the step "
@@ -136,9 +142,8 @@ def _classify_cpu(record: RunRecord) -> Verdict:
                        "environment's steps)"
             return Verdict("inconclusive", 0.3, (outside, *_outside_ops(record), *facts))
         # the arithmetic is in torch ops all the same, outside the trained model (a frozen teacher under no_grad)
-        facts.insert(0, f"{outside}, yet torch ops ran {covered * 1e3:.2f} ms of the {steps.median_s * 1e3:.2f} ms "
-                        f"step ({covered / steps.median_s:.0%}): computing outside the trained model's forward and "
-                        "backward (a model run without gradients, a loss)")
+        facts.insert(0, f"{outside}, yet {_ops_ran(covered, steps.median_s)}: computing outside the trained model's "
+                        "forward and backward (a model run without gradients, a loss)")
     if share <= th.COMPUTE_BOUND_MAX_OVERHEAD:
         facts.extend(_top_ops(record))
         confidence = _rising(1 - share, 1 - th.COMPUTE_BOUND_MAX_OVERHEAD, 0.99)
