@@ -70,6 +70,11 @@ class TraceCapture:
     unfinished: int | None = None
 
 
+LOW_PRECISION = ("bfloat16", "float16")
+"""The reduced-precision float dtypes a step's matmuls and convolutions may run in (the FLOP counter times the
+CPU's rate in them; the precision rules hold that rate against float32's)."""
+
+
 @dataclass(frozen=True, slots=True)
 class FlopCount:
     """The FLOPs of one steady step, as ``FlopCounterMode`` counted them (the flops collector's payload).

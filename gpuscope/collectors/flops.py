@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpuscope.captures import CpuPeak, FlopCount
+from gpuscope.captures import LOW_PRECISION, CpuPeak, FlopCount
 from gpuscope.collectors.base import (
     CollectorResult,
     PostRunProbe,
@@ -63,7 +63,6 @@ MIN_BENCH_SIZE = 128
 MEASURED_DTYPES = ("float32", "bfloat16", "float16", "float64")
 """The step dtypes the CPU peak is measured in (float32 beside any other); a step in another is held against
 float32's."""
-LOW_PRECISION = ("bfloat16", "float16")
 CONV_SHAPE = (4, 16, 16)
 """The convolution timed in a low-precision dtype and in float32: 3x3, 16 channels to 16, on 4 images of 16x16
 pixels (4.7 MFLOP). A small one: torch's reference kernel runs bfloat16 at about 2 GFLOP/s on the project's 2-core

@@ -8,9 +8,9 @@ from dataclasses import dataclass
 from gpuscope.analysis import thresholds as th
 from gpuscope.analysis.evidence import STEP, Metric, kernel_share, median_compute_s, op_kind
 from gpuscope.analysis.rules.base import Finding, rule
+from gpuscope.captures import LOW_PRECISION
 from gpuscope.record import CallSite, KernelTimeline, RunRecord
 
-LOW_PRECISION = ("bfloat16", "float16")
 MIXED_PRECISION_OFF = {
     "pytorch_lightning": 'Trainer(..., precision="32-true")',
     "lightning": 'Trainer(..., precision="32-true")',
