@@ -83,6 +83,19 @@ PRELOADED = Preloaded(child_env())
 """The session's python with torch imported, started on first use (tests/preloaded.py)."""
 
 
+TWO_WORKERS_WAIT = 0.35
+"""The data wait the data-bound sample may keep with two DataLoader workers on this machine's two cores (three busy
+processes): around the 20% at which loading bounds the run (18% and 25% in one CI's two such runs, whose verdicts
+then differed), far under the 70-95% without them. Tests that apply the workers fix accept a data-loading verdict
+up to it."""
+
+
+def loading_cleared(record: dict[str, Any]) -> bool:
+    """Whether a run of the data-bound sample with its workers fix applied is no longer bound by loading: its verdict
+    says so, or its data wait is down to what two workers on two cores leave (``TWO_WORKERS_WAIT``)."""
+    return record["verdict"]["bound"] != "data-loading" or record["breakdown"]["data_wait"] < TWO_WORKERS_WAIT
+
+
 LEFTOVER_GRACE_S = 6.0
 """How long a process gpuscope started may outlive it: a DataLoader worker whose parent ended without shutting it
 down notices within torch's 5 s status check."""
