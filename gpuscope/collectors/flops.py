@@ -78,6 +78,9 @@ EVALUATED_RETRIES = 3
 """A counted step that held an evaluation pass (the trained model's forward in eval mode or without gradients: a
 test pass between epochs) is counted again on a later step, up to this many times: a loop whose every step has one
 (an action chosen under ``no_grad``) keeps the last count."""
+RECOUNT_MAX_S = 2.0
+"""A count that took longer is not made again, whatever its step held: each further one would cost as much (an LBFGS
+loop's steps of 670k ops took 6-10 s each to count, and every one held a test pass)."""
 
 @register
 class SpeedOfLightCollector(StepFollower):
@@ -96,6 +99,7 @@ class SpeedOfLightCollector(StepFollower):
         self._flops: dict[str, int] = {}
         self._tf32 = False
         self._recounts = 0  # counted steps that held an evaluation pass, counted again
+        self._opened_at = 0.0  # when the count began
         self._kept: tuple[dict[str, int], dict[str, int], int] | None = None  # the last of them: flops, dtypes, step
 
     @classmethod
@@ -146,6 +150,7 @@ class SpeedOfLightCollector(StepFollower):
         leave_unimported(vars(getattr(flop_counter, "_FlopCounterMode", flop_counter.FlopCounterMode)).get(
             "__torch_dispatch__"))
         self._tf32 = bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False))
+        self._opened_at = time.perf_counter()
         mode.__enter__()
         self._mode = mode
 
@@ -158,7 +163,7 @@ class SpeedOfLightCollector(StepFollower):
         self._flops = {str(op).removeprefix("aten."): int(n) for op, n in counts.items() if n}
         step = self._window.counted[-1] if self._window.counted else None
         if step is not None and self._events is not None and self._events.step_evaluated(step) \
-                and self._recounts < EVALUATED_RETRIES:
+                and self._recounts < EVALUATED_RETRIES and time.perf_counter() - self._opened_at < RECOUNT_MAX_S:
             self._recounts += 1
             self._kept = (self._flops, dict(self._dtypes), step)
             self._flops = {}

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -36,6 +37,11 @@ DEFAULT_ACTIVE = 3
 """Steps recorded: a few are enough to see the loop's ops and kernels; each costs trace size."""
 WARMUP_STEPS = 1
 """torch.profiler's own warm-up: the profiler runs a step before recording, so its start-up cost is not traced."""
+LONG_STEP_S = 1.2
+"""A warm-up step this long or longer: one step is recorded instead of ``active``. Each recorded step costs the run
+its events' processing at the window's end (three LBFGS steps of 1.4-2.4 s and 670k ops each: 8.5 s), and so long a
+step holds ops enough for the table; the trace's cap would keep only the first step of several anyway. (The
+samples' steps, loading included, take at most 0.55 s alone, 0.7 s three runs to two cores.)"""
 DEFAULT_MAX_BYTES = 50 * 1024 * 1024
 """trace.json's cap: Perfetto and chrome://tracing open 50 MB comfortably; much larger traces do not open."""
 TOP_OPS = 15
@@ -73,6 +79,7 @@ class TorchTraceCollector(StepFollower):
         self._saved = False
         self._recorded: list[int] = []
         self._last_index = -1
+        self._began_at: float | None = None  # when the warm-up step began, the window begun at it
         self._error: str | None = None
         self._cuda = False
         self._cupti_teardown = False
@@ -104,6 +111,9 @@ class TorchTraceCollector(StepFollower):
             return
         if "torch" not in sys.modules:
             return
+        if index == self.start_step + WARMUP_STEPS and self._began_at is not None and self.active > 1 \
+                and time.perf_counter() - self._began_at >= LONG_STEP_S:
+            self.active = 1
         phase = trace_window(index, self.start_step, self.active)
         try:
             if self._prof is not None and index < self._last_index:  # (an epoch's first batch repeats its index)
@@ -155,6 +165,7 @@ class TorchTraceCollector(StepFollower):
         self._prof.current_action = schedule(index)
         with kineto_quiet(), inductor_left_unimported():
             self._prof.start()
+        self._began_at = time.perf_counter() if index == self.start_step else None
         self._events.window_opened()  # type: ignore[union-attr]
 
     def _trace_ready(self, prof: Any) -> None:

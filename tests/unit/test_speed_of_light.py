@@ -135,6 +135,15 @@ def test_a_loop_whose_every_step_runs_the_model_without_gradients_keeps_its_last
     assert result.payload.flops_per_step == TRAINING_STEP_FLOPS + TEST_PASS_FLOPS
 
 
+def test_a_count_that_took_long_is_not_made_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    # given: counts that take longer than RECOUNT_MAX_S (an LBFGS step of 670k ops took 6-10 s to count)
+    monkeypatch.setattr(flops, "RECOUNT_MAX_S", 0.0)
+    _, result = count_flops(range(2, 16), test_pass_at=set(range(2, 16)))
+    # then: step 3's count is kept, test pass and all, at the cost of one count
+    assert result.status.status == "ok" and result.payload.step == 3
+    assert result.payload.flops_per_step == TRAINING_STEP_FLOPS + TEST_PASS_FLOPS
+
+
 def test_a_run_that_ends_before_a_step_without_a_test_pass_keeps_the_one_counted() -> None:
     _, result = count_flops(range(2, 4), test_pass_at={3})
     assert result.status.status == "ok" and result.payload.step == 3

@@ -19,6 +19,7 @@ from gpuscope.analysis.evidence import op_kind
 from gpuscope.analysis.figures import trace_figures
 from gpuscope.analysis.optable import OpTable, op_table
 from gpuscope.analysis.reduce import op_profile, trace_op_profile
+from gpuscope.collectors import torch_trace
 from gpuscope.collectors.torch_trace import TRACE_FILE, TorchTraceCollector
 from gpuscope.captures import TraceCapture
 from gpuscope.record import OpStat, Window
@@ -253,6 +254,24 @@ def test_steps_counted_anew_start_the_window_again(tmp_path: Path) -> None:
     assert capture.recorded == (2, 3)
     profile = trace_op_profile(capture)
     assert profile.steps == 2 and by_name(list(profile.top_host))["aten::mm"].calls == 8
+
+
+@pytest.mark.parametrize(("long_step_s", "recorded"), [(0.0, (2,)), (60.0, (2, 3, 4))],
+                         ids=["a long warm-up step", "a short one"])
+def test_after_a_long_warm_up_step_one_step_is_recorded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        long_step_s: float, recorded: tuple[int, ...]) -> None:
+    torch = pytest.importorskip("torch")
+    # given: a window of three steps, 2-4 (1 its warm-up), and steps as long as LONG_STEP_S or shorter
+    monkeypatch.setattr(torch_trace, "LONG_STEP_S", long_step_s)
+    collector = started(tmp_path, active=3)
+    x = torch.randn(16, 16)
+    for index in range(7):
+        collector._on_step(index)
+        (x @ x).relu().sum()
+    capture = collector.stop().payload
+    # then: after a long one, its first step only (each further one costs the run its events' processing)
+    assert isinstance(capture, TraceCapture) and capture.recorded == recorded
+    assert trace_op_profile(capture).steps == len(recorded)
 
 
 def test_a_run_that_ends_inside_the_window_counts_its_last_lines_as_no_step(tmp_path: Path) -> None:
