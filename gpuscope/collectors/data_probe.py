@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from gpuscope.callsites import is_user_file
 from gpuscope.collectors.base import CollectorResult, PostRunProbe, register
 from gpuscope.collectors.cprofile import short_path
-from gpuscope.collectors.probing import DatasetError, dataset_error, unseen, wait_under_the_bar
+from gpuscope.collectors.probing import DatasetError, dataset_error, fastest, unseen, wait_under_the_bar
 from gpuscope.record import CollectorStatus, DataProbe, LineCost
 
 if TYPE_CHECKING:
@@ -137,7 +137,7 @@ class Collated:
 def probe_collate(dataset: Any, collate_fn: Callable[[list[Any]], Any], batch_size: int,
                   clock: Callable[[], float] = time.perf_counter, budget_s: float = BUDGET_S) -> Collated | None:
     """Fetch one batch's items (``batch_size`` of them, from the first), then collate them with ``collate_fn`` twice
-    untraced (the faster call counts) and once under the line tracer; None where fetching the items took the budget.
+    untraced (the second, warm, call counts) and once under the line tracer; None where fetching the items took the budget.
     Raises DatasetError if the dataset or the function raises."""
     started = clock()
     try:
@@ -152,11 +152,8 @@ def probe_collate(dataset: Any, collate_fn: Callable[[list[Any]], Any], batch_si
             items.append(dataset[index % max(length, 1)])
             if clock() - started > budget_s:
                 return None
-        untraced_s = float("inf")
-        for _ in range(2):  # the first call runs cold: 1.5 ms against 0.5 ms on a graph batcher's loop
-            before = clock()
-            collate_fn(items)
-            untraced_s = min(untraced_s, clock() - before)
+        # a warm-up first: the first call runs cold (1.5 ms against 0.5 ms on a graph batcher's loop)
+        untraced_s, _ = fastest(lambda: collate_fn(items), 1, budget_s, clock)
         sys.settrace(tracer)
         try:
             collate_fn(items)

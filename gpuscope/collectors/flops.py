@@ -40,6 +40,7 @@ from gpuscope.collectors.base import (
     register,
 )
 from gpuscope.collectors.lazy_dynamo import leave_unimported
+from gpuscope.collectors.probing import fastest
 from gpuscope.record import CollectorStatus
 
 if TYPE_CHECKING:
@@ -297,22 +298,6 @@ def time_matmuls(torch: Any, dtype: Any, size: int = BENCH_SIZE, repeats: int = 
         b = torch.randn(size, size, generator=generator).to(dtype)
         best, timed = fastest(lambda: torch.mm(a, b), repeats, budget_s, clock)
     return MatmulTiming(2 * size**3 / best if best > 0 else 0.0, size, timed)
-
-
-def fastest(action: Callable[[], object], repeats: int, budget_s: float,
-            clock: Callable[[], float]) -> tuple[float, int]:
-    """The fastest of up to ``repeats`` timings of ``action`` after a warm-up, stopping once they have taken
-    ``budget_s``, and how many were timed."""
-    action()
-    started, best, timed = clock(), float("inf"), 0
-    for _ in range(repeats):
-        before = clock()
-        action()
-        best = min(best, clock() - before)
-        timed += 1
-        if clock() - started > budget_s:
-            break
-    return best, timed
 
 
 def fitting_size(torch: Any, dtype: Any, size: int, budget_s: float, clock: Callable[[], float]) -> int:

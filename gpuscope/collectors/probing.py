@@ -191,3 +191,19 @@ def _read_until(fd: int, deadline: float) -> bytes | None:
         if not chunk:
             return b"".join(chunks)
         chunks.append(chunk)
+
+
+def fastest(action: Callable[[], object], repeats: int, budget_s: float,
+            clock: Callable[[], float]) -> tuple[float, int]:
+    """The fastest of up to ``repeats`` timings of ``action`` after a warm-up, stopping once they have taken
+    ``budget_s``, and how many were timed."""
+    action()
+    started, best, timed = clock(), float("inf"), 0
+    for _ in range(repeats):
+        before = clock()
+        action()
+        best = min(best, clock() - before)
+        timed += 1
+        if clock() - started > budget_s:
+            break
+    return best, timed
