@@ -20,7 +20,8 @@ from typing import Any
 from gpuscope.collectors.base import patch
 
 HOLD_STEPS = 64
-"""The most ``backward()`` calls the step events wait for an optimizer built but not stepped."""
+"""The most steps (``backward()`` calls or batches) the step events hold back for an optimizer built but not
+stepped."""
 
 
 class OptimizerWatch:
