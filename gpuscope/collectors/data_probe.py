@@ -137,8 +137,8 @@ class Collated:
 def probe_collate(dataset: Any, collate_fn: Callable[[list[Any]], Any], batch_size: int,
                   clock: Callable[[], float] = time.perf_counter, budget_s: float = BUDGET_S) -> Collated | None:
     """Fetch one batch's items (``batch_size`` of them, from the first), then collate them with ``collate_fn`` twice
-    untraced (the second, warm, call counts) and once under the line tracer; None where fetching the items took the budget.
-    Raises DatasetError if the dataset or the function raises."""
+    untraced (the second, warm, call counts) and once under the line tracer; None where fetching the items took the
+    budget. Raises DatasetError if the dataset or the function raises."""
     started = clock()
     try:
         length = len(dataset)
