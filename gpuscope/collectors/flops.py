@@ -204,9 +204,6 @@ class SpeedOfLightCollector(StepFollower):
             tf32=self._tf32, note=note, flops_by_dtype=dict(self._dtypes)))
 
 
-"""The attribute ``torch._disable_dynamo``'s wrapper caches the dynamo-disabled function in (torch/_compile.py)."""
-
-
 class _GlobalOnly:
     """Stands in for ``FlopCounterMode``'s ``ModuleTracker``, which registers *global* module hooks to split the
     counts by module: those put every module call of the counted step on torch's slow path, and make every
