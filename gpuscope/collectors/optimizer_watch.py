@@ -25,26 +25,17 @@ stepped."""
 
 
 class OptimizerWatch:
-    """Sees optimizers built (``torch.optim.Optimizer.__init__``) and stepped (its global step pre-hook)."""
+    """Sees optimizers built (``torch.optim.Optimizer.__init__``). That one has stepped the tracker says itself: its
+    steps are then the optimizer's."""
 
     def __init__(self) -> None:
         self.built = False
-        self.stepped = False
         self._holding = False  # some step was held back
         self._gave_up = False  # and no longer is
 
     def install(self, torch: Any) -> Callable[[], None]:
         """Hook ``torch.optim``; returns the undo."""
-        from torch.optim.optimizer import register_optimizer_step_pre_hook
-
-        handle = register_optimizer_step_pre_hook(self._pre_step)
-        unpatch = patch(torch.optim.Optimizer, "__init__", self._wrap_init)
-
-        def undo() -> None:
-            handle.remove()
-            unpatch()
-
-        return undo
+        return patch(torch.optim.Optimizer, "__init__", self._wrap_init)
 
     def _wrap_init(self, original: Callable[..., None]) -> Callable[..., None]:
         watch = self
@@ -56,14 +47,11 @@ class OptimizerWatch:
 
         return __init__
 
-    def _pre_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        self.stepped = True
-
     def holds(self, tracker: Any) -> bool:
         """Whether ``tracker`` (a ``StepTracker`` about to tell its listeners of a step) keeps it from them: a step
         ``backward()`` or a batch counted while an optimizer built has not stepped, up to ``HOLD_STEPS``. Past them,
         the steps counted so far are dropped, and the one beginning is step 0."""
-        if tracker.source not in ("backward", "dataloader") or not self.built or self.stepped or self._gave_up:
+        if tracker.source not in ("backward", "dataloader") or not self.built or self._gave_up:
             return False
         if tracker.log.count <= HOLD_STEPS:
             self._holding = True
