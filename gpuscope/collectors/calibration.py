@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import sys
 import time
 import warnings
@@ -80,22 +81,20 @@ def measure_op_overhead(torch: Any, anomaly: bool = False) -> Calibration:
     # torch.optim's SGD where the script's process has imported torch._dynamo (every torch.optim optimizer imports it:
     # a script that stepped one); else the same update by hand, as a loop without torch.optim makes it (SGD would
     # import it here: 1.2 s of this probe, and an optimizer's Python the script's steps do not run)
-    optimizer = torch.optim.SGD(params, lr=0.01) if "torch._dynamo" in sys.modules else None
+    if "torch._dynamo" in sys.modules:
+        optimizer = torch.optim.SGD(params, lr=0.01)
+        zero_grad, update = optimizer.zero_grad, optimizer.step
+    else:
+        zero_grad, update = functools.partial(_zero_grad, params), functools.partial(_sgd_update, torch, params)
     x = torch.ones(1, 2)
     mode = torch.autograd.detect_anomaly if anomaly else contextlib.nullcontext
 
     def step() -> None:
         with mode():
             loss = model(x).sum()
-            for p in params:
-                p.grad = None  # SGD's zero_grad()
+            zero_grad()
             loss.backward()
-        if optimizer is not None:
-            optimizer.step()
-            return
-        with torch.no_grad():
-            for p in params:
-                p.add_(p.grad, alpha=-0.01)  # SGD's update on a CPU (no momentum, single-tensor)
+        update()
 
     scale = ANOMALY_SCALE if anomaly else 1
     steps, repeats = TIMED_STEPS // scale, max(2, REPEATS // scale)
@@ -116,3 +115,16 @@ def measure_op_overhead(torch: Any, anomaly: bool = False) -> Calibration:
         prof.stop()
     ops = sum(a.count for a in prof.key_averages() if not getattr(a, "is_user_annotation", False)) / COUNTED_STEPS
     return Calibration(op_overhead_s=step_s / ops if ops else 0.0, ops_per_step=ops, step_s=step_s)
+
+
+def _zero_grad(params: list[Any]) -> None:
+    """SGD's ``zero_grad()``: the gradients set to None."""
+    for p in params:
+        p.grad = None
+
+
+def _sgd_update(torch: Any, params: list[Any]) -> None:
+    """SGD's update on a CPU (lr 0.01, no momentum, one tensor at a time), by hand."""
+    with torch.no_grad():
+        for p in params:
+            p.add_(p.grad, alpha=-0.01)
