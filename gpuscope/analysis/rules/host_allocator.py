@@ -58,7 +58,7 @@ def kernel_time(run: RunRecord) -> KernelTime | None:
         first, last = m.steps_seen[a], m.steps_seen[a + 1]  # steps first..last - 1 ended in between, give or take one
         if first < run.steps.warmup or last <= first or _any_within(unsteady, first - 1, last):
             continue
-        steps += m.steps_seen[a + 1] - m.steps_seen[a]
+        steps += last - first
         user_s += m.user_s[a + 1] - m.user_s[a]
         sys_s += m.sys_s[a + 1] - m.sys_s[a]
         faults += m.minor_faults[a + 1] - m.minor_faults[a]
