@@ -403,6 +403,28 @@ class HostMemory:
     malloc_settings: tuple[str, ...] = ()
     """Names of glibc's malloc settings set in the environment (``MALLOC_MMAP_THRESHOLD_``, ``GLIBC_TUNABLES``...),
     never their values."""
+    processes: tuple[StartedProcess, ...] = ()
+    """Processes the script started with multiprocessing, DataLoader workers left out: the first 64."""
+    processes_not_listed: int = 0
+    """Processes started past those 64."""
+
+
+@dataclass(frozen=True, slots=True)
+class StartedProcess:
+    """A process the script started with multiprocessing (``Process.start()``: its own, ``torch.multiprocessing``'s
+    spawn, a ``Pool``'s), what it ran, and the CPU time it used. gpuscope does not profile it."""
+
+    pid: int = 0
+    target: str = ""
+    """The function it ran, ``module.qualname`` (under ``torch.multiprocessing.spawn``, the function spawned)."""
+    kind: str = "script"
+    """``pool-worker`` (a multiprocessing ``Pool``'s) or ``script`` (any other)."""
+    started_at: CallSite | None = None
+    """The user's line that started it."""
+    start_method: str = ""
+    cpu_s: float | None = None
+    """CPU time it had used when last read while the run was watched (``/proc/PID/schedstat``, every 0.5 s), from
+    its start; null where it was never read."""
 
 
 @dataclass(frozen=True, slots=True)

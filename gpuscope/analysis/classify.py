@@ -15,6 +15,7 @@ Every threshold is in thresholds.py.
 from __future__ import annotations
 
 from gpuscope.analysis import thresholds as th
+from gpuscope.analysis.child_processes import child_processes
 from gpuscope.analysis.evidence import (accumulated_passes, cpu_overhead, evaluation_passes, launch_wait,
                                         slowest_loader, two_speeds, unlike_window)
 from gpuscope.analysis.rules.base import missing_input
@@ -29,9 +30,12 @@ HOW_TO_MARK_STEPS = (
 
 def classify(record: RunRecord) -> Verdict:
     """The verdict on ``record``, with its confidence and the numbers it rests on (and, where the steps run at two
-    speeds, that the median step stands for a mix; where evaluation passes took a notable time, what they took)."""
+    speeds, that the median step stands for a mix; where evaluation passes took a notable time, what they took;
+    where processes the script started did notable work, that it is not in the figures)."""
     verdict = _classify(record)
     more = [line for line in (two_speeds(record), evaluation_passes(record)) if line] if record.steps.count else []
+    if children := child_processes(record):  # said with steps or without
+        more.append(children)
     return Verdict(verdict.bound, verdict.confidence, (*verdict.evidence, *more)) if more else verdict
 
 

@@ -1,9 +1,11 @@
 """What the memory sampler learns of the run's child processes besides their memory: where their time went
 (``ChildrenCpu``, from the kernel's ``/proc/PID/schedstat``), and which of them are multiprocessing's own helpers
 (``helper_verdict``): its resource tracker (spawn, forkserver) and forkserver, which wait all run long and are no
-DataLoader workers."""
+DataLoader workers; and how they are found (``descendants``)."""
 
 from __future__ import annotations
+
+import os
 
 PROC = "/proc"
 HELPERS = ("from multiprocessing.resource_tracker import", "from multiprocessing.forkserver import")
@@ -48,6 +50,10 @@ class ChildrenCpu:
             cpu, runnable, watched = cpu + max(0.0, c1 - c0), runnable + max(0.0, r1 - r0), watched + (t1 - t0)
         return cpu, runnable, watched
 
+    def cpu_by_pid(self) -> dict[int, float]:
+        """Each child's CPU seconds from its start, as last read."""
+        return {pid: cpu for pid, (_, cpu, _) in self._last.items()}
+
 
 def schedstat(pid: int, proc: str = PROC) -> tuple[float, float] | None:
     """(seconds on a CPU, seconds runnable waiting for one) of process ``pid`` from ``/proc/PID/schedstat``; None
@@ -66,3 +72,39 @@ def helper_verdict(command: list[str], own_command: list[str], age_s: float, dir
     if command == own_command and age_s < EXEC_GRACE_S:
         return None
     return direct and len(command) > 2 and command[-2] == "-c" and command[-1].startswith(HELPERS)
+
+
+def descendants(pid: int, proc: str = PROC) -> list[int] | None:
+    """The pids of ``pid``'s child processes and theirs, from the kernel's list of each thread's children
+    (``/proc/PID/task/TID/children``); None where the kernel keeps no such list (not Linux, or a kernel built
+    without it). A process that exits mid-walk is passed over."""
+    if not os.path.exists(f"{proc}/{pid}/task/{pid}/children"):
+        return None
+    found: list[int] = []
+    seen = {pid}
+    todo = [pid]
+    while todo:
+        parent = todo.pop()
+        for child in _children_of(parent, proc):
+            if child not in seen:
+                seen.add(child)
+                found.append(child)
+                todo.append(child)
+    return found
+
+
+def _children_of(pid: int, proc: str) -> list[int]:
+    """The children of every thread of ``pid`` (a process may be started from any thread)."""
+    tasks = f"{proc}/{pid}/task"
+    try:
+        threads = os.listdir(tasks)
+    except OSError:
+        return []
+    children: list[int] = []
+    for tid in threads:
+        try:
+            with open(f"{tasks}/{tid}/children", "rb") as listing:
+                children.extend(map(int, listing.read().split()))
+        except (OSError, ValueError):
+            continue
+    return children

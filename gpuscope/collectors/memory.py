@@ -19,6 +19,7 @@ but not its parent), are counted (``max_helpers``) and left out of that time: th
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import sys
@@ -31,7 +32,8 @@ from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from gpuscope.collectors.allocator import allocator_in_use, malloc_settings, own_usage, page_bytes
 from gpuscope.collectors.base import CollectorResult, StepEvents, Watcher, register
-from gpuscope.collectors.children import PROC, ChildrenCpu, helper_verdict, schedstat
+from gpuscope.collectors.children import ChildrenCpu, descendants, helper_verdict, schedstat
+from gpuscope.collectors.process_starts import ProcessStarts
 from gpuscope.record import CollectorStatus, HostMemory
 
 T = TypeVar("T")
@@ -207,6 +209,8 @@ class HostMemoryCollector(Watcher):
         self._failures = 0
         self._events: StepEvents | None = None
         self._allocator: tuple[str, tuple[str, ...]] = ("", ())
+        self._starts = ProcessStarts()
+        self._unwatch: Callable[[], None] = lambda: None
         self._last_error = ""
         self._scan_error = ""
         self.notes: tuple[str, ...] = ()
@@ -239,12 +243,14 @@ class HostMemoryCollector(Watcher):
         self._get_memory: Callable[..., Any] | None = getattr(memory_profiler, "_get_memory", None)
         self._t0 = self._clock()
         self._allocator = (allocator_in_use(), malloc_settings())
+        self._unwatch = self._starts.install()
         self._sample(rescan=True)  # synchronous, so even a run shorter than one interval has a first point
         self._thread = threading.Thread(target=self._run, name="gpuscope-memory", daemon=True)
         self._thread.start()
 
     def stop(self) -> CollectorResult:
         self._stopping.set()
+        self._unwatch()
         if self._thread is not None:
             self._thread.join(JOIN_TIMEOUT_S)
         self._sample(rescan=True)  # and a last point, with the children as they are now
@@ -262,8 +268,11 @@ class HostMemoryCollector(Watcher):
         self.notes = tuple(notes)
         if not samples:
             return CollectorResult(CollectorStatus("failed", f"no memory sample succeeded: {self._last_error}"))
-        return CollectorResult(CollectorStatus("ok"), build_host_memory(
-            samples, interval_s, peaks, self._children_cpu.totals(), self._max_helpers, self._allocator))
+        memory = build_host_memory(
+            samples, interval_s, peaks, self._children_cpu.totals(), self._max_helpers, self._allocator)
+        return CollectorResult(CollectorStatus("ok"), dataclasses.replace(
+            memory, processes=self._starts.record(self._children_cpu.cpu_by_pid()),
+            processes_not_listed=self._starts.more))
 
     # -- sampling ----------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -357,39 +366,3 @@ class HostMemoryCollector(Watcher):
                 total += rss
                 count += 1
         return total, count
-
-
-def descendants(pid: int, proc: str = PROC) -> list[int] | None:
-    """The pids of ``pid``'s child processes and theirs, from the kernel's list of each thread's children
-    (``/proc/PID/task/TID/children``); None where the kernel keeps no such list (not Linux, or a kernel built
-    without it). A process that exits mid-walk is passed over."""
-    if not os.path.exists(f"{proc}/{pid}/task/{pid}/children"):
-        return None
-    found: list[int] = []
-    seen = {pid}
-    todo = [pid]
-    while todo:
-        parent = todo.pop()
-        for child in _children_of(parent, proc):
-            if child not in seen:
-                seen.add(child)
-                found.append(child)
-                todo.append(child)
-    return found
-
-
-def _children_of(pid: int, proc: str) -> list[int]:
-    """The children of every thread of ``pid`` (a process may be started from any thread)."""
-    tasks = f"{proc}/{pid}/task"
-    try:
-        threads = os.listdir(tasks)
-    except OSError:
-        return []
-    children: list[int] = []
-    for tid in threads:
-        try:
-            with open(f"{tasks}/{tid}/children", "rb") as listing:
-                children.extend(map(int, listing.read().split()))
-        except (OSError, ValueError):
-            continue
-    return children

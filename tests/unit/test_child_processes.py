@@ -1,0 +1,121 @@
+"""Work done in processes the script started, which gpuscope does not profile (pytorch/examples' Hogwild trains in
+``mp.Process(target=train)`` children): the processes are recorded with what they ran, the line that started them
+and their CPU time (DataLoader workers left out: the DataLoader figures cover them), and where they used notable
+CPU against the run's own process, the verdict says their work is not in the figures and how to profile one."""
+
+from __future__ import annotations
+
+import multiprocessing
+import multiprocessing.pool
+
+import pytest
+from conftest import make_record
+
+from gpuscope.analysis.child_processes import child_processes
+from gpuscope.analysis.classify import classify
+from gpuscope.collectors.process_starts import MAX_STARTED, ProcessStarts, describe
+from gpuscope.record import CallSite, HostMemory, StartedProcess, Steps
+
+SITE = CallSite(file="hogwild.py", line=93, function="<module>", code="p.start()", calls=1)
+
+
+def train(rank: int) -> None:
+    """A process target of the script's own."""
+
+
+def _wrap(fn, i, args, error_queue) -> None:
+    """Stands for torch.multiprocessing.spawn's ``_wrap``, which each spawned process runs."""
+
+
+_wrap.__module__ = "torch.multiprocessing.spawn"
+
+
+def _worker_loop() -> None:
+    """Stands for the DataLoader's worker loop."""
+
+
+_worker_loop.__module__ = "torch.utils.data._utils.worker"
+
+
+class Trainer(multiprocessing.Process):
+    def run(self) -> None:
+        """A Process subclass's own run()."""
+
+
+def test_a_process_is_named_by_the_function_it_runs_and_sorted_by_kind() -> None:
+    here = __name__
+    assert describe(multiprocessing.Process(target=train, args=(0,))) == (f"{here}.train", "script")
+    # torch.multiprocessing.spawn: the function spawned, not its wrapper
+    assert describe(multiprocessing.Process(target=_wrap, args=(train, 0, (), None))) == (f"{here}.train", "script")
+    assert describe(Trainer()) == (f"{here}.Trainer.run", "script")
+    assert describe(multiprocessing.Process(target=_worker_loop))[1] == "dataloader-worker"
+    assert describe(multiprocessing.Process(target=multiprocessing.pool.worker)) == (
+        "multiprocessing.pool.worker", "pool-worker")
+
+
+class Started:
+    """A started process, as ``BaseProcess.start`` leaves it."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+
+
+def test_processes_are_recorded_with_their_cpu_time_and_dataloader_workers_left_out() -> None:
+    starts = ProcessStarts()
+    starts.note(Started(11), f"{__name__}.train", "script", None)
+    starts.note(Started(12), "torch.utils.data._utils.worker._worker_loop", "dataloader-worker", None)
+    starts.note(Started(13), "multiprocessing.pool.worker", "pool-worker", None)
+    recorded = starts.record({11: 4.7444, 12: 9.0})
+    assert [(p.pid, p.kind, p.cpu_s) for p in recorded] == [(11, "script", 4.744), (13, "pool-worker", None)]
+
+
+def test_only_the_first_processes_are_listed_and_the_rest_counted() -> None:
+    starts = ProcessStarts()
+    for pid in range(MAX_STARTED + 3):
+        starts.note(Started(pid), "multiprocessing.pool.worker", "pool-worker", None)
+    assert len(starts.record({})) == MAX_STARTED and starts.more == 3
+
+
+def memory(*processes: StartedProcess, own_s: float = 2.3) -> HostMemory:
+    return HostMemory(interval_s=0.1, t_s=(0.0, 8.0), user_s=(0.3, own_s - 0.1), sys_s=(0.0, 0.1),
+                      processes=processes)
+
+
+def trainer(pid: int, cpu_s: float | None, target: str = "__mp_main__.train") -> StartedProcess:
+    return StartedProcess(pid=pid, target=target, kind="script", started_at=SITE, start_method="spawn", cpu_s=cpu_s)
+
+
+def test_trainers_busier_than_the_run_are_named_with_the_line_that_started_them_and_how_to_profile_one() -> None:
+    # given two trainers that used 28.7 s of CPU, and the run's own process 2.3 s (its evaluation)
+    record = make_record(host_memory=memory(trainer(1, 14.2), trainer(2, 14.5)))
+    # then the verdict says so, with the figures, the function and its line
+    line = child_processes(record)
+    assert line is not None
+    assert line.startswith("2 processes the script started used 28.7 s of CPU, 12.5x this process's 2.3 s: ")
+    assert "2 ran train, started at hogwild.py:93 `p.start()`, 28.7 s" in line
+    assert "their work is not in these figures" in line
+    assert "run the body of train inside `with gpuscope.profile():`" in line
+    assert line in classify(record).evidence
+
+
+def test_a_run_that_found_no_step_of_its_own_still_says_where_the_work_went() -> None:
+    record = make_record(steps=Steps(), host_memory=memory(trainer(1, 5.0), trainer(2, 5.0)))
+    verdict = classify(record)
+    assert verdict.bound == "inconclusive"
+    assert any(line.startswith("2 processes the script started used 10.0 s") for line in verdict.evidence)
+
+
+@pytest.mark.parametrize(("cpus", "own_s"), [((0.5, 0.4), 0.5), ((1.0, 0.9), 4.0), ((None, None), 0.5)],
+                         ids=["under a second", "under half the run's", "never read"])
+def test_processes_that_did_little_go_unsaid(cpus: tuple[float | None, ...], own_s: float) -> None:
+    record = make_record(host_memory=memory(*(trainer(i, cpu) for i, cpu in enumerate(cpus)), own_s=own_s))
+    assert child_processes(record) is None
+
+
+def test_a_pools_workers_are_named_as_such_without_the_profile_advice() -> None:
+    pool = [StartedProcess(pid=i, target="multiprocessing.pool.worker", kind="pool-worker", started_at=SITE,
+                           cpu_s=3.0) for i in range(4)]
+    line = child_processes(make_record(host_memory=memory(*pool)))
+    assert line is not None
+    assert "4 ran multiprocessing.pool.worker (a multiprocessing Pool's workers)" in line
+    assert "gpuscope.profile" not in line
