@@ -77,8 +77,10 @@ def _why_no_step(record: RunRecord) -> str:
     """Why no step was found: a script that failed before its first step ended says so (its traceback is above
     the summary); one that started processes of its own and iterated no DataLoader most likely trained in them
     (``torch.multiprocessing.spawn``, as pytorch/examples' data-parallel scripts do); any other needs its steps
-    marked."""
+    marked. Where the processes it started are known (``child_processes``), the verdict's next line tells of them."""
     memory = record.host_memory
+    if record.exit_status == 0 and child_processes(record):
+        return "no training step was found in the script's own process"
     if record.exit_status == 0 and memory is not None and memory.max_workers and not any(
             loader.batches for loader in record.loaders):
         children = f"{memory.max_workers} child process{'es' if memory.max_workers != 1 else ''}"

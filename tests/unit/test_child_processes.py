@@ -102,7 +102,9 @@ def test_a_run_that_found_no_step_of_its_own_still_says_where_the_work_went() ->
     record = make_record(steps=Steps(), host_memory=memory(trainer(1, 5.0), trainer(2, 5.0)))
     verdict = classify(record)
     assert verdict.bound == "inconclusive"
-    assert any(line.startswith("2 processes the script started used 10.0 s") for line in verdict.evidence)
+    assert verdict.evidence[1:] == ("no training step was found in the script's own process",
+                                    child_processes(record))
+    assert verdict.evidence[2].startswith("2 processes the script started used 10.0 s")
 
 
 @pytest.mark.parametrize(("cpus", "own_s"), [((0.5, 0.4), 0.5), ((1.0, 0.9), 4.0), ((None, None), 0.5)],
