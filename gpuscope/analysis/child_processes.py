@@ -47,7 +47,7 @@ def _ran(target: str, processes: list[StartedProcess]) -> str:
     site = processes[0].started_at
     where = f", started at {site.file}:{site.line} `{site.code}`" if site and site.file else ""
     cpu = sum(p.cpu_s or 0.0 for p in processes)
-    kind = " (a multiprocessing Pool's workers)" if processes[0].kind == "pool-worker" else ""
+    kind = " (a process pool's workers)" if processes[0].kind == "pool-worker" else ""
     return f"{len(processes)} ran {_short(target)}{kind}{where}, {cpu:.1f} s"
 
 

@@ -24,14 +24,15 @@ from gpuscope.record import StartedProcess
 MAX_STARTED = 64
 """The most processes recorded (a Pool restarted every epoch starts many)."""
 DATALOADER_WORKER = "torch.utils.data._utils.worker"
-POOL_WORKER = "multiprocessing.pool"
+POOL_WORKERS = ("multiprocessing.pool", "concurrent.futures.process")
+"""A process pool's workers: ``multiprocessing.Pool``'s, ``ProcessPoolExecutor``'s."""
 SPAWN_WRAP = "torch.multiprocessing.spawn"
 """``torch.multiprocessing.spawn`` starts each process on its own ``_wrap(fn, i, args, error_queue)``."""
 
 
 def describe(process: Any) -> tuple[str, str]:
-    """(the function ``process`` runs, ``module.qualname``; its kind: ``dataloader-worker``, ``pool-worker`` or
-    ``script``)."""
+    """(the function ``process`` runs, ``module.qualname``; its kind: ``dataloader-worker``, ``pool-worker`` (a
+    process pool's) or ``script``)."""
     target = getattr(process, "_target", None)
     args = getattr(process, "_args", ())
     if target is None:  # a Process subclass with its own run()
@@ -42,7 +43,7 @@ def describe(process: Any) -> tuple[str, str]:
     name = f"{module}.{getattr(target, '__qualname__', type(target).__qualname__)}"
     if module == DATALOADER_WORKER:
         return name, "dataloader-worker"
-    return name, "pool-worker" if module == POOL_WORKER else "script"
+    return name, "pool-worker" if module in POOL_WORKERS else "script"
 
 
 class ProcessStarts:

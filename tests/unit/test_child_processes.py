@@ -5,6 +5,7 @@ CPU against the run's own process, the verdict says their work is not in the fig
 
 from __future__ import annotations
 
+import concurrent.futures.process
 import multiprocessing
 import multiprocessing.pool
 
@@ -51,6 +52,8 @@ def test_a_process_is_named_by_the_function_it_runs_and_sorted_by_kind() -> None
     assert describe(multiprocessing.Process(target=_worker_loop))[1] == "dataloader-worker"
     assert describe(multiprocessing.Process(target=multiprocessing.pool.worker)) == (
         "multiprocessing.pool.worker", "pool-worker")
+    assert describe(multiprocessing.Process(target=concurrent.futures.process._process_worker)) == (
+        "concurrent.futures.process._process_worker", "pool-worker")
 
 
 class Started:
@@ -119,5 +122,5 @@ def test_a_pools_workers_are_named_as_such_without_the_profile_advice() -> None:
                            cpu_s=3.0) for i in range(4)]
     line = child_processes(make_record(host_memory=memory(*pool)))
     assert line is not None
-    assert "4 ran multiprocessing.pool.worker (a multiprocessing Pool's workers)" in line
+    assert "4 ran multiprocessing.pool.worker (a process pool's workers)" in line
     assert "gpuscope.profile" not in line
