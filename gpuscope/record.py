@@ -418,8 +418,8 @@ class StartedProcess:
     target: str = ""
     """The function it ran, ``module.qualname`` (under ``torch.multiprocessing.spawn``, the function spawned)."""
     kind: str = "script"
-    """``pool-worker`` (a process pool's: ``multiprocessing.Pool``, ``ProcessPoolExecutor``) or ``script`` (any
-    other)."""
+    """``pool-worker`` (a process pool's: ``multiprocessing.Pool``, ``ProcessPoolExecutor``), ``script`` (a function
+    of the user's code) or ``library`` (a library's: Lightning's ``ddp_spawn`` starts its own)."""
     started_at: CallSite | None = None
     """The user's line that started it."""
     start_method: str = ""

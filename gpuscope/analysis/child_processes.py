@@ -37,8 +37,10 @@ def child_processes(record: RunRecord) -> str | None:
     more = f" (and {len(ranked) - 2} other functions)" if len(ranked) > 2 else ""
     ratio = f"{theirs / own:.1f}x" if own and theirs < 100 * own else "far more than"
     top = ranked[0][1][0]
-    how = (f"; to profile one, run the body of {_short(top.target)} inside `with gpuscope.profile():` (each process "
-           "then writes its own report)" if top.kind == "script" else "")
+    how = {"script": f"; to profile one, run the body of {_short(top.target)} inside `with gpuscope.profile():` "
+                     "(each process then writes its own report)",
+           "library": "; to profile one, open `with gpuscope.profile():` in the code of yours they run (a callback or "
+                      "hook the library calls in each process; each then writes its own report)"}.get(top.kind, "")
     return (f"{len(used)} processes the script started used {theirs:.1f} s of CPU, {ratio} this process's {own:.1f} s: "
             f"{ran}{more}. gpuscope profiles this process only, so their work is not in these figures{how}")
 

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from gpuscope.callsites import call_site, user_frame
+from gpuscope.callsites import call_site, is_user_file, user_frame
 from gpuscope.collectors.base import patch
 from gpuscope.record import StartedProcess
 
@@ -32,18 +33,22 @@ SPAWN_WRAP = "torch.multiprocessing.spawn"
 
 def describe(process: Any) -> tuple[str, str]:
     """(the function ``process`` runs, ``module.qualname``; its kind: ``dataloader-worker``, ``pool-worker`` (a
-    process pool's) or ``script``)."""
+    process pool's), ``script`` (a function of the user's code) or ``library`` (a library's: Lightning's
+    ``ddp_spawn``, say))."""
     target = getattr(process, "_target", None)
     args = getattr(process, "_args", ())
     if target is None:  # a Process subclass with its own run()
-        return f"{type(process).__module__}.{type(process).__qualname__}.run", "script"
+        target = type(process).run
     module = getattr(target, "__module__", None) or ""
     if module == SPAWN_WRAP and args and callable(args[0]):
         target, module = args[0], getattr(args[0], "__module__", None) or ""
     name = f"{module}.{getattr(target, '__qualname__', type(target).__qualname__)}"
     if module == DATALOADER_WORKER:
         return name, "dataloader-worker"
-    return name, "pool-worker" if module in POOL_WORKERS else "script"
+    if module in POOL_WORKERS:
+        return name, "pool-worker"
+    code = getattr(inspect.unwrap(target), "__code__", None)
+    return name, "script" if code is None or is_user_file(code.co_filename) else "library"
 
 
 class ProcessStarts:

@@ -6,6 +6,7 @@ CPU against the run's own process, the verdict says their work is not in the fig
 from __future__ import annotations
 
 import concurrent.futures.process
+import json
 import multiprocessing
 import multiprocessing.pool
 
@@ -49,6 +50,8 @@ def test_a_process_is_named_by_the_function_it_runs_and_sorted_by_kind() -> None
     # torch.multiprocessing.spawn: the function spawned, not its wrapper
     assert describe(multiprocessing.Process(target=_wrap, args=(train, 0, (), None))) == (f"{here}.train", "script")
     assert describe(Trainer()) == (f"{here}.Trainer.run", "script")
+    # a library's function (Lightning's ddp_spawn starts its own)
+    assert describe(multiprocessing.Process(target=json.dumps)) == ("json.dumps", "library")
     assert describe(multiprocessing.Process(target=_worker_loop))[1] == "dataloader-worker"
     assert describe(multiprocessing.Process(target=multiprocessing.pool.worker)) == (
         "multiprocessing.pool.worker", "pool-worker")
@@ -115,6 +118,16 @@ def test_a_run_that_found_no_step_of_its_own_still_says_where_the_work_went() ->
 def test_processes_that_did_little_go_unsaid(cpus: tuple[float | None, ...], own_s: float) -> None:
     record = make_record(host_memory=memory(*(trainer(i, cpu) for i, cpu in enumerate(cpus)), own_s=own_s))
     assert child_processes(record) is None
+
+
+def test_processes_running_a_librarys_function_are_told_to_profile_the_users_code_they_run() -> None:
+    spawned = [StartedProcess(pid=i, target="lightning.pytorch.strategies.launchers.multiprocessing."
+                              "_MultiProcessingLauncher._wrapping_function", kind="library", started_at=SITE, cpu_s=3.0)
+               for i in range(2)]
+    line = child_processes(make_record(host_memory=memory(*spawned)))
+    assert line is not None
+    assert "open `with gpuscope.profile():` in the code of yours they run" in line
+    assert "the body of lightning" not in line
 
 
 def test_a_pools_workers_are_named_as_such_without_the_profile_advice() -> None:
