@@ -43,8 +43,9 @@ def _classify(record: RunRecord) -> Verdict:
     steps = record.steps
     needed = th.MIN_TRACE_STEPS if steps.source == "profiler" else th.MIN_STEADY_STEPS
     if steps.count < needed:
-        evidence = [f"only {steps.count} steady-state steps were measured ({steps.total} steps in all; "
-                    f"{left_out(record)}); at least {needed} are needed"]
+        were = "step was" if steps.count == 1 else "steps were"
+        evidence = [f"only {steps.count} steady-state {were} measured ({steps.total} step{'s' * (steps.total != 1)} "
+                    f"in all; {left_out(record)}); at least {needed} are needed"]
         if steps.total == 0:
             evidence.append(_why_no_step(record))
         return Verdict("inconclusive", 0.0, tuple(evidence))

@@ -155,7 +155,7 @@ def evaluation_passes(record: RunRecord) -> str | None:
                   f"{loader.eval_batches} batches ({loader.num_workers} worker processes"
                   + (f", built at {loader.created_at.file}:{loader.created_at.line}" if loader.created_at else "")
                   + (f" by {loader.created_by}" if loader.created_by else "") + ")")
-    held = " and".join(filter(None, (f"{steps.evaluated} steps" if steps.evaluated else "",
+    held = " and".join(filter(None, (f"{steps.evaluated} step{'s' * (steps.evaluated != 1)}" if steps.evaluated else "",
                                      " the run's end, after the last step," if steps.final_evaluation_s else "")))
     return (f"{held.strip()} held an evaluation pass (the trained model ran forward in eval mode or without "
             f"gradients): {evaluated_s:.1f} s in all, {than} the {steady_s:.1f} s of the {steps.count} steady steps; "
