@@ -92,6 +92,40 @@ def test_flops_of_an_mlp_training_step_match_a_hand_count() -> None:
     assert sol.peak_measured and sol.peak_flops_per_s > 0
 
 
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.parametrize("layout", ["coo", "csr"])
+def test_a_sparse_matmul_counts_the_elements_its_matrix_stores_not_every_element(layout: str) -> None:
+    # given: a graph convolution's step (pytorch/examples' GCN): X W, then the sparse adjacency times that, 500 nodes
+    # and 2,000 stored entries, trained with SGD; the collector counting step 1
+    nodes, d_in, d_out, stored = 500, 32, 8, 2000
+    torch.manual_seed(0)
+    index = torch.stack([torch.randperm(nodes * nodes)[:stored] // nodes, torch.randint(0, nodes, (stored,))])
+    adjacency = torch.sparse_coo_tensor(index, torch.rand(stored), (nodes, nodes), check_invariants=True)
+    adjacency = adjacency.coalesce()
+    if layout == "csr":
+        adjacency = adjacency.to_sparse_csr()
+    stored = adjacency._nnz()  # fewer where two random entries fell on one place
+    features = torch.randn(nodes, d_in)
+    weight = torch.nn.Parameter(torch.randn(d_in, d_out))
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    steps = FakeSteps()
+    collector = SpeedOfLightCollector(start=1)
+    collector.follow(steps)
+    for step in (0, 1, 2):
+        steps.listener(step)
+        torch.mm(adjacency, features @ weight).pow(2).mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    result = collector.stop()
+
+    # then: the dense matmuls 2 x M x N x K (X W forward, the weight's gradient), the sparse ones 2 x stored x N
+    # (forward A (XW); backward A^T times the output's gradient), where torch's formulas count 2 x 500 x 500 x 8
+    dense = 2 * (2 * nodes * d_in * d_out)
+    sparse = 2 * (2 * stored * d_out)
+    assert result.status.status == "ok", result.status
+    assert result.payload.flops_per_step == dense + sparse
+
+
 def count_flops(indices: range, test_pass_at: set[int]) -> tuple[FakeSteps, Any]:
     """The flops collector (counting step 3) over training steps of a 2-layer MLP (batch 5, 8 -> 16 -> 4), as the
     steps collector tells them; the steps in ``test_pass_at`` end with a test pass under no_grad (batch 50)."""
