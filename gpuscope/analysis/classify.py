@@ -23,6 +23,8 @@ from gpuscope.record import RunRecord, Verdict
 from gpuscope.summary import left_out
 
 
+LOCK_WAITS = ("<method 'acquire' of '_thread.lock' objects>", "<method 'acquire' of '_thread.RLock' objects>")
+"""How cProfile names a wait on a lock (``queue.Queue.get``, ``threading.Event.wait``)."""
 HOW_TO_MARK_STEPS = (
     "no training step was found: nothing called optimizer.step() or backward(), nor iterated a DataLoader; mark "
     "the end of each step with gpuscope.step() (`import gpuscope`; it does nothing when gpuscope is not running)")
@@ -71,6 +73,8 @@ def _classify(record: RunRecord) -> Verdict:
     if unlike is not None:
         return Verdict("inconclusive", 0.2, (f"launch-bound or compute-bound cannot be told: {unlike}", waiting))
     verdict = _classify_cuda(record) if record.device == "cuda" else _classify_cpu(record)
+    if verdict.bound == "data-loading":  # waiting on an iterator of the script's own (_waiting_iterator)
+        return verdict
     return Verdict(verdict.bound, verdict.confidence, (*verdict.evidence, waiting))
 
 
@@ -124,7 +128,8 @@ def _classify_cpu(record: RunRecord) -> Verdict:
     if share <= th.COMPUTE_BOUND_MAX_OVERHEAD and covered < th.OPS_COVER_STEP * steps.median_s:
         outside = f"{_ops_ran(covered, steps.median_s)}: most of the step is spent outside torch ops, neither " \
                   "computing nor waiting for a DataLoader"
-        return Verdict("inconclusive", 0.3, (outside, *_outside_ops(record), *facts))
+        return _waiting_iterator(record, outside, facts) or Verdict(
+            "inconclusive", 0.3, (outside, *_outside_ops(record), *facts))
     if share > th.COMPUTE_BOUND_MAX_OVERHEAD and ratio <= th.TINY_OP_RATIO:
         facts.append(f"the ops are tiny (mean self time at most {th.TINY_OP_RATIO:.0f}x their fixed cost): the step "
                      "is made of per-op overhead, not arithmetic")
@@ -147,7 +152,8 @@ def _classify_cpu(record: RunRecord) -> Verdict:
         if covered < th.OPS_COVER_OUTSIDE_MODEL * steps.median_s:
             outside += ": in the script's own code between them (batches built without a DataLoader, logging, an " \
                        "environment's steps)"
-            return Verdict("inconclusive", 0.3, (outside, *_outside_ops(record), *facts))
+            return _waiting_iterator(record, outside, facts) or Verdict(
+                "inconclusive", 0.3, (outside, *_outside_ops(record), *facts))
         # the arithmetic is in torch ops all the same, outside the trained model (a frozen teacher under no_grad)
         facts.insert(0, f"{outside}, yet {_ops_ran(covered, steps.median_s)}: computing outside the trained model's "
                         "forward and backward (a model run without gradients, a loss)")
@@ -226,6 +232,30 @@ def _outside_ops(record: RunRecord) -> list[str]:
                if f.file != "~" and f.cumulative_s >= th.OPS_COVER_CALLER * lead.own_s
                and (f.file, f.line, f.function) != (lead.file, lead.line, lead.function)][:th.OPS_COVER_CALLERS]
     return [f"{fact}, under {', '.join(callers)}" if callers else fact]
+
+
+def _waiting_iterator(record: RunRecord, outside: str, facts: list[str]) -> Verdict | None:
+    """Data-loading, where the Python profile has the steps waiting on a lock (a queue's ``get``) under an
+    iterator's ``__next__`` outside torch and the stdlib: the loop waits for batches a thread or process of the
+    script's own hands over (prefetch_generator's ``BackgroundGenerator``), which no DataLoader wait times."""
+    profile = record.python_profile
+    profiled_s = profile.total_s - profile.startup_s if profile is not None else 0.0
+    if profile is None or not profile.top_own or profiled_s <= 0 or profile.top_own[0].function not in LOCK_WAITS:
+        return None
+    waited = profile.top_own[0].own_s / profiled_s
+    feeder = next((f for f in profile.top_cumulative if f.function in ("__next__", "next")
+                   and not f.file.startswith(("~", "<", "torch/")) and f.cumulative_s >= th.OPS_COVER_CALLER
+                   * profile.top_own[0].own_s), None)
+    if feeder is None or waited < th.DATA_WAIT_BOUND:
+        return None
+    window = profile.window
+    steps = "the whole run" if profile.whole_run else f"steps {window.first_step}-{window.last_step}"
+    return Verdict("data-loading", _rising(waited, th.DATA_WAIT_BOUND, 0.5), (
+        f"the loop waits for its batches: the Python profile's steps ({steps}) spend {waited:.0%} of their time "
+        f"waiting on a lock under {feeder.function} ({feeder.file}:{feeder.line}), an iterator of the script's own "
+        "fed by a thread or process (a queue's get), which gpuscope cannot time as it times a DataLoader's wait; "
+        "batches built in Python by a thread share the interpreter with the loop: a DataLoader's worker processes "
+        "build them beside it", outside, *facts))
 
 
 def _nvml_mean_utilisation(record: RunRecord) -> float | None:
