@@ -253,9 +253,10 @@ def _waiting_iterator(record: RunRecord, outside: str, facts: list[str]) -> Verd
     return Verdict("data-loading", _rising(waited, th.DATA_WAIT_BOUND, 0.5), (
         f"the loop waits for its batches: the Python profile's steps ({steps}) spend {waited:.0%} of their time "
         f"waiting on a lock under {feeder.function} ({feeder.file}:{feeder.line}), an iterator of the script's own "
-        "fed by a thread or process (a queue's get), which gpuscope cannot time as it times a DataLoader's wait; "
-        "batches built in Python by a thread share the interpreter with the loop: a DataLoader's worker processes "
-        "build them beside it", outside, *facts))
+        "fed by a thread or process (a queue's get), which gpuscope cannot time as it times a DataLoader's wait: "
+        "the batches come slower than the steps use them; build them cheaper, or several at once in a DataLoader's "
+        "worker processes where cores are spare (threads building them in Python share one interpreter lock)",
+        outside, *facts))
 
 
 def _nvml_mean_utilisation(record: RunRecord) -> float | None:
