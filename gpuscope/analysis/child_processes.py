@@ -41,7 +41,8 @@ def child_processes(record: RunRecord) -> str | None:
                      "(each process then writes its own report)",
            "library": "; to profile one, open `with gpuscope.profile():` in the code of yours they run (a callback or "
                       "hook the library calls in each process; each then writes its own report)"}.get(top.kind, "")
-    return (f"{len(used)} processes the script started used {theirs:.1f} s of CPU, {ratio} this process's {own:.1f} s: "
+    processes = "1 process" if len(used) == 1 else f"{len(used)} processes"
+    return (f"{processes} the script started used {theirs:.1f} s of CPU, {ratio} this process's {own:.1f} s: "
             f"{ran}{more}. gpuscope profiles this process only, so their work is not in these figures{how}")
 
 

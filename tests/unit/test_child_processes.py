@@ -130,6 +130,11 @@ def test_processes_running_a_librarys_function_are_told_to_profile_the_users_cod
     assert "the body of lightning" not in line
 
 
+def test_one_busy_process_is_told_in_the_singular() -> None:
+    line = child_processes(make_record(host_memory=memory(trainer(1, 6.0))))
+    assert line is not None and line.startswith("1 process the script started used 6.0 s of CPU, 2.6x this ")
+
+
 def test_a_pools_workers_are_named_as_such_without_the_profile_advice() -> None:
     pool = [StartedProcess(pid=i, target="multiprocessing.pool.worker", kind="pool-worker", started_at=SITE,
                            cpu_s=3.0) for i in range(4)]
