@@ -426,6 +426,9 @@ class StartedProcess:
     cpu_s: float | None = None
     """CPU time it had used when last read while the run was watched (``/proc/PID/schedstat``, every 0.5 s), from
     its start; null where it was never read."""
+    runnable_s: float | None = None
+    """Time it had spent runnable but waiting for a core, read with ``cpu_s``: processes and their threads
+    outnumbering the cores."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,8 @@
 they used notable CPU against the run's own process, the verdict says so, names what they ran and the line that
 started them, and how to profile one. pytorch/examples' Hogwild trains in ``mp.Process(target=train)`` children and
 evaluates in the main process: the verdict described 16 evaluation batches ("inconclusive, only 4 steady steps")
-and said nothing of the two trainers' 27 s of CPU."""
+and said nothing of the two trainers' 27 s of CPU. Where they also waited long for a core, the line says that they
+outnumber the cores, and how many torch threads each should run."""
 
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ CHILD_CPU_WORTH_SAYING = 0.5
 threads: the steps, gpuscope's samplers, start-up), and at least ``CHILD_CPU_MIN_S``: a Pool that prepares a few
 files, or a helper that waits all run long, is left unsaid."""
 CHILD_CPU_MIN_S = 1.0
+WAITING_FOR_CORES = 0.25
+"""...and where they waited for a core (runnable, not running) a quarter of the time they were ready to run or more,
+that they outnumber the cores: Hogwild's two trainers on 2 cores, each with torch's 2 threads, waited 43% (15.9 s
+of CPU and 12.0 s waiting each, the run 30.8 s); with ``torch.set_num_threads(1)`` in each, 2% (6.1 s and 0.1 s,
+the run 8.4 s)."""
 MAIN_PREFIXES = ("__main__.", "__mp_main__.")
 """How the script's own functions are named in a process's target (the second under spawn and forkserver)."""
 
@@ -43,7 +49,23 @@ def child_processes(record: RunRecord) -> str | None:
                       "hook the library calls in each process; each then writes its own report)"}.get(top.kind, "")
     processes = "1 process" if len(used) == 1 else f"{len(used)} processes"
     return (f"{processes} the script started used {theirs:.1f} s of CPU, {ratio} this process's {own:.1f} s: "
-            f"{ran}{more}. gpuscope profiles this process only, so their work is not in these figures{how}")
+            f"{ran}{more}. gpuscope profiles this process only, so their work is not in these figures{how}"
+            + _crowded(record, ranked[0][1]))
+
+
+def _crowded(record: RunRecord, processes: list[StartedProcess]) -> str:
+    """That ``processes`` (those of one function) waited for a core, where they did (``WAITING_FOR_CORES``)."""
+    waited = sum(p.runnable_s or 0.0 for p in processes)
+    ran = sum(p.cpu_s or 0.0 for p in processes)
+    if processes[0].kind != "script" or not ran or waited < WAITING_FOR_CORES * (ran + waited):
+        return ""
+    cores = record.meta.cpu_count
+    threads = max(1, cores // len(processes)) if cores else 1
+    machine = f"the machine's {cores} cores" if cores else "the machine's cores"
+    return (f". They waited for a core {waited / (ran + waited):.0%} of the time they were ready to run "
+            f"({waited:.1f} s, against {ran:.1f} s on a CPU): {len(processes)} processes, each running torch's own "
+            f"threads (by default as many as the cores), outnumber {machine}; `torch.set_num_threads({threads})` at "
+            f"the start of {_short(processes[0].target)} shares them out")
 
 
 def _ran(target: str, processes: list[StartedProcess]) -> str:

@@ -50,9 +50,9 @@ class ChildrenCpu:
             cpu, runnable, watched = cpu + max(0.0, c1 - c0), runnable + max(0.0, r1 - r0), watched + (t1 - t0)
         return cpu, runnable, watched
 
-    def cpu_by_pid(self) -> dict[int, float]:
-        """Each child's CPU seconds from its start, as last read."""
-        return {pid: cpu for pid, (_, cpu, _) in self._last.items()}
+    def cpu_by_pid(self) -> dict[int, tuple[float, float]]:
+        """Each child's (CPU seconds, seconds runnable waiting for a core) from its start, as last read."""
+        return {pid: (cpu, runnable) for pid, (_, cpu, runnable) in self._last.items()}
 
 
 def schedstat(pid: int, proc: str = PROC) -> tuple[float, float] | None:

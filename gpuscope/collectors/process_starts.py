@@ -87,8 +87,13 @@ class ProcessStarts:
         method = getattr(getattr(process, "_popen", None), "method", "") or ""
         self.started.append((process.pid, target, kind, call_site(user_frame(frame)), method))
 
-    def record(self, cpu_by_pid: dict[int, float]) -> tuple[StartedProcess, ...]:
-        """The record's entries, each with the CPU time the sampler last read of it (``cpu_by_pid``)."""
-        return tuple(StartedProcess(pid=pid, target=target, kind=kind, started_at=site, start_method=method,
-                                    cpu_s=None if pid not in cpu_by_pid else round(cpu_by_pid[pid], 3))
-                     for pid, target, kind, site, method in self.started)
+    def record(self, cpu_by_pid: dict[int, tuple[float, float]]) -> tuple[StartedProcess, ...]:
+        """The record's entries, each with the CPU time and the time waiting for a core the sampler last read of it
+        (``cpu_by_pid``)."""
+        def entry(pid: int, target: str, kind: str, site: Any, method: str) -> StartedProcess:
+            cpu, runnable = cpu_by_pid.get(pid, (None, None))
+            return StartedProcess(pid=pid, target=target, kind=kind, started_at=site, start_method=method,
+                                  cpu_s=None if cpu is None else round(cpu, 3),
+                                  runnable_s=None if runnable is None else round(runnable, 3))
+
+        return tuple(entry(*started) for started in self.started)

@@ -6,6 +6,7 @@ CPU against the run's own process, the verdict says their work is not in the fig
 from __future__ import annotations
 
 import concurrent.futures.process
+import dataclasses
 import json
 import multiprocessing
 import multiprocessing.pool
@@ -16,7 +17,7 @@ from conftest import make_record
 from gpuscope.analysis.child_processes import child_processes
 from gpuscope.analysis.classify import classify
 from gpuscope.collectors.process_starts import MAX_STARTED, ProcessStarts, describe
-from gpuscope.record import CallSite, HostMemory, StartedProcess, Steps
+from gpuscope.record import CallSite, HostMemory, RunMeta, StartedProcess, Steps
 
 SITE = CallSite(file="hogwild.py", line=93, function="<module>", code="p.start()", calls=1)
 
@@ -71,8 +72,9 @@ def test_processes_are_recorded_with_their_cpu_time_and_dataloader_workers_left_
     starts.note(Started(11), f"{__name__}.train", "script", None)
     starts.note(Started(12), "torch.utils.data._utils.worker._worker_loop", "dataloader-worker", None)
     starts.note(Started(13), "multiprocessing.pool.worker", "pool-worker", None)
-    recorded = starts.record({11: 4.7444, 12: 9.0})
-    assert [(p.pid, p.kind, p.cpu_s) for p in recorded] == [(11, "script", 4.744), (13, "pool-worker", None)]
+    recorded = starts.record({11: (4.7444, 1.2), 12: (9.0, 0.0)})
+    assert [(p.pid, p.kind, p.cpu_s, p.runnable_s) for p in recorded] == [
+        (11, "script", 4.744, 1.2), (13, "pool-worker", None, None)]
 
 
 def test_only_the_first_processes_are_listed_and_the_rest_counted() -> None:
@@ -128,6 +130,22 @@ def test_processes_running_a_librarys_function_are_told_to_profile_the_users_cod
     assert line is not None
     assert "open `with gpuscope.profile():` in the code of yours they run" in line
     assert "the body of lightning" not in line
+
+
+def test_trainers_waiting_for_cores_are_told_to_share_them_out() -> None:
+    # given Hogwild's two trainers on the 2-core machine, each with torch's 2 threads: 15.9 s on a CPU and 12.0 s
+    # waiting for one each (with torch.set_num_threads(1): 6.1 s and 0.1 s, the run 30.8 -> 8.4 s)
+    crowded = [dataclasses.replace(trainer(i, 15.9), runnable_s=12.0) for i in (1, 2)]
+    record = make_record(host_memory=memory(*crowded), meta=RunMeta(cpu_count=2))
+    line = child_processes(record)
+    assert line is not None
+    assert line.endswith(". They waited for a core 43% of the time they were ready to run (24.0 s, against 31.8 s on "
+                         "a CPU): 2 processes, each running torch's own threads (by default as many as the cores), "
+                         "outnumber the machine's 2 cores; `torch.set_num_threads(1)` at the start of train shares "
+                         "them out")
+    # and with one thread each they wait 2% of it: nothing said
+    shared = [dataclasses.replace(trainer(i, 6.1), runnable_s=0.1) for i in (1, 2)]
+    assert "waited for a core" not in (child_processes(make_record(host_memory=memory(*shared))) or "")
 
 
 def test_one_busy_process_is_told_in_the_singular() -> None:
