@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Literal
 
+from gpuscope.analysis.child_processes import child_processes
 from gpuscope.analysis.evidence import STEP, Metric, Unit, batch_size, show, step_batches
 from gpuscope.analysis.rules import RULES
 from gpuscope.record import PHASES, RunRecord
@@ -145,6 +146,8 @@ class Comparison:
     """Warnings that the runs differ in more than the change under test (script, device, torch, CPUs)."""
     per_sample: PerSample | None = None
     """When the batch size changed, the time per sample (what a larger batch is for)."""
+    children: ChildWork | None = None
+    """When processes the script started did notable work in either run, theirs and the whole run's time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +168,40 @@ class PerSample:
         return (f"per sample (batch {self.batch_a}{_accumulated(self.batches_a)} -> batch {self.batch_b}"
                 f"{_accumulated(self.batches_b)}): A {self.seconds_a * 1e3:.3g} ms -> B {self.seconds_b * 1e3:.3g} ms: "
                 f"{self.seconds_a / self.seconds_b:.2f}x the throughput")
+
+
+@dataclass(frozen=True, slots=True)
+class ChildWork:
+    """What the processes the script started used (``HostMemory.processes``), and the whole run's time, in A and B:
+    their work is no part of the step figures (Hogwild's trainers, ``torch.multiprocessing.spawn``'s ranks)."""
+
+    cpu_a: float
+    cpu_b: float
+    waiting_a: float
+    waiting_b: float
+    run_a: float
+    run_b: float
+
+    def line(self) -> str:
+        """One line: "the processes the script started: on a CPU 31.7 s -> 12.2 s, waiting for a core 24.0 s ->
+        0.2 s; the whole run 30.8 s -> 8.4 s (3.67x) ..."."""
+        ratio = f" ({self.run_a / self.run_b:.2f}x)" if self.run_a and self.run_b else ""
+        return (f"the processes the script started: on a CPU {self.cpu_a:.1f} s -> {self.cpu_b:.1f} s, waiting for a "
+                f"core {self.waiting_a:.1f} s -> {self.waiting_b:.1f} s; the whole run {self.run_a:.1f} s -> "
+                f"{self.run_b:.1f} s{ratio} (their work is in none of the step figures)")
+
+
+def child_work(a: RunRecord, b: RunRecord) -> ChildWork | None:
+    """Both runs' started processes' figures, where either run's are worth saying (``child_processes``)."""
+    if child_processes(a) is None and child_processes(b) is None:
+        return None
+
+    def used(record: RunRecord) -> tuple[float, float]:
+        processes = record.host_memory.processes if record.host_memory is not None else ()
+        return sum(p.cpu_s or 0.0 for p in processes), sum(p.runnable_s or 0.0 for p in processes)
+
+    (cpu_a, waiting_a), (cpu_b, waiting_b) = used(a), used(b)
+    return ChildWork(cpu_a, cpu_b, waiting_a, waiting_b, a.meta.duration_s, b.meta.duration_s)
 
 
 def _accumulated(batches: float) -> str:
@@ -319,4 +356,5 @@ def compare(a: RunRecord, b: RunRecord) -> Comparison:
         outcomes=outcomes(a, b),
         flags=flags(a, b),
         per_sample=per_sample(a, b),
+        children=child_work(a, b),
     )

@@ -39,6 +39,8 @@ def summary_lines(comparison: Comparison, html_path: Path | None = None) -> list
         lines.append(f"  median step: A {_median(s.median_a_s)} -> B {_median(s.median_b_s)}{change}")
     if comparison.per_sample is not None:
         lines.append(f"  {comparison.per_sample.line()}")
+    if comparison.children is not None:
+        lines.append(f"  {comparison.children.line()}")
     lines.append(f"  verdict: {v.label_a} (confidence {v.confidence_a:.2f}) -> {v.label_b} "
                  f"(confidence {v.confidence_b:.2f})")
     lines.append("  ms per step, A -> B: " + ", ".join(

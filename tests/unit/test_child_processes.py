@@ -16,8 +16,11 @@ from conftest import make_record
 
 from gpuscope.analysis.child_processes import child_processes
 from gpuscope.analysis.classify import classify
+from gpuscope.analysis.compare import compare
 from gpuscope.collectors.process_starts import MAX_STARTED, ProcessStarts, describe
 from gpuscope.record import CallSite, HostMemory, RunMeta, StartedProcess, Steps
+from gpuscope.report.compare_text import summary_lines
+from gpuscope.report.render import render_compare
 
 SITE = CallSite(file="hogwild.py", line=93, function="<module>", code="p.start()", calls=1)
 
@@ -160,3 +163,22 @@ def test_a_pools_workers_are_named_as_such_without_the_profile_advice() -> None:
     assert line is not None
     assert "4 ran multiprocessing.pool.worker (a process pool's workers)" in line
     assert "gpuscope.profile" not in line
+
+
+def test_compare_shows_what_the_started_processes_used_and_the_whole_runs_time() -> None:
+    # given Hogwild before (two trainers waiting for the cores) and after torch.set_num_threads(1) in each; the main
+    # process's own steps (its test pass) alike in both
+    before = make_record(host_memory=memory(*(dataclasses.replace(trainer(i, 15.85), runnable_s=12.0) for i in (1, 2))),
+                         meta=RunMeta(cpu_count=2, duration_s=30.8))
+    after = make_record(host_memory=memory(*(dataclasses.replace(trainer(i, 6.1), runnable_s=0.1) for i in (1, 2))),
+                        meta=RunMeta(cpu_count=2, duration_s=8.4))
+    comparison = compare(before, after)
+    assert comparison.children is not None
+    line = ("the processes the script started: on a CPU 31.7 s -> 12.2 s, waiting for a core 24.0 s -> 0.2 s; the "
+            "whole run 30.8 s -> 8.4 s (3.67x) (their work is in none of the step figures)")
+    assert comparison.children.line() == line
+    assert f"  {line}" in summary_lines(comparison)
+    page = render_compare(before, after, comparison)
+    assert f'<p id="child-work">Besides the steps, {line.replace(">", "&gt;")}.</p>' in page
+    # and two runs whose processes did little have no such line
+    assert compare(make_record(), make_record()).children is None
