@@ -18,13 +18,12 @@ from gpuscope.analysis import thresholds as th
 from gpuscope.analysis.child_processes import child_processes
 from gpuscope.analysis.evidence import (accumulated_passes, cpu_overhead, evaluation_passes, launch_wait,
                                         slowest_loader, two_speeds, unlike_window)
+from gpuscope.analysis.iterator_wait import iterator_wait
 from gpuscope.analysis.rules.base import missing_input
 from gpuscope.record import RunRecord, Verdict
 from gpuscope.summary import left_out
 
 
-LOCK_WAITS = ("<method 'acquire' of '_thread.lock' objects>", "<method 'acquire' of '_thread.RLock' objects>")
-"""How cProfile names a wait on a lock (``queue.Queue.get``, ``threading.Event.wait``)."""
 HOW_TO_MARK_STEPS = (
     "no training step was found: nothing called optimizer.step() or backward(), nor iterated a DataLoader; mark "
     "the end of each step with gpuscope.step() (`import gpuscope`; it does nothing when gpuscope is not running)")
@@ -235,28 +234,16 @@ def _outside_ops(record: RunRecord) -> list[str]:
 
 
 def _waiting_iterator(record: RunRecord, outside: str, facts: list[str]) -> Verdict | None:
-    """Data-loading, where the Python profile has the steps waiting on a lock (a queue's ``get``) under an
-    iterator's ``__next__`` outside torch and the stdlib: the loop waits for batches a thread or process of the
-    script's own hands over (prefetch_generator's ``BackgroundGenerator``), which no DataLoader wait times."""
-    profile = record.python_profile
-    profiled_s = profile.total_s - profile.startup_s if profile is not None else 0.0
-    if profile is None or not profile.top_own or profiled_s <= 0 or profile.top_own[0].function not in LOCK_WAITS:
+    """Data-loading, where the loop waits on an iterator of its own (``iterator_wait``)."""
+    if (wait := iterator_wait(record)) is None:
         return None
-    waited = profile.top_own[0].own_s / profiled_s
-    feeder = next((f for f in profile.top_cumulative if f.function in ("__next__", "next")
-                   and not f.file.startswith(("~", "<", "torch/")) and f.cumulative_s >= th.OPS_COVER_CALLER
-                   * profile.top_own[0].own_s), None)
-    if feeder is None or waited < th.DATA_WAIT_BOUND:
-        return None
-    window = profile.window
-    steps = "the whole run" if profile.whole_run else f"steps {window.first_step}-{window.last_step}"
-    return Verdict("data-loading", _rising(waited, th.DATA_WAIT_BOUND, 0.5), (
-        f"the loop waits for its batches: the Python profile's steps ({steps}) spend {waited:.0%} of their time "
-        f"waiting on a lock under {feeder.function} ({feeder.file}:{feeder.line}), an iterator of the script's own "
-        "fed by a thread or process (a queue's get), which gpuscope cannot time as it times a DataLoader's wait: "
-        "the batches come slower than the steps use them; build them cheaper, or several at once in a DataLoader's "
-        "worker processes where cores are spare (threads building them in Python share one interpreter lock)",
-        outside, *facts))
+    return Verdict("data-loading", _rising(wait.share, th.DATA_WAIT_BOUND, 0.5), (
+        f"the loop waits for its batches: the Python profile's steps ({wait.steps}) spend {wait.share:.0%} of their "
+        f"time waiting on a lock under {wait.feeder.function} ({wait.feeder.file}:{wait.feeder.line}), an iterator "
+        "of the script's own fed by a thread or process (a queue's get), which gpuscope cannot time as it times a "
+        "DataLoader's wait: the batches come slower than the steps use them; build them cheaper, or several at once "
+        "in a DataLoader's worker processes where cores are spare (threads building them in Python share one "
+        "interpreter lock)", outside, *facts))
 
 
 def _nvml_mean_utilisation(record: RunRecord) -> float | None:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from gpuscope.analysis import thresholds as th
 from gpuscope.analysis.evidence import (accumulation_saving, batches_per_step, counted_step_unlike, cpu_overhead,
                                         launch_wait, median_compute_s, slowest_loader, training_batches)
+from gpuscope.analysis.iterator_wait import iterator_wait
 from gpuscope.analysis.waiting_workers import waiting_workers
 from gpuscope.record import LoaderRate, RunRecord, SpeedOfLight, Verdict, WhatIf
 
@@ -277,7 +278,13 @@ def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
     if not record.steps.count or not median:
         return None
     step_s, explanation = None, ""
-    if verdict.bound == "data-loading":
+    if verdict.bound == "data-loading" and record.breakdown.data_wait < th.DATA_WAIT_BOUND \
+            and (wait := iterator_wait(record)) is not None:  # no DataLoader's wait: an iterator of its own
+        step_s = median * (1 - wait.share)
+        explanation = (f"with the batches ready when the step asks for them: without the {wait.share:.0%} of the "
+                       f"profiled steps spent waiting under {wait.feeder.function} ({wait.feeder.file}:"
+                       f"{wait.feeder.line})")
+    elif verdict.bound == "data-loading":
         step_s, explanation = _without_data_wait(record)
     elif verdict.bound == "cpu-launch":
         overhead = cpu_overhead(record) if record.device == "cpu" else None
