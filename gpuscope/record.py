@@ -407,6 +407,11 @@ class HostMemory:
     """Processes the script started with multiprocessing, DataLoader workers left out: the first 64."""
     processes_not_listed: int = 0
     """Processes started past those 64."""
+    own_cpu_s: float | None = None
+    """This process's threads' time on a CPU while sampled (``/proc/PID/task/TID/schedstat``, read every 0.5 s),
+    summed, seconds; null where the kernel keeps no such statistics."""
+    own_runnable_s: float | None = None
+    """...and their time runnable but waiting for a core: other threads and processes holding the cores."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from gpuscope.analysis import thresholds as th
 from gpuscope.analysis.child_processes import child_processes
+from gpuscope.analysis.contention import contention
 from gpuscope.analysis.evidence import (accumulated_passes, cpu_overhead, evaluation_passes, launch_wait,
                                         slowest_loader, two_speeds, unlike_window)
 from gpuscope.analysis.iterator_wait import iterator_wait
@@ -32,11 +33,14 @@ HOW_TO_MARK_STEPS = (
 def classify(record: RunRecord) -> Verdict:
     """The verdict on ``record``, with its confidence and the numbers it rests on (and, where the steps run at two
     speeds, that the median step stands for a mix; where evaluation passes took a notable time, what they took;
-    where processes the script started did notable work, that it is not in the figures)."""
+    where processes the script started did notable work, that it is not in the figures; where the process waited
+    for a core a notable share of its time, that the step times hold that wait)."""
     verdict = _classify(record)
     more = [line for line in (two_speeds(record), evaluation_passes(record)) if line] if record.steps.count else []
     if children := child_processes(record):  # said with steps or without
         more.append(children)
+    if record.steps.count and (waited := contention(record)):
+        more.append(waited)
     return Verdict(verdict.bound, verdict.confidence, (*verdict.evidence, *more)) if more else verdict
 
 

@@ -66,6 +66,38 @@ def schedstat(pid: int, proc: str = PROC) -> tuple[float, float] | None:
         return None
 
 
+class OwnThreads:
+    """The run's own process's time on a CPU and runnable but waiting for one, summed over its threads (the
+    kernel's ``/proc/PID/task/TID/schedstat``) from the first reading to the last: a thread that ends keeps its last
+    reading, a thread that begins counts from zero."""
+
+    def __init__(self, pid: int, proc: str = PROC) -> None:
+        self._tasks = f"{proc}/{pid}/task"
+        self._first: dict[int, tuple[float, float]] | None = None
+        self._last: dict[int, tuple[float, float]] = {}
+
+    def read(self) -> None:
+        try:
+            tids = [int(tid) for tid in os.listdir(self._tasks)]
+        except (OSError, ValueError):
+            return
+        for tid in tids:
+            times = schedstat(tid, self._tasks)
+            if times is not None:
+                self._last[tid] = times
+        if self._first is None:
+            self._first = dict(self._last)
+
+    def totals(self) -> tuple[float, float] | None:
+        """(CPU seconds, seconds runnable waiting for a core) since the first reading; None where none was made."""
+        if self._first is None:
+            return None
+        first = self._first
+        cpu = sum(c - first.get(tid, (0.0, 0.0))[0] for tid, (c, _) in self._last.items())
+        waiting = sum(w - first.get(tid, (0.0, 0.0))[1] for tid, (_, w) in self._last.items())
+        return max(0.0, cpu), max(0.0, waiting)
+
+
 def helper_verdict(command: list[str], own_command: list[str], age_s: float, direct: bool) -> bool | None:
     """Whether a child process is one of multiprocessing's helpers, from its command line (``own_command``: the
     run's), its age and whether it is a direct child; None while it cannot be told yet (``EXEC_GRACE_S``)."""

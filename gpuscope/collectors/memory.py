@@ -32,7 +32,7 @@ from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from gpuscope.collectors.allocator import allocator_in_use, malloc_settings, own_usage, page_bytes
 from gpuscope.collectors.base import CollectorResult, StepEvents, Watcher, register
-from gpuscope.collectors.children import ChildrenCpu, descendants, helper_verdict, schedstat
+from gpuscope.collectors.children import ChildrenCpu, OwnThreads, descendants, helper_verdict, schedstat
 from gpuscope.collectors.process_starts import ProcessStarts
 from gpuscope.record import CollectorStatus, HostMemory
 
@@ -210,6 +210,7 @@ class HostMemoryCollector(Watcher):
         self._events: StepEvents | None = None
         self._allocator: tuple[str, tuple[str, ...]] = ("", ())
         self._starts = ProcessStarts()
+        self._own = OwnThreads(os.getpid())
         self._unwatch: Callable[[], None] = lambda: None
         self._last_error = ""
         self._scan_error = ""
@@ -244,6 +245,7 @@ class HostMemoryCollector(Watcher):
         self._t0 = self._clock()
         self._allocator = (allocator_in_use(), malloc_settings())
         self._unwatch = self._starts.install()
+        self._own = OwnThreads(self._pid)
         self._sample(rescan=True)  # synchronous, so even a run shorter than one interval has a first point
         self._thread = threading.Thread(target=self._run, name="gpuscope-memory", daemon=True)
         self._thread.start()
@@ -270,9 +272,11 @@ class HostMemoryCollector(Watcher):
             return CollectorResult(CollectorStatus("failed", f"no memory sample succeeded: {self._last_error}"))
         memory = build_host_memory(
             samples, interval_s, peaks, self._children_cpu.totals(), self._max_helpers, self._allocator)
+        own = self._own.totals()
         return CollectorResult(CollectorStatus("ok"), dataclasses.replace(
             memory, processes=self._starts.record(self._children_cpu.cpu_by_pid()),
-            processes_not_listed=self._starts.more))
+            processes_not_listed=self._starts.more, own_cpu_s=own and round(own[0], 3),
+            own_runnable_s=own and round(own[1], 3)))
 
     # -- sampling ----------------------------------------------------------------------------------------
     def _run(self) -> None:
@@ -292,6 +296,7 @@ class HostMemoryCollector(Watcher):
             if rescan or now - self._last_scan >= self._children_scan_s:
                 self._scan_children(now)
                 self._read_children_cpu(now)
+                self._own.read()
             workers_bytes, workers = self._children_rss()
             steps = self._events.steps_seen() if self._events is not None else 0
             sample = MemorySample(now - self._t0, process, workers_bytes, workers, *own_usage(), steps)
