@@ -25,16 +25,34 @@ MAIN_PREFIXES = ("__main__.", "__mp_main__.")
 """How the script's own functions are named in a process's target (the second under spawn and forkserver)."""
 
 
-def child_processes(record: RunRecord) -> str | None:
-    """What the processes the script started ran and the CPU they used, where it is worth saying; None otherwise."""
+def started_work(record: RunRecord) -> tuple[float, float]:
+    """(CPU seconds, seconds waiting for a core) of the processes the script started, summed."""
+    processes = record.host_memory.processes if record.host_memory is not None else ()
+    return sum(p.cpu_s or 0.0 for p in processes), sum(p.runnable_s or 0.0 for p in processes)
+
+
+def notable(record: RunRecord) -> bool:
+    """Whether the processes the script started used CPU worth saying (``CHILD_CPU_WORTH_SAYING``)."""
     memory = record.host_memory
     if memory is None or not memory.processes or not memory.user_s:
+        return False
+    theirs = started_work(record)[0]
+    return theirs >= CHILD_CPU_MIN_S and theirs >= CHILD_CPU_WORTH_SAYING * _own_cpu(record)
+
+
+def _own_cpu(record: RunRecord) -> float:
+    memory = record.host_memory
+    assert memory is not None and memory.user_s
+    return memory.user_s[-1] + (memory.sys_s[-1] if memory.sys_s else 0.0)
+
+
+def child_processes(record: RunRecord) -> str | None:
+    """What the processes the script started ran and the CPU they used, where it is worth saying; None otherwise."""
+    if not notable(record):
         return None
-    used = [p for p in memory.processes if p.cpu_s]
-    theirs = sum(p.cpu_s or 0.0 for p in used)
-    own = memory.user_s[-1] + (memory.sys_s[-1] if memory.sys_s else 0.0)
-    if theirs < CHILD_CPU_MIN_S or theirs < CHILD_CPU_WORTH_SAYING * own:
-        return None
+    assert record.host_memory is not None
+    used = [p for p in record.host_memory.processes if p.cpu_s]
+    theirs, own = started_work(record)[0], _own_cpu(record)
     by_target: dict[str, list[StartedProcess]] = defaultdict(list)
     for process in used:
         by_target[process.target].append(process)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Literal
 
-from gpuscope.analysis.child_processes import child_processes
+from gpuscope.analysis.child_processes import notable, started_work
 from gpuscope.analysis.evidence import STEP, Metric, Unit, batch_size, show, step_batches
 from gpuscope.analysis.rules import RULES
 from gpuscope.record import PHASES, RunRecord
@@ -192,15 +192,10 @@ class ChildWork:
 
 
 def child_work(a: RunRecord, b: RunRecord) -> ChildWork | None:
-    """Both runs' started processes' figures, where either run's are worth saying (``child_processes``)."""
-    if child_processes(a) is None and child_processes(b) is None:
+    """Both runs' started processes' figures, where either run's are worth saying (``notable``)."""
+    if not notable(a) and not notable(b):
         return None
-
-    def used(record: RunRecord) -> tuple[float, float]:
-        processes = record.host_memory.processes if record.host_memory is not None else ()
-        return sum(p.cpu_s or 0.0 for p in processes), sum(p.runnable_s or 0.0 for p in processes)
-
-    (cpu_a, waiting_a), (cpu_b, waiting_b) = used(a), used(b)
+    (cpu_a, waiting_a), (cpu_b, waiting_b) = started_work(a), started_work(b)
     return ChildWork(cpu_a, cpu_b, waiting_a, waiting_b, a.meta.duration_s, b.meta.duration_s)
 
 
