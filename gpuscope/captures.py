@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from gpuscope.record import Loader
+from gpuscope.record import CallSite, Loader
 
 TIMED_PHASES = ("data_wait", "forward", "backward", "optimizer")
 """Phases timed by hooks; a step's remaining time is "other"."""
@@ -27,6 +27,20 @@ class StepRecord:
     device_wall_s: float | None = None
     device_phases_s: dict[str, float] | None = None
     evaluated: bool = False  # the trained model ran forward in eval mode / without gradients in it
+
+
+@dataclass(frozen=True, slots=True)
+class LoopStart:
+    """Where a training loop began: the first step an optimizer ended over parameters unlike those of the one
+    before it (a script that trains a teacher, then distils a student from it, runs two such loops)."""
+
+    first_step: int
+    optimizer: str
+    """Its class name (``Adam``)."""
+    parameters: int
+    """Elements in the parameters it updates."""
+    created_at: CallSite | None = None
+    """The user's line that built it, where gpuscope saw it built."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +65,8 @@ class StepCapture:
     final_evaluation_s: float = 0.0
     """An evaluation pass after the last step (a test pass once training is done): from that step's end to the
     end of tracking, seconds; 0 without one."""
+    loops: tuple[LoopStart, ...] = ()
+    """Where each training loop began, where the script ran more than one one after another; empty otherwise."""
 
 
 @dataclass(frozen=True, slots=True)

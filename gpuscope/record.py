@@ -58,7 +58,8 @@ class StepSample:
 
     ``phases_s`` maps each phase of ``PHASES`` to per-step seconds; ``status`` says for each sampled step
     whether it counts in the steady-state figures (``steady``) or was left out (``warmup``, ``outlier``,
-    ``profiled``, ``eval``: an evaluation pass ran in it).
+    ``profiled``, ``eval``: an evaluation pass ran in it; ``other-loop``: a step of another training loop than the
+    measured one, ``Steps.loops``).
     ``device_wall_s`` holds per-step device time on CUDA runs (None where it was not resolved).
     """
 
@@ -110,6 +111,32 @@ class Steps:
     sampled: bool = False
     """True when the run had more steps than are kept one by one; figures then rest on an even sample."""
     sample: StepSample = field(default_factory=StepSample)
+    loops: tuple[TrainingLoop, ...] = ()
+    """Where the script ran several training loops one after another (a teacher trained, then a student distilled
+    from it), each loop, in order: the figures are the ``measured`` one's. Empty for one loop."""
+    other_loops: int = 0
+    """Steps left out for belonging to the other loops: counted in ``total`` only."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrainingLoop:
+    """One of several training loops a script ran one after another: the steps, from ``first_step`` to the next
+    loop's first, that one optimizer ended, over parameters unlike those of the loop before."""
+
+    first_step: int = 0
+    steps: int = 0
+    optimizer: str = ""
+    """The optimizer's class name (``Adam``)."""
+    parameters: int = 0
+    """Elements in the parameters it updates."""
+    created_at: CallSite | None = None
+    """The user's line that built the optimizer, where gpuscope saw it built."""
+    median_s: float | None = None
+    """Its kept steps' median wall time, its first step (the hand-over from the loop before) left out."""
+    total_s: float = 0.0
+    """Its steps' wall time in all (estimated from the sample where steps were sampled), seconds."""
+    measured: bool = False
+    """The loop the run's figures describe: the one the profilers' windows fell in."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,8 +41,10 @@ def left_out(record: RunRecord) -> str:
     steps = record.steps
     skipped = f", {steps.skipped} of them skipped" if steps.skipped else ""
     evaluated = f", {steps.evaluated} with an evaluation pass" if steps.evaluated else ""
+    loops = f", {steps.other_loops} of {len(steps.loops) - 1} other training loop{'s' * (len(steps.loops) > 2)}" \
+        if steps.other_loops else ""
     return (f"left out: {steps.warmup} warm-up{skipped}, {steps.profiled} profiled, {steps.outliers} outliers"
-            f"{evaluated}")
+            f"{evaluated}{loops}")
 
 
 def window_line(record: RunRecord) -> str | None:

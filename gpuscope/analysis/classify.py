@@ -20,6 +20,7 @@ from gpuscope.analysis.contention import contention
 from gpuscope.analysis.evidence import (accumulated_passes, cpu_overhead, evaluation_passes, launch_wait,
                                         slowest_loader, two_speeds, unlike_window)
 from gpuscope.analysis.iterator_wait import iterator_wait
+from gpuscope.analysis.loops import loops_line
 from gpuscope.analysis.rules.base import missing_input
 from gpuscope.record import RunRecord, Verdict
 from gpuscope.summary import left_out
@@ -31,12 +32,13 @@ HOW_TO_MARK_STEPS = (
 
 
 def classify(record: RunRecord) -> Verdict:
-    """The verdict on ``record``, with its confidence and the numbers it rests on (and, where the steps run at two
-    speeds, that the median step stands for a mix; where evaluation passes took a notable time, what they took;
+    """The verdict on ``record``, with its confidence and the numbers it rests on (and, where the script ran several
+    training loops, which one the figures are; where the steps run at two speeds, that the median step stands for a mix; where evaluation passes took a notable time, what they took;
     where processes the script started did notable work, that it is not in the figures; where the process waited
     for a core a notable share of its time, that the step times hold that wait)."""
     verdict = _classify(record)
-    more = [line for line in (two_speeds(record), evaluation_passes(record)) if line] if record.steps.count else []
+    more = [line for line in (loops_line(record), two_speeds(record), evaluation_passes(record)) if line] \
+        if record.steps.count else []
     if children := child_processes(record):  # said with steps or without
         more.append(children)
     if record.steps.count and (waited := contention(record)):

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from gpuscope.analysis.loops import other_loop
 from gpuscope.analysis.thresholds import (ACCUMULATED_MFU, EVALUATION_LOADING_WORTH_SAYING, EVALUATION_WORTH_SAYING,
                                           TWO_SPEED_GAP, TWO_SPEED_MIN_SHARE, TWO_SPEED_SEPARATION, WINDOW_UNLIKE)
 from gpuscope.record import KernelTimeline, Loader, RunRecord
@@ -50,7 +51,10 @@ def unlike_window(record: RunRecord) -> str | None:
 def unlike_steps(record: RunRecord, first: int, last: int, what: str) -> str | None:
     """Why steps ``first``..``last`` (a profiler's window: ``what``) do not describe the steady-state ones, or None:
     their median wall time (kept in the step sample) is ``WINDOW_UNLIKE`` times longer or shorter than the steady
-    median, the run having changed pace after them (a first phase that trains another model, a slow start)."""
+    median, the run having changed pace after them (a first phase that trains another model, a slow start), or
+    some of them ran in another training loop than the measured one (``loops.other_loop``)."""
+    if (other := other_loop(record, first, last, what)) is not None:
+        return other
     steps = record.steps
     sample = steps.sample
     times = [t for i, t in zip(sample.index, sample.wall_s) if first <= i <= last and t > 0]

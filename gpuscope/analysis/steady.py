@@ -8,8 +8,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from gpuscope.analysis import loops as loops_of
 from gpuscope.analysis import thresholds as th
-from gpuscope.captures import TIMED_PHASES, StepCapture, StepRecord
+from gpuscope.captures import TIMED_PHASES, LoopStart, StepCapture, StepRecord
 from gpuscope.record import PHASES, Breakdown, Steps, StepSample
 
 
@@ -29,58 +30,88 @@ def summarize(
     body_weight: float,
     source: str,
     skipped: int = 0,
+    loops: Sequence[LoopStart] = (),
 ) -> StepSummary:
     """Summarise kept step records of a run that had ``total`` steps marked by ``source``: the steps before
     ``head`` one by one, each later one standing for ``body_weight`` steps of the run. The first ``skipped`` steps
-    (``--skip-steps``) were not kept, and count as warm-up."""
+    (``--skip-steps``) were not kept, and count as warm-up. Of several training ``loops`` run one after another, the
+    figures are those of the one the profilers measured (``analysis.loops.measured``), the others' steps left out."""
     if not records:
         warmup = min(skipped, total)
         return StepSummary(Steps(total=total, warmup=warmup, skipped=warmup,  # type: ignore[arg-type]
                                  source=source if total else "none"), Breakdown(), None)
 
     weights = [1.0 if r.index < head else body_weight for r in records]
-    warmup = _count_warmup(records, total, skipped)
-    profiled = [i for i, r in enumerate(records) if r.index >= warmup and r.profiled]
-    later = [i for i, r in enumerate(records) if r.index >= warmup and not r.profiled]
-    evaluated = _evaluation_steps(records, weights, later)
-    outlier_at = _outliers(records, weights, [i for i in later if i not in evaluated])
-    steady = [i for i in later if i not in evaluated and i not in outlier_at]
-
+    chosen = loops_of.measured(records, weights, loops, total) if loops else 0
+    start, end = loops_of.bounds(loops, total)[chosen]
+    split = _split(records, weights, start, max(skipped, start + 1) if start else skipped, end)
+    warmup, steady = split.warmup, split.steady
     walls = [records[i].wall_s for i in steady]
     w = [weights[i] for i in steady]
     count = round(sum(w))  # each kept step stands for its weight in steps of the run
-    profiled_count = round(sum(weights[i] for i in profiled))
-    evaluated_count = round(sum(weights[i] for i in evaluated))
-    status = ["warmup" if r.index < warmup else "profiled" if r.profiled else "eval" if i in evaluated
-              else "outlier" if i in outlier_at else "steady" for i, r in enumerate(records)]
+    profiled_count = round(sum(weights[i] for i in split.profiled))
+    evaluated_count = round(sum(weights[i] for i in split.evaluated))
 
     host = _host_breakdown([records[i] for i in steady], w)
     device = _device_breakdown([records[i] for i in steady], w)
     device_walls = [(records[i].device_wall_s, weights[i]) for i in steady if records[i].device_wall_s is not None]
+    median = _quantile(walls, w, 0.5)
     steps = Steps(
         count=count,
-        median_s=_quantile(walls, w, 0.5),
+        median_s=median,
         mean_s=sum(x * k for x, k in zip(walls, w)) / sum(w) if w else 0.0,
         p10_s=_quantile(walls, w, 0.1),
         p90_s=_quantile(walls, w, 0.9),
         min_s=min(walls, default=0.0),
         max_s=max(walls, default=0.0),
         total=total,
-        warmup=warmup,
-        skipped=skipped,
+        warmup=min(warmup, end) - start,
+        skipped=max(0, min(skipped, end) - start),
         profiled=profiled_count,
-        outliers=max(0, total - warmup - profiled_count - evaluated_count - count),
+        outliers=max(0, end - warmup - profiled_count - evaluated_count - count),
         evaluated=evaluated_count,
-        evaluated_s=sum(records[i].wall_s * weights[i] for i in evaluated),
+        evaluated_s=sum(records[i].wall_s * weights[i] for i in split.evaluated),
         source=source,  # type: ignore[arg-type]
         breakdown_basis="device" if device is not None else "host",
         device_median_s=_quantile([d for d, _ in device_walls], [k for _, k in device_walls], 0.5) if device_walls else None,
         sampled=body_weight > 1.0,
-        sample=_sample(records, status),
+        sample=_sample(records, split.status),
+        loops=loops_of.training_loops(records, weights, loops, total, chosen, median) if loops else (),
+        other_loops=start + total - end,
     )
     if device is not None:
         return StepSummary(steps, device, host)
     return StepSummary(steps, host, None)
+
+
+@dataclass(frozen=True, slots=True)
+class _Split:
+    """A loop's kept steps (positions in the records) by what the figures make of them."""
+
+    warmup: int
+    """The loop's first step past its warm-up (a step number)."""
+    profiled: list[int]
+    evaluated: set[int]
+    steady: list[int]
+    status: list[str]
+    """Each record's status (``StepSample.status``), the other loops' steps included."""
+
+
+def _split(records: Sequence[StepRecord], weights: Sequence[float], start: int, first: int, end: int) -> _Split:
+    """The records of the loop of steps ``start``..``end`` (exclusive), from ``first`` on (the skipped steps, or a
+    later loop's first: the hand-over from the loop before, left out as warm-up), split into warm-up, profiled,
+    evaluation, outlier and steady steps."""
+    inside = [i for i, r in enumerate(records) if first <= r.index < end]
+    warmup = _count_warmup([records[i] for i in inside], end, first) if inside else first
+    profiled = [i for i in inside if records[i].index >= warmup and records[i].profiled]
+    later = [i for i in inside if records[i].index >= warmup and not records[i].profiled]
+    evaluated = _evaluation_steps(records, weights, later)
+    outlier_at = _outliers(records, weights, [i for i in later if i not in evaluated])
+    status = ["other-loop" if not start <= r.index < end else "warmup" if r.index < warmup else "profiled"
+              if r.profiled else "eval" if i in evaluated else "outlier" if i in outlier_at else "steady"
+              for i, r in enumerate(records)]
+    steady = [i for i in later if i not in evaluated and i not in outlier_at]
+    return _Split(warmup, profiled, evaluated, steady, status)
 
 
 def _outliers(records: Sequence[StepRecord], weights: Sequence[float], later: Sequence[int]) -> set[int]:
@@ -209,7 +240,7 @@ def _phase_seconds(record: StepRecord, phase: str) -> float:
 def summarize_capture(capture: StepCapture) -> StepSummary:
     """``summarize`` of what the steps collector captured, with the forward passes per backward."""
     summary = summarize(capture.records, capture.count, capture.head, capture.body_weight, capture.source,
-                        capture.skipped)
+                        capture.skipped, capture.loops)
     forwards, backwards = capture.passes
     steps = dataclasses.replace(summary.steps, final_evaluation_s=capture.final_evaluation_s)
     if backwards:

@@ -13,11 +13,17 @@ first steps still open.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import sys
+import weakref
 from collections.abc import Callable
 from typing import Any
 
+from gpuscope.callsites import call_site, user_frame
 from gpuscope.collectors.base import patch
+from gpuscope.collectors.loops import LoopBook
+from gpuscope.record import CallSite
 
 HOLD_STEPS = 64
 """The most steps (``backward()`` calls or batches) the step events hold back for an optimizer built but not
@@ -25,13 +31,25 @@ stepped."""
 
 
 class OptimizerWatch:
-    """Sees optimizers built (``torch.optim.Optimizer.__init__``). That one has stepped the tracker says itself: its
-    steps are then the optimizer's."""
+    """Sees optimizers built (``torch.optim.Optimizer.__init__``), and the user's line that built each. That one has
+    stepped the tracker says itself: its steps are then the optimizer's, and where another takes over, a training
+    loop may begin (``anchored``)."""
 
     def __init__(self) -> None:
         self.built = False
+        self.sites: weakref.WeakKeyDictionary[Any, CallSite] = weakref.WeakKeyDictionary()
+        self.loops = LoopBook()
         self._holding = False  # some step was held back
         self._gave_up = False  # and no longer is
+
+    def anchored(self, optimizer: Any, step: int) -> None:
+        """``optimizer`` has just begun to end the steps, ``step`` the first it ended: a loop begins where it trains
+        other parameters than the one before (``LoopBook``)."""
+        try:
+            site = self.sites.get(optimizer)
+        except TypeError:  # unhashable
+            site = None
+        self.loops.anchored(optimizer, step, site)
 
     def install(self, torch: Any) -> Callable[[], None]:
         """Hook ``torch.optim``; returns the undo."""
@@ -44,6 +62,8 @@ class OptimizerWatch:
         def __init__(optimizer: Any, *args: Any, **kwargs: Any) -> None:
             watch.built = True
             original(optimizer, *args, **kwargs)
+            with contextlib.suppress(TypeError):  # an optimizer class made unhashable: no line named
+                watch.sites[optimizer] = call_site(user_frame(sys._getframe(1)))
 
         return __init__
 

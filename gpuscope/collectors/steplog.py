@@ -246,21 +246,21 @@ class StepTracker:
         return self._windows > 0
 
     # -- markers -----------------------------------------------------------------------------------------
-    def optimizer_stepped(self, optimizer_id: int, now: float) -> None:
+    def optimizer_stepped(self, optimizer_id: int, now: float) -> bool:
         """``optimizer.step()`` returned. With several optimizers, one ends the step: the first one stepped, until
         another steps twice with no step of it in between (a later phase of the script trains another model; a GAN's
-        generator steps once between two of its discriminator's)."""
+        generator steps once between two of its discriminator's). True where it has just become that one."""
         if self._anchor_optimizer is not None and optimizer_id != self._anchor_optimizer:
             if optimizer_id not in self._others_stepped:
                 self._others_stepped.add(optimizer_id)
-                return
-        self._anchor_optimizer = optimizer_id
+                return False
+        changed, self._anchor_optimizer = optimizer_id != self._anchor_optimizer, optimizer_id
         self._others_stepped.clear()
         self._boundary("optimizer", now)
+        return changed
 
     def backward_ended(self, now: float) -> None:
-        """A top-level ``backward()`` (or ``autograd.grad``) returned: under the ``backward`` kind, a step ends and
-        the next begins."""
+        """A top-level ``backward()`` (or ``autograd.grad``) returned: under the ``backward`` kind, a step ends."""
         if self.source == "backward":
             self._boundary("backward", now)
         elif self.source is None and self._held is None:

@@ -132,16 +132,14 @@ class StepsCollector:
         """A profiler started: steps it touches are left out of the steady-state figures."""
         self.tracker.window_opened()  # type: ignore[union-attr]
 
-    def window_closed(self) -> None:
-        """A profiler stopped."""
+    def window_closed(self) -> None:  # a profiler stopped
         self.tracker.window_closed()  # type: ignore[union-attr]
 
     def in_window(self) -> bool:
         """Whether one of gpuscope's profilers is running now."""
         return self.tracker.in_window  # type: ignore[union-attr]
 
-    def steps_seen(self) -> int:
-        """Steps counted so far."""
+    def steps_seen(self) -> int:  # steps counted so far
         return self.tracker.log.count  # type: ignore[union-attr]
 
     def step_evaluated(self, index: int) -> bool:
@@ -174,7 +172,8 @@ class StepsCollector:
             records=tuple(log.records()), count=log.count, head=log.skip + log.head_size,
             body_weight=log.body_weight, source=tracker.source or "none", loaders=self.loaders.records(),
             device="cuda" if self.cuda_in_use() else "cpu", notes=tuple(notes), skipped=min(log.skip, log.count),
-            passes=(tracker.passes[0], tracker.passes[1]), final_evaluation_s=tracker.final_evaluation_s))
+            passes=(tracker.passes[0], tracker.passes[1]), final_evaluation_s=tracker.final_evaluation_s,
+            loops=self._optimizer_watch.loops.starts()))
 
     # -- hook installation -------------------------------------------------------------------------------
     def _install_torch_hooks(self) -> None:
@@ -243,7 +242,8 @@ class StepsCollector:
         if self._loop.mine():
             now = self._clock()
             self.tracker.exit("optimizer", now)  # type: ignore[union-attr]
-            self.tracker.optimizer_stepped(id(optimizer), now)  # type: ignore[union-attr]
+            if self.tracker.optimizer_stepped(id(optimizer), now):  # type: ignore[union-attr]
+                self._optimizer_watch.anchored(optimizer, self.tracker.log.count - 1)  # type: ignore[union-attr]
 
     def _wrap_next(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
         collector = self

@@ -28,7 +28,7 @@ PHASE_COLORS = {
 PHASE_NAMES = {"data_wait": "data wait", "forward": "forward", "backward": "backward", "optimizer": "optimizer",
                "other": "other"}
 LEFT_OUT_OPACITY = 0.35
-"""Bars of steps left out of the figures (warm-up, profiled, outlier, eval) are drawn faded."""
+"""Bars of steps left out of the figures (warm-up, profiled, outlier, eval, other-loop) are drawn faded."""
 CLIP_RATIO = 3.0
 """When a left-out step is this many times longer than the longest steady one, the y axis is cut to show the
 steady steps; hovering still gives every bar's value."""
