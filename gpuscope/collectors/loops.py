@@ -32,6 +32,8 @@ class LoopBook:
         if (self._starts and trains == self._trains) or len(self._starts) >= MAX_LOOPS:
             return
         self._trains = trains
+        if self._starts and step <= self._starts[-1].first_step:  # no step ended since that one began (explicit steps)
+            self._starts.pop()
         self._starts.append(LoopStart(first_step=step if self._starts else 0, optimizer=type(optimizer).__name__,
                                       parameters=sum(int(p.numel()) for p in params), created_at=site))
 
