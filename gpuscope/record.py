@@ -84,9 +84,11 @@ class Steps:
     total: int = 0
     """Every step seen, steady or not."""
     warmup: int = 0
-    """Steps left out at the start (first steps, compilation, autotuning), the skipped ones included."""
+    """Steps left out at the start (first steps, compilation, autotuning), the skipped ones included; of several
+    training loops, at the measured loop's start."""
     skipped: int = 0
-    """Of the warm-up steps, those the user asked to skip (``--skip-steps``): no profiler measured them."""
+    """Of the warm-up steps, those the user asked to skip (``--skip-steps``): no profiler measured them (of several
+    training loops, those in the measured loop)."""
     outliers: int = 0
     """Steps left out later for taking far longer than the median (checkpoints, evaluation, recompiles)."""
     profiled: int = 0

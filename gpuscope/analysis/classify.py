@@ -33,9 +33,10 @@ HOW_TO_MARK_STEPS = (
 
 def classify(record: RunRecord) -> Verdict:
     """The verdict on ``record``, with its confidence and the numbers it rests on (and, where the script ran several
-    training loops, which one the figures are; where the steps run at two speeds, that the median step stands for a mix; where evaluation passes took a notable time, what they took;
-    where processes the script started did notable work, that it is not in the figures; where the process waited
-    for a core a notable share of its time, that the step times hold that wait)."""
+    training loops, which one the figures are; where the steps run at two speeds, that the median step stands for a
+    mix; where evaluation passes took a notable time, what they took; where processes the script started did
+    notable work, that it is not in the figures; where the process waited for a core a notable share of its time,
+    that the step times hold that wait)."""
     verdict = _classify(record)
     more = [line for line in (loops_line(record), two_speeds(record), evaluation_passes(record)) if line] \
         if record.steps.count else []

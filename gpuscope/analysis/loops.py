@@ -54,8 +54,8 @@ def other_loop(record: RunRecord, first: int, last: int, what: str) -> str | Non
     training loop than the measured one; None if none did."""
     for n, loop in enumerate(record.steps.loops):
         if not loop.measured and first < loop.first_step + loop.steps and loop.first_step <= last:
-            return (f"{what} ({first}-{last} ran" if first != last else f"{what} ({first}) ran") + (
-                f" in {_ordinal(n)} training loop, not the one the figures describe")
+            steps = f"{first}-{last}" if first != last else f"{first}"
+            return f"{what} ({steps}) ran in {_ordinal(n)} training loop, not the one the figures describe"
     return None
 
 
