@@ -92,6 +92,19 @@ CPU's rate in them; the precision rules hold that rate against float32's)."""
 
 
 @dataclass(frozen=True, slots=True)
+class AttentionCall:
+    """The first scaled dot-product attention of the counted step on a CPU: its shapes and dtype, whether causal,
+    and the user's line that made it."""
+
+    query: tuple[int, ...]
+    key: tuple[int, ...]
+    value: tuple[int, ...]
+    dtype: str
+    is_causal: bool = False
+    called_at: CallSite | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class FlopCount:
     """The FLOPs of one steady step, as ``FlopCounterMode`` counted them (the flops collector's payload).
 
@@ -108,13 +121,16 @@ class FlopCount:
     tf32: bool = False
     note: str = ""
     flops_by_dtype: dict[str, int] = field(default_factory=dict)
+    attention: AttentionCall | None = None
+    """The step's first attention on a CPU (``collectors/attention.py``), None without one."""
 
 
 @dataclass(frozen=True, slots=True)
 class CpuPeak:
     """This machine's measured float matmul rate (the cpu-peak probe's payload): what a CPU step could reach; and,
     where ``dtype`` is not float32, its float32 rate measured beside it; where the step ran convolutions and some
-    of its FLOPs in bfloat16 or float16, one convolution's rate in that dtype and in float32."""
+    of its FLOPs in bfloat16 or float16, one convolution's rate in that dtype and in float32; and its attention's
+    time in both, where that ran in such a dtype."""
 
     flops_per_s: float
     dtype: str
@@ -122,6 +138,9 @@ class CpuPeak:
     source: str
     float32_flops_per_s: float | None = None
     conv_flops_per_s: dict[str, float] = field(default_factory=dict)
+    attention_s: dict[str, float] = field(default_factory=dict)
+    """Where the step's attention ran in bfloat16 or float16: one forward and backward at its shapes, in that dtype
+    and in float32, seconds."""
 
 
 @dataclass(frozen=True, slots=True)

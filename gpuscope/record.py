@@ -743,6 +743,22 @@ class OptimizerProbe:
 
 
 @dataclass(frozen=True, slots=True)
+class AttentionTiming:
+    """The first scaled dot-product attention of a CPU run's counted step, and one forward and backward of it at its
+    shapes timed after the run, in its dtype and in float32, where that dtype is bfloat16 or float16."""
+
+    query: tuple[int, ...] = ()
+    key: tuple[int, ...] = ()
+    value: tuple[int, ...] = ()
+    dtype: str = ""
+    is_causal: bool = False
+    called_at: CallSite | None = None
+    """The user's line that made it (that called the module running it, where torch's code did)."""
+    seconds: dict[str, float] = field(default_factory=dict)
+    """One forward and backward at those shapes, by dtype (its own and float32), seconds; empty where not timed."""
+
+
+@dataclass(frozen=True, slots=True)
 class SpeedOfLight:
     """FLOPs of one training step (torch's FLOP counter, on one step outside the figures) against the device's
     peak. ``achieved_flops_per_s`` and ``mfu`` (0..1) are filled in by the analysis from the median step."""
@@ -767,6 +783,8 @@ class SpeedOfLight:
     """On a CPU run whose matmuls were not float32: this machine's float32 matmul rate, measured beside the peak in
     their dtype (null otherwise)."""
     flops_by_dtype: dict[str, int] = field(default_factory=dict)
+    attention: AttentionTiming | None = None
+    """On a CPU run, the step's first scaled dot-product attention and its time in its dtype and in float32."""
     """The counted step's FLOPs by the dtype they ran in (``float32``, ``bfloat16``...): a step may mix them (a
     student under ``torch.autocast`` beside a float32 teacher)."""
     conv_flops_per_s: dict[str, float] = field(default_factory=dict)

@@ -14,7 +14,7 @@ from gpuscope.analysis.optable import OpTable, events_before, op_table, window_e
 from gpuscope.analysis.peaks import gpu_peak_flops
 from gpuscope.analysis.steady import StepSummary, evaluation_passes, summarize_capture
 from gpuscope.captures import CpuPeak, FlopCount, StepCapture, TraceCapture
-from gpuscope.record import OpProfile, SpeedOfLight, Window
+from gpuscope.record import AttentionTiming, OpProfile, SpeedOfLight, Window
 
 TOP_OPS = 15
 """Ops listed by host and by device time."""
@@ -102,9 +102,13 @@ def speed_of_light(count: FlopCount, cpu_peak: CpuPeak | None) -> SpeedOfLight:
     when float32 matmuls were allowed it), or on a CPU run this machine's measured matmul rate (none when the
     probe did not run), with its float32 rate where the matmuls were in another dtype. ``achieved_flops_per_s``
     and ``mfu`` are filled in later, from the median step."""
+    call = count.attention
+    attention = None if call is None else AttentionTiming(
+        call.query, call.key, call.value, call.dtype, call.is_causal, call.called_at,
+        dict(cpu_peak.attention_s) if cpu_peak is not None else {})
     result = SpeedOfLight(flops_per_step=count.flops_per_step, flops_by_op=dict(count.flops_by_op), step=count.step,
                           dtype=count.dtype, device_name=count.device_name, note=count.note,
-                          flops_by_dtype=dict(count.flops_by_dtype))
+                          flops_by_dtype=dict(count.flops_by_dtype), attention=attention)
     if count.cuda and count.device_name is not None:
         dtype = count.dtype or "float32"
         table_dtype = "tfloat32" if dtype == "float32" and count.tf32 else dtype

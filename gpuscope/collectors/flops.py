@@ -6,8 +6,9 @@ step boundaries, which are outside any op). The mode is a TorchDispatchMode, so 
 backward included (the autograd engine carries dispatch modes to its threads), and counts matrix multiplies,
 convolutions and attention with torch's formulas: 2 x M x N x K for a matmul (a multiply and an add per term).
 Element-wise ops and the optimizer's update are not counted, as in every MFU figure. A matmul of a sparse matrix
-counts the elements it stores (``stored_share``), where torch's formulas count it as dense. The counted step runs slower
-(every op goes through Python), so it is marked profiled and left out of the step figures.
+counts the elements it stores (``stored_share``), where torch's formulas count it as dense; a CPU's flash attention,
+which torch's counter has no formula for, is counted with the GPU one's (``collectors/attention.py``). The counted
+step runs slower (every op goes through Python), so it is marked profiled and left out of the step figures.
 
 The peak: on CUDA, the detected GPU model's datasheet figure for the matmuls' dtype (looked up by the analysis,
 ``analysis/peaks.py``); on a CPU run, this machine measured after the run by the ``cpu-peak`` probe: the best of a
@@ -31,7 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpuscope.captures import LOW_PRECISION, CpuPeak, FlopCount
+from gpuscope.captures import LOW_PRECISION, AttentionCall, CpuPeak, FlopCount
+from gpuscope.collectors.attention import ATTENTION_BUDGET_S, cpu_formulas, time_attention
 from gpuscope.collectors.base import (
     CollectorResult,
     PostRunProbe,
@@ -99,6 +101,7 @@ class SpeedOfLightCollector(StepFollower):
         self._mode: Any = None
         self._dtypes: dict[str, int] = {}
         self._flops: dict[str, int] = {}
+        self._attention: list[AttentionCall] = []  # the step's first attention on a CPU
         self._tf32 = False
         self._recounts = 0  # counted steps that held an evaluation pass, counted again
         self._opened_at = 0.0  # when the count began
@@ -147,8 +150,9 @@ class SpeedOfLightCollector(StepFollower):
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            mode = flop_counter.FlopCounterMode(
-                display=False, custom_mapping={k: tracking(v) for k, v in flop_counter.flop_registry.items()})
+            formulas = {**flop_counter.flop_registry, **cpu_formulas(torch, flop_counter, self._attention)}
+            mode = flop_counter.FlopCounterMode(display=False,
+                                                custom_mapping={k: tracking(v) for k, v in formulas.items()})
         if hasattr(mode, "mod_tracker"):
             mode.mod_tracker = _GlobalOnly()  # no global module hooks: see _GlobalOnly
         # the dispatch mode imports nothing the script would not (lazy_dynamo)
@@ -205,7 +209,8 @@ class SpeedOfLightCollector(StepFollower):
         name, note = _gpu_name() if cuda else (None, "")
         return CollectorResult(CollectorStatus("ok"), FlopCount(
             flops_per_step=total, flops_by_op=top, step=counted, dtype=dtype, cuda=cuda, device_name=name,
-            tf32=self._tf32, note=note, flops_by_dtype=dict(self._dtypes)))
+            tf32=self._tf32, note=note, flops_by_dtype=dict(self._dtypes),
+            attention=self._attention[0] if self._attention and not cuda else None))
 
 
 def stored_share(tensor: Any) -> float:
@@ -246,12 +251,13 @@ def _gpu_name() -> tuple[str | None, str]:
 class CpuPeakProbe(PostRunProbe):
     """After the run, on a CPU run whose step FLOPs were counted: this machine's matmul rate in the step's dtype,
     the best of a few square matmuls with the run's own thread count (what the step's matmuls could reach), and in
-    float32 too where the step's dtype is another; and a convolution in bfloat16 or float16 and in float32 where the
-    step ran convolutions and FLOPs in that dtype."""
+    float32 too where the step's dtype is another; a convolution in bfloat16 or float16 and in float32 where the
+    step ran convolutions and FLOPs in that dtype; and the step's attention in both, where it ran in such a dtype
+    (``collectors/attention.py``)."""
 
     name: ClassVar[str] = "cpu-peak"
     field: ClassVar[str | None] = None  # read by the speed-of-light reduction, with the flops collector's count
-    budget_s: ClassVar[float] = BENCH_BUDGET_S + FLOAT32_BUDGET_S + 2 * CONV_BUDGET_S
+    budget_s: ClassVar[float] = BENCH_BUDGET_S + FLOAT32_BUDGET_S + 2 * CONV_BUDGET_S + 2 * ATTENTION_BUDGET_S
     doing: ClassVar[str] = "timing this machine's matmul peak"
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
@@ -280,9 +286,17 @@ class CpuPeakProbe(PostRunProbe):
             batch, channels, size = CONV_SHAPE
             source += (f"; a 3x3 convolution of {channels} channels on {batch} images of {size}x{size}: "
                        + ", ".join(f"{d} {rate / 1e9:.2f} GFLOP/s" for d, rate in conv.items()))
+        attention = {}
+        if count.attention is not None and count.attention.dtype in LOW_PRECISION:
+            timed_s = {d: time_attention(torch, count.attention, d, clock=self._clock)
+                       for d in (count.attention.dtype, "float32")}
+            attention = {d: t for d, t in timed_s.items() if t is not None}
+            if len(attention) == 2:
+                source += ("; the step's attention, forward and backward: "
+                           + ", ".join(f"{d} {t * 1e3:.1f} ms" for d, t in attention.items()))
         return CollectorResult(CollectorStatus("ok"), CpuPeak(
             flops_per_s=peak.flops_per_s, dtype=dtype, device_name=platform.processor() or platform.machine() or "CPU",
-            source=source, float32_flops_per_s=float32, conv_flops_per_s=conv))
+            source=source, float32_flops_per_s=float32, conv_flops_per_s=conv, attention_s=attention))
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,8 +15,9 @@ Needs = tuple[str, ...]
 """Record fields a rule reads: "op_profile", "calibration", "loaders", "kernels" (the CUDA kernel timeline),
 "cuda" (a CUDA run), "cpu" (a CPU-only run), "practices", "data_probe", "syncs", "model" (the model's layers,
 inspected), "optimizer_probe" (the optimizer's update timed again, as run and fused), "matmul_rates" (this
-machine's measured matmul rate in the step's dtype, and in float32 where that is another), "batch_build" (the data
-probe, or the loader probe's timing of a sampler of the user's own: some part of building a batch timed),
+machine's measured matmul rate in the step's dtype, and in float32 where that is another), "attention_timing" (a
+CPU step's attention in bfloat16 / float16, timed again after the run in that dtype and in float32), "batch_build"
+(the data probe, or the loader probe's timing of a sampler of the user's own: some part of building a batch timed),
 "host_memory" (the host memory samples), "glibc_malloc" (glibc's malloc served the process)."""
 
 
@@ -78,6 +79,8 @@ def missing_input(record: RunRecord, needs: Needs) -> str | None:
             return "a GPU run: this is about a CPU's own arithmetic"
         if need == "matmul_rates" and (why := _rates_missing(record)) is not None:
             return why
+        if need == "attention_timing" and (why := _attention_missing(record)) is not None:
+            return why
         if need == "kernels" and (record.op_profile is None or record.op_profile.kernels is None):
             return "no CUDA kernel timeline" + _collector_reason(record, "op_profile")
         if need == "op_profile" and (record.op_profile is None or not record.op_profile.ops):
@@ -128,6 +131,23 @@ def _rates_missing(record: RunRecord) -> str | None:
         return "this machine's matmul rate was not measured" + why
     if not sol.float32_flops_per_s:
         return f"this machine's float32 matmul rate was not measured beside its {sol.dtype} one" + why
+    return None
+
+
+def _attention_missing(record: RunRecord) -> str | None:
+    """Why the step's attention was not timed in its dtype and in float32 after the run; None where it was."""
+    sol = record.speed_of_light
+    if sol is None:
+        return "no step's FLOPs were counted" + _collector_reason(record, "speed_of_light")
+    call = sol.attention
+    if call is None:
+        return "the counted step ran no scaled dot-product attention"
+    if call.dtype not in ("bfloat16", "float16"):
+        return f"the step's attention ran in {call.dtype}"
+    if len(call.seconds) < 2:
+        probe = record.collectors.get("cpu-peak")
+        return "the step's attention was not timed after the run" + (
+            f" (cpu-peak: {probe.reason})" if probe is not None and probe.reason else " (or its query was too large)")
     return None
 
 

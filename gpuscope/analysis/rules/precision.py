@@ -317,6 +317,60 @@ def float32_over_float64(run: RunRecord) -> Finding | None:
     return Finding(gain, evidence, fix=fix)
 
 
+def attention_share(run: RunRecord) -> float | None:
+    """Share of the profiled steps' op time in scaled dot-product attention (its CPU kernels, forward and backward);
+    None without an op profile."""
+    ops = run.op_profile
+    if ops is None or not ops.ops or not ops.mean_op_s:
+        return None
+    attention = sum(o.self_host_s for o in ops.top_host if "scaled_dot_product" in o.name)
+    return min(1.0, attention / (ops.mean_op_s * ops.ops))
+
+
+@rule(id="cpu-float32-attention",
+      title="Run attention in float32 on this CPU: its bfloat16 / float16 attention is slower",
+      fix="with torch.autocast('cpu', enabled=False): out = F.scaled_dot_product_attention(q.float(), k.float(), "
+          "v.float()).to(q.dtype)",
+      needs=("cpu", "op_profile", "attention_timing"),
+      resolved_by=(Metric("op time in attention", "share", attention_share), STEP))
+def cpu_float32_attention(run: RunRecord) -> Finding | None:
+    """Signal: a CPU run whose attention (``F.scaled_dot_product_attention``, or a module running it) ran in
+    bfloat16 or float16, where one forward and backward at its shapes, timed after the run, took
+    ``CPU_LOW_PRECISION_SLOWER`` times longer in that dtype than in float32 or more.
+    Why it matters: torch's CPU flash attention backward in bfloat16 is several times slower than in float32 even
+    where the CPU's bfloat16 matmuls are faster (AMX): a small ViT under bfloat16 autocast on the project's machine
+    spent 50% of its op time in ``_scaled_dot_product_flash_attention_for_cpu_backward``; its attention at 64 x 3
+    heads x 65 tokens x 64 took 37 ms forward and backward in bfloat16 against 11 in float32. Attention in float32
+    inside the autocast took its step from 360 to 211 ms, where dropping the autocast (414 ms) would have lost the
+    matmuls' gain.
+    Fix: run the attention in float32 inside the autocast, naming the line that made it.
+    Gain: the attention ops' time in the step (their share of the profiled op time) less the same at the measured
+    float32 / low-precision ratio."""
+    sol = run.speed_of_light
+    timing = sol.attention if sol is not None else None
+    assert timing is not None  # the rule needs "attention_timing"
+    low, fp32, share = timing.seconds[timing.dtype], timing.seconds["float32"], attention_share(run)
+    if low < fp32 * th.CPU_LOW_PRECISION_SLOWER or not share or not run.steps.count or not run.steps.median_s:
+        return None
+    attention_s = share * median_compute_s(run)
+    shape = " x ".join(map(str, timing.query))
+    evidence = (
+        f"the step's attention ran in {timing.dtype}: {share:.0%} of the step's op time, about "
+        f"{attention_s * 1e3:.1f} ms of the {run.steps.median_s * 1e3:.1f} ms step",
+        f"one forward and backward of it (query {shape}{', causal' if timing.is_causal else ''}), timed after the "
+        f"run: {timing.dtype} {low * 1e3:.1f} ms, float32 {fp32 * 1e3:.1f} ms ({low / fp32:.1f}x slower)",
+    )
+    faster = sol.peak_flops_per_s / sol.float32_flops_per_s if sol is not None and sol.dtype == timing.dtype \
+        and sol.peak_flops_per_s and sol.float32_flops_per_s else None
+    keep = f" (keep the rest in {timing.dtype}: its matmuls measured {faster:.1f}x float32's rate here)" \
+        if faster is not None and faster > 1 else ""
+    site = timing.called_at
+    fix = (f"{_site(site)}: run the attention in float32{keep}: with torch.autocast('cpu', enabled=False): out = "
+           "F.scaled_dot_product_attention(q.float(), k.float(), v.float()).to(q.dtype)") \
+        if site is not None and site.file else None
+    return Finding(attention_s * (1 - fp32 / low) / run.steps.median_s, evidence, fix=fix)
+
+
 def _site(site: CallSite) -> str:
     return f"{site.file}:{site.line} `{site.code}`" if site.file else "a line outside the user's code"
 
