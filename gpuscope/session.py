@@ -250,7 +250,7 @@ class Session:
             if loader is not None:
                 figures["batches_per_step"] = batches_per_step(loader["batches"], capture.count)
         dataset, fetch = loaders.probe_dataset() if loaders is not None else (None, None)
-        optimizer = self._steps.first_optimizer if self._steps is not None else None
+        optimizer = self._steps.probed_optimizer if self._steps is not None else None
         return post_run_facts(**figures, loader=loader, dataset=dataset, dataset_fetch=fetch, payloads=payloads,
                               optimizer=optimizer)
 

@@ -39,17 +39,23 @@ class OptimizerWatch:
         self.built = False
         self.sites: weakref.WeakKeyDictionary[Any, CallSite] = weakref.WeakKeyDictionary()
         self.loops = LoopBook()
+        self._anchor: weakref.ref[Any] | None = None  # the optimizer ending the steps now
         self._holding = False  # some step was held back
         self._gave_up = False  # and no longer is
 
     def anchored(self, optimizer: Any, step: int) -> None:
         """``optimizer`` has just begun to end the steps, ``step`` the first it ended: a loop begins where it trains
         other parameters than the one before (``LoopBook``)."""
+        self._anchor = weakref.ref(optimizer)
         try:
             site = self.sites.get(optimizer)
         except TypeError:  # unhashable
             site = None
         self.loops.anchored(optimizer, step, site)
+
+    def anchor(self) -> Any:
+        """The optimizer ending the steps now, while it is alive; None before any did."""
+        return self._anchor() if self._anchor is not None else None
 
     def install(self, torch: Any) -> Callable[[], None]:
         """Hook ``torch.optim``; returns the undo."""

@@ -65,7 +65,7 @@ class StepsCollector:
         self._at_safe_point: Callable[[], None] | None = None
         self._undo: list[Callable[[], None]] = []
         self._optimizers: dict[int, weakref.ref[Any]] = {}  # stepped in the loop's thread, by id, in order
-        self.first_optimizer: Any = None  # the first of them, kept alive for the post-run optimizer probe
+        self.probed_optimizer: Any = None  # kept alive for the post-run optimizer probe: the first, or the windows'
         self.loaders = LoaderBook()  # the DataLoaders iterated (the post-run probes load the slowest one again)
         self._loader_depth = 0
         self._backward_depth = 0  # backward() in backward() (a gradient penalty) or in a closure marks no step
@@ -129,14 +129,14 @@ class StepsCollector:
         return self._torch is None or self._cuda_built
 
     def window_opened(self) -> None:
-        """A profiler started: steps it touches are left out of the steady-state figures."""
+        """A profiler started: its steps are left out of the figures, and their optimizer is the one probed after."""
         self.tracker.window_opened()  # type: ignore[union-attr]
+        self.probed_optimizer = self._optimizer_watch.anchor() or self.probed_optimizer
 
     def window_closed(self) -> None:  # a profiler stopped
         self.tracker.window_closed()  # type: ignore[union-attr]
 
-    def in_window(self) -> bool:
-        """Whether one of gpuscope's profilers is running now."""
+    def in_window(self) -> bool:  # whether one of gpuscope's profilers is running now
         return self.tracker.in_window  # type: ignore[union-attr]
 
     def steps_seen(self) -> int:  # steps counted so far
@@ -213,8 +213,8 @@ class StepsCollector:
         if not self._defines_step():
             return None
         self._optimizers.setdefault(id(optimizer), weakref.ref(optimizer))
-        if self.first_optimizer is None:
-            self.first_optimizer = optimizer
+        if self.probed_optimizer is None:
+            self.probed_optimizer = optimizer
         self.tracker.enter("optimizer", self._clock())  # type: ignore[union-attr]
         # step(self, closure) or step(self, closure=closure): the closure's time is not the update's
         if "closure" in kwargs and callable(kwargs["closure"]):

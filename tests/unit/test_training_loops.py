@@ -155,3 +155,19 @@ def test_a_gans_two_optimizers_stepping_in_turn_make_one_loop(tmp_path: Path) ->
 def test_the_record_keeps_the_loops(record: RunRecord) -> None:
     loops = RunRecord.from_json(record.to_json()).steps.loops
     assert loops == record.steps.loops and all(isinstance(loop, TrainingLoop) for loop in loops)
+
+
+def test_the_optimizer_probed_after_the_run_is_the_one_ending_the_steps_the_windows_measured(tmp_path: Path) -> None:
+    # given: a teacher's loop, then a student's, a profiler window opened in the student's
+    collector = StepsCollector()
+    collector.start(tmp_path)
+    teacher, student = torch.nn.Linear(4, 8), torch.nn.Linear(4, 2)
+    teacher_opt, student_opt = torch.optim.Adam(teacher.parameters()), torch.optim.SGD(student.parameters(), lr=0.1)
+    train(teacher_opt, teacher, 4)
+    train(student_opt, student, 3)
+    collector.window_opened()
+    train(student_opt, student, 2)
+    collector.window_closed()
+    collector.stop()
+    # then: the student's optimizer is the one the post-run probe times (it was the teacher's: the first)
+    assert collector.probed_optimizer is student_opt
