@@ -1,8 +1,10 @@
 """Rules about number formats: mixed precision on Tensor Cores; float32 on a CPU whose bfloat16 / float16 matmuls
-or convolutions are slower than its float32 ones, or whose step ran in float64."""
+or convolutions are slower than its float32 ones, or whose step ran in float64; and attention in float32 where its
+bfloat16 / float16 forward and backward are."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuscope.analysis import thresholds as th
@@ -57,24 +59,23 @@ def mixed_precision(run: RunRecord) -> Finding | None:
     return Finding(busy * off_tc * th.AMP_TIME_SAVED, evidence)
 
 
-def matmul_share(run: RunRecord) -> float | None:
-    """Share of the profiled steps' op time (self time of every op) in matmul ops (``mm``, ``addmm``, ``bmm``...);
-    None without an op profile."""
-    ops = run.op_profile
-    if ops is None or not ops.ops or not ops.mean_op_s:
-        return None
-    matmuls = sum(o.self_host_s for o in ops.top_host if op_kind(o.name) == "matmul")
-    return min(1.0, matmuls / (ops.mean_op_s * ops.ops))
-
-
-def slow_conv_share(run: RunRecord) -> float | None:
-    """Share of the profiled steps' op time in torch's reference convolution kernels (``SLOW_CONVS``); None without
+def op_share(run: RunRecord, which: Callable[[str], bool]) -> float | None:
+    """Share of the profiled steps' op time (self time of every op) in the listed ops ``which`` names; None without
     an op profile."""
     ops = run.op_profile
     if ops is None or not ops.ops or not ops.mean_op_s:
         return None
-    slow = sum(o.self_host_s for o in ops.top_host if o.name.removeprefix("aten::") in SLOW_CONVS)
-    return min(1.0, slow / (ops.mean_op_s * ops.ops))
+    return min(1.0, sum(o.self_host_s for o in ops.top_host if which(o.name)) / (ops.mean_op_s * ops.ops))
+
+
+def matmul_share(run: RunRecord) -> float | None:
+    """Share of the profiled steps' op time in matmul ops (``mm``, ``addmm``, ``bmm``...)."""
+    return op_share(run, lambda name: op_kind(name) == "matmul")
+
+
+def slow_conv_share(run: RunRecord) -> float | None:
+    """Share of the profiled steps' op time in torch's reference convolution kernels (``SLOW_CONVS``)."""
+    return op_share(run, lambda name: name.removeprefix("aten::") in SLOW_CONVS)
 
 
 @rule(id="cpu-fp32-over-low-precision",
@@ -318,13 +319,8 @@ def float32_over_float64(run: RunRecord) -> Finding | None:
 
 
 def attention_share(run: RunRecord) -> float | None:
-    """Share of the profiled steps' op time in scaled dot-product attention (its CPU kernels, forward and backward);
-    None without an op profile."""
-    ops = run.op_profile
-    if ops is None or not ops.ops or not ops.mean_op_s:
-        return None
-    attention = sum(o.self_host_s for o in ops.top_host if "scaled_dot_product" in o.name)
-    return min(1.0, attention / (ops.mean_op_s * ops.ops))
+    """Share of the profiled steps' op time in scaled dot-product attention (its CPU kernels, forward and backward)."""
+    return op_share(run, lambda name: "scaled_dot_product" in name)
 
 
 @rule(id="cpu-float32-attention",
