@@ -5,6 +5,7 @@ built again over the same parameters continues its loop, and a GAN's two optimiz
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import statistics
@@ -116,24 +117,45 @@ def train(optimizer: torch.optim.Optimizer, model: torch.nn.Module, steps: int) 
 
 
 def test_the_steps_collector_finds_where_an_optimizer_over_other_parameters_takes_over(tmp_path: Path) -> None:
-    # given: a teacher trained 6 steps, then a student 5 steps, then the student's optimizer built again (a new
-    # one each epoch, say) for 4 more
+    # given: a teacher trained 20 steps, then a student 5 steps, then the student's optimizer built again (a new
+    # one each epoch, say) for 14 more
     collector = StepsCollector()
     collector.start(tmp_path)
     teacher, student = torch.nn.Linear(4, 8), torch.nn.Linear(4, 2)
-    train(torch.optim.Adam(teacher.parameters()), teacher, 6)
+    train(torch.optim.Adam(teacher.parameters()), teacher, 20)
     train(torch.optim.SGD(student.parameters(), lr=0.1), student, 5)
-    train(torch.optim.SGD(student.parameters(), lr=0.01), student, 4)
+    train(torch.optim.SGD(student.parameters(), lr=0.01), student, 14)
     capture = collector.stop().payload
-    # then: two loops, the second from step 6, which holds the student's first two updates (one optimizer ends
-    # the steps until another steps twice: steps 0-5 each ended with a teacher update, step 6 with the student's
+    # then: two loops, the second from step 20, which holds the student's first two updates (one optimizer ends
+    # the steps until another steps twice: steps 0-19 each ended with a teacher update, step 20 with the student's
     # second); the optimizer built again continues the student's loop
-    assert capture.count == 14
+    assert capture.count == 38
     here = "tests/unit/" + Path(__file__).name
     assert [(loop.first_step, loop.optimizer, loop.parameters, loop.created_at.file) for loop in capture.loops] == [
-        (0, "Adam", 40, here), (6, "SGD", 10, here)]
+        (0, "Adam", 40, here), (20, "SGD", 10, here)]
     assert all(loop.created_at.function == "test_the_steps_collector_finds_where_an_optimizer_over_other_parameters"
                "_takes_over" for loop in capture.loops)
+
+
+def test_a_meta_learning_loops_inner_optimizer_per_task_makes_no_loop_of_each_task(tmp_path: Path) -> None:
+    # given: first-order MAML: for each of 12 tasks, an inner SGD over a copy of the model stepped 5 times, the
+    # copy's gradients handed to the model, and the meta-optimizer stepped every 4 tasks
+    collector = StepsCollector()
+    collector.start(tmp_path)
+    model = torch.nn.Linear(4, 1)
+    meta = torch.optim.Adam(model.parameters())
+    for task in range(12):
+        learner = copy.deepcopy(model)
+        train(torch.optim.SGD(learner.parameters(), lr=0.01), learner, 5)
+        learner(torch.randn(8, 4)).sum().backward()
+        for p, q in zip(model.parameters(), learner.parameters()):
+            p.grad = q.grad if p.grad is None else p.grad + q.grad
+        if task % 4 == 3:
+            meta.step()
+            meta.zero_grad()
+    capture = collector.stop().payload
+    # then: the steps are the inner updates, all of one loop
+    assert capture.count >= 40 and capture.loops == ()
 
 
 def test_a_gans_two_optimizers_stepping_in_turn_make_one_loop(tmp_path: Path) -> None:
