@@ -58,8 +58,9 @@ def cpu_formulas(torch: Any, flop_counter: Any, seen: list[AttentionCall]) -> di
 def time_attention(torch: Any, call: AttentionCall, dtype: str, budget_s: float = ATTENTION_BUDGET_S,
                    clock: Callable[[], float] = time.perf_counter) -> float | None:
     """Seconds of the fastest forward and backward of ``call``'s attention in ``dtype`` (one warm-up first), within
-    about ``budget_s``; None where its query is over MAX_ATTENTION_ELEMENTS. Its own generator: the global RNG is
-    not touched."""
+    about ``budget_s``; None where its query is over MAX_ATTENTION_ELEMENTS, or where it could not be run (a dtype
+    this torch has no CPU attention for: the matmul peak measured beside it is kept). Its own generator: the global
+    RNG is not touched."""
     if math.prod(call.query) > MAX_ATTENTION_ELEMENTS:
         return None
     generator = torch.Generator().manual_seed(0)
@@ -70,6 +71,9 @@ def time_attention(torch: Any, call: AttentionCall, dtype: str, budget_s: float 
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=call.is_causal)
         torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
 
-    best, _ = fastest(once, ATTENTION_REPEATS, budget_s, clock)
+    try:
+        best, _ = fastest(once, ATTENTION_REPEATS, budget_s, clock)
+    except Exception:
+        return None
     return best
 

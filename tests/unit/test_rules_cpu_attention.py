@@ -139,3 +139,12 @@ def test_the_recorded_vit_under_bf16_autocast_is_told_to_run_its_attention_in_fl
     assert rec.evidence[1] == ("one forward and backward of it (query 64 x 3 x 65 x 64), timed after the run: "
                                "bfloat16 48.3 ms, float32 9.5 ms (5.1x slower)")
     assert rec.fix.startswith("vit.py:36 `a = F.scaled_dot_product_attention(q, k, v)`: run the attention in float32")
+
+
+def test_an_attention_that_cannot_run_is_not_timed_and_costs_the_probe_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("no such kernel for this dtype")
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", refuse)
+    assert attention.time_attention(torch, AttentionCall((2, 3, 16, 8), (2, 3, 16, 8), (2, 3, 16, 8), "float16"),
+                                    "float16") is None
