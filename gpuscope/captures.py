@@ -67,6 +67,8 @@ class StepCapture:
     end of tracking, seconds; 0 without one."""
     loops: tuple[LoopStart, ...] = ()
     """Where each training loop began, where the script ran more than one one after another; empty otherwise."""
+    no_grad_modes: tuple[int, ...] = (0, 0)
+    """The trained model's forward passes in eval mode, and in train mode with gradients off."""
 
 
 @dataclass(frozen=True, slots=True)

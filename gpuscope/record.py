@@ -118,6 +118,10 @@ class Steps:
     from it), each loop, in order: the figures are the ``measured`` one's. Empty for one loop."""
     other_loops: int = 0
     """Steps left out for belonging to the other loops: counted in ``total`` only."""
+    evaluated_in_train_mode: float | None = None
+    """Of the trained model's forward passes in eval mode or with gradients off (what marks a step as holding an
+    evaluation pass), the share run in train mode with gradients off: a rollout collecting the next batch runs so
+    in most reinforcement-learning loops (CleanRL's), a test pass after ``model.eval()`` does not. None without any."""
 
 
 @dataclass(frozen=True, slots=True)

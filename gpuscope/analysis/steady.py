@@ -242,7 +242,10 @@ def summarize_capture(capture: StepCapture) -> StepSummary:
     summary = summarize(capture.records, capture.count, capture.head, capture.body_weight, capture.source,
                         capture.skipped, capture.loops)
     forwards, backwards = capture.passes
-    steps = dataclasses.replace(summary.steps, final_evaluation_s=capture.final_evaluation_s)
+    eval_mode, train_mode = capture.no_grad_modes
+    steps = dataclasses.replace(summary.steps, final_evaluation_s=capture.final_evaluation_s,
+                                evaluated_in_train_mode=train_mode / (eval_mode + train_mode) if eval_mode + train_mode
+                                else None)
     if backwards:
         steps = dataclasses.replace(steps, forwards_per_backward=forwards / backwards)
     return dataclasses.replace(summary, steps=steps)

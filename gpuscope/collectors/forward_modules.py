@@ -47,6 +47,8 @@ class ForwardModules:
         """The modules hooked at the last boundary, still to be checked for having run (a list, not a property:
         the forward hook reads it on every call)."""
         self._ran: set[int] = set()  # ids of checked modules whose forward ran since
+        self.no_grad_modes = [0, 0]
+        """The trained model's forward passes in eval mode, and in train mode with gradients off."""
         self._descended = 0
         self._silent: list[str] = []  # modules hooked whose forward did not run (replaced by their children)
         self._root_refs: list[weakref.ref[Any]] = []
@@ -55,6 +57,13 @@ class ForwardModules:
         """Class names of the roots found (empty until then)."""
         self.left_out = 0
         """Steps that timed only part of the forward pass (left out of the figures)."""
+
+    def evaluation_pass(self, module: Any, tracker: Any) -> None:
+        """``module``'s forward began in eval mode or with gradients off: its step holds an evaluation pass (or a
+        rollout collecting the next batch, which runs in train mode in most reinforcement-learning loops): so marked
+        in ``tracker``, and counted by the mode."""
+        tracker.evaluation_forward()
+        self.no_grad_modes[bool(module.training)] += 1
 
     def ran(self, module: Any) -> None:
         """``module``'s forward began (called from the pre-hook while ``checking``)."""

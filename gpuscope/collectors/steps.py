@@ -173,7 +173,7 @@ class StepsCollector:
             body_weight=log.body_weight, source=tracker.source or "none", loaders=self.loaders.records(),
             device="cuda" if self.cuda_in_use() else "cpu", notes=tuple(notes), skipped=min(log.skip, log.count),
             passes=(tracker.passes[0], tracker.passes[1]), final_evaluation_s=tracker.final_evaluation_s,
-            loops=self._optimizer_watch.loops.starts()))
+            loops=self._optimizer_watch.loops.starts(), no_grad_modes=(*self.forward.no_grad_modes,)))
 
     # -- hook installation -------------------------------------------------------------------------------
     def _install_torch_hooks(self) -> None:
@@ -330,7 +330,7 @@ class StepsCollector:
                 self.forward.ran(module)
             self.tracker.enter("forward", self._clock())  # type: ignore[union-attr]
             if not (module.training and self._torch.is_grad_enabled()):  # eval(), no_grad: an evaluation pass
-                self.tracker.evaluation_forward()  # type: ignore[union-attr]
+                self.forward.evaluation_pass(module, self.tracker)
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
         if self._loop.mine():

@@ -153,6 +153,46 @@ def test_the_steps_collector_marks_the_steps_holding_an_evaluation_pass_of_the_t
     assert [r.index for r in capture.records if r.evaluated] == [5, 10, 15]
 
 
+def test_the_steps_collector_counts_the_passes_without_gradients_by_the_models_mode() -> None:
+    # given: the train/test loop's test passes (eval mode, no_grad), and a PPO-style rollout: the policy in train
+    # mode under no_grad, 6 times before each 4 updates
+    tested = run_train_and_test(epochs=3, batches=5)
+    collector = StepsCollector()
+    collector.start(Path("."))
+    policy = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.Adam(policy.parameters())
+    for _ in range(3):
+        with torch.no_grad():
+            for _ in range(6):
+                policy(torch.randn(4, 4))
+        for _ in range(4):
+            policy(torch.randn(16, 4)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    rolled = collector.stop().payload
+    # then: eval mode for the first, train mode for the rollouts (those before the model's modules were hooked, at
+    # the first step's end, are not seen)
+    assert tested.no_grad_modes == (9, 0)
+    assert rolled.no_grad_modes == (0, 12)
+
+
+def test_passes_without_gradients_in_train_mode_are_named_as_the_rollout_they_most_likely_are() -> None:
+    # given: CleanRL's PPO as recorded (ppo.py in the note of 2026-11-26): 11 steps held the policy's no_grad
+    # forwards in train mode, 1.0 s against 0.5 s of updates
+    steps = Steps(count=171, median_s=0.0026, mean_s=0.0029, total=192, warmup=1, profiled=9, evaluated=11,
+                  evaluated_s=1.0, evaluated_in_train_mode=1.0)
+    line = evaluation_passes(make_record(steps=steps))
+    assert line is not None and line.startswith(
+        "11 steps held forward passes of the trained model without gradients, in train mode (a rollout collecting "
+        "the next batch, as a reinforcement-learning loop runs, or an evaluation pass without model.eval()): 1.0 s "
+        "in all, 2.0x the 0.5 s of the 171 steady steps; the step figures leave them out and describe the updates "
+        "only")
+    assert left_out(make_record(steps=steps)) == "left out: 1 warm-up, 9 profiled, 0 outliers, 11 with a rollout"
+    # a test pass after model.eval() is still an evaluation pass
+    tested = evaluation_passes(make_record(steps=dataclasses.replace(steps, evaluated_in_train_mode=0.0)))
+    assert tested is not None and "11 steps held an evaluation pass" in tested
+
+
 def profiled_trace(ops_by_step: dict[int, int]) -> TraceCapture:
     """torch.profiler's window as captured: each recorded step's ``ProfilerStep#N`` range holding that many
     ``aten::mm`` calls of 10 us."""
