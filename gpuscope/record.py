@@ -123,6 +123,12 @@ class Steps:
     evaluation pass), the share run in train mode with gradients off: a rollout collecting the next batch runs so
     in most reinforcement-learning loops (CleanRL's), a test pass after ``model.eval()`` does not. None without any."""
 
+    @property
+    def rollouts(self) -> bool:
+        """Whether the passes that mark steps as holding an evaluation pass ran mostly in train mode: a rollout
+        collecting the next batch, most likely (how the verdict and the summary name them)."""
+        return (self.evaluated_in_train_mode or 0.0) >= 0.5
+
 
 @dataclass(frozen=True, slots=True)
 class TrainingLoop:

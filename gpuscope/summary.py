@@ -40,8 +40,7 @@ def left_out(record: RunRecord) -> str:
     """Why steps are not in the steady-state figures, e.g. "left out: 1 warm-up, 8 profiled, 0 outliers"."""
     steps = record.steps
     skipped = f", {steps.skipped} of them skipped" if steps.skipped else ""
-    rollout = (steps.evaluated_in_train_mode or 0) >= 0.5  # as analysis.evidence.evaluation_passes names them
-    passes = "a rollout" if rollout else "an evaluation pass"
+    passes = "a rollout" if steps.rollouts else "an evaluation pass"
     evaluated = f", {steps.evaluated} with {passes}" if steps.evaluated else ""
     loops = f", {steps.other_loops} of {len(steps.loops) - 1} other training loop{'s' * (len(steps.loops) > 2)}" \
         if steps.other_loops else ""

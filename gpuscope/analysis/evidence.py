@@ -163,7 +163,7 @@ def evaluation_passes(record: RunRecord) -> str | None:
                   + (f" by {loader.created_by}" if loader.created_by else "") + ")")
     held = " and".join(filter(None, (f"{steps.evaluated} step{'s' * (steps.evaluated != 1)}" if steps.evaluated else "",
                                      " the run's end, after the last step," if steps.final_evaluation_s else "")))
-    if (steps.evaluated_in_train_mode or 0) >= 0.5:  # most such passes in train mode: a rollout, most likely
+    if steps.rollouts:
         return (f"{held.strip()} held forward passes of the trained model without gradients, in train mode (a rollout "
                 f"collecting the next batch, as a reinforcement-learning loop runs, or an evaluation pass without "
                 f"model.eval()): {evaluated_s:.1f} s in all, {than} the {steady_s:.1f} s of the {steps.count} steady "
