@@ -15,7 +15,7 @@ Every threshold is in thresholds.py.
 from __future__ import annotations
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.child_processes import child_processes
+from gpuscope.analysis.child_processes import child_processes, notable
 from gpuscope.analysis.contention import contention
 from gpuscope.analysis.evidence import (accumulated_passes, cpu_overhead, evaluation_passes, launch_wait,
                                         slowest_loader, two_speeds, unlike_window)
@@ -90,7 +90,7 @@ def _why_no_step(record: RunRecord) -> str:
     (``torch.multiprocessing.spawn``, as pytorch/examples' data-parallel scripts do); any other needs its steps
     marked. Where the processes it started are known (``child_processes``), the verdict's next line tells of them."""
     memory = record.host_memory
-    if record.exit_status == 0 and child_processes(record):
+    if record.exit_status == 0 and notable(record):
         return "no training step was found in the script's own process"
     if record.exit_status == 0 and memory is not None and memory.max_workers and not any(
             loader.batches for loader in record.loaders):

@@ -163,14 +163,13 @@ def evaluation_passes(record: RunRecord) -> str | None:
                   + (f" by {loader.created_by}" if loader.created_by else "") + ")")
     held = " and".join(filter(None, (f"{steps.evaluated} step{'s' * (steps.evaluated != 1)}" if steps.evaluated else "",
                                      " the run's end, after the last step," if steps.final_evaluation_s else "")))
-    if steps.rollouts:
-        return (f"{held.strip()} held forward passes of the trained model without gradients, in train mode (a rollout "
-                f"collecting the next batch, as a reinforcement-learning loop runs, or an evaluation pass without "
-                f"model.eval()): {evaluated_s:.1f} s in all, {than} the {steady_s:.1f} s of the {steps.count} steady "
-                f"steps; the step figures leave them out and describe the updates only{waited}")
-    return (f"{held.strip()} held an evaluation pass (the trained model ran forward in eval mode or without "
-            f"gradients): {evaluated_s:.1f} s in all, {than} the {steady_s:.1f} s of the {steps.count} steady steps; "
-            f"the step figures leave them out and describe the training steps{waited}")
+    held_what, described = (
+        ("forward passes of the trained model without gradients, in train mode (a rollout collecting the next batch, "
+         "as a reinforcement-learning loop runs, or an evaluation pass without model.eval())", "the updates only")
+        if steps.rollouts else
+        ("an evaluation pass (the trained model ran forward in eval mode or without gradients)", "the training steps"))
+    return (f"{held.strip()} held {held_what}: {evaluated_s:.1f} s in all, {than} the {steady_s:.1f} s of the "
+            f"{steps.count} steady steps; the step figures leave them out and describe {described}{waited}")
 
 
 def _which_are_slow(slow: list[int], sampled: bool) -> str:
