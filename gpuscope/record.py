@@ -549,12 +549,14 @@ class Practices:
 
     torch_version: str = ""
     steps_checked: int = 0
-    """Step boundaries at which the debug-API state was read."""
+    """Step boundaries at which the debug-API state was read: each of the first 64, then every 8th (each again once
+    torch.distributions has checked anything)."""
     anomaly_steps: int = 0
     """Of those, steps during which anomaly detection was on (at the boundary, or switched on within the step)."""
     anomaly_sites: tuple[CallSite, ...] = ()
     profiler_steps: int = 0
-    """Steps at whose boundary torch's autograd profiler (or emit_nvtx) was on, outside gpuscope's own window."""
+    """Of those, steps at whose boundary torch's autograd profiler (or emit_nvtx) was on, outside gpuscope's own
+    window."""
     gradcheck_sites: tuple[CallSite, ...] = ()
     zero_grad_calls: int = 0
     zero_grad_fill_calls: int = 0

@@ -54,12 +54,18 @@ class WindowRequest:
 class StepEvents(Protocol):
     """The run's steps as a collector sees them."""
 
-    def add_step_listener(self, listener: Callable[[int], None]) -> None:
-        """Call ``listener(index)`` as each step begins (in the loop's thread, outside the step's figures)."""
+    def add_step_listener(self, listener: Callable[[int], int | None]) -> None:
+        """Call ``listener(index)`` as each step begins (in the loop's thread, outside the step's figures). It may
+        return how many steps on it next wants to be called (None: the next one; ``step_listeners.QUIET``: not until
+        woken): the steps between cost it nothing."""
         ...
 
-    def remove_step_listener(self, listener: Callable[[int], None]) -> None:
+    def remove_step_listener(self, listener: Callable[[int], int | None]) -> None:
         """Stop calling ``listener``, from the next step on: a collector done with the steps leaves the hot path."""
+        ...
+
+    def wake_step_listener(self, listener: Callable[[int], int | None]) -> None:
+        """Call ``listener`` at the next step again, however many steps on it asked to be called next."""
         ...
 
     def add_phase_listener(self, listener: Callable[[str], None]) -> None:

@@ -124,7 +124,10 @@ class LoaderBook:
         """A span ended (a step, or the time between epochs or after the last one): where it held an evaluation
         pass, its batches count for the loaders' evaluation. (A thread taking batches may note one meanwhile: the open
         loaders are swapped out and copied, never iterated live.)"""
-        opened, self._open = self._open, {}
+        opened = self._open
+        if not opened:
+            return
+        self._open = {}
         if evaluated:
             for entry, batches, wait_s in list(opened.values()):
                 entry["eval_batches"] += batches

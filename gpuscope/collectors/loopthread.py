@@ -7,22 +7,28 @@ from __future__ import annotations
 
 import os
 import threading
+import weakref
 
 
 class LoopThread:
-    """The thread followed, and whether it has defined a step yet."""
+    """The thread followed, and whether it has defined a step yet. ``ident`` is the followed thread's id in the
+    process that made it, and None in a forked child (no thread there is the loop's): the hot paths compare it with
+    ``threading.get_ident()`` themselves, a call fewer than ``mine()``."""
+
+    __slots__ = ("ident", "pid", "stepped", "adopted", "__weakref__")
 
     def __init__(self) -> None:
-        self.ident = threading.get_ident()
+        self.ident: int | None = threading.get_ident()
         self.pid = _this_pid
         self.stepped = False
         """The followed thread has defined a step: no other thread is adopted after that."""
         self.adopted = ""
         """The name of the thread followed instead of the one that started the collector."""
+        _made.add(self)
 
     def mine(self) -> bool:
         """Whether the calling thread is the loop's (and not a forked child's)."""
-        return threading.get_ident() == self.ident and _this_pid == self.pid
+        return threading.get_ident() == self.ident
 
     def forked(self) -> bool:
         """Whether the caller is a forked child of the loop's process."""
@@ -43,9 +49,16 @@ _this_pid = os.getpid()
 system call each time."""
 
 
+_made: weakref.WeakSet[LoopThread] = weakref.WeakSet()
+"""Every LoopThread of this process, whose thread a forked child follows no more."""
+
+
 def _forked() -> None:
     global _this_pid
     _this_pid = os.getpid()
+    for loop in list(_made):
+        if loop.pid != _this_pid:
+            loop.ident = None
 
 
 os.register_at_fork(after_in_child=_forked)

@@ -1,9 +1,10 @@
 """Framework settings and training habits that cost time, read while the script trains.
 
 - Debug APIs left on: anomaly detection (``torch.set_anomaly_enabled``, through which ``detect_anomaly`` and
-  ``set_detect_anomaly`` switch it, is wrapped to name the line that turned it on; its state is read at each step
-  boundary), torch's autograd profiler or ``emit_nvtx`` (on at a boundary outside gpuscope's own windows), and
-  ``torch.autograd.gradcheck`` / ``gradgradcheck`` calls.
+  ``set_detect_anomaly`` switch it, is wrapped to name the line that turned it on; its state is read at the step
+  boundaries checked: each of the first ``READ_EACH`` steps', then every ``READ_EVERY``th), torch's autograd profiler
+  or ``emit_nvtx`` (on at a boundary checked, outside gpuscope's own windows), and ``torch.autograd.gradcheck`` /
+  ``gradgradcheck`` calls.
 - How gradients are cleared: ``Optimizer.zero_grad`` and ``Module.zero_grad`` are wrapped to count the calls that
   zero-fill gradients (``set_to_none=False``) and name their lines.
 - The model, once, at the first steps: layers with a bias feeding BatchNorm, ``DataParallel`` wrappers,
@@ -43,6 +44,11 @@ CHECKED_STEPS = 512
 """Steps whose distribution checks are kept, from the first step with one (a float and an int each)."""
 SITED_CHECKS = 256
 """Distributions whose building line is looked up (a walk up the stack each): the first ones built."""
+READ_EACH = 64
+READ_EVERY = 8
+"""The debug APIs' state is read at each of the first ``READ_EACH`` step boundaries, then at every ``READ_EVERY``th
+(the shares of steps with them on are estimated as well from those, and the other steps' boundaries cost nothing),
+and again at each once ``torch.distributions`` has checked anything (its checks are timed step by step)."""
 
 
 @register
@@ -69,7 +75,7 @@ class PracticesCollector(StepFollower):
         self._float64_sites = SiteCounter()
         self._half_sites = SiteCounter()
         self._inspected: dict[str, Any] = {}
-        self._checks = _Checks()
+        self._checks = _Checks(first=self._checked)
         self.notes: list[str] = []
 
     def unavailable_reason(self) -> str | None:
@@ -212,10 +218,10 @@ class PracticesCollector(StepFollower):
         return zero_grad
 
     # -- at each step boundary ---------------------------------------------------------------------------
-    def _on_step(self, index: int) -> None:
+    def _on_step(self, index: int) -> int | None:
         torch = self._torch
         if torch is None:
-            return
+            return None
         self._steps_checked += 1
         self._checks.step_began(index)
         on_now = bool(torch.is_anomaly_enabled())
@@ -232,20 +238,38 @@ class PracticesCollector(StepFollower):
             except Exception as exc:  # an exotic module must not break the user's step
                 self.notes.append(f"model not inspected: {exc}")
                 self._inspected = {"modules_inspected": False, **_flags(torch)}
+        return READ_EVERY if self._steps_checked >= READ_EACH and not self._checks.seen() else None
+
+    def _checked(self) -> None:
+        """``torch.distributions`` checked something: from the next boundary on, each is read (and the checks made
+        before it are the step's under way)."""
+        if self._events is not None:
+            self._checks.began_unseen(self._events.steps_seen())
+            self._events.wake_step_listener(self._on_step)
 
 
 class _Checks:
     """The time ``torch.distributions`` spends checking arguments and samples, step by step."""
 
-    def __init__(self) -> None:
+    def __init__(self, first: Callable[[], None] = lambda: None) -> None:
+        """``first()`` is called at the first check."""
         self.steps: list[int] = []
         self.seconds: list[float] = []
         self.counts: list[int] = []
         self.sites = SiteCounter()
+        self._first: Callable[[], None] | None = first
         self._step: int | None = None  # the step under way
         self._step_s = 0.0
         self._step_checks = 0
         self._built = 0
+
+    def seen(self) -> bool:
+        """Whether anything was checked yet."""
+        return self._first is None
+
+    def began_unseen(self, index: int) -> None:
+        """Step ``index`` is the one under way (its beginning was not told: the boundaries were read sparsely)."""
+        self._step = index
 
     def wrap(self, built: bool) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         """A wrapper timing ``Distribution.__init__`` (``built``), where it checked its arguments, or
@@ -259,6 +283,9 @@ class _Checks:
                     return original(distribution, *args, **kwargs)
                 finally:
                     if not built or getattr(distribution, "_validate_args", False):
+                        if checks._first is not None:
+                            first, checks._first = checks._first, None
+                            first()
                         checks._step_s += clock() - start
                         checks._step_checks += 1
                         if built and checks._built < SITED_CHECKS:

@@ -14,10 +14,11 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from gpuscope.captures import TIMED_PHASES, StepRecord
+from gpuscope.captures import StepRecord
 from gpuscope.collectors.device_timeline import DeviceTimeline
+from gpuscope.collectors.phase_clock import PhaseClock
+from gpuscope.collectors.step_listeners import Listener, ListenerSchedule
 
-OTHER = "other"
 STEP_HEAD = 64
 """Steps kept one by one from the start of the run (warm-up is decided among them)."""
 STEP_CAPACITY = 4096
@@ -26,75 +27,6 @@ STEP_CAPACITY = 4096
 SOURCE_PRIORITY = {"explicit": 3, "optimizer": 2, "dataloader": 1, "backward": 0}
 """Which kind of marker defines steps when several are seen: explicit marks, then optimizer steps, DataLoader
 batches, ``backward()`` calls (a loop updating its parameters by hand on batches sliced from a tensor)."""
-
-
-class PhaseClock:
-    """Exclusive host time per phase: time is charged to the innermost open phase only. An open ``OTHER`` frame
-    charges no phase (its time is the step's "other", what the timed phases leave of the wall time)."""
-
-    __slots__ = ("_stack", "_last", "totals")
-
-    def __init__(self, now: float) -> None:
-        self._stack: list[list] = []  # [phase, depth] frames; re-entering the top phase only deepens it
-        self._last = now
-        self.totals = dict.fromkeys(TIMED_PHASES, 0.0)
-
-    @property
-    def current(self) -> str:
-        """The phase time is being charged to now."""
-        return self._stack[-1][0] if self._stack else OTHER
-
-    def enter(self, phase: str, now: float) -> bool:
-        """Open ``phase``; True when the phase being charged changed."""
-        stack = self._stack
-        if stack:
-            top = stack[-1]
-            if top[0] == phase:
-                top[1] += 1
-                return False
-            self._charge(top[0], now)
-        self._last = now
-        stack.append([phase, 1])
-        return True
-
-    def exit(self, phase: str, now: float) -> bool:
-        """Close ``phase``; True when the phase being charged changed. A close whose inner phases never closed (an
-        exception skipped their hooks) unwinds them too."""
-        stack = self._stack
-        for pos in range(len(stack) - 1, -1, -1):
-            if stack[pos][0] == phase:
-                break
-        else:
-            return False
-        changed = False
-        while len(stack) > pos + 1:
-            self._charge(stack.pop()[0], now)
-            changed = True
-        top = stack[pos]
-        top[1] -= 1
-        if top[1] > 0:
-            return changed
-        self._charge(phase, now)
-        stack.pop()
-        return True
-
-    def _charge(self, phase: str, now: float) -> None:
-        """Charge the time since the last change to ``phase`` (nothing for ``OTHER``)."""
-        if phase != OTHER:
-            self.totals[phase] += now - self._last
-        self._last = now
-
-    def skip(self, seconds: float) -> None:
-        """Leave the last ``seconds`` out of every phase (time gpuscope spent on itself)."""
-        self._last += seconds
-
-    def split(self, now: float) -> dict[str, float]:
-        """Return the phase totals since the last split (charging the open phase up to ``now``) and restart them."""
-        if self._stack:
-            self._charge(self._stack[-1][0], now)
-        self._last = now
-        totals, self.totals = self.totals, dict.fromkeys(TIMED_PHASES, 0.0)
-        return totals
 
 
 class StepLog:
@@ -180,7 +112,8 @@ class StepTracker:
 
     Profilers open *windows* (``window_opened`` / ``window_closed``); a step during any part of which a window
     was open is marked ``profiled``. ``listeners`` are called with the index of each step as it begins (under the
-    ``backward`` kind from the third step on: the second had run by the time backward was known to define steps).
+    ``backward`` kind from the third step on: the second had run by the time backward was known to define steps),
+    each at the steps it asks for (``step_listeners``).
     """
 
     def __init__(self, now: float, log: StepLog | None = None, clock: Callable[[], float] | None = None) -> None:
@@ -201,8 +134,7 @@ class StepTracker:
         self._evaluated = False  # the trained model ran forward in eval mode / without gradients
         self.final_evaluation_s = 0.0  # see finish()
         self.on_span_end: Callable[[bool], None] | None = None
-        self.listeners: list[Callable[[int], None]] = []
-        self._leaving: list[Callable[[int], None]] = []  # listeners to drop once the current notification is over
+        self.schedule = ListenerSchedule()
         self.phase_listeners: list[Callable[[str], None]] = []  # called with the phase now charged
         self.hold: Callable[[StepTracker], bool] | None = None  # keeps a provisional step from the listeners
 
@@ -371,19 +303,19 @@ class StepTracker:
         if self.device is not None:
             self._attach_device_times(self.device.poll())
 
-    def remove_listener(self, listener: Callable[[int], None]) -> None:
-        """Stop calling ``listener``, from the next step on (it may be the one being called now)."""
-        self._leaving.append(listener)
+    @property
+    def listeners(self) -> list[Listener]:
+        """The step listeners, in the order they are told."""
+        return self.schedule.listeners
 
     def _notify(self) -> None:
-        if not self.listeners or (self.hold is not None and self.hold(self)):
+        schedule = self.schedule  # (its due() and pass_over() written out: this runs at every step's beginning)
+        if schedule.boundaries < schedule.next_due or not schedule.listeners or \
+                (self.hold is not None and self.hold(self)):
+            schedule.boundaries += 1
             return
         started = self._clock() if self._clock is not None else 0.0
-        for listener in self.listeners:
-            listener(self.log.count)
-        if self._leaving:
-            self.listeners = [listener for listener in self.listeners if listener not in self._leaving]
-            self._leaving.clear()
+        schedule.tell(self.log.count)
         if self._clock is not None:
             self.discount(started, self._clock())
         # a window opened or closed by a listener did so exactly at this step's start

@@ -35,6 +35,7 @@ import queue
 import sys
 import time
 import weakref
+from threading import get_ident
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -46,12 +47,15 @@ from gpuscope.collectors.forward_modules import ForwardModules
 from gpuscope.collectors.loaders import LoaderBook
 from gpuscope.collectors.loopthread import LoopThread
 from gpuscope.collectors.optimizer_watch import OptimizerWatch
-from gpuscope.collectors.steplog import OTHER, DeviceTimeline, StepLog, StepTracker
+from gpuscope.collectors.step_events import TrackerEvents
+from gpuscope.collectors.step_listeners import QUIET
+from gpuscope.collectors.phase_clock import OTHER
+from gpuscope.collectors.steplog import DeviceTimeline, StepLog, StepTracker
 from gpuscope.importwatch import ImportWatch
 from gpuscope.record import CollectorStatus
 
 
-class StepsCollector:
+class StepsCollector(TrackerEvents):
     """Finds training steps and times their phases on the host (and on the GPU, under CUDA)."""
 
     name: ClassVar[str] = "steps"
@@ -89,7 +93,7 @@ class StepsCollector:
         self.tracker = StepTracker(self._clock(), StepLog(skip=self._skip), self._clock)
         self.tracker.on_span_end = self.loaders.step_closed
         self.tracker.hold = self._optimizer_watch.holds
-        self.tracker.listeners.append(self._after_boundary)  # first: its one-time work before any window opens
+        self.tracker.schedule.add(self._after_boundary)  # first: its one-time work before any window opens
         watch = ImportWatch("torch", self._install_torch_hooks)
         self._undo.append(watch.remove)
         watch.install()
@@ -113,18 +117,7 @@ class StepsCollector:
         action()
         return True
 
-    # -- the step events other collectors follow (collectors.base.StepEvents) ----------------------------
-    def add_step_listener(self, listener: Callable[[int], None]) -> None:
-        """``listener(index)`` as each step begins, in the loop's thread; its time is kept out of the step's."""
-        self.tracker.listeners.append(listener)  # type: ignore[union-attr]
-
-    def remove_step_listener(self, listener: Callable[[int], None]) -> None:
-        self.tracker.remove_listener(listener)  # type: ignore[union-attr]
-
-    def add_phase_listener(self, listener: Callable[[str], None]) -> None:
-        """``listener(phase)`` on each phase change ("other" between phases), on the hot path: microseconds."""
-        self.tracker.phase_listeners.append(listener)  # type: ignore[union-attr]
-
+    # -- the step events other collectors follow (collectors.base.StepEvents; the rest in TrackerEvents) ---------
     def cuda_possible(self) -> bool:
         return self._torch is None or self._cuda_built
 
@@ -132,19 +125,6 @@ class StepsCollector:
         """A profiler started: its steps are left out of the figures, and their optimizer is the one probed after."""
         self.tracker.window_opened()  # type: ignore[union-attr]
         self.probed_optimizer = self._optimizer_watch.anchor() or self.probed_optimizer
-
-    def window_closed(self) -> None:  # a profiler stopped
-        self.tracker.window_closed()  # type: ignore[union-attr]
-
-    def in_window(self) -> bool:  # whether one of gpuscope's profilers is running now
-        return self.tracker.in_window  # type: ignore[union-attr]
-
-    def steps_seen(self) -> int:  # steps counted so far
-        return self.tracker.log.count  # type: ignore[union-attr]
-
-    def step_evaluated(self, index: int) -> bool:
-        """Whether the trained model ran forward in eval mode or without gradients in step ``index`` (ended)."""
-        return getattr(self.tracker.log.find(index), "evaluated", False)  # type: ignore[union-attr]
 
     def stop(self) -> CollectorResult:
         for undo in reversed(self._undo):
@@ -212,7 +192,9 @@ class StepsCollector:
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         if not self._defines_step():
             return None
-        self._optimizers.setdefault(id(optimizer), weakref.ref(optimizer))
+        if id(optimizer) not in self._optimizers:  # its modules are to be found at the next boundary
+            self._optimizers[id(optimizer)] = weakref.ref(optimizer)
+            self.tracker.schedule.wake(self._after_boundary)  # type: ignore[union-attr]
         if self.probed_optimizer is None:
             self.probed_optimizer = optimizer
         self.tracker.enter("optimizer", self._clock())  # type: ignore[union-attr]
@@ -303,8 +285,10 @@ class StepsCollector:
 
         def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
             def timed(*args: Any, **kwargs: Any) -> Any:
-                # (the safe point's method is called only when an action waits: this is the hot path)
-                if not collector._defines_step() or (collector._at_safe_point and collector._safe_point()):
+                # (the methods are called only when the thread is new or an action waits: this is the hot path)
+                loop = collector._loop
+                if not (loop.stepped and get_ident() == loop.ident) and not collector._defines_step() \
+                        or (collector._at_safe_point and collector._safe_point()):
                     return original(*args, **kwargs)
                 tracker = collector.tracker
                 tracker.enter(phase, collector._clock())  # type: ignore[union-attr]
@@ -325,7 +309,7 @@ class StepsCollector:
         return wrap
 
     def _forward_pre(self, module: Any, args: Any) -> None:
-        if self._loop.mine() and not (self._at_safe_point and self._safe_point()):
+        if get_ident() == self._loop.ident and not (self._at_safe_point and self._safe_point()):
             if self.forward.checking:
                 self.forward.ran(module)
             self.tracker.enter("forward", self._clock())  # type: ignore[union-attr]
@@ -333,16 +317,17 @@ class StepsCollector:
                 self.forward.evaluation_pass(module, self.tracker)
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
-        if self._loop.mine():
+        if get_ident() == self._loop.ident:
             self.tracker.exit("forward", self._clock())  # type: ignore[union-attr]
 
     # -- after each step boundary ------------------------------------------------------------------------
-    def _after_boundary(self, index: int) -> None:
+    def _after_boundary(self, index: int) -> int | None:
         """A step begins (a step listener): once steps are being counted, hook the root modules; start device
-        timing when CUDA is up. The tracker keeps the time this takes out of the step."""
+        timing when CUDA is up. The tracker keeps the time this takes out of the step. Once both are settled, no
+        step until an optimizer first steps (``_optimizer_pre`` wakes it)."""
         tracker = self.tracker
         if self._torch is None or tracker is None:
-            return
+            return None
         # Wait for the kind of marker that defines the steps: an optimizer steps within the first batch, and then
         # only the modules it trains are hooked; a loop with no optimizer has shown itself after two batches.
         settled = tracker.source != "dataloader" or index >= 2
@@ -373,6 +358,9 @@ class StepsCollector:
             except Exception as exc:
                 self._failures.append(f"device timing unavailable: {exc}")
                 self._device_failed = True
+        roots_settled = self._roots_found and not self.forward.checking and len(self._optimizers) == len(self._rooted)
+        device_settled = tracker.device is not None or not self._cuda_built or self._device_failed
+        return QUIET if roots_settled and device_settled else None
 
     def _trained_parameters(self, ids: set[int] | None = None) -> set[int]:
         """The ids of the parameters the optimizers stepped so far train (those of ``ids``, by default all)."""

@@ -22,7 +22,7 @@ class FakeSteps:
         self.tracker.listeners.append(listener)
 
     def remove_step_listener(self, listener: Any) -> None:
-        self.tracker.remove_listener(listener)
+        self.tracker.schedule.remove(listener)
 
     def add_phase_listener(self, listener: Any) -> None:
         self.tracker.phase_listeners.append(listener)

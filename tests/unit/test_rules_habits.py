@@ -42,7 +42,7 @@ def habits(**changes) -> Practices:
 def test_anomaly_detection_left_on_is_costed_from_its_nan_checks_and_stack_capture() -> None:
     check, rec = outcome(run_with(habits(anomaly_steps=50, anomaly_sites=(ANOMALY,))), "disable-debug-apis")
     assert check.status == "fired"
-    assert rec.evidence[0] == ("anomaly detection was on in 50 of 50 steps, switched on at train.py:30 "
+    assert rec.evidence[0] == ("anomaly detection was on in 50 of 50 steps checked, switched on at train.py:30 "
                                "`with torch.autograd.detect_anomaly():` (50x)")
     # NaN checks: (0.03 + 0.015) s / 3 steps = 15 ms; stacks: 4 us x 1000 ops = 4 ms; of a 100 ms step
     assert "it cost about 19.0 ms of the 100.0 ms step (19%)" in rec.evidence[1]
@@ -57,7 +57,7 @@ def test_anomaly_detection_on_in_some_steps_scales_the_gain() -> None:
 
 
 @pytest.mark.parametrize(("changes", "fact"), [
-    ({"profiler_steps": 12}, "torch's autograd profiler (or emit_nvtx) was on in 12 of 50 steps, outside "
+    ({"profiler_steps": 12}, "torch's autograd profiler (or emit_nvtx) was on in 12 of 50 steps checked, outside "
                                "gpuscope's own profiling window"),
     ({"gradcheck_sites": (dataclasses.replace(LINE, code="torch.autograd.gradcheck(f, x)", calls=2),)},
      "gradcheck ran during training: train.py:42 `torch.autograd.gradcheck(f, x)` (2x)"),

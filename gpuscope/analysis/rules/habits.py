@@ -57,7 +57,7 @@ def disable_debug_apis(run: RunRecord) -> Finding | None:
     evidence: list[str] = []
     gain: float | None = None
     if p.anomaly_steps:
-        evidence.append(f"anomaly detection was on in {p.anomaly_steps} of {p.steps_checked} steps"
+        evidence.append(f"anomaly detection was on in {p.anomaly_steps} of {p.steps_checked} steps checked"
                         + (f", switched on at {_sites(p.anomaly_sites)}" if p.anomaly_sites else ""))
         cost_s, parts = _anomaly_cost(run)
         if cost_s and run.steps.median_s:
@@ -67,7 +67,7 @@ def disable_debug_apis(run: RunRecord) -> Finding | None:
                             f"({share:.0%}): " + "; ".join(parts))
     if p.profiler_steps:
         evidence.append(f"torch's autograd profiler (or emit_nvtx) was on in {p.profiler_steps} of "
-                        f"{p.steps_checked} steps, outside gpuscope's own profiling window")
+                        f"{p.steps_checked} steps checked, outside gpuscope's own profiling window")
     if p.gradcheck_sites:
         evidence.append(f"gradcheck ran during training: {_sites(p.gradcheck_sites)}")
     if not evidence:
