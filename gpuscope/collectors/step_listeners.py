@@ -37,6 +37,7 @@ class ListenerSchedule:
     def tell(self, index: int) -> None:
         """Call each listener due, with ``index``, and note when each is next due."""
         now, due_at, next_due = self.boundaries, self._due_at, QUIET
+        self.next_due = QUIET  # (a listener woken while the others are told lowers it)
         for listener in self.listeners:
             due = due_at.get(listener, now)
             if due <= now:
@@ -46,7 +47,7 @@ class ListenerSchedule:
                 else:
                     due_at.pop(listener, None)
             next_due = min(next_due, due)
-        self.boundaries, self.next_due = now + 1, next_due
+        self.boundaries, self.next_due = now + 1, min(next_due, self.next_due)
         if self._leaving:
             self.listeners = [listener for listener in self.listeners if listener not in self._leaving]
             for listener in self._leaving:

@@ -3,9 +3,12 @@ costs those steps no call (the loop's hot path), yet hears of the steps it wants
 
 from __future__ import annotations
 
+import gc
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -13,6 +16,14 @@ from gpuscope.collectors.loopthread import LoopThread
 from gpuscope.collectors.practices import READ_EACH, READ_EVERY, PracticesCollector
 from gpuscope.collectors.step_listeners import QUIET, ListenerSchedule
 from gpuscope.collectors.steps import StepsCollector
+
+
+@pytest.fixture(autouse=True)
+def _no_models_left() -> Iterator[None]:
+    """The models these tests train are gone before the next test: the steps collector looks for root modules
+    among every module alive."""
+    yield
+    gc.collect()
 
 
 def told(schedule: ListenerSchedule, steps: int) -> None:
@@ -145,3 +156,17 @@ def test_a_forked_child_follows_no_thread_of_its_parents_loop() -> None:
     os.waitpid(pid, 0)
     assert os.read(read, 1) == b"0"
     assert loop.mine()
+
+
+def test_a_listener_woken_by_another_while_the_step_is_told_hears_the_next_step() -> None:
+    schedule = ListenerSchedule()
+    heard: list[int] = []
+
+    def sleeper(index: int) -> int:
+        heard.append(index)
+        return QUIET
+
+    schedule.add(sleeper)
+    schedule.add(lambda index: schedule.wake(sleeper) if index == 2 else None)  # told of every step
+    told(schedule, 5)
+    assert heard == [0, 3]
