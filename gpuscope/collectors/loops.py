@@ -31,14 +31,15 @@ class LoopBook:
 
     def __init__(self) -> None:
         self._starts: list[LoopStart] = []
-        self._trains: frozenset[int] = frozenset()
-        self._since = 0  # the step from which the optimizers ending the steps have trained ``_trains``
+        self.trains: frozenset[int] = frozenset()
+        """The ids of the parameters the optimizer ending the steps now trains."""
+        self._since = 0  # the step from which the optimizers ending the steps have trained ``trains``
 
     def anchored(self, optimizer: Any, step: int, site: CallSite | None) -> None:
         """``optimizer`` has just begun to end the steps, the step ``step`` being the first it ended."""
         params = [p for group in optimizer.param_groups for p in group["params"]]
         trains = frozenset(id(p) for p in params)
-        if self._starts and trains == self._trains:
+        if self._starts and trains == self.trains:
             return
         start = LoopStart(first_step=step if self._starts else 0, optimizer=type(optimizer).__name__,
                           parameters=sum(int(p.numel()) for p in params), created_at=site)
@@ -46,7 +47,7 @@ class LoopBook:
             self._starts[-1] = dataclasses.replace(start, first_step=self._starts[-1].first_step)
         elif len(self._starts) < MAX_LOOPS:
             self._starts.append(start)
-        self._trains, self._since = trains, step
+        self.trains, self._since = trains, step
 
     def starts(self) -> tuple[LoopStart, ...]:
         """Where each loop began; empty where the run had one loop (or none)."""

@@ -42,11 +42,13 @@ class OptimizerWatch:
         self._anchor: weakref.ref[Any] | None = None  # the optimizer ending the steps now
         self._holding = False  # some step was held back
         self._gave_up = False  # and no longer is
+        self._same: dict[int, bool] = {}  # id of an optimizer stepped -> whether it trains the anchor's parameters
 
     def anchored(self, optimizer: Any, step: int) -> None:
         """``optimizer`` has just begun to end the steps, ``step`` the first it ended: a loop begins where it trains
         other parameters than the one before (``LoopBook``)."""
         self._anchor = weakref.ref(optimizer)
+        self._same.clear()
         try:
             site = self.sites.get(optimizer)
         except TypeError:  # unhashable
@@ -56,6 +58,22 @@ class OptimizerWatch:
     def anchor(self) -> Any:
         """The optimizer ending the steps now, while it is alive; None before any did."""
         return self._anchor() if self._anchor is not None else None
+
+    def replaces_anchor(self, optimizer: Any) -> bool:
+        """Whether ``optimizer`` ends the steps from its first step on, though another did until now: that one was
+        freed, or ``optimizer`` trains the same parameters (the script builds its optimizer again each epoch)."""
+        if self._anchor is None:
+            return False
+        anchor = self._anchor()
+        if anchor is optimizer:
+            return False
+        if anchor is None:
+            return True
+        same = self._same.get(id(optimizer))
+        if same is None:  # (once per optimizer and anchor: a GAN's second optimizer steps every step)
+            trains = frozenset(id(p) for group in optimizer.param_groups for p in group["params"])
+            same = self._same[id(optimizer)] = trains == self.loops.trains
+        return same
 
     def install(self, torch: Any) -> Callable[[], None]:
         """Hook ``torch.optim``; returns the undo."""

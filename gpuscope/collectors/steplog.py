@@ -178,10 +178,15 @@ class StepTracker:
         return self._windows > 0
 
     # -- markers -----------------------------------------------------------------------------------------
-    def optimizer_stepped(self, optimizer_id: int, now: float) -> bool:
+    def optimizer_stepped(self, optimizer_id: int, now: float, replaces: bool = False) -> bool:
         """``optimizer.step()`` returned. With several optimizers, one ends the step: the first one stepped, until
         another steps twice with no step of it in between (a later phase of the script trains another model; a GAN's
-        generator steps once between two of its discriminator's). True where it has just become that one."""
+        generator steps once between two of its discriminator's). True where it has just become that one.
+        ``replaces``: it replaces the one ending the steps at once (``OptimizerWatch.replaces_anchor``: that one was
+        freed, or this one was built again over its parameters), even where its id is the freed one's."""
+        if replaces:
+            self._anchor_optimizer = None
+            self._others_stepped.clear()
         if self._anchor_optimizer is not None and optimizer_id != self._anchor_optimizer:
             if optimizer_id not in self._others_stepped:
                 self._others_stepped.add(optimizer_id)

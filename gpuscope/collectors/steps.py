@@ -192,8 +192,10 @@ class StepsCollector(TrackerEvents):
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         if not self._defines_step():
             return None
-        if id(optimizer) not in self._optimizers:  # its modules are to be found at the next boundary
-            self._optimizers[id(optimizer)] = weakref.ref(optimizer)
+        known = self._optimizers.get(id(optimizer))
+        if known is None or known() is not optimizer:  # new (its id may be a freed one's): its modules are to be
+            self._optimizers[id(optimizer)] = weakref.ref(optimizer)  # found at the next boundary
+            self._rooted.discard(id(optimizer))
             self.tracker.schedule.wake(self._after_boundary)  # type: ignore[union-attr]
         if self.probed_optimizer is None:
             self.probed_optimizer = optimizer
@@ -224,7 +226,8 @@ class StepsCollector(TrackerEvents):
         if self._loop.mine():
             now = self._clock()
             self.tracker.exit("optimizer", now)  # type: ignore[union-attr]
-            if self.tracker.optimizer_stepped(id(optimizer), now):  # type: ignore[union-attr]
+            replaces = self._optimizer_watch.replaces_anchor(optimizer)
+            if self.tracker.optimizer_stepped(id(optimizer), now, replaces):  # type: ignore[union-attr]
                 self._optimizer_watch.anchored(optimizer, self.tracker.log.count - 1)  # type: ignore[union-attr]
 
     def _wrap_next(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:

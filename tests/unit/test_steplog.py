@@ -259,6 +259,17 @@ class TestStepTracker:
         assert tracker.log.count == 3 + 4  # the head's first step joins the gap between the phases
         assert [r.wall_s for r in tracker.log.records()][-3:] == pytest.approx([0.5, 0.5, 0.5])
 
+    def test_an_optimizer_replacing_the_last_ends_the_steps_from_its_first_step(self) -> None:
+        # a new optimizer each epoch: it replaces the one before at once (that one was freed, or trained the same
+        # parameters), and one given the freed one's id still begins anew (its loop is looked at again)
+        tracker = StepTracker(now=0.0)
+        for i in range(3):
+            tracker.optimizer_stepped(10, i + 1.0)
+        assert tracker.optimizer_stepped(20, 4.0, replaces=True)
+        assert tracker.log.count == 4
+        assert tracker.optimizer_stepped(20, 5.0, replaces=True) and tracker.log.count == 5
+        assert not tracker.optimizer_stepped(20, 6.0) and tracker.log.count == 6
+
     def test_explicit_marks_take_over_from_optimizer_steps(self) -> None:
         tracker = StepTracker(now=0.0)
         tracker.optimizer_stepped(1, 1.0)

@@ -137,6 +137,24 @@ def test_the_steps_collector_finds_where_an_optimizer_over_other_parameters_take
                "_takes_over" for loop in capture.loops)
 
 
+@pytest.mark.parametrize("kept", [False, True], ids=["old-one-freed", "old-one-kept"])
+def test_an_optimizer_built_again_each_epoch_loses_no_step(tmp_path: Path, kept: bool) -> None:
+    # given: the optimizer built again for each of 4 epochs of 6 steps, while the one before is alive (so the ids
+    # differ); the script then frees the one before, or keeps it (in a list, say)
+    collector = StepsCollector()
+    collector.start(tmp_path)
+    model = torch.nn.Linear(4, 2)
+    optimizers = [torch.optim.SGD(model.parameters(), lr=0.1)]
+    for _ in range(4):
+        train(optimizers[-1], model, 6)
+        optimizers.append(torch.optim.SGD(model.parameters(), lr=0.1))
+        if not kept:
+            del optimizers[0]
+    capture = collector.stop().payload
+    # then: every update ends a step (the new optimizer's first one too), and the epochs are one loop
+    assert capture.count == 24 and capture.loops == ()
+
+
 def test_a_meta_learning_loops_inner_optimizer_per_task_makes_no_loop_of_each_task(tmp_path: Path) -> None:
     # given: first-order MAML: for each of 12 tasks, an inner SGD over a copy of the model stepped 5 times, the
     # copy's gradients handed to the model, and the meta-optimizer stepped every 4 tasks
