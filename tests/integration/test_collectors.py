@@ -23,20 +23,18 @@ TRACE_CAP = (SAMPLES / "cpu_launch_bound.py", ("--steps", "60"), ("--trace-max-m
 TOO_SHORT = (SCRIPTS / "exit_with.py", ("ok",), NO_PROBES)  # 6 steps
 WHOLE_RUN = (SCRIPTS / "loader_workers.py", ("--workers", "0"), ("--cprofile-all", *NO_PROBES))
 FORKED_WORKERS = (SCRIPTS / "profiled_workers.py", (), NO_PROBES)
-SPAWNED_WORKERS = (SCRIPTS / "loader_workers.py", ("--start-method", "spawn"), NO_PROBES)  # shared with test_steps.py
 
 
 @pytest.fixture(scope="module")
 def own_runs(runs: Runs) -> Runs:
     """The module's own runs, made two at a time (they check no timing, so sharing the cores costs nothing)."""
     runs.prefetch(TRACE_CAP, TOO_SHORT, WHOLE_RUN, FORKED_WORKERS)
-    runs.prefetch(SPAWNED_WORKERS, preloaded=False)  # test_steps.py's: a start method is tested in a real process
     return runs
 
 
 def run_of(runs: Runs, spec: tuple[Path, tuple[str, ...], tuple[str, ...]]) -> Run:
     script, args, options = spec
-    return runs.get(script, *args, options=options, preloaded=spec != SPAWNED_WORKERS)
+    return runs.get(script, *args, options=options)
 
 
 def profile(runs: Runs, spec: tuple[Path, tuple[str, ...], tuple[str, ...]]) -> tuple[Path, dict]:
@@ -169,14 +167,6 @@ def test_forked_workers_profile_only_their_first_batches(own_runs: Runs) -> None
     stats = pstats.Stats(str(run_dir / "workers.prof"))
     assert "__getitem__" in {name for (_, _, name) in stats.stats}  # type: ignore[attr-defined]
     assert not (run_dir / "workers").exists()
-
-
-@pytest.mark.slow
-def test_workers_started_by_spawn_are_not_profiled_and_the_record_says_so(own_runs: Runs) -> None:
-    _, record = profile(own_runs, SPAWNED_WORKERS)
-    python = record["python_profile"]
-    assert not python["workers_profiled"]
-    assert "spawn" in python["workers_note"]
 
 
 @pytest.mark.slow

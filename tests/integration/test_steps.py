@@ -16,7 +16,7 @@ START_METHODS = ("fork", "spawn", "forkserver")
 
 
 def two_workers(start_method: str) -> tuple[Path, tuple[str, ...], tuple[str, ...]]:
-    """A loader of two workers (the spawn run is also test_collectors.py's, shared where one worker runs both)."""
+    """A loader of two workers, for one epoch."""
     return LOADER, ("--start-method", start_method), (NO_PROBES,)
 
 
@@ -52,6 +52,11 @@ def test_a_dataloader_with_two_workers_runs_under_each_start_method(loader_runs:
     assert record["steps"]["source"] == "optimizer"
     (loader,) = record["loaders"]
     assert (loader["num_workers"], loader["start_method"], loader["batches"]) == (2, start_method, 16)
+    # cProfile follows forked workers; those started by spawn or forkserver are not profiled, and the record says so
+    python = record["python_profile"]
+    assert python["workers_profiled"] == (start_method == "fork"), python["workers_note"]
+    if start_method != "fork":
+        assert "spawn or forkserver" in python["workers_note"]
 
 
 @pytest.mark.parametrize("start_method", START_METHODS)
