@@ -67,6 +67,8 @@ def main():
     parser.add_argument("--lr", type=float, default=20.0)
     parser.add_argument("--clip", type=float, default=0.25)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--print-step-times", action="store_true",
+                        help="also print each step's time (benchmarks/step_cost.py compares them)")
     args = parser.parse_args()
 
     torch.manual_seed(args.seed)
@@ -102,6 +104,8 @@ def main():
     median = statistics.median(durations)
     print(f"steps={step} median_step_s={median:.6f} data_wait_fraction=0.0000 "
           f"samples_per_s={bsz / median:.1f}")
+    if args.print_step_times:
+        print("step_times_s=" + ",".join(f"{t:.6f}" for t in step_times))
 
 
 if __name__ == "__main__":
