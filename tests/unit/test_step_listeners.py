@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import gc
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -45,14 +46,20 @@ def test_a_listener_is_told_of_every_step_or_every_nth_as_it_asks() -> None:
     assert third == [0, 3, 6, 9]
 
 
-def test_a_quiet_listener_costs_no_call_until_it_is_woken_and_then_hears_the_next_step() -> None:
-    schedule = ListenerSchedule()
-    heard: list[int] = []
+def noting_until_woken(heard: list[int]) -> Callable[[int], int]:
+    """A listener that notes each step it is told of in ``heard``, then asks to hear of none until woken."""
 
-    def until_woken(index: int) -> int:
+    def listener(index: int) -> int:
         heard.append(index)
         return QUIET
 
+    return listener
+
+
+def test_a_quiet_listener_costs_no_call_until_it_is_woken_and_then_hears_the_next_step() -> None:
+    schedule = ListenerSchedule()
+    heard: list[int] = []
+    until_woken = noting_until_woken(heard)
     schedule.add(until_woken)
     told(schedule, 5)
     assert heard == [0]
@@ -107,7 +114,8 @@ def test_once_the_root_modules_are_found_the_steps_collector_leaves_the_hot_path
         collector.stop()
 
 
-def test_the_debug_apis_are_read_at_each_of_the_first_steps_then_at_every_nth() -> None:
+def practices_record(train: Callable[[nn.Module, torch.optim.Optimizer], None]) -> Any:
+    """The practices collector's record of ``train(model, optimizer)``, run under it and the steps collector."""
     steps, practices = StepsCollector(), PracticesCollector()
     model = nn.Linear(8, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -115,31 +123,32 @@ def test_the_debug_apis_are_read_at_each_of_the_first_steps_then_at_every_nth() 
     practices.follow(steps)
     practices.start(Path("."))
     try:
-        sgd_steps(model, optimizer, 100)  # 100 boundaries told: at each optimizer step's end
-        with torch.autograd.set_detect_anomaly(True):
-            sgd_steps(model, optimizer, 2 * READ_EVERY)
+        train(model, optimizer)
     finally:
         record = practices.stop().payload
         steps.stop()
+    return record
+
+
+def test_the_debug_apis_are_read_at_each_of_the_first_steps_then_at_every_nth() -> None:
+    def train(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        sgd_steps(model, optimizer, 100)  # 100 boundaries told: at each optimizer step's end
+        with torch.autograd.set_detect_anomaly(True):
+            sgd_steps(model, optimizer, 2 * READ_EVERY)
+
+    record = practices_record(train)
     assert record.steps_checked == READ_EACH + (100 - READ_EACH) // READ_EVERY + 2  # 64 + 4, then 2 with anomaly on
     assert record.anomaly_steps == 2
 
 
 def test_a_distribution_check_has_every_boundary_read_again() -> None:
-    steps, practices = StepsCollector(), PracticesCollector()
-    model = nn.Linear(8, 1)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    steps.start(Path("."))
-    practices.follow(steps)
-    practices.start(Path("."))
-    try:
+    def train(model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         sgd_steps(model, optimizer, READ_EACH + 3)  # reading every READ_EVERY-th boundary by now
         for _ in range(5):
             torch.distributions.Normal(torch.zeros(2), torch.ones(2))  # checks its arguments
             sgd_steps(model, optimizer, 1)
-    finally:
-        record = practices.stop().payload
-        steps.stop()
+
+    record = practices_record(train)
     # each of the 5 steps with a check is kept, the first under the index of the step it ran in
     assert record.distribution_check_steps == tuple(range(READ_EACH + 3, READ_EACH + 8))
     assert all(count == 1 for count in record.distribution_check_counts)
@@ -161,11 +170,7 @@ def test_a_forked_child_follows_no_thread_of_its_parents_loop() -> None:
 def test_a_listener_woken_by_another_while_the_step_is_told_hears_the_next_step() -> None:
     schedule = ListenerSchedule()
     heard: list[int] = []
-
-    def sleeper(index: int) -> int:
-        heard.append(index)
-        return QUIET
-
+    sleeper = noting_until_woken(heard)
     schedule.add(sleeper)
     schedule.add(lambda index: schedule.wake(sleeper) if index == 2 else None)  # told of every step
     told(schedule, 5)
