@@ -314,7 +314,7 @@ class StepTracker:
         return self.schedule.listeners
 
     def _notify(self) -> None:
-        schedule = self.schedule  # (its due() and pass_over() written out: this runs at every step's beginning)
+        schedule = self.schedule  # (whether any listener is due, written out: this runs at every step's beginning)
         if schedule.boundaries < schedule.next_due or not schedule.listeners or \
                 (self.hold is not None and self.hold(self)):
             schedule.boundaries += 1
