@@ -48,27 +48,30 @@ class StepLog:
         self.clear()
 
     def add(self, wall_s: float, phases_s: dict[str, float], profiled: bool = False,
-            evaluated: bool = False) -> StepRecord | None:
-        """Count one step; return its record if it is kept."""
+            evaluated: bool = False) -> None:
+        """Count one step, and keep it if it is to be kept. (A row, a tuple, is kept rather than a ``StepRecord``:
+        building one is a Python call, a few microseconds a step once the step's own work has evicted gpuscope from
+        the CPU's caches; ``find`` and ``records`` make the records, once each.)"""
         index = self.count
         self.count += 1
         if index < self.skip:
-            return None
-        record = StepRecord(index, wall_s, phases_s, profiled, evaluated=evaluated)
+            return
+        row = (index, wall_s, phases_s, profiled, evaluated)
         if index < self.skip + self.head_size:
-            self._head.append(record)
-            return record
+            self._head.append(row)
+            return
         seen = index - self.skip - self.head_size + 1
         if len(self._body) < self.capacity:
-            self._body.append(record)
+            self._body.append(row)
         else:
             slot = self._rng.randrange(seen)
             if slot >= self.capacity:
-                return None
-            del self._by_index[self._body[slot].index]
-            self._body[slot] = record
-        self._by_index[index] = record
-        return record
+                return
+            evicted = self._body[slot][0]
+            del self._by_index[evicted]
+            self._made.pop(evicted, None)
+            self._body[slot] = row
+        self._by_index[index] = row
 
     @property
     def body_weight(self) -> float:
@@ -77,21 +80,34 @@ class StepLog:
         return later / len(self._body) if self._body else 1.0
 
     def find(self, index: int) -> StepRecord | None:
-        """The kept record of step ``index``, if it was kept."""
+        """The kept record of step ``index``, if it was kept (the same record each time: changes to it hold)."""
+        made = self._made.get(index)
+        if made is not None:
+            return made
         if self.skip <= index < self.skip + len(self._head):
-            return self._head[index - self.skip]
-        return self._by_index.get(index)
+            return self._record(self._head[index - self.skip])
+        row = self._by_index.get(index)
+        return self._record(row) if row is not None else None
 
     def records(self) -> list[StepRecord]:
         """The kept records, in step order."""
-        return self._head + sorted(self._body, key=lambda r: r.index)
+        return [self._record(row) for row in (*self._head, *sorted(self._body, key=lambda row: row[0]))]
+
+    def _record(self, row: tuple[int, float, dict[str, float], bool, bool]) -> StepRecord:
+        """The record of a kept row, made on first asking."""
+        made = self._made.get(row[0])
+        if made is None:
+            index, wall_s, phases_s, profiled, evaluated = row
+            made = self._made[index] = StepRecord(index, wall_s, phases_s, profiled, evaluated=evaluated)
+        return made
 
     def clear(self) -> None:
         """Forget every step."""
         self.count = 0
-        self._head: list[StepRecord] = []
-        self._body: list[StepRecord] = []
-        self._by_index: dict[int, StepRecord] = {}
+        self._head: list[tuple[int, float, dict[str, float], bool, bool]] = []
+        self._body: list[tuple[int, float, dict[str, float], bool, bool]] = []
+        self._by_index: dict[int, tuple[int, float, dict[str, float], bool, bool]] = {}
+        self._made: dict[int, StepRecord] = {}  # the records made of kept rows, by step index
         self._rng = random.Random(self._seed)
 
 
