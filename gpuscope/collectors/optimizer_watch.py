@@ -42,7 +42,8 @@ class OptimizerWatch:
         self._anchor: weakref.ref[Any] | None = None  # the optimizer ending the steps now
         self._holding = False  # some step was held back
         self._gave_up = False  # and no longer is
-        self._same: dict[int, bool] = {}  # id of an optimizer stepped -> whether it trains the anchor's parameters
+        self._same: dict[int, tuple[weakref.ref[Any], bool]] = {}  # id of an optimizer stepped -> it, and whether
+        # it trains the anchor's parameters (the id may be a freed optimizer's)
 
     def anchored(self, optimizer: Any, step: int) -> None:
         """``optimizer`` has just begun to end the steps, ``step`` the first it ended: a loop begins where it trains
@@ -69,11 +70,12 @@ class OptimizerWatch:
             return False
         if anchor is None:
             return True
-        same = self._same.get(id(optimizer))
-        if same is None:  # (once per optimizer and anchor: a GAN's second optimizer steps every step)
+        # worked out once per optimizer and anchor: a GAN's second optimizer steps at every step
+        known = self._same.get(id(optimizer))
+        if known is None or known[0]() is not optimizer:
             trains = frozenset(id(p) for group in optimizer.param_groups for p in group["params"])
-            same = self._same[id(optimizer)] = trains == self.loops.trains
-        return same
+            known = self._same[id(optimizer)] = (weakref.ref(optimizer), trains == self.loops.trains)
+        return known[1]
 
     def install(self, torch: Any) -> Callable[[], None]:
         """Hook ``torch.optim``; returns the undo."""
