@@ -81,9 +81,6 @@ class StepLog:
 
     def find(self, index: int) -> StepRecord | None:
         """The kept record of step ``index``, if it was kept (the same record each time: changes to it hold)."""
-        made = self._made.get(index)
-        if made is not None:
-            return made
         if self.skip <= index < self.skip + len(self._head):
             return self._record(self._head[index - self.skip])
         row = self._by_index.get(index)

@@ -35,9 +35,9 @@ import queue
 import sys
 import time
 import weakref
-from threading import get_ident
 from collections.abc import Callable
 from pathlib import Path
+from threading import get_ident
 from typing import Any, ClassVar
 
 from gpuscope.captures import StepCapture
@@ -47,9 +47,9 @@ from gpuscope.collectors.forward_modules import ForwardModules
 from gpuscope.collectors.loaders import LoaderBook
 from gpuscope.collectors.loopthread import LoopThread
 from gpuscope.collectors.optimizer_watch import OptimizerWatch
+from gpuscope.collectors.phase_clock import OTHER
 from gpuscope.collectors.step_events import TrackerEvents
 from gpuscope.collectors.step_listeners import QUIET
-from gpuscope.collectors.phase_clock import OTHER
 from gpuscope.collectors.steplog import DeviceTimeline, StepLog, StepTracker
 from gpuscope.importwatch import ImportWatch
 from gpuscope.record import CollectorStatus
@@ -290,7 +290,7 @@ class StepsCollector(TrackerEvents):
             def timed(*args: Any, **kwargs: Any) -> Any:
                 # (the methods are called only when the thread is new or an action waits: this is the hot path)
                 loop = collector._loop
-                if not (loop.stepped and get_ident() == loop.ident) and not collector._defines_step() \
+                if (not (loop.stepped and get_ident() == loop.ident) and not collector._defines_step()) \
                         or (collector._at_safe_point and collector._safe_point()):
                     return original(*args, **kwargs)
                 tracker = collector.tracker
