@@ -9,60 +9,77 @@ OTHER = "other"
 
 class PhaseClock:
     """Exclusive host time per phase: time is charged to the innermost open phase only. An open ``OTHER`` frame
-    charges no phase (its time is the step's "other", what the timed phases leave of the wall time)."""
+    charges no phase (its time is the step's "other", what the timed phases leave of the wall time).
 
-    __slots__ = ("_stack", "_last", "totals")
+    The open phases are frames (phase, depth); re-entering the innermost phase only deepens it. The innermost frame
+    is kept in two slots and the ones below it in a list: a step opens one phase at a time (a forward, then a
+    backward), and each enter and exit is then a few assignments. These run at every phase change of every step,
+    once the step's own work has evicted them from the CPU's caches, where each operation costs (see
+    ``benchmarks/hot_path.py --cold``)."""
+
+    __slots__ = ("_top", "_depth", "_below", "_last", "totals")
 
     def __init__(self, now: float) -> None:
-        self._stack: list[list] = []  # [phase, depth] frames; re-entering the top phase only deepens it
+        self._top: str | None = None  # the innermost open phase (None: none open)
+        self._depth = 0  # how many times it was entered and not yet closed
+        self._below: list[tuple[str, int]] = []  # the frames under it, outermost first
         self._last = now
         self.totals = dict.fromkeys(TIMED_PHASES, 0.0)
 
     @property
     def current(self) -> str:
         """The phase time is being charged to now."""
-        return self._stack[-1][0] if self._stack else OTHER
+        return self._top if self._top is not None else OTHER
 
     def enter(self, phase: str, now: float) -> bool:
         """Open ``phase``; True when the phase being charged changed."""
-        stack = self._stack
-        if stack:
-            top = stack[-1]
-            if top[0] == phase:
-                top[1] += 1
-                return False
-            if top[0] != OTHER:  # (_charge, written out: this runs at every phase change of every step)
-                self.totals[top[0]] += now - self._last
-        self._last = now
-        stack.append([phase, 1])
+        top = self._top
+        if top is None:  # none open: every step's case
+            self._top, self._depth, self._last = phase, 1, now
+            return True
+        if top == phase:
+            self._depth += 1
+            return False
+        if top != OTHER:
+            self.totals[top] += now - self._last
+        self._below.append((top, self._depth))
+        self._top, self._depth, self._last = phase, 1, now
         return True
 
     def exit(self, phase: str, now: float) -> bool:
         """Close ``phase``; True when the phase being charged changed. A close whose inner phases never closed (an
         exception skipped their hooks) unwinds them too."""
-        stack = self._stack
-        if stack and stack[-1][0] == phase and stack[-1][1] == 1:  # the innermost phase closes: every step's case
+        if phase == self._top and self._depth == 1 and not self._below:  # the only open phase closes: every step's
             if phase != OTHER:
                 self.totals[phase] += now - self._last
-            self._last = now
-            stack.pop()
+            self._top, self._last = None, now
             return True
-        for pos in range(len(stack) - 1, -1, -1):
-            if stack[pos][0] == phase:
+        return self._exit_nested(phase, now)
+
+    def _exit_nested(self, phase: str, now: float) -> bool:
+        if self._top is None:
+            return False
+        frames = [*self._below, (self._top, self._depth)]
+        for pos in range(len(frames) - 1, -1, -1):
+            if frames[pos][0] == phase:
                 break
         else:
             return False
-        changed = False
-        while len(stack) > pos + 1:
-            self._charge(stack.pop()[0], now)
+        changed = pos < len(frames) - 1
+        if changed:  # the inner phases left open end here: the innermost is charged up to now
+            self._charge(frames[-1][0], now)
+        depth = frames[pos][1] - 1
+        if depth:
+            del frames[pos + 1:]
+            frames[pos] = (phase, depth)
+        else:
+            if not changed:
+                self._charge(phase, now)
+            del frames[pos:]
             changed = True
-        top = stack[pos]
-        top[1] -= 1
-        if top[1] > 0:
-            return changed
-        self._charge(phase, now)
-        stack.pop()
-        return True
+        self._top, self._depth = frames.pop() if frames else (None, 0)
+        self._below = frames
+        return changed
 
     def _charge(self, phase: str, now: float) -> None:
         """Charge the time since the last change to ``phase`` (nothing for ``OTHER``)."""
@@ -76,8 +93,9 @@ class PhaseClock:
 
     def split(self, now: float) -> dict[str, float]:
         """Return the phase totals since the last split (charging the open phase up to ``now``) and restart them."""
-        if self._stack:
-            self._charge(self._stack[-1][0], now)
-        self._last = now
         totals, self.totals = self.totals, dict.fromkeys(TIMED_PHASES, 0.0)
+        top = self._top
+        if top is not None and top != OTHER:
+            totals[top] += now - self._last
+        self._last = now
         return totals
