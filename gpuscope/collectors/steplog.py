@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable
 
@@ -35,6 +36,9 @@ class StepLog:
     sample rather than every k-th step: loops are often periodic (gradient accumulation, a slow batch every N), and
     a fixed stride can land on one phase of the period only. The first ``skip`` steps (``--skip-steps``) are
     counted and not kept: the head begins after them.
+
+    Once the sample is full, the next step to keep is drawn ahead (Li's algorithm L: a geometric jump), so a step
+    left out costs one comparison: no random number a step, as the textbook reservoir draws.
     """
 
     def __init__(self, head: int = STEP_HEAD, capacity: int = STEP_CAPACITY, seed: int = 0x5EED,
@@ -53,37 +57,65 @@ class StepLog:
         building one is a Python call, a few microseconds a step once the step's own work has evicted gpuscope from
         the CPU's caches; ``find`` and ``records`` make the records, once each.)"""
         index = self.count
-        self.count += 1
-        if index < self.skip:
+        self.count = index + 1
+        if index < self._next_kept:  # a skipped step, or one the full sample leaves out
             return
         row = (index, wall_s, phases_s, profiled, evaluated)
-        if index < self.skip + self.head_size:
+        if index < self._body_start:
             self._head.append(row)
+            self._next_kept = index + 1
             return
-        seen = index - self.skip - self.head_size + 1
-        if len(self._body) < self.capacity:
-            self._body.append(row)
-        else:
-            slot = self._rng.randrange(seen)
-            if slot >= self.capacity:
-                return
-            evicted = self._body[slot][0]
-            del self._by_index[evicted]
-            self._made.pop(evicted, None)
-            self._body[slot] = row
-        self._by_index[index] = row
+        body = self._body
+        if len(body) < self.capacity:
+            body.append(row)
+            self._next_kept = index + 1
+            if len(body) == self.capacity:
+                self._weight = self._shrink(1.0)
+                self._jump(index)
+            return
+        if self._by_index is None:  # the first replacement: from now on rows are found by their index
+            self._by_index = {kept[0]: kept for kept in body}
+        slot = self._rng.randrange(self.capacity)
+        evicted = body[slot][0]
+        del self._by_index[evicted]
+        self._made.pop(evicted, None)
+        body[slot] = self._by_index[index] = row
+        self._weight = self._shrink(self._weight)
+        self._jump(index)
+
+    def _shrink(self, weight: float) -> float:
+        """Algorithm L's weight times the largest of ``capacity`` uniform draws."""
+        return weight * math.exp(math.log(self._uniform()) / self.capacity)
+
+    def _jump(self, index: int) -> None:
+        """Draw the next step to keep after ``index``: each later step is kept with the right chance (capacity over
+        the steps seen), the jumps between kept ones drawn at once."""
+        weight = self._weight
+        gap = math.floor(math.log(self._uniform()) / math.log1p(-weight)) if weight < 1.0 else 0
+        self._next_kept = index + 1 + gap
+
+    def _uniform(self) -> float:
+        """A uniform draw in (0, 1): never 0, whose logarithm there is not."""
+        while True:
+            value = self._rng.random()
+            if value > 0.0:
+                return value
 
     @property
     def body_weight(self) -> float:
         """How many steps of the run each kept later step stands for (1.0 until sampling starts)."""
-        later = self.count - self.skip - len(self._head)
+        later = self.count - self._body_start
         return later / len(self._body) if self._body else 1.0
 
     def find(self, index: int) -> StepRecord | None:
         """The kept record of step ``index``, if it was kept (the same record each time: changes to it hold)."""
         if self.skip <= index < self.skip + len(self._head):
             return self._record(self._head[index - self.skip])
-        row = self._by_index.get(index)
+        if self._by_index is not None:
+            row = self._by_index.get(index)
+        else:  # the body is every step from its start, in order
+            position = index - self._body_start
+            row = self._body[position] if 0 <= position < len(self._body) else None
         return self._record(row) if row is not None else None
 
     def records(self) -> list[StepRecord]:
@@ -103,7 +135,12 @@ class StepLog:
         self.count = 0
         self._head: list[tuple[int, float, dict[str, float], bool, bool]] = []
         self._body: list[tuple[int, float, dict[str, float], bool, bool]] = []
-        self._by_index: dict[int, tuple[int, float, dict[str, float], bool, bool]] = {}
+        self._body_start = self.skip + self.head_size  # the index of the first step the sample may keep
+        self._next_kept = self.skip  # the next step kept: every one from the skipped ones' end, until the sample
+        # is full; then one drawn ahead (_jump)
+        self._weight = 1.0
+        self._by_index: dict[int, tuple[int, float, dict[str, float], bool, bool]] | None = None  # the sample's
+        # rows by step index, once it replaces some (until then a row's place in it says its index)
         self._made: dict[int, StepRecord] = {}  # the records made of kept rows, by step index
         self._rng = random.Random(self._seed)
 

@@ -38,6 +38,52 @@ class TestPhaseClock:
         assert clock.current == "other"
         assert clock.split(4.0) == {"data_wait": 0.0, "forward": 3.0, "backward": 1.0, "optimizer": 0.0}
 
+    def test_closing_a_phase_left_open_inside_a_deeper_one_keeps_the_outer_one_open(self) -> None:
+        clock = PhaseClock(now=0.0)
+        clock.enter("backward", 0.0)
+        clock.enter("backward", 1.0)  # backward() inside backward(): a gradient penalty
+        clock.enter("forward", 2.0)
+        # the inner backward closes: the forward an exception left open is unwound, the outer backward goes on
+        assert clock.exit("backward", 3.0) is True
+        assert clock.current == "backward"
+        assert clock.exit("backward", 5.0) is True
+        assert clock.split(5.0) == {"data_wait": 0.0, "forward": 1.0, "backward": 4.0, "optimizer": 0.0}
+
+    def test_an_other_frame_charges_no_phase_and_ends_the_one_around_it_for_its_time(self) -> None:
+        # given an optimizer step whose closure (an "other" frame) runs a forward pass
+        clock = PhaseClock(now=0.0)
+        clock.enter("optimizer", 0.0)
+        assert clock.enter("other", 1.0) is True
+        clock.enter("forward", 2.0)
+        clock.exit("forward", 3.0)
+        assert clock.current == "other"
+        clock.exit("other", 4.0)
+        clock.exit("optimizer", 6.0)
+        # then the optimizer has its own 3 s, the forward 1 s, and the closure's remaining 2 s go to no phase
+        assert clock.split(6.0) == {"data_wait": 0.0, "forward": 1.0, "backward": 0.0, "optimizer": 3.0}
+
+    def test_a_phase_entered_again_below_another_is_a_frame_of_its_own(self) -> None:
+        clock = PhaseClock(now=0.0)
+        clock.enter("forward", 0.0)
+        clock.enter("data_wait", 1.0)  # a model that loads inside its forward
+        clock.enter("forward", 2.0)  # and runs a submodule timed as a root in there
+        assert clock.exit("forward", 3.0) is True
+        assert clock.current == "data_wait"
+        clock.exit("data_wait", 4.0)
+        assert clock.current == "forward"
+        clock.exit("forward", 5.0)
+        assert clock.split(5.0) == {"data_wait": 2.0, "forward": 3.0, "backward": 0.0, "optimizer": 0.0}
+
+    def test_closing_a_phase_that_is_not_open_changes_nothing(self) -> None:
+        clock = PhaseClock(now=0.0)
+        assert clock.exit("forward", 1.0) is False
+        clock.enter("backward", 1.0)
+        assert clock.exit("optimizer", 2.0) is False
+        assert clock.current == "backward"
+        clock.skip(0.5)  # gpuscope's own half second, kept out
+        assert clock.split(3.0) == {"data_wait": 0.0, "forward": 0.0, "backward": 1.5, "optimizer": 0.0}
+        assert clock.current == "backward"  # a split leaves the open phases open
+
     def test_split_charges_the_open_phase_up_to_the_split(self) -> None:
         clock = PhaseClock(now=0.0)
         clock.enter("data_wait", 1.0)
@@ -65,6 +111,32 @@ class TestStepLog:
         assert min(later) < 2_500 and max(later) > 7_500
         assert all(log.find(i) is not None and log.find(i).index == i for i in indices)
         assert sum(log.find(i) is not None for i in range(4, 10_000)) == 50
+
+    def test_every_later_step_is_as_likely_to_be_kept_as_any_other(self) -> None:
+        # given: 300 runs of 5,000 steps, each keeping a sample of 50 (a different seed each)
+        kept_per_tenth = [0] * 10
+        for seed in range(300):
+            log = StepLog(head=0, capacity=50, seed=seed)
+            for _ in range(5_000):
+                log.add(1.0, {})
+            for record in log.records():
+                kept_per_tenth[record.index * 10 // 5_000] += 1
+        # then: each tenth of the run holds a tenth of the kept steps (1,500 of 15,000; one standard deviation is
+        # about 37), the first steps after the sample filled no less than the last ones
+        assert all(1_350 < kept < 1_650 for kept in kept_per_tenth), kept_per_tenth
+
+    def test_a_kept_step_is_found_by_its_index_before_and_after_the_sample_fills(self) -> None:
+        log = StepLog(head=2, capacity=4, skip=1)
+        for i in range(6):
+            log.add(float(i), {})
+        # the skipped step, then the head, then the sample while it fills: every one found
+        assert log.find(0) is None and [log.find(i).wall_s for i in range(1, 6)] == [1.0, 2.0, 3.0, 4.0, 5.0]
+        assert log.find(6) is None
+        for i in range(6, 1_000):
+            log.add(float(i), {})
+        kept = [r.index for r in log.records()]
+        assert len(kept) == 2 + 4 and all(log.find(i).wall_s == float(i) for i in kept)
+        assert sum(log.find(i) is not None for i in range(1_000)) == 6
 
     def test_the_sample_is_the_same_on_every_run(self) -> None:
         def kept() -> list[int]:
