@@ -43,8 +43,8 @@ def per_step_us(only: set[str], calls: int, blocks: int, cold: bool = False) -> 
             backward = steps._wrap_phase("backward")(lambda *args, **kwargs: None)
 
             def step() -> None:
-                steps._forward_pre(module, ())
-                steps._forward_post(module, (), None)
+                steps._forward_pre(module)
+                steps._forward_post()
                 backward()
 
             for _ in range(200):  # the marker kind settles on backward

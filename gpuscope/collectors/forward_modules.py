@@ -31,13 +31,11 @@ MAX_DESCENT = 3
 FETCH_AHEAD = 16
 """DataLoader batches a loop may fetch before its first ``backward()`` (gradient accumulation's, fetched first)."""
 
-Hook = Callable[..., Any]
-
-
 class ForwardModules:
-    """The modules whose forward is timed, with ``pre`` and ``post`` as their forward pre- and post-hooks."""
+    """The modules whose forward is timed: ``pre(module)`` as a call of one begins, which says whether the call is
+    timed (False: another thread's), and then ``post()`` as it ends."""
 
-    def __init__(self, pre: Hook, post: Hook) -> None:
+    def __init__(self, pre: Callable[[Any], bool], post: Callable[[], None]) -> None:
         self._pre, self._post = pre, post
         self._trained: set[int] | None = None  # ids of the parameters the optimizers train (None: no optimizer)
         self._hooked: dict[int, tuple[str, weakref.ref[Any]]] = {}  # the timed modules: id -> class name, module
@@ -179,17 +177,19 @@ class ForwardModules:
         original = cls.__call__
         hooked, pre, post = self._hooked, self._pre, self._post
         compiler = getattr(sys.modules.get("torch"), "compiler", None)
-        compiling = getattr(compiler, "is_compiling", None) or (lambda: False)
+        # is_dynamo_compiling: True as torch.compile traces the call (dynamo folds it), else a call less than
+        # is_compiling (which asks torch.jit.is_scripting first)
+        compiling = (getattr(compiler, "is_dynamo_compiling", None) or getattr(compiler, "is_compiling", None)
+                     or (lambda: False))
 
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
             timed = hooked.get(id(module))
-            if timed is None or timed[1]() is not module or compiling():
+            if timed is None or timed[1]() is not module or compiling() or not pre(module):
                 return original(module, *args, **kwargs)
-            pre(module, args)
             try:
                 return original(module, *args, **kwargs)
             finally:
-                post(module, args, None)
+                post()
 
         __call__._gpuscope_timed = True  # type: ignore[attr-defined]
         __call__.__wrapped__ = original  # type: ignore[attr-defined]

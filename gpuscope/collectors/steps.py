@@ -91,8 +91,8 @@ class StepsCollector(TrackerEvents):
     def start(self, run_dir: Path) -> None:
         self._loop = LoopThread()
         self.tracker = StepTracker(self._clock(), StepLog(skip=self._skip), self._clock)
-        self.tracker.on_span_end = self.loaders.step_closed
         self.tracker.hold = self._optimizer_watch.holds
+        self.loaders.follow(self.tracker)
         self.tracker.schedule.add(self._after_boundary)  # first: its one-time work before any window opens
         watch = ImportWatch("torch", self._install_torch_hooks)
         self._undo.append(watch.remove)
@@ -311,17 +311,21 @@ class StepsCollector(TrackerEvents):
 
         return wrap
 
-    def _forward_pre(self, module: Any, args: Any) -> None:
-        if get_ident() == self._loop.ident and not (self._at_safe_point and self._safe_point()):
-            if self.forward.checking:
-                self.forward.ran(module)
-            self.tracker.enter("forward", self._clock())  # type: ignore[union-attr]
-            if not (module.training and self._torch.is_grad_enabled()):  # eval(), no_grad: an evaluation pass
-                self.forward.evaluation_pass(module, self.tracker)
+    def _forward_pre(self, module: Any) -> bool:
+        """A timed module's forward begins: True when it is timed, as the loop's (``_forward_post`` at its end)."""
+        if get_ident() != self._loop.ident or (self._at_safe_point and self._safe_point()):
+            return False
+        if self.forward.checking:
+            self.forward.ran(module)
+        tracker = self.tracker
+        tracker.enter("forward", self._clock())  # type: ignore[union-attr]
+        if not (module.training and self._torch.is_grad_enabled()):  # eval(), no_grad: an evaluation pass
+            self.forward.evaluation_pass(module, tracker)
+        return True
 
-    def _forward_post(self, module: Any, args: Any, output: Any) -> None:
-        if get_ident() == self._loop.ident:
-            self.tracker.exit("forward", self._clock())  # type: ignore[union-attr]
+    def _forward_post(self) -> None:
+        """The forward timed (``_forward_pre`` said so) ended."""
+        self.tracker.exit("forward", self._clock())  # type: ignore[union-attr]
 
     # -- after each step boundary ------------------------------------------------------------------------
     def _after_boundary(self, index: int) -> int | None:
