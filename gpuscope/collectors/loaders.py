@@ -37,6 +37,7 @@ class LoaderBook:
         self.fed_by_thread = False
         """Whether a thread other than the loop's has taken DataLoader batches (a prefetching thread)."""
         self._open: dict[int, list[Any]] = {}  # the open step's [loader entry, batches, wait], by the entry's id
+        self._tracker: Any = None  # the StepTracker whose spans the batches are counted in (``follow``)
 
     def wrap_init(self, original: Callable[..., None]) -> Callable[..., None]:
         """``DataLoader.__init__``, noting the line that built each loader."""
@@ -111,6 +112,8 @@ class LoaderBook:
             entry["restart_wait_s"] += wait_s
         entry["batches"] += 1
         entry["wait_s"] += wait_s
+        if not self._open and self._tracker is not None:
+            self._tracker.on_span_end = self.step_closed
         opened = self._open.setdefault(id(entry), [entry, 0, 0.0])
         opened[1] += 1
         opened[2] += wait_s
@@ -120,11 +123,19 @@ class LoaderBook:
                 entry["back_to_back"] += 1
             entry["arrived"] = requested + wait_s
 
+    def follow(self, tracker: Any) -> None:
+        """Be ``tracker``'s ``on_span_end`` (``step_closed``) while a span has batches counted, and only then: a
+        loop with no DataLoader is not told of each step's end. (With a thread taking the batches, always, once it
+        took one: the loop's thread never unsets it while that thread may be counting.)"""
+        self._tracker = tracker
+
     def step_closed(self, evaluated: bool) -> None:
         """A span ended (a step, or the time between epochs or after the last one): where it held an evaluation
         pass, its batches count for the loaders' evaluation. (A thread taking batches may note one meanwhile: the open
         loaders are swapped out and copied, never iterated live.)"""
         opened = self._open
+        if not self.fed_by_thread and self._tracker is not None:
+            self._tracker.on_span_end = None
         if not opened:
             return
         self._open = {}

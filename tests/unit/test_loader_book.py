@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from gpuscope.collectors.loaders import LoaderBook
+from gpuscope.collectors.steplog import StepLog, StepTracker
 
 
 def iterator_with(worker: Any) -> SimpleNamespace:
@@ -140,3 +141,40 @@ def test_batches_taken_in_a_step_that_held_an_evaluation_pass_count_apart_and_th
     probed = book.probe_loader()
     assert probed is not None and probed["dataset"] == [1, 2, 3]
     assert (probed["batches"], probed["wait_s"]) == pytest.approx((3, 0.03))
+
+
+def test_the_book_hears_of_the_spans_that_counted_batches_and_a_loop_without_batches_tells_it_nothing() -> None:
+    # given: a book following the step tracker of a loop that takes no batches (a manual loop, backward-defined)
+    book, tracker = LoaderBook(), StepTracker(0.0, StepLog())
+    book.follow(tracker)
+    for step in range(3):
+        tracker.optimizer_stepped(1, float(step))
+    # then: the tracker has no one to tell at the end of each step (its hot path stays short)
+    assert tracker.on_span_end is None
+    # when: a test pass takes two batches in a step that holds an evaluation pass, then a training step takes one
+    test, train = EpochIterator([4, 5], 0), EpochIterator([1, 2, 3], 0)
+    book.count_batch(test, batch=[4], wait_s=0.5)
+    book.count_batch(test, batch=[5], wait_s=0.5)
+    tracker.evaluation_forward()
+    tracker.optimizer_stepped(1, 3.0)
+    book.count_batch(train, batch=[1], wait_s=0.01)
+    tracker.optimizer_stepped(1, 4.0)
+    # then: each span's batches were counted as its own, and the tracker is left with no one to tell again
+    assert {(r.batches, r.eval_batches) for r in book.records()} == {(2, 2), (1, 0)}
+    assert tracker.on_span_end is None
+
+
+def test_with_a_thread_taking_the_batches_the_book_hears_of_every_span() -> None:
+    # given: a prefetching thread took a batch (the loop's thread never counts one)
+    book, tracker = LoaderBook(), StepTracker(0.0, StepLog())
+    book.follow(tracker)
+    book.fed_by_thread = True
+    book.count_batch(EpochIterator([1, 2], 0), batch=[1], wait_s=0.01)
+    # when: steps end, one holding an evaluation pass
+    tracker.optimizer_stepped(1, 1.0)
+    tracker.evaluation_forward()
+    tracker.optimizer_stepped(1, 2.0)
+    # then: the book is still told (a batch the thread counts meanwhile is never missed), and the batch taken in the
+    # first step counted as training
+    assert tracker.on_span_end == book.step_closed
+    assert [(r.batches, r.eval_batches) for r in book.records()] == [(1, 0)]
