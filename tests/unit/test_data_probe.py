@@ -276,10 +276,11 @@ def loader_facts(collate_fn: object, fetch: int | None = None) -> PostRunFacts:
 def test_a_collate_function_of_the_users_own_is_timed_collating_one_batch_and_its_lines_named() -> None:
     # when
     probe = DataProbeCollector().run(Path("."), loader_facts(pad_collate)).payload
-    # then: one batch of 8 collated untraced, and its lines under the tracer, the padding loop heaviest
+    # then: one batch of 8 collated untraced, and its lines under the tracer, the padding loop one of the two heaviest
+    # (torch.tensor building the padded batch from 1,160 Python ints takes about as long: each comes first in turn)
     assert isinstance(probe, DataProbe) and probe.collate_s is not None and probe.collate_s > 0
-    assert probe.collate_lines[0].code.endswith("# collate: the loop") and probe.collate_lines[0].file.endswith(HERE)
-    assert probe.collate_lines[0].function.startswith("pad_collate")
+    (loop,) = [line for line in probe.collate_lines[:2] if line.code.endswith("# collate: the loop")]
+    assert loop.file.endswith(HERE) and loop.function.startswith("pad_collate")
     assert probe.collate_lines_s >= sum(line.own_s for line in probe.collate_lines) * 0.999
     # the same function behind functools.partial, or a callable object of the user's, is the user's too
     for collate in (functools.partial(pad_collate, pad=-1), PadCollator()):
