@@ -38,6 +38,7 @@ class LoaderBook:
         """Whether a thread other than the loop's has taken DataLoader batches (a prefetching thread)."""
         self._open: dict[int, list[Any]] = {}  # the open step's [loader entry, batches, wait], by the entry's id
         self._tracker: Any = None  # the StepTracker whose spans the batches are counted in (``follow``)
+        self._last: tuple[weakref.ref[Any], dict[str, Any]] | None = None  # the last batch's iterator, and its entry
 
     def wrap_init(self, original: Callable[..., None]) -> Callable[..., None]:
         """``DataLoader.__init__``, noting the line that built each loader."""
@@ -88,28 +89,16 @@ class LoaderBook:
 
     def count_batch(self, iterator: Any, batch: Any, wait_s: float, requested: float | None = None) -> None:
         """One batch came out of ``iterator`` after ``wait_s``, asked for at ``requested`` (the clock's time)."""
-        dataset = getattr(iterator, "_dataset", None)
-        key = (type(dataset).__name__, id(dataset), getattr(iterator, "_num_workers", 0), _batch_size(iterator))
-        entry = self._entries.get(key)
-        if entry is None:
-            if len(self._entries) >= MAX_LOADERS:
+        last = self._last  # (the last batch's iterator, weakly, and its entry): the same iterator, at most batches
+        if last is not None and last[0]() is iterator:
+            entry = last[1]
+        else:
+            entry = self._entry_of(iterator, batch, wait_s)
+            if entry is None:
                 return
-            info = _describe(iterator)
-            info["batch_tensors"] = tuple(describe_tensors(batch))
-            created = self._created_for(dataset)
-            if created is not None:
-                info["created_at"], info["created_by"], info["batch_sampler"] = created[1:]
-            entry = self._entries[key] = {"info": info, "batches": 0, "wait_s": 0.0, "dataset": dataset,
-                                          "loading": _loading(iterator), "iterators": weakref.WeakSet(),
-                                          "restarts": 0, "restart_wait_s": 0.0, "back_to_back": 0,
-                                          "arrived": None, "eval_batches": 0, "eval_wait_s": 0.0, "firsts": [],
-                                          "repeated": 0}
         workers = entry["info"]["num_workers"]
         if entry["info"]["iterable"] and workers > 1 and entry["batches"] < workers:
             _note_first(entry, batch)  # one batch from each worker, the first time the loader is iterated
-        if _first_from(entry["iterators"], iterator) and entry["batches"] and getattr(iterator, "_num_workers", 0):
-            entry["restarts"] += 1  # a new iterator's workers started for this batch
-            entry["restart_wait_s"] += wait_s
         entry["batches"] += 1
         entry["wait_s"] += wait_s
         if not self._open and self._tracker is not None:
@@ -122,6 +111,34 @@ class LoaderBook:
             if arrived is not None and requested - arrived < BACK_TO_BACK_S:
                 entry["back_to_back"] += 1
             entry["arrived"] = requested + wait_s
+
+    def _entry_of(self, iterator: Any, batch: Any, wait_s: float) -> dict[str, Any] | None:
+        """The entry of ``iterator``'s loader (made at its first batch; None past MAX_LOADERS), for a batch from an
+        iterator other than the last batch's: a new iterator's first batch is counted as a restart of its workers."""
+        dataset = getattr(iterator, "_dataset", None)
+        key = (type(dataset).__name__, id(dataset), getattr(iterator, "_num_workers", 0), _batch_size(iterator))
+        entry = self._entries.get(key)
+        if entry is None:
+            if len(self._entries) >= MAX_LOADERS:
+                return None
+            info = _describe(iterator)
+            info["batch_tensors"] = tuple(describe_tensors(batch))
+            created = self._created_for(dataset)
+            if created is not None:
+                info["created_at"], info["created_by"], info["batch_sampler"] = created[1:]
+            entry = self._entries[key] = {"info": info, "batches": 0, "wait_s": 0.0, "dataset": dataset,
+                                          "loading": _loading(iterator), "iterators": weakref.WeakSet(),
+                                          "restarts": 0, "restart_wait_s": 0.0, "back_to_back": 0,
+                                          "arrived": None, "eval_batches": 0, "eval_wait_s": 0.0, "firsts": [],
+                                          "repeated": 0}
+        if _first_from(entry["iterators"], iterator) and entry["batches"] and getattr(iterator, "_num_workers", 0):
+            entry["restarts"] += 1  # a new iterator's workers started for this batch
+            entry["restart_wait_s"] += wait_s
+        try:
+            self._last = (weakref.ref(iterator), entry)
+        except TypeError:  # no weak references: found by its key at each batch
+            self._last = None
+        return entry
 
     def follow(self, tracker: Any) -> None:
         """Be ``tracker``'s ``on_span_end`` (``step_closed``) while a span has batches counted, and only then: a

@@ -28,6 +28,7 @@ STEP_CAPACITY = 4096
 SOURCE_PRIORITY = {"explicit": 3, "optimizer": 2, "dataloader": 1, "backward": 0}
 """Which kind of marker defines steps when several are seen: explicit marks, then optimizer steps, DataLoader
 batches, ``backward()`` calls (a loop updating its parameters by hand on batches sliced from a tensor)."""
+ABOVE_DATALOADER = frozenset(source for source, rank in SOURCE_PRIORITY.items() if rank > SOURCE_PRIORITY["dataloader"])
 
 
 class StepLog:
@@ -271,7 +272,7 @@ class StepTracker:
     def batch_requested(self, now: float) -> None:
         """A DataLoader iterator's ``__next__`` was called: under the ``dataloader`` kind, a step ends and the
         next begins (cancelled by ``batch_exhausted`` if no batch comes)."""
-        if not self._takes("dataloader"):
+        if self.source in ABOVE_DATALOADER or not self._takes("dataloader"):  # (the first: a set, not a call)
             return
         if self._open_t is not None:
             self._close_step(now)

@@ -190,7 +190,8 @@ class StepsCollector(TrackerEvents):
 
     # -- hooks -------------------------------------------------------------------------------------------
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
-        if not self._defines_step():
+        loop = self._loop
+        if not (loop.stepped and get_ident() == loop.ident) and not self._defines_step():
             return None
         known = self._optimizers.get(id(optimizer))
         if known is None or known() is not optimizer:  # new (its id may be a freed one's): its modules are to be
@@ -223,7 +224,7 @@ class StepsCollector(TrackerEvents):
         return timed_closure
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
-        if self._loop.mine():
+        if get_ident() == self._loop.ident:
             now = self._clock()
             self.tracker.exit("optimizer", now)  # type: ignore[union-attr]
             replaces = self._optimizer_watch.replaces_anchor(optimizer)
@@ -234,15 +235,16 @@ class StepsCollector(TrackerEvents):
         collector = self
 
         def __next__(iterator: Any) -> Any:
-            clock = collector._clock
-            if not collector._loop.mine():  # a prefetching thread's batch is counted; a forked worker's is not
-                forked = collector._loop.forked()
+            # (the methods are called only when the thread is another or an action waits: this is the hot path)
+            clock, loop = collector._clock, collector._loop
+            if get_ident() != loop.ident:  # a prefetching thread's batch is counted; a forked worker's is not
+                forked = loop.forked()
                 return original(iterator) if forked else collector.loaders.take_elsewhere(original, iterator, clock)
-            if collector._loader_depth or collector._safe_point():
+            if collector._loader_depth or (collector._at_safe_point and collector._safe_point()):
                 return original(iterator)
             tracker = collector.tracker
             tracker.batch_requested(clock())  # type: ignore[union-attr]
-            if collector._safe_point():  # the step that began here ends the profiled ones
+            if collector._at_safe_point and collector._safe_point():  # the step that began here ends the profiled
                 return original(iterator)
             start = clock()  # after any listener that ran at the step boundary
             tracker.enter("data_wait", start)  # type: ignore[union-attr]
