@@ -67,6 +67,20 @@ def test_each_new_iterator_of_a_loader_with_workers_is_a_restart_with_its_first_
 
 
 
+def test_iterators_taken_from_in_turn_count_each_its_own_batches_and_restart_only_when_new() -> None:
+    # given: a training and a validation iterator, each with two workers, taken from in turn (a loop validating a
+    # batch after each training batch), then a new training iterator (the next epoch)
+    book, train_data, test_data = LoaderBook(), [1, 2, 3], [4, 5]
+    train, test = EpochIterator(train_data, 2), EpochIterator(test_data, 2)
+    for _ in range(3):
+        book.count_batch(train, batch=[1], wait_s=0.01)
+        book.count_batch(test, batch=[4], wait_s=0.02)
+    book.count_batch(EpochIterator(train_data, 2), batch=[1], wait_s=1.5)
+    # then: each loader has its own batches and waits, and only the new iterator is a restart
+    by_batches = sorted((r.batches, r.restarts, round(r.wait_s, 2)) for r in book.records())
+    assert by_batches == [(3, 0, 0.06), (4, 1, 1.53)]
+
+
 class Buckets(list):
     """A user's batch sampler: fixed batches of indices (a list, so unhashable)."""
 
