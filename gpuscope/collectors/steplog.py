@@ -29,6 +29,7 @@ SOURCE_PRIORITY = {"explicit": 3, "optimizer": 2, "dataloader": 1, "backward": 0
 """Which kind of marker defines steps when several are seen: explicit marks, then optimizer steps, DataLoader
 batches, ``backward()`` calls (a loop updating its parameters by hand on batches sliced from a tensor)."""
 ABOVE_DATALOADER = frozenset(source for source, rank in SOURCE_PRIORITY.items() if rank > SOURCE_PRIORITY["dataloader"])
+"""The kinds of marker under which DataLoader batches mark no step."""
 
 
 class StepLog:
@@ -272,7 +273,8 @@ class StepTracker:
     def batch_requested(self, now: float) -> None:
         """A DataLoader iterator's ``__next__`` was called: under the ``dataloader`` kind, a step ends and the
         next begins (cancelled by ``batch_exhausted`` if no batch comes)."""
-        if self.source in ABOVE_DATALOADER or not self._takes("dataloader"):  # (the first: a set, not a call)
+        # (a set lookup first: under an optimizer's steps, every batch's case, that is all)
+        if self.source in ABOVE_DATALOADER or not self._takes("dataloader"):
             return
         if self._open_t is not None:
             self._close_step(now)
