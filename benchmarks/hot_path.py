@@ -10,6 +10,7 @@ What it leaves out: the wrapper around the timed module's class ``__call__`` (it
 
     python benchmarks/hot_path.py                       # the steps collector alone, then every live collector
     python benchmarks/hot_path.py --cold                # ... with the CPU's caches refilled between steps
+    python benchmarks/hot_path.py --cold --optimizer    # ... a step taking a DataLoader batch, stepping an optimizer
 
 A tight loop keeps gpuscope's code and data in the CPU's caches; a real step's own work evicts them. ``--cold``
 touches 4 MB of tensor and 7,000 dicts between steps, as a step might, and reports the median over single steps
@@ -33,9 +34,16 @@ from live_collectors import live_collectors
 from gpuscope.session import Session
 
 
-def per_step_us(only: set[str], calls: int, blocks: int, cold: bool = False) -> float:
+class Batches:
+    """A DataLoader iterator as the steps collector's ``__next__`` wrapper sees it (its batch: a no-op)."""
+
+    _dataset, _num_workers = [0], 0
+
+
+def per_step_us(only: set[str], calls: int, blocks: int, cold: bool = False, optimizer: bool = False) -> float:
     """The best block's time per step, in microseconds, with a session of the chosen collectors running (``cold``:
-    the median single step with the caches refilled before it, ``cold_us``)."""
+    the median single step with the caches refilled before it, ``cold_us``). ``optimizer``: each step also takes a
+    DataLoader batch first and steps an optimizer last, as most loops do (the steps are then the optimizer's)."""
     with tempfile.TemporaryDirectory() as run_dir:
         session = Session(Path(run_dir), ["hot_path"], collectors=live_collectors(only))
         session.start()
@@ -43,13 +51,20 @@ def per_step_us(only: set[str], calls: int, blocks: int, cold: bool = False) -> 
             steps = session._steps
             module = torch.nn.Linear(1, 1)
             backward = steps._wrap_phase("backward")(lambda *args, **kwargs: None)
+            batch, batches = steps._wrap_next(lambda iterator: None), Batches()
+            sgd = torch.optim.SGD(module.parameters(), lr=0.0)
 
             def step() -> None:
+                if optimizer:
+                    batch(batches)
                 steps._forward_pre(module)
                 steps._forward_post()
                 backward()
+                if optimizer:
+                    steps._optimizer_pre(sgd, (sgd,), {})
+                    steps._optimizer_post(sgd, (sgd,), {})
 
-            for _ in range(200):  # the marker kind settles on backward
+            for _ in range(200):  # the marker kind settles
                 step()
             return cold_us(step, blocks * calls // 5) if cold else best_us(step, blocks, calls)
         finally:
@@ -94,11 +109,14 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2000, help="steps a block")
     parser.add_argument("--blocks", type=int, default=15)
     parser.add_argument("--cold", action="store_true", help="refill the CPU's caches between steps (see above)")
+    parser.add_argument("--optimizer", action="store_true",
+                        help="a step of a loop with a DataLoader and an optimizer (default: a backward-defined one)")
     args = parser.parse_args()
     how = (f"median of {args.blocks * args.calls // 5} single steps, caches refilled" if args.cold else
            f"best of {args.blocks} blocks of {args.calls}")
     for name, only in (("the steps collector", {"steps"}), ("every live collector", set())):
-        print(f"{name:>22}: {per_step_us(only, args.calls, args.blocks, args.cold):6.2f} us a step ({how})")
+        cost = per_step_us(only, args.calls, args.blocks, args.cold, args.optimizer)
+        print(f"{name:>22}: {cost:6.2f} us a step ({how})")
 
 
 if __name__ == "__main__":
