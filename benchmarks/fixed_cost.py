@@ -27,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+from overhead import in_turn
+
 ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ("data_loading_bound", "data_loading_bound_fp16", "data_loading_shared_cores", "cpu_launch_bound",
              "compute_bound", "compute_bound_habits", "manual_sgd_language_model")
@@ -74,8 +76,7 @@ def measure_startup(pairs: int, tmp: Path) -> list[float]:
     costs = []
     for i in range(pairs):
         runs = {}
-        order = ["python", "gpuscope"] if i % 2 == 0 else ["gpuscope", "python"]
-        for name in order:
+        for name in in_turn(["python", "gpuscope"], i):
             command = ([sys.executable, str(script)] if name == "python"
                        else gpuscope_command(tmp / f"startup{i}", str(script)))
             runs[name], _, _ = timed_lines(command)
@@ -90,8 +91,7 @@ def measure_end(workload: str, pairs: int, tmp: Path) -> dict[str, object]:
     for i in range(pairs):
         run_dir = tmp / f"{workload}{i}"
         tails = {}
-        order = ["python", "gpuscope"] if i % 2 == 0 else ["gpuscope", "python"]
-        for name in order:
+        for name in in_turn(["python", "gpuscope"], i):
             command = [sys.executable, script] if name == "python" else gpuscope_command(run_dir, script)
             _, last, exited = timed_lines(command)
             if last is None:

@@ -25,12 +25,22 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 LINE = re.compile(r"median_step_s=([0-9.]+)")
 RUN_ARGS = {"compute_bound": ["--steps", "60"], "data_loading_bound": ["--steps", "120"]}
 """Longer than the samples' defaults: the profiling windows cost a fixed dozen steps, and real runs are long."""
+T = TypeVar("T")
+
+
+def in_turn(items: Sequence[T], round_: int) -> list[T]:
+    """``items`` in the order of round ``round_``: each round starts one further along (two alternate which goes
+    first), so none always runs on a warmer machine."""
+    start = round_ % len(items)
+    return [*items[start:], *items[:start]]
 
 
 def run_once(command: list[str]) -> tuple[float, float]:
@@ -69,11 +79,8 @@ def measure(workload: str, pairs: int, extra: list[str]) -> dict[str, object]:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(pairs):
             profiled_cmd = [sys.executable, "-m", "gpuscope", "run", "-q", "-o", f"{tmp}/run{i}", script, *extra]
-            # alternate which goes first, so neither always runs on a warmer machine
-            order = [("plain", plain_cmd), ("gpuscope", profiled_cmd)]
-            if i % 2:
-                order.reverse()
-            result = {name: run_once(cmd) for name, cmd in order}
+            runs = in_turn([("plain", plain_cmd), ("gpuscope", profiled_cmd)], i)
+            result = {name: run_once(cmd) for name, cmd in runs}
             (p_step, p_wall), (g_step, g_wall) = result["plain"], result["gpuscope"]
             for name, cost in window_costs(Path(f"{tmp}/run{i}")).items():
                 windows.setdefault(name, []).append(cost)

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from overhead import LINE, ROOT
+from overhead import LINE, ROOT, in_turn
 
 SAMPLES = {
     "data_loading_bound": ["--steps", "40"],
@@ -101,7 +101,7 @@ def main() -> int:
             walls: dict[str, list[float | str]] = {name: [] for name in names}
             for r in range(options.rounds):
                 measured: dict[str, Outcome] = {}
-                for name in names[r % len(names):] + names[:r % len(names)]:  # rotating order
+                for name in in_turn(names, r):
                     out = Path(tmp) / f"{sample}-{r}-{names.index(name)}"
                     measured[name] = run(command(by_tool[name], script, SAMPLES.get(sample, []), out), options.timeout)
                     print(f"round {r + 1} {sample} {name}: {measured[name]}", file=sys.stderr, flush=True)

@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from overhead import ROOT
+from overhead import ROOT, in_turn
 
 WORKLOADS = {"cpu_launch_bound": 2000, "manual_sgd_language_model": 2000}
 """The samples of 200 steps or more, and their steps."""
@@ -57,8 +57,7 @@ def measure(workload: str, rounds: int) -> dict[str, object]:
         for i in range(rounds):
             gpuscope = [sys.executable, "-m", "gpuscope", "run", "-q", "--no-probes", "--profile-steps",
                         str(steps // 2), "-o", f"{tmp}/run{i}"]
-            order = [("python", [sys.executable]), ("gpuscope", gpuscope)]
-            for name, prefix in (order if i % 2 == 0 else order[::-1]):
+            for name, prefix in in_turn([("python", [sys.executable]), ("gpuscope", gpuscope)], i):
                 ratio = halves(step_times([*prefix, *script]))
                 (plain if name == "python" else profiled).append(ratio)
             print(f"  {workload} round {i + 1}: first half / second half: python {plain[-1]:.3f}, "
