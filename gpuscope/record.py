@@ -106,6 +106,13 @@ class Steps:
     breakdown_basis: TimeBasis = "host"
     """``device``: the breakdown splits the GPU's timeline by the host phase that queued the work."""
     device_median_s: float | None = None
+    clock: TimeBasis = "host"
+    """The clock the step figures (``median_s`` to ``max_s``, the steady-state split) are read on: ``device``, the
+    GPU's timeline between markers queued at each step's end (a CUDA run whose steps were timed there: the host may
+    queue work many steps ahead and wait only when the launch queue fills, so its own step times say how fast it
+    launches, not how long a step takes); ``host``, the host's clock."""
+    host_median_s: float | None = None
+    """Where ``clock`` is ``device``, the same steps' median on the host's clock, seconds; else null."""
     forwards_per_backward: float | None = None
     """The trained model's forward passes (its root modules', from the second step on) per ``backward()`` call: about
     1 in most training loops (a GAN's two models, 1.3); many where the model runs on one sample or token at a time

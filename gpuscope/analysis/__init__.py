@@ -9,10 +9,13 @@ from gpuscope.record import RunRecord
 
 
 def analyze(record: RunRecord) -> RunRecord:
-    """``record`` with its verdict, recommendations (most valuable first) and rule checks filled in."""
+    """``record`` with its verdict, recommendations (most valuable first) and rule checks filled in; a CUDA record
+    summarised on the host's clock is first moved onto the device's (``clock.on_device_clock``)."""
+    from gpuscope.analysis.clock import on_device_clock
     from gpuscope.analysis.rules import evaluate
     from gpuscope.analysis.speed import complete_speed_of_light, what_if
 
+    record = on_device_clock(record)
     record = dataclasses.replace(record, speed_of_light=complete_speed_of_light(record))
     recommendations, checks = evaluate(record)
     verdict = classify(record)

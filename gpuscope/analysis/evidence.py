@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
+from gpuscope.analysis.clock import step_times, steady_times
 from gpuscope.analysis.loops import other_loop
 from gpuscope.analysis.thresholds import (ACCUMULATED_MFU, EVALUATION_LOADING_WORTH_SAYING, EVALUATION_WORTH_SAYING,
                                           TWO_SPEED_GAP, TWO_SPEED_MIN_SHARE, TWO_SPEED_SEPARATION, WINDOW_UNLIKE)
@@ -56,8 +57,7 @@ def unlike_steps(record: RunRecord, first: int, last: int, what: str) -> str | N
     if (other := other_loop(record, first, last, what)) is not None:
         return other
     steps = record.steps
-    sample = steps.sample
-    times = [t for i, t in zip(sample.index, sample.wall_s) if first <= i <= last and t > 0]
+    times = [t for i, t in zip(steps.sample.index, step_times(steps)) if first <= i <= last and t > 0]
     if not times or not steps.median_s:
         return None
     ratio = statistics.median(times) / steps.median_s
@@ -91,10 +91,8 @@ def counted_step_unlike(record: RunRecord, step: int) -> str | None:
 
 
 def _steady_walls(record: RunRecord) -> dict[int, float]:
-    """The sampled steady steps' wall times, by step index (every sampled step where the sample has no status)."""
-    sample = record.steps.sample
-    status = sample.status or ("steady",) * len(sample.index)
-    return {i: t for i, t, kind in zip(sample.index, sample.wall_s, status) if t > 0 and kind == "steady"}
+    """The sampled steady steps' times on the steps' clock, by step index."""
+    return steady_times(record.steps)
 
 
 def _skip_to_steady(record: RunRecord, first: int, last: int) -> int:
@@ -117,7 +115,8 @@ def two_speeds(record: RunRecord) -> str | None:
     two speeds where that split explains ``TWO_SPEED_SEPARATION`` of the log times' variance, the groups' medians are
     ``TWO_SPEED_GAP`` apart, and each group is at least ``TWO_SPEED_MIN_SHARE`` of the steps. None for one speed."""
     sample = record.steps.sample
-    steady = sorted((t, i) for i, t, s in zip(sample.index, sample.wall_s, sample.status) if s == "steady" and t > 0)
+    steady = sorted((t, i) for i, t, s in zip(sample.index, step_times(record.steps), sample.status)
+                    if s == "steady" and t > 0)
     n = len(steady)
     least = max(2, math.ceil(TWO_SPEED_MIN_SHARE * n))
     logs = [math.log(t) for t, _ in steady]

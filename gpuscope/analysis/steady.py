@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from gpuscope.analysis import loops as loops_of
 from gpuscope.analysis import thresholds as th
 from gpuscope.captures import TIMED_PHASES, LoopStart, StepCapture, StepRecord
-from gpuscope.record import PHASES, Breakdown, Steps, StepSample
+from gpuscope.record import PHASES, Breakdown, Steps, StepSample, TimeBasis
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +44,12 @@ def summarize(
     weights = [1.0 if r.index < head else body_weight for r in records]
     chosen = loops_of.measured(records, weights, loops, total) if loops else 0
     start, end = loops_of.bounds(loops, total)[chosen]
-    split = _split(records, weights, start, max(skipped, start + 1) if start else skipped, end)
+    first = max(skipped, start + 1) if start else skipped
+    clock = step_clock([r for r in records if first <= r.index < end])
+    times = clock_times(records, clock)
+    split = _split(records, weights, start, first, end, times)
     warmup, steady = split.warmup, split.steady
-    walls = [records[i].wall_s for i in steady]
+    walls = [times[i] for i in steady]
     w = [weights[i] for i in steady]
     count = round(sum(w))  # each kept step stands for its weight in steps of the run
     profiled_count = round(sum(weights[i] for i in split.profiled))
@@ -55,33 +58,59 @@ def summarize(
     host = _host_breakdown([records[i] for i in steady], w)
     device = _device_breakdown([records[i] for i in steady], w)
     device_walls = [(records[i].device_wall_s, weights[i]) for i in steady if records[i].device_wall_s is not None]
-    median = _quantile(walls, w, 0.5)
+    figures = step_figures(walls, w)
     steps = Steps(
         count=count,
-        median_s=median,
-        mean_s=sum(x * k for x, k in zip(walls, w)) / sum(w) if w else 0.0,
-        p10_s=_quantile(walls, w, 0.1),
-        p90_s=_quantile(walls, w, 0.9),
-        min_s=min(walls, default=0.0),
-        max_s=max(walls, default=0.0),
+        **figures,
         total=total,
         warmup=min(warmup, end) - start,
         skipped=max(0, min(skipped, end) - start),
         profiled=profiled_count,
         outliers=max(0, end - warmup - profiled_count - evaluated_count - count),
         evaluated=evaluated_count,
-        evaluated_s=sum(records[i].wall_s * weights[i] for i in split.evaluated),
+        evaluated_s=sum(times[i] * weights[i] for i in split.evaluated),
         source=source,  # type: ignore[arg-type]
         breakdown_basis="device" if device is not None else "host",
         device_median_s=_quantile([d for d, _ in device_walls], [k for _, k in device_walls], 0.5) if device_walls else None,
+        clock=clock,
+        host_median_s=_quantile([records[i].wall_s for i in steady], w, 0.5) if clock == "device" else None,
         sampled=body_weight > 1.0,
         sample=_sample(records, split.status),
-        loops=loops_of.training_loops(records, weights, loops, total, chosen, median) if loops else (),
+        loops=loops_of.training_loops(records, weights, loops, total, chosen, figures["median_s"]) if loops else (),
         other_loops=start + total - end,
     )
     if device is not None:
         return StepSummary(steps, device, host)
     return StepSummary(steps, host, None)
+
+
+def step_clock(records: Sequence[StepRecord]) -> TimeBasis:
+    """The clock a loop's steps are read on (``Steps.clock``): the device's where at least half of them were timed
+    on it (a CUDA run: the steps collector queues a marker on the stream at each step's end), else the host's. The
+    steps before the device's timeline was attached are few (it is attached at the first step after CUDA is up)."""
+    timed = sum(r.device_wall_s is not None for r in records)
+    return "device" if timed and 2 * timed >= len(records) else "host"
+
+
+def clock_times(records: Sequence[StepRecord], clock: TimeBasis) -> list[float]:
+    """Each record's time on ``clock``: on the device's, its device time where resolved, its host time where not
+    (a step before the device timeline was attached, the last one left open at the end)."""
+    if clock == "host":
+        return [r.wall_s for r in records]
+    return [r.device_wall_s if r.device_wall_s is not None else r.wall_s for r in records]
+
+
+def step_figures(times: Sequence[float], weights: Sequence[float]) -> dict[str, float]:
+    """The step-time figures of ``Steps`` (median, mean, p10, p90, min, max) of the steady steps' ``times``, each
+    standing for its weight in steps of the run."""
+    return {
+        "median_s": _quantile(times, weights, 0.5),
+        "mean_s": sum(x * k for x, k in zip(times, weights)) / sum(weights) if weights else 0.0,
+        "p10_s": _quantile(times, weights, 0.1),
+        "p90_s": _quantile(times, weights, 0.9),
+        "min_s": min(times, default=0.0),
+        "max_s": max(times, default=0.0),
+    }
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,16 +126,17 @@ class _Split:
     """Each record's status (``StepSample.status``), the other loops' steps included."""
 
 
-def _split(records: Sequence[StepRecord], weights: Sequence[float], start: int, first: int, end: int) -> _Split:
+def _split(records: Sequence[StepRecord], weights: Sequence[float], start: int, first: int, end: int,
+           times: Sequence[float]) -> _Split:
     """The records of the loop of steps ``start``..``end`` (exclusive), from ``first`` on (the skipped steps, or a
     later loop's first: the hand-over from the loop before, left out as warm-up), split into warm-up, profiled,
-    evaluation, outlier and steady steps."""
+    evaluation, outlier and steady steps by their ``times`` (on the run's clock)."""
     inside = [i for i, r in enumerate(records) if first <= r.index < end]
-    warmup = _count_warmup([records[i] for i in inside], end, first) if inside else first
+    warmup = _count_warmup([records[i] for i in inside], end, first, [times[i] for i in inside]) if inside else first
     profiled = [i for i in inside if records[i].index >= warmup and records[i].profiled]
     later = [i for i in inside if records[i].index >= warmup and not records[i].profiled]
-    evaluated = _evaluation_steps(records, weights, later)
-    outlier_at = _outliers(records, weights, [i for i in later if i not in evaluated])
+    evaluated = _evaluation_steps(records, weights, later, times=times)
+    outlier_at = outliers(times, weights, [i for i in later if i not in evaluated])
     status = ["other-loop" if not start <= r.index < end else "warmup" if r.index < warmup else "profiled"
               if r.profiled else "eval" if i in evaluated else "outlier" if i in outlier_at else "steady"
               for i, r in enumerate(records)]
@@ -114,30 +144,32 @@ def _split(records: Sequence[StepRecord], weights: Sequence[float], start: int, 
     return _Split(warmup, profiled, evaluated, steady, status)
 
 
-def _outliers(records: Sequence[StepRecord], weights: Sequence[float], later: Sequence[int]) -> set[int]:
-    """Of the ``later`` steps, those over ``OUTLIER_FACTOR`` times their median, unless there are too many of them
-    to be accidents (over ``MAX_OUTLIER_SHARE``: a pattern of the loop, and part of its cost)."""
-    median = _quantile([records[i].wall_s for i in later], [weights[i] for i in later], 0.5)
-    outlier_at = {i for i in later if records[i].wall_s > th.OUTLIER_FACTOR * median}
+def outliers(times: Sequence[float], weights: Sequence[float], later: Sequence[int]) -> set[int]:
+    """Of the ``later`` steps (positions in ``times``), those over ``OUTLIER_FACTOR`` times their median, unless there
+    are too many of them to be accidents (over ``MAX_OUTLIER_SHARE``: a pattern of the loop, and part of its cost)."""
+    median = _quantile([times[i] for i in later], [weights[i] for i in later], 0.5)
+    outlier_at = {i for i in later if times[i] > th.OUTLIER_FACTOR * median}
     return set() if len(outlier_at) > max(1.0, th.MAX_OUTLIER_SHARE * len(later)) else outlier_at
 
 
 def _evaluation_steps(records: Sequence[StepRecord], weights: Sequence[float], later: Sequence[int],
-                      among: Sequence[int] | None = None) -> set[int]:
+                      among: Sequence[int] | None = None, times: Sequence[float] | None = None) -> set[int]:
     """Of the ``later`` steps (positions in ``records``), those in which the trained model ran a forward pass in
     eval mode or with gradients off and that took ``EVALUATION_LONGER`` times the other steps' median (a test pass
     between epochs): left out where the steps with such a pass are at most ``MAX_EVALUATED_SHARE`` of the steps.
     Where more are, forward passes without gradients are part of the loop's work (a rollout each step) and none is
     left out. ``among``: the steps judged instead, each against the median of their own unmarked ones (a profiler's
-    window, whose steps the profiler slows alike); the share is still that of ``later``."""
+    window, whose steps the profiler slows alike); the share is still that of ``later``. ``times``: each record's
+    time on the run's clock (by default the host's)."""
     among = later if among is None else among
     if sum(weights[i] for i in later if records[i].evaluated) > th.MAX_EVALUATED_SHARE * sum(weights[i] for i in later):
         return set()
     rest = [i for i in among if not records[i].evaluated]
     if not rest:
         return set()
-    median = _quantile([records[i].wall_s for i in rest], [weights[i] for i in rest], 0.5)
-    return {i for i in among if records[i].evaluated and records[i].wall_s > th.EVALUATION_LONGER * median}
+    times = times if times is not None else [r.wall_s for r in records]
+    median = _quantile([times[i] for i in rest], [weights[i] for i in rest], 0.5)
+    return {i for i in among if records[i].evaluated and times[i] > th.EVALUATION_LONGER * median}
 
 
 def evaluation_passes(capture: StepCapture, steps: Sequence[int]) -> set[int]:
@@ -150,7 +182,8 @@ def evaluation_passes(capture: StepCapture, steps: Sequence[int]) -> set[int]:
     return {records[i].index for i in _evaluation_steps(records, weights, range(len(records)), window)}
 
 
-def _count_warmup(records: Sequence[StepRecord], total: int, skipped: int = 0) -> int:
+def _count_warmup(records: Sequence[StepRecord], total: int, skipped: int = 0,
+                  times: Sequence[float] | None = None) -> int:
     """Leading steps left out: the ``skipped`` ones (not kept), the first always (given enough steps, and none
     skipped: a run measured from step 0 pays its lazy initialisation there), then those still far slower than
     the slow end of the run's second half (its 90th percentile: past any warm-up, and high enough that a loop
@@ -158,12 +191,13 @@ def _count_warmup(records: Sequence[StepRecord], total: int, skipped: int = 0) -
     is profiled (cProfile slows a loader's Python several times over), and is left out as such."""
     if total - skipped < th.MIN_STEPS_FOR_WARMUP:
         return skipped
-    rest = [r.wall_s for r in records[max(1, len(records) // 2):]]
+    times = times if times is not None else [r.wall_s for r in records]
+    rest = list(times[max(1, len(records) // 2):])
     reference = _quantile(rest, [1.0] * len(rest), 0.9)
     limit = skipped + max(1, math.floor(th.MAX_WARMUP_SHARE * (total - skipped)))
     at = 0 if skipped else 1  # position in ``records`` of the first step that may be steady
     while skipped + at < limit and at < len(records) and records[at].index == skipped + at:
-        if records[at].profiled or records[at].wall_s <= th.WARMUP_FACTOR * reference:
+        if records[at].profiled or times[at] <= th.WARMUP_FACTOR * reference:
             break
         at += 1
     return skipped + at

@@ -116,6 +116,16 @@ host cannot launch work fast enough: CPU-launch-bound."""
 HOST_WAIT_DOMINANT = 0.5
 """Host wait must make up at least half of the GPU's idle time to blame the launch rate."""
 
+HOST_AHEAD = 0.8
+"""A steady step the host finished in at most this share of its time on the GPU was queued ahead: the host was not
+held back (by a full launch queue or a sync) in it, so its host time is how fast the host queues a step. A step
+the host keeps pace with differs from its device time by the clocks' jitter only (5% in the launch-bound H200
+recording)."""
+
+HOST_AHEAD_MIN_STEPS = 3
+"""Steps queued ahead needed for their median to say how fast the host goes (a profiler's window ends with a sync,
+after which the host runs ahead for a few steps until the launch queue fills)."""
+
 # -- data-parallel jobs ---------------------------------------------------------------------------------------
 COMM_BOUND = 0.5
 """A rank whose training thread waits on collectives (gradient all-reduce) for half its step or more is bound by

@@ -1,0 +1,108 @@
+"""On CUDA the step figures are read on the GPU's clock: the host queues work many steps ahead and blocks only when
+the launch queue fills, so its own step times (short, then long once the queue is full) say how fast it launches,
+not how long a step takes. A record summarised on the host's clock (older ones, traces) is moved onto the device's."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from conftest import make_record
+from gpuscope.analysis import analyze
+from gpuscope.analysis.clock import host_pace, on_device_clock
+from gpuscope.analysis.steady import summarize
+from gpuscope.captures import StepRecord
+from gpuscope.record import KernelTimeline, OpProfile, SpeedOfLight, Window
+
+DEVICE_STEP_S = 0.0357
+H200_FP32_PEAK = 67e12
+FLOPS_PER_STEP = 0.75 * H200_FP32_PEAK * DEVICE_STEP_S
+"""An MLP step whose GEMMs run at 75% of the H200's float32 peak on the device."""
+
+
+def launch_queue_steps(device: bool = True) -> list[StepRecord]:
+    """A float32 MLP on CUDA with no sync in its step: a first step of 10 s, steps 1-13 under gpuscope's profilers,
+    then 27 steady steps the host queued in 1.7 ms each until the launch queue filled, and in 35.5 ms once it had;
+    on the GPU every step after the first takes 35.7 ms."""
+    records = [StepRecord(0, 10.0, {})]
+    for i in range(1, 41):
+        host = 0.004 if i < 14 else 0.0017 if i < 34 else 0.0355
+        records.append(StepRecord(i, host, {"forward": host / 3}, profiled=i < 14,
+                                  device_wall_s=DEVICE_STEP_S if device else None,
+                                  device_phases_s={"forward": 0.012, "backward": 0.022, "optimizer": 0.0017}
+                                  if device else None))
+    return records
+
+
+def launch_queue_record(clock_in_record: bool = True):
+    """The loop's record as gpuscope writes it (``clock_in_record``) or as it was written before the step figures
+    were read on the device's clock: the same sample, the figures from the host's times."""
+    summary = summarize(launch_queue_steps(), total=41, head=64, body_weight=1.0, source="optimizer")
+    steps = summary.steps
+    if not clock_in_record:
+        host = summarize(launch_queue_steps(device=False), total=41, head=64, body_weight=1.0, source="optimizer")
+        steps = dataclasses.replace(host.steps, device_median_s=steps.device_median_s,
+                                    sample=dataclasses.replace(host.steps.sample,
+                                                               device_wall_s=steps.sample.device_wall_s))
+    kernels = KernelTimeline(busy_fraction=0.99, idle_kernel_wait_fraction=0.01, kernels=93, kernels_per_step=31,
+                             mean_kernel_s=0.00114, fp32_gemm_share=0.95, gemm_share=0.95, window_s=0.107,
+                             window_basis="launches", compute_busy_fraction=0.99)
+    return make_record(
+        device="cuda", steps=steps, breakdown=summary.breakdown, host_breakdown=summary.host_breakdown,
+        op_profile=OpProfile(window=Window(7, 9), steps=3, kernels=kernels),
+        speed_of_light=SpeedOfLight(flops_per_step=round(FLOPS_PER_STEP), step=13, dtype="float32",
+                                    device_name="NVIDIA H200", peak_flops_per_s=H200_FP32_PEAK,
+                                    peak_source="NVIDIA H200 datasheet"))
+
+
+def test_steps_the_host_queued_ahead_are_summarised_on_the_gpus_clock() -> None:
+    # when: the launch-queue loop's steps are summarised
+    steps = summarize(launch_queue_steps(), total=41, head=64, body_weight=1.0, source="optimizer").steps
+    # then: the figures are the GPU's 35.7 ms a step, and the host's own median is kept beside them
+    assert steps.clock == "device"
+    assert (steps.median_s, steps.p10_s, steps.p90_s) == pytest.approx((DEVICE_STEP_S,) * 3)
+    assert steps.host_median_s == pytest.approx(0.0017)
+    # and no steady step is an outlier for having waited on a full launch queue
+    assert (steps.count, steps.outliers, steps.profiled, steps.warmup) == (27, 0, 13, 1)
+
+
+def test_a_cpu_run_stays_on_the_hosts_clock() -> None:
+    steps = summarize(launch_queue_steps(device=False), total=41, head=64, body_weight=1.0, source="optimizer").steps
+    assert steps.clock == "host" and steps.host_median_s is None
+    assert steps.median_s == pytest.approx(0.0017)
+
+
+@pytest.mark.parametrize("clock_in_record", [True, False], ids=["new-record", "record-on-the-host-clock"])
+def test_the_headline_mfu_and_what_if_follow_the_gpus_clock(clock_in_record: bool) -> None:
+    # given: the launch-queue loop's record, as written now or before the step figures were read on the device
+    record = launch_queue_record(clock_in_record)
+    # when: it is analysed
+    analysed = analyze(record)
+    # then: the median step is the GPU's, on the device's clock
+    steps = analysed.steps
+    assert steps.clock == "device" and steps.median_s == pytest.approx(DEVICE_STEP_S)
+    # and the MFU is the FLOPs over the device's step, under 100%
+    sol = analysed.speed_of_light
+    assert sol is not None and sol.mfu == pytest.approx(0.75, rel=1e-3)
+    # and the what-if at the speed of light is a shorter step, not a slower one
+    assert analysed.what_if is not None
+    assert analysed.what_if.step_s == pytest.approx(FLOPS_PER_STEP / H200_FP32_PEAK)
+    assert analysed.what_if.speedup == pytest.approx(1 / 0.75, rel=1e-3)
+    # and a queue filling up is neither two speeds nor a change of pace
+    text = " ".join(analysed.verdict.evidence)
+    assert "two speeds" not in text and "changed pace" not in text
+    assert analysed.verdict.bound == "compute"
+
+
+def test_the_host_queues_a_step_as_fast_as_the_steps_it_ran_ahead_in_say() -> None:
+    record = on_device_clock(launch_queue_record(clock_in_record=False))
+    pace = host_pace(record)
+    assert pace is not None and pace.how == "ran ahead"
+    assert pace.seconds == pytest.approx(0.0017) and pace.steps == 20
+
+
+def test_a_record_without_device_times_keeps_its_clock() -> None:
+    record = make_record(device="cuda")
+    assert on_device_clock(record) is record
+    assert host_pace(record) is None
