@@ -17,6 +17,7 @@ from __future__ import annotations
 from gpuscope.analysis import thresholds as th
 from gpuscope.analysis.child_processes import child_processes, notable
 from gpuscope.analysis.contention import contention
+from gpuscope.analysis.gpu_step import GpuStep, gpu_step
 from gpuscope.analysis.evidence import (accumulated_passes, cpu_overhead, evaluation_passes, launch_wait,
                                         slowest_loader, two_speeds, unlike_window)
 from gpuscope.analysis.iterator_wait import iterator_wait
@@ -173,29 +174,9 @@ def _classify_cpu(record: RunRecord) -> Verdict:
 
 
 def _classify_cuda(record: RunRecord) -> Verdict:
-    kernels = record.op_profile.kernels if record.op_profile is not None else None
-    if kernels is not None:
-        busy, host_wait = kernels.busy_fraction, kernels.idle_host_wait_fraction
-        facts = [
-            f"the GPU ran kernels {busy:.0%} of the profiled steps; idle {1 - busy:.0%}: host wait {host_wait:.0%}, "
-            f"kernel wait {kernels.idle_kernel_wait_fraction:.0%}, other {kernels.idle_other_fraction:.0%}",
-            f"{kernels.kernels_per_step:.0f} kernels per step, {kernels.mean_kernel_s * 1e6:.1f} us each on average",
-        ]
-        if busy >= th.GPU_BUSY_COMPUTE:
-            facts.append(f"{kernels.tensor_core_share:.0%} of kernel time ran on Tensor Cores")
-            facts.extend(_top_ops(record, device=True))
-            return Verdict("compute", _rising(busy, th.GPU_BUSY_COMPUTE, 0.95), tuple(facts))
-        idle = 1 - busy
-        launching = launch_wait(record) or 0.0  # the host wait that is not a wait for data
-        if launching < host_wait:
-            facts.append(f"of the host wait, {launching:.0%} of the step is launching and "
-                         f"{host_wait - launching:.0%} waiting for data")
-        if busy < th.GPU_BUSY_STARVED and idle > 0 and launching / idle >= th.HOST_WAIT_DOMINANT:
-            return Verdict("cpu-launch", _rising(launching / idle, th.HOST_WAIT_DOMINANT, 1.0), tuple(facts))
-        return Verdict("inconclusive", 0.3, (
-            *facts,
-            f"the GPU is neither busy (kernels >= {th.GPU_BUSY_COMPUTE:.0%} of the time) nor starved by late launches "
-            f"(kernels < {th.GPU_BUSY_STARVED:.0%}, host wait >= {th.HOST_WAIT_DOMINANT:.0%} of the idle time)"))
+    step = gpu_step(record)
+    if step is not None:
+        return _classify_gpu_step(record, step)
     utilisation = _nvml_mean_utilisation(record)
     if utilisation is None:
         return Verdict("inconclusive", 0.0, ("a CUDA run without a kernel timeline or NVML samples",))
@@ -205,6 +186,67 @@ def _classify_cuda(record: RunRecord) -> Verdict:
     if utilisation < th.GPU_BUSY_STARVED:
         return Verdict("cpu-launch", 0.4, (fact, "without a kernel timeline, host wait cannot be told from other idle"))
     return Verdict("inconclusive", 0.2, (fact,))
+
+
+def _classify_gpu_step(record: RunRecord, step: GpuStep) -> Verdict:
+    """A CUDA run with a kernel timeline, on its steady GPU step (``gpu_step``). Each side's headroom is what the
+    step would save were it free: the kernels (the step then no shorter than the host takes to queue it) or the
+    host's launches (the GPU's wait for them, less any wait for data). A GPU busy most of the step whose kernels
+    hold the larger headroom is compute-bound; one idle most of it, mostly waiting for the host's launches, whose
+    launches hold it is CPU-launch-bound. Between the two, the side with the larger headroom (at least
+    ``SIDE_NOTABLE``; the kernels' only with the GPU busy half the step, the launches' only with the wait for them
+    half the idle time) is the verdict, with less confidence and the other side named with its share; a GPU idle
+    for neither reason (syncs, copies) leaves it inconclusive. Where the host takes most of a compute-bound step to queue it, that is said: a faster GPU step
+    soon waits on launching."""
+    kernels = record.op_profile.kernels  # type: ignore[union-attr]
+    busy, length = step.busy, step.step_s
+    idle = 1 - busy
+    launching = launch_wait(record) or 0.0  # the host wait that is not a wait for data
+    computing = step.saving(step.kernel_s)
+    waited = step.launch_wait_s / length
+    facts = [
+        f"{step.busy_text}; idle {idle:.0%}: waiting for the host {waited:.0%}, between queued kernels "
+        f"{step.gap_s / length:.0%}, other {step.other_idle_s / length:.0%}",
+        f"{kernels.kernels_per_step:.0f} kernels per step, {kernels.mean_kernel_s * 1e6:.1f} us each on average",
+    ]
+    if step.steady and abs(step.window_busy - busy) >= th.WINDOW_BUSY_APART:
+        facts.append(f"in the profiled steps themselves the GPU was busy {step.window_busy:.0%} of "
+                     f"{step.window_step_s * 1e3:.1f} ms a step: the profiler slows the host's launches, not the "
+                     "kernels")
+    if launching < waited:
+        facts.append(f"of the wait for the host, {launching:.0%} of the step is launching and "
+                     f"{waited - launching:.0%} waiting for data")
+    if busy >= th.GPU_BUSY_COMPUTE and computing >= launching:
+        facts.append(f"{kernels.tensor_core_share:.0%} of kernel time ran on Tensor Cores")
+        facts.extend(_top_ops(record, device=True))
+        if step.host is not None and step.host.how == "ran ahead" and \
+                step.host.seconds >= th.HOST_CLOSE_BEHIND * length:
+            facts.append(f"{step.host.text}: {step.host.seconds / length:.0%} of the step; a GPU step cut below "
+                         f"{step.host.seconds * 1e3:.1f} ms waits on launching, where fewer launches (CUDA graphs) "
+                         "take over")
+        return Verdict("compute", _rising(busy, th.GPU_BUSY_COMPUTE, 0.95), tuple(facts))
+    if busy < th.GPU_BUSY_STARVED and idle > 0 and launching / idle >= th.HOST_WAIT_DOMINANT \
+            and launching >= computing:
+        return Verdict("cpu-launch", _rising(launching / idle, th.HOST_WAIT_DOMINANT, 1.0), tuple(facts))
+    if busy >= th.GPU_BUSY_STARVED and computing >= max(launching, th.SIDE_NOTABLE):
+        facts.append(_other_side(computing, launching, busy))
+        return Verdict("compute", th.MIXED_CONFIDENCE, tuple(facts))
+    if launching > computing and launching >= th.SIDE_NOTABLE and launching >= th.HOST_WAIT_DOMINANT * idle:
+        facts.append(_other_side(computing, launching, busy))
+        return Verdict("cpu-launch", th.MIXED_CONFIDENCE, tuple(facts))
+    return Verdict("inconclusive", 0.3, (
+        *facts,
+        f"the GPU idles {idle:.0%} of the step, mostly for neither the host's launches nor kernels queued behind "
+        "each other (syncs, copies, other streams): neither busy nor starved by launching"))
+
+
+def _other_side(computing: float, launching: float, busy: float) -> str:
+    """The mixed verdict's line: which side leads, by the step each would save were it free, and the other's."""
+    kernels = f"kernels run {busy:.0%} of the step (were they free, it would save {computing:.0%})"
+    host = f"the GPU waits {launching:.0%} of it for the host's launches"
+    if computing >= launching:
+        return f"partly launch-bound: {host}, while {kernels}; the advice for both is ranked by its gain"
+    return f"partly compute-bound: {kernels}, while {host}; the advice for both is ranked by its gain"
 
 
 def _top_ops(record: RunRecord, device: bool = False) -> list[str]:

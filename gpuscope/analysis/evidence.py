@@ -229,13 +229,18 @@ def compute_time_s(median_s: float, data_wait: float) -> float:
 
 def launch_wait(record: RunRecord) -> float | None:
     """CUDA: the share of the step the GPU idles waiting for the host to launch its next kernel, as opposed to
-    waiting for the next batch: the kernel timeline's host wait less the data wait (a host blocked on the
-    DataLoader launches nothing either, and no launch-side fix can take that time). None without a timeline."""
+    waiting for the next batch: the steady GPU step's wait for the host (``gpu_step``; the profiled steps' host wait
+    where there is no steady step) less the data wait (a host blocked on the DataLoader launches nothing either, and
+    no launch-side fix can take that time). None without a timeline."""
+    from gpuscope.analysis.gpu_step import gpu_step  # (gpu_step reads the clock, which this module's users need)
+
     kernels = _kernels(record)
     if kernels is None:
         return None
     data_wait = record.breakdown.data_wait if record.steps.count else 0.0
-    return max(0.0, kernels.idle_host_wait_fraction - data_wait)
+    step = gpu_step(record)
+    waited = step.launch_wait_s / step.step_s if step is not None else kernels.idle_host_wait_fraction
+    return max(0.0, waited - data_wait)
 
 
 def batch_size(record: RunRecord) -> int:

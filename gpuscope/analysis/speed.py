@@ -13,6 +13,7 @@ from gpuscope.analysis import thresholds as th
 from gpuscope.analysis.evidence import (accumulation_saving, batches_per_step, counted_step_unlike, cpu_overhead,
                                         launch_wait, median_compute_s, slowest_loader, training_batches)
 from gpuscope.analysis.iterator_wait import iterator_wait
+from gpuscope.analysis.peaks import gpu_peak_flops
 from gpuscope.analysis.waiting_workers import waiting_workers
 from gpuscope.record import LoaderRate, RunRecord, SpeedOfLight, Verdict, WhatIf
 
@@ -45,7 +46,32 @@ def complete_speed_of_light(record: RunRecord) -> SpeedOfLight | None:
             f"{sol.peak_source}; raised to the run's own {achieved / 1e9:.1f} GFLOP/s, above the "
             f"{measured / 1e9:.1f} GFLOP/s the benchmark measured"))
     mfu = achieved / sol.peak_flops_per_s if sol.peak_flops_per_s else None
+    if mfu is not None and mfu > 1 and (tf32 := _tf32_peak(record, sol)) is not None:
+        sol = dataclasses.replace(sol, dtype="tfloat32", peak_flops_per_s=tf32[0], peak_source=(
+            f"{tf32[1]}; TF32: above the float32 peak, the float32 step ran on Tensor Cores (cuDNN's convolutions "
+            "use TF32 by default)"))
+        mfu = achieved / tf32[0]
+    if mfu is not None and mfu > 1:  # above a datasheet peak: the step time or the FLOP count is not the run's
+        return dataclasses.replace(sol, achieved_flops_per_s=achieved, mfu=None, note=_joined(sol.note, (
+            f"{sol.flops_per_step / 1e9:.2f} GFLOP in a {steps.median_s * 1e3:.2f} ms step would be {mfu:.0%} of "
+            f"the {sol.peak_source.split(',')[0] or 'peak'}: no step runs above its GPU's peak, so the step time or "
+            "the FLOP count does not describe the run, and no MFU is given")))
     return dataclasses.replace(sol, achieved_flops_per_s=achieved, mfu=mfu)
+
+
+def _tf32_peak(record: RunRecord, sol: SpeedOfLight) -> tuple[float, str] | None:
+    """The GPU's TF32 peak and its source, for a float32 step whose kernels ran partly on Tensor Cores; None
+    otherwise."""
+    kernels = record.op_profile.kernels if record.op_profile is not None else None
+    if sol.peak_measured or sol.dtype != "float32" or kernels is None or not kernels.tensor_core_share \
+            or not sol.device_name:
+        return None
+    peak, source = gpu_peak_flops(sol.device_name, "tfloat32")
+    return (peak, source) if peak is not None else None
+
+
+def _joined(note: str, more: str) -> str:
+    return f"{note}; {more}" if note else more
 
 
 @dataclass(frozen=True, slots=True)

@@ -106,3 +106,31 @@ def test_a_record_without_device_times_keeps_its_clock() -> None:
     record = make_record(device="cuda")
     assert on_device_clock(record) is record
     assert host_pace(record) is None
+
+
+def test_no_mfu_above_the_peak_is_ever_given() -> None:
+    # given: the launch-queue loop's record as a CUDA run whose steps were timed on the host's clock only (no device
+    # time in its sample): its 1.7 ms median puts 1.79 TFLOP a step at 1580% of the float32 peak
+    record = launch_queue_record(clock_in_record=False)
+    steps = dataclasses.replace(record.steps, sample=dataclasses.replace(record.steps.sample, device_wall_s=()))
+    # when
+    analysed = analyze(dataclasses.replace(record, steps=steps))
+    # then: no MFU, and the note says why
+    sol = analysed.speed_of_light
+    assert analysed.steps.clock == "host"
+    assert sol is not None and sol.mfu is None
+    assert "no step runs above its GPU's peak" in sol.note
+
+
+def test_a_float32_step_on_tensor_cores_is_held_against_the_tf32_peak() -> None:
+    # given: a float32 conv net whose convolutions ran on TF32 Tensor Cores (cuDNN's default), its FLOPs over its
+    # step 1.5x the H200's float32 peak
+    record = launch_queue_record()
+    kernels = dataclasses.replace(record.op_profile.kernels, tensor_core_share=0.6)  # type: ignore[union-attr]
+    sol = dataclasses.replace(record.speed_of_light, flops_per_step=round(1.5 * H200_FP32_PEAK * DEVICE_STEP_S))
+    record = dataclasses.replace(record, speed_of_light=sol, op_profile=dataclasses.replace(record.op_profile,
+                                                                                             kernels=kernels))
+    # then: the MFU is of the TF32 peak, 494.5 TFLOP/s dense
+    analysed = analyze(record).speed_of_light
+    assert analysed is not None and analysed.dtype == "tfloat32"
+    assert analysed.mfu == pytest.approx(1.5 * 67 / 494.5, rel=1e-3)

@@ -1,10 +1,7 @@
 """The GPU figures on real torch.profiler traces recorded on A100, V100 and MI250 machines (tests/fixtures/gpu/).
 
-Every expected figure is computed here, independently, by a few lines over the raw events: the union of one
-device's kernel intervals, clipped to that device's window, over the window's length. The window of the recorded
-steps on a device: the kernels are grouped by the host step (``ProfilerStep#N`` range of the launching process)
-during which their launch call ran (runtime event with the same ``args.correlation``); the window runs from the
-first kernel start of the earliest such step to the last kernel end of the latest one.
+Every expected figure is computed here, independently, by a few lines over the raw events (``trace_math``): the
+union of one device's kernel intervals, clipped to that device's window, over the window's length.
 """
 
 from __future__ import annotations
@@ -13,7 +10,6 @@ import dataclasses
 import gzip
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -23,19 +19,15 @@ from gpuscope.analysis.kernels import is_gemm, uses_tensor_cores
 from gpuscope.analysis.rules.precision import mixed_precision
 from gpuscope.analysis.trace import parse_trace
 from gpuscope.errors import GpuscopeError
-from gpuscope.record import KernelTimeline, OpProfile
+from gpuscope.record import GpuDevice, GpuSamples, KernelTimeline, OpProfile
 from gpuscope.tracefile import record_from_trace
 
 from conftest import make_record
+from trace_math import Events, busy, clipped, kernels, load, union, window
 
 GPU = Path(__file__).resolve().parent.parent / "fixtures" / "gpu"
 RANKS = GPU / "sampled-ranks"
 H100 = GPU / "h100"
-Events = list[dict[str, Any]]
-
-
-def load(path: Path) -> Events:
-    return json.loads(gzip.decompress(path.read_bytes()).decode("utf-8", errors="replace"))["traceEvents"]
 
 
 @pytest.fixture(scope="module")
@@ -50,49 +42,6 @@ def traces() -> dict[str, Events]:
 @pytest.fixture(scope="module")
 def figures(traces: dict[str, Events]) -> dict[str, TraceFigures]:
     return {name: trace_figures(events) for name, events in traces.items()}
-
-
-# -- the independent method ---------------------------------------------------------------------------------------
-
-def union(spans: list[tuple[float, float]]) -> list[list[float]]:
-    out: list[list[float]] = []
-    for s, e in sorted(spans):
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return out
-
-
-def clipped(spans: list[list[float]], lo: float, hi: float) -> float:
-    return sum(max(0.0, min(e, hi) - max(s, lo)) for s, e in spans)
-
-
-def kernels(events: Events, device: int) -> Events:
-    return [e for e in events if e.get("cat") == "kernel" and e["args"].get("device", e["pid"]) == device]
-
-
-def window(events: Events, device: int) -> tuple[float, float]:
-    launch = {e["args"]["correlation"]: (e["ts"], e["pid"]) for e in events
-              if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
-    steps = [(e["ts"], e["ts"] + e["dur"], e["pid"]) for e in events
-             if e.get("cat") == "user_annotation" and e["name"].startswith("ProfilerStep#")]
-    by_step: dict[float, list[dict]] = {}
-    for k in kernels(events, device):
-        if k["args"]["correlation"] not in launch:
-            continue  # launched before the recording began: in no recorded step
-        ts, pid = launch[k["args"]["correlation"]]
-        for start, end, step_pid in steps:
-            if step_pid == pid and start <= ts <= end:
-                by_step.setdefault(start, []).append(k)
-    first, last = by_step[min(by_step)], by_step[max(by_step)]
-    return min(k["ts"] for k in first), max(k["ts"] + k["dur"] for k in last)
-
-
-def busy(events: Events, device: int, names: Any = lambda name: True) -> float:
-    lo, hi = window(events, device)
-    spans = union([(k["ts"], k["ts"] + k["dur"]) for k in kernels(events, device) if names(k["name"])])
-    return clipped(spans, lo, hi) / (hi - lo)
 
 
 def device_figures(figures: TraceFigures, device: int) -> KernelTimeline:
@@ -184,15 +133,20 @@ def test_kind_shares_are_of_compute_kernels_only(traces, figures) -> None:
 
 
 def test_the_mixed_precision_gain_leaves_communication_out() -> None:
-    # given a GPU busy 95% of the step, 35 points of it NCCL: compute 60%, under the 70% that makes a GPU busy
-    kernels = KernelTimeline(busy_fraction=0.95, compute_busy_fraction=0.6, tensor_core_share=0.1,
-                             communication_share=0.4)
-    record = make_record(device="cuda", op_profile=OpProfile(kernels=kernels))
-    assert mixed_precision(record) is None
-    # given compute kernels running 80% of the step, 10% on Tensor Cores: the gain is of that 80% alone
-    kernels = dataclasses.replace(kernels, compute_busy_fraction=0.8)
-    finding = mixed_precision(dataclasses.replace(record, op_profile=OpProfile(kernels=kernels)))
-    assert finding is not None and finding.gain == pytest.approx(0.8 * 0.9 * 0.45)
+    # given: an H100 step of 10 ms with kernels 95% of it, 40% of their time NCCL's; of the compute kernels, 60%
+    # float32 GEMMs on CUDA cores and the rest element-wise
+    kernels = KernelTimeline(busy_fraction=0.95, idle_other_fraction=0.05, compute_busy_fraction=0.6,
+                             communication_share=0.4, fp32_gemm_share=0.6, gemm_share=0.6)
+    record = make_record(device="cuda", op_profile=OpProfile(kernels=kernels),
+                         gpus=GpuSamples(devices=(GpuDevice(name="NVIDIA H100 80GB HBM3"),)))
+    # when
+    finding = mixed_precision(dataclasses.replace(record, steps=dataclasses.replace(record.steps, median_s=0.01)))
+    # then: the GEMMs move to bf16 Tensor Cores (989.5 against 67 TFLOP/s) and the element-wise kernels stream half
+    # the bytes; the all-reduces' 3.8 ms stay as they are
+    compute = 0.0095 * 0.6
+    saved = 0.6 * compute * (1 - 67 / 989.5) + 0.4 * compute * 0.5
+    assert finding is not None and finding.gain == pytest.approx(saved / 0.01)
+    assert "40% of kernel time is communication, left out" in finding.evidence[0]
 
 
 def test_rocm_matrix_core_gemms_are_recognised(traces, figures) -> None:

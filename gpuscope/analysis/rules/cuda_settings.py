@@ -7,6 +7,7 @@ import re
 
 from gpuscope.analysis import thresholds as th
 from gpuscope.analysis.evidence import STEP, Metric, kernel_share
+from gpuscope.analysis.gpu_step import gpu_name, gpu_step
 from gpuscope.versions import parse_version
 from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.record import CallSite, KernelTimeline, Practices, RunRecord, SyncProfile
@@ -56,12 +57,14 @@ def tf32(run: RunRecord) -> Finding | None:
     """Signal: on a GPU with TF32 Tensor Cores (compute capability 8.0 or later), TF32 is off for matmuls
     (``allow_tf32=False``, float32 matmul precision "highest") and float32 GEMMs on CUDA cores (``sgemm``
     kernels) take a notable share of kernel time.
-    Why it matters: TF32 runs float32 matmuls on Tensor Cores, several times faster (8x on paper on an A100),
-    keeping float32's range with a 10-bit mantissa; most training converges the same. torch turned it off by
-    default for matmuls in 1.12, so many scripts run without it unknowingly; before 1.12 it was on, and off means
-    the script switched it off.
-    Fix: torch.set_float32_matmul_precision("high") (or allow_tf32 = True). Gain: the GPU's busy share x the
-    float32 GEMMs' share of it x (1 - 1 / ``TF32_GEMM_SPEEDUP``)."""
+    Why it matters: TF32 runs float32 matmuls on Tensor Cores, several times faster (7.4x on paper on an H100 or
+    H200, 8x on an A100), keeping float32's range with a 10-bit mantissa; most training converges the same. torch
+    turned it off by default for matmuls in 1.12, so many scripts run without it unknowingly; before 1.12 it was
+    on, and off means the script switched it off.
+    Fix: torch.set_float32_matmul_precision("high") (or allow_tf32 = True). Gain: the steady step's float32 GEMM
+    time at the ratio of the GPU's datasheet TF32 and float32 rates, the rest of the step as it is, no shorter than
+    the host takes to queue it (``gpu_step``); none where the datasheet table lacks the GPU. A GPU whose TF32 is no
+    faster than its float32 (GeForce Ampere and Ada parts) gets no advice."""
     practices: Practices = run.practices  # type: ignore[assignment]
     kernels = _kernels(run)
     if practices.matmul_allow_tf32 is not False or practices.float32_matmul_precision not in (None, "highest"):
@@ -69,12 +72,16 @@ def tf32(run: RunRecord) -> Finding | None:
     capability = parse_version(practices.cuda_capability)
     if capability is None or capability < th.TF32_MIN_CAPABILITY or kernels.fp32_gemm_share < th.FP32_GEMM_NOTABLE:
         return None
+    step = gpu_step(run)
+    ratio = step.peak_ratio("float32", "tfloat32") if step is not None else None
+    if ratio is not None and ratio <= 1:
+        return None
     setting = "torch.backends.cuda.matmul.allow_tf32=False"
     if practices.float32_matmul_precision is not None:
         setting += f", float32_matmul_precision={practices.float32_matmul_precision}"
     evidence = [
-        f"{kernels.fp32_gemm_share:.0%} of kernel time is float32 matrix multiplies on CUDA cores (sgemm kernels); "
-        f"the GPU runs kernels {kernels.busy_fraction:.0%} of the step",
+        f"{kernels.fp32_gemm_share:.0%} of kernel time is float32 matrix multiplies on CUDA cores (sgemm kernels)"
+        + (f"; {step.busy_text}" if step is not None else ""),
         f"{setting} on a GPU of compute capability {practices.cuda_capability}, which has TF32 Tensor Cores",
     ]
     fix = None
@@ -86,8 +93,15 @@ def tf32(run: RunRecord) -> Finding | None:
         evidence.append(f"torch {practices.torch_version} uses TF32 for float32 matmuls by default (until torch "
                         f"1.12): this script turned it off")
         fix = "torch.backends.cuda.matmul.allow_tf32 = True  # drop the line that turns it off"
-    gain = kernels.busy_fraction * kernels.fp32_gemm_share * (1 - 1 / th.TF32_GEMM_SPEEDUP)
-    return Finding(gain, tuple(evidence), fix=fix)
+    if step is None or ratio is None:
+        evidence.append(f"no datasheet TF32 rate for {gpu_name(run) or 'this GPU'} in gpuscope's table: the gain "
+                        "is not estimated")
+        return Finding(None, tuple(evidence), fix=fix)
+    saved = step.kinds.fp32_gemm * (1 - 1 / ratio)
+    evidence.append(f"float32 GEMMs on CUDA cores take {step.kinds.fp32_gemm * 1e3:.1f} ms a step; on TF32 Tensor "
+                    f"Cores about {(step.kinds.fp32_gemm - saved) * 1e3:.1f} ms ({step.rates('float32', 'tfloat32')}); "
+                    f"{step.outcome(saved)}")
+    return Finding(step.saving(saved), tuple(evidence), fix=fix)
 
 
 @rule(id="cudnn-benchmark",
@@ -102,21 +116,26 @@ def cudnn_benchmark(run: RunRecord) -> Finding | None:
     candidates on the first call of each input shape and keeps the fastest (the seeds: ResNet-50 on a V100 went
     from 8.32 to 8.93 it/s).
     Fix: torch.backends.cudnn.benchmark = True, where input shapes stay fixed: every new shape is autotuned again,
-    which makes varying shapes slower. Gain: convolution share x busy share x ``CUDNN_BENCHMARK_SAVING``."""
+    which makes varying shapes slower. Gain: none is estimated. What autotuning saves depends on whether the
+    heuristic's pick is already the fastest, which a trace of the picked kernels cannot tell: 7% of the step on the
+    seeds' V100, nothing measurable on a ResNet-18 on an H200 (10.8 ms a step either way)."""
     practices: Practices = run.practices  # type: ignore[assignment]
     kernels = _kernels(run)
     if practices.cudnn_benchmark is not False or kernels.conv_share < th.CONV_SHARE_NOTABLE:
         return None
     if practices.modules_inspected and not practices.conv_layers:
         return None
+    step = gpu_step(run)
     evidence = [
         "torch.backends.cudnn.benchmark=False (the default)",
-        f"convolution kernels take {kernels.conv_share:.0%} of kernel time; the GPU runs kernels "
-        f"{kernels.busy_fraction:.0%} of the step",
+        f"convolution kernels take {kernels.conv_share:.0%} of kernel time"
+        + (f"; {step.busy_text}" if step is not None else ""),
     ]
     if practices.modules_inspected:
         evidence.append(f"the model has {practices.conv_layers} convolution layers")
-    return Finding(kernels.conv_share * kernels.busy_fraction * th.CUDNN_BENCHMARK_SAVING, tuple(evidence))
+    evidence.append("what autotuning saves is not known until it is tried: the heuristic's pick may already be the "
+                    "fastest (7% of the step on a V100's ResNet-50 in the seeds, nothing on an H200's ResNet-18)")
+    return Finding(None, tuple(evidence))
 
 
 @rule(id="channels-last",
@@ -125,14 +144,15 @@ def cudnn_benchmark(run: RunRecord) -> Finding | None:
       needs=("cuda", "kernels", "practices"),
       resolved_by=(Metric("layout conversions", "share", kernel_share("layout_transform_share")), STEP))
 def channels_last(run: RunRecord) -> Finding | None:
-    """Signal: a convolution net with few of its convolutions in channels_last runs them in reduced precision (a
-    notable share of kernel time on Tensor Cores), and cuDNN converts layouts (NCHW <-> NHWC kernels) for a
-    notable share of kernel time, or convolutions take a notable share.
+    """Signal: a convolution net with few of its convolutions in channels_last runs them on Tensor Cores (a
+    notable share of kernel time: TF32 in a float32 run, 16-bit under autocast), and cuDNN converts layouts (NCHW
+    <-> NHWC kernels) for a notable share of kernel time, or convolutions take a notable share.
     Why it matters: Tensor Core convolutions work on NHWC data; with NCHW tensors cuDNN transposes around each
     convolution, or picks slower NCHW kernels.
     Fix: model.to(memory_format=torch.channels_last) and the same for the inputs. Gain: only what is measured, the
-    conversion kernels' time (busy share x their share of kernel time), which disappears; None when the trace
-    shows no conversions (faster NHWC kernels may still come, but that is not measured here)."""
+    conversion kernels' time in the steady step, which disappears, no shorter than the host takes to queue it
+    (``gpu_step``); None when the trace shows no conversions (faster NHWC kernels may still come, but that is not
+    measured here)."""
     practices: Practices = run.practices  # type: ignore[assignment]
     kernels = _kernels(run)
     if not practices.conv_layers or practices.channels_last_convs / practices.conv_layers >= th.CHANNELS_LAST_FEW:
@@ -143,14 +163,17 @@ def channels_last(run: RunRecord) -> Finding | None:
         return None
     evidence = [
         f"{practices.channels_last_convs} of {practices.conv_layers} convolution layers have channels_last weights",
-        f"{kernels.tensor_core_share:.0%} of kernel time runs on Tensor Cores (reduced precision); convolutions "
-        f"take {kernels.conv_share:.0%}",
+        f"{kernels.tensor_core_share:.0%} of kernel time runs on Tensor Cores; convolutions take "
+        f"{kernels.conv_share:.0%}",
     ]
     gain = None
-    if kernels.layout_transform_share > 0:
+    step = gpu_step(run)
+    if kernels.layout_transform_share > 0 and step is not None:
+        saved = step.kinds.layout
         evidence.append(f"cuDNN spends {kernels.layout_transform_share:.0%} of kernel time converting between NCHW "
-                        f"and NHWC; the GPU runs kernels {kernels.busy_fraction:.0%} of the step")
-        gain = kernels.layout_transform_share * kernels.busy_fraction
+                        f"and NHWC, {saved * 1e3:.1f} ms a step; {step.busy_text}; without the conversions "
+                        f"{step.outcome(saved)}")
+        gain = step.saving(saved)
     return Finding(gain, tuple(evidence))
 
 

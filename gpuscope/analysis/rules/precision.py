@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from gpuscope.analysis import thresholds as th
 from gpuscope.analysis.evidence import STEP, Metric, kernel_share, median_compute_s, op_kind
+from gpuscope.analysis.gpu_step import GpuStep, gpu_name, gpu_step
 from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.captures import LOW_PRECISION
 from gpuscope.record import CallSite, KernelTimeline, RunRecord
@@ -38,25 +39,63 @@ def compute_busy(kernels: KernelTimeline) -> float:
       needs=("cuda", "kernels"),
       resolved_by=(Metric("kernel time on Tensor Cores", "share", kernel_share("tensor_core_share")), STEP))
 def mixed_precision(run: RunRecord) -> Finding | None:
-    """Signal: the GPU is busy with compute kernels, and little of their time runs on Tensor Cores.
-    Why it matters: Tensor Cores do fp16/bf16 matrix math many times faster than fp32 on CUDA cores; measured
-    training time falls to 45-60% of fp32 (the seeds: T4, five CNNs), at the same accuracy with fp32 master
-    weights and loss scaling. Communication kernels (NCCL) are left out of both the busy time and the Tensor Core
-    share: mixed precision does not make an all-reduce faster.
-    Fix: torch.autocast (bf16 where supported), GradScaler for fp16."""
+    """Signal: little of the compute kernels' time runs on Tensor Cores (the step's matmuls and convolutions are in
+    float32).
+    Why it matters: Tensor Cores do 16-bit matrix math many times faster than float32 on CUDA cores (14.8x on paper
+    on an H100 or H200, 2x TF32's), and 16-bit activations are half the bytes to stream; measured training time
+    falls to 45-60% of float32 (the seeds: T4, five CNNs), at the same accuracy with float32 master weights and loss
+    scaling.
+    Fix: torch.autocast (bf16 where supported), GradScaler for fp16.
+    Gain: the steady step's kernels by kind (``gpu_step``): float32 GEMMs and convolutions at the ratio of the GPU's
+    datasheet 16-bit and float32 (or TF32, where they ran on Tensor Cores already) rates, the kernels streaming
+    activations at ``SIXTEEN_BIT_BYTES`` of their time; the optimizer's kernels, communication and the gaps between
+    kernels as they are; no step shorter than the host takes to queue it. None where the datasheet table lacks the
+    GPU."""
     kernels = run.op_profile.kernels  # type: ignore[union-attr]
     assert kernels is not None  # the rule needs "kernels"
-    busy = compute_busy(kernels)
-    if busy < th.GPU_BUSY_COMPUTE or kernels.tensor_core_share >= th.TENSOR_CORE_ENOUGH:
+    if kernels.tensor_core_share >= th.TENSOR_CORE_ENOUGH:
         return None
-    off_tc = 1 - kernels.tensor_core_share
-    evidence = (
-        f"the GPU runs compute kernels {busy:.0%} of the step"
+    step = gpu_step(run)
+    evidence = [
+        (step.busy_text if step is not None else f"the GPU runs kernels {compute_busy(kernels):.0%} of the step")
         + (f" ({kernels.communication_share:.0%} of kernel time is communication, left out)"
            if kernels.communication_share else ""),
         f"only {kernels.tensor_core_share:.0%} of compute-kernel time is on Tensor Cores",
-    )
-    return Finding(busy * off_tc * th.AMP_TIME_SAVED, evidence)
+    ]
+    low = _sixteen_bit(step) if step is not None else None
+    if step is None or low is None:
+        evidence.append(f"no datasheet 16-bit Tensor Core rate for {gpu_name(run) or 'this GPU'} in gpuscope's "
+                        "table: the gain is not estimated")
+        return Finding(None, tuple(evidence))
+    kinds, tf32 = step.kinds, step.peak_ratio("tfloat32", low)
+    on_cores = kinds.fp32_gemm + kinds.conv
+    tensor = kinds.tc_conv + (kinds.tc_gemm if _float32_run(run) else 0.0)
+    streamed = kinds.layout + kinds.other
+    saved = on_cores * (1 - 1 / step.peak_ratio("float32", low)) + tensor * (1 - 1 / (tf32 or 1.0)) + \
+        streamed * (1 - th.SIXTEEN_BIT_BYTES)  # type: ignore[operator]
+    moved = [f"float32 GEMMs and convolutions on CUDA cores {on_cores * 1e3:.1f} ms a step "
+             f"({step.rates('float32', low)})"] if on_cores else []
+    if tensor and tf32:
+        moved.append(f"TF32 Tensor Core work {tensor * 1e3:.1f} ms ({step.rates('tfloat32', low)})")
+    evidence.append(f"in {low}: " + "; ".join(moved + [
+        f"element-wise, normalisation and attention kernels {streamed * 1e3:.1f} ms at half their time (half the "
+        f"bytes); the optimizer's {kinds.optimizer * 1e3:.1f} ms stays in float32"]) + f"; {step.outcome(saved)}")
+    return Finding(step.saving(saved), tuple(evidence))
+
+
+def _sixteen_bit(step: GpuStep) -> str | None:
+    """The 16-bit dtype autocast would use on this GPU (bfloat16 where it has it, else float16), where the
+    datasheet table gives its rate and float32's; None otherwise."""
+    for dtype in ("bfloat16", "float16"):
+        if step.peak_ratio("float32", dtype) is not None:
+            return dtype
+    return None
+
+
+def _float32_run(run: RunRecord) -> bool:
+    """Whether the step's matmuls ran in float32 (their Tensor Core GEMMs, if any, are TF32 ones)."""
+    sol = run.speed_of_light
+    return sol is None or sol.dtype in (None, "float32", "tfloat32")
 
 
 def op_share(run: RunRecord, which: Callable[[str], bool]) -> float | None:
