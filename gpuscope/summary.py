@@ -72,9 +72,11 @@ def summary_lines(record: RunRecord, run_dir: Path, report_path: Path | None = N
     sol = record.speed_of_light
     if sol is not None and sol.achieved_flops_per_s is not None:
         peak = f" of a {sol.peak_flops_per_s / 1e9:.1f} GFLOP/s peak" if sol.peak_flops_per_s else ""
-        if sol.peak_flops_per_s and sol.mfu is None:  # a measured rate too far below the run's to be its peak
+        if sol.peak_flops_per_s and sol.mfu is None and sol.peak_measured:  # too far below the run's rate
             peak = (f"; this machine's {sol.dtype or 'float32'} matmul benchmark measured "
                     f"{sol.peak_flops_per_s / 1e9:.2f} GFLOP/s, not this run's peak: no MFU")
+        elif sol.peak_flops_per_s and sol.mfu is None:  # above a datasheet peak: the note says why
+            peak = f"; no MFU: {sol.note}"
         lines.append(f"  speed of light: {flop_text(sol.flops_per_step)} a step, achieved {flop_text(sol.achieved_flops_per_s)}/s"
                      f"{peak}")
     if record.what_if is not None:
@@ -82,8 +84,10 @@ def summary_lines(record: RunRecord, run_dir: Path, report_path: Path | None = N
                      f"{speedup_text(record.what_if.speedup)}, {record.what_if.explanation}")
     if steps.count:
         shares = ", ".join(f"{name.replace('_', ' ')} {share:.0%}" for name, share in record.breakdown.as_dict().items())
+        clock = (f" on the GPU's timeline (the host's own {steps.host_median_s * 1e3:.1f} ms)"
+                 if steps.clock == "device" and steps.host_median_s is not None else "")
         lines.append(f"  steps: {steps.count} steady of {steps.total} ({left_out(record)}), "
-                     f"median {steps.median_s * 1e3:.1f} ms; {shares}")
+                     f"median {steps.median_s * 1e3:.1f} ms{clock}; {shares}")
     measured = window_line(record)
     if measured is not None:
         lines.append(measured)

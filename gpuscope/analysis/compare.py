@@ -17,6 +17,7 @@ from pathlib import PurePath
 from typing import Literal
 
 from gpuscope.analysis.child_processes import notable, started_work
+from gpuscope.analysis.clock import on_device_clock, step_times
 from gpuscope.analysis.evidence import STEP, Metric, Unit, batch_size, show, step_batches
 from gpuscope.analysis.rules import RULES
 from gpuscope.record import PHASES, RunRecord
@@ -52,6 +53,17 @@ class SpeedUp:
     steps_a: int = 0
     steps_b: int = 0
     note: str | None = None
+    clock_a: str = "host"
+    clock_b: str = "host"
+    """The clock each run's steps are read on (``Steps.clock``): ``device`` on a CUDA run timed on the GPU."""
+
+    @property
+    def clock(self) -> str:
+        """Which clock the medians are on, in words."""
+        names = {"device": "the GPU's timeline", "host": "the host's clock"}
+        if self.clock_a == self.clock_b:
+            return names.get(self.clock_a, self.clock_a)
+        return f"A on {names.get(self.clock_a, self.clock_a)}, B on {names.get(self.clock_b, self.clock_b)}"
 
     @property
     def slower_pct(self) -> float | None:
@@ -259,9 +271,11 @@ def outcomes(a: RunRecord, b: RunRecord) -> tuple[Outcome, ...]:
 
 
 def steady_times(record: RunRecord, limit: int = MAX_STEPS) -> list[float]:
-    """Wall times (s) of the steady-state steps in the record's step sample, an even subsample of at most ``limit``."""
+    """Times (s) of the steady-state steps in the record's step sample, on its steps' clock, an even subsample of at
+    most ``limit``."""
     sample = record.steps.sample
-    times = [t for t, status in zip(sample.wall_s, sample.status) if status == "steady" and math.isfinite(t) and t > 0]
+    times = [t for t, status in zip(step_times(record.steps), sample.status)
+             if status == "steady" and math.isfinite(t) and t > 0]
     if len(times) <= limit:
         return times
     return [times[i * len(times) // limit] for i in range(limit)]
@@ -280,20 +294,22 @@ def bootstrap_ratio(a: Sequence[float], b: Sequence[float], resamples: int = RES
 
 def speedup(a: RunRecord, b: RunRecord) -> SpeedUp:
     """A's median step over B's, with its bootstrap interval where both step samples allow one."""
+    clocks = {"clock_a": a.steps.clock, "clock_b": b.steps.clock}
     median_a = a.steps.median_s if a.steps.count and a.steps.median_s > 0 else None
     median_b = b.steps.median_s if b.steps.count and b.steps.median_s > 0 else None
     if median_a is None or median_b is None:
         missing = " and ".join(name for name, m in (("A", median_a), ("B", median_b)) if m is None)
-        return SpeedUp(median_a, median_b, None, note=f"no steady-state step in {missing}: no speed-up figure")
+        return SpeedUp(median_a, median_b, None, note=f"no steady-state step in {missing}: no speed-up figure",
+                       **clocks)
     ratio = median_a / median_b
     times_a, times_b = steady_times(a), steady_times(b)
     short = [f"{name} has {len(t)}" for name, t in (("A", times_a), ("B", times_b)) if len(t) < MIN_STEPS]
     if short:
         note = (f"no interval: too few steady steps in the step sample ({', '.join(short)}; "
                 f"at least {MIN_STEPS} each are needed)")
-        return SpeedUp(median_a, median_b, ratio, steps_a=len(times_a), steps_b=len(times_b), note=note)
+        return SpeedUp(median_a, median_b, ratio, steps_a=len(times_a), steps_b=len(times_b), note=note, **clocks)
     low, high = bootstrap_ratio(times_a, times_b)
-    return SpeedUp(median_a, median_b, ratio, low, high, len(times_a), len(times_b))
+    return SpeedUp(median_a, median_b, ratio, low, high, len(times_a), len(times_b), **clocks)
 
 
 def phase_shifts(a: RunRecord, b: RunRecord) -> tuple[PhaseShift, ...]:
@@ -319,6 +335,10 @@ def _torch(record: RunRecord) -> str:
     return record.meta.torch or (record.practices.torch_version if record.practices is not None else "") or ""
 
 
+def _clock(record: RunRecord) -> str:
+    return "GPU's timeline" if record.steps.clock == "device" else "host's clock"
+
+
 def _gpu(record: RunRecord) -> str:
     devices = record.gpus.devices if record.gpus is not None else ()
     return devices[0].name if devices else ""
@@ -333,6 +353,9 @@ def flags(a: RunRecord, b: RunRecord) -> tuple[str, ...]:
     for what, value_a, value_b in pairs:
         if value_a not in ("", "?") and value_b not in ("", "?") and value_a != value_b:
             found.append(f"the runs have different {what} (A: {value_a}, B: {value_b}): the change is not only yours")
+    if a.steps.count and b.steps.count and a.steps.clock != b.steps.clock:
+        found.append(f"A's steps are on the {_clock(a)}, B's on the {_clock(b)}: a CUDA run's host clock says how fast "
+                     "it launched, not how long its steps took")
     threads_a, threads_b = a.meta.torch_threads, b.meta.torch_threads
     if threads_a and threads_b and threads_a != threads_b:  # the change itself when it was torch.set_num_threads
         found.append(f"the runs used different torch thread counts (A: {threads_a}, B: {threads_b}): every op's "
@@ -341,7 +364,9 @@ def flags(a: RunRecord, b: RunRecord) -> tuple[str, ...]:
 
 
 def compare(a: RunRecord, b: RunRecord) -> Comparison:
-    """Compare run A (before) with run B (after)."""
+    """Compare run A (before) with run B (after), each CUDA run's steps on the GPU's clock where its record has
+    the device times (``clock.on_device_clock``: records written before the figures were read there)."""
+    a, b = on_device_clock(a), on_device_clock(b)
     return Comparison(
         script_a=script_name(a),
         script_b=script_name(b),

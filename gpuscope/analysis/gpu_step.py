@@ -101,8 +101,7 @@ class GpuStep:
         after = self.after_s(kernel_saved_s)
         text = f"the step would take about {after * 1e3:.1f} ms of its {self.step_s * 1e3:.1f} ms"
         if self.host_floor_s and after <= self.host_floor_s:
-            text += (f": no less than the host takes to queue it ({self.host.text})"  # type: ignore[union-attr]
-                     if self.host is not None else "")
+            text += f", no less than the {self.host_floor_s * 1e3:.1f} ms the host takes to queue it"
         return text
 
     def rates(self, slow: str, fast: str) -> str:

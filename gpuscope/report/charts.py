@@ -11,6 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
+from gpuscope.analysis.clock import step_times
 from gpuscope.record import PHASES, Breakdown, GpuDevice, RunRecord
 
 Figure = dict[str, Any]
@@ -25,6 +26,8 @@ PHASE_COLORS = {
     "optimizer": "#54a24b",
     "other": "#b8b0a8",
 }
+GPU_STEP_COLOR = "#222222"
+"""The line of each step's time on the GPU's timeline, over the host's phase bars."""
 PHASE_NAMES = {"data_wait": "data wait", "forward": "forward", "backward": "backward", "optimizer": "optimizer",
                "other": "other"}
 LEFT_OUT_OPACITY = 0.35
@@ -72,7 +75,8 @@ def _axis(title: str, **extra: Any) -> dict[str, Any]:
 
 
 def step_bars(record: RunRecord) -> Figure | None:
-    """Per-step stacked bars of the phases (ms), left-out steps faded; None without a step sample."""
+    """Per-step stacked bars of the host's phases (ms), left-out steps faded, and where the steps are read on the
+    GPU's timeline, each step's time there as a line over them; None without a step sample."""
     sample = record.steps.sample
     if not sample.index or not sample.phases_s:
         return None
@@ -90,11 +94,20 @@ def step_bars(record: RunRecord) -> Figure | None:
             "customdata": status, "marker": {"color": PHASE_COLORS[phase], "opacity": opacity},
             "hovertemplate": f"step %{{x}} (%{{customdata}})<br>{PHASE_NAMES[phase]}: %{{y:.2f}} ms<extra></extra>",
         })
+    if record.steps.clock == "device" and any(d is not None for d in sample.device_wall_s):
+        device = [sample.device_wall_s[i] if i < len(sample.device_wall_s) else None for i in keep]
+        data.append({
+            "type": "scatter", "mode": "lines+markers", "name": "step on the GPU's timeline", "x": x,
+            "y": [_r(d * 1e3) if d is not None else None for d in device], "customdata": status,
+            "line": {"color": GPU_STEP_COLOR, "width": 1.5}, "marker": {"size": 4, "color": GPU_STEP_COLOR},
+            "hovertemplate": "step %{x} (%{customdata})<br>on the GPU: %{y:.2f} ms<extra></extra>",
+        })
     yaxis = _axis("ms per step", rangemode="tozero")
     annotations = []
-    steady = [sample.wall_s[i] for i in range(len(sample.wall_s)) if i < len(sample.status)
+    times = step_times(record.steps)
+    steady = [max(sample.wall_s[i], times[i]) for i in range(len(sample.wall_s)) if i < len(sample.status)
               and sample.status[i] == "steady"]
-    if steady and sample.wall_s and max(sample.wall_s) > CLIP_RATIO * max(steady):
+    if steady and sample.wall_s and max(max(sample.wall_s), max(times)) > CLIP_RATIO * max(steady):
         yaxis["range"] = [0, _r(max(steady) * 1.4e3)]
         annotations.append({"text": "longer left-out steps are cut off at the top: hover for their values",
                             "xref": "paper", "yref": "paper", "x": 1, "y": 1.0, "yanchor": "bottom",

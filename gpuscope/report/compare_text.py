@@ -36,7 +36,7 @@ def summary_lines(comparison: Comparison, html_path: Path | None = None) -> list
     lines = [f"gpuscope compare: {speedup_text(s)}"]
     if s.median_a_s is not None or s.median_b_s is not None:
         change = f" ({s.slower_pct:+.1f}%)" if s.slower_pct is not None else ""
-        lines.append(f"  median step: A {_median(s.median_a_s)} -> B {_median(s.median_b_s)}{change}")
+        lines.append(f"  median step: A {_median(s.median_a_s)} -> B {_median(s.median_b_s)}{change}, on {s.clock}")
     if comparison.per_sample is not None:
         lines.append(f"  {comparison.per_sample.line()}")
     if comparison.children is not None:

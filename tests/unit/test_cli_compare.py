@@ -34,7 +34,7 @@ def test_the_page_goes_to_run_b_by_default_and_the_summary_to_stdout(runs, capsy
     assert page.is_file() and "<html" in page.read_text()
     assert err == ""
     assert out.startswith("gpuscope compare: speed-up 0.77x (no interval: ")
-    assert "  median step: A 100.0 ms -> B 130.0 ms (+30.0%)\n" in out
+    assert "  median step: A 100.0 ms -> B 130.0 ms (+30.0%), on the host's clock\n" in out
     assert out.endswith(f"  report: {page}\n")
 
 

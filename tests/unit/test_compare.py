@@ -338,4 +338,4 @@ def test_unlike_runs_are_compared_with_a_warning(b_overrides, flag) -> None:
 def test_the_summary_names_the_page_written() -> None:
     lines = summary_lines(compare(run(0.1), run(0.05)), Path("runs/b/compare.html"))
     assert lines[-1] == "  report: runs/b/compare.html"
-    assert lines[1] == "  median step: A 100.0 ms -> B 50.0 ms (-50.0%)"
+    assert lines[1] == "  median step: A 100.0 ms -> B 50.0 ms (-50.0%), on the host's clock"

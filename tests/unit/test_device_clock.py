@@ -11,9 +11,11 @@ import pytest
 from conftest import make_record
 from gpuscope.analysis import analyze
 from gpuscope.analysis.clock import host_pace, on_device_clock
+from gpuscope.analysis.compare import compare
 from gpuscope.analysis.steady import summarize
 from gpuscope.captures import StepRecord
 from gpuscope.record import KernelTimeline, OpProfile, SpeedOfLight, Window
+from gpuscope.report.compare_text import gate_text
 
 DEVICE_STEP_S = 0.0357
 H200_FP32_PEAK = 67e12
@@ -21,7 +23,7 @@ FLOPS_PER_STEP = 0.75 * H200_FP32_PEAK * DEVICE_STEP_S
 """An MLP step whose GEMMs run at 75% of the H200's float32 peak on the device."""
 
 
-def launch_queue_steps(device: bool = True) -> list[StepRecord]:
+def launch_queue_steps(device: bool = True, device_step_s: float = DEVICE_STEP_S) -> list[StepRecord]:
     """A float32 MLP on CUDA with no sync in its step: a first step of 10 s, steps 1-13 under gpuscope's profilers,
     then 27 steady steps the host queued in 1.7 ms each until the launch queue filled, and in 35.5 ms once it had;
     on the GPU every step after the first takes 35.7 ms."""
@@ -29,16 +31,17 @@ def launch_queue_steps(device: bool = True) -> list[StepRecord]:
     for i in range(1, 41):
         host = 0.004 if i < 14 else 0.0017 if i < 34 else 0.0355
         records.append(StepRecord(i, host, {"forward": host / 3}, profiled=i < 14,
-                                  device_wall_s=DEVICE_STEP_S if device else None,
+                                  device_wall_s=device_step_s if device else None,
                                   device_phases_s={"forward": 0.012, "backward": 0.022, "optimizer": 0.0017}
                                   if device else None))
     return records
 
 
-def launch_queue_record(clock_in_record: bool = True):
+def launch_queue_record(clock_in_record: bool = True, device_step_s: float = DEVICE_STEP_S):
     """The loop's record as gpuscope writes it (``clock_in_record``) or as it was written before the step figures
     were read on the device's clock: the same sample, the figures from the host's times."""
-    summary = summarize(launch_queue_steps(), total=41, head=64, body_weight=1.0, source="optimizer")
+    summary = summarize(launch_queue_steps(device_step_s=device_step_s), total=41, head=64, body_weight=1.0,
+                        source="optimizer")
     steps = summary.steps
     if not clock_in_record:
         host = summarize(launch_queue_steps(device=False), total=41, head=64, body_weight=1.0, source="optimizer")
@@ -134,3 +137,20 @@ def test_a_float32_step_on_tensor_cores_is_held_against_the_tf32_peak() -> None:
     analysed = analyze(record).speed_of_light
     assert analysed is not None and analysed.dtype == "tfloat32"
     assert analysed.mfu == pytest.approx(1.5 * 67 / 494.5, rel=1e-3)
+
+
+def test_compare_reads_two_cuda_runs_on_the_gpus_clock() -> None:
+    # given: the launch-queue loop before (35.7 ms a step on the GPU) and after a fix (7.1 ms), both recorded before
+    # the step figures were read on the device's clock: the host queued both at 1.7 ms a step
+    before = launch_queue_record(clock_in_record=False)
+    after = launch_queue_record(clock_in_record=False, device_step_s=DEVICE_STEP_S / 5)
+    assert before.steps.median_s == pytest.approx(after.steps.median_s)
+    # when
+    comparison = compare(before, after)
+    # then: the speed-up is the GPU's, 5x, and says which clock it read
+    speedup = comparison.speedup
+    assert speedup.ratio == pytest.approx(5.0) and speedup.low is not None and speedup.low > 1
+    assert speedup.clock == "the GPU's timeline"
+    # and the CI gate reads the same medians: B is 80% faster, not "as fast"
+    failed, line = gate_text(speedup, 5.0)
+    assert not failed and "80.0% faster" in line

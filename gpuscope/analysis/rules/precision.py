@@ -78,8 +78,9 @@ def mixed_precision(run: RunRecord) -> Finding | None:
     if tensor and tf32:
         moved.append(f"TF32 Tensor Core work {tensor * 1e3:.1f} ms ({step.rates('tfloat32', low)})")
     evidence.append(f"in {low}: " + "; ".join(moved + [
-        f"element-wise, normalisation and attention kernels {streamed * 1e3:.1f} ms at half their time (half the "
-        f"bytes); the optimizer's {kinds.optimizer * 1e3:.1f} ms stays in float32"]) + f"; {step.outcome(saved)}")
+        f"the kernels streaming activations (element-wise, normalisation, attention, layout conversions) "
+        f"{streamed * 1e3:.1f} ms at half their time (half the bytes); the optimizer's {kinds.optimizer * 1e3:.1f} ms "
+        "stays in float32"]) + f"; {step.outcome(saved)}")
     return Finding(step.saving(saved), tuple(evidence))
 
 
