@@ -212,9 +212,12 @@ def _host_breakdown(records: Sequence[StepRecord], weights: Sequence[float]) -> 
 
 
 def _device_breakdown(records: Sequence[StepRecord], weights: Sequence[float]) -> Breakdown | None:
-    """The device's timeline split by phase, if at least half the steady steps were timed on the device."""
+    """The device's timeline split by phase, over the steady steps whose phases were timed on the device (every
+    step's up to ``PHASED_HEAD``, then every ``PHASED_EVERY``-th), where at least ``MIN_PHASED_STEPS`` were (all
+    of them, in a run with fewer steady steps) and at least half the steady steps were timed on the device."""
     timed = [(r, k) for r, k in zip(records, weights) if r.device_phases_s is not None]
-    if not timed or 2 * len(timed) < len(records):
+    on_device = sum(r.device_wall_s is not None for r in records)
+    if not timed or 2 * on_device < len(records) or len(timed) < min(th.MIN_PHASED_STEPS, len(records)):
         return None
     wall = sum((r.device_wall_s or 0.0) * k for r, k in timed)
     if wall <= 0:

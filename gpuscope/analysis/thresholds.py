@@ -132,6 +132,10 @@ MIXED_CONFIDENCE = 0.5
 """The confidence of a verdict whose GPU step is partly busy and partly waiting on launches (busy between
 ``GPU_BUSY_STARVED`` and ``GPU_BUSY_COMPUTE``): the larger side is the verdict, the other named with its share."""
 
+MIN_PHASED_STEPS = 4
+"""Steady steps whose phases were timed on the device that the device breakdown needs (the steps collector marks
+the phase changes of some steps only: ``collectors.device_timeline.PHASED_EVERY``)."""
+
 HOST_AHEAD = 0.8
 """A steady step the host finished in at most this share of its time on the GPU was queued ahead: the host was not
 held back (by a full launch queue or a sync) in it, so its host time is how fast the host queues a step. A step

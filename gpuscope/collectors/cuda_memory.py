@@ -1,7 +1,8 @@
-"""CUDA caching-allocator memory at each step boundary: allocated, reserved, and the peak so far. Read from the
-allocator's host-side counters (no synchronisation), only once the script has initialised CUDA, in one call of
-``torch.cuda.memory_stats_as_nested_dict()`` a step: ``memory_allocated()`` and its siblings each build and
-flatten every statistic of the allocator (benchmarks/cuda_calls.py).
+"""CUDA caching-allocator memory at step boundaries (each of the first steps', then every few steps'): allocated,
+reserved, and the peak so far. Read from the allocator's host-side counters (no synchronisation), only once the
+script has initialised CUDA, in one call of ``torch.cuda.memory_stats_as_nested_dict()`` a reading:
+``memory_allocated()`` and its siblings each build and flatten every statistic of the allocator
+(benchmarks/cuda_calls.py).
 
 Observe only: the peak is never reset (``reset_peak_memory_stats`` would change what the script itself may
 read), so per-step peaks are "peak so far".
@@ -16,7 +17,12 @@ from gpuscope.collectors.memory import BoundedSeries
 from gpuscope.record import CollectorStatus, CudaMemory
 
 MAX_STEPS_KEPT = 2000
-"""Steps recorded one by one; longer runs keep every k-th step, k doubling as needed."""
+"""Readings kept; a longer run keeps every other one, and reads half as often, as needed."""
+EVERY_STEP_HEAD = 64
+"""Steps read one by one from the first; after them, every ``READ_EVERY``-th: a reading is a call into the allocator
+of about 27 us on an H100 (``benchmarks/cuda_calls.py``), 1% of a 2-3 ms step if made at every one, while the
+allocator's peak is its own counter, kept whether read or not."""
+READ_EVERY = 8
 
 
 class _Reading(NamedTuple):
@@ -46,30 +52,33 @@ class CudaMemoryCollector(StepFollower):
     def start(self, run_dir: object) -> None:
         pass
 
-    def _on_step(self, index: int) -> None:
-        """Step ``index`` begins: the allocator's counters now are those at the end of step ``index - 1``."""
+    def _on_step(self, index: int) -> int | None:
+        """Step ``index`` begins: the allocator's counters now are those at the end of step ``index - 1``. Returns
+        how many steps on to read them next (one by one at first, then ``READ_EVERY``, more once the readings
+        kept have been thinned)."""
         if self._error is not None:
             self._unfollow()
-            return
+            return None
         if index < 1:
-            return
+            return None
         try:
             if not self._active:
                 if not self._events.cuda_in_use():  # type: ignore[union-attr]
                     if not self._events.cuda_possible():  # type: ignore[union-attr]
                         self._unfollow()  # a torch without CUDA: nothing to wait for
-                    return
+                    return None
                 if self._cuda is None:
                     import torch.cuda
 
                     self._cuda = torch.cuda
                 self._active = True
-            step = index - 1
-            if step % int(self._series.interval_s) == 0:
-                allocated, reserved = _allocator_counters(self._cuda)
-                self._series.add(_Reading(step, allocated["current"], reserved["current"], allocated["peak"]))
+            allocated, reserved = _allocator_counters(self._cuda)
+            self._series.add(_Reading(index - 1, allocated["current"], reserved["current"], allocated["peak"]))
         except Exception as exc:
             self._error = f"CUDA memory could not be read: {exc}"
+            return None
+        every = 1 if index < EVERY_STEP_HEAD else READ_EVERY
+        return every * int(self._series.interval_s)
 
     def stop(self) -> CollectorResult:
         if self._error is not None:

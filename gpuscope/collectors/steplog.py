@@ -16,7 +16,7 @@ import random
 from collections.abc import Callable
 
 from gpuscope.captures import StepRecord
-from gpuscope.collectors.device_timeline import DeviceTimeline
+from gpuscope.collectors.device_timeline import DeviceTimeline, phased
 from gpuscope.collectors.phase_clock import PhaseClock
 from gpuscope.collectors.step_listeners import Listener, ListenerSchedule
 
@@ -207,7 +207,7 @@ class StepTracker:
     def _phase_changed(self) -> None:
         phase = self.clock.current
         if self.device is not None:
-            self.device.mark(self._device_step(), phase)
+            self.device.mark_phase(self._device_step(), phase)
         for listener in self.phase_listeners:
             listener(phase)
 
@@ -386,5 +386,5 @@ class StepTracker:
         for index, phases in done:
             record = self.log.find(index)
             if record is not None:
-                record.device_phases_s = phases
+                record.device_phases_s = phases if phased(index) else None
                 record.device_wall_s = sum(phases.values())

@@ -118,6 +118,22 @@ def test_on_a_torch_without_cuda_both_collectors_leave_the_steps_at_once() -> No
         assert (result.status.status, result.status.reason) == ("unavailable", "the script did not use CUDA")
 
 
+def test_cuda_memory_is_read_at_each_of_the_first_steps_then_every_eighth() -> None:
+    # given a long run: a reading is a call into the allocator, 27 us on an H100
+    steps, cuda = FakeSteps(), FakeCuda()
+    collector = CudaMemoryCollector(cuda)
+    collector.follow(steps)
+    steps.cuda = True
+    for i in range(200):
+        steps.train_step(float(i))
+    memory = collector.stop().payload
+    assert memory is not None
+    # then each of the first 64 steps is read, and after them every 8th step
+    assert list(memory.step[:64]) == list(range(64))
+    assert all(b - a == 8 for a, b in zip(memory.step[63:], memory.step[64:]))
+    assert memory.step[-1] >= 199 - 8
+
+
 def test_cuda_memory_is_read_at_each_step_end_and_bounded() -> None:
     steps, cuda = FakeSteps(), FakeCuda()
     collector = CudaMemoryCollector(cuda, max_steps=8)

@@ -453,6 +453,29 @@ class TestStepTracker:
             tracker.optimizer_stepped(1, float(t))
         assert [r.profiled for r in tracker.log.records()] == [False, False, True, False, False]
 
+    def test_after_the_first_steps_only_every_eighth_steps_phases_are_marked_on_the_device(self) -> None:
+        # given 60 steps of a forward and a backward each, the device passing every marker at once
+        device = FakeDevice()
+        tracker = StepTracker(now=0.0)
+        tracker.attach_device(device.timeline())
+        for step in range(60):
+            t = float(step)
+            tracker.enter("forward", t + 0.1)
+            tracker.exit("forward", t + 0.2)
+            tracker.enter("backward", t + 0.3)
+            tracker.exit("backward", t + 0.4)
+            tracker.optimizer_stepped(1, t + 1.0)
+            device.run_until_idle()
+        tracker.finish()
+        records = {r.index: r for r in tracker.log.records()}
+        # then every step has its device time (but the first: the optimizer's steps were counted from its end), and
+        # the phases are those of steps 1-31, 32, 40, 48 and 56
+        assert all(records[i].device_wall_s is not None for i in range(1, 60))
+        assert [i for i in range(60) if records[i].device_phases_s is not None] == [*range(1, 32), 32, 40, 48, 56]
+        # and the markers: one as timing began, step 0's four phase changes, one at each step's start, and the four
+        # phase changes of the 35 steps whose phases were marked
+        assert len(device.queue) == 1 + 4 + 60 + 4 * 35
+
     def test_device_times_attach_to_their_steps(self) -> None:
         device = FakeDevice()
         tracker = StepTracker(now=0.0)
