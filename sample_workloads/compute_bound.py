@@ -65,6 +65,9 @@ def main():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--print-step-times", action="store_true",
                         help="also print each step's time (the tests compare them with gpuscope's)")
+    parser.add_argument("--sync-each-step", action="store_true",
+                        help="wait for the GPU at every step's end, as a loop that logs loss.item() each step does: "
+                             "the host can no longer queue the next step while the GPU works")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
 
@@ -82,7 +85,7 @@ def main():
             return contextlib.nullcontext()
         return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
 
-    wait_times, step_times = [], []
+    wait_times, step_times, ends = [], [], []
     batches, step = iter(loader), 0
     last = time.perf_counter()
     while step < args.steps:
@@ -101,16 +104,24 @@ def main():
         optimizer.step()
         optimizer.zero_grad()
 
-        if device.type == "cuda":
-            torch.cuda.synchronize()  # so the step time includes the GPU work
+        if device.type == "cuda":  # no sync: the host queues steps ahead of the GPU, as training loops do
+            ends.append(torch.cuda.Event(enable_timing=True))
+            ends[-1].record()  # each step's time is read on the GPU's timeline once the run is over
+            if args.sync_each_step:
+                torch.cuda.synchronize()
         now = time.perf_counter()
         step_times.append(now - last)
         last, step = now, step + 1
 
     # the first step (warm-up) is left out of both sums
     waits, durations = (wait_times[1:], step_times[1:]) if step > 1 else (wait_times, step_times)
+    wait_share = sum(waits) / sum(durations)  # of the host's steps
+    if ends:  # each step's time on the GPU, from the event at the end of the one before to the one at its end
+        torch.cuda.synchronize()
+        step_times[1:] = [start.elapsed_time(end) / 1e3 for start, end in zip(ends, ends[1:])]
+    durations = step_times[len(step_times) - len(durations):]
     print(f"steps={step} median_step_s={statistics.median(durations):.6f} "
-          f"data_wait_fraction={sum(waits) / sum(durations):.4f}")
+          f"data_wait_fraction={wait_share:.4f}")
     if args.print_step_times:
         print("step_times_s=" + ",".join(f"{t:.6f}" for t in step_times))
 

@@ -75,7 +75,7 @@ def main():
     def debugging():
         return contextlib.nullcontext() if args.no_anomaly else torch.autograd.detect_anomaly()
 
-    wait_times, step_times = [], []
+    wait_times, step_times, ends = [], [], []
     batches, step = iter(loader), 0
     last = time.perf_counter()
     while step < args.steps:
@@ -93,8 +93,9 @@ def main():
             loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=args.set_to_none)
-        if device.type == "cuda":
-            torch.cuda.synchronize()  # so the step time includes the GPU work
+        if device.type == "cuda":  # no sync: the host queues steps ahead of the GPU, as training loops do
+            ends.append(torch.cuda.Event(enable_timing=True))
+            ends[-1].record()  # each step's time is read on the GPU's timeline once the run is over
 
         now = time.perf_counter()
         step_times.append(now - last)
@@ -102,8 +103,13 @@ def main():
 
     # the first step (warm-up) is left out of both sums
     waits, durations = (wait_times[1:], step_times[1:]) if step > 1 else (wait_times, step_times)
+    wait_share = sum(waits) / sum(durations)  # of the host's steps
+    if ends:  # each step's time on the GPU, from the event at the end of the one before to the one at its end
+        torch.cuda.synchronize()
+        step_times[1:] = [start.elapsed_time(end) / 1e3 for start, end in zip(ends, ends[1:])]
+    durations = step_times[len(step_times) - len(durations):]
     print(f"steps={step} median_step_s={statistics.median(durations):.6f} "
-          f"data_wait_fraction={sum(waits) / sum(durations):.4f}")
+          f"data_wait_fraction={wait_share:.4f}")
 
 
 if __name__ == "__main__":

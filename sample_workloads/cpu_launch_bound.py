@@ -77,7 +77,7 @@ def main():
     model = DeepNarrowMLP().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True if args.fused_optimizer else None)
 
-    wait_times, step_times = [], []
+    wait_times, step_times, ends = [], [], []
     batches, step = iter(loader), 0
     last = time.perf_counter()
     while step < args.steps:
@@ -95,8 +95,9 @@ def main():
         optimizer.step()
         optimizer.zero_grad()
 
-        if device.type == "cuda":
-            torch.cuda.synchronize()  # so the step time includes the GPU work
+        if device.type == "cuda":  # no sync: the host queues steps ahead of the GPU, as training loops do
+            ends.append(torch.cuda.Event(enable_timing=True))
+            ends[-1].record()  # each step's time is read on the GPU's timeline once the run is over
         now = time.perf_counter()
         step_times.append(now - last)
         last, step = now, step + 1
@@ -104,9 +105,14 @@ def main():
     # the steps before --time-from (by default the warm-up step) are left out of both sums
     first = args.time_from if step > args.time_from else 0
     waits, durations = wait_times[first:], step_times[first:]
+    wait_share = sum(waits) / sum(durations)  # of the host's steps
+    if ends:  # each step's time on the GPU, from the event at the end of the one before to the one at its end
+        torch.cuda.synchronize()
+        step_times[1:] = [start.elapsed_time(end) / 1e3 for start, end in zip(ends, ends[1:])]
+    durations = step_times[len(step_times) - len(durations):]
     median = statistics.median(durations)
     print(f"steps={step} median_step_s={median:.6f} "
-          f"data_wait_fraction={sum(waits) / sum(durations):.4f} "
+          f"data_wait_fraction={wait_share:.4f} "
           f"samples_per_s={args.batch_size / median:.1f}")
     if args.print_step_times:
         print("step_times_s=" + ",".join(f"{t:.6f}" for t in step_times))

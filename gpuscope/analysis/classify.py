@@ -17,6 +17,7 @@ from __future__ import annotations
 from gpuscope.analysis import thresholds as th
 from gpuscope.analysis.child_processes import child_processes, notable
 from gpuscope.analysis.contention import contention
+from gpuscope.analysis.clock import HostPace
 from gpuscope.analysis.gpu_step import GpuStep, gpu_step
 from gpuscope.analysis.evidence import (accumulated_passes, cpu_overhead, evaluation_passes, launch_wait,
                                         slowest_loader, two_speeds, unlike_window)
@@ -229,10 +230,10 @@ def _classify_gpu_step(record: RunRecord, step: GpuStep) -> Verdict:
             and launching >= computing:
         return Verdict("cpu-launch", _rising(launching / idle, th.HOST_WAIT_DOMINANT, 1.0), tuple(facts))
     if busy >= th.GPU_BUSY_STARVED and computing >= max(launching, th.SIDE_NOTABLE):
-        facts.append(_other_side(computing, launching, busy))
+        facts.append(_other_side(computing, launching, busy, step.host))
         return Verdict("compute", th.MIXED_CONFIDENCE, tuple(facts))
     if launching > computing and launching >= th.SIDE_NOTABLE and launching >= th.HOST_WAIT_DOMINANT * idle:
-        facts.append(_other_side(computing, launching, busy))
+        facts.append(_other_side(computing, launching, busy, step.host))
         return Verdict("cpu-launch", th.MIXED_CONFIDENCE, tuple(facts))
     return Verdict("inconclusive", 0.3, (
         *facts,
@@ -240,13 +241,21 @@ def _classify_gpu_step(record: RunRecord, step: GpuStep) -> Verdict:
         "each other (syncs, copies, other streams): neither busy nor starved by launching"))
 
 
-def _other_side(computing: float, launching: float, busy: float) -> str:
-    """The mixed verdict's line: which side leads, by the step each would save were it free, and the other's."""
-    kernels = f"kernels run {busy:.0%} of the step (were they free, it would save {computing:.0%})"
-    host = f"the GPU waits {launching:.0%} of it for the host's launches"
+def _other_side(computing: float, launching: float, busy: float, host: HostPace | None) -> str:
+    """The mixed verdict's line: the side that does not lead, with the step it would save were it free; where that
+    is too little to count, why."""
     if computing >= launching:
-        return f"partly launch-bound: {host}, while {kernels}; the advice for both is ranked by its gain"
-    return f"partly compute-bound: {kernels}, while {host}; the advice for both is ranked by its gain"
+        if launching >= th.SIDE_NOTABLE:
+            return (f"partly launch-bound: the GPU waits {launching:.0%} of the step for the host's launches, while "
+                    f"kernels run {busy:.0%} of it; the advice for both is ranked by its gain")
+        return f"the GPU waits {launching:.0%} of the step for the host's launches: too little to bound it"
+    if computing >= th.SIDE_NOTABLE:
+        return (f"partly compute-bound: kernels run {busy:.0%} of the step (were they free, it would be "
+                f"{computing:.0%} shorter), while the GPU waits {launching:.0%} of it for the host's launches; the "
+                "advice for both is ranked by its gain")
+    queue = f": the host takes {host.seconds * 1e3:.1f} ms to queue a step" if host is not None else ""
+    return (f"kernels run {busy:.0%} of the step, yet were they free it would be no shorter than the host's "
+            f"launches let it be{queue}")
 
 
 def _top_ops(record: RunRecord, device: bool = False) -> list[str]:

@@ -369,6 +369,10 @@ CONV_SHARE_NOTABLE = 0.2
 """Convolution-specific advice is worth giving from a fifth of kernel time in convolutions: below that, even the
 seeds' autotuning gain (7% of convolution time on a V100) is worth under 1.5% of the step."""
 
+CONV_STEP_NOTABLE = 0.1
+"""...and from a tenth of the steady step: a data-bound conv net's GPU, idle 99% of the step, gets no autotuning
+advice however its kernel time divides (at the seeds' 7% of convolution time, that is under 1% of the step)."""
+
 REDUCED_PRECISION_TC_SHARE = 0.2
 """With at least a fifth of kernel time on Tensor Cores the convolutions run in reduced precision (autocast), where
 cuDNN's Tensor Core kernels want NHWC data."""

@@ -20,6 +20,7 @@ from gpuscope.record import (
     OpProfile,
     OpStat,
     PythonProfile,
+    RunRecord,
     StepSample,
     Steps,
     Window,
@@ -306,3 +307,56 @@ def test_a_script_that_failed_before_its_first_step_is_told_so_not_to_mark_steps
     assert verdict.bound == "inconclusive"
     assert any(said in fact for fact in verdict.evidence), verdict.evidence
     assert not any("gpuscope.step()" in fact for fact in verdict.evidence)
+
+
+def gpu_loop(kernels_ms: float, waited_ms: float, host_ms: float, profiled_busy: float = 0.5) -> RunRecord:
+    """A CUDA loop of 10 ms steps on the GPU's clock whose profiled steps (7-9) ran ``kernels_ms`` of kernels a
+    step (their busy share ``profiled_busy``: the profiler slowed the launches), the GPU waiting ``waited_ms`` a step
+    for the host and the rest between queued kernels; the host queued its steps 14-23 ahead of the GPU in
+    ``host_ms`` each, then kept pace."""
+    window_step = kernels_ms / profiled_busy
+    gaps = (10.0 - kernels_ms - waited_ms) / window_step
+    timeline = KernelTimeline(busy_fraction=profiled_busy, idle_kernel_wait_fraction=gaps,
+                              idle_host_wait_fraction=1 - profiled_busy - gaps, kernels=300, kernels_per_step=100,
+                              mean_kernel_s=kernels_ms / 100e3, window_s=3 * window_step / 1e3,
+                              window_basis="launches")
+    index = tuple(range(14, 54))
+    sample = StepSample(index=index, wall_s=tuple((host_ms if i < 24 else 10.0) / 1e3 for i in index),
+                        status=("steady",) * 40, device_wall_s=(0.01,) * 40)
+    return make_record(
+        device="cuda",
+        steps=Steps(count=40, median_s=0.01, total=54, warmup=1, profiled=13, breakdown_basis="device",
+                    clock="device", host_median_s=0.01, sample=sample, device_median_s=0.01),
+        breakdown=Breakdown(forward=0.4, backward=0.5, optimizer=0.1),
+        op_profile=OpProfile(window=Window(7, 9), steps=3, ops=300, ops_per_step=100, kernels=timeline),
+    )
+
+
+def test_a_gpu_busy_in_the_steady_step_is_compute_bound_though_its_profiled_steps_were_idle() -> None:
+    # given 9.5 ms of kernels in a 10 ms step, though the profiler's slower launches left its steps half idle
+    verdict = classify(gpu_loop(kernels_ms=9.5, waited_ms=0.0, host_ms=6.0))
+    assert verdict.bound == "compute" and verdict.confidence > 0.9
+    assert any("95% of the steady step" in fact for fact in verdict.evidence)
+    assert any("in the profiled steps themselves the GPU was busy 50%" in fact for fact in verdict.evidence)
+
+
+def test_a_gpu_partly_busy_and_partly_waiting_for_launches_gets_the_larger_side_and_names_the_other() -> None:
+    # given kernels 6 ms of a 10 ms step, the GPU waiting 3.5 ms for the host, which queues a step in 3 ms when it
+    # runs ahead: free kernels would leave the step at the host's 3 ms, 30% shorter; free launches, 35%
+    launch = classify(gpu_loop(kernels_ms=6.0, waited_ms=3.5, host_ms=3.0))
+    assert (launch.bound, launch.confidence) == ("cpu-launch", 0.5)
+    assert any(fact.startswith("partly compute-bound: kernels run 60% of the step") for fact in launch.evidence)
+    # and with kernels of 6.5 ms and a wait of 2.5, the kernels hold more of the step
+    compute = classify(gpu_loop(kernels_ms=6.5, waited_ms=2.5, host_ms=3.0))
+    assert (compute.bound, compute.confidence) == ("compute", 0.5)
+    assert any(fact.startswith("partly launch-bound: the GPU waits 25% of the step") for fact in compute.evidence)
+    # and static graphs are advised for the launch side of either
+    recommendations, _ = evaluate(gpu_loop(kernels_ms=6.5, waited_ms=2.5, host_ms=3.0))
+    assert "static-graph" in {r.id for r in recommendations}
+
+
+def test_a_gpu_waiting_for_a_host_that_cannot_go_faster_is_launch_bound_whatever_its_kernels_take() -> None:
+    # given kernels 6 ms of the step, and a host that takes 9 ms to queue a step even running ahead
+    verdict = classify(gpu_loop(kernels_ms=6.0, waited_ms=3.5, host_ms=9.0))
+    assert verdict.bound == "cpu-launch"
+    assert any("yet were they free it would be no shorter" in fact for fact in verdict.evidence)

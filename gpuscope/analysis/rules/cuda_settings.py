@@ -111,7 +111,7 @@ def tf32(run: RunRecord) -> Finding | None:
       resolved_by=(STEP,))
 def cudnn_benchmark(run: RunRecord) -> Finding | None:
     """Signal: ``cudnn.benchmark`` is off (the default) while convolution kernels take a notable share of kernel
-    time in a model with convolution layers.
+    time in a model with convolution layers, and of the steady step (``CONV_STEP_NOTABLE``).
     Why it matters: without it cuDNN picks each convolution's algorithm by heuristic; with it, it times the
     candidates on the first call of each input shape and keeps the fastest (the seeds: ResNet-50 on a V100 went
     from 8.32 to 8.93 it/s).
@@ -126,6 +126,8 @@ def cudnn_benchmark(run: RunRecord) -> Finding | None:
     if practices.modules_inspected and not practices.conv_layers:
         return None
     step = gpu_step(run)
+    if step is not None and (step.kinds.conv + step.kinds.tc_conv) < th.CONV_STEP_NOTABLE * step.step_s:
+        return None  # the GPU idles most of the step: its convolutions' algorithms hardly matter
     evidence = [
         "torch.backends.cudnn.benchmark=False (the default)",
         f"convolution kernels take {kernels.conv_share:.0%} of kernel time"
