@@ -71,17 +71,20 @@ class HostPace:
 
     seconds: float
     how: str
-    """``ran ahead``: the median host time of steady steps the host finished well before the GPU did; ``kept pace``:
-    the host's median step, where it never ran ahead (it bounds the step, or it waits every step: both are no
-    faster than it); ``less its syncs``: that step less the time it waited in syncs in the profiled steps."""
+    """``ran ahead``: the steady steps the host finished well before the GPU did (their median, or with fewer
+    than ``HOST_AHEAD_MIN_STEPS`` of them the fastest); ``less its syncs``: the host's median step less the time it
+    waited in syncs in the profiled steps; ``kept pace``: the host's median step, where it never ran ahead (it
+    bounds the step, or it waits every step: both are no faster than it)."""
     steps: int = 0
     """The steps it rests on (``ran ahead``)."""
 
     @property
     def text(self) -> str:
         if self.how == "ran ahead":
-            return (f"the host queues a step in {self.seconds * 1e3:.1f} ms (median of the {self.steps} steady steps "
-                    "it finished well ahead of the GPU)")
+            which = f"median of the {self.steps}" if self.steps >= th.HOST_AHEAD_MIN_STEPS else \
+                f"the fastest of the {self.steps}"
+            return (f"the host queues a step in {self.seconds * 1e3:.1f} ms ({which} steady steps it finished well "
+                    "ahead of the GPU)")
         if self.how == "less its syncs":
             return (f"the host queues a step in {self.seconds * 1e3:.1f} ms at most (its median step less the time "
                     "it waited in syncs)")
@@ -91,8 +94,9 @@ class HostPace:
 def host_pace(record: RunRecord) -> HostPace | None:
     """How fast the host queues a step of a CUDA run whose steps are on the device's clock: the steady steps it
     finished ``HOST_AHEAD`` of their device time or sooner (right after a sync it runs ahead until the launch queue
-    fills) say it outright; where it never ran ahead, its median step, less the time it waited in syncs where the
-    profiled steps had any. None for a CPU run or one without device times."""
+    fills) say it outright, ``HOST_AHEAD_MIN_STEPS`` of them or more by their median; with fewer, the fastest of
+    those, of its median step less the time it waited in syncs where the profiled steps had any, and of its median
+    step. None for a CPU run or one without device times."""
     steps = record.steps
     if record.device != "cuda" or steps.clock != "device" or not steps.count:
         return None
@@ -105,10 +109,11 @@ def host_pace(record: RunRecord) -> HostPace | None:
     host = steps.host_median_s
     if not host:
         return None
+    found = [HostPace(host, "kept pace")]
+    if ahead:
+        found.append(HostPace(min(ahead), "ran ahead", len(ahead)))
     kernels = record.op_profile.kernels if record.op_profile is not None else None
     profiled = record.op_profile.steps if record.op_profile is not None else 0
-    if kernels is not None and kernels.sync_calls and profiled:
-        waited = kernels.sync_wait_s / profiled
-        if 0 < waited < host:
-            return HostPace(host - waited, "less its syncs")
-    return HostPace(host, "kept pace")
+    if kernels is not None and kernels.sync_calls and profiled and 0 < kernels.sync_wait_s / profiled < host:
+        found.append(HostPace(host - kernels.sync_wait_s / profiled, "less its syncs"))
+    return min(found, key=lambda pace: pace.seconds)

@@ -154,3 +154,20 @@ def test_compare_reads_two_cuda_runs_on_the_gpus_clock() -> None:
     # and the CI gate reads the same medians: B is 80% faster, not "as fast"
     failed, line = gate_text(speedup, 5.0)
     assert not failed and "80.0% faster" in line
+
+
+def test_with_few_steps_queued_ahead_the_fastest_says_how_fast_the_host_goes() -> None:
+    # given: the host ran ahead in two steady steps only (2.5 and 1.7 ms), and waited in syncs 4 ms a step
+    record = on_device_clock(launch_queue_record(clock_in_record=False))
+    sample = record.steps.sample
+    walls = tuple(0.0025 if i == 14 else 0.0017 if i == 15 else DEVICE_STEP_S if i > 15 else w
+                  for i, w in zip(sample.index, sample.wall_s))
+    kernels = dataclasses.replace(record.op_profile.kernels, sync_calls=3, sync_wait_s=0.012)  # type: ignore[union-attr]
+    record = dataclasses.replace(record, steps=dataclasses.replace(record.steps, host_median_s=DEVICE_STEP_S,
+                                                                   sample=dataclasses.replace(sample, wall_s=walls)),
+                                 op_profile=dataclasses.replace(record.op_profile, kernels=kernels))
+    # then: the fastest of them, not its median step less its syncs (31.7 ms)
+    pace = host_pace(record)
+    assert pace is not None and (pace.how, pace.steps) == ("ran ahead", 2)
+    assert pace.seconds == pytest.approx(0.0017)
+    assert "the fastest of the 2 steady steps" in pace.text

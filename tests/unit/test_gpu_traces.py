@@ -149,6 +149,19 @@ def test_the_mixed_precision_gain_leaves_communication_out() -> None:
     assert "40% of kernel time is communication, left out" in finding.evidence[0]
 
 
+@pytest.mark.parametrize(("busy", "advised"), [(0.9, True), (0.3, False)])
+def test_without_a_datasheet_rate_mixed_precision_is_advised_only_on_a_busy_gpu(busy: float, advised: bool) -> None:
+    # given a GPU the datasheet table does not know (an AMD MI250), its kernels off Tensor Cores
+    kernels = KernelTimeline(busy_fraction=busy, idle_other_fraction=1 - busy, fp32_gemm_share=0.6, gemm_share=0.6)
+    record = make_record(device="cuda", op_profile=OpProfile(kernels=kernels),
+                         gpus=GpuSamples(devices=(GpuDevice(name="AMD Instinct MI250X / MI250"),)))
+    # then: advised with no gain where the GPU is busy, and the evidence says why; not where it idles
+    finding = mixed_precision(record)
+    assert (finding is not None) == advised
+    if finding is not None:
+        assert finding.gain is None and "no datasheet 16-bit Tensor Core rate" in finding.evidence[-1]
+
+
 def test_rocm_matrix_core_gemms_are_recognised(traces, figures) -> None:
     events = traces["mi250-rocm-toy"]
     cijk = [k for k in kernels(events, 2) if k["name"].startswith("Cijk_")]

@@ -127,6 +127,8 @@ CLEAR = [
     ("tf32", cuda_run(fp32_gemm=0.4, settings=practices(matmul_allow_tf32=True, float32_matmul_precision="high"))),
     # a V100 has no TF32
     ("tf32", cuda_run(fp32_gemm=0.4, settings=practices(cuda_capability="7.0"))),
+    # a GPU the datasheet table does not know, and idle most of the step: no estimate, and little to gain
+    ("tf32", cuda_run(busy=0.3, fp32_gemm=0.4, settings=practices(), gpu="NVIDIA A800")),
     # a GeForce RTX 3090's TF32 is no faster than its float32
     ("tf32", cuda_run(fp32_gemm=0.4, settings=practices(cuda_capability="8.6"), gpu="NVIDIA GeForce RTX 3090")),
     ("tf32", cuda_run(fp32_gemm=0.4, settings=practices(cuda_capability=None))),

@@ -63,8 +63,9 @@ def tf32(run: RunRecord) -> Finding | None:
     on, and off means the script switched it off.
     Fix: torch.set_float32_matmul_precision("high") (or allow_tf32 = True). Gain: the steady step's float32 GEMM
     time at the ratio of the GPU's datasheet TF32 and float32 rates, the rest of the step as it is, no shorter than
-    the host takes to queue it (``gpu_step``); none where the datasheet table lacks the GPU. A GPU whose TF32 is no
-    faster than its float32 (GeForce Ampere and Ada parts) gets no advice."""
+    the host takes to queue it (``gpu_step``); none where the datasheet table lacks the GPU (advised then only where
+    the GPU is busy, ``GPU_BUSY_COMPUTE``). A GPU whose TF32 is no faster than its float32 (GeForce Ampere and Ada
+    parts) gets no advice."""
     practices: Practices = run.practices  # type: ignore[assignment]
     kernels = _kernels(run)
     if practices.matmul_allow_tf32 is not False or practices.float32_matmul_precision not in (None, "highest"):
@@ -94,6 +95,8 @@ def tf32(run: RunRecord) -> Finding | None:
                         f"1.12): this script turned it off")
         fix = "torch.backends.cuda.matmul.allow_tf32 = True  # drop the line that turns it off"
     if step is None or ratio is None:
+        if (step.busy if step is not None else kernels.busy_fraction) < th.GPU_BUSY_COMPUTE:
+            return None  # no estimate, and a GPU this idle gains little from faster GEMMs
         evidence.append(f"no datasheet TF32 rate for {gpu_name(run) or 'this GPU'} in gpuscope's table: the gain "
                         "is not estimated")
         return Finding(None, tuple(evidence), fix=fix)

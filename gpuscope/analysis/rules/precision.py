@@ -50,7 +50,7 @@ def mixed_precision(run: RunRecord) -> Finding | None:
     datasheet 16-bit and float32 (or TF32, where they ran on Tensor Cores already) rates, the kernels streaming
     activations at ``SIXTEEN_BIT_BYTES`` of their time; the optimizer's kernels, communication and the gaps between
     kernels as they are; no step shorter than the host takes to queue it. None where the datasheet table lacks the
-    GPU."""
+    GPU (advised then only where the GPU is busy, ``GPU_BUSY_COMPUTE``)."""
     kernels = run.op_profile.kernels  # type: ignore[union-attr]
     assert kernels is not None  # the rule needs "kernels"
     if kernels.tensor_core_share >= th.TENSOR_CORE_ENOUGH:
@@ -64,6 +64,8 @@ def mixed_precision(run: RunRecord) -> Finding | None:
     ]
     low = _sixteen_bit(step) if step is not None else None
     if step is None or low is None:
+        if (step.busy if step is not None else compute_busy(kernels)) < th.GPU_BUSY_COMPUTE:
+            return None  # no estimate, and a GPU this idle gains little from faster kernels
         evidence.append(f"no datasheet 16-bit Tensor Core rate for {gpu_name(run) or 'this GPU'} in gpuscope's "
                         "table: the gain is not estimated")
         return Finding(None, tuple(evidence))
