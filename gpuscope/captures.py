@@ -69,6 +69,8 @@ class StepCapture:
     """Where each training loop began, where the script ran more than one one after another; empty otherwise."""
     no_grad_modes: tuple[int, ...] = (0, 0)
     """The trained model's forward passes in eval mode, and in train mode with gradients off."""
+    device_markers: int = 0
+    """Timing markers recorded on the GPU's stream over the run (0 on a CPU run)."""
 
 
 @dataclass(frozen=True, slots=True)

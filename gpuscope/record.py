@@ -113,6 +113,9 @@ class Steps:
     launches, not how long a step takes); ``host``, the host's clock."""
     host_median_s: float | None = None
     """Where ``clock`` is ``device``, the same steps' median on the host's clock, seconds; else null."""
+    device_markers: int = 0
+    """Timing markers gpuscope recorded on the GPU's stream over the run, all steps (one at each step's end, and at
+    each phase change of some steps); 0 on a CPU run."""
     forwards_per_backward: float | None = None
     """The trained model's forward passes (its root modules', from the second step on) per ``backward()`` call: about
     1 in most training loops (a GAN's two models, 1.3); many where the model runs on one sample or token at a time

@@ -183,3 +183,38 @@ def gpu_name(record: RunRecord) -> str | None:
     if record.source is not None and record.source.devices:
         return record.source.devices[0].name
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class OwnCost:
+    """gpuscope's own CUDA calls on the host, a step (counted in the run), and their time at a GPU machine's cost of
+    each (``MARKER_COST_S`` and the others: ``benchmarks/cuda_calls.py`` on an H100)."""
+
+    markers: float
+    allocator_reads: float
+    nvtx_ranges: float
+    seconds: float
+
+    def text(self, step_s: float) -> str:
+        share = f": {self.seconds / step_s:.1%} of the {step_s * 1e3:.1f} ms step" if step_s else ""
+        return (f"gpuscope's own CUDA calls take about {self.seconds * 1e6:.0f} us of host time a step "
+                f"({self.markers:.1f} timing markers, {self.allocator_reads:.2f} allocator readings and "
+                f"{self.nvtx_ranges:.0f} NVTX ranges a step, at an H100's cost of each){share}; a step the host "
+                "bounds includes them, one the GPU bounds does not")
+
+
+def own_cuda_cost(record: RunRecord) -> OwnCost | None:
+    """What gpuscope's own CUDA calls cost a CUDA run's steps on the host; None on a CPU run or before any step. NVTX
+    ranges are a step's and each phase's it ran (where the NVTX collector ran)."""
+    steps = record.steps
+    if record.device != "cuda" or not steps.total or not steps.device_markers:
+        return None
+    memory = record.cuda_memory
+    reads = len(memory.step) / steps.total if memory is not None else 0.0
+    nvtx = record.collectors.get("nvtx")
+    phases = record.host_breakdown or record.breakdown
+    ranges = 1 + sum(share > 0 for name, share in phases.as_dict().items() if name != "other") \
+        if nvtx is not None and nvtx.status == "ok" else 0
+    markers = steps.device_markers / steps.total
+    seconds = markers * th.MARKER_COST_S + reads * th.ALLOCATOR_READ_COST_S + ranges * th.NVTX_RANGE_COST_S
+    return OwnCost(markers, reads, ranges, seconds)

@@ -281,6 +281,7 @@ def summarize_capture(capture: StepCapture) -> StepSummary:
     forwards, backwards = capture.passes
     eval_mode, train_mode = capture.no_grad_modes
     steps = dataclasses.replace(summary.steps, final_evaluation_s=capture.final_evaluation_s,
+                                device_markers=capture.device_markers,
                                 evaluated_in_train_mode=train_mode / (eval_mode + train_mode) if eval_mode + train_mode
                                 else None)
     if backwards:

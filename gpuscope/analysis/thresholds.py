@@ -132,6 +132,12 @@ MIXED_CONFIDENCE = 0.5
 """The confidence of a verdict whose GPU step is partly busy and partly waiting on launches (busy between
 ``GPU_BUSY_STARVED`` and ``GPU_BUSY_COMPUTE``): the larger side is the verdict, the other named with its share."""
 
+MARKER_COST_S, ALLOCATOR_READ_COST_S, NVTX_RANGE_COST_S = 5.7e-6, 27e-6, 0.5e-6
+"""Host time of gpuscope's own CUDA calls, each, on an H100 (``benchmarks/cuda_calls.py``, 2026-11-24): a timing
+marker's record, capture check and query (its elapsed time, not timed there, left out); one reading of the
+allocator's counters; an NVTX range's start and end. What a run's counts of them cost a step is said beside its
+step figures."""
+
 MIN_PHASED_STEPS = 4
 """Steady steps whose phases were timed on the device that the device breakdown needs (the steps collector marks
 the phase changes of some steps only: ``collectors.device_timeline.PHASED_EVERY``)."""

@@ -63,6 +63,7 @@ class DeviceTimeline:
         self._free: list[DeviceEvent] = []
         self._open: dict[int, dict[str, float]] = {}  # step -> device seconds per phase so far
         self.gave_up = False
+        self.marked = 0  # markers recorded on the device (each a record, a capture check, a query, an elapsed time)
 
     def mark_phase(self, step: int | None, phase: str) -> None:
         """A phase change within ``step``: marked where the step's phases are timed (``phased``)."""
@@ -84,6 +85,7 @@ class DeviceTimeline:
         except Exception:  # device timing is a bonus: it must never break the user's step
             self._give_up()
             return
+        self.marked += 1
         self._pending.append(_Mark(event, step, phase))
 
     def poll(self) -> list[tuple[int, dict[str, float]]]:

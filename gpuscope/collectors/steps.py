@@ -153,7 +153,8 @@ class StepsCollector(TrackerEvents):
             body_weight=log.body_weight, source=tracker.source or "none", loaders=self.loaders.records(),
             device="cuda" if self.cuda_in_use() else "cpu", notes=tuple(notes), skipped=min(log.skip, log.count),
             passes=(tracker.passes[0], tracker.passes[1]), final_evaluation_s=tracker.final_evaluation_s,
-            loops=self._optimizer_watch.loops.starts(), no_grad_modes=(*self.forward.no_grad_modes,)))
+            loops=self._optimizer_watch.loops.starts(), no_grad_modes=(*self.forward.no_grad_modes,),
+            device_markers=tracker.device.marked if tracker.device is not None else 0))
 
     # -- hook installation -------------------------------------------------------------------------------
     def _install_torch_hooks(self) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 from jinja2 import BytecodeCache, Environment, FileSystemBytecodeCache, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
+from gpuscope.analysis.gpu_step import own_cuda_cost
 from gpuscope.analysis.speed import headroom_text
 from gpuscope.analysis.compare import Comparison, compare
 from gpuscope.errors import GpuscopeError
@@ -99,6 +100,7 @@ def context(record: RunRecord) -> dict[str, Any]:
         "label": bound_label(record),
         "headroom": headroom_text(record),
         "left_out": left_out(record),
+        "own_cost": own_cost.text(record.steps.median_s) if (own_cost := own_cuda_cost(record)) else None,
         "command": facts.mask_command(record.command),
         "fixes": {i: facts.fix_lines(rec.fix) for i, rec in enumerate(record.recommendations)},
         "not_checked": facts.not_checked(record),

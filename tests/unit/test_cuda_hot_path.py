@@ -11,12 +11,14 @@ import tempfile
 from collections import Counter
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from cuda_stub import stubbed_cuda
+from gpuscope.analysis.gpu_step import own_cuda_cost
 from gpuscope.collectors import CollectOptions, default_collectors
 from gpuscope.record import RunRecord
 from gpuscope.session import Session
@@ -84,3 +86,10 @@ def test_gpuscope_asks_little_of_cuda_at_each_step() -> None:
     sample = record.steps.sample
     assert sum(d is None for d in sample.device_wall_s) <= 2  # the first (no timeline yet) and the last (open)
     assert record.steps.breakdown_basis == "device"
+    # and the record states what those calls cost a step, from the run's own counts
+    cost = own_cuda_cost(record)
+    assert cost is not None
+    assert cost.markers == pytest.approx(per_step["Event.record"], rel=0.01)
+    assert cost.allocator_reads == pytest.approx(per_step["torch.cuda.memory_stats_as_nested_dict"], rel=0.02)
+    assert cost.nvtx_ranges == pytest.approx(per_step["nvtx.start_range"], abs=0.02)
+    assert "a step the host bounds includes them" in cost.text(record.steps.median_s)
