@@ -105,7 +105,7 @@ class GpuStep:
         return text
 
     def rates(self, slow: str, fast: str) -> str:
-        """``the NVIDIA H200's datasheet: tfloat32 494.5 against float32 67 TFLOP/s (7.4x)``."""
+        """``the H200's datasheet: tfloat32 494.5 against float32 67 TFLOP/s dense (7.4x)``."""
         assert self.gpu is not None
         ratio = self.peak_ratio(slow, fast) or 0.0
         return (f"the {self.gpu.name}'s datasheet: {fast} {self.gpu.tflops[fast]:g} against {slow} "
@@ -205,7 +205,8 @@ class OwnCost:
 
 def own_cuda_cost(record: RunRecord) -> OwnCost | None:
     """What gpuscope's own CUDA calls cost a CUDA run's steps on the host; None on a CPU run or before any step. NVTX
-    ranges are a step's and each phase's it ran (where the NVTX collector ran)."""
+    ranges are a step's and each phase's it ran (where the NVTX collector ran); the allocator readings are those
+    kept (all of them up to 2000, about 15,000 steps)."""
     steps = record.steps
     if record.device != "cuda" or not steps.total or not steps.device_markers:
         return None
