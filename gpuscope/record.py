@@ -42,10 +42,15 @@ class Breakdown:
     """
 
     data_wait: float = 0.0
+    """Waiting for the next batch (inside a DataLoader iterator's __next__)."""
     forward: float = 0.0
+    """Forward of the root modules."""
     backward: float = 0.0
+    """torch.autograd.backward / grad."""
     optimizer: float = 0.0
+    """optimizer.step()."""
     other: float = 0.0
+    """The rest of the step."""
 
     def as_dict(self) -> dict[str, float]:
         """The shares keyed by phase name, in ``PHASES`` order."""
@@ -64,10 +69,15 @@ class StepSample:
     """
 
     index: tuple[int, ...] = ()
+    """Which steps of the run (0-based) the columns describe."""
     wall_s: tuple[float, ...] = ()
+    """Each step's wall time, seconds."""
     phases_s: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    """Per phase (data_wait, forward, backward, optimizer, other), each step's seconds in it."""
     status: tuple[str, ...] = ()
+    """Per step: steady, warmup, outlier, profiled, eval or other-loop."""
     device_wall_s: tuple[float | None, ...] = ()
+    """Per step, its time on the GPU, seconds (null where not resolved; empty on CPU runs)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,12 +85,19 @@ class Steps:
     """Training steps found in the run. ``count`` and the ``*_s`` figures cover steady-state steps only."""
 
     count: int = 0
+    """Steady-state steps: the steps the figures below cover."""
     median_s: float = 0.0
+    """Median wall time of a steady-state step, seconds."""
     mean_s: float = 0.0
+    """Mean steady-state step, seconds."""
     p10_s: float = 0.0
+    """10th percentile of steady-state steps, seconds."""
     p90_s: float = 0.0
+    """90th percentile of steady-state steps, seconds."""
     min_s: float = 0.0
+    """Shortest steady-state step, seconds."""
     max_s: float = 0.0
+    """Longest steady-state step, seconds."""
     total: int = 0
     """Every step seen, steady or not."""
     warmup: int = 0
@@ -103,9 +120,11 @@ class Steps:
     """An evaluation pass after the last step (a test pass once training is done, no step): from that step's end to
     the script's, seconds; 0 without one."""
     source: StepSource = "none"
+    """What marked the steps: gpuscope.step() (explicit), optimizer.step(), each DataLoader batch, or nothing."""
     breakdown_basis: TimeBasis = "host"
     """``device``: the breakdown splits the GPU's timeline by the host phase that queued the work."""
     device_median_s: float | None = None
+    """On CUDA runs, the median step's time on the GPU's timeline, seconds; else null."""
     clock: TimeBasis = "host"
     """The clock the step figures (``median_s`` to ``max_s``, the steady-state split) are read on: ``device``, the
     GPU's timeline between markers queued at each step's end (a CUDA run whose steps were timed there: the host may
@@ -123,6 +142,7 @@ class Steps:
     sampled: bool = False
     """True when the run had more steps than are kept one by one; figures then rest on an even sample."""
     sample: StepSample = field(default_factory=StepSample)
+    """Individual steps (all of the first 64, then a seeded random sample), columnar."""
     loops: tuple[TrainingLoop, ...] = ()
     """Where the script ran several training loops one after another (a teacher trained, then a student distilled
     from it), each loop, in order: the figures are the ``measured`` one's. Empty for one loop."""
@@ -146,7 +166,10 @@ class TrainingLoop:
     loop's first, that one optimizer ended, over parameters unlike those of the loop before."""
 
     first_step: int = 0
+    """Its first step (0-based): the step its optimizer first ended, which also holds the hand-over from the loop
+    before."""
     steps: int = 0
+    """Its steps, to the next loop's first."""
     optimizer: str = ""
     """The optimizer's class name (``Adam``)."""
     parameters: int = 0
@@ -166,13 +189,21 @@ class Loader:
     """One DataLoader configuration the run iterated over, with the time the steps waited on it."""
 
     dataset: str = ""
+    """The dataset's class name."""
     num_workers: int = 0
+    """Worker processes."""
     batch_size: int | None = None
+    """Batch size, or null (a batch sampler, or batch_size=null)."""
     pin_memory: bool = False
+    """pin_memory=True."""
     persistent_workers: bool = False
+    """persistent_workers=True."""
     prefetch_factor: int | None = None
+    """Batches prefetched per worker, or null."""
     start_method: str | None = None
+    """The workers' multiprocessing start method (fork, spawn, forkserver), or null."""
     iterable: bool = False
+    """The dataset is an IterableDataset."""
     shards_by_worker: bool | None = None
     """An IterableDataset: whether N workers would each take their own part of its stream (its class's code, or the
     loader's ``worker_init_fn``, calls ``torch.utils.data.get_worker_info()``); false where its class is the
@@ -182,7 +213,9 @@ class Loader:
     """An IterableDataset's loader with N workers: of the first N batches it gave (one from each worker), those with
     the same tensors as an earlier one; N - 1 where each worker yields the whole stream."""
     batches: int = 0
+    """Batches the steps took from it."""
     wait_s: float = 0.0
+    """Total seconds the training loop waited on it."""
     batch_tensors: tuple[str, ...] = ()
     """The tensors of its first batch, as ``dtype[shape] device`` (``float16[64, 3, 96, 96] cpu``), at most eight."""
     created_at: CallSite | None = None
@@ -217,8 +250,12 @@ class Verdict:
     """What bounds the run, how sure we are (0..1), and the measured facts behind it."""
 
     bound: Bound = "inconclusive"
+    """data-loading, cpu-launch, compute (GPU- or CPU-compute-bound by the device), communication (a data-parallel job
+    waiting on collectives) or inconclusive."""
     confidence: float = 0.0
+    """0..1."""
     evidence: tuple[str, ...] = ()
+    """Human-readable facts with numbers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -226,10 +263,15 @@ class Recommendation:
     """A change worth making; ``expected_gain`` is the estimated fraction of step time saved, or None."""
 
     id: str = ""
+    """One of docs/recommendation-ids.md."""
     title: str = ""
+    """A short imperative title."""
     why: str = ""
+    """The signal, with its numbers."""
     fix: str = ""
+    """The code change; `FILE:LINE `code`: change` where gpuscope saw the line."""
     expected_gain: float | None = None
+    """Estimated fraction of step time saved by the fix (0..1), or null where no estimate is sound."""
     evidence: tuple[str, ...] = ()
     """The measured facts the rule fired on, each with its number."""
 
@@ -240,7 +282,9 @@ class RuleCheck:
     ``not-checked`` (an input it needs was not collected; ``reason`` says which and why)."""
 
     status: Literal["fired", "clear", "not-checked"] = "clear"
+    """fired (see recommendations), clear (checked, nothing found) or not-checked."""
     reason: str | None = None
+    """Why it was not checked (which input was missing), or null."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -248,7 +292,9 @@ class CollectorStatus:
     """Whether a collector produced data here, and if not, why."""
 
     status: CollectorState = "ok"
+    """ok, unavailable (not applicable here, or turned off) or failed (it raised; the run went on)."""
     reason: str | None = None
+    """Why not ok, or null."""
     field: str | None = None
     """The record field the collector fills (None: none of its own), so a missing figure can name its collector."""
     elapsed_s: float | None = None
@@ -261,8 +307,11 @@ class Window:
     whether it also covered the run's start-up (before the first step)."""
 
     first_step: int | None = None
+    """First step covered (0-based), or null."""
     last_step: int | None = None
+    """Last step covered, inclusive, or null."""
     startup: bool = False
+    """The window also covered the run's start-up, before the first step."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,11 +319,17 @@ class FunctionStat:
     """One Python function in the cProfile statistics."""
 
     function: str = ""
+    """Function name."""
     file: str = ""
+    """Its file."""
     line: int = 0
+    """Its first line."""
     calls: int = 0
+    """Calls in the window."""
     own_s: float = 0.0
+    """Seconds in the function itself."""
     cumulative_s: float = 0.0
+    """Seconds in it and what it called."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,14 +338,21 @@ class PythonProfile:
     imports included, is in ``startup_s`` and in python.prof, not in the top lists)."""
 
     window: Window = field(default_factory=Window)
+    """The steps cProfile covered."""
     whole_run: bool = False
+    """cProfile covered the whole run (--cprofile-all)."""
     total_s: float = 0.0
+    """Profiled seconds."""
     startup_s: float = 0.0
     """Profiled time up to the end of the first step."""
     top_own: tuple[FunctionStat, ...] = ()
+    """Heaviest functions of the steps by own time."""
     top_cumulative: tuple[FunctionStat, ...] = ()
+    """Heaviest functions of the steps by cumulative time."""
     workers_profiled: bool = False
+    """Forked DataLoader workers' first batches were profiled (workers.prof)."""
     workers_note: str = ""
+    """How the workers were (or why they were not) profiled."""
     workers_top_own: tuple[FunctionStat, ...] = ()
     """DataLoader workers' heaviest functions (``workers.prof``), where they were profiled."""
 
@@ -300,9 +362,13 @@ class OpStat:
     """One torch op (or CUDA kernel) over the profiled steps: calls and time, totals over the window."""
 
     name: str = ""
+    """Op (aten::mm) or kernel name."""
     calls: int = 0
+    """Calls in the window."""
     self_host_s: float = 0.0
+    """Host seconds in the op itself, over the window."""
     device_s: float = 0.0
+    """Device seconds, over the window."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,17 +381,27 @@ class KernelTimeline:
     """
 
     busy_fraction: float = 0.0
+    """Share of the steps' wall time a kernel ran."""
     idle_host_wait_fraction: float = 0.0
+    """Idle share while the host was late to launch."""
     idle_kernel_wait_fraction: float = 0.0
+    """Idle share in short gaps between queued kernels."""
     idle_other_fraction: float = 0.0
+    """The rest of the idle share."""
     kernels: int = 0
+    """Kernels in the window."""
     kernels_per_step: float = 0.0
+    """Kernels per step."""
     mean_kernel_s: float = 0.0
+    """Mean kernel duration, seconds."""
     tensor_core_share: float = 0.0
     """Share of kernel time in kernels that use Tensor Cores (recognised by name)."""
     h2d_copies: int = 0
+    """Host-to-device copies."""
     h2d_pageable_copies: int = 0
+    """Of which from pageable (unpinned) memory."""
     h2d_copy_s: float = 0.0
+    """Seconds of host-to-device copies."""
     conv_share: float = 0.0
     """Share of kernel time in convolution kernels (cuDNN's and CUTLASS's, recognised by name)."""
     fp32_gemm_share: float = 0.0
@@ -361,8 +437,11 @@ class Communication:
     flight, ``exposed_s`` of it while the training thread ran no op (waiting, not overlapped with compute)."""
 
     calls_per_step: float = 0.0
+    """Collective calls per step."""
     comm_s: float = 0.0
+    """Seconds per step with a collective in flight."""
     exposed_s: float = 0.0
+    """Of which seconds the training thread ran no op (waiting)."""
     overlap: float = 0.0
     """Share of the collectives' time hidden behind the training thread's ops (0..1)."""
     backend: str = ""
@@ -372,6 +451,7 @@ class Communication:
     clipped to its window; ``host``: gloo's ranges against the ops of the thread that ran the steps, clipped to
     the steps; empty in older records (the thread with the most ops)."""
     device: int | None = None
+    """The device, when measured on one."""
     exposure_measured: bool = True
     """False when the trace holds no op of the training thread inside the steps (a sampled or stripped trace):
     what it did meanwhile is unknown, so no wait is claimed (``exposed_s`` 0)."""
@@ -382,25 +462,33 @@ class OpProfile:
     """torch.profiler over a few steady-state steps (``trace.json``)."""
 
     window: Window = field(default_factory=Window)
+    """The steps torch.profiler recorded."""
     steps: int = 0
+    """Steps recorded."""
     trace_bytes: int = 0
+    """Size of trace.json, bytes."""
     trace_detail: str = "full"
     """``full``, or what was dropped to keep trace.json under its cap."""
     ops: int = 0
     """torch ops in the window (calls of ``cpu_op`` events; runtime calls such as ``cudaLaunchKernel`` and device
     events are rows of the tables, not ops)."""
     ops_per_step: float = 0.0
+    """ops / steps."""
     mean_op_s: float = 0.0
+    """Mean host time per op, seconds."""
     calls_by_kind: dict[str, int] = field(default_factory=dict)
     """Op calls by kind: ``elementwise``, ``matmul``, ``conv``, ``other``."""
     top_host: tuple[OpStat, ...] = ()
+    """Heaviest ops by host (self) time."""
     top_device: tuple[OpStat, ...] = ()
+    """Heaviest ops by device time (CUDA)."""
     device_s: float = 0.0
     """The device events' time in all (kernels, copies, memsets), each once: what a row's device time is a share of
     (an op's row and its kernels' rows both hold the kernels' time). 0 in records made before it was kept."""
     kernels: KernelTimeline | None = None
     """The kernel timeline of the device the run mainly used (the most kernel time), ``kernels.device``."""
     communication: Communication | None = None
+    """Collectives per step (data-parallel jobs), or null."""
     devices: tuple[KernelTimeline, ...] = ()
     """The kernel timeline of every device that ran kernels, by device (one process may drive several GPUs)."""
     evaluated_steps: tuple[int, ...] = ()
@@ -414,14 +502,21 @@ class HostMemory:
     """Resident memory of the process and of its child processes (DataLoader workers), sampled over time."""
 
     interval_s: float = 0.0
+    """Seconds between samples (doubles as the series is thinned)."""
     peak_bytes: int = 0
     """Highest sum of the process's and its children's RSS at one sample."""
     peak_process_bytes: int = 0
+    """Highest RSS of the process alone, bytes."""
     peak_workers_bytes: int = 0
+    """Highest RSS of its children together, bytes."""
     max_workers: int = 0
+    """Most child processes seen at once."""
     t_s: tuple[float, ...] = ()
+    """Sample times, seconds since the start."""
     process_bytes: tuple[int, ...] = ()
+    """The process's RSS at each sample, bytes."""
     workers_bytes: tuple[int, ...] = ()
+    """Its children's RSS at each sample, bytes."""
     workers_cpu_s: float = 0.0
     """CPU time its children used while they were watched (the kernel's schedstat), summed over them, seconds; a
     child busy at first (a worker started by spawn or forkserver importing torch) is watched from its first interval
@@ -469,6 +564,7 @@ class StartedProcess:
     spawn, a ``Pool``'s), what it ran, and the CPU time it used. gpuscope does not profile it."""
 
     pid: int = 0
+    """Its process id."""
     target: str = ""
     """The function it ran, ``module.qualname`` (under ``torch.multiprocessing.spawn``, the function spawned)."""
     kind: str = "script"
@@ -477,6 +573,7 @@ class StartedProcess:
     started_at: CallSite | None = None
     """The user's line that started it."""
     start_method: str = ""
+    """fork, spawn or forkserver."""
     cpu_s: float | None = None
     """CPU time it had used when last read while the run was watched (``/proc/PID/schedstat``, every 0.5 s), from
     its start; null where it was never read."""
@@ -490,18 +587,29 @@ class GpuDevice:
     """One GPU as NVML saw it, sampled over time; series are columnar, aligned with ``t_s``."""
 
     index: int = 0
+    """NVML index."""
     name: str = ""
+    """Model name."""
     memory_total_bytes: int = 0
+    """Memory, bytes."""
     t_s: tuple[float, ...] = ()
+    """Sample times, seconds since the start."""
     sm_util: tuple[float, ...] = ()
     """Fraction of time a kernel was running, 0..1 (NVML's utilization.gpu)."""
     memory_util: tuple[float, ...] = ()
+    """Fraction of time memory was read or written, 0..1."""
     memory_used_bytes: tuple[int, ...] = ()
+    """Memory used, bytes."""
     power_w: tuple[float | None, ...] = ()
+    """Power draw, watts (null where not read)."""
     sm_clock_mhz: tuple[int | None, ...] = ()
+    """SM clock, MHz."""
     temperature_c: tuple[int | None, ...] = ()
+    """Temperature, degrees Celsius."""
     pcie_tx_bytes_s: tuple[float | None, ...] = ()
+    """PCIe transmit throughput, bytes per second."""
     pcie_rx_bytes_s: tuple[float | None, ...] = ()
+    """PCIe receive throughput, bytes per second."""
     throttle_reasons: tuple[str, ...] = ()
     """Every throttle reason seen active in any sample (idle excluded)."""
 
@@ -511,8 +619,11 @@ class GpuSamples:
     """NVML sampling of every visible GPU."""
 
     interval_s: float = 0.0
+    """Seconds between samples."""
     driver: str | None = None
+    """NVIDIA driver version, or null."""
     devices: tuple[GpuDevice, ...] = ()
+    """One entry per visible GPU."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -520,11 +631,17 @@ class CudaMemory:
     """CUDA caching-allocator memory at the end of sampled steps (bytes)."""
 
     peak_allocated_bytes: int = 0
+    """Peak allocated by tensors, bytes."""
     peak_reserved_bytes: int = 0
+    """Peak reserved by the caching allocator, bytes."""
     step: tuple[int, ...] = ()
+    """The sampled steps."""
     allocated_bytes: tuple[int, ...] = ()
+    """Allocated at the end of each sampled step, bytes."""
     reserved_bytes: tuple[int, ...] = ()
+    """Reserved at the end of each sampled step, bytes."""
     peak_bytes: tuple[int, ...] = ()
+    """Peak allocated up to each sampled step, bytes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -535,7 +652,9 @@ class Calibration:
     op_overhead_s: float = 0.0
     """Seconds per op, ops counted as torch.profiler counts them (the same count as ``OpProfile.ops``)."""
     ops_per_step: float = 0.0
+    """Ops per step of the calibration model."""
     step_s: float = 0.0
+    """Its step time, seconds."""
     anomaly_op_overhead_s: float | None = None
     """Extra seconds per op with anomaly detection on (measured only when the run used it); ops counted as
     torch.profiler counts them under anomaly detection, which adds ops of its own (NaN checks)."""
@@ -546,10 +665,15 @@ class CallSite:
     """A line of the user's code that made a call gpuscope watches for, and how many times it did."""
 
     file: str = ""
+    """The user's file."""
     line: int = 0
+    """Line number."""
     function: str = ""
+    """Enclosing function."""
     code: str = ""
+    """The line as written."""
     calls: int = 0
+    """Times it made the call."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -558,33 +682,45 @@ class Practices:
     cleared, the model's layer patterns, and the backend flags that decide which kernels run."""
 
     torch_version: str = ""
+    """torch.__version__."""
     steps_checked: int = 0
     """Step boundaries at which the debug-API state was read: each of the first 64, then every 8th (each again once
     torch.distributions has checked anything)."""
     anomaly_steps: int = 0
     """Of those, steps during which anomaly detection was on (at the boundary, or switched on within the step)."""
     anomaly_sites: tuple[CallSite, ...] = ()
+    """The lines that switched anomaly detection on."""
     profiler_steps: int = 0
     """Of those, steps at whose boundary torch's autograd profiler (or emit_nvtx) was on, outside gpuscope's own
     window."""
     gradcheck_sites: tuple[CallSite, ...] = ()
+    """The lines that called gradcheck during training."""
     zero_grad_calls: int = 0
+    """zero_grad calls seen."""
     zero_grad_fill_calls: int = 0
     """``zero_grad`` calls that zero-filled gradients (``set_to_none=False``) instead of dropping them."""
     zero_grad_fill_sites: tuple[CallSite, ...] = ()
+    """The lines of the zero-filling calls."""
     modules_inspected: bool = False
+    """The model's layers were read."""
     bias_before_norm: tuple[str, ...] = ()
     """Layers with a bias whose output goes straight into BatchNorm: ``features.0 (Conv2d) -> features.1 (BatchNorm2d)``."""
     wasted_bias_params: int = 0
+    """Parameters in those biases."""
     data_parallel: tuple[str, ...] = ()
     """``DataParallel`` wrappers in use, as ``DataParallel(Net) on N devices``."""
     conv_layers: int = 0
+    """Convolution layers in the model."""
     channels_last_convs: int = 0
     """Convolution layers whose weights are in channels_last memory format."""
     cudnn_benchmark: bool | None = None
+    """torch.backends.cudnn.benchmark (null: not read)."""
     matmul_allow_tf32: bool | None = None
+    """torch.backends.cuda.matmul.allow_tf32."""
     cudnn_allow_tf32: bool | None = None
+    """torch.backends.cudnn.allow_tf32."""
     float32_matmul_precision: str | None = None
+    """torch.get_float32_matmul_precision(): highest, high or medium."""
     cuda_capability: str | None = None
     """The GPU's compute capability (``8.0``), on CUDA runs."""
     cpu_autocast_sites: tuple[CallSite, ...] = ()
@@ -618,9 +754,13 @@ class LineCost:
     """One line of the dataset's code, timed while the data probe fetched items."""
 
     file: str = ""
+    """File."""
     line: int = 0
+    """Line number."""
     function: str = ""
+    """Enclosing function."""
     code: str = ""
+    """The line as written."""
     own_s: float = 0.0
     """Seconds per item on this line itself, not in the user functions it called."""
     float16: bool = False
@@ -633,16 +773,20 @@ class DataProbe:
     building an item spends its time, and how much of it on float16 data."""
 
     dataset: str = ""
+    """The dataset's class name."""
     items: int = 0
+    """Items fetched again."""
     item_s: float = 0.0
     """Mean time to fetch one item, under the tracer."""
     float16_s: float = 0.0
     """Of which on lines that produced float16 arrays or tensors."""
     lines: tuple[LineCost, ...] = ()
+    """The dataset's lines, heaviest first."""
     numpy_float16_slowdown: float | None = None
     """How many times slower the same element-wise NumPy arithmetic runs in float16 than in float32 here (None: not
     timed, as no line made float16 data, or NumPy was not imported)."""
     note: str = ""
+    """How it was measured, or why it stopped."""
     item_cpu_share: float | None = None
     """The share of fetching an item spent on the main thread's CPU, timed untraced on other items than the traced
     ones (whose reads the page cache holds): well under 1 where fetching mostly waits (reads a disk, sleeps), so
@@ -673,9 +817,13 @@ class SyncProfile:
     """Host-device synchronisations counted over a few steady-state steps with torch's CUDA sync debug mode."""
 
     window: Window = field(default_factory=Window)
+    """The steps counted."""
     steps: int = 0
+    """Steps counted."""
     syncs: int = 0
+    """Synchronising calls in those steps."""
     per_step: float = 0.0
+    """syncs / steps."""
     sites: tuple[CallSite, ...] = ()
     """The user's lines that synchronised, most frequent first."""
 
@@ -685,7 +833,9 @@ class LoaderRate:
     """One DataLoader configuration timed by the loader probe: batches delivered per second, in isolation."""
 
     num_workers: int = 0
+    """Worker processes."""
     pin_memory: bool = False
+    """pin_memory=True."""
     batches_per_s: float | None = None
     """None when no rate could be measured within its share of the time budget (``note`` says why)."""
     batches: int = 0
@@ -693,6 +843,7 @@ class LoaderRate:
     startup_s: float = 0.0
     """From creating the iterator to the first batch (worker start-up included)."""
     note: str = ""
+    """Why no rate, if none."""
     handover_s: float | None = None
     """With workers: the main process's CPU time per batch taken from them (receiving it from the worker): a step
     pays it even where the workers keep up. None with 0 workers or where not timed."""
@@ -710,18 +861,25 @@ class LoaderProbe:
     in isolation and for a bounded time: how fast each configuration delivers batches."""
 
     dataset: str = ""
+    """The dataset's class name."""
     batch_size: int | None = None
+    """The loader's batch size, or null."""
     start_method: str | None = None
+    """Workers' start method, or null (the platform's default)."""
     rates: tuple[LoaderRate, ...] = ()
+    """One entry per configuration timed (0, 1, 2, 4... workers)."""
     consume_batches_per_s: float | None = None
     """The rate the training step consumes batches: 1 / (median step x (1 - data wait share))."""
     main_threads: int | None = None
     """torch's intra-op threads in the main process at the end of the run."""
     budget_s: float = 0.0
+    """Time allowed for the whole probe, seconds."""
     elapsed_s: float = 0.0
+    """Time it took, seconds."""
     pin_memory_note: str = ""
     """Why pin_memory was not varied (e.g. a CPU-only machine: it only matters for copies to a GPU)."""
     note: str = ""
+    """Why some configuration was not timed, if one was not."""
     probe_batch_size: int | None = None
     """Items per batch the probe loaded: ``batch_size``, or fewer where a batch of the run took long (the rates are
     per batch of ``batch_size`` all the same)."""
@@ -762,6 +920,7 @@ class OptimizerProbe:
     """One update of the timed tensors with ``fused=True`` (best of a few bursts); None where it could not be built
     (``note`` says why)."""
     note: str = ""
+    """What was timed, where not everything, and why fused=True was not, if it was not."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -770,10 +929,15 @@ class AttentionTiming:
     shapes timed after the run, in its dtype and in float32, where that dtype is bfloat16 or float16."""
 
     query: tuple[int, ...] = ()
+    """The query's shape."""
     key: tuple[int, ...] = ()
+    """The key's shape."""
     value: tuple[int, ...] = ()
+    """The value's shape."""
     dtype: str = ""
+    """Its dtype (bfloat16, float16, float32...)."""
     is_causal: bool = False
+    """Whether it was causal."""
     called_at: CallSite | None = None
     """The user's line that made it (that called the module running it, where torch's code did)."""
     seconds: dict[str, float] = field(default_factory=dict)
@@ -786,25 +950,34 @@ class SpeedOfLight:
     peak. ``achieved_flops_per_s`` and ``mfu`` (0..1) are filled in by the analysis from the median step."""
 
     flops_per_step: int = 0
+    """FLOPs of one training step (2 per multiply-add, backward included)."""
     flops_by_op: dict[str, int] = field(default_factory=dict)
+    """The same by op (aten::mm, aten::convolution, ...)."""
     step: int | None = None
     """The step that was counted."""
     dtype: str | None = None
     """dtype of the step's matrix multiplies (``float32``, ``bfloat16``...), when they all had one."""
     device_name: str | None = None
+    """The GPU model, or null on a CPU run."""
     peak_flops_per_s: float | None = None
+    """The device's peak, FLOP/s, or null when unknown."""
     peak_source: str = ""
     """Where the peak comes from: a datasheet figure, or this machine's measured matmul benchmark."""
     peak_measured: bool = False
+    """The peak was measured on this machine (CPU runs) rather than taken from a datasheet."""
     achieved_flops_per_s: float | None = None
+    """flops_per_step / median step, FLOP/s."""
     mfu: float | None = None
     """Model FLOPs utilisation: achieved / peak, 0..1; null where the measured peak is too far below the run's own
     rate to describe its matmuls (``peak_source`` says so)."""
     note: str = ""
+    """Why something is missing, if it is."""
     float32_flops_per_s: float | None = None
     """On a CPU run whose matmuls were not float32: this machine's float32 matmul rate, measured beside the peak in
     their dtype (null otherwise)."""
     flops_by_dtype: dict[str, int] = field(default_factory=dict)
+    """The counted step's FLOPs by the dtype they ran in (`float32`, `bfloat16`...): a step may mix them (a student
+    under `torch.autocast` beside a float32 teacher)."""
     attention: AttentionTiming | None = None
     """On a CPU run, the step's first scaled dot-product attention and its time in its dtype and in float32."""
     """The counted step's FLOPs by the dtype they ran in (``float32``, ``bfloat16``...): a step may mix them (a
@@ -819,8 +992,11 @@ class WhatIf:
     """An estimate: the step time if the verdict's bottleneck were removed, and how it was worked out."""
 
     step_s: float = 0.0
+    """Estimated step time without the bottleneck, seconds."""
     speedup: float = 1.0
+    """Current median step / step_s."""
     explanation: str = ""
+    """How the estimate was worked out."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -830,13 +1006,17 @@ class RunMeta:
     started_at: str = ""
     """ISO 8601 local time with offset."""
     duration_s: float = 0.0
+    """Wall time of the run, seconds."""
     python: str = ""
+    """Python version."""
     torch: str | None = None
+    """torch version, or null when the script never imported torch."""
     cpu_count: int = 0
     """Logical CPUs this process may use (worker-count advice is capped by it)."""
     torch_threads: int | None = None
     """torch's intra-op threads in the main process when the script ended (null when it did not import torch)."""
     platform: str = ""
+    """platform.platform() in short."""
     notes: tuple[str, ...] = ()
     """Plain statements about how the run was measured (e.g. which modules had forward timed)."""
 
@@ -846,9 +1026,13 @@ class Distributed:
     """Where this process stood in a ``torch.distributed`` job, from torchrun's environment."""
 
     rank: int = 0
+    """Global rank."""
     world_size: int = 1
+    """Ranks in the job."""
     local_rank: int = 0
+    """Rank on this host."""
     host: str = ""
+    """Host name."""
     backend: str | None = None
     """The process group's backend (``gloo``, ``nccl``) if the script had one when it ended."""
 
@@ -858,15 +1042,23 @@ class RankSummary:
     """One rank's figures in a job's merged record (its own record is ``rank-N/run.json``)."""
 
     rank: int = 0
+    """Global rank."""
     host: str = ""
+    """Host name."""
     exit_status: int = 0
+    """The rank's exit status."""
     steps: int = 0
+    """Its steady-state steps."""
     median_s: float = 0.0
+    """Its median step, seconds."""
     breakdown: Breakdown = field(default_factory=Breakdown)
+    """Its breakdown."""
     comm_s: float | None = None
     """Per step: collectives in flight, and the part the training thread spent waiting (no op running)."""
     comm_exposed_s: float | None = None
+    """Per step, seconds its training thread waited on collectives, or null."""
     bound: Bound = "inconclusive"
+    """Its own verdict."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -875,12 +1067,15 @@ class Straggler:
     median, and the phase that makes the difference."""
 
     rank: int = 0
+    """The late rank."""
     late_s: float = 0.0
+    """Seconds per step it is late by."""
     late_share: float = 0.0
     """``late_s`` as a share of the job's median step."""
     cause: str = ""
     """The step phase (``data_wait``, ``forward``, ``backward``, ``optimizer``, ``other``) most over the others'."""
     evidence: tuple[str, ...] = ()
+    """Facts with numbers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -888,10 +1083,15 @@ class TraceDevice:
     """A device as a trace's ``deviceProperties`` describe it."""
 
     index: int = 0
+    """The device's index in the trace (``id``)."""
     name: str = ""
+    """Its model, as the trace names it (``NVIDIA A100-SXM4-80GB``)."""
     memory_total_bytes: int = 0
+    """Its memory."""
     compute_capability: str | None = None
+    """``8.0`` for an A100, null where the trace does not say (a ROCm device)."""
     multiprocessors: int = 0
+    """Its streaming multiprocessors (compute units on ROCm)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -899,9 +1099,11 @@ class TraceSource:
     """Where a record made by ``gpuscope analyze`` came from: torch.profiler trace files alone, not a run."""
 
     kind: str = "torch.profiler trace"
+    """What the record was built from."""
     files: tuple[str, ...] = ()
     """The trace files' names (one per rank for a job)."""
     trace_bytes: int = 0
+    """Their size on disk, all of them."""
     devices: tuple[TraceDevice, ...] = ()
     """Devices the trace's ``deviceProperties`` list (every visible one, used or not)."""
 
@@ -927,35 +1129,62 @@ class RunRecord:
     """The whole record of one run; ``to_json()`` is ``run.json``."""
 
     schema: str = SCHEMA
+    """Always "gpuscope.run/1"."""
     gpuscope_version: str = ""
+    """The gpuscope that wrote the file."""
     command: tuple[str, ...] = ()
+    """The script (or `-m MODULE`) and its arguments, as run."""
     exit_status: int = 0
+    """The script's exit status: 0, its sys.exit code, 1 after an uncaught exception, 130 after Ctrl-C, 143 after
+    SIGTERM."""
     device: Literal["cuda", "cpu"] = "cpu"
+    """Where the model's tensors ran."""
     steps: Steps = field(default_factory=Steps)
+    """Steady-state training steps found, and every step's fate."""
     breakdown: Breakdown = field(default_factory=Breakdown)
+    """Fractions of the median step's wall time per phase (0..1, adding up to 1)."""
     host_breakdown: Breakdown | None = None
     """The host-timer breakdown, kept beside a device-based ``breakdown`` on CUDA runs."""
     verdict: Verdict = field(default_factory=Verdict)
+    """What bounds the run."""
     recommendations: tuple[Recommendation, ...] = ()
+    """Changes worth making, most valuable first."""
     checks: dict[str, RuleCheck] = field(default_factory=dict)
     """Every diagnosis rule by id, and whether it fired, found nothing, or could not be checked."""
     collectors: dict[str, CollectorStatus] = field(default_factory=dict)
+    """Every collector by name (steps, cprofile, torch-trace, memory, nvml, ...): whether it produced data, and if not,
+    why."""
     loaders: tuple[Loader, ...] = ()
+    """Every DataLoader configuration the run iterated over."""
     python_profile: PythonProfile | None = None
+    """cProfile's window (python.prof); null when it was not collected."""
     op_profile: OpProfile | None = None
+    """torch.profiler's window (trace.json); null when it was not collected."""
     host_memory: HostMemory | None = None
+    """Resident memory over time; null when it was not collected."""
     gpus: GpuSamples | None = None
+    """NVML samples of every visible GPU; null without an NVIDIA driver."""
     cuda_memory: CudaMemory | None = None
+    """CUDA caching-allocator memory; null on a CPU run."""
     calibration: Calibration | None = None
+    """This machine's per-op cost (post-run probe); null when not measured (--no-probes)."""
     practices: Practices | None = None
+    """Debug APIs, gradient clearing, layer patterns and backend flags seen in training."""
     data_probe: DataProbe | None = None
+    """The slowest loader's dataset under a line tracer (post-run probe); null when not run."""
     syncs: SyncProfile | None = None
+    """Host-device synchronisations counted on CUDA runs; null on a CPU run."""
     loader_probe: LoaderProbe | None = None
+    """The slowest loader timed with several worker counts (post-run probe); null when not run."""
     optimizer_probe: OptimizerProbe | None = None
+    """The loop's optimizer's update timed again on copies of its parameters, as run and with fused=True (post-run
+    probe); null when not run."""
     speed_of_light: SpeedOfLight | None = None
+    """FLOPs of one step against the device's peak; null when not counted."""
     what_if: WhatIf | None = None
     """An estimate of the step without the verdict's bottleneck (filled in by the analysis)."""
     meta: RunMeta = field(default_factory=RunMeta)
+    """When, how long, and on what software and machine."""
     distributed: Distributed | None = None
     """This rank's place in a torch.distributed job (None: not one)."""
     ranks: tuple[RankSummary, ...] = ()
@@ -963,6 +1192,7 @@ class RunRecord:
     missing_ranks: tuple[int, ...] = ()
     """Ranks of the job's world that left no record (killed, or still running)."""
     straggler: Straggler | None = None
+    """In a job's merged record: the rank the others wait for, or null."""
     source: TraceSource | None = None
     """Set when the record was built from a trace alone (``gpuscope analyze``); None for a profiled run."""
     profiling_window: ProfilingWindow | None = None

@@ -5,6 +5,7 @@ describes field by field."""
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import re
 import types
@@ -186,3 +187,26 @@ def test_the_readable_page_describes_every_field_of_the_schema() -> None:
         section = page.split(f"\n### {title}\n", 1)[1].split("\n### ", 1)[0]
         rows = set(re.findall(r"^\| `([a-z0-9_]+)`", section, flags=re.M))
         assert rows == set(node["properties"]), title
+
+
+def generator() -> Any:
+    """tools/record_docs.py, loaded from the repository."""
+    spec = importlib.util.spec_from_file_location("record_docs", ROOT / "tools" / "record_docs.py")
+    module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(module)  # type: ignore[union-attr]
+    return module
+
+
+def test_the_committed_schema_and_field_tables_are_what_the_record_generates() -> None:
+    # a field added to record.py without running tools/record_docs.py (or a hand edit of a generated part) fails here
+    tool = generator()
+    assert tool.undocumented() == [], "fields without a docstring in gpuscope/record.py"
+    for path, text in tool.generated().items():
+        assert path.read_text() == text, f"{path.name} is stale: run python tools/record_docs.py"
+
+
+def test_the_generator_reads_the_docstring_under_each_field() -> None:
+    # given a record class whose first field has no docstring and whose second has one
+    source = 'class Window:\n    """Steps."""\n    first_step: int = 0\n    last_step: int = 0\n    """Last."""\n'
+    # then only the second is described
+    assert generator().docstrings(source) == {"Window": ("Steps.", {"last_step": "Last."})}
