@@ -22,10 +22,10 @@ from gpuscope.analysis.gpu_step import GpuStep, gpu_step
 from gpuscope.analysis.evidence import (accumulated_passes, cpu_overhead, evaluation_passes, launch_wait,
                                         slowest_loader, two_speeds, unlike_window)
 from gpuscope.analysis.iterator_wait import iterator_wait
-from gpuscope.analysis.loops import loops_line
+from gpuscope.analysis.loops_text import loops_line
 from gpuscope.analysis.rules.base import missing_input
 from gpuscope.record import RunRecord, Verdict
-from gpuscope.summary import left_out
+from gpuscope.analysis.words import left_out
 
 
 HOW_TO_MARK_STEPS = (

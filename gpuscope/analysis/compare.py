@@ -21,7 +21,7 @@ from gpuscope.analysis.clock import on_device_clock, step_times
 from gpuscope.analysis.evidence import STEP, Metric, Unit, batch_size, show, step_batches
 from gpuscope.analysis.rules import RULES
 from gpuscope.record import PHASES, RunRecord
-from gpuscope.summary import bound_label
+from gpuscope.analysis.words import bound_label
 
 RESAMPLES = 1000
 """Bootstrap resamples of each run's steady steps: enough for a stable 95% interval, quick in pure Python."""

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpuscope.analysis.clock import step_times, steady_times
-from gpuscope.analysis.loops import other_loop
+from gpuscope.analysis.loops_text import other_loop
+from gpuscope.analysis.optable import op_kind
 from gpuscope.analysis.thresholds import (ACCUMULATED_MFU, EVALUATION_LOADING_WORTH_SAYING, EVALUATION_WORTH_SAYING,
                                           TWO_SPEED_GAP, TWO_SPEED_MIN_SHARE, TWO_SPEED_SEPARATION, WINDOW_UNLIKE)
 from gpuscope.record import KernelTimeline, Loader, RunRecord
@@ -276,29 +277,6 @@ def step_batches(record: RunRecord) -> float:
     over 8 batches before each optimizer step; 1 where unknown."""
     loader = max(record.loaders, key=lambda l: l.batch_size or 0, default=None)
     return batches_per_step(training_batches(loader), record.steps.total) if loader is not None else 1.0
-
-
-ELEMENTWISE = frozenset({
-    "abs", "add", "addcdiv", "addcmul", "clamp", "clamp_min", "cos", "div", "erf", "exp", "fill", "gelu",
-    "hardtanh", "leaky_relu", "lerp", "log", "log_sigmoid", "maximum", "minimum", "mul", "neg", "pow", "reciprocal",
-    "relu", "rsqrt", "rsub", "sigmoid", "sigmoid_backward", "silu", "sin", "sqrt", "sub", "tanh", "tanh_backward",
-    "threshold_backward", "gelu_backward", "silu_backward", "where", "zero",
-})
-"""aten ops that compute each output element from the matching input elements: chains of them are what a fusing
-compiler turns into one kernel (in-place forms, ``add_``, count too)."""
-MATMUL = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm", "addbmm"})
-
-
-def op_kind(name: str) -> str:
-    """``elementwise``, ``matmul``, ``conv`` or ``other``, from an op's profiler name (``aten::add_``)."""
-    base = name.removeprefix("aten::").rstrip("_")
-    if base in ELEMENTWISE:
-        return "elementwise"
-    if base in MATMUL:
-        return "matmul"
-    if "conv" in base:
-        return "conv"
-    return "other"
 
 
 # -- the figures that show a fix took ----------------------------------------------------------------------------

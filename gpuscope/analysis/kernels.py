@@ -19,7 +19,7 @@ import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Literal, NamedTuple
 
-from gpuscope.analysis.thresholds import (
+from gpuscope.analysis.reduce_thresholds import (
     CONV_KERNEL_PATTERNS,
     CUDA_CORE_KERNEL_PATTERNS,
     FP32_GEMM_KERNEL_PATTERNS,

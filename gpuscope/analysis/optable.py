@@ -193,3 +193,26 @@ def events_before(events: Iterable[Mapping[str, Any]], end_us: float) -> list[Ma
         kept.append(e)
     return [e for e in kept if e.get("cat") not in DEVICE_CATEGORIES
             or (e.get("args") or {}).get("External id") not in dropped]
+
+
+ELEMENTWISE = frozenset({
+    "abs", "add", "addcdiv", "addcmul", "clamp", "clamp_min", "cos", "div", "erf", "exp", "fill", "gelu",
+    "hardtanh", "leaky_relu", "lerp", "log", "log_sigmoid", "maximum", "minimum", "mul", "neg", "pow", "reciprocal",
+    "relu", "rsqrt", "rsub", "sigmoid", "sigmoid_backward", "silu", "sin", "sqrt", "sub", "tanh", "tanh_backward",
+    "threshold_backward", "gelu_backward", "silu_backward", "where", "zero",
+})
+"""aten ops that compute each output element from the matching input elements: chains of them are what a fusing
+compiler turns into one kernel (in-place forms, ``add_``, count too)."""
+MATMUL = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "_scaled_mm", "addbmm"})
+
+
+def op_kind(name: str) -> str:
+    """``elementwise``, ``matmul``, ``conv`` or ``other``, from an op's profiler name (``aten::add_``)."""
+    base = name.removeprefix("aten::").rstrip("_")
+    if base in ELEMENTWISE:
+        return "elementwise"
+    if base in MATMUL:
+        return "matmul"
+    if "conv" in base:
+        return "conv"
+    return "other"

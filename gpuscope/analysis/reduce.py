@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
-from gpuscope.analysis.evidence import op_kind
+from gpuscope.analysis.optable import op_kind
 from gpuscope.analysis.figures import TraceFigures, trace_figures
 from gpuscope.analysis.optable import OpTable, events_before, op_table, window_events
 from gpuscope.analysis.peaks import gpu_peak_flops

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from gpuscope.analysis import loops as loops_of
-from gpuscope.analysis import thresholds as th
+from gpuscope.analysis import reduce_thresholds as th
 from gpuscope.captures import TIMED_PHASES, LoopStart, StepCapture, StepRecord
 from gpuscope.record import PHASES, Breakdown, Steps, StepSample, TimeBasis
 

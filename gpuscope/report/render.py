@@ -22,7 +22,7 @@ from gpuscope.analysis.compare import Comparison, compare
 from gpuscope.errors import GpuscopeError
 from gpuscope.record import PHASES, RunRecord
 from gpuscope.report import charts, compare_charts, facts
-from gpuscope.summary import bound_label, flop_text, left_out, speedup_text
+from gpuscope.analysis.words import bound_label, flop_text, left_out, speedup_text
 
 REPORT_HTML = "report.html"
 TEMPLATE = "report.html"

@@ -23,7 +23,7 @@ from gpuscope.collectors.steplog import StepLog, StepTracker
 from gpuscope.collectors.base import CollectorResult
 from gpuscope.collectors.steps import StepsCollector
 from gpuscope.record import CallSite, CollectorStatus, Loader, Steps, Window
-from gpuscope.summary import left_out
+from gpuscope.analysis.words import left_out
 
 TRAIN = {"data_wait": 0.01, "forward": 0.03, "backward": 0.05, "optimizer": 0.01}
 """A training step of 0.1 s."""

@@ -26,7 +26,7 @@ from gpuscope.collectors.flops import (
 )
 from gpuscope.record import Breakdown, RunMeta, SpeedOfLight, StepSample, Steps, Verdict
 from gpuscope.session import post_run_facts
-from gpuscope.summary import flop_text
+from gpuscope.analysis.words import flop_text
 
 torch = pytest.importorskip("torch")
 
@@ -455,7 +455,8 @@ def test_a_what_if_slower_than_the_run_reads_slower_in_the_summary_and_the_repor
     # the step computes on): 85 ms for the run's 65 ms
     from gpuscope.record import WhatIf
     from gpuscope.report.render import render_report
-    from gpuscope.summary import speedup_text, summary_lines
+    from gpuscope.analysis.words import speedup_text
+    from gpuscope.summary import summary_lines
 
     record = dataclasses.replace(
         make_record(breakdown=Breakdown(data_wait=0.35, forward=0.25, backward=0.4), meta=RunMeta(cpu_count=2)),

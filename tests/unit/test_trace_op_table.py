@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from gpuscope.analysis.evidence import op_kind
+from gpuscope.analysis.optable import op_kind
 from gpuscope.analysis.figures import trace_figures
 from gpuscope.analysis.optable import OpTable, op_table
 from gpuscope.analysis.reduce import op_profile, trace_op_profile

@@ -17,7 +17,7 @@ from gpuscope.analysis.speed import (
 )
 from gpuscope.analysis.waiting_workers import waiting_workers
 from gpuscope.record import Loader, RunRecord
-from gpuscope.summary import speedup_text
+from gpuscope.analysis.words import speedup_text
 
 
 @rule(id="more-dataloader-workers",

@@ -8,7 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuscope.analysis import thresholds as th
-from gpuscope.analysis.evidence import STEP, Metric, kernel_share, median_compute_s, op_kind
+from gpuscope.analysis.evidence import STEP, Metric, kernel_share, median_compute_s
+from gpuscope.analysis.optable import op_kind
 from gpuscope.analysis.gpu_step import GpuStep, gpu_name, gpu_step
 from gpuscope.analysis.rules.base import Finding, rule
 from gpuscope.captures import LOW_PRECISION
