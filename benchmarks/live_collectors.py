@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 
-from gpuscope.collectors import CollectOptions, default_collectors
+from gpuscope.collect.collectors import CollectOptions, default_collectors
 from gpuscope.session import Session
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -22,7 +22,7 @@ import torch
 from hot_path import best_us
 from torch.utils.data import DataLoader, TensorDataset
 
-from gpuscope.collectors.memory import CHILDREN_SCAN_S, DEFAULT_INTERVAL_S, HostMemoryCollector, descendants
+from gpuscope.collect.collectors.memory import CHILDREN_SCAN_S, DEFAULT_INTERVAL_S, HostMemoryCollector, descendants
 
 
 def main() -> None:

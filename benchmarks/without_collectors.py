@@ -11,14 +11,14 @@ per-step cost of the habits sample (README, "On an H100").
 import os
 import sys
 
-import gpuscope.collectors as collectors
-from gpuscope.collectors import base
+import gpuscope.collect.collectors as collectors
+from gpuscope.collect.collectors import base
 
 collectors.collector_classes()  # imports every collector module, so all are registered before the filter
 names = set(filter(None, os.environ.get("WITHOUT", "").split(",")))
 base.REGISTRY[:] = [c for c in base.REGISTRY if c.name not in names]
 if "device-timing" in names:
-    from gpuscope.collectors import device_timeline
+    from gpuscope.collect.collectors import device_timeline
 
     device_timeline.DeviceTimeline.mark = lambda self, step, phase: None  # type: ignore[method-assign]
 

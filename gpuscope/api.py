@@ -70,7 +70,7 @@ class Profile:
     # -- lifecycle ---------------------------------------------------------------------------------------
     def start(self) -> Profile:
         """Start the collectors; raises ProfileError if this profile already ran or another is running."""
-        from gpuscope.collectors import default_collectors
+        from gpuscope.collect.collectors import default_collectors
         from gpuscope.rundirs import new_run_dir
         from gpuscope.session import Session, active_session
 
@@ -131,7 +131,7 @@ class Profile:
 
     def summary(self) -> None:
         """Print the terminal summary: verdict, evidence, steps, top recommendations, where the files are."""
-        from gpuscope.summary import summary_lines
+        from gpuscope.report.summary import summary_lines
 
         record = self._finished()
         print("\n".join(summary_lines(record, self.run_dir, self.report_path)))  # type: ignore[arg-type]
@@ -150,7 +150,7 @@ class Profile:
         if self.record is None:
             return f"<p>gpuscope profile: {self._state()}</p>"
         if self.report_path is None or not self.report_path.is_file():
-            from gpuscope.summary import summary_lines
+            from gpuscope.report.summary import summary_lines
 
             lines = summary_lines(self.record, self.run_dir, None)  # type: ignore[arg-type]
             return f"<pre>{html.escape(chr(10).join(lines))}</pre>"
@@ -184,7 +184,7 @@ def _exit_status(exc: BaseException | None) -> int:
     if isinstance(exc, SystemExit):
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     if isinstance(exc, KeyboardInterrupt):
-        from gpuscope.runner import EXIT_SIGINT
+        from gpuscope.collect.runner import EXIT_SIGINT
 
         return EXIT_SIGINT
     return 1

@@ -16,11 +16,11 @@ from gpuscope.errors import USAGE_EXIT, GpuscopeError
 from gpuscope.finish import finish, finish_session, hand_over_session, open_in_browser
 from gpuscope.options import Parser, RunOptions, count, positive_int
 from gpuscope.rundirs import new_run_dir
-from gpuscope.traceanalyze import AnalyzeCommand
+from gpuscope.analyze import AnalyzeCommand
 
 if TYPE_CHECKING:
     from gpuscope.record import RunRecord
-    from gpuscope.runner import Target
+    from gpuscope.collect.runner import Target
 
 
 class Command(Protocol):
@@ -84,8 +84,8 @@ class RunCommand:
         return tokens, []
 
     def run(self, args: argparse.Namespace) -> int | ScriptRun:
-        from gpuscope.collectors import default_collectors
-        from gpuscope.runner import resolve_target
+        from gpuscope.collect.collectors import default_collectors
+        from gpuscope.collect.runner import resolve_target
         from gpuscope.session import Session
 
         target_tokens: list[str] = args.target
@@ -167,7 +167,7 @@ class ViewCommand:
         import importlib.util
         import subprocess
 
-        from gpuscope.collectors.cprofile import PROF_FILE
+        from gpuscope.collect.collectors.cprofile import PROF_FILE
 
         path = Path(args.run_dir) / PROF_FILE
         if not path.is_file():
@@ -231,7 +231,7 @@ class CompareCommand:
         parser.add_argument("--open", action="store_true", help="open the page in the browser")
 
     def run(self, args: argparse.Namespace) -> int:
-        from gpuscope.analysis.compare import compare
+        from gpuscope.diagnose.compare import compare
         from gpuscope.record import load_record
         from gpuscope.report.compare_text import gate_text, summary_lines
         from gpuscope.report.render import COMPARE_HTML, write_compare
@@ -318,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise GpuscopeError(f"a command is needed ({names}); see gpuscope --help")
         outcome = handler.run(args)
         if isinstance(outcome, ScriptRun):
-            from gpuscope.runner import run_target
+            from gpuscope.collect.runner import run_target
 
             return run_target(outcome.target, outcome.end)
         return outcome

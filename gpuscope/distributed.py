@@ -83,7 +83,7 @@ def launch(nproc: int, job_dir: Path, own_options: Sequence[str], target: Sequen
     try:
         return subprocess.call(command)
     except KeyboardInterrupt:
-        from gpuscope.runner import EXIT_SIGINT
+        from gpuscope.collect.runner import EXIT_SIGINT
 
         return EXIT_SIGINT
 
@@ -126,7 +126,7 @@ def is_job_dir(run_dir: Path) -> bool:
 def merge(records: Sequence[RunRecord]) -> RunRecord:
     """One record for the job: the figures of the rank the others wait for (the straggler; else the lowest rank),
     every rank's summary, the straggler finding and the ranks that left no record."""
-    from gpuscope.analysis.ranks import job_verdict, straggler
+    from gpuscope.diagnose.ranks import job_verdict, straggler
 
     if not records:
         raise GpuscopeError("no rank records (rank-N/run.json) in this run folder")

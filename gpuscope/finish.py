@@ -48,7 +48,7 @@ def finish(make_record: Callable[[], RunRecord], run_dir: Path, *, failure: str,
     if announce is not None and not announce(record):
         return Finished(record, report_path)
     if not quiet:
-        from gpuscope.summary import summary_lines
+        from gpuscope.report.summary import summary_lines
 
         for line in summary_lines(record, run_dir, report_path):
             print(line, file=stream or sys.stderr)

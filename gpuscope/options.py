@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from gpuscope.collectors import CollectOptions
+from gpuscope.collect.collectors import CollectOptions
 from gpuscope.errors import GpuscopeError
 
 MB = 2**20
@@ -124,8 +124,8 @@ class RunOptions:
     def fewest_profile_steps(self) -> int:
         """The fewest ``profile_steps`` that hold every window (on a CUDA run, which has the most) and
         ``thresholds.MIN_STEADY_STEPS`` clean steps."""
-        from gpuscope.analysis.thresholds import MIN_STEADY_STEPS
-        from gpuscope.collectors import plan_windows
+        from gpuscope.diagnose.thresholds import MIN_STEADY_STEPS
+        from gpuscope.collect.collectors import plan_windows
 
         plan = plan_windows(dataclasses.replace(self.collect_options(), profile_steps=None))
         return max(plan.end(cuda=True) - self.skip_steps, 0) + MIN_STEADY_STEPS

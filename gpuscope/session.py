@@ -7,9 +7,9 @@ Order, all of it derived from the collectors' declarations (``collectors.default
 2. live collectors start in window order (the scheduler's), the rest after them, and stop in reverse, but for the
    steps collector, which stops first, as the script ends: what the others do as they stop (a trace of many ops
    written out: 15 s) is no part of the script's time after its last step;
-3. the steps are reduced (``analysis.steady``) so the probes know what the run measured;
+3. the steps are reduced (``reduce.steady``) so the probes know what the run measured;
 4. post-run probes run one at a time, each after every live hook is gone (they may run the user's code again);
-5. every payload becomes record fields (``analysis.reduce``), and the record is analysed and written.
+5. every payload becomes record fields (``reduce.fields``), and the record is analysed and written.
 
 With ``profile_steps`` (``--profile-steps``), stages 2-5 run as the step after the profiled ones begins (at the
 steps collector's next safe point, ``hand_over``), in the loop's thread; the script then goes on with no collector
@@ -31,13 +31,13 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from gpuscope.analysis import analyze, thresholds
-from gpuscope.analysis.evidence import batches_per_step, compute_time_s
-from gpuscope.analysis.reduce import reads_others, record_fields
-from gpuscope.captures import PostRunFacts, StepCapture
-from gpuscope.collectors import Collector, CollectorResult, default_collectors
-from gpuscope.collectors.probing import run_isolated, user_torch_threads
-from gpuscope.collectors.steps import StepsCollector
+from gpuscope.diagnose import analyze, thresholds
+from gpuscope.diagnose.evidence import batches_per_step, compute_time_s
+from gpuscope.reduce.fields import reads_others, record_fields
+from gpuscope.collect.captures import PostRunFacts, StepCapture
+from gpuscope.collect.collectors import Collector, CollectorResult, default_collectors
+from gpuscope.collect.collectors.probing import run_isolated, user_torch_threads
+from gpuscope.collect.collectors.steps import StepsCollector
 from gpuscope.errors import GpuscopeError
 from gpuscope.record import CollectorStatus, Distributed, ProfilingWindow, RunMeta, RunRecord, write_record
 
@@ -338,7 +338,7 @@ def assemble(
     reduce: Callable[[str, str, object, Mapping[str, object]], dict[str, Any]] | None = None,
 ) -> RunRecord:
     """The record of measurements (no verdict yet) from what each collector returned: each payload fills the
-    record field its collector declares (``fields``, by collector name), reduced by ``analysis.reduce``
+    record field its collector declares (``fields``, by collector name), reduced by ``reduce.fields``
     (``reduce(name, field, payload, payloads)``: a stand-in for ``record_fields`` that may reuse a reduction)."""
     from gpuscope import __version__
 

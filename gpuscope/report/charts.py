@@ -11,7 +11,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from gpuscope.analysis.clock import step_times
+from gpuscope.diagnose.clock import step_times
 from gpuscope.record import PHASES, Breakdown, GpuDevice, RunRecord
 
 Figure = dict[str, Any]

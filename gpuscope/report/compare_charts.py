@@ -3,7 +3,7 @@ here): the steady steps' time distributions of both runs, and their median steps
 
 from __future__ import annotations
 
-from gpuscope.analysis.compare import Comparison, steady_times
+from gpuscope.diagnose.compare import Comparison, steady_times
 from gpuscope.record import RunRecord
 from gpuscope.report.charts import PHASE_COLORS, PHASE_NAMES, Figure, _axis, _layout, _r
 

@@ -1,12 +1,12 @@
 """``gpuscope compare`` in a terminal or a CI log: a few plain lines read from the ``Comparison``
-(``gpuscope.analysis.compare``), and the ``--fail-if-slower`` gate's line."""
+(``gpuscope.diagnose.compare``), and the ``--fail-if-slower`` gate's line."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from gpuscope.analysis.compare import LEVEL, Comparison, SpeedUp
-from gpuscope.analysis.evidence import show
+from gpuscope.diagnose.compare import LEVEL, Comparison, SpeedUp
+from gpuscope.diagnose.evidence import show
 
 
 def speedup_text(s: SpeedUp) -> str:

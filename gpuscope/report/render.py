@@ -16,13 +16,13 @@ from typing import Any
 from jinja2 import BytecodeCache, Environment, FileSystemBytecodeCache, FileSystemLoader, StrictUndefined
 from markupsafe import Markup
 
-from gpuscope.analysis.gpu_step import own_cuda_cost
-from gpuscope.analysis.speed import headroom_text
-from gpuscope.analysis.compare import Comparison, compare
+from gpuscope.diagnose.gpu_step import own_cuda_cost
+from gpuscope.diagnose.speed import headroom_text
+from gpuscope.diagnose.compare import Comparison, compare
 from gpuscope.errors import GpuscopeError
 from gpuscope.record import PHASES, RunRecord
 from gpuscope.report import charts, compare_charts, facts
-from gpuscope.analysis.words import bound_label, flop_text, left_out, speedup_text
+from gpuscope.diagnose.words import bound_label, flop_text, left_out, speedup_text
 
 REPORT_HTML = "report.html"
 TEMPLATE = "report.html"

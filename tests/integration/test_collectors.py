@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import SAMPLES, SCRIPTS, Run, Runs, load_run, run_gpuscope, run_python
-from gpuscope.collectors.base import CollectorResult
-from gpuscope.collectors.steps import StepsCollector
+from gpuscope.collect.collectors.base import CollectorResult
+from gpuscope.collect.collectors.steps import StepsCollector
 from gpuscope.record import CollectorStatus
 from gpuscope.session import Session
 
@@ -186,7 +186,7 @@ def test_counting_a_steps_flops_imports_nothing_into_the_script_that_python_woul
 
 CALIBRATE = """
 import sys, torch
-from gpuscope.collectors.calibration import measure_op_overhead
+from gpuscope.collect.collectors.calibration import measure_op_overhead
 calibration = measure_op_overhead(torch)
 print(sorted(m for m in ("torch._dynamo", "torch._inductor") if m in sys.modules), calibration.ops_per_step)
 """

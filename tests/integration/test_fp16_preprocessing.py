@@ -9,7 +9,7 @@ import re
 import pytest
 
 from conftest import SAMPLES, Runs, compare_runs
-from gpuscope.analysis import thresholds as th
+from gpuscope.diagnose import thresholds as th
 
 pytestmark = [pytest.mark.slow, pytest.mark.timing]
 SAMPLE = SAMPLES / "data_loading_bound_fp16.py"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SCRIPTS, child_env, load_run, run_gpuscope
-from gpuscope.analysis.rules.host_allocator import kernel_share
+from gpuscope.diagnose.rules.host_allocator import kernel_share
 from gpuscope.record import RunRecord
 
 pytestmark = pytest.mark.slow

@@ -11,8 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch import nn  # noqa: E402
 
-from gpuscope.collectors.practices import PracticesCollector, inspect_modules  # noqa: E402
-from gpuscope.collectors.steps import StepsCollector  # noqa: E402
+from gpuscope.collect.collectors.practices import PracticesCollector, inspect_modules  # noqa: E402
+from gpuscope.collect.collectors.steps import StepsCollector  # noqa: E402
 from gpuscope.session import Session  # noqa: E402
 
 

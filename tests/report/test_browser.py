@@ -20,7 +20,7 @@ from conftest import ROOT, SCRIPTS, Runs, run_gpuscope
 from gpuscope.record import load_record
 from gpuscope.report import write_report
 from gpuscope.report.render import write_compare
-from gpuscope.analysis.words import bound_label
+from gpuscope.diagnose.words import bound_label
 
 pytestmark = pytest.mark.slow
 CHROMIUM = os.environ.get("GPUSCOPE_CHROMIUM", "/usr/bin/chromium")

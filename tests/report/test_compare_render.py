@@ -12,7 +12,7 @@ import pytest
 from report_records import HOSTILE, fixed_data_loading_record, gpu_record, hostile_record, sample_record
 
 from conftest import make_record
-from gpuscope.analysis.compare import compare
+from gpuscope.diagnose.compare import compare
 from gpuscope.record import Recommendation, RuleCheck
 from gpuscope.report.render import plotly_js, render_compare, write_compare
 

@@ -149,7 +149,7 @@ def test_a_dataset_probed_a_batch_at_a_time_is_described_by_the_batch() -> None:
 
 @pytest.mark.parametrize("name", SAMPLE_RECORDS)
 def test_each_sample_workloads_record_renders_its_verdict(name) -> None:
-    from gpuscope.analysis.words import bound_label
+    from gpuscope.diagnose.words import bound_label
 
     record = sample_record(name)
     html = render_report(record)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope.collectors.allocator import allocator_in_use, malloc_settings, own_usage
-from gpuscope.collectors.memory import HostMemoryCollector
+from gpuscope.collect.collectors.allocator import allocator_in_use, malloc_settings, own_usage
+from gpuscope.collect.collectors.memory import HostMemoryCollector
 from gpuscope.record import CollectorStatus, HostMemory
 
 MAPS = """\

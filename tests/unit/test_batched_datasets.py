@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gpuscope.collectors.data_probe import DataProbeCollector
-from gpuscope.collectors.loader_probe import ProbeBatches, _Source
-from gpuscope.collectors.loaders import LoaderBook
+from gpuscope.collect.collectors.data_probe import DataProbeCollector
+from gpuscope.collect.collectors.loader_probe import ProbeBatches, _Source
+from gpuscope.collect.collectors.loaders import LoaderBook
 from gpuscope.session import post_run_facts
 
 torch = pytest.importorskip("torch")

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 from conftest import make_record
-from gpuscope.analysis.classify import classify
-from gpuscope.analysis.rules import evaluate
+from gpuscope.diagnose.classify import classify
+from gpuscope.diagnose.rules import evaluate
 from gpuscope.record import (
     Breakdown,
     Calibration,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_record
-from gpuscope.analysis.compare import MAX_STEPS, compare, steady_times
+from gpuscope.diagnose.compare import MAX_STEPS, compare, steady_times
 from gpuscope.report.compare_text import gate_text, speedup_text, summary_lines
 from gpuscope.record import (
     Breakdown,
@@ -280,8 +280,8 @@ def test_a_figure_missing_from_either_run_falls_back_to_the_step_time() -> None:
 
 
 def test_every_rule_declares_the_figures_that_show_it_resolved() -> None:
-    from gpuscope.analysis.evidence import Metric
-    from gpuscope.analysis.rules import RULES
+    from gpuscope.diagnose.evidence import Metric
+    from gpuscope.diagnose.rules import RULES
 
     assert RULES
     for r in RULES:
@@ -299,7 +299,7 @@ def test_a_recommendation_no_rule_knows_shows_the_step_time() -> None:
 
 
 def test_a_rule_without_a_resolving_figure_cannot_register() -> None:
-    from gpuscope.analysis.rules.base import rule
+    from gpuscope.diagnose.rules.base import rule
 
     with pytest.raises(ValueError, match="declares no figure"):
         rule(id="unmeasured", title="t", fix="f", resolved_by=())(lambda run: None)

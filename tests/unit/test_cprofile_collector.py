@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope.collectors import cprofile as collector_module
-from gpuscope.collectors.cprofile import CProfileCollector, profiler_in_use
+from gpuscope.collect.collectors import cprofile as collector_module
+from gpuscope.collect.collectors.cprofile import CProfileCollector, profiler_in_use
 
 
 class StrictProfile(cProfile.Profile):

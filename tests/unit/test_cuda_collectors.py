@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from gpuscope.collectors.cuda_memory import CudaMemoryCollector
-from gpuscope.collectors.nvtx import NvtxCollector
-from gpuscope.collectors.steplog import StepTracker
+from gpuscope.collect.collectors.cuda_memory import CudaMemoryCollector
+from gpuscope.collect.collectors.nvtx import NvtxCollector
+from gpuscope.collect.collectors.steplog import StepTracker
 
 
 class FakeSteps:

@@ -18,8 +18,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from cuda_stub import stubbed_cuda
-from gpuscope.analysis.gpu_step import own_cuda_cost
-from gpuscope.collectors import CollectOptions, default_collectors
+from gpuscope.diagnose.gpu_step import own_cuda_cost
+from gpuscope.collect.collectors import CollectOptions, default_collectors
 from gpuscope.record import RunRecord
 from gpuscope.session import Session
 

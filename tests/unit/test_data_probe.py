@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 import torch
 
-from gpuscope.collectors.data_probe import DataProbeCollector, measure_float16_slowdown, probe_dataset
-from gpuscope.captures import PostRunFacts
+from gpuscope.collect.collectors.data_probe import DataProbeCollector, measure_float16_slowdown, probe_dataset
+from gpuscope.collect.captures import PostRunFacts
 from gpuscope.record import DataProbe, LineCost
 from gpuscope.session import post_run_facts
 

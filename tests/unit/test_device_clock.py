@@ -9,11 +9,11 @@ import dataclasses
 import pytest
 
 from conftest import make_record
-from gpuscope.analysis import analyze
-from gpuscope.analysis.clock import host_pace, on_device_clock
-from gpuscope.analysis.compare import compare
-from gpuscope.analysis.steady import summarize
-from gpuscope.captures import StepRecord
+from gpuscope.diagnose import analyze
+from gpuscope.diagnose.clock import host_pace, on_device_clock
+from gpuscope.diagnose.compare import compare
+from gpuscope.reduce.steady import summarize
+from gpuscope.collect.captures import StepRecord
 from gpuscope.record import KernelTimeline, OpProfile, SpeedOfLight, Window
 from gpuscope.report.compare_text import gate_text
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from conftest import make_record
-from gpuscope.analysis.classify import classify
-from gpuscope.analysis.comms import communication
-from gpuscope.analysis.ranks import straggler
+from gpuscope.diagnose.classify import classify
+from gpuscope.reduce.comms import communication
+from gpuscope.diagnose.ranks import straggler
 from gpuscope.distributed import merge
 from gpuscope.record import Breakdown, Communication, Distributed, OpProfile, RankSummary, Steps, Verdict
 

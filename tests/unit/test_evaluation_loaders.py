@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope.analysis.evidence import slowest_loader
-from gpuscope.analysis.rules import evaluate
-from gpuscope.analysis.speed import loader_plan, what_if
+from gpuscope.diagnose.evidence import slowest_loader
+from gpuscope.diagnose.rules import evaluate
+from gpuscope.diagnose.speed import loader_plan, what_if
 from gpuscope.record import RunRecord
 
 RECORDS = Path(__file__).parent.parent / "fixtures" / "records"

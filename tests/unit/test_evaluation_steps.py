@@ -14,16 +14,16 @@ import pytest
 import torch
 
 from conftest import make_record
-from gpuscope.analysis.classify import classify
-from gpuscope.analysis.evidence import evaluation_passes
-from gpuscope.analysis.reduce import record_fields
-from gpuscope.analysis.steady import summarize
-from gpuscope.captures import StepCapture, TraceCapture
-from gpuscope.collectors.steplog import StepLog, StepTracker
-from gpuscope.collectors.base import CollectorResult
-from gpuscope.collectors.steps import StepsCollector
+from gpuscope.diagnose.classify import classify
+from gpuscope.diagnose.evidence import evaluation_passes
+from gpuscope.reduce.fields import record_fields
+from gpuscope.reduce.steady import summarize
+from gpuscope.collect.captures import StepCapture, TraceCapture
+from gpuscope.collect.collectors.steplog import StepLog, StepTracker
+from gpuscope.collect.collectors.base import CollectorResult
+from gpuscope.collect.collectors.steps import StepsCollector
 from gpuscope.record import CallSite, CollectorStatus, Loader, Steps, Window
-from gpuscope.analysis.words import left_out
+from gpuscope.diagnose.words import left_out
 
 TRAIN = {"data_wait": 0.01, "forward": 0.03, "backward": 0.05, "optimizer": 0.01}
 """A training step of 0.1 s."""

@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from gpuscope.captures import StepCapture
-from gpuscope.collectors.forward_modules import FETCH_AHEAD
-from gpuscope.collectors.steps import StepsCollector
+from gpuscope.collect.captures import StepCapture
+from gpuscope.collect.collectors.forward_modules import FETCH_AHEAD
+from gpuscope.collect.collectors.steps import StepsCollector
 
 
 class Net(nn.Module):

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope.analysis import analyze
-from gpuscope.analysis.figures import TraceFigures, trace_figures
-from gpuscope.analysis.kernels import is_gemm, uses_tensor_cores
-from gpuscope.analysis.rules.precision import mixed_precision
-from gpuscope.analysis.trace import parse_trace
+from gpuscope.diagnose import analyze
+from gpuscope.reduce.figures import TraceFigures, trace_figures
+from gpuscope.reduce.kernels import is_gemm, uses_tensor_cores
+from gpuscope.diagnose.rules.precision import mixed_precision
+from gpuscope.reduce.trace import parse_trace
 from gpuscope.errors import GpuscopeError
 from gpuscope.record import GpuDevice, GpuSamples, KernelTimeline, OpProfile
-from gpuscope.tracefile import record_from_trace
+from gpuscope.reduce.tracefile import record_from_trace
 
 from conftest import make_record
 from trace_math import Events, busy, clipped, kernels, load, union, window

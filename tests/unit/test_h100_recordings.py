@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope.analysis import analyze
+from gpuscope.diagnose import analyze
 from gpuscope.record import RunRecord
 
 H100 = Path(__file__).resolve().parent.parent / "fixtures" / "gpu" / "h100"

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope.analysis import analyze
-from gpuscope.analysis.gpu_step import gpu_step
+from gpuscope.diagnose import analyze
+from gpuscope.diagnose.gpu_step import gpu_step
 from gpuscope.record import RunRecord
 from trace_math import clipped, kernels, load, union, window
 

@@ -7,7 +7,7 @@ import importlib.machinery
 import sys
 from pathlib import Path
 
-from gpuscope.importwatch import ImportWatch
+from gpuscope.collect.importwatch import ImportWatch
 
 
 def test_watchers_are_called_around_the_import_and_leave_the_real_loader(tmp_path: Path, monkeypatch) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from gpuscope.analysis.kernels import (
+from gpuscope.reduce.kernels import (
     KERNEL_WAIT_MAX_GAP_S,
     classify_gap,
     is_convolution,

@@ -1,5 +1,6 @@
-"""The package's shape: analysis and collectors never import each other, and nothing the repository ships points
-outside it. (Module and function sizes are a prompt for review, not a rule a test enforces.)"""
+"""The package's shape: its folders are the pipeline's stages, and each stage imports only those before it (and
+the record, shared by all); the front ends that drive them sit beside. Nothing the repository ships points outside
+it. (Module and function sizes are a prompt for review, not a rule a test enforces.)"""
 
 from __future__ import annotations
 
@@ -66,41 +67,56 @@ def imports_of(path: Path, target: str) -> list[str]:
     return [f"{rel(path)}:{line} imports {name}" for line, name in sorted(lines.items())]
 
 
+STAGES = ("collect", "reduce", "diagnose", "report")
+"""The pipeline's stages, in order: a run flows collect -> reduce -> diagnose -> report."""
+FRONT_ENDS = ("gpuscope.cli", "gpuscope.api", "gpuscope.notebook", "gpuscope.analyze", "gpuscope.finish",
+              "gpuscope.session", "gpuscope.markers", "gpuscope.options", "gpuscope.distributed", "gpuscope.rundirs")
+"""The modules that drive the stages (the command line, the Python API): they may import any stage, none of the
+stages imports them."""
+
+
 @pytest.mark.parametrize(
     "source",
     [
-        "import gpuscope.collectors.steps",
-        "import gpuscope.collectors as c",
-        "from gpuscope.collectors.steplog import StepLog",
-        "from gpuscope import collectors",
-        "from .. import collectors",
-        "from ..collectors.steps import StepsCollector",
-        "def f():\n    from gpuscope.collectors import base\n",
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gpuscope.collectors.base import Collector\n",
-        "import importlib\nsteps = importlib.import_module('gpuscope.collectors.steps')\n",
+        "import gpuscope.diagnose.classify",
+        "import gpuscope.diagnose as d",
+        "from gpuscope.diagnose.evidence import STEP",
+        "from gpuscope import diagnose",
+        "from .. import diagnose",
+        "from ..diagnose.classify import classify",
+        "def f():\n    from gpuscope.diagnose import speed\n",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from gpuscope.diagnose.speed import LoaderPlan\n",
+        "import importlib\nspeed = importlib.import_module('gpuscope.diagnose.speed')\n",
     ],
 )
 def test_the_import_check_sees_every_form_of_import(source: str) -> None:
-    names = [name for _, name in imported_names(source, "gpuscope.analysis.steady")]
-    assert any(n == "gpuscope.collectors" or n.startswith("gpuscope.collectors.") for n in names), names
+    names = [name for _, name in imported_names(source, "gpuscope.reduce.steady")]
+    assert any(n == "gpuscope.diagnose" or n.startswith("gpuscope.diagnose.") for n in names), names
 
 
-@pytest.mark.parametrize("source", ["from gpuscope.collectorsx import y", "from gpuscope import record",
-                                    "from . import collectors", "import collections"])
+@pytest.mark.parametrize("source", ["from gpuscope.diagnosex import y", "from gpuscope import record",
+                                    "from . import diagnose", "import collections"])
 def test_the_import_check_leaves_other_imports_alone(source: str) -> None:
-    names = [name for _, name in imported_names(source, "gpuscope.analysis.steady")]
-    assert not any(n == "gpuscope.collectors" or n.startswith("gpuscope.collectors.") for n in names), names
+    names = [name for _, name in imported_names(source, "gpuscope.reduce.steady")]
+    assert not any(n == "gpuscope.diagnose" or n.startswith("gpuscope.diagnose.") for n in names), names
 
 
-@pytest.mark.parametrize(("folder", "forbidden"), [("analysis", "gpuscope.collectors"),
-                                                   ("collectors", "gpuscope.analysis")])
-def test_analysis_and_collectors_do_not_import_each_other(folder: str, forbidden: str) -> None:
-    # given every module of one side
-    files = modules(PACKAGE / folder)
+@pytest.mark.parametrize("stage", STAGES)
+def test_no_stage_imports_a_later_stage_or_a_front_end(stage: str) -> None:
+    # given every module of one stage
+    files = modules(PACKAGE / stage)
     assert files
-    # then none of its imports, wherever it sits, reaches into the other side
-    found = [hit for path in files for hit in imports_of(path, forbidden)]
+    # then none of its imports, wherever it sits, reaches a later stage or the modules that drive the stages
+    later = [f"gpuscope.{name}" for name in STAGES[STAGES.index(stage) + 1:]]
+    found = [hit for path in files for target in (*later, *FRONT_ENDS) for hit in imports_of(path, target)]
     assert found == [], "\n".join(found)
+
+
+def test_the_front_ends_are_what_the_package_holds_beside_the_stages() -> None:
+    # a new module at the package's top is a front end (listed above) or shared by every stage (the record, errors)
+    shared = {"gpuscope", "gpuscope.__main__", "gpuscope.record", "gpuscope.errors", "gpuscope.versions"}
+    top = {module_name(path) for path in PACKAGE.glob("*.py")}
+    assert top == shared | set(FRONT_ENDS)
 
 
 def shipped_text_files() -> Iterator[Path]:

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from conftest import make_record
-from gpuscope.analysis.evidence import batches_per_step
-from gpuscope.analysis.rules import evaluate
-from gpuscope.analysis.rules.dataloader import file_system_sharing, more_dataloader_workers
-from gpuscope.analysis.speed import loader_plan, what_if
-from gpuscope.collectors.loader_probe import (
+from gpuscope.diagnose.evidence import batches_per_step
+from gpuscope.diagnose.rules import evaluate
+from gpuscope.diagnose.rules.dataloader import file_system_sharing, more_dataloader_workers
+from gpuscope.diagnose.speed import loader_plan, what_if
+from gpuscope.collect.collectors.loader_probe import (
     LoaderProbeCollector,
     ProbeSampler,
     affordable_configs,
@@ -26,7 +26,7 @@ from gpuscope.collectors.loader_probe import (
     probe_loader,
     worker_counts,
 )
-from gpuscope.collectors.loader_timing import MIN_TIMED_S, close_workers, remove_shared_files, time_sampler
+from gpuscope.collect.collectors.loader_timing import MIN_TIMED_S, close_workers, remove_shared_files, time_sampler
 from gpuscope.record import Breakdown, CallSite, Loader, LoaderProbe, LoaderRate, RunMeta, Steps, Verdict
 from gpuscope.session import post_run_facts
 
@@ -476,8 +476,8 @@ def test_once_a_hand_over_waits_the_budget_left_keeps_a_slot_for_the_file_system
     def shm_manager(torch: Any) -> None:  # the file_system strategy's manager starts in 0.3 s
         now[0] += 0.3
 
-    monkeypatch.setattr("gpuscope.collectors.loader_probe.time_config", timing)
-    monkeypatch.setattr("gpuscope.collectors.loader_probe.start_shm_manager", shm_manager)
+    monkeypatch.setattr("gpuscope.collect.collectors.loader_probe.time_config", timing)
+    monkeypatch.setattr("gpuscope.collect.collectors.loader_probe.start_shm_manager", shm_manager)
     probe = probe_loader(torch, Squares(), batch_size=4, cores=2, consume_batches_per_s=100.0, budget_s=3.0,
                          main_batch_s=0.01, main_batch_batches=10, clock=lambda: now[0])
     # then: 1 worker gets half (the budget split over 1 and 2 workers); its hand-over waited, so 2 workers get half
@@ -563,8 +563,8 @@ def test_a_rate_timed_over_the_first_round_only_is_completed_from_the_runs_batch
 def test_a_probe_in_its_child_sees_the_users_thread_count_not_its_own() -> None:
     # the isolated child runs torch on one thread; the shared-cores prediction needs the step's threads (with 1 it
     # promised 1.77x on data_loading_shared_cores, where 1.28x was measured)
-    from gpuscope.collectors.base import CollectorResult
-    from gpuscope.collectors.probing import run_isolated, user_torch_threads
+    from gpuscope.collect.collectors.base import CollectorResult
+    from gpuscope.collect.collectors.probing import run_isolated, user_torch_threads
     from gpuscope.record import CollectorStatus
 
     def probe() -> CollectorResult:

@@ -1,5 +1,5 @@
 """The thread the steps collector follows: the training loop's, even where a script trains in a thread of its own
-while its main thread waits (``gpuscope.collectors.loopthread``)."""
+while its main thread waits (``gpuscope.collect.collectors.loopthread``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from gpuscope.captures import StepCapture
-from gpuscope.collectors.steps import StepsCollector
+from gpuscope.collect.captures import StepCapture
+from gpuscope.collect.collectors.steps import StepsCollector
 
 
 def train(model: nn.Module, steps: int) -> None:

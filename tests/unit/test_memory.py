@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from gpuscope.collectors.children import EXEC_GRACE_S, ChildrenCpu, helper_verdict, schedstat
-from gpuscope.collectors.memory import (
+from gpuscope.collect.collectors.children import EXEC_GRACE_S, ChildrenCpu, helper_verdict, schedstat
+from gpuscope.collect.collectors.memory import (
     BoundedSeries,
     HostMemoryCollector,
     MemoryPeaks,
@@ -41,7 +41,7 @@ def _hold_memory(size: int, ready: Any, release: Any) -> None:
 CHILDREN = """
 import json, multiprocessing, sys, time
 from pathlib import Path
-from gpuscope.collectors.memory import HostMemoryCollector
+from gpuscope.collect.collectors.memory import HostMemoryCollector
 
 def body(spin):  # 1.5 s on a CPU (spin) or waiting, as for a file or the network
     end = time.monotonic() + 1.5

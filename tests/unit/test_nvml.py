@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from conftest import make_record
-from gpuscope.collectors.nvml import (
+from gpuscope.collect.collectors.nvml import (
     THROTTLE_REASONS,
     NvmlCollector,
     build_gpu_samples,

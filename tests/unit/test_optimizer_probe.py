@@ -11,9 +11,9 @@ import torch
 
 import gpuscope
 from conftest import make_record
-from gpuscope.analysis.rules import evaluate
-from gpuscope.collectors import optimizer_probe
-from gpuscope.collectors.optimizer_probe import OptimizerProbeCollector
+from gpuscope.diagnose.rules import evaluate
+from gpuscope.collect.collectors import optimizer_probe
+from gpuscope.collect.collectors.optimizer_probe import OptimizerProbeCollector
 from gpuscope.record import Breakdown, CallSite, OptimizerProbe, Practices
 from gpuscope.session import post_run_facts
 

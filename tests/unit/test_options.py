@@ -9,7 +9,7 @@ import pytest
 
 import gpuscope
 from gpuscope.cli import _parse, build_parser
-from gpuscope.collectors import CollectOptions
+from gpuscope.collect.collectors import CollectOptions
 from gpuscope.errors import GpuscopeError
 from gpuscope.options import RunOptions
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from gpuscope.captures import StepCapture
-from gpuscope.collectors.steps import StepsCollector
+from gpuscope.collect.captures import StepCapture
+from gpuscope.collect.collectors.steps import StepsCollector
 
 ITEM_S = 0.004
 BATCH = 2

@@ -10,12 +10,12 @@ from typing import ClassVar
 import pytest
 
 from gpuscope import profile
-from gpuscope.analysis.steady import summarize
-from gpuscope.collectors import CollectOptions, default_collectors, plan_windows
-from gpuscope.collectors.base import CollectorResult, StepFollower, WindowRequest
-from gpuscope.collectors.schedule import Window, schedule
-from gpuscope.collectors.steplog import StepLog, StepRecord
-from gpuscope.collectors.steps import StepsCollector
+from gpuscope.reduce.steady import summarize
+from gpuscope.collect.collectors import CollectOptions, default_collectors, plan_windows
+from gpuscope.collect.collectors.base import CollectorResult, StepFollower, WindowRequest
+from gpuscope.collect.collectors.schedule import Window, schedule
+from gpuscope.collect.collectors.steplog import StepLog, StepRecord
+from gpuscope.collect.collectors.steps import StepsCollector
 from gpuscope.errors import GpuscopeError
 from gpuscope.options import RunOptions
 from gpuscope.record import CollectorStatus, load_record

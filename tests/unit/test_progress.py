@@ -9,8 +9,8 @@ from typing import ClassVar
 
 import pytest
 
-from gpuscope.captures import PostRunFacts
-from gpuscope.collectors.base import CollectorResult, PostRunProbe
+from gpuscope.collect.captures import PostRunFacts
+from gpuscope.collect.collectors.base import CollectorResult, PostRunProbe
 from gpuscope.record import CollectorStatus
 from gpuscope import session as stage
 from gpuscope.session import Session

@@ -9,8 +9,8 @@ import re
 import pytest
 
 from conftest import ROOT, make_record
-from gpuscope.analysis.rules import RULES, Finding, evaluate
-from gpuscope.analysis.speed import what_if
+from gpuscope.diagnose.rules import RULES, Finding, evaluate
+from gpuscope.diagnose.speed import what_if
 from gpuscope.record import (
     Breakdown,
     CallSite,

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope.analysis.classify import classify
-from gpuscope.analysis.rules import evaluate
-from gpuscope.analysis.speed import what_if
+from gpuscope.diagnose.classify import classify
+from gpuscope.diagnose.rules import evaluate
+from gpuscope.diagnose.speed import what_if
 from gpuscope.record import RunRecord
 
 RECORDS = Path(__file__).resolve().parent.parent / "fixtures" / "records"

@@ -18,10 +18,10 @@ import torch.nn.functional as F
 from torch.utils import flop_counter
 
 from conftest import make_record
-from gpuscope.analysis.rules import evaluate
-from gpuscope.captures import AttentionCall, FlopCount
-from gpuscope.collectors import attention, flops
-from gpuscope.collectors.flops import CpuPeakProbe, MatmulTiming
+from gpuscope.diagnose.rules import evaluate
+from gpuscope.collect.captures import AttentionCall, FlopCount
+from gpuscope.collect.collectors import attention, flops
+from gpuscope.collect.collectors.flops import CpuPeakProbe, MatmulTiming
 from gpuscope.record import (AttentionTiming, Breakdown, CallSite, CollectorStatus, OpProfile, OpStat, RunRecord,
                              SpeedOfLight, Steps)
 from gpuscope.session import post_run_facts

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 
 from conftest import make_record
-from gpuscope.analysis.rules import evaluate
-from gpuscope.captures import FlopCount
-from gpuscope.collectors import flops
-from gpuscope.collectors.flops import CpuPeakProbe, MatmulTiming
+from gpuscope.diagnose.rules import evaluate
+from gpuscope.collect.captures import FlopCount
+from gpuscope.collect.collectors import flops
+from gpuscope.collect.collectors.flops import CpuPeakProbe, MatmulTiming
 from gpuscope.record import (
     Breakdown,
     CallSite,

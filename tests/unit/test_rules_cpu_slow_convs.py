@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from conftest import make_record
-from gpuscope.analysis.rules import evaluate
+from gpuscope.diagnose.rules import evaluate
 from gpuscope.record import Breakdown, CallSite, CollectorStatus, OpProfile, OpStat, Practices, SpeedOfLight, Steps
 
 RULE = "cpu-fp32-over-low-precision"

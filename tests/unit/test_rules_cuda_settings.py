@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from conftest import make_record
-from gpuscope.analysis.rules import evaluate
+from gpuscope.diagnose.rules import evaluate
 from gpuscope.record import (
     CallSite,
     CollectorStatus,

@@ -9,7 +9,7 @@ import dataclasses
 import pytest
 
 from conftest import make_record
-from gpuscope.analysis.rules import evaluate
+from gpuscope.diagnose.rules import evaluate
 from gpuscope.record import Calibration, CallSite, CollectorStatus, OpProfile, OpStat, Practices, Steps, StepSample
 
 LINE = CallSite(file="train.py", line=42, function="main", code="optimizer.zero_grad(set_to_none=False)", calls=50)

@@ -10,8 +10,8 @@ import dataclasses
 import pytest
 
 from conftest import make_record
-from gpuscope.analysis.rules import evaluate
-from gpuscope.analysis.rules.host_allocator import kernel_share, kernel_time, keep_bytes
+from gpuscope.diagnose.rules import evaluate
+from gpuscope.diagnose.rules.host_allocator import kernel_share, kernel_time, keep_bytes
 from gpuscope.record import HostMemory, Steps, StepSample
 
 MIB = 1 << 20

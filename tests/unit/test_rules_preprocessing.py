@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from conftest import make_record
-from gpuscope.analysis.rules import evaluate
-from gpuscope.analysis.speed import what_if
+from gpuscope.diagnose.rules import evaluate
+from gpuscope.diagnose.speed import what_if
 from gpuscope.record import Breakdown, CollectorStatus, DataProbe, LineCost, Loader, Recommendation, RunRecord, Steps
 
 RULE = "fp32-preprocessing"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope.runner import EXIT_SIGTERM, Target, run_target
+from gpuscope.collect.runner import EXIT_SIGTERM, Target, run_target
 
 TERMINATED_WHILE_REPORTING = """\
 import os, signal

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuscope.collectors import CollectOptions, collector_classes, default_collectors, plan_windows, window_requests
-from gpuscope.collectors.base import WindowRequest
-from gpuscope.collectors.schedule import Window, schedule
+from gpuscope.collect.collectors import CollectOptions, collector_classes, default_collectors, plan_windows, window_requests
+from gpuscope.collect.collectors.base import WindowRequest
+from gpuscope.collect.collectors.schedule import Window, schedule
 
 
 def test_windows_that_would_overlap_are_placed_one_after_another() -> None:

@@ -11,8 +11,8 @@ import traceback
 from pathlib import Path
 
 import gpuscope.cli as cli
-import gpuscope.runner as runner
-from gpuscope.runner import Target, run_target
+import gpuscope.collect.runner as runner
+from gpuscope.collect.runner import Target, run_target
 
 STACK_SCRIPT = """\
 import json, sys, traceback

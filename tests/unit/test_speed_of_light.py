@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 
 from conftest import make_record
-from gpuscope.analysis import analyze
-from gpuscope.analysis.peaks import find_gpu, gpu_peak_flops
-from gpuscope.analysis.speed import complete_speed_of_light, headroom_text, what_if
-from gpuscope.analysis.reduce import speed_of_light
-from gpuscope.captures import FlopCount
-from gpuscope.collectors import flops
-from gpuscope.collectors.flops import (
+from gpuscope.diagnose import analyze
+from gpuscope.reduce.peaks import find_gpu, gpu_peak_flops
+from gpuscope.diagnose.speed import complete_speed_of_light, headroom_text, what_if
+from gpuscope.reduce.fields import speed_of_light
+from gpuscope.collect.captures import FlopCount
+from gpuscope.collect.collectors import flops
+from gpuscope.collect.collectors.flops import (
     CpuPeakProbe,
     MatmulTiming,
     SpeedOfLightCollector,
@@ -26,7 +26,7 @@ from gpuscope.collectors.flops import (
 )
 from gpuscope.record import Breakdown, RunMeta, SpeedOfLight, StepSample, Steps, Verdict
 from gpuscope.session import post_run_facts
-from gpuscope.analysis.words import flop_text
+from gpuscope.diagnose.words import flop_text
 
 torch = pytest.importorskip("torch")
 
@@ -420,7 +420,7 @@ def test_a_measured_peak_far_below_the_runs_own_rate_is_not_its_peak_and_gives_n
     assert headroom_text(record) is None
     assert what_if(record, record.verdict) is None
     from gpuscope.report.render import render_report
-    from gpuscope.summary import summary_lines
+    from gpuscope.report.summary import summary_lines
 
     summary = "\n".join(summary_lines(record, Path("run")))
     assert summary.startswith("gpuscope: CPU-compute-bound (confidence 0.95)")
@@ -455,8 +455,8 @@ def test_a_what_if_slower_than_the_run_reads_slower_in_the_summary_and_the_repor
     # the step computes on): 85 ms for the run's 65 ms
     from gpuscope.record import WhatIf
     from gpuscope.report.render import render_report
-    from gpuscope.analysis.words import speedup_text
-    from gpuscope.summary import summary_lines
+    from gpuscope.diagnose.words import speedup_text
+    from gpuscope.report.summary import summary_lines
 
     record = dataclasses.replace(
         make_record(breakdown=Breakdown(data_wait=0.35, forward=0.25, backward=0.4), meta=RunMeta(cpu_count=2)),

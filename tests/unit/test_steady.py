@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuscope.analysis.steady import summarize, summarize_capture
-from gpuscope.captures import StepCapture
-from gpuscope.collectors.steplog import StepLog, StepRecord
+from gpuscope.reduce.steady import summarize, summarize_capture
+from gpuscope.collect.captures import StepCapture
+from gpuscope.collect.collectors.steplog import StepLog, StepRecord
 
 
 def records(walls: list[float], data_share: float = 0.0) -> list[StepRecord]:

@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from gpuscope.collectors import CollectOptions, default_collectors, plan_windows
-from gpuscope.collectors.syncs import DEFAULT_START, SyncCollector
+from gpuscope.collect.collectors import CollectOptions, default_collectors, plan_windows
+from gpuscope.collect.collectors.syncs import DEFAULT_START, SyncCollector
 from gpuscope.record import SyncProfile, Window
 
 SYNC_MESSAGE = ("called a synchronizing CUDA operation (Triggered internally at "

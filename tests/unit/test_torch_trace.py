@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope.analysis.kernels import kernel_timeline
-from gpuscope.collectors.lazy_dynamo import inductor_left_unimported
-from gpuscope.collectors.torch_trace import (
+from gpuscope.reduce.kernels import kernel_timeline
+from gpuscope.collect.collectors.lazy_dynamo import inductor_left_unimported
+from gpuscope.collect.collectors.torch_trace import (
     cap_trace,
     kineto_quiet,
     release_cupti_after_trace,

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope.analysis.reduce import trace_op_profile
-from gpuscope.collectors.torch_trace import capture_trace
+from gpuscope.reduce.fields import trace_op_profile
+from gpuscope.collect.collectors.torch_trace import capture_trace
 
 TRACE = Path(__file__).resolve().parent.parent / "fixtures" / "gpu" / "a100-resnet-ddp-nccl.json.gz"
 

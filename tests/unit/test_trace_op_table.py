@@ -15,15 +15,15 @@ from typing import Any
 
 import pytest
 
-from gpuscope.analysis.optable import op_kind
-from gpuscope.analysis.figures import trace_figures
-from gpuscope.analysis.optable import OpTable, op_table
-from gpuscope.analysis.reduce import op_profile, trace_op_profile
-from gpuscope.collectors import torch_trace
-from gpuscope.collectors.torch_trace import TRACE_FILE, TorchTraceCollector
-from gpuscope.captures import TraceCapture
+from gpuscope.reduce.optable import op_kind
+from gpuscope.reduce.figures import trace_figures
+from gpuscope.reduce.optable import OpTable, op_table
+from gpuscope.reduce.fields import op_profile, trace_op_profile
+from gpuscope.collect.collectors import torch_trace
+from gpuscope.collect.collectors.torch_trace import TRACE_FILE, TorchTraceCollector
+from gpuscope.collect.captures import TraceCapture
 from gpuscope.record import OpStat, Window
-from gpuscope.tracefile import record_from_trace
+from gpuscope.reduce.tracefile import record_from_trace
 
 H100 = Path(__file__).resolve().parent.parent / "fixtures" / "gpu" / "h100"
 

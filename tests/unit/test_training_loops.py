@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gpuscope.analysis.classify import classify
-from gpuscope.analysis.speed import complete_speed_of_light
-from gpuscope.analysis.steady import summarize
-from gpuscope.captures import LoopStart, StepRecord
-from gpuscope.collectors.steps import StepsCollector
+from gpuscope.diagnose.classify import classify
+from gpuscope.diagnose.speed import complete_speed_of_light
+from gpuscope.reduce.steady import summarize
+from gpuscope.collect.captures import LoopStart, StepRecord
+from gpuscope.collect.collectors.steps import StepsCollector
 from gpuscope.record import CallSite, RunRecord, SpeedOfLight, TrainingLoop
 
 RECORDS = Path(__file__).resolve().parents[1] / "fixtures" / "records"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope.analysis import analyze
-from gpuscope.analysis.classify import classify
+from gpuscope.diagnose import analyze
+from gpuscope.diagnose.classify import classify
 from gpuscope.record import FunctionStat, RunRecord
 
 RECORDS = Path(__file__).resolve().parents[1] / "fixtures" / "records"

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from conftest import make_record
-from gpuscope.analysis.rules.dataloader import more_dataloader_workers
-from gpuscope.analysis.speed import what_if
-from gpuscope.analysis.waiting_workers import waiting_workers
+from gpuscope.diagnose.rules.dataloader import more_dataloader_workers
+from gpuscope.diagnose.speed import what_if
+from gpuscope.diagnose.waiting_workers import waiting_workers
 from gpuscope.record import Breakdown, HostMemory, Loader, RunMeta, RunRecord, Steps, Verdict
 
 RECORDS = Path(__file__).parent.parent / "fixtures" / "records"

@@ -1,0 +1,101 @@
+"""``gpuscope analyze PATH``: the verdict, recommendations and report of a torch.profiler trace a user already has,
+or of a folder of them (one per rank, as ``torch.profiler.tensorboard_trace_handler`` writes), with no run.
+
+A single trace gives one record (``reduce.tracefile.record_from_trace``), diagnosed by the same analysis as a run. A folder
+of rank traces gives one job record, laid out as ``gpuscope run --nproc-per-node`` lays it out: each rank's record in
+``rank-K/``, the merge (every rank's steps and breakdown, the straggler, the missing ranks) in the output folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from pathlib import Path
+
+from gpuscope.errors import GpuscopeError
+from gpuscope.record import RunRecord, write_record
+
+TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+class AnalyzeCommand:
+    """``gpuscope analyze PATH [-o DIR] [--open] [-q]``."""
+
+    name = "analyze"
+    help = "diagnose a torch.profiler trace (.json, .json.gz) or a folder of rank traces, with no run"
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("path", metavar="PATH", help="a trace file, or a folder of them (one per rank)")
+        parser.add_argument("-o", "--output", metavar="DIR",
+                            help="where run.json and report.html go (default: ./gpuscope-runs/<trace>-<timestamp>/)")
+        parser.add_argument("-q", "--quiet", action="store_true", help="print no summary")
+        parser.add_argument("--open", action="store_true", help="open report.html in the browser when done")
+
+    def run(self, args: argparse.Namespace) -> int:
+        from gpuscope.finish import finish
+        from gpuscope.rundirs import new_run_dir
+
+        path = Path(args.path)
+        files = trace_files(path)
+        records = [analyzed(f) for f in files]  # every input is read before any folder is made
+        run_dir = new_run_dir(args.output, _stem(path))
+        record = write_job(records, run_dir) if len(records) > 1 else records[0]
+        write_record(record, run_dir)
+        finish(lambda: record, run_dir, failure=f"could not write the report to {run_dir}", quiet=args.quiet,
+               open_report=args.open, stream=sys.stdout)
+        return 0
+
+
+def trace_files(path: Path) -> list[Path]:
+    """``path`` itself, or the trace files of a folder by name; GpuscopeError when there is nothing to read."""
+    if path.is_dir():
+        files = sorted(p for p in path.iterdir() if p.is_file() and p.name.endswith(TRACE_SUFFIXES))
+        if not files:
+            raise GpuscopeError(f"no trace files (.json, .json.gz) in {path}")
+        return files
+    if not path.exists():
+        raise GpuscopeError(f"no such trace file or folder: {path}")
+    return [path]
+
+
+def analyzed(path: Path) -> RunRecord:
+    """The diagnosed record of one trace file."""
+    from gpuscope.diagnose import analyze
+    from gpuscope.reduce.trace import read_trace
+    from gpuscope.reduce.tracefile import record_from_trace
+
+    trace = read_trace(path)
+    return analyze(record_from_trace(trace, path.name, path.stat().st_size))
+
+
+def write_job(records: list[RunRecord], job_dir: Path) -> RunRecord:
+    """Write each rank's record to ``job_dir/rank-K/`` and return the job's merged record."""
+    from gpuscope.distributed import merge, rank_dir
+    from gpuscope.record import Distributed
+
+    ranks = [r.distributed.rank if r.distributed is not None else None for r in records]
+    renumber = None in ranks or len(set(ranks)) != len(ranks)
+    placed = []
+    for position, record in enumerate(records):
+        where = record.distributed or Distributed(world_size=len(records))
+        if renumber:  # ranks the traces do not tell apart: their order by file name stands for the rank
+            where = dataclasses.replace(where, rank=position, world_size=max(where.world_size, len(records)))
+        record = dataclasses.replace(record, distributed=where)
+        folder = rank_dir(job_dir, where.rank)
+        folder.mkdir(parents=True, exist_ok=True)
+        write_record(record, folder)
+        placed.append(record)
+    job = merge(placed)
+    files = tuple(f for r in placed if r.source is not None for f in r.source.files)
+    source = dataclasses.replace(job.source, files=files) if job.source is not None else None
+    note = ("each rank's own record is in rank-K/run.json (gpuscope report RUN_DIR/rank-K renders its report)",)
+    return dataclasses.replace(job, source=source, meta=dataclasses.replace(job.meta, notes=(*job.meta.notes, *note)))
+
+
+def _stem(path: Path) -> str:
+    name = path.resolve().name if path.name in ("", ".", "..") else path.name
+    for suffix in (".json.gz", ".json", ".gz"):
+        if name.endswith(suffix):
+            return name[: -len(suffix)] or "trace"
+    return name or "trace"

@@ -1,0 +1,318 @@
+"""What a collector is: a declaration (name, record field, stage, the steps it wants, its budget), a start and a
+stop (live collectors) or one run after the script (post-run probes), and plain data back. Collectors never raise
+into the user's run: a failure is a status in the record.
+
+A live collector that follows the steps sees them through ``StepEvents``, a narrow interface the stage hands it
+(``follow``): step and phase listeners, whether CUDA is in use, and the marks that keep its profiling window out of
+the steady-state figures. It never sees the steps collector itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+
+from gpuscope.record import CollectorStatus
+
+if TYPE_CHECKING:
+    from gpuscope.collect.captures import PostRunFacts
+    from gpuscope.collect.collectors import CollectOptions
+    from gpuscope.collect.collectors.schedule import Plan
+
+Stage = Literal["live", "post-run"]
+"""``live``: started before the script and stopped after it; ``post-run``: run once after the script has ended,
+every live collector has stopped and the steps are reduced (it may re-run the user's code, so nothing may see it)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CollectorResult:
+    """What a collector hands back: its status and a small typed payload of numbers (no live objects)."""
+
+    status: CollectorStatus
+    payload: object | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRequest:
+    """Steps a profiler wants to itself: ``steps`` in a row (its own warm-up included), placed after the window
+    of the collector named ``after`` and ``gap`` clean steps; ``cuda_only`` windows are placed on CUDA runs only
+    (later windows then start earlier on a CPU run). A window of 0 steps is not placed."""
+
+    steps: int
+    after: str | None = None
+    """The collector whose window this one follows (None: placed first)."""
+    gap: int = 0
+    cuda_only: bool = False
+    startup: bool = False
+    """The window covers the start-up too, so it may begin at step 0; others begin at step 1 at the earliest (step 0
+    pays for lazy initialisation, and every run leaves it out)."""
+
+
+class StepEvents(Protocol):
+    """The run's steps as a collector sees them."""
+
+    def add_step_listener(self, listener: Callable[[int], int | None]) -> None:
+        """Call ``listener(index)`` as each step begins (in the loop's thread, outside the step's figures). It may
+        return how many steps on it next wants to be called (None: the next one; ``step_listeners.QUIET``: not until
+        woken): the steps between cost it nothing."""
+        ...
+
+    def remove_step_listener(self, listener: Callable[[int], int | None]) -> None:
+        """Stop calling ``listener``, from the next step on: a collector done with the steps leaves the hot path."""
+        ...
+
+    def wake_step_listener(self, listener: Callable[[int], int | None]) -> None:
+        """Call ``listener`` at the next step again, however many steps on it asked to be called next."""
+        ...
+
+    def add_phase_listener(self, listener: Callable[[str], None]) -> None:
+        """Call ``listener(phase)`` on each phase change (on the loop's hot path: microseconds at most)."""
+        ...
+
+    def cuda_in_use(self) -> bool:
+        """Whether the script has initialised CUDA (gpuscope never does it first)."""
+        ...
+
+    def cuda_possible(self) -> bool:
+        """False once torch is known to be built without CUDA (or ROCm): ``cuda_in_use()`` stays False all run, and a
+        collector waiting for CUDA can leave the steps (every step of a CPU run pays for each one following them)."""
+        ...
+
+    def window_opened(self) -> None:
+        """A profiler started: steps it touches are left out of the steady-state figures."""
+        ...
+
+    def window_closed(self) -> None:
+        """A profiler stopped."""
+        ...
+
+    def in_window(self) -> bool:
+        """Whether one of gpuscope's profilers is running now."""
+        ...
+
+    def steps_seen(self) -> int:
+        """Steps counted so far."""
+        ...
+
+    def step_evaluated(self, index: int) -> bool:
+        """Whether the trained model ran forward in eval mode or without gradients in step ``index`` (ended)."""
+        ...
+
+    def root_modules(self) -> list[Any]:
+        """The outermost trained modules, once found (at the first steps)."""
+        ...
+
+
+class Collector(Protocol):
+    """One source of measurements, declared by its class attributes."""
+
+    name: ClassVar[str]
+    """Its key in run.json's ``collectors``."""
+    field: ClassVar[str | None]
+    """The record field its payload fills (None: a status only, or a payload another reduction reads)."""
+    stage: ClassVar[Stage]
+
+    def unavailable_reason(self) -> str | None:
+        """None when the collector can run here, else why it cannot (a missing driver, say)."""
+        ...
+
+
+class LiveCollector(Collector, Protocol):
+    """Started before the user's code, stopped after it; ``start`` and ``stop`` are called once each."""
+
+    def start(self, run_dir: Path) -> None:
+        """Begin collecting; artifacts go into ``run_dir``."""
+        ...
+
+    def stop(self) -> CollectorResult:
+        """Stop, undo every hook, and return what was collected."""
+        ...
+
+
+class Probe(Collector, Protocol):
+    """Runs once after the script, within ``budget_s``, told what the run measured."""
+
+    budget_s: ClassVar[float]
+
+    def run(self, run_dir: Path, facts: PostRunFacts) -> CollectorResult:
+        """Probe, and return what was found."""
+        ...
+
+
+REGISTRY: list[Any] = []
+"""Collector classes, as ``register`` saw them (``collectors.collector_classes()`` imports every module first)."""
+
+
+def register(cls: Any) -> Any:
+    """Class decorator: make ``cls`` one of the collectors every run uses."""
+    if any(c.name == cls.name for c in REGISTRY):
+        raise ValueError(f"collector {cls.name} registered twice")
+    REGISTRY.append(cls)
+    return cls
+
+
+class PostRunProbe:
+    """Base of post-run probes: built from the options, off under ``--no-probes``."""
+
+    budget_s: ClassVar[float] = 5.0
+    doing: ClassVar[str] = "measuring after the run"
+    """What the terminal says while it runs (a probe can take seconds after the script has ended)."""
+    stage: ClassVar[Stage] = "post-run"
+    runs_user_code: ClassVar[bool] = False
+    """Runs the user's code again (their dataset): then the stage runs it isolated, within its budget."""
+    enabled = True
+
+    @classmethod
+    def wants(cls, options: CollectOptions) -> WindowRequest | None:
+        return None
+
+    @classmethod
+    def create(cls, options: CollectOptions, plan: Plan) -> Any:
+        probe = cls()
+        probe.enabled = options.probes
+        return probe
+
+    def unavailable_reason(self) -> str | None:
+        return None if self.enabled else "turned off (--no-probes)"
+
+
+class Watcher:
+    """Base of live collectors that own no window of steps: built with their defaults."""
+
+    stage: ClassVar[Stage] = "live"
+
+    @classmethod
+    def wants(cls, options: CollectOptions) -> WindowRequest | None:
+        """The steps this collector profiles (None: it profiles none, it only watches)."""
+        return None
+
+    @classmethod
+    def create(cls, options: CollectOptions, plan: Plan) -> Any:
+        """An instance for a run with ``options``, its window as ``plan`` placed it."""
+        return cls()
+
+
+class StepFollower(Watcher):
+    """Base of live collectors that follow the run's steps: ``follow`` (called by the stage before ``start``)
+    registers ``_on_step``, called with each step's index as it begins. Windowless by default."""
+
+    _events: StepEvents | None = None
+
+    def follow(self, events: StepEvents) -> None:
+        """Follow the run's steps through ``events``."""
+        self._events = events
+        events.add_step_listener(self._on_step)
+
+    def _unfollow(self) -> None:
+        """Follow the steps no more (called from ``_on_step`` once the collector has done with them: its window has
+        closed or failed), so that every later step of a long run costs it nothing."""
+        if self._events is not None:
+            self._events.remove_step_listener(self._on_step)
+
+    def _on_step(self, index: int) -> None:
+        pass
+
+
+WindowState = Literal["waiting", "open", "done", "failed", "skipped"]
+
+
+class StepWindow:
+    """A window of steps a profiler owns, as the scheduler placed it: ``open(index)`` as its first step begins,
+    ``close()`` once ``steps`` steps have run (or at the end of the run); each marks the window on the step events
+    so its steps stay out of the figures. ``start`` and ``cuda_start`` are where it begins on a CPU and a CUDA run
+    (None: not on that kind of run, ``skipped``). Whatever ``open`` or ``close`` raise closes the window and
+    fails it with the reason; the user's step goes on. ``close`` must be safe to call after an ``open`` that
+    raised part of the way (it undoes what took place)."""
+
+    def __init__(self, start: int | None, steps: int, open: Callable[[int], None], close: Callable[[], None],
+                 cuda_start: int | None = None) -> None:
+        self.start = start
+        self.cuda_start = cuda_start
+        self.steps = steps
+        self._open, self._close = open, close
+        self.state: WindowState = "waiting"
+        self.reason = ""
+        self.counted: list[int] = []
+        self._current: int | None = None
+        self._events: StepEvents | None = None
+
+    def on_step(self, index: int, events: StepEvents, what: str) -> None:
+        """Step ``index`` begins; ``what`` names the profiler in a failure's reason."""
+        self._events = events
+        try:
+            if self.state == "waiting":
+                if index < min((s for s in (self.start, self.cuda_start) if s is not None), default=index + 1):
+                    return
+                # the kind of run is decided where the earliest window could begin
+                start = self.cuda_start if events.cuda_in_use() else self.start
+                if start is None:
+                    self.state = "skipped"
+                elif index >= start:
+                    self._current = index
+                    try:
+                        self._open(index)
+                    except Exception:
+                        with contextlib.suppress(Exception):
+                            self._close()  # undo whatever of the opening took place
+                        raise
+                    self.state = "open"
+                    events.window_opened()
+            elif self.state == "open":
+                self.counted.append(self._current)  # type: ignore[arg-type]
+                self._current = index
+                if len(self.counted) >= self.steps:
+                    self.finish()
+        except Exception as exc:
+            self.fail(f"{what} failed: {type(exc).__name__}: {exc}")
+
+    def again(self, start: int) -> None:
+        """Wait again, for step ``start``: the steps counted do not stand for the run's (called from ``close``)."""
+        self.state, self.start, self.cuda_start, self.counted, self._current = "waiting", start, start, [], None
+
+    def finish(self) -> None:
+        """Close the window now (its last step has ended, or the run has)."""
+        if self.state != "open":
+            return
+        self.state = "done"
+        try:
+            self._close()
+        finally:
+            if self._events is not None:
+                self._events.window_closed()
+
+    def fail(self, reason: str) -> None:
+        """Close the window if open, and record why it failed."""
+        if self.state == "open":
+            try:
+                self.finish()
+            except Exception as exc:
+                reason = f"{reason}; closing it failed too: {exc}"
+        self.state, self.reason = "failed", reason
+
+    @property
+    def over(self) -> bool:
+        """Whether the window will open no more (closed, failed, or not on this kind of run)."""
+        return self.state in ("done", "failed", "skipped")
+
+    @property
+    def complete(self) -> bool:
+        """Whether every step of the window ran."""
+        return self.state == "done" and len(self.counted) >= self.steps
+
+
+def patch(owner: Any, attr: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Callable[[], None]:
+    """Replace ``owner.attr`` with ``wrap(original)``, looking like the original (name, docstring, ``__wrapped__``);
+    returns the undo."""
+    original = getattr(owner, attr)
+    replacement = wrap(original)
+    replacement.__wrapped__ = original  # type: ignore[attr-defined]
+    for name in ("__name__", "__qualname__", "__doc__", "__module__"):
+        try:
+            setattr(replacement, name, getattr(original, name))
+        except (AttributeError, TypeError):
+            pass
+    setattr(owner, attr, replacement)
+    return lambda: setattr(owner, attr, original)

@@ -1,0 +1,285 @@
+"""Python functions, by cProfile: ``python.prof`` (``snakeviz python.prof`` or ``gpuscope view RUN_DIR``) and the
+top functions by own and cumulative time.
+
+cProfile can double the time of a Python-heavy loop, so by default it covers the start-up and the first
+``steps`` steps only; those steps are marked profiled and left out of the steady-state figures. It profiles the
+thread that runs the script (cProfile is per thread).
+
+DataLoader workers started by fork are profiled over their first batches (``workers.prof``, see workers.py);
+a forked worker never keeps the main thread's profiler running (it would run profiled, and slower, to no use).
+
+Two profiles are kept: the start-up (through the first step, which also pays for lazy initialisation) and the
+loop (the later steps of the window). The start-up profile pauses while torch itself is imported, and
+torch._dynamo, which torch imports at the script's first optimizer (``PAUSED_IMPORTS``): that takes seconds, is not
+the user's to fix, and under cProfile takes half as long again. ``python.prof`` holds both; the top functions
+come from the loop, so the training loop's hot spots are not drowned by ``import torch``.
+"""
+
+from __future__ import annotations
+
+import cProfile
+import functools
+import os
+import pstats
+import sys
+import sysconfig
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from gpuscope.collect.collectors.base import CollectorResult, StepFollower, WindowRequest, register
+from gpuscope.collect.collectors.workers import WORKERS_PROF, WorkerProfiler, merge_worker_profiles
+from gpuscope.collect.importwatch import ImportWatch
+from gpuscope.record import CollectorStatus, FunctionStat, PythonProfile, Window
+
+if TYPE_CHECKING:
+    from gpuscope.collect.collectors import CollectOptions
+    from gpuscope.collect.collectors.schedule import Plan
+
+PROF_FILE = "python.prof"
+DEFAULT_STEPS = 5
+"""Steps profiled after the start-up: enough to see the loop's hot functions, few enough to cost little."""
+PAUSED_IMPORTS = ("torch", "torch._dynamo")
+"""Imports the start-up profile pauses for: torch's own (about 1.5 s on a 2-core machine, more under cProfile), and
+torch._dynamo's, which torch runs at the script's first optimizer (as long again: 1.8 s of a 6-step script's 3 s)."""
+TOP_FUNCTIONS = 15
+_GPUSCOPE_DIR = str(Path(__file__).resolve().parent.parent) + os.sep
+
+
+@register
+class CProfileCollector(StepFollower):
+    """cProfile over the start-up and a window of steps (``steps=None``: the whole run)."""
+
+    name: ClassVar[str] = "cprofile"
+    field: ClassVar[str | None] = "python_profile"
+    _running: ClassVar[CProfileCollector | None] = None  # read in a forked child, to stop the inherited profile
+    _fork_hook: ClassVar[bool] = False
+
+    def __init__(self, steps: int | None = DEFAULT_STEPS, first: int = 0) -> None:
+        """``first``: the window's first step; past 0 (``--skip-steps``), the start-up is not profiled."""
+        self.steps = steps
+        self.first = first
+        self._closed = False
+        self._startup = cProfile.Profile()
+        self._loop: cProfile.Profile | None = None
+        self._active: cProfile.Profile | None = None
+        self._last_step: int | None = None
+        self._error: str | None = None
+        self._importing = 0  # PAUSED_IMPORTS running: the start-up profile is off while it is above 0
+        self._unwrap: Callable[[], None] | None = None
+        self._workers_error: str | None = None
+
+    @classmethod
+    def wants(cls, options: CollectOptions) -> WindowRequest | None:
+        """The first steps, from step 0 (the start-up runs profiled before it); the whole run profiles steps that
+        other windows own too, as the user asked."""
+        if options.cprofile_steps is None:  # the whole run, or all of it from the skipped steps on
+            return WindowRequest(1, startup=True) if options.skip_steps else None
+        return WindowRequest(options.cprofile_steps, startup=True)
+
+    @classmethod
+    def create(cls, options: CollectOptions, plan: Plan) -> CProfileCollector:
+        return cls(options.cprofile_steps, first=plan.start(cls.name) or 0)
+
+    def unavailable_reason(self) -> str | None:
+        return profiler_in_use()
+
+
+    def start(self, run_dir: Path) -> None:
+        self._run_dir = run_dir
+        if not CProfileCollector._fork_hook:  # at-fork hooks cannot be removed: one for the process
+            os.register_at_fork(after_in_child=_stop_inherited_profile)
+            CProfileCollector._fork_hook = True
+        CProfileCollector._running = self
+        self._workers = WorkerProfiler(run_dir)
+        self._watches = [ImportWatch(name, functools.partial(self._imported, name), before=self._importing_begins)
+                         for name in PAUSED_IMPORTS]
+        for watch in self._watches:
+            watch.install()
+        if not self.first:
+            self._open(self._startup)
+
+    def _importing_begins(self) -> None:
+        self._importing += 1
+        if self._importing == 1 and self._active is self._startup:
+            self._startup.disable()
+
+    def _imported(self, name: str) -> None:
+        # installing a watch of a module already imported calls this at once, with no import paused
+        if self._importing:
+            self._importing -= 1
+            # only what _importing_begins paused: with torch imported before the run (a notebook, gpuscope.profile()),
+            # the start-up profile is running, and enabling it again raises on Python 3.12+ (one profiler at a time)
+            if not self._importing and self._active is self._startup:
+                self._startup.enable()
+        if name == "torch":
+            self._torch_imported()
+
+    def _torch_imported(self) -> None:
+        try:
+            self._unwrap = self._workers.install()
+        except Exception as exc:  # an older torch: workers are just not profiled
+            self._workers_error = f"DataLoader workers not profiled: {exc}"
+
+    def _on_step(self, index: int) -> None:
+        """Step ``index`` begins."""
+        if self._closed:
+            self._unfollow()
+            return
+        if self._active is None:
+            if self.first and index >= self.first:  # a window after skipped steps: no start-up profile
+                self._loop = cProfile.Profile()
+                self._open(self._loop)
+            return
+        if self.steps is not None and index >= self.first + self.steps:
+            self._close(last_step=index - 1)
+        elif self._active is self._startup and index >= 1:  # the first step belongs to the start-up
+            self._loop = cProfile.Profile()
+            self._switch(self._loop)
+
+    def _open(self, profile: cProfile.Profile) -> None:
+        self._switch(profile)
+        if self._active is None:  # it could not be enabled (the reason is the status)
+            self._closed = True
+        elif self._events is not None:
+            self._events.window_opened()
+
+    def _switch(self, profile: cProfile.Profile | None) -> None:
+        try:
+            if self._active is not None:
+                self._active.disable()
+            if profile is not None:
+                profile.enable()
+        except Exception as exc:  # never into the user's step
+            # Python 3.12+: cProfile takes sys.monitoring's one profiler slot for the whole process, and another
+            # profiler (a leftover enabled cProfile included) holds it
+            self._error = profiler_in_use() or f"cProfile could not be switched: {exc}"
+            profile = None
+        self._active = profile
+
+    def _close(self, last_step: int | None) -> None:
+        self._closed = True
+        self._switch(None)
+        self._last_step = last_step
+        if self._events is not None:
+            self._events.window_closed()
+
+    def stop(self) -> CollectorResult:
+        CProfileCollector._running = None
+        for watch in self._watches:
+            watch.remove()
+        if self._unwrap is not None:
+            self._unwrap()
+        whole_run = self._active is not None
+        if self._active is not None:
+            seen = self._events.steps_seen() if self._events is not None else 0
+            self._close(last_step=seen - 1)
+        if self._error:
+            return CollectorResult(CollectorStatus("failed", self._error))
+        if self.first and self._loop is None:
+            return CollectorResult(CollectorStatus(
+                "unavailable", f"the run ended before step {self.first}, where its window was to begin"))
+        # each profile is turned into statistics once (tenths of a second for a start-up that imported torch);
+        # the start-up's become the whole file's once its own figures are read
+        loop = pstats.Stats(self._loop) if self._loop is not None else None
+        startup = pstats.Stats(self._startup) if not self.first else None
+        focus = loop if loop is not None else startup  # no loop: the whole run was start-up
+        top_own, top_cumulative = top_functions(focus, by="own"), top_functions(focus, by="cumulative")
+        startup_s = startup.total_tt if startup is not None else 0.0  # type: ignore[attr-defined]
+        combined = startup if startup is not None else loop
+        if loop is not None and startup is not None:
+            startup.add(loop)
+        combined.dump_stats(str(self._run_dir / PROF_FILE))  # type: ignore[union-attr]
+        last = self._last_step if self._last_step is not None and self._last_step >= self.first else None
+        profile = PythonProfile(
+            window=Window(first_step=self.first if last is not None else None, last_step=last,
+                          startup=not self.first),
+            whole_run=whole_run and not self.first,
+            total_s=combined.total_tt,  # type: ignore[union-attr]
+            startup_s=startup_s,
+            top_own=top_own,
+            top_cumulative=top_cumulative,
+            **self._worker_fields(),
+        )
+        return CollectorResult(CollectorStatus("ok"), profile)
+
+
+    def _worker_fields(self) -> dict[str, Any]:
+        stats, workers = merge_worker_profiles(self._run_dir)
+        if stats is None:
+            note = self._workers_error or (
+                "no DataLoader worker was forked (workers started by spawn or forkserver are not profiled; "
+                "with num_workers=0 the data pipeline runs in the main process and is in python.prof)")
+            return {"workers_profiled": False, "workers_note": note}
+        return {
+            "workers_profiled": True,
+            "workers_note": f"{workers} forked DataLoader worker processes, their first {self._workers.batches} batches "
+                            f"each: {WORKERS_PROF}",
+            "workers_top_own": top_functions(stats, by="own"),
+        }
+
+
+def profiler_in_use() -> str | None:
+    """Why cProfile cannot start here, or None: another profiler holds ``sys.setprofile`` (Python 3.11 and
+    older) or the profiler slot of ``sys.monitoring`` (3.12+, where cProfile itself uses it and ``getprofile()``
+    stays None while it runs)."""
+    if sys.getprofile() is not None:
+        return "another profiler (or a debugger) is already using sys.setprofile"
+    monitoring = getattr(sys, "monitoring", None)
+    holder = monitoring.get_tool(monitoring.PROFILER_ID) if monitoring is not None else None
+    if holder is not None:
+        return f"another profiler ({holder}) is already running in this process"
+    return None
+
+
+def _stop_inherited_profile() -> None:
+    """In a forked child: stop the profile the parent's thread had running; the child's copy would never be
+    read, and would slow the child (a DataLoader worker) all its life."""
+    collector = CProfileCollector._running
+    if collector is not None and collector._active is not None:
+        try:
+            collector._active.disable()
+        except Exception:
+            pass
+        collector._active = None
+
+
+def top_functions(stats: pstats.Stats, by: str, limit: int = TOP_FUNCTIONS) -> tuple[FunctionStat, ...]:
+    """The user's heaviest functions by own (``own``) or cumulative (``cumulative``) time; gpuscope's own
+    functions and the profiler's are left out, and so are the calls gpuscope made to built-ins (its root-module
+    search's ``gc.get_objects`` and ``issubclass``): python.prof keeps everything."""
+    column = 4 if by == "own" else 5
+    table: dict[tuple[str, int, str], tuple[Any, ...]] = stats.stats  # type: ignore[attr-defined]
+    rows = [(file, line, function, *_users_share(calls, own, cumulative, callers if file == "~" else {}))
+            for (file, line, function), (_, calls, own, cumulative, callers) in table.items()
+            if not file.startswith(_GPUSCOPE_DIR) and "_lsprof.Profiler" not in function]
+    rows = [row for row in rows if row[3]]
+    rows.sort(key=lambda r: (-r[column], r[0], r[1], r[2]))  # thousands of rows: only the top are named
+    return tuple(FunctionStat(function, short_path(file), line, calls, own, cumulative)
+                 for file, line, function, calls, own, cumulative in rows[:limit])
+
+
+def _users_share(calls: int, own: float, cumulative: float, callers: dict[Any, tuple[Any, ...]]) -> tuple[
+        int, float, float]:
+    """A built-in's calls, own and cumulative time less those of its calls that came from gpuscope's code."""
+    for (file, _, _), (caller_calls, _, caller_own, caller_cumulative) in callers.items():
+        if file.startswith(_GPUSCOPE_DIR):
+            calls, own, cumulative = calls - caller_calls, own - caller_own, cumulative - caller_cumulative
+    return calls, max(own, 0.0), max(cumulative, 0.0)
+
+
+def short_path(file: str) -> str:
+    """A function's file as the user knows it: relative to the cwd, from site-packages, or from the stdlib;
+    never a home directory."""
+    if file == "~" or not os.path.isabs(file):
+        return file  # built-ins ("~") and synthetic names ("<string>")
+    cwd = os.getcwd() + os.sep
+    if file.startswith(cwd):
+        return file[len(cwd):]
+    for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
+        if marker in file:
+            return file.split(marker, 1)[1]
+    stdlib = sysconfig.get_paths()["stdlib"] + os.sep
+    if file.startswith(stdlib):
+        return "<stdlib>/" + file[len(stdlib):]
+    return os.path.basename(file)

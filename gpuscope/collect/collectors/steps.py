@@ -1,0 +1,398 @@
+"""Step and phase timing with no change to the user's code.
+
+Hooks, all global and all removed at stop:
+- ``optimizer.step()``: torch's global optimizer step pre/post hooks: the optimizer phase, and the step's end. A
+  closure passed to it (Lightning's automatic optimisation runs the whole training step in one; LBFGS calls it up to
+  20 times a step) is wrapped: its time is no part of the optimizer phase (its forward and backward are timed as
+  such, the rest is "other"), and its ``backward()`` begins no step.
+- DataLoader: ``_BaseDataLoaderIter.__next__`` is wrapped: the time spent in it is the step's data wait. A batch
+  taken in another thread (a prefetching thread handing batches over) counts for its loader, and from then on the
+  loop's waits in ``queue.Queue.get`` are its data wait.
+- backward: ``torch.autograd.backward`` and ``torch.autograd.grad`` are wrapped (``Tensor.backward`` calls the
+  former). In a loop with no optimizer, explicit mark or DataLoader, each top-level one begins a step.
+- forward: after the first step, the calls of the *root* modules only are timed (their class's ``__call__`` wrapped,
+  nothing put on the modules: see ``forward_modules``): the outermost modules holding the parameters the optimizer
+  trains (or, with no optimizer, every outermost module with parameters). A root whose forward does not run in the
+  step that follows (a LightningModule: Lightning calls its ``training_step``, which calls ``self.model``) is
+  replaced by its children that hold trained parameters, one level a step, until the timed modules are the
+  outermost ones whose forward runs; a step that timed only part of the forward pass is left out of the figures.
+  A forward in eval mode or without gradients marks its step (an evaluation pass).
+- CUDA: once the script has initialised CUDA, events on the current stream at each phase change, resolved when the
+  GPU has passed them (never synchronising the loop), give the device-side breakdown.
+
+Only events from the training loop's thread count: the one that started the collector, or the one whose
+step-defining events come first (a script training in a ``threading.Thread``: see ``loopthread``).
+
+Taken out in the middle of the run (``--profile-steps``): a step begins inside torch's optimizer hook, while torch
+iterates over its hooks, where no hook can be removed. So the stop is asked for (``stop_at_safe_point``) and runs
+at the next *safe point*: the next DataLoader ``__next__``, forward of a timed module, ``backward()`` or
+``gpuscope.step()``, each entered from the user's code (torch calls forward pre-hooks from a copy of its hook list).
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import time
+import weakref
+from collections.abc import Callable
+from pathlib import Path
+from threading import get_ident
+from typing import Any, ClassVar
+
+from gpuscope.collect.captures import StepCapture
+from gpuscope.collect.collectors.base import CollectorResult, Stage, patch
+from gpuscope.collect.collectors.device_timeline import timing_event
+from gpuscope.collect.collectors.forward_modules import ForwardModules
+from gpuscope.collect.collectors.loaders import LoaderBook
+from gpuscope.collect.collectors.loopthread import LoopThread
+from gpuscope.collect.collectors.optimizer_watch import OptimizerWatch
+from gpuscope.collect.collectors.phase_clock import OTHER
+from gpuscope.collect.collectors.step_events import TrackerEvents
+from gpuscope.collect.collectors.step_listeners import QUIET
+from gpuscope.collect.collectors.steplog import DeviceTimeline, StepLog, StepTracker
+from gpuscope.collect.importwatch import ImportWatch
+from gpuscope.record import CollectorStatus
+
+
+class StepsCollector(TrackerEvents):
+    """Finds training steps and times their phases on the host (and on the GPU, under CUDA)."""
+
+    name: ClassVar[str] = "steps"
+    field: ClassVar[str | None] = "steps"
+    stage: ClassVar[Stage] = "live"
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter, skip: int = 0) -> None:
+        """``skip``: the first steps are counted, not kept (``--skip-steps``)."""
+        self._clock = clock
+        self._skip = skip
+        self._at_safe_point: Callable[[], None] | None = None
+        self._undo: list[Callable[[], None]] = []
+        self._optimizers: dict[int, weakref.ref[Any]] = {}  # stepped in the loop's thread, by id, in order
+        self.probed_optimizer: Any = None  # kept alive for the post-run optimizer probe: the first, or the windows'
+        self.loaders = LoaderBook()  # the DataLoaders iterated (the post-run probes load the slowest one again)
+        self._loader_depth = 0
+        self._backward_depth = 0  # backward() in backward() (a gradient penalty) or in a closure marks no step
+        self._roots_found = False
+        self._rooted: set[int] = set()  # ids of the optimizers whose modules were looked for
+        self._discovery_s = 0.0
+        self.forward = ForwardModules(self._forward_pre, self._forward_post)  # the modules whose forward is timed
+        self._optimizer_watch = OptimizerWatch()  # the steps are provisional while an optimizer built has not stepped
+        self._device_failed = False
+        self._cuda_built = True  # False for a torch built without CUDA (or ROCm): no step asks whether CUDA is up
+        self._failures: list[str] = []
+        self._torch: Any = None
+        self.tracker: StepTracker | None = None
+
+    def unavailable_reason(self) -> str | None:
+        return None
+
+    # -- lifecycle ---------------------------------------------------------------------------------------
+    def start(self, run_dir: Path) -> None:
+        self._loop = LoopThread()
+        self.tracker = StepTracker(self._clock(), StepLog(skip=self._skip), self._clock)
+        self.tracker.hold = self._optimizer_watch.holds
+        self.loaders.follow(self.tracker)
+        self.tracker.schedule.add(self._after_boundary)  # first: its one-time work before any window opens
+        watch = ImportWatch("torch", self._install_torch_hooks)
+        self._undo.append(watch.remove)
+        watch.install()
+
+    def mark_step(self) -> None:
+        """An explicit step marker (``gpuscope.step()``)."""
+        if self._defines_step():
+            self.tracker.explicit(self._clock())  # type: ignore[union-attr]
+            self._safe_point()
+
+    def stop_at_safe_point(self, action: Callable[[], None]) -> None:
+        """Call ``action`` (which stops this collector) at the next safe point in the loop's thread (see the
+        module's documentation); a step listener may ask for it, where stopping would break torch's hook loop."""
+        self._at_safe_point = action
+
+    def _safe_point(self) -> bool:
+        """Run the action asked for, if any: True when it ran (the caller's hook has been taken out)."""
+        action, self._at_safe_point = self._at_safe_point, None
+        if action is None:
+            return False
+        action()
+        return True
+
+    # -- the step events other collectors follow (collectors.base.StepEvents; the rest in TrackerEvents) ---------
+    def cuda_possible(self) -> bool:
+        return self._torch is None or self._cuda_built
+
+    def window_opened(self) -> None:
+        """A profiler started: its steps are left out of the figures, and their optimizer is the one probed after."""
+        self.tracker.window_opened()  # type: ignore[union-attr]
+        self.probed_optimizer = self._optimizer_watch.anchor() or self.probed_optimizer
+
+    def stop(self) -> CollectorResult:
+        for undo in reversed(self._undo):
+            undo()
+        self._undo.clear()
+        self.forward.remove()
+        tracker = self.tracker
+        assert tracker is not None, "stop() before start()"
+        notes = list(self._failures)
+        try:
+            tracker.finish(self._clock())
+        except Exception as exc:  # a broken CUDA context must not cost the host figures
+            notes.append(f"device timing could not be resolved: {exc}")
+        log = tracker.log
+        if tracker.dropped:
+            notes.append(f"{tracker.dropped} steps first counted by another kind of marker were dropped when "
+                         f"{tracker.source} markers appeared")
+        if self._loop.adopted:
+            notes.append(f"the training loop ran in the thread {self._loop.adopted!r}, followed from its first step")
+        if (forward := self.forward.note(self._discovery_s)) is not None:
+            notes.append(forward)
+        if tracker.device is not None and tracker.device.gave_up:
+            notes.append("device timing stopped: its markers could not be recorded or read (see the host figures)")
+        return CollectorResult(CollectorStatus("ok"), StepCapture(
+            records=tuple(log.records()), count=log.count, head=log.skip + log.head_size,
+            body_weight=log.body_weight, source=tracker.source or "none", loaders=self.loaders.records(),
+            device="cuda" if self.cuda_in_use() else "cpu", notes=tuple(notes), skipped=min(log.skip, log.count),
+            passes=(tracker.passes[0], tracker.passes[1]), final_evaluation_s=tracker.final_evaluation_s,
+            loops=self._optimizer_watch.loops.starts(), no_grad_modes=(*self.forward.no_grad_modes,),
+            device_markers=tracker.device.marked if tracker.device is not None else 0))
+
+    # -- hook installation -------------------------------------------------------------------------------
+    def _install_torch_hooks(self) -> None:
+        try:
+            import torch
+            import torch.autograd
+            from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+            from torch.utils.data import dataloader
+        except Exception as exc:  # torch too old or broken: explicit markers still work
+            self._failures.append(f"torch hooks not installed: {exc}")
+            return
+        self._torch = torch
+        self._cuda_built = bool(getattr(torch.version, "cuda", None) or getattr(torch.version, "hip", None))
+        self._undo += [register_optimizer_step_pre_hook(self._optimizer_pre).remove,
+                       register_optimizer_step_post_hook(self._optimizer_post).remove]
+        self._undo.append(self._optimizer_watch.install(torch))
+        self._undo.append(patch(dataloader._BaseDataLoaderIter, "__next__", self._wrap_next))
+        self._undo.append(patch(dataloader.DataLoader, "__init__", self.loaders.wrap_init))
+        self._undo.append(patch(queue.Queue, "get", self._wrap_handoff))
+        self._undo.append(patch(torch.autograd, "backward", self._wrap_phase("backward")))
+        self._undo.append(patch(torch.autograd, "grad", self._wrap_phase("backward")))
+
+    def _defines_step(self) -> bool:
+        """A step-defining event (an optimizer step, ``backward()``, ``gpuscope.step()``): whether it is the loop's,
+        the calling thread followed from now on if the followed one has defined no step yet (``LoopThread.adopt``;
+        its first batches were taken for a prefetching thread's, ``LoaderBook.take_elsewhere``: from now on they
+        are the loop's own)."""
+        if not self._loop.mine():
+            if not self._loop.adopt():
+                return False
+            self.loaders.fed_by_thread = False
+        self._loop.stepped = True
+        return True
+
+    # -- hooks -------------------------------------------------------------------------------------------
+    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
+        loop = self._loop
+        if not (loop.stepped and get_ident() == loop.ident) and not self._defines_step():
+            return None
+        known = self._optimizers.get(id(optimizer))
+        if known is None or known() is not optimizer:  # new (its id may be a freed one's): its modules are to be
+            self._optimizers[id(optimizer)] = weakref.ref(optimizer)  # found at the next boundary
+            self._rooted.discard(id(optimizer))
+            self.tracker.schedule.wake(self._after_boundary)  # type: ignore[union-attr]
+        if self.probed_optimizer is None:
+            self.probed_optimizer = optimizer
+        self.tracker.enter("optimizer", self._clock())  # type: ignore[union-attr]
+        # step(self, closure) or step(self, closure=closure): the closure's time is not the update's
+        if "closure" in kwargs and callable(kwargs["closure"]):
+            return args, {**kwargs, "closure": self._timed_closure(kwargs["closure"])}
+        if len(args) > 1 and callable(args[1]):
+            return (args[0], self._timed_closure(args[1]), *args[2:]), kwargs
+        return None
+
+    def _timed_closure(self, closure: Callable[..., Any]) -> Callable[..., Any]:
+        collector = self
+
+        def timed_closure(*args: Any, **kwargs: Any) -> Any:  # any arguments: a custom step's callable may take some
+            tracker = collector.tracker
+            tracker.enter(OTHER, collector._clock())  # type: ignore[union-attr]
+            collector._backward_depth += 1  # its backward() is the optimizer step's, no step of its own
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                collector._backward_depth -= 1
+                tracker.exit(OTHER, collector._clock())  # type: ignore[union-attr]
+
+        return timed_closure
+
+    def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if get_ident() == self._loop.ident:
+            now = self._clock()
+            self.tracker.exit("optimizer", now)  # type: ignore[union-attr]
+            replaces = self._optimizer_watch.replaces_anchor(optimizer)
+            if self.tracker.optimizer_stepped(id(optimizer), now, replaces):  # type: ignore[union-attr]
+                self._optimizer_watch.anchored(optimizer, self.tracker.log.count - 1)  # type: ignore[union-attr]
+
+    def _wrap_next(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+        collector = self
+
+        def __next__(iterator: Any) -> Any:
+            # (the methods are called only when the thread is another or an action waits: this is the hot path)
+            clock, loop = collector._clock, collector._loop
+            if get_ident() != loop.ident:  # a prefetching thread's batch is counted; a forked worker's is not
+                forked = loop.forked()
+                return original(iterator) if forked else collector.loaders.take_elsewhere(original, iterator, clock)
+            if collector._loader_depth or (collector._at_safe_point and collector._safe_point()):
+                return original(iterator)
+            tracker = collector.tracker
+            tracker.batch_requested(clock())  # type: ignore[union-attr]
+            if collector._at_safe_point and collector._safe_point():  # the step that began here ends the profiled
+                return original(iterator)
+            start = clock()  # after any listener that ran at the step boundary
+            tracker.enter("data_wait", start)  # type: ignore[union-attr]
+            collector._loader_depth += 1
+            try:
+                batch = original(iterator)
+            except StopIteration:
+                now = clock()
+                tracker.exit("data_wait", now)  # type: ignore[union-attr]
+                tracker.batch_exhausted(now)  # type: ignore[union-attr]
+                raise
+            except BaseException:
+                tracker.exit("data_wait", clock())  # type: ignore[union-attr]
+                raise
+            finally:
+                collector._loader_depth -= 1
+            now = clock()
+            tracker.exit("data_wait", now)  # type: ignore[union-attr]
+            collector.loaders.count_batch(iterator, batch, now - start, requested=start)
+            return batch
+
+        return __next__
+
+    def _wrap_handoff(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """``queue.Queue.get``: once a thread takes DataLoader batches, the loop waiting on a queue waits for a batch
+        (unless inside a DataLoader's ``__next__``: its pin-memory thread hands batches over through a queue too)."""
+        collector = self
+
+        def get(handoff: Any, *args: Any, **kwargs: Any) -> Any:
+            if not collector.loaders.fed_by_thread or collector._loader_depth or not collector._loop.mine():
+                return original(handoff, *args, **kwargs)
+            tracker = collector.tracker
+            tracker.enter("data_wait", collector._clock())  # type: ignore[union-attr]
+            try:
+                return original(handoff, *args, **kwargs)
+            finally:
+                tracker.exit("data_wait", collector._clock())  # type: ignore[union-attr]
+
+        return get
+
+    def _wrap_phase(self, phase: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        collector = self
+
+        def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+            def timed(*args: Any, **kwargs: Any) -> Any:
+                # (the methods are called only when the thread is new or an action waits: this is the hot path)
+                loop = collector._loop
+                if (not (loop.stepped and get_ident() == loop.ident) and not collector._defines_step()) \
+                        or (collector._at_safe_point and collector._safe_point()):
+                    return original(*args, **kwargs)
+                tracker = collector.tracker
+                tracker.enter(phase, collector._clock())  # type: ignore[union-attr]
+                collector._backward_depth += 1
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    collector._backward_depth -= 1
+                    now = collector._clock()
+                    tracker.exit(phase, now)  # type: ignore[union-attr]
+                    if not collector._backward_depth:
+                        tracker.backward_ended(now)  # type: ignore[union-attr]
+                        if collector._at_safe_point:
+                            collector._safe_point()
+
+            return timed
+
+        return wrap
+
+    def _forward_pre(self, module: Any) -> bool:
+        """A timed module's forward begins: True when it is timed, as the loop's (``_forward_post`` at its end)."""
+        if get_ident() != self._loop.ident or (self._at_safe_point and self._safe_point()):
+            return False
+        if self.forward.checking:
+            self.forward.ran(module)
+        tracker = self.tracker
+        tracker.enter("forward", self._clock())  # type: ignore[union-attr]
+        if not (module.training and self._torch.is_grad_enabled()):  # eval(), no_grad: an evaluation pass
+            self.forward.evaluation_pass(module, tracker)
+        return True
+
+    def _forward_post(self) -> None:
+        """The forward timed (``_forward_pre`` said so) ended."""
+        self.tracker.exit("forward", self._clock())  # type: ignore[union-attr]
+
+    # -- after each step boundary ------------------------------------------------------------------------
+    def _after_boundary(self, index: int) -> int | None:
+        """A step begins (a step listener): once steps are being counted, hook the root modules; start device
+        timing when CUDA is up. The tracker keeps the time this takes out of the step. Once both are settled, no
+        step until an optimizer first steps (``_optimizer_pre`` wakes it)."""
+        tracker = self.tracker
+        if self._torch is None or tracker is None:
+            return None
+        # Wait for the kind of marker that defines the steps: an optimizer steps within the first batch, and then
+        # only the modules it trains are hooked; a loop with no optimizer has shown itself after two batches.
+        settled = tracker.source != "dataloader" or index >= 2
+        # an optimizer stepped for the first time since the roots were found (a GAN's second one)
+        late = self._roots_found and len(self._optimizers) > len(self._rooted)
+        if (not self._roots_found and settled) or self.forward.checking or late:
+            started = self._clock()
+            try:
+                if not self._roots_found:
+                    self._roots_found = True
+                    self.forward.hook_roots(self._torch.nn, self._trained_parameters())
+                    self._rooted = set(self._optimizers)
+                else:  # the step that just ended timed only part of the forward pass: keep it out of the figures
+                    ended = tracker.log.find(index - 1)
+                    if (self.forward.check(tracker, index) if self.forward.checking else self._root_late_optimizers()) \
+                            and ended is not None:
+                        ended.profiled = True
+            except Exception as exc:
+                self.forward.remove()
+                self._failures.append(f"forward not timed: {exc}")
+            self._discovery_s += self._clock() - started
+        if tracker.device is None and self._cuda_built and not self._device_failed and self.cuda_in_use():
+            torch = self._torch
+            try:
+                # a timing event may not be recorded on a stream that is capturing a CUDA graph
+                tracker.attach_device(DeviceTimeline(timing_event(torch),
+                                                     can_mark=lambda: not torch.cuda.is_current_stream_capturing()))
+            except Exception as exc:
+                self._failures.append(f"device timing unavailable: {exc}")
+                self._device_failed = True
+        roots_settled = self._roots_found and not self.forward.checking and len(self._optimizers) == len(self._rooted)
+        device_settled = tracker.device is not None or not self._cuda_built or self._device_failed
+        return QUIET if roots_settled and device_settled else None
+
+    def _trained_parameters(self, ids: set[int] | None = None) -> set[int]:
+        """The ids of the parameters the optimizers stepped so far train (those of ``ids``, by default all)."""
+        return {id(p) for key, ref in self._optimizers.items() if (ids is None or key in ids)
+                and (opt := ref()) is not None for group in opt.param_groups for p in group["params"]}
+
+    def _root_late_optimizers(self) -> bool:
+        """Hook the modules trained by optimizers first stepped since the roots were found; True when the step that
+        just ended ran some of their forward untimed."""
+        new = set(self._optimizers) - self._rooted
+        self._rooted |= new
+        return self.forward.add_roots(self._torch.nn, self._trained_parameters(new))
+
+    def cuda_in_use(self) -> bool:
+        """Whether the script has initialised CUDA (gpuscope never does it first)."""
+        torch = self._torch if self._torch is not None else sys.modules.get("torch")
+        try:
+            return bool(torch is not None and torch.cuda.is_initialized())
+        except Exception:
+            return False
+
+    def root_modules(self) -> list[Any]:
+        """The root modules, while they are alive (found at the first steps)."""
+        return self.forward.root_modules()
+

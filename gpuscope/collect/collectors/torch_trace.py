@@ -1,0 +1,380 @@
+"""torch.profiler over a few steady-state steps: ``trace.json`` (Perfetto, chrome://tracing) under a size cap, the
+top ops by host and device time, op counts per step, and on CUDA the kernel timeline figures.
+
+The window is placed by ``trace_window``, a pure function of the step index (like ``torch.profiler.schedule``):
+after the cProfile window and a clean step, one warm-up step (the profiler runs, nothing is kept) and
+``active`` recorded steps. Steps in the window are marked profiled and left out of the steady-state figures.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from gpuscope.collect.collectors.base import CollectorResult, StepFollower, WindowRequest, register
+from gpuscope.collect.collectors.lazy_dynamo import inductor_left_unimported
+from gpuscope.collect.captures import TraceCapture
+from gpuscope.record import CollectorStatus
+from gpuscope.versions import parse_version
+
+if TYPE_CHECKING:
+    from gpuscope.collect.collectors import CollectOptions
+    from gpuscope.collect.collectors.schedule import Plan
+
+TRACE_FILE = "trace.json"
+DEFAULT_START = 6
+"""First step of the window: after cProfile's default window (steps 0-4) and one clean step."""
+DEFAULT_ACTIVE = 3
+"""Steps recorded: a few are enough to see the loop's ops and kernels; each costs trace size."""
+WARMUP_STEPS = 1
+"""torch.profiler's own warm-up: the profiler runs a step before recording, so its start-up cost is not traced."""
+LONG_STEP_S = 1.2
+"""A warm-up step this long or longer: one step is recorded instead of ``active``. Each recorded step costs the run
+its events' processing at the window's end (three LBFGS steps of 1.4-2.4 s and 670k ops each: 8.5 s), and so long a
+step holds ops enough for the table; the trace's cap would keep only the first step of several anyway. (The
+samples' steps, loading included, take at most 0.55 s alone, 0.7 s three runs to two cores.)"""
+DEFAULT_MAX_BYTES = 50 * 1024 * 1024
+"""trace.json's cap: Perfetto and chrome://tracing open 50 MB comfortably; much larger traces do not open."""
+TOP_OPS = 15
+SHORT_OP_US = 10.0
+"""When a trace must shrink, CPU ops shorter than this (microseconds) go first: they are the most numerous."""
+
+Phase = Literal["before", "warmup", "active", "after"]
+
+
+def trace_window(index: int, start: int, active: int) -> Phase:
+    """Where step ``index`` lies relative to the window starting at ``start``."""
+    if index < start:
+        return "before"
+    if index < start + WARMUP_STEPS:
+        return "warmup"
+    if index < start + WARMUP_STEPS + active:
+        return "active"
+    return "after"
+
+
+@register
+class TorchTraceCollector(StepFollower):
+    """torch.profiler over a window of steps."""
+
+    name: ClassVar[str] = "torch-trace"
+    field: ClassVar[str | None] = "op_profile"
+
+    def __init__(self, start: int = DEFAULT_START, active: int = DEFAULT_ACTIVE,
+                 max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+        self.start_step = start
+        self.active = active
+        self.max_bytes = max_bytes
+        self._prof: Any = None
+        self._finished = False
+        self._saved = False
+        self._recorded: list[int] = []
+        self._last_index = -1
+        self._began_at: float | None = None  # when the warm-up step began, the window begun at it
+        self._error: str | None = None
+        self._cuda = False
+        self._cupti_teardown = False
+
+    @classmethod
+    def wants(cls, options: CollectOptions) -> WindowRequest:
+        """Its warm-up step and the recorded ones, one clean step after cProfile's window (0 steps: turned off)."""
+        steps = WARMUP_STEPS + options.trace_steps if options.trace_steps > 0 else 0
+        return WindowRequest(steps, after="cprofile", gap=1)
+
+    @classmethod
+    def create(cls, options: CollectOptions, plan: Plan) -> TorchTraceCollector:
+        start = plan.start(cls.name)
+        return cls(start if start is not None else DEFAULT_START, options.trace_steps, options.trace_max_bytes)
+
+    def unavailable_reason(self) -> str | None:
+        if self.active <= 0:
+            return "turned off (--trace-steps 0)"
+        return None
+
+
+    def start(self, run_dir: Path) -> None:
+        self._run_dir = run_dir
+
+    # -- at each step boundary -----------------------------------------------------------------------------
+    def _on_step(self, index: int) -> None:
+        if self._error is not None or self._finished:
+            self._unfollow()
+            return
+        if "torch" not in sys.modules:
+            return
+        if index == self.start_step + WARMUP_STEPS and self._began_at is not None and self.active > 1 \
+                and time.perf_counter() - self._began_at >= LONG_STEP_S:
+            self.active = 1
+        phase = trace_window(index, self.start_step, self.active)
+        try:
+            if self._prof is not None and index < self._last_index:  # (an epoch's first batch repeats its index)
+                self._restart()
+            self._last_index = index
+            if self._prof is None:
+                if phase != "before":
+                    self._begin(index)
+                return
+            if phase == "active":
+                self._recorded.append(index)
+            with kineto_quiet(), inductor_left_unimported():
+                self._prof.step()
+            if phase == "after":
+                self._end()
+        except Exception as exc:  # the user's step goes on; this collector reports failed
+            self._error = f"torch.profiler failed: {exc}"
+            self._abandon()
+
+    def _begin(self, index: int) -> None:
+        import torch
+        from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        self._cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+        if self._cuda:
+            activities.append(ProfilerActivity.CUDA)
+        def schedule(step: int) -> ProfilerAction:
+            phase = trace_window(step, self.start_step, self.active)
+            if phase == "warmup":
+                return ProfilerAction.WARMUP
+            if phase == "active":
+                last = step == self.start_step + WARMUP_STEPS + self.active - 1
+                return ProfilerAction.RECORD_AND_SAVE if last else ProfilerAction.RECORD
+            return ProfilerAction.NONE
+
+        if self._cuda:
+            self._cupti_teardown = release_cupti_after_trace(torch.version.cuda)
+        with _no_cycle_warning():
+            self._prof = profile(
+                activities=activities,
+                schedule=schedule,
+                on_trace_ready=self._trace_ready,
+                record_shapes=False,
+                with_stack=False,  # stacks make traces many times larger; cProfile has the Python side
+            )
+        # count the profiler's steps as gpuscope does, so trace.json's ProfilerStep#N is run.json's step N
+        self._prof.step_num = index
+        self._prof.current_action = schedule(index)
+        with kineto_quiet(), inductor_left_unimported():
+            self._prof.start()
+        self._began_at = time.perf_counter() if index == self.start_step else None
+        self._events.window_opened()  # type: ignore[union-attr]
+
+    def _trace_ready(self, prof: Any) -> None:
+        """The recorded steps are done: save the trace, nothing more. The op table is read from its events after
+        the run (``reduce.optable``): torch's ``key_averages()`` took 12 s and kept 1.8M objects alive on a loop of
+        55k ops a step."""
+        prof.export_chrome_trace(str(self._run_dir / TRACE_FILE))
+        self._saved = True
+
+    def _end(self) -> None:
+        prof, self._prof = self._prof, None
+        self._finished = True
+        try:
+            with kineto_quiet():
+                prof.stop()
+        finally:
+            # the profile object is in a cycle (its action map holds its own bound methods): only a full collection,
+            # rare, would free it. Its recorded events go now, with the inner profiler that holds them.
+            prof.profiler = None
+            return_freed_heap()
+        self._events.window_closed()  # type: ignore[union-attr]
+
+    def _restart(self) -> None:
+        """The steps are counted anew, from 0: another kind of marker defines them from now on (an optimizer that
+        first stepped after a gradient accumulation's batches, each counted as a step until then). The window so far
+        held other steps (trace.json's first steps held one batch each): it is dropped, unsaved, and waits for its
+        steps again."""
+        self._prof.on_trace_ready = None
+        self._end()
+        self._finished, self._saved, self._recorded = False, False, []
+        (self._run_dir / TRACE_FILE).unlink(missing_ok=True)
+
+    def _abandon(self) -> None:
+        if self._prof is not None:
+            try:
+                self._end()
+            except Exception:
+                self._prof = None
+
+    # -- end of the run ------------------------------------------------------------------------------------
+    def stop(self) -> CollectorResult:
+        unfinished = None
+        if self._prof is not None:
+            # the run ended inside the window: the span the last boundary opened ended with the script, not a step
+            unfinished = self._recorded[-1] if self._recorded else None
+            try:
+                self._end()  # the run ended inside the window: keep what was recorded
+            except Exception as exc:
+                self._error = self._error or f"torch.profiler failed: {exc}"
+        restore_cupti_setting(self._cupti_teardown)
+        self._cupti_teardown = False
+        if self._error is not None:
+            return CollectorResult(CollectorStatus("failed", self._error))
+        if not self._saved:
+            return CollectorResult(CollectorStatus(
+                "unavailable",
+                f"the run ended before the profiled steps ({self.start_step + WARMUP_STEPS}-"
+                f"{self.start_step + WARMUP_STEPS + self.active - 1}); run more steps to get trace.json"))
+        capture = capture_trace(self._run_dir / TRACE_FILE, self.max_bytes, recorded=self._recorded, cuda=self._cuda,
+                                unfinished=unfinished)
+        return CollectorResult(CollectorStatus("ok"), capture)
+
+
+def return_freed_heap() -> None:
+    """Give the heap the recorded events took back to the system: glibc keeps freed memory for reuse, and after
+    166k events (a loop of 55k ops a step) the rest of the run kept 200 MB more (``malloc_trim``: 20 ms). Elsewhere
+    (no glibc), nothing."""
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (AttributeError, OSError, TypeError):
+        pass
+
+
+CUPTI_TEARDOWN_ENV = "TEARDOWN_CUPTI"
+CUPTI_TEARDOWN_SAFE_CUDA = (12, 6)
+"""Kineto leaves CUPTI attached after the profiler stops unless ``TEARDOWN_CUPTI=1``: every later kernel launch
+then pays CUPTI's callbacks (measured on an H100: a launch-bound loop's steps 46% slower for the rest of the run;
+pytorch/pytorch#144455). Tearing down crashed CUDA graphs before CUDA 12.6 (torch's own FIXME in
+torch/_inductor), so it is asked for from 12.6 on, and never over the user's own setting."""
+
+
+def release_cupti_after_trace(cuda_version: str | None, environ: dict[str, str] | None = None) -> bool:
+    """Ask Kineto to detach CUPTI when the trace window ends; True if gpuscope set the variable (and must take
+    it out again at the end of the run: ``restore_cupti_setting``)."""
+    environ = os.environ if environ is None else environ  # type: ignore[assignment]
+    version = parse_version(cuda_version)
+    if CUPTI_TEARDOWN_ENV in environ or version is None or version < CUPTI_TEARDOWN_SAFE_CUDA:
+        return False
+    environ[CUPTI_TEARDOWN_ENV] = "1"
+    return True
+
+
+def restore_cupti_setting(set_by_us: bool, environ: dict[str, str] | None = None) -> None:
+    """Take out the variable gpuscope set, unless something changed it since (torch.compile's CUDA graphs set
+    it to 0)."""
+    environ = os.environ if environ is None else environ  # type: ignore[assignment]
+    if set_by_us and environ.get(CUPTI_TEARDOWN_ENV) == "1":
+        del environ[CUPTI_TEARDOWN_ENV]
+
+
+def _step_spans(events: list[dict[str, Any]]) -> list[tuple[float, float]]:
+    """The (start, end) of each recorded step's ProfilerStep# range, in trace microseconds, in order."""
+    return sorted((e["ts"], e["ts"] + e.get("dur", 0)) for e in events
+                  if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#"))
+
+
+def window_wall_s(events: list[dict[str, Any]]) -> float:
+    """Wall time of the recorded steps: from the first ProfilerStep# range's start to the last one's end."""
+    spans = _step_spans(events)
+    if not spans:
+        return 0.0
+    return (max(end for _, end in spans) - min(start for start, _ in spans)) / 1e6
+
+
+def capture_trace(path: Path, max_bytes: int, recorded: Sequence[int] = (), cuda: bool = False,
+                  unfinished: int | None = None) -> TraceCapture:
+    """Read the exported trace, cap the file to ``max_bytes``, and keep every event for the figures: capping is
+    about the file on disk, never about the figures (a capped trace keeps only the first recorded step, and
+    per-step figures divided by every recorded step would shrink by that factor); the op table too is read from the
+    whole trace."""
+    trace = json.loads(path.read_text(errors="replace"))
+    events = trace.get("traceEvents", [])
+    detail = cap_trace(path, max_bytes, trace)[1]
+    return TraceCapture(events=events, recorded=tuple(recorded), cuda=cuda, trace_bytes=path.stat().st_size,
+                        trace_detail=detail, unfinished=unfinished)
+
+
+def cap_trace(path: Path, max_bytes: int, trace: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], str]:
+    """Keep ``path`` under ``max_bytes``, dropping detail in steps: short CPU ops first, then all but the first
+    recorded step, then the shortest events. Returns the events kept and what was dropped ("full": nothing).
+    ``trace``: the file's content, already parsed."""
+    if trace is None:
+        trace = json.loads(path.read_text(errors="replace"))
+    events: list[dict[str, Any]] = trace.get("traceEvents", [])
+    if path.stat().st_size <= max_bytes:
+        return events, "full"
+    cuts: list[tuple[str, Callable[[list[dict[str, Any]]], list[dict[str, Any]]]]] = [
+        (f"CPU ops under {SHORT_OP_US:.0f} us dropped", lambda ev: [
+            e for e in ev if not (e.get("cat") == "cpu_op" and e.get("dur", 0) < SHORT_OP_US)]),
+        ("first recorded step only", _first_step_only),
+        ("longest events only", lambda ev: sorted(ev, key=lambda e: -e.get("dur", 0))[: max(1, len(ev) // 2)]),
+    ]
+    detail = "full"
+    for label, cut in cuts:
+        events = cut(events)
+        detail = label if detail == "full" else f"{detail}; {label}"
+        if _write_trace(path, trace, events) <= max_bytes:
+            return events, detail
+    while len(events) > 1 and _write_trace(path, trace, events) > max_bytes:
+        events = events[: len(events) // 2]
+    return events, detail
+
+
+def _first_step_only(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    steps = _step_spans(events)
+    if not steps:
+        return events
+    start, end = steps[0]
+    return [e for e in events if "ts" not in e or start <= e["ts"] <= end]
+
+
+def _write_trace(path: Path, trace: dict[str, Any], events: list[dict[str, Any]]) -> int:
+    trace["traceEvents"] = events
+    path.write_text(json.dumps(trace, separators=(",", ":")))
+    return path.stat().st_size
+
+
+@contextmanager
+def _no_cycle_warning() -> Iterator[None]:
+    """torch 2.6+ warns on the user's stderr that a schedule's cycle clears its events: gpuscope records one
+    cycle, and the user's stderr must read as it would without gpuscope."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*Profiler clears events", category=UserWarning)
+        yield
+
+
+KINETO_NOISE = (b"USDT:", b"ERROR: External init callback must run in same thread as registerClient")
+"""How the lines kineto prints straight to file descriptor 2 about gpuscope's own profiler begin: ``USDT: ...
+profiler_start`` on each start and stop, and, for a loop trained in a thread other than the one that first used
+torch.profiler, an "ERROR" whose trace is whole all the same (a threaded script's window: its 349 ops a step, all on
+the loop's thread)."""
+
+
+@contextmanager
+def kineto_quiet() -> Iterator[None]:
+    """Kineto prints lines about the profiler straight to file descriptor 2 (``KINETO_NOISE``), and no setting turns
+    them off. Capture fd 2 around the profiler's calls and pass on every other line, so the user's stderr reads as it
+    would without gpuscope."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+        capture = tempfile.TemporaryFile()
+        os.dup2(capture.fileno(), 2)
+    except (OSError, ValueError):
+        with _no_cycle_warning():
+            yield
+        return
+    try:
+        with _no_cycle_warning():
+            yield
+    finally:
+        try:
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        os.dup2(saved, 2)
+        os.close(saved)
+        capture.seek(0)
+        kept = [line for line in capture.read().splitlines(keepends=True) if not line.startswith(KINETO_NOISE)]
+        capture.close()
+        if kept:
+            os.write(2, b"".join(kept))

@@ -1,0 +1,318 @@
+"""The verdict: what bounds the run, from the record's measurements, with the numbers it rests on.
+
+In order:
+1. too few steady-state steps: inconclusive;
+2. data-loading: the step waits for the next batch (on CUDA, the GPU's timeline does);
+   then communication: the training thread waits on collectives (a data-parallel job's all-reduce) half the step;
+3. on CUDA, the kernel timeline (or, without one, NVML's utilisation): a busy GPU is compute-bound, a GPU starved
+   while the host is late launching is CPU-launch-bound;
+4. on a CPU run, the ops issued per step times this machine's measured fixed cost per op, against the step's time:
+   mostly overhead is CPU-launch-bound, mostly arithmetic is compute-bound; the mean op's self time against that
+   fixed cost tells tiny ops (launch-bound even when a noisy machine shrinks the share) from ops with work in them.
+Every threshold is in thresholds.py.
+"""
+
+from __future__ import annotations
+
+from gpuscope.diagnose import thresholds as th
+from gpuscope.diagnose.child_processes import child_processes, notable
+from gpuscope.diagnose.contention import contention
+from gpuscope.diagnose.clock import HostPace
+from gpuscope.diagnose.gpu_step import GpuStep, gpu_step
+from gpuscope.diagnose.evidence import (accumulated_passes, cpu_overhead, evaluation_passes, launch_wait,
+                                        slowest_loader, two_speeds, unlike_window)
+from gpuscope.diagnose.iterator_wait import iterator_wait
+from gpuscope.diagnose.loops import loops_line
+from gpuscope.diagnose.rules.base import missing_input
+from gpuscope.record import RunRecord, Verdict
+from gpuscope.diagnose.words import left_out
+
+
+HOW_TO_MARK_STEPS = (
+    "no training step was found: nothing called optimizer.step() or backward(), nor iterated a DataLoader; mark "
+    "the end of each step with gpuscope.step() (`import gpuscope`; it does nothing when gpuscope is not running)")
+
+
+def classify(record: RunRecord) -> Verdict:
+    """The verdict on ``record``, with its confidence and the numbers it rests on (and, where the script ran several
+    training loops, which one the figures are; where the steps run at two speeds, that the median step stands for a
+    mix; where evaluation passes took a notable time, what they took; where processes the script started did
+    notable work, that it is not in the figures; where the process waited for a core a notable share of its time,
+    that the step times hold that wait)."""
+    verdict = _classify(record)
+    more = [line for line in (loops_line(record), two_speeds(record), evaluation_passes(record)) if line] \
+        if record.steps.count else []
+    if children := child_processes(record):  # said with steps or without
+        more.append(children)
+    if record.steps.count and (waited := contention(record)):
+        more.append(waited)
+    return Verdict(verdict.bound, verdict.confidence, (*verdict.evidence, *more)) if more else verdict
+
+
+def _classify(record: RunRecord) -> Verdict:
+    steps = record.steps
+    needed = th.MIN_TRACE_STEPS if steps.source == "profiler" else th.MIN_STEADY_STEPS
+    if steps.count < needed:
+        were = "step was" if steps.count == 1 else "steps were"
+        evidence = [f"only {steps.count} steady-state {were} measured ({steps.total} step{'s' * (steps.total != 1)} "
+                    f"in all; {left_out(record)}); at least {needed} are needed"]
+        if steps.total == 0:
+            evidence.append(_why_no_step(record))
+        return Verdict("inconclusive", 0.0, tuple(evidence))
+    share = record.breakdown.data_wait
+    basis = "of the GPU's step time" if steps.breakdown_basis == "device" else "of each step"
+    if share >= th.DATA_WAIT_BOUND:
+        evidence = [f"{share:.0%} {basis} waits for the next batch (median step {steps.median_s * 1e3:.1f} ms, "
+                    f"{steps.count} steady-state steps)"]
+        if (top := slowest_loader(record)) is not None:
+            evidence.append(f"the {top.dataset} loader has {top.num_workers} worker processes")
+        return Verdict("data-loading", _rising(share, th.DATA_WAIT_BOUND, 0.5), tuple(evidence))
+    waiting = f"data wait is {share:.0%} {basis}, under the {th.DATA_WAIT_BOUND:.0%} at which loading bounds the run"
+    comm = record.op_profile.communication if record.op_profile is not None else None
+    if comm is not None and steps.median_s and comm.exposed_s / steps.median_s >= th.COMM_BOUND:
+        exposed = comm.exposed_s / steps.median_s
+        return Verdict("communication", _rising(exposed, th.COMM_BOUND, 0.9), (
+            f"the training thread waits on {comm.backend} collectives (gradient all-reduce) {exposed:.0%} of each "
+            f"step: {comm.exposed_s * 1e3:.1f} ms of the {steps.median_s * 1e3:.1f} ms median step",
+            f"{comm.calls_per_step:.0f} collectives per step, in flight {comm.comm_s * 1e3:.1f} ms, "
+            f"{comm.overlap:.0%} of it overlapped with compute",
+            waiting))
+    unlike = unlike_window(record)
+    if unlike is not None:
+        return Verdict("inconclusive", 0.2, (f"launch-bound or compute-bound cannot be told: {unlike}", waiting))
+    verdict = _classify_cuda(record) if record.device == "cuda" else _classify_cpu(record)
+    if verdict.bound == "data-loading":  # waiting on an iterator of the script's own (_waiting_iterator)
+        return verdict
+    return Verdict(verdict.bound, verdict.confidence, (*verdict.evidence, waiting))
+
+
+def _why_no_step(record: RunRecord) -> str:
+    """Why no step was found: a script that failed before its first step ended says so (its traceback is above
+    the summary); one that started processes of its own and iterated no DataLoader most likely trained in them
+    (``torch.multiprocessing.spawn``, as pytorch/examples' data-parallel scripts do); any other needs its steps
+    marked. Where the processes it started are known (``child_processes``), the verdict's next line tells of them."""
+    memory = record.host_memory
+    if record.exit_status == 0 and notable(record):
+        return "no training step was found in the script's own process"
+    if record.exit_status == 0 and memory is not None and memory.max_workers and not any(
+            loader.batches for loader in record.loaders):
+        children = f"{memory.max_workers} child process{'es' if memory.max_workers != 1 else ''}"
+        return (f"no training step was found in the script's own process, and {children} ran beside it "
+                f"({memory.peak_workers_bytes / 2**20:.0f} MiB at their peak) while it iterated no DataLoader: if the "
+                "training ran in them (torch.multiprocessing.spawn, multiprocessing), profile one of them from "
+                "inside: `with gpuscope.profile():` around the loop of the function they run (rank 0's is enough)")
+    if record.exit_status == 0:
+        return HOW_TO_MARK_STEPS
+    batches = sum(loader.batches for loader in record.loaders)
+    got_to = f", after {batches} batch{'es' if batches != 1 else ''} from its DataLoader" if batches else ""
+    return (f"the script ended with exit status {record.exit_status}{got_to}, before its first training step ended: "
+            "there is nothing to measure until it gets that far")
+
+
+def _ops_ran(covered: float, median_s: float) -> str:
+    """How long the traced steps' torch ops ran against the median step; where the traced steps ran slower than
+    the median (early steps, still growing their memory), more than the step, which is said."""
+    text = f"torch ops ran {covered * 1e3:.2f} ms of the {median_s * 1e3:.2f} ms step ({min(covered / median_s, 1):.0%}"
+    return text + (": the traced steps ran slower than the median)" if covered > median_s else ")")
+
+
+def _classify_cpu(record: RunRecord) -> Verdict:
+    ops, steps = record.op_profile, record.steps
+    overhead = cpu_overhead(record)
+    if overhead is None:
+        missing = missing_input(record, ("op_profile", "calibration")) or "no step time"
+        return Verdict("inconclusive", 0.0, (f"launch-bound or compute-bound cannot be told: {missing}",))
+    share = overhead.share
+    ratio = ops.mean_op_s / overhead.op_cost_s  # type: ignore[union-attr]
+    facts = [
+        f"{overhead.ops_per_step:.0f} torch ops per step at {overhead.op_cost_s * 1e6:.2f} us of fixed cost each "
+        f"(measured here on tiny tensors) make {overhead.seconds * 1e3:.2f} ms: {share:.0%} of the "
+        f"{steps.median_s * 1e3:.2f} ms step",
+        f"mean op self time {ops.mean_op_s * 1e6:.1f} us, {ratio:.1f}x the fixed cost of an op",  # type: ignore[union-attr]
+    ]
+    if share >= th.LAUNCH_BOUND_OVERHEAD:
+        return Verdict("cpu-launch", _rising(share, th.LAUNCH_BOUND_OVERHEAD, 0.9), tuple(facts))
+    covered = ops.ops_per_step * ops.mean_op_s  # type: ignore[union-attr]
+    if share <= th.COMPUTE_BOUND_MAX_OVERHEAD and covered < th.OPS_COVER_STEP * steps.median_s:
+        outside = f"{_ops_ran(covered, steps.median_s)}: most of the step is spent outside torch ops, neither " \
+                  "computing nor waiting for a DataLoader"
+        return _waiting_iterator(record, outside, facts) or Verdict(
+            "inconclusive", 0.3, (outside, *_outside_ops(record), *facts))
+    if share > th.COMPUTE_BOUND_MAX_OVERHEAD and ratio <= th.TINY_OP_RATIO:
+        facts.append(f"the ops are tiny (mean self time at most {th.TINY_OP_RATIO:.0f}x their fixed cost): the step "
+                     "is made of per-op overhead, not arithmetic")
+        return Verdict("cpu-launch", _rising(th.TINY_OP_RATIO / max(ratio, 1e-9), 1.0, th.TINY_OP_RATIO), tuple(facts))
+    if share <= th.COMPUTE_BOUND_MAX_OVERHEAD and ratio <= th.TINY_OP_RATIO:
+        spent = covered / steps.median_s
+        facts.append(f"the ops are tiny yet their fixed cost explains only {share:.0%} of the step, their own time "
+                     f"{spent:.0%} of it" + (": most of the step is spent outside torch ops" if spent < 0.5 else ""))
+        if (passes := accumulated_passes(record)) is not None:  # the rest is each pass's Python, paid k times
+            mfu = record.speed_of_light.mfu  # type: ignore[union-attr]
+            facts.append(f"each step runs {passes} forward and backward passes, one a batch (gradients accumulated), "
+                         f"its arithmetic at {mfu:.1%} of the peak: the passes' fixed cost (Python, the ops' launches, "
+                         "autograd) bounds it")
+            return Verdict("cpu-launch", 0.5, tuple(facts))
+        return Verdict("inconclusive", 0.3, tuple(facts))
+    other = record.breakdown.other
+    if share <= th.COMPUTE_BOUND_MAX_OVERHEAD and other >= th.OUTSIDE_MODEL_DOMINANT:
+        outside = f"{other:.0%} of each step is spent outside the model's forward and backward, the optimizer and " \
+                  "DataLoader waits"
+        if covered < th.OPS_COVER_OUTSIDE_MODEL * steps.median_s:
+            outside += ": in the script's own code between them (batches built without a DataLoader, logging, an " \
+                       "environment's steps)"
+            return _waiting_iterator(record, outside, facts) or Verdict(
+                "inconclusive", 0.3, (outside, *_outside_ops(record), *facts))
+        # the arithmetic is in torch ops all the same, outside the trained model (a frozen teacher under no_grad)
+        facts.insert(0, f"{outside}, yet {_ops_ran(covered, steps.median_s)}: computing outside the trained model's "
+                        "forward and backward (a model run without gradients, a loss)")
+    if share <= th.COMPUTE_BOUND_MAX_OVERHEAD:
+        facts.extend(_top_ops(record))
+        confidence = _rising(1 - share, 1 - th.COMPUTE_BOUND_MAX_OVERHEAD, 0.99)
+        return Verdict("compute", confidence, tuple(facts))
+    facts.append(f"between {th.COMPUTE_BOUND_MAX_OVERHEAD:.0%} and {th.LAUNCH_BOUND_OVERHEAD:.0%} of the step is "
+                 "per-op overhead: both the op count and the arithmetic matter")
+    return Verdict("inconclusive", 0.3, tuple(facts))
+
+
+def _classify_cuda(record: RunRecord) -> Verdict:
+    step = gpu_step(record)
+    if step is not None:
+        return _classify_gpu_step(record, step)
+    utilisation = _nvml_mean_utilisation(record)
+    if utilisation is None:
+        return Verdict("inconclusive", 0.0, ("a CUDA run without a kernel timeline or NVML samples",))
+    fact = f"NVML: the GPU ran kernels {utilisation:.0%} of the time, on average over the run (no kernel timeline)"
+    if utilisation >= th.GPU_BUSY_COMPUTE:
+        return Verdict("compute", 0.5, (fact,))
+    if utilisation < th.GPU_BUSY_STARVED:
+        return Verdict("cpu-launch", 0.4, (fact, "without a kernel timeline, host wait cannot be told from other idle"))
+    return Verdict("inconclusive", 0.2, (fact,))
+
+
+def _classify_gpu_step(record: RunRecord, step: GpuStep) -> Verdict:
+    """A CUDA run with a kernel timeline, on its steady GPU step (``gpu_step``). Each side's headroom is what the
+    step would save were it free: the kernels (the step then no shorter than the host takes to queue it) or the
+    host's launches (the GPU's wait for them, less any wait for data). A GPU busy most of the step whose kernels
+    hold the larger headroom is compute-bound; one idle most of it, mostly waiting for the host's launches, whose
+    launches hold it is CPU-launch-bound. Between the two, the side with the larger headroom (at least
+    ``SIDE_NOTABLE``; the kernels' only with the GPU busy half the step, the launches' only with the wait for them
+    half the idle time) is the verdict, with less confidence and the other side named with its share; a GPU idle
+    for neither reason (syncs, copies) leaves it inconclusive. Where the host takes most of a compute-bound step to queue it, that is said: a faster GPU step
+    soon waits on launching."""
+    kernels = record.op_profile.kernels  # type: ignore[union-attr]
+    busy, length = step.busy, step.step_s
+    idle = 1 - busy
+    launching = launch_wait(record) or 0.0  # the host wait that is not a wait for data
+    computing = step.saving(step.kernel_s)
+    waited = step.launch_wait_s / length
+    facts = [
+        f"{step.busy_text}; idle {idle:.0%}: waiting for the host {waited:.0%}, between queued kernels "
+        f"{step.gap_s / length:.0%}, other {step.other_idle_s / length:.0%}",
+        f"{kernels.kernels_per_step:.0f} kernels per step, {kernels.mean_kernel_s * 1e6:.1f} us each on average",
+    ]
+    if step.steady and abs(step.window_busy - busy) >= th.WINDOW_BUSY_APART:
+        facts.append(f"in the profiled steps themselves the GPU was busy {step.window_busy:.0%} of "
+                     f"{step.window_step_s * 1e3:.1f} ms a step: the profiler slows the host's launches, not the "
+                     "kernels")
+    if launching < waited:
+        facts.append(f"of the wait for the host, {launching:.0%} of the step is launching and "
+                     f"{waited - launching:.0%} waiting for data")
+    if busy >= th.GPU_BUSY_COMPUTE and computing >= launching:
+        facts.append(f"{kernels.tensor_core_share:.0%} of kernel time ran on Tensor Cores")
+        facts.extend(_top_ops(record, device=True))
+        if step.host is not None and step.host.how == "ran ahead" and \
+                step.host.seconds >= th.HOST_CLOSE_BEHIND * length:
+            facts.append(f"{step.host.text}: {step.host.seconds / length:.0%} of the step; a GPU step cut below "
+                         f"{step.host.seconds * 1e3:.1f} ms waits on launching, where fewer launches (CUDA graphs) "
+                         "take over")
+        return Verdict("compute", _rising(busy, th.GPU_BUSY_COMPUTE, 0.95), tuple(facts))
+    if busy < th.GPU_BUSY_STARVED and idle > 0 and launching / idle >= th.HOST_WAIT_DOMINANT \
+            and launching >= computing:
+        return Verdict("cpu-launch", _rising(launching / idle, th.HOST_WAIT_DOMINANT, 1.0), tuple(facts))
+    if busy >= th.GPU_BUSY_STARVED and computing >= max(launching, th.SIDE_NOTABLE):
+        facts.append(_other_side(computing, launching, busy, step.host))
+        return Verdict("compute", th.MIXED_CONFIDENCE, tuple(facts))
+    if launching > computing and launching >= th.SIDE_NOTABLE and launching >= th.HOST_WAIT_DOMINANT * idle:
+        facts.append(_other_side(computing, launching, busy, step.host))
+        return Verdict("cpu-launch", th.MIXED_CONFIDENCE, tuple(facts))
+    return Verdict("inconclusive", 0.3, (
+        *facts,
+        f"the GPU idles {idle:.0%} of the step, mostly for neither the host's launches nor kernels queued behind "
+        "each other (syncs, copies, other streams): neither busy nor starved by launching"))
+
+
+def _other_side(computing: float, launching: float, busy: float, host: HostPace | None) -> str:
+    """The mixed verdict's line: the side that does not lead, with the step it would save were it free; where that
+    is too little to count, why."""
+    if computing >= launching:
+        if launching >= th.SIDE_NOTABLE:
+            return (f"partly launch-bound: the GPU waits {launching:.0%} of the step for the host's launches, while "
+                    f"kernels run {busy:.0%} of it; the advice for both is ranked by its gain")
+        return f"the GPU waits {launching:.0%} of the step for the host's launches: too little to bound it"
+    if computing >= th.SIDE_NOTABLE:
+        return (f"partly compute-bound: kernels run {busy:.0%} of the step (were they free, it would be "
+                f"{computing:.0%} shorter), while the GPU waits {launching:.0%} of it for the host's launches; the "
+                "advice for both is ranked by its gain")
+    queue = f": the host takes {host.seconds * 1e3:.1f} ms to queue a step" if host is not None else ""
+    return (f"kernels run {busy:.0%} of the step, yet were they free it would be no shorter than the host's "
+            f"launches let it be{queue}")
+
+
+def _top_ops(record: RunRecord, device: bool = False) -> list[str]:
+    ops = record.op_profile
+    if ops is None:
+        return []
+    top = ops.top_device if device else ops.top_host
+    total = (ops.device_s or sum(o.device_s for o in top)) if device else ops.mean_op_s * ops.ops
+    if not top or total <= 0:
+        return []
+    lead = top[0]
+    seconds = lead.device_s if device else lead.self_host_s
+    where = "device" if device else "op"
+    return [f"{lead.name} takes {seconds / total:.0%} of {where} time ({lead.calls} calls in the profiled steps)"]
+
+
+def _outside_ops(record: RunRecord) -> list[str]:
+    """Where the Python profile says the steps' time went: the function with the most time of its own (a sleep, a
+    lock's wait under ``queue.Queue.get``), and the functions it was called under, by cumulative time."""
+    profile = record.python_profile
+    profiled_s = profile.total_s - profile.startup_s if profile is not None else 0.0
+    if profile is None or not profile.top_own or profiled_s <= 0:
+        return []
+    lead = profile.top_own[0]
+    window = profile.window
+    steps = "the whole run" if profile.whole_run else f"steps {window.first_step}-{window.last_step}"
+    where = f" ({lead.file}:{lead.line})" if lead.file != "~" else ""
+    fact = (f"the Python profile ({steps}) spends {lead.own_s:.2f} s of its {profiled_s:.2f} s "
+            f"({lead.own_s / profiled_s:.0%}) in {lead.function}{where}")
+    callers = [f"{f.function} ({f.file}:{f.line})" for f in profile.top_cumulative
+               if f.file != "~" and f.cumulative_s >= th.OPS_COVER_CALLER * lead.own_s
+               and (f.file, f.line, f.function) != (lead.file, lead.line, lead.function)][:th.OPS_COVER_CALLERS]
+    return [f"{fact}, under {', '.join(callers)}" if callers else fact]
+
+
+def _waiting_iterator(record: RunRecord, outside: str, facts: list[str]) -> Verdict | None:
+    """Data-loading, where the loop waits on an iterator of its own (``iterator_wait``)."""
+    if (wait := iterator_wait(record)) is None:
+        return None
+    return Verdict("data-loading", _rising(wait.share, th.DATA_WAIT_BOUND, 0.5), (
+        f"the loop waits for its batches: the Python profile's steps ({wait.steps}) spend {wait.share:.0%} of their "
+        f"time waiting on a lock under {wait.feeder.function} ({wait.feeder.file}:{wait.feeder.line}), an iterator "
+        "of the script's own fed by a thread or process (a queue's get), which gpuscope cannot time as it times a "
+        "DataLoader's wait: the batches come slower than the steps use them; build them cheaper, or several at once "
+        "in a DataLoader's worker processes where cores are spare (threads building them in Python share one "
+        "interpreter lock)", outside, *facts))
+
+
+def _nvml_mean_utilisation(record: RunRecord) -> float | None:
+    if record.gpus is None:
+        return None
+    values = [u for device in record.gpus.devices for u in device.sm_util]
+    return sum(values) / len(values) if values else None
+
+
+def _rising(value: float, threshold: float, sure_at: float) -> float:
+    """Confidence 0.6 at the threshold, rising linearly to 0.95 at ``sure_at`` and beyond."""
+    if sure_at <= threshold:
+        return 0.95
+    return round(min(0.95, 0.6 + 0.35 * (value - threshold) / (sure_at - threshold)), 2)

@@ -1,0 +1,380 @@
+"""Before/after comparison of two runs (A = before, B = after): the speed-up with its uncertainty, how each phase
+of the step moved, how the verdict changed, and what became of A's recommendations in B.
+
+A pure function of the two records: ``compare(a, b)`` returns a ``Comparison`` that the terminal summary
+(``gpuscope.report.compare_text``) and the HTML page (``gpuscope.report.render_compare``) both read. The figures that
+show a recommendation's fix took are the rule's own (``resolved_by`` in ``diagnose/rules``).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import PurePath
+from typing import Literal
+
+from gpuscope.diagnose.child_processes import notable, started_work
+from gpuscope.diagnose.clock import on_device_clock, step_times
+from gpuscope.diagnose.evidence import STEP, Metric, Unit, batch_size, show, step_batches
+from gpuscope.diagnose.rules import RULES
+from gpuscope.record import PHASES, RunRecord
+from gpuscope.diagnose.words import bound_label
+
+RESAMPLES = 1000
+"""Bootstrap resamples of each run's steady steps: enough for a stable 95% interval, quick in pure Python."""
+MAX_STEPS = 2000
+"""Most steady steps of a run the bootstrap uses: an even subsample beyond that keeps 100k-step runs fast."""
+MIN_STEPS = 5
+"""Fewest steady steps of each run for an interval: below that, resampling a median says little."""
+LEVEL = 0.95
+SEED = 20260101
+"""Fixed, so that comparing the same two runs always prints the same interval."""
+
+Status = Literal["resolved", "still there", "not checked in B", "unknown", "new in B"]
+
+
+@dataclass(frozen=True, slots=True)
+class SpeedUp:
+    """A's median step over B's (above 1: B is faster), with a 95% bootstrap interval of that ratio.
+
+    The point estimate uses each record's median of all its steady steps; the interval resamples the steady steps
+    kept in each record's step sample (``steps_a`` and ``steps_b`` of them). ``note`` says why there is no ratio
+    or no interval.
+    """
+
+    median_a_s: float | None
+    median_b_s: float | None
+    ratio: float | None
+    low: float | None = None
+    high: float | None = None
+    steps_a: int = 0
+    steps_b: int = 0
+    note: str | None = None
+    clock_a: str = "host"
+    clock_b: str = "host"
+    """The clock each run's steps are read on (``Steps.clock``): ``device`` on a CUDA run timed on the GPU."""
+
+    @property
+    def clock(self) -> str:
+        """Which clock the medians are on, in words."""
+        names = {"device": "the GPU's timeline", "host": "the host's clock"}
+        if self.clock_a == self.clock_b:
+            return names.get(self.clock_a, self.clock_a)
+        return f"A on {names.get(self.clock_a, self.clock_a)}, B on {names.get(self.clock_b, self.clock_b)}"
+
+    @property
+    def slower_pct(self) -> float | None:
+        """How much slower B's median step is than A's, in percent (negative: faster); None without both."""
+        if self.median_a_s is None or self.median_b_s is None:
+            return None
+        return (self.median_b_s / self.median_a_s - 1) * 100
+
+    def reading(self) -> str:
+        """What the figures say: B faster, B slower, or no clear difference (the interval holds 1)."""
+        if self.ratio is None:
+            return "no speed-up figure"
+        if self.low is not None and self.high is not None:
+            if self.low > 1:
+                return "B is faster"
+            if self.high < 1:
+                return "B is slower"
+            return "no clear difference"
+        word = "faster" if self.ratio > 1 else "slower" if self.ratio < 1 else "as fast"
+        return f"B is {word} (point estimate only)"
+
+
+@dataclass(frozen=True, slots=True)
+class PhaseShift:
+    """One phase of the step in A and in B: its share of the median step (0..1) and its seconds per step."""
+
+    phase: str
+    share_a: float
+    share_b: float
+    seconds_a: float
+    seconds_b: float
+
+
+@dataclass(frozen=True, slots=True)
+class VerdictChange:
+    """A's verdict and B's, as people say them (``bound_label``), with their confidences (0..1)."""
+
+    label_a: str
+    confidence_a: float
+    label_b: str
+    confidence_b: float
+
+    @property
+    def changed(self) -> bool:
+        """Whether B's bound differs from A's."""
+        return self.label_a != self.label_b
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One measured figure in A and in B, e.g. the data-wait share; ``unit`` says how to show it."""
+
+    name: str
+    a: float
+    b: float
+    unit: Unit
+
+    def text(self) -> str:
+        """The change in words: "data wait 64% -> 3%"."""
+        return f"{self.name} {show(self.a, self.unit)} -> {show(self.b, self.unit)}"
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """What became of a recommendation in B, with the figures that show the change."""
+
+    id: str
+    title: str
+    status: Status
+    reason: str | None = None
+    """B's reason for not checking the rule (status ``not checked in B``)."""
+    changes: tuple[Change, ...] = ()
+
+    def line(self) -> str:
+        """One line: "more-dataloader-workers: resolved, data wait 64% -> 3%"."""
+        status = f"{self.status} ({self.reason})" if self.reason else self.status
+        return ", ".join([f"{self.id}: {status}", *(c.text() for c in self.changes)])
+
+
+@dataclass(frozen=True, slots=True)
+class Comparison:
+    """Run A (before) against run B (after)."""
+
+    script_a: str
+    script_b: str
+    speedup: SpeedUp
+    phases: tuple[PhaseShift, ...]
+    verdict: VerdictChange
+    outcomes: tuple[Outcome, ...]
+    """A's recommendations in A's order, then those new in B (status ``new in B``)."""
+    flags: tuple[str, ...]
+    """Warnings that the runs differ in more than the change under test (script, device, torch, CPUs)."""
+    per_sample: PerSample | None = None
+    """When the batch size changed, the time per sample (what a larger batch is for)."""
+    children: ChildWork | None = None
+    """When processes the script started did notable work in either run, theirs and the whole run's time."""
+
+
+@dataclass(frozen=True, slots=True)
+class PerSample:
+    """Median step over the samples a step takes (its batch size x its batches), in A and B."""
+
+    batch_a: int
+    batch_b: int
+    seconds_a: float
+    seconds_b: float
+    batches_a: float = 1.0
+    """Batches a step takes in A (8 where gradients accumulate over 8 batches before each optimizer step)."""
+    batches_b: float = 1.0
+
+    def line(self) -> str:
+        """One line: "per sample (batch 32 -> batch 64): A 0.194 ms -> B 0.1 ms: 1.94x the throughput" (three
+        significant digits: a sample can take microseconds); with batches accumulated, "(batch 8, 8 a step -> ..."."""
+        return (f"per sample (batch {self.batch_a}{_accumulated(self.batches_a)} -> batch {self.batch_b}"
+                f"{_accumulated(self.batches_b)}): A {self.seconds_a * 1e3:.3g} ms -> B {self.seconds_b * 1e3:.3g} ms: "
+                f"{self.seconds_a / self.seconds_b:.2f}x the throughput")
+
+
+@dataclass(frozen=True, slots=True)
+class ChildWork:
+    """What the processes the script started used (``HostMemory.processes``), and the whole run's time, in A and B:
+    their work is no part of the step figures (Hogwild's trainers, ``torch.multiprocessing.spawn``'s ranks)."""
+
+    cpu_a: float
+    cpu_b: float
+    waiting_a: float
+    waiting_b: float
+    run_a: float
+    run_b: float
+
+    def line(self) -> str:
+        """One line: "the processes the script started: on a CPU 31.7 s -> 12.2 s, waiting for a core 24.0 s ->
+        0.2 s; the whole run 30.8 s -> 8.4 s (3.67x) ..."."""
+        ratio = f" ({self.run_a / self.run_b:.2f}x)" if self.run_a and self.run_b else ""
+        return (f"the processes the script started: on a CPU {self.cpu_a:.1f} s -> {self.cpu_b:.1f} s, waiting for a "
+                f"core {self.waiting_a:.1f} s -> {self.waiting_b:.1f} s; the whole run {self.run_a:.1f} s -> "
+                f"{self.run_b:.1f} s{ratio} (their work is in none of the step figures)")
+
+
+def child_work(a: RunRecord, b: RunRecord) -> ChildWork | None:
+    """Both runs' started processes' figures, where either run's are worth saying (``notable``)."""
+    if not notable(a) and not notable(b):
+        return None
+    (cpu_a, waiting_a), (cpu_b, waiting_b) = started_work(a), started_work(b)
+    return ChildWork(cpu_a, cpu_b, waiting_a, waiting_b, a.meta.duration_s, b.meta.duration_s)
+
+
+def _accumulated(batches: float) -> str:
+    return "" if round(batches, 1) == 1 else f", {batches:.3g} a step"
+
+
+def per_sample(a: RunRecord, b: RunRecord) -> PerSample | None:
+    """Time per sample in both runs when the samples their steps take (of their main loaders) differ and both are
+    known: a step that accumulates gradients over 8 batches takes 8 batches' samples."""
+    batch_a, batch_b = batch_size(a), batch_size(b)
+    batches_a, batches_b = step_batches(a), step_batches(b)
+    samples_a, samples_b = batch_a * batches_a, batch_b * batches_b
+    if not samples_a or not samples_b or samples_a == samples_b or not a.steps.median_s or not b.steps.median_s:
+        return None
+    return PerSample(batch_a, batch_b, a.steps.median_s / samples_a, b.steps.median_s / samples_b, batches_a,
+                     batches_b)
+
+
+def resolved_by(rec_id: str) -> tuple[Metric, ...]:
+    """The figures that show ``rec_id``'s fix took, as its rule declares them; the median step for an id no rule
+    of this gpuscope has (a record from another version)."""
+    return next((r.resolved_by for r in RULES if r.id == rec_id), (STEP,))
+
+
+def changes(rec_id: str, a: RunRecord, b: RunRecord) -> tuple[Change, ...]:
+    """The figures of ``rec_id``'s rule known in both runs, and not zero in both (a rule's figure for a case the
+    runs do not have: the convolutions' share of a model that has none); the median step where none is."""
+    found = []
+    for metric in resolved_by(rec_id):
+        value_a, value_b = metric.read(a), metric.read(b)
+        if value_a is not None and value_b is not None and (value_a or value_b):
+            found.append(Change(metric.name, value_a, value_b, metric.unit))
+    if not found:
+        value_a, value_b = STEP.read(a), STEP.read(b)
+        if value_a is not None and value_b is not None:
+            found.append(Change(STEP.name, value_a, value_b, STEP.unit))
+    return tuple(found)
+
+
+def outcomes(a: RunRecord, b: RunRecord) -> tuple[Outcome, ...]:
+    """What became of each of A's recommendations in B, then the recommendations new in B."""
+    found = []
+    for rec in a.recommendations:
+        check = b.checks.get(rec.id)
+        status: Status
+        reason = None
+        if check is None:
+            status = "unknown"
+        elif check.status == "clear":
+            status = "resolved"
+        elif check.status == "fired":
+            status = "still there"
+        else:
+            status, reason = "not checked in B", check.reason or "an input it needs was not collected"
+        found.append(Outcome(rec.id, rec.title, status, reason, changes(rec.id, a, b)))
+    in_a = {rec.id for rec in a.recommendations}
+    found += [Outcome(rec.id, rec.title, "new in B", None, changes(rec.id, a, b))
+              for rec in b.recommendations if rec.id not in in_a]
+    return tuple(found)
+
+
+def steady_times(record: RunRecord, limit: int = MAX_STEPS) -> list[float]:
+    """Times (s) of the steady-state steps in the record's step sample, on its steps' clock, an even subsample of at
+    most ``limit``."""
+    sample = record.steps.sample
+    times = [t for t, status in zip(step_times(record.steps), sample.status)
+             if status == "steady" and math.isfinite(t) and t > 0]
+    if len(times) <= limit:
+        return times
+    return [times[i * len(times) // limit] for i in range(limit)]
+
+
+def bootstrap_ratio(a: Sequence[float], b: Sequence[float], resamples: int = RESAMPLES, level: float = LEVEL,
+                    seed: int = SEED) -> tuple[float, float]:
+    """Percentile bootstrap interval of median(a) / median(b): each resample draws len(a) of ``a`` and len(b) of
+    ``b`` with replacement. Deterministic for a given seed."""
+    rng = random.Random(seed)
+    ratios = sorted(statistics.median(rng.choices(a, k=len(a))) / statistics.median(rng.choices(b, k=len(b)))
+                    for _ in range(resamples))
+    tail = (1 - level) / 2
+    return ratios[round(tail * (resamples - 1))], ratios[round((1 - tail) * (resamples - 1))]
+
+
+def speedup(a: RunRecord, b: RunRecord) -> SpeedUp:
+    """A's median step over B's, with its bootstrap interval where both step samples allow one."""
+    clocks = {"clock_a": a.steps.clock, "clock_b": b.steps.clock}
+    median_a = a.steps.median_s if a.steps.count and a.steps.median_s > 0 else None
+    median_b = b.steps.median_s if b.steps.count and b.steps.median_s > 0 else None
+    if median_a is None or median_b is None:
+        missing = " and ".join(name for name, m in (("A", median_a), ("B", median_b)) if m is None)
+        return SpeedUp(median_a, median_b, None, note=f"no steady-state step in {missing}: no speed-up figure",
+                       **clocks)
+    ratio = median_a / median_b
+    times_a, times_b = steady_times(a), steady_times(b)
+    short = [f"{name} has {len(t)}" for name, t in (("A", times_a), ("B", times_b)) if len(t) < MIN_STEPS]
+    if short:
+        note = (f"no interval: too few steady steps in the step sample ({', '.join(short)}; "
+                f"at least {MIN_STEPS} each are needed)")
+        return SpeedUp(median_a, median_b, ratio, steps_a=len(times_a), steps_b=len(times_b), note=note, **clocks)
+    low, high = bootstrap_ratio(times_a, times_b)
+    return SpeedUp(median_a, median_b, ratio, low, high, len(times_a), len(times_b), **clocks)
+
+
+def phase_shifts(a: RunRecord, b: RunRecord) -> tuple[PhaseShift, ...]:
+    """Each phase's share of the median step and seconds per step, in A and in B."""
+    shares_a, shares_b = a.breakdown.as_dict(), b.breakdown.as_dict()
+    median_a = a.steps.median_s if a.steps.count else 0.0
+    median_b = b.steps.median_s if b.steps.count else 0.0
+    return tuple(PhaseShift(phase, shares_a[phase], shares_b[phase], shares_a[phase] * median_a,
+                            shares_b[phase] * median_b) for phase in PHASES)
+
+
+def script_name(record: RunRecord) -> str:
+    """The script's file name (``train.py``), or ``-m MODULE``; ``?`` when the record has no command."""
+    command = record.command
+    if not command:
+        return "?"
+    if command[0] == "-m" and len(command) > 1:
+        return f"-m {command[1]}"
+    return PurePath(command[0]).name or command[0]
+
+
+def _torch(record: RunRecord) -> str:
+    return record.meta.torch or (record.practices.torch_version if record.practices is not None else "") or ""
+
+
+def _clock(record: RunRecord) -> str:
+    return "GPU's timeline" if record.steps.clock == "device" else "host's clock"
+
+
+def _gpu(record: RunRecord) -> str:
+    devices = record.gpus.devices if record.gpus is not None else ()
+    return devices[0].name if devices else ""
+
+
+def flags(a: RunRecord, b: RunRecord) -> tuple[str, ...]:
+    """Warnings that A and B differ in more than the change under test; a fact unknown in one run is not flagged."""
+    found = []
+    pairs = (("scripts", script_name(a), script_name(b)), ("devices", a.device, b.device),
+             ("GPUs", _gpu(a), _gpu(b)), ("torch versions", _torch(a), _torch(b)),
+             ("CPU counts", a.meta.cpu_count or "", b.meta.cpu_count or ""))
+    for what, value_a, value_b in pairs:
+        if value_a not in ("", "?") and value_b not in ("", "?") and value_a != value_b:
+            found.append(f"the runs have different {what} (A: {value_a}, B: {value_b}): the change is not only yours")
+    if a.steps.count and b.steps.count and a.steps.clock != b.steps.clock:
+        found.append(f"A's steps are on the {_clock(a)}, B's on the {_clock(b)}: a CUDA run's host clock says how fast "
+                     "it launched, not how long its steps took")
+    threads_a, threads_b = a.meta.torch_threads, b.meta.torch_threads
+    if threads_a and threads_b and threads_a != threads_b:  # the change itself when it was torch.set_num_threads
+        found.append(f"the runs used different torch thread counts (A: {threads_a}, B: {threads_b}): every op's "
+                     "time changes with it, so a phase's share can move without its own time changing")
+    return tuple(found)
+
+
+def compare(a: RunRecord, b: RunRecord) -> Comparison:
+    """Compare run A (before) with run B (after), each CUDA run's steps on the GPU's clock where its record has
+    the device times (``clock.on_device_clock``: records written before the figures were read there)."""
+    a, b = on_device_clock(a), on_device_clock(b)
+    return Comparison(
+        script_a=script_name(a),
+        script_b=script_name(b),
+        speedup=speedup(a, b),
+        phases=phase_shifts(a, b),
+        verdict=VerdictChange(bound_label(a), a.verdict.confidence, bound_label(b), b.verdict.confidence),
+        outcomes=outcomes(a, b),
+        flags=flags(a, b),
+        per_sample=per_sample(a, b),
+        children=child_work(a, b),
+    )

@@ -1,0 +1,418 @@
+"""Rules about number formats: mixed precision on Tensor Cores; float32 on a CPU whose bfloat16 / float16 matmuls
+or convolutions are slower than its float32 ones, or whose step ran in float64; and attention in float32 where its
+bfloat16 / float16 forward and backward are."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from gpuscope.diagnose import thresholds as th
+from gpuscope.diagnose.evidence import STEP, Metric, kernel_share, median_compute_s
+from gpuscope.reduce.optable import op_kind
+from gpuscope.diagnose.gpu_step import GpuStep, gpu_name, gpu_step
+from gpuscope.diagnose.rules.base import Finding, rule
+from gpuscope.collect.captures import LOW_PRECISION
+from gpuscope.record import CallSite, KernelTimeline, RunRecord
+
+MIXED_PRECISION_OFF = {
+    "pytorch_lightning": 'Trainer(..., precision="32-true")',
+    "lightning": 'Trainer(..., precision="32-true")',
+    "accelerate": 'Accelerator(mixed_precision="no")',
+    "transformers": "TrainingArguments(..., bf16=False, fp16=False)",
+}
+"""Where a library entered the CPU autocast, the setting of that library that trains in float32."""
+SLOW_CONVS = ("_slow_conv2d_forward", "_slow_conv2d_backward", "slow_conv3d_forward", "slow_conv_dilated2d",
+              "slow_conv_dilated3d", "slow_conv_transpose2d", "slow_conv_transpose3d")
+"""torch's reference convolution kernels (``aten::_slow_conv2d_forward``...): a CPU runs its convolutions on them
+where oneDNN has no kernel for the dtype (bfloat16 / float16 without instructions for them)."""
+
+
+def compute_busy(kernels: KernelTimeline) -> float:
+    """Share of the window with a compute kernel running: communication kernels (NCCL's) left out, since mixed
+    precision does not speed them up. Records made before it was measured fall back to all kernels."""
+    return kernels.compute_busy_fraction if kernels.compute_busy_fraction is not None else kernels.busy_fraction
+
+
+@rule(id="mixed-precision",
+      title="Train in mixed precision (autocast + GradScaler)",
+      fix="with torch.autocast('cuda', dtype=torch.bfloat16): loss = model(x)  # fp16: add torch.amp.GradScaler",
+      needs=("cuda", "kernels"),
+      resolved_by=(Metric("kernel time on Tensor Cores", "share", kernel_share("tensor_core_share")), STEP))
+def mixed_precision(run: RunRecord) -> Finding | None:
+    """Signal: little of the compute kernels' time runs on Tensor Cores (the step's matmuls and convolutions are in
+    float32).
+    Why it matters: Tensor Cores do 16-bit matrix math many times faster than float32 on CUDA cores (14.8x on paper
+    on an H100 or H200, 2x TF32's), and 16-bit activations are half the bytes to stream; measured training time
+    falls to 45-60% of float32 (the seeds: T4, five CNNs), at the same accuracy with float32 master weights and loss
+    scaling.
+    Fix: torch.autocast (bf16 where supported), GradScaler for fp16.
+    Gain: the steady step's kernels by kind (``gpu_step``): float32 GEMMs and convolutions at the ratio of the GPU's
+    datasheet 16-bit and float32 (or TF32, where they ran on Tensor Cores already) rates, the kernels streaming
+    activations at ``SIXTEEN_BIT_BYTES`` of their time; the optimizer's kernels, communication and the gaps between
+    kernels as they are; no step shorter than the host takes to queue it. None where the datasheet table lacks the
+    GPU (advised then only where the GPU is busy, ``GPU_BUSY_COMPUTE``)."""
+    kernels = run.op_profile.kernels  # type: ignore[union-attr]
+    assert kernels is not None  # the rule needs "kernels"
+    if kernels.tensor_core_share >= th.TENSOR_CORE_ENOUGH:
+        return None
+    step = gpu_step(run)
+    evidence = [
+        (step.busy_text if step is not None else f"the GPU runs kernels {compute_busy(kernels):.0%} of the step")
+        + (f" ({kernels.communication_share:.0%} of kernel time is communication, left out)"
+           if kernels.communication_share else ""),
+        f"only {kernels.tensor_core_share:.0%} of compute-kernel time is on Tensor Cores",
+    ]
+    low = _sixteen_bit(step) if step is not None else None
+    if step is None or low is None:
+        if (step.busy if step is not None else compute_busy(kernels)) < th.GPU_BUSY_COMPUTE:
+            return None  # no estimate, and a GPU this idle gains little from faster kernels
+        evidence.append(f"no datasheet 16-bit Tensor Core rate for {gpu_name(run) or 'this GPU'} in gpuscope's "
+                        "table: the gain is not estimated")
+        return Finding(None, tuple(evidence))
+    kinds, tf32 = step.kinds, step.peak_ratio("tfloat32", low)
+    on_cores = kinds.fp32_gemm + kinds.conv
+    tensor = kinds.tc_conv + (kinds.tc_gemm if _float32_run(run) else 0.0)
+    streamed = kinds.layout + kinds.other
+    saved = on_cores * (1 - 1 / step.peak_ratio("float32", low)) + tensor * (1 - 1 / (tf32 or 1.0)) + \
+        streamed * (1 - th.SIXTEEN_BIT_BYTES)  # type: ignore[operator]
+    moved = [f"float32 GEMMs and convolutions on CUDA cores {on_cores * 1e3:.1f} ms a step "
+             f"({step.rates('float32', low)})"] if on_cores else []
+    if tensor and tf32:
+        moved.append(f"TF32 Tensor Core work {tensor * 1e3:.1f} ms ({step.rates('tfloat32', low)})")
+    evidence.append(f"in {low}: " + "; ".join(moved + [
+        f"the kernels streaming activations (element-wise, normalisation, attention, layout conversions) "
+        f"{streamed * 1e3:.1f} ms at half their time (half the bytes); the optimizer's {kinds.optimizer * 1e3:.1f} ms "
+        "stays in float32"]) + f"; {step.outcome(saved)}")
+    return Finding(step.saving(saved), tuple(evidence))
+
+
+def _sixteen_bit(step: GpuStep) -> str | None:
+    """The 16-bit dtype autocast would use on this GPU (bfloat16 where it has it, else float16), where the
+    datasheet table gives its rate and float32's; None otherwise."""
+    for dtype in ("bfloat16", "float16"):
+        if step.peak_ratio("float32", dtype) is not None:
+            return dtype
+    return None
+
+
+def _float32_run(run: RunRecord) -> bool:
+    """Whether the step's matmuls ran in float32 (their Tensor Core GEMMs, if any, are TF32 ones)."""
+    sol = run.speed_of_light
+    return sol is None or sol.dtype in (None, "float32", "tfloat32")
+
+
+def op_share(run: RunRecord, which: Callable[[str], bool]) -> float | None:
+    """Share of the profiled steps' op time (self time of every op) in the listed ops ``which`` names; None without
+    an op profile."""
+    ops = run.op_profile
+    if ops is None or not ops.ops or not ops.mean_op_s:
+        return None
+    return min(1.0, sum(o.self_host_s for o in ops.top_host if which(o.name)) / (ops.mean_op_s * ops.ops))
+
+
+def matmul_share(run: RunRecord) -> float | None:
+    """Share of the profiled steps' op time in matmul ops (``mm``, ``addmm``, ``bmm``...)."""
+    return op_share(run, lambda name: op_kind(name) == "matmul")
+
+
+def slow_conv_share(run: RunRecord) -> float | None:
+    """Share of the profiled steps' op time in torch's reference convolution kernels (``SLOW_CONVS``)."""
+    return op_share(run, lambda name: name.removeprefix("aten::") in SLOW_CONVS)
+
+
+@rule(id="cpu-fp32-over-low-precision",
+      title="Train in float32 on this CPU: its bfloat16 / float16 matmuls or convolutions are slower",
+      fix="train in float32 on this CPU: drop torch.autocast('cpu', dtype=torch.bfloat16), or keep the model and its "
+          "inputs in float32 (no .to(torch.bfloat16) / .half())",
+      needs=("cpu", "op_profile", "matmul_rates"),
+      resolved_by=(Metric("op time in matmuls", "share", matmul_share),
+                   Metric("op time on reference convolution kernels", "share", slow_conv_share), STEP))
+def cpu_fp32_over_low_precision(run: RunRecord) -> Finding | None:
+    """Signal: a CPU run whose matmuls ran in bfloat16 or float16 (under autocast, or a model cast to it), on a
+    machine whose float32 matmul rate, measured after the run, is ``CPU_LOW_PRECISION_SLOWER`` times its rate in
+    that dtype or more; or whose step ran convolutions on torch's reference kernels (``SLOW_CONVS``) and FLOPs in
+    that dtype, where a convolution measured after the run is as much slower in it than in float32 (a student
+    under bf16 autocast beside a float32 teacher: most of the step's FLOPs are float32, most of its time the
+    student's convolutions).
+    Why it matters: a CPU without matrix instructions for the dtype (AVX512-BF16 or AMX for bfloat16) runs those
+    matmuls on a slow path: on the project's 2-core machine bfloat16 matmuls run at 1-3 GFLOP/s (by size) against
+    93 in float32, and a TransformerEncoder's step under bf16 autocast took 420 ms against 45 ms without; a small
+    conv net's forward and backward under bf16 autocast took 114 ms against 26 ms without.
+    Fix: drop the autocast (naming its line where gpuscope saw it) or the cast to half precision: train in float32.
+    Gain: the matmul ops' time in the step (their share of the profiled op time) less the same matmuls in float32:
+    their counted FLOPs at the measured float32 rate, or their time scaled by the two measured rates, the longer;
+    and the reference kernels' time less the same convolutions in float32: the step's FLOPs in their dtype at the
+    measured float32 convolution rate, or their time scaled by the two measured rates, the longer."""
+    sol = run.speed_of_light
+    if sol is None:
+        return None
+    found = _matmuls_in_float32(run, th.CPU_LOW_PRECISION_SLOWER) if sol.dtype in LOW_PRECISION else None
+    convs = _slow_convs(run, th.CPU_LOW_PRECISION_SLOWER)
+    if found is None and convs is None:
+        return None
+    dtype = sol.dtype if found is not None else convs.dtype  # type: ignore[union-attr]
+    sites = run.practices.cpu_autocast_sites if run.practices is not None else ()
+    by = run.practices.cpu_autocast_by if run.practices is not None else ""
+    cast = run.practices.half_precision_sites if run.practices is not None else ()
+    how = ""
+    if sites:
+        how = f", under torch.autocast at {_sites(sites)}" + (f", entered by {by}" if by else "")
+    elif cast:
+        how = f", the model's or torch's dtype made so at {_sites(cast)}"
+    evidence, what, slower, gain = _together(found, convs, dtype, how)
+    fix = None
+    if by and sites and sites[0].file:  # a library's mixed-precision setting, not a line of the user's, enters it
+        setting = MIXED_PRECISION_OFF.get(by, f"{by}'s mixed precision off")
+        fix = (f"{setting}  # {by}, called from {sites[0].file}:{sites[0].line}, enters torch.autocast in "
+               f"{dtype}: train in float32 on this CPU, whose {dtype} {what} are {slower} slower than its float32 "
+               "ones")
+    elif sites and sites[0].file:
+        fix = (f"{_site(sites[0])}: drop the autocast (or pass enabled=False) and train in float32 on this CPU, "
+               f"whose {dtype} {what} are {slower} slower than its float32 ones")
+    elif cast and cast[0].file:
+        fix = (f"{_site(cast[0])}: keep the model (and its inputs) in float32 on this CPU, whose {dtype} {what} "
+               f"are {slower} slower than its float32 ones")
+    elif run.practices is not None:
+        fix = (f"keep the model and its inputs in float32 (no .to(torch.{dtype}) / .half()) on this CPU, whose "
+               f"{dtype} {what} are {slower} slower than its float32 ones")
+    return Finding(gain, evidence, fix=fix)
+
+
+def _together(found: Float32Matmuls | None, convs: SlowConvs | None, dtype: str, how: str,
+              rates_once: bool = False) -> tuple[tuple[str, ...], str, str, float]:
+    """The matmuls' and the reference convolutions' findings as one (either may be None, not both): the evidence
+    (``how`` the dtype came about, said once; the convolutions' rates left out where ``rates_once`` and the matmuls
+    gave them), what runs slower in ``dtype`` ("matmuls" first), by how much, and the two gains summed."""
+    evidence: tuple[str, ...] = ()
+    if found is not None:
+        evidence = (f"the step's matmuls ran in {dtype}{how}", *found.evidence(dtype))
+    if convs is not None:
+        evidence += convs.evidence("" if found is not None else how, rates=not (rates_once and found is not None))
+    shown = found if found is not None else convs
+    assert shown is not None
+    gain = (found.gain() if found is not None else 0.0) + (convs.gain if convs is not None else 0.0)
+    return evidence, "matmuls" if found is not None else "convolutions", shown.slower(), gain
+
+
+@dataclass(frozen=True, slots=True)
+class SlowConvs:
+    """The step's convolutions on torch's reference kernels, and what they would take at the float32 rate."""
+
+    dtype: str
+    """The low-precision dtype the step ran FLOPs in, whose convolution rate was measured."""
+    share: float
+    """Their share of the profiled op time."""
+    conv_s: float
+    """Their time in the median step."""
+    rate: float
+    """This machine's measured convolution rate in ``dtype``..."""
+    fp32: float
+    """...and in float32."""
+    median_s: float
+    names: tuple[str, ...]
+    fp32_s: float
+    """The same convolutions in float32."""
+    flops: float
+    """The step's FLOPs in ``dtype``."""
+    measured: str
+    """What the two rates are the rates of (a 3x3 convolution; float64's: a matmul, as the kernel runs them)."""
+
+    @property
+    def gain(self) -> float:
+        return (self.conv_s - self.fp32_s) / self.median_s
+
+    def evidence(self, how: str, rates: bool = True) -> tuple[str, ...]:
+        """Where their time went, and the measured rates (``rates``: unless the evidence gives them already)."""
+        return (
+            f"the step's convolutions ran on torch's reference kernels ({', '.join(self.names)}), as it runs "
+            f"{self.dtype} ones on this CPU{how}: {self.share:.0%} of the step's op time, about "
+            f"{self.conv_s * 1e3:.1f} ms of the {self.median_s * 1e3:.1f} ms step; in float32 they would take about "
+            f"{self.fp32_s * 1e3:.1f} ms ({self.flops / 1e9:.2f} GFLOP in {self.dtype} at the float32 rate)",
+            f"this machine's rate for {self.measured}, measured after the run: float32 {_rate(self.fp32)}, "
+            f"{self.dtype} {_rate(self.rate)} ({self.slower()} slower)",
+        )[:2 if rates else 1]
+
+    def slower(self) -> str:
+        ratio = self.fp32 / self.rate
+        return f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.1f}x"
+
+
+def _slow_convs(run: RunRecord, slower: float, float64: bool = False) -> SlowConvs | None:
+    """The step's reference-kernel convolutions, where the step ran FLOPs in bfloat16 / float16 (``float64``: in
+    float64) and this machine's measured float32 rate is at least ``slower`` times that dtype's; None otherwise.
+    The rates: a 3x3 convolution's, timed by the cpu-peak probe; for float64, its matmuls', as the reference kernel
+    runs a float64 convolution as an unfolding and a float64 matmul (a 3x3 convolution's float64 time against
+    float32's ranges 1.2-3.9x with its shape on this machine, a small one's below the threshold)."""
+    sol, median, share = run.speed_of_light, run.steps.median_s, slow_conv_share(run)
+    if sol is None or not share or not median or not run.steps.count:
+        return None
+    if float64:
+        dtype, measured = "float64", "a square matmul"
+        rate, fp32 = sol.peak_flops_per_s if sol.dtype == "float64" else None, sol.float32_flops_per_s
+    else:
+        dtype, measured = next((d for d in LOW_PRECISION if d in sol.conv_flops_per_s), None), "a 3x3 convolution"
+        rate, fp32 = sol.conv_flops_per_s.get(dtype or ""), sol.conv_flops_per_s.get("float32")
+    if not rate or not fp32 or fp32 < rate * slower:
+        return None
+    ops = run.op_profile
+    assert ops is not None  # slow_conv_share read it
+    slow = [o for o in ops.top_host if o.name.removeprefix("aten::") in SLOW_CONVS]
+    conv_s, flops = share * median_compute_s(run), sol.flops_by_dtype.get(dtype, 0)  # type: ignore[arg-type]
+    fp32_s = max(flops / fp32, conv_s * rate / fp32)
+    if fp32_s >= conv_s:
+        return None
+    return SlowConvs(dtype, share, conv_s, rate, fp32, median, tuple(o.name for o in slow),  # type: ignore[arg-type]
+                     fp32_s, flops, measured)
+
+
+@dataclass(frozen=True, slots=True)
+class Float32Matmuls:
+    """The step's matmuls in their dtype, and what they would take in float32 at this machine's measured rates."""
+
+    share: float
+    """Their share of the profiled op time."""
+    matmul_s: float
+    """Their time in the median step."""
+    fp32_s: float
+    """The same matmuls at the float32 rate."""
+    flops: float
+    rate: float
+    """This machine's measured matmul rate in the step's dtype..."""
+    fp32: float
+    """...and in float32."""
+    median_s: float
+
+    def gain(self) -> float:
+        return (self.matmul_s - self.fp32_s) / self.median_s
+
+    def evidence(self, dtype: str) -> tuple[str, str]:
+        """The measured rates, and the matmuls' time in the step against the same in float32."""
+        return (
+            f"this machine's matmul rates, measured after the run: float32 {_rate(self.fp32)}, {dtype} "
+            f"{_rate(self.rate)} ({self.slower()} slower)",
+            f"matmul ops take {self.share:.0%} of the step's op time, about {self.matmul_s * 1e3:.1f} ms of the "
+            f"{self.median_s * 1e3:.1f} ms step; in float32 they would take about {self.fp32_s * 1e3:.1f} ms "
+            f"({self.flops / 1e9:.2f} GFLOP at the float32 rate)",
+        )
+
+    def slower(self) -> str:
+        ratio = self.fp32 / self.rate
+        return f"{ratio:.0f}x" if ratio >= 10 else f"{ratio:.1f}x"
+
+
+def _rate(flops_per_s: float) -> str:
+    return f"{flops_per_s / 1e9:.1f} GFLOP/s" if flops_per_s >= 10e9 else f"{flops_per_s / 1e9:.2f} GFLOP/s"
+
+
+def _matmuls_in_float32(run: RunRecord, slower: float) -> Float32Matmuls | None:
+    """The step's matmuls in its dtype and in float32, on a machine whose measured float32 matmul rate is at least
+    ``slower`` times the dtype's; None where float32 would not be faster. In float32: the counted FLOPs at the
+    measured float32 rate, or their time scaled by the two measured rates, the longer."""
+    sol, median = run.speed_of_light, run.steps.median_s
+    if sol is None or not sol.peak_flops_per_s or not sol.float32_flops_per_s:
+        return None
+    rate, fp32 = sol.peak_flops_per_s, sol.float32_flops_per_s
+    share = matmul_share(run)
+    if fp32 < rate * slower or not share or not median or not run.steps.count:
+        return None
+    matmul_s = share * median_compute_s(run)
+    flops = sum(n for op, n in sol.flops_by_op.items() if op_kind(op) == "matmul")
+    fp32_s = max(flops / fp32, matmul_s * rate / fp32)
+    return Float32Matmuls(share, matmul_s, fp32_s, flops, rate, fp32, median) if fp32_s < matmul_s else None
+
+
+@rule(id="float32-over-float64",
+      title="Train in float32: the step's matmuls or convolutions ran in float64",
+      fix="keep the model and its inputs in float32, unless it needs float64's precision: no model.double() or "
+          "torch.set_default_dtype(torch.float64); NumPy data as torch.from_numpy(a).float() (NumPy's default "
+          "dtype is float64)",
+      needs=("cpu", "op_profile", "matmul_rates"),
+      resolved_by=(Metric("op time in matmuls", "share", matmul_share),
+                   Metric("op time on reference convolution kernels", "share", slow_conv_share), STEP))
+def float32_over_float64(run: RunRecord) -> Finding | None:
+    """Signal: a CPU run whose matmuls ran in float64 (the model made ``.double()``, float64 the default dtype, or
+    NumPy's float64 arrays fed in), on a machine whose float32 matmul rate, measured after the run, is
+    ``CPU_FLOAT64_SLOWER`` times its float64 rate or more; or whose convolutions ran in float64 on torch's reference
+    kernels (``SLOW_CONVS``: oneDNN has no float64 kernel), where a convolution measured after the run is as much
+    slower in float64 (a small CNN made ``.double()``: promised 1% by its matmuls alone, measured 41% in float32).
+    Why it matters: deep-learning training needs no more than float32's precision (mixed precision goes lower
+    still), and a float64 matmul moves twice the bytes and fills half the vector lanes: half the speed on a CPU.
+    Some scientific models do need float64: the advice says so.
+    Fix: keep the model and its data in float32, naming the lines that made float64 the model's or torch's dtype.
+    Gain: as ``cpu-fp32-over-low-precision``'s: the matmuls' time less the same matmuls at the float32 rate, and the
+    reference kernels' time less the same at the float32 convolution rate."""
+    sol = run.speed_of_light
+    if sol is None or sol.dtype != "float64":
+        return None
+    found = _matmuls_in_float32(run, th.CPU_FLOAT64_SLOWER)
+    convs = _slow_convs(run, th.CPU_FLOAT64_SLOWER, float64=True)
+    if found is None and convs is None:
+        return None
+    sites = run.practices.float64_sites if run.practices is not None else ()
+    how = f", the model's or torch's dtype made so at {_sites(sites)}" if sites else ""
+    # the convolutions' rates are the matmul rates, which the matmuls' lines give already
+    evidence, what, slower, gain = _together(found, convs, "float64", how, rates_once=True)
+    fix = None
+    if sites and sites[0].file:
+        fix = (f"{_site(sites[0])}: keep the model (and its inputs) in float32 on this CPU, whose float64 {what} "
+               f"are {slower} slower than its float32 ones, unless it needs float64's precision (training rarely "
+               "does: mixed precision goes below float32)")
+    return Finding(gain, evidence, fix=fix)
+
+
+def attention_share(run: RunRecord) -> float | None:
+    """Share of the profiled steps' op time in scaled dot-product attention (its CPU kernels, forward and backward)."""
+    return op_share(run, lambda name: "scaled_dot_product" in name)
+
+
+@rule(id="cpu-float32-attention",
+      title="Run attention in float32 on this CPU: its bfloat16 / float16 attention is slower",
+      fix="with torch.autocast('cpu', enabled=False): out = F.scaled_dot_product_attention(q.float(), k.float(), "
+          "v.float()).to(q.dtype)",
+      needs=("cpu", "op_profile", "attention_timing"),
+      resolved_by=(Metric("op time in attention", "share", attention_share), STEP))
+def cpu_float32_attention(run: RunRecord) -> Finding | None:
+    """Signal: a CPU run whose attention (``F.scaled_dot_product_attention``, or a module running it) ran in
+    bfloat16 or float16, where one forward and backward at its shapes, timed after the run, took
+    ``CPU_LOW_PRECISION_SLOWER`` times longer in that dtype than in float32 or more.
+    Why it matters: torch's CPU flash attention backward in bfloat16 is several times slower than in float32 even
+    where the CPU's bfloat16 matmuls are faster (AMX): a small ViT under bfloat16 autocast on the project's machine
+    spent 50% of its op time in ``_scaled_dot_product_flash_attention_for_cpu_backward``; its attention at 64 x 3
+    heads x 65 tokens x 64 took 37 ms forward and backward in bfloat16 against 11 in float32. Attention in float32
+    inside the autocast took its step from 360 to 211 ms, where dropping the autocast (414 ms) would have lost the
+    matmuls' gain.
+    Fix: run the attention in float32 inside the autocast, naming the line that made it.
+    Gain: the attention ops' time in the step (their share of the profiled op time) less the same at the measured
+    float32 / low-precision ratio."""
+    sol = run.speed_of_light
+    timing = sol.attention if sol is not None else None
+    assert timing is not None  # the rule needs "attention_timing"
+    low, fp32, share = timing.seconds[timing.dtype], timing.seconds["float32"], attention_share(run)
+    if low < fp32 * th.CPU_LOW_PRECISION_SLOWER or not share or not run.steps.count or not run.steps.median_s:
+        return None
+    attention_s = share * median_compute_s(run)
+    shape = " x ".join(map(str, timing.query))
+    evidence = (
+        f"the step's attention ran in {timing.dtype}: {share:.0%} of the step's op time, about "
+        f"{attention_s * 1e3:.1f} ms of the {run.steps.median_s * 1e3:.1f} ms step",
+        f"one forward and backward of it (query {shape}{', causal' if timing.is_causal else ''}), timed after the "
+        f"run: {timing.dtype} {low * 1e3:.1f} ms, float32 {fp32 * 1e3:.1f} ms ({low / fp32:.1f}x slower)",
+    )
+    faster = sol.peak_flops_per_s / sol.float32_flops_per_s if sol is not None and sol.dtype == timing.dtype \
+        and sol.peak_flops_per_s and sol.float32_flops_per_s else None
+    keep = f" (keep the rest in {timing.dtype}: its matmuls measured {faster:.1f}x float32's rate here)" \
+        if faster is not None and faster > 1 else ""
+    site = timing.called_at
+    fix = (f"{_site(site)}: run the attention in float32{keep}: with torch.autocast('cpu', enabled=False): out = "
+           "F.scaled_dot_product_attention(q.float(), k.float(), v.float()).to(q.dtype)") \
+        if site is not None and site.file else None
+    return Finding(attention_s * (1 - fp32 / low) / run.steps.median_s, evidence, fix=fix)
+
+
+def _site(site: CallSite) -> str:
+    return f"{site.file}:{site.line} `{site.code}`" if site.file else "a line outside the user's code"
+
+
+def _sites(sites: tuple[CallSite, ...]) -> str:
+    return ", ".join(f"{_site(s)} ({s.calls}x)" for s in sites[:3])

@@ -1,0 +1,59 @@
+"""The few lines printed at the end of ``gpuscope run``: plain text, readable in a terminal and in CI logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from gpuscope.diagnose.words import bound_label, flop_text, left_out, speedup_text
+from gpuscope.record import RunRecord
+
+def window_line(record: RunRecord) -> str | None:
+    """What ``--profile-steps`` measured and when the record was handed over (None: the whole run was profiled)."""
+    window = record.profiling_window
+    if window is None or window.profile_steps is None or window.handed_over_s is None:
+        return None
+    first = window.skip_steps
+    return (f"  measured steps {first}-{first + window.profile_steps - 1}; the report was ready "
+            f"{window.handed_over_s:.1f} s into the run, which went on unprofiled")
+
+
+def summary_lines(record: RunRecord, run_dir: Path, report_path: Path | None = None) -> list[str]:
+    """The end-of-run summary: verdict and its evidence, the steps, the top three recommendations, and where the
+    files are (``report_path``: the report, where one was written)."""
+    verdict = record.verdict
+    steps = record.steps
+    from gpuscope.diagnose.speed import headroom_text
+
+    headroom = headroom_text(record)
+    lines = [f"gpuscope: {bound_label(record)}{' ' + headroom if headroom else ''} "
+             f"(confidence {verdict.confidence:.2f})"]
+    lines += [f"  - {fact}" for fact in verdict.evidence]
+    sol = record.speed_of_light
+    if sol is not None and sol.achieved_flops_per_s is not None:
+        peak = f" of a {sol.peak_flops_per_s / 1e9:.1f} GFLOP/s peak" if sol.peak_flops_per_s else ""
+        if sol.peak_flops_per_s and sol.mfu is None and sol.peak_measured:  # too far below the run's rate
+            peak = (f"; this machine's {sol.dtype or 'float32'} matmul benchmark measured "
+                    f"{sol.peak_flops_per_s / 1e9:.2f} GFLOP/s, not this run's peak: no MFU")
+        elif sol.peak_flops_per_s and sol.mfu is None:  # above a datasheet peak: the note says why
+            peak = f"; no MFU: {sol.note}"
+        lines.append(f"  speed of light: {flop_text(sol.flops_per_step)} a step, achieved {flop_text(sol.achieved_flops_per_s)}/s"
+                     f"{peak}")
+    if record.what_if is not None:
+        lines.append(f"  what if (estimate): step {record.what_if.step_s * 1e3:.1f} ms, "
+                     f"{speedup_text(record.what_if.speedup)}, {record.what_if.explanation}")
+    if steps.count:
+        shares = ", ".join(f"{name.replace('_', ' ')} {share:.0%}" for name, share in record.breakdown.as_dict().items())
+        clock = (f" on the GPU's timeline (the host's own {steps.host_median_s * 1e3:.1f} ms)"
+                 if steps.clock == "device" and steps.host_median_s is not None else "")
+        lines.append(f"  steps: {steps.count} steady of {steps.total} ({left_out(record)}), "
+                     f"median {steps.median_s * 1e3:.1f} ms{clock}; {shares}")
+    measured = window_line(record)
+    if measured is not None:
+        lines.append(measured)
+    for rec in record.recommendations[:3]:
+        gain = f" (~{rec.expected_gain:.0%} of step time)" if rec.expected_gain is not None else ""
+        lines.append(f"  * {rec.title}{gain}")
+    lines.append(f"  run record: {run_dir / 'run.json'}")
+    if report_path is not None:
+        lines.append(f"  report: {report_path}")
+    return lines
