@@ -11,7 +11,6 @@ from typing import Literal
 
 from gpuscope.diagnose.clock import step_times, steady_times
 from gpuscope.diagnose.loops import other_loop
-from gpuscope.reduce.optable import op_kind
 from gpuscope.diagnose.thresholds import (ACCUMULATED_MFU, EVALUATION_LOADING_WORTH_SAYING, EVALUATION_WORTH_SAYING,
                                           TWO_SPEED_GAP, TWO_SPEED_MIN_SHARE, TWO_SPEED_SEPARATION, WINDOW_UNLIKE)
 from gpuscope.record import KernelTimeline, Loader, RunRecord

@@ -20,8 +20,9 @@ from torch.utils import flop_counter
 from conftest import make_record
 from gpuscope.diagnose.rules import evaluate
 from gpuscope.collect.captures import AttentionCall, FlopCount
-from gpuscope.collect.collectors import attention, flops
-from gpuscope.collect.collectors.flops import CpuPeakProbe, MatmulTiming
+from gpuscope.collect.collectors import attention
+from gpuscope.collect.collectors import cpu_peak
+from gpuscope.collect.collectors.cpu_peak import CpuPeakProbe, MatmulTiming
 from gpuscope.record import (AttentionTiming, Breakdown, CallSite, CollectorStatus, OpProfile, OpStat, RunRecord,
                              SpeedOfLight, Steps)
 from gpuscope.session import post_run_facts
@@ -110,7 +111,7 @@ def test_the_cpu_flash_attention_is_counted_and_its_first_call_noted() -> None:
 
 def test_the_cpu_peak_probe_times_a_low_precision_attention_in_its_dtype_and_in_float32(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(flops, "time_matmuls", lambda *args, **kwargs: MatmulTiming(80e9, 1024, 5))  # not tested here
+    monkeypatch.setattr(cpu_peak, "time_matmuls", lambda *args, **kwargs: MatmulTiming(80e9, 1024, 5))  # not tested here
     call = AttentionCall((2, 3, 16, 8), (2, 3, 16, 8), (2, 3, 16, 8), "bfloat16")
     count = FlopCount(flops_per_step=10**6, flops_by_op={"mm": 10**6}, step=3, dtype="float32", cuda=False,
                       attention=call)

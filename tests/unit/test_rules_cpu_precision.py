@@ -19,8 +19,8 @@ import pytest
 from conftest import make_record
 from gpuscope.diagnose.rules import evaluate
 from gpuscope.collect.captures import FlopCount
-from gpuscope.collect.collectors import flops
-from gpuscope.collect.collectors.flops import CpuPeakProbe, MatmulTiming
+from gpuscope.collect.collectors import cpu_peak
+from gpuscope.collect.collectors.cpu_peak import CpuPeakProbe, MatmulTiming
 from gpuscope.record import (
     Breakdown,
     CallSite,
@@ -240,7 +240,7 @@ def test_the_cpu_peak_of_a_float64_step_is_measured_in_float64_with_float32_besi
         timed.append(dtype)
         return MatmulTiming(35e9 if dtype is torch.float64 else 80e9, 1024, 5)
 
-    monkeypatch.setattr(flops, "time_matmuls", fake_timing)
+    monkeypatch.setattr(cpu_peak, "time_matmuls", fake_timing)
     count = FlopCount(flops_per_step=10**9, flops_by_op={"mm": 10**9}, step=3, dtype="float64", cuda=False)
     peak = CpuPeakProbe().run(Path("."), post_run_facts(payloads={"flops": count})).payload
     assert timed == [torch.float64, torch.float32]

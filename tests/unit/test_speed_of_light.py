@@ -15,15 +15,9 @@ from gpuscope.reduce.peaks import find_gpu, gpu_peak_flops
 from gpuscope.diagnose.speed import complete_speed_of_light, headroom_text, what_if
 from gpuscope.reduce.fields import speed_of_light
 from gpuscope.collect.captures import FlopCount
-from gpuscope.collect.collectors import flops
-from gpuscope.collect.collectors.flops import (
-    CpuPeakProbe,
-    MatmulTiming,
-    SpeedOfLightCollector,
-    fitting_size,
-    time_conv,
-    time_matmuls,
-)
+from gpuscope.collect.collectors import cpu_peak, flops
+from gpuscope.collect.collectors.cpu_peak import CpuPeakProbe, MatmulTiming, fitting_size, time_conv, time_matmuls
+from gpuscope.collect.collectors.flops import SpeedOfLightCollector
 from gpuscope.record import Breakdown, RunMeta, SpeedOfLight, StepSample, Steps, Verdict
 from gpuscope.session import post_run_facts
 from gpuscope.diagnose.words import flop_text
@@ -217,7 +211,7 @@ def test_on_a_bf16_run_the_cpu_peak_probe_times_float32_matmuls_too(monkeypatch:
         timed.append((dtype, budget_s))
         return MatmulTiming(1e9, 512, 3) if dtype is torch.bfloat16 else MatmulTiming(80e9, 1024, 5)
 
-    monkeypatch.setattr(flops, "time_matmuls", fake_timing)
+    monkeypatch.setattr(cpu_peak, "time_matmuls", fake_timing)
     count = FlopCount(flops_per_step=10**9, flops_by_op={"mm": 10**9}, step=3, dtype="bfloat16", cuda=False)
     # when
     peak = CpuPeakProbe().run(Path("."), post_run_facts(payloads={"flops": count})).payload
@@ -260,7 +254,7 @@ def test_the_counted_step_keeps_its_flops_by_dtype() -> None:
 def test_the_cpu_peak_probe_times_a_convolution_in_bf16_and_float32_where_the_step_ran_both(
         monkeypatch: pytest.MonkeyPatch) -> None:
     # given: a step of float32 and bfloat16 FLOPs with convolutions (the matmul benchmark faked: not under test)
-    monkeypatch.setattr(flops, "time_matmuls", lambda *args, **kwargs: MatmulTiming(80e9, 1024, 5))
+    monkeypatch.setattr(cpu_peak, "time_matmuls", lambda *args, **kwargs: MatmulTiming(80e9, 1024, 5))
     count = FlopCount(flops_per_step=10**9, flops_by_op={"convolution": 10**9}, step=3, dtype="float32", cuda=False,
                       flops_by_dtype={"float32": 9 * 10**8, "bfloat16": 10**8})
     # when

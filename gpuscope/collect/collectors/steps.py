@@ -48,14 +48,13 @@ from gpuscope.collect.collectors.loaders import LoaderBook
 from gpuscope.collect.collectors.loopthread import LoopThread
 from gpuscope.collect.collectors.optimizer_watch import OptimizerWatch
 from gpuscope.collect.collectors.phase_clock import OTHER
-from gpuscope.collect.collectors.step_events import TrackerEvents
 from gpuscope.collect.collectors.step_listeners import QUIET
 from gpuscope.collect.collectors.steplog import DeviceTimeline, StepLog, StepTracker
 from gpuscope.collect.importwatch import ImportWatch
 from gpuscope.record import CollectorStatus
 
 
-class StepsCollector(TrackerEvents):
+class StepsCollector:
     """Finds training steps and times their phases on the host (and on the GPU, under CUDA)."""
 
     name: ClassVar[str] = "steps"
@@ -117,7 +116,35 @@ class StepsCollector(TrackerEvents):
         action()
         return True
 
-    # -- the step events other collectors follow (collectors.base.StepEvents; the rest in TrackerEvents) ---------
+    # -- the step events other collectors follow (collectors.base.StepEvents) ----------------------------------
+    def add_step_listener(self, listener: Callable[[int], int | None]) -> None:
+        """``listener(index)`` as each step begins, in the loop's thread; its time is kept out of the step's. It
+        may return how many steps on it next wants to be told (``step_listeners``)."""
+        self.tracker.schedule.add(listener)  # type: ignore[union-attr]
+
+    def remove_step_listener(self, listener: Callable[[int], int | None]) -> None:
+        self.tracker.schedule.remove(listener)  # type: ignore[union-attr]
+
+    def wake_step_listener(self, listener: Callable[[int], int | None]) -> None:
+        self.tracker.schedule.wake(listener)  # type: ignore[union-attr]
+
+    def add_phase_listener(self, listener: Callable[[str], None]) -> None:
+        """``listener(phase)`` on each phase change ("other" between phases), on the hot path: microseconds."""
+        self.tracker.phase_listeners.append(listener)  # type: ignore[union-attr]
+
+    def window_closed(self) -> None:  # a profiler stopped
+        self.tracker.window_closed()  # type: ignore[union-attr]
+
+    def in_window(self) -> bool:  # whether one of gpuscope's profilers is running now
+        return self.tracker.in_window  # type: ignore[union-attr]
+
+    def steps_seen(self) -> int:  # steps counted so far
+        return self.tracker.log.count  # type: ignore[union-attr]
+
+    def step_evaluated(self, index: int) -> bool:
+        """Whether the trained model ran forward in eval mode or without gradients in step ``index`` (ended)."""
+        return getattr(self.tracker.log.find(index), "evaluated", False)  # type: ignore[union-attr]
+
     def cuda_possible(self) -> bool:
         return self._torch is None or self._cuda_built
 
