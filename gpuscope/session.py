@@ -35,9 +35,9 @@ from gpuscope.diagnose import analyze, thresholds
 from gpuscope.diagnose.evidence import batches_per_step, compute_time_s
 from gpuscope.reduce.fields import reads_others, record_fields
 from gpuscope.collect.captures import PostRunFacts, StepCapture
-from gpuscope.collect.collectors import Collector, CollectorResult, default_collectors
+from gpuscope.collect.collectors.base import ProbeInputs
+from gpuscope.collect.collectors import CollectorResult, Follower, LiveCollector, Probe, StepSource, default_collectors
 from gpuscope.collect.collectors.probing import run_isolated, user_torch_threads
-from gpuscope.collect.collectors.steps import StepsCollector
 from gpuscope.errors import GpuscopeError
 from gpuscope.record import CollectorStatus, Distributed, ProfilingWindow, RunMeta, RunRecord, write_record
 
@@ -71,7 +71,7 @@ os.register_at_fork(after_in_child=_forget_inherited_session)
 class Session:
     """Collectors around a stretch of the user's code; ``stop`` returns the finished record."""
 
-    def __init__(self, run_dir: Path, command: Sequence[str], collectors: Sequence[Collector] | None = None,
+    def __init__(self, run_dir: Path, command: Sequence[str], collectors: Sequence[LiveCollector | Probe] | None = None,
                  distributed: Distributed | None = None, *, skip_steps: int = 0,
                  profile_steps: int | None = None) -> None:
         """``collectors`` default to ``default_collectors()``, in start order; the steps collector among them is
@@ -88,9 +88,10 @@ class Session:
         self._ended = False
         self.distributed = distributed
         self.command = tuple(command)
-        self.collectors = list(collectors) if collectors is not None else default_collectors()
-        self._steps = next((c for c in self.collectors if isinstance(c, StepsCollector)), None)
-        self._started: list[Any] = []
+        self.collectors: list[LiveCollector | Probe] = list(collectors) if collectors is not None \
+            else default_collectors()
+        self._steps: StepSource | None = next((c for c in self.collectors if c.provides_steps), None)  # type: ignore[misc]
+        self._started: list[LiveCollector] = []
         self._statuses: dict[str, CollectorStatus] = {}
         self._reduced: dict[str, tuple[object, dict[str, Any]]] = {}  # name -> (payload, its record fields)
         self.record: RunRecord | None = None
@@ -102,13 +103,13 @@ class Session:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self._started_at = datetime.now().astimezone()
         self._t0 = time.perf_counter()
-        for collector in self._of_stage("live"):
+        for collector in self._live():
             try:
                 if not self._available(collector):
                     continue
-                if collector is not self._steps and self._steps is not None and hasattr(collector, "follow"):
-                    collector.follow(self._steps)  # type: ignore[attr-defined]
-                collector.start(self.run_dir)  # type: ignore[attr-defined]
+                if collector is not self._steps and self._steps is not None and isinstance(collector, Follower):
+                    collector.follow(self._steps)
+                collector.start(self.run_dir)
             except Exception as exc:
                 self._statuses[collector.name] = _status(collector, "failed", describe(exc))
                 continue
@@ -170,7 +171,7 @@ class Session:
         """Stages 2-5: stop the live collectors, write the record, run the probes, write it again."""
         duration = time.perf_counter() - self._t0
         results = self._stop_live()
-        probes = self._of_stage("post-run")
+        probes = self._probes()
         if probes:  # the record is safe before any probe runs the user's code again
             pending = CollectorResult(CollectorStatus("unavailable", "not run: gpuscope stopped before it"))
             record = self._write(exit_status, duration, {**results, **{p.name: pending for p in probes}})
@@ -184,7 +185,6 @@ class Session:
 
     def _write(self, exit_status: int, duration: float, results: dict[str, CollectorResult]) -> RunRecord:
         """Build the record from ``results``, analyse it and write run.json."""
-        notes = [f"{c.name}: {note}" for c in self.collectors for note in getattr(c, "notes", ())]
         meta = RunMeta(
             started_at=self._started_at.isoformat(timespec="seconds"),
             duration_s=duration,
@@ -193,7 +193,6 @@ class Session:
             cpu_count=len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1,
             torch_threads=_torch_threads(),
             platform=platform.platform(terse=True),
-            notes=tuple(notes),
         )
         record = assemble(self.command, exit_status, meta, self._statuses, results, self._fields(), self._reduce)
         if self.window is not None:
@@ -212,13 +211,16 @@ class Session:
         return record
 
     # -- stages ----------------------------------------------------------------------------------------------
-    def _of_stage(self, stage: str) -> list[Any]:
-        return [c for c in self.collectors if getattr(c, "stage", "live") == stage]
+    def _live(self) -> list[LiveCollector]:
+        return [c for c in self.collectors if c.stage == "live"]  # type: ignore[misc]
+
+    def _probes(self) -> list[Probe]:
+        return [c for c in self.collectors if c.stage == "post-run"]  # type: ignore[misc]
 
     def _fields(self) -> dict[str, str | None]:
-        return {c.name: getattr(c, "field", None) for c in self.collectors}
+        return {c.name: c.field for c in self.collectors}
 
-    def _available(self, collector: Any) -> bool:
+    def _available(self, collector: LiveCollector | Probe) -> bool:
         reason = collector.unavailable_reason()
         if reason is not None:
             self._statuses[collector.name] = _status(collector, "unavailable", reason)
@@ -228,7 +230,7 @@ class Session:
         """Stop the live collectors, the steps collector first, then the last started first; one that fails is
         recorded as failed."""
         results: dict[str, CollectorResult] = {}
-        for collector in sorted(reversed(self._started), key=lambda c: c is not self._steps):
+        for collector in sorted(reversed(self._started), key=lambda c: not c.provides_steps):
             try:
                 results[collector.name] = collector.stop()
             except Exception as exc:
@@ -239,8 +241,8 @@ class Session:
         """What the probes are told: the steps reduced, the slowest loader, the live collectors' payloads."""
         payloads = {name: r.payload for name, r in results.items() if r.payload is not None}
         capture = payloads.get("steps")
-        loaders = self._steps.loaders if self._steps is not None else None
-        loader = loaders.probe_loader() if loaders is not None else None
+        inputs = self._steps.probe_inputs() if self._steps is not None else ProbeInputs()
+        loader = inputs.loader
         figures: dict[str, Any] = {}
         if isinstance(capture, StepCapture):
             reduced = self._reduce("steps", "steps", capture, payloads)
@@ -249,10 +251,8 @@ class Session:
                        "optimizer_share": reduced["breakdown"].optimizer}
             if loader is not None:
                 figures["batches_per_step"] = batches_per_step(loader["batches"], capture.count)
-        dataset, fetch = loaders.probe_dataset() if loaders is not None else (None, None)
-        optimizer = self._steps.probed_optimizer if self._steps is not None else None
-        return post_run_facts(**figures, loader=loader, dataset=dataset, dataset_fetch=fetch, payloads=payloads,
-                              optimizer=optimizer)
+        return post_run_facts(**figures, loader=loader, dataset=inputs.dataset, dataset_fetch=inputs.dataset_fetch,
+                              payloads=payloads, optimizer=inputs.optimizer)
 
     def _reduce(self, name: str, field: str, payload: object, payloads: Mapping[str, object]) -> dict[str, Any]:
         """``record_fields`` of collector ``name``'s payload, computed once (the record is written before and after
@@ -265,7 +265,7 @@ class Session:
             self._reduced[name] = (payload, values)
         return values
 
-    def _run_probes(self, facts: PostRunFacts, probes: list[Any],
+    def _run_probes(self, facts: PostRunFacts, probes: list[Probe],
                     say: Callable[[str], None] | None = None) -> dict[str, CollectorResult]:
         """Run each post-run probe in turn; each one's time is in its status, a failure is its status. Probes that
         run the user's code again run isolated, within their budget (``probing.run_isolated``)."""
@@ -278,12 +278,14 @@ class Session:
                     continue
                 if not self._available(probe):
                     continue
+                told = dataclasses.replace(facts, payloads={name: payload for name, payload in facts.payloads.items()
+                                                            if name in probe.reads})
                 with _said_after(PROGRESS_AFTER_S, say, f"gpuscope: {probe.doing} (up to {probe.budget_s:.0f} s; "
                                                         "--no-probes skips this)"):
-                    if getattr(probe, "runs_user_code", False):
-                        result = run_isolated(partial(probe.run, self.run_dir, facts), probe.budget_s, probe.name)
+                    if probe.runs_user_code:
+                        result = run_isolated(partial(probe.run, self.run_dir, told), probe.budget_s, probe.name)
                     else:
-                        result = probe.run(self.run_dir, facts)
+                        result = probe.run(self.run_dir, told)
             except Exception as exc:
                 result = CollectorResult(CollectorStatus("failed", describe(exc)))
             elapsed = time.perf_counter() - started
@@ -350,12 +352,11 @@ def assemble(
     for name, result in results.items():
         field = fields.get(name)
         collectors[name] = dataclasses.replace(result.status, field=field)
+        notes.extend(f"{name}: {note}" for note in result.notes)
         if result.payload is None or field is None:
             continue
         values.update(reduce(name, field, result.payload, payloads) if reduce is not None
                       else record_fields(field, result.payload, payloads))
-        if isinstance(result.payload, StepCapture):
-            notes.extend(result.payload.notes)
     return RunRecord(
         gpuscope_version=__version__,
         command=tuple(command),
@@ -366,8 +367,8 @@ def assemble(
     )
 
 
-def _status(collector: Any, state: str, reason: str) -> CollectorStatus:
-    return CollectorStatus(state, reason, field=getattr(collector, "field", None))  # type: ignore[arg-type]
+def _status(collector: LiveCollector | Probe, state: str, reason: str) -> CollectorStatus:
+    return CollectorStatus(state, reason, field=collector.field)  # type: ignore[arg-type]
 
 
 def describe(exc: BaseException) -> str:

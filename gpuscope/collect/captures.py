@@ -57,7 +57,6 @@ class StepCapture:
     source: str
     loaders: tuple[Loader, ...]
     device: str
-    notes: tuple[str, ...] = ()
     skipped: int = 0
     """The first steps, counted and not kept (``--skip-steps``); ``head`` counts from step 0."""
     passes: tuple[int, int] = (0, 0)

@@ -1,16 +1,16 @@
 """From what the collectors captured to the record's fields: the reductions that turn raw, bounded payloads into
 figures (the steady-state split of the steps, the speed of light against a peak). The collection stage calls
-``record_fields`` once per collector result; a payload that is already a record type passes through as it is."""
+``record_fields`` once per collector result: each payload type's reduction is registered beside it here
+(``reduces``); a payload that is already a record type passes through as it is."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
-from gpuscope.reduce.optable import op_kind
 from gpuscope.reduce.figures import TraceFigures, trace_figures
-from gpuscope.reduce.optable import OpTable, events_before, op_table, window_events
+from gpuscope.reduce.optable import OpTable, events_before, op_kind, op_table, window_events
 from gpuscope.reduce.peaks import gpu_peak_flops
 from gpuscope.reduce.steady import StepSummary, evaluation_passes, summarize_capture
 from gpuscope.collect.captures import CpuPeak, FlopCount, StepCapture, TraceCapture
@@ -20,26 +20,64 @@ TOP_OPS = 15
 """Ops listed by host and by device time."""
 
 
+Reduction = Callable[[str, Any, Mapping[str, object]], dict[str, Any]]
+"""How a payload type becomes record fields: ``(field, payload, payloads) -> {field name: value}``, ``payloads``
+being every collector's by name (a reduction may combine two: FLOPs and a measured peak)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Registered:
+    reduce: Reduction
+    reads_others: bool
+
+
+REDUCTIONS: dict[type, _Registered] = {}
+"""Each payload type's reduction, as ``reduces`` registered it. A payload of any other type is a record type
+already, and fills its collector's field as it is."""
+
+
+def reduces(payload_type: type, *, reads_others: bool = False) -> Callable[[Reduction], Reduction]:
+    """Register the decorated function as ``payload_type``'s reduction. ``reads_others``: it reads payloads the
+    post-run probes add, so its result cannot be reused from before they ran."""
+    def register(reduction: Reduction) -> Reduction:
+        if payload_type in REDUCTIONS:
+            raise ValueError(f"{payload_type.__name__} has a reduction already")
+        REDUCTIONS[payload_type] = _Registered(reduction, reads_others)
+        return reduction
+    return register
+
+
 def record_fields(field: str, payload: object, payloads: Mapping[str, object]) -> dict[str, Any]:
-    """The record fields ``payload`` (a collector's result for record field ``field``) fills; ``payloads`` are all
-    the collectors' results by collector name, for reductions that combine two (FLOPs and a measured peak)."""
-    if isinstance(payload, StepCapture):
-        return steps_fields(summarize_capture(payload), payload)
-    if isinstance(payload, TraceCapture):
-        steps = next((p for p in payloads.values() if isinstance(p, StepCapture)), None)
-        passes = evaluation_passes(steps, payload.recorded) if steps is not None else set()
-        return {field: trace_op_profile(payload, passes)}
-    if isinstance(payload, FlopCount):
-        peak = next((p for p in payloads.values() if isinstance(p, CpuPeak)), None)
-        return {field: speed_of_light(payload, peak)}
-    return {field: payload}
+    """The record fields ``payload`` (a collector's result for record field ``field``) fills: its type's reduction
+    (``reduces``), or the payload itself in ``field``."""
+    registered = REDUCTIONS.get(type(payload))
+    return registered.reduce(field, payload, payloads) if registered is not None else {field: payload}
 
 
 def reads_others(payload: object) -> bool:
     """Whether ``record_fields`` of ``payload`` reads payloads the post-run probes add (the FLOP count is held
     against the cpu-peak probe's measurement), so that its reduction cannot be reused once they ran. (The op table
     reads the steps collector's, which is done when the probes start.)"""
-    return isinstance(payload, FlopCount)
+    registered = REDUCTIONS.get(type(payload))
+    return registered is not None and registered.reads_others
+
+
+@reduces(StepCapture)
+def _steps(field: str, capture: StepCapture, payloads: Mapping[str, object]) -> dict[str, Any]:
+    return steps_fields(summarize_capture(capture), capture)
+
+
+@reduces(TraceCapture)
+def _trace(field: str, capture: TraceCapture, payloads: Mapping[str, object]) -> dict[str, Any]:
+    steps = next((p for p in payloads.values() if isinstance(p, StepCapture)), None)
+    passes = evaluation_passes(steps, capture.recorded) if steps is not None else set()
+    return {field: trace_op_profile(capture, passes)}
+
+
+@reduces(FlopCount, reads_others=True)
+def _flops(field: str, count: FlopCount, payloads: Mapping[str, object]) -> dict[str, Any]:
+    peak = next((p for p in payloads.values() if isinstance(p, CpuPeak)), None)
+    return {field: speed_of_light(count, peak)}
 
 
 def steps_fields(summary: StepSummary, capture: StepCapture) -> dict[str, Any]:

@@ -33,8 +33,14 @@ PLOTLY_JS = ("package_data", "plotly.min.js")
 """Where the installed ``plotly`` package keeps its bundle of plotly.js."""
 _SCRIPT_END = re.compile("</script", re.IGNORECASE)
 """What would end the inline ``<script>`` that holds plotly.js early (HTML end tags are case-insensitive)."""
-DEVICE_COLLECTORS = ("nvml", "cuda-memory", "nvtx", "syncs")
-"""Collectors that only have something to say about a GPU; on a CPU run their reasons explain the Device section."""
+
+
+def gpu_collectors() -> list[str]:
+    """The collectors that only have something to say about a GPU (``gpu_only``): on a CPU run their reasons
+    explain the Device section."""
+    from gpuscope.collect.collectors import collector_classes
+
+    return [cls.name for cls in collector_classes() if cls.gpu_only]
 
 
 def template_dir() -> Path:
@@ -109,7 +115,7 @@ def context(record: RunRecord) -> dict[str, Any]:
         "phases": PHASES,
         "phase_names": charts.PHASE_NAMES,
         "phase_colors": charts.PHASE_COLORS,
-        "device_missing": [(name, collectors[name]) for name in DEVICE_COLLECTORS
+        "device_missing": [(name, collectors[name]) for name in gpu_collectors()
                            if name in collectors and collectors[name].status != "ok"],
         "window_text": facts.window_text,
         "renderer_version": __version__,

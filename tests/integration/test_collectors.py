@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from conftest import SAMPLES, SCRIPTS, Run, Runs, load_run, run_gpuscope, run_python
-from gpuscope.collect.collectors.base import CollectorResult
+from gpuscope.collect.collectors.base import CollectorResult, Watcher
 from gpuscope.collect.collectors.steps import StepsCollector
 from gpuscope.record import CollectorStatus
 from gpuscope.session import Session
@@ -116,10 +116,11 @@ def test_the_whole_run_can_be_profiled_by_cprofile(own_runs: Runs) -> None:
     assert record["steps"]["profiled"] == record["steps"]["total"] - record["steps"]["warmup"]
 
 
-class Broken:
+class Broken(Watcher):
     """A collector that fails wherever it is asked to."""
 
     name = "broken"
+    field = None
 
     def __init__(self, where: str) -> None:
         self.where = where

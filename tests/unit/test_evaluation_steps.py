@@ -20,7 +20,7 @@ from gpuscope.reduce.fields import record_fields
 from gpuscope.reduce.steady import summarize
 from gpuscope.collect.captures import StepCapture, TraceCapture
 from gpuscope.collect.collectors.steplog import StepLog, StepTracker
-from gpuscope.collect.collectors.base import CollectorResult
+from gpuscope.collect.collectors.base import CollectorResult, Watcher
 from gpuscope.collect.collectors.steps import StepsCollector
 from gpuscope.record import CallSite, CollectorStatus, Loader, Steps, Window
 from gpuscope.diagnose.words import left_out
@@ -275,12 +275,11 @@ def test_a_test_pass_after_the_last_step_is_timed_and_the_verdict_counts_it() ->
     assert "5.5 s in all" in evaluation_passes(make_record(steps=both))  # type: ignore[operator]
 
 
-class SlowToStop:
+class SlowToStop(Watcher):
     """A live collector whose stop takes 0.2 s, as the torch profiler's does writing out a trace of many ops."""
 
     name = "slow-to-stop"
     field = None
-    stage = "live"
 
     def unavailable_reason(self) -> None:
         return None

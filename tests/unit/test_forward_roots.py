@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from gpuscope.collect.captures import StepCapture
+from gpuscope.collect.collectors.base import CollectorResult
 from gpuscope.collect.collectors.forward_modules import FETCH_AHEAD
 from gpuscope.collect.collectors.steps import StepsCollector
 
@@ -30,7 +30,7 @@ class Net(nn.Module):
         return torch.log_softmax(self.decoder(torch.tanh(self.encoder(tokens))), dim=-1)
 
 
-def run_hand_written_loop(steps: int) -> StepCapture:
+def run_hand_written_loop(steps: int) -> CollectorResult:
     """A loop updating its parameters by hand, its batch sliced from a tensor: backward() is its only marker."""
     collector = StepsCollector()
     torch.manual_seed(0)
@@ -46,13 +46,14 @@ def run_hand_written_loop(steps: int) -> StepCapture:
                 p.data.add_(p.grad, alpha=-0.1)
     finally:
         result = collector.stop()
-    return result.payload
+    return result
 
 
 def test_a_loop_with_no_optimizer_times_the_forward_on_the_model_itself() -> None:
-    capture = run_hand_written_loop(steps=8)
+    result = run_hand_written_loop(steps=8)
+    capture = result.payload
     assert capture.source == "backward" and capture.count == 8
-    assert any(note.startswith("forward timed on root modules: Net ") for note in capture.notes), capture.notes
+    assert any(note.startswith("forward timed on root modules: Net ") for note in result.notes), result.notes
     # no step was lost to a search for the forward: the hooked module's forward ran in every step
     assert not any(r.profiled for r in capture.records)
     assert all(r.phases_s["forward"] > 0 for r in capture.records[2:])
@@ -90,10 +91,11 @@ def test_a_gan_loop_times_the_forward_of_both_models_though_its_second_optimizer
             discriminator(fake).mean().backward()
             opt_g.step()
     finally:
-        capture = collector.stop().payload
+        result = collector.stop()
+    capture = result.payload
     # then: both models are roots, though the generator's optimizer first stepped after they were looked for;
     # from then on the generator's 20 ms are forward, not "other"
-    assert any(note.startswith("forward timed on root modules: Slow, Slow ") for note in capture.notes), capture.notes
+    assert any(note.startswith("forward timed on root modules: Slow, Slow ") for note in result.notes), result.notes
     timed = [r for r in capture.records if not r.profiled and r.index >= 3]
     assert timed and all(r.phases_s["forward"] >= 0.035 for r in timed), [r.phases_s for r in timed]
     assert all(r.wall_s - sum(r.phases_s.values()) < 0.01 for r in timed), [r.phases_s for r in timed]  # "other"
@@ -117,11 +119,12 @@ def test_batches_fetched_ahead_for_gradient_accumulation_do_not_hide_the_models_
             optimizer.step()
             optimizer.zero_grad()
     finally:
-        capture = collector.stop().payload
+        result = collector.stop()
+    capture = result.payload
     # then: the model itself is timed (the fetches alone once took it for a module whose forward never runs, and
     # its children, and theirs: no forward timed at all)
     assert capture.source == "optimizer"
-    assert any(note.startswith("forward timed on root modules: Net ") for note in capture.notes), capture.notes
+    assert any(note.startswith("forward timed on root modules: Net ") for note in result.notes), result.notes
     assert all(r.phases_s["forward"] > 0 for r in capture.records[1:])
 
 
@@ -138,11 +141,12 @@ def test_an_inference_loop_whose_outer_module_never_runs_times_its_inner_model_a
             for batch in loader:
                 wrapper.model(batch)
     finally:
-        capture = collector.stop().payload
+        result = collector.stop()
+    capture = result.payload
     # then: the wrapper's silence counts only from FETCH_AHEAD batches on (before, a loop may be fetching a step's
     # accumulated batches); from then on the inner model is timed
     assert any(note.startswith("forward timed on the outermost modules whose forward runs: Slow")
-               for note in capture.notes), capture.notes
+               for note in result.notes), result.notes
     timed = [r for r in capture.records if r.index > FETCH_AHEAD + 1]
     assert len(timed) >= 10 and all(r.phases_s["forward"] > 0.001 for r in timed), [r.phases_s for r in timed]
 
@@ -200,7 +204,7 @@ def test_a_model_copied_saved_or_scripted_mid_run_is_as_without_gpuscope(tmp_pat
     for twin, expected in ((best, snapshot), (loaded, snapshot), (scripted, model(tokens))):
         assert not twin._forward_pre_hooks and not twin._forward_hooks
         assert torch.equal(twin(tokens), expected)
-    assert any(note.startswith("forward timed on root modules: Net ") for note in result.payload.notes)
+    assert any(note.startswith("forward timed on root modules: Net ") for note in result.notes)
     # the forward was timed in the steps before the copies and in those after them
     steps = result.payload.records
     assert len(steps) == 9 and all(r.phases_s["forward"] > 0 for r in steps[1:]), steps

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from gpuscope.collect.captures import StepCapture
+from gpuscope.collect.collectors.base import CollectorResult
 from gpuscope.collect.collectors.steps import StepsCollector
 
 
@@ -30,25 +30,26 @@ def in_thread(target, name: str = "trainer") -> None:  # type: ignore[no-untyped
     thread.join()
 
 
-def collected(loop) -> StepCapture:  # type: ignore[no-untyped-def]
+def collected(loop) -> CollectorResult:  # type: ignore[no-untyped-def]
     collector = StepsCollector()
     collector.start(Path("."))
     try:
         loop()
     finally:
-        capture = collector.stop().payload
-    return capture
+        result = collector.stop()
+    return result
 
 
 def test_a_loop_in_a_thread_of_its_own_is_followed_from_its_first_step() -> None:
     # given: the script's main thread starts a thread that trains, and waits for it
     model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1))
-    capture = collected(lambda: in_thread(lambda: train(model, 12)))
+    result = collected(lambda: in_thread(lambda: train(model, 12)))
+    capture = result.payload
     # then: its steps are counted and timed, forward included, and the record says whose they are
     assert capture.count >= 11
     assert all(r.phases_s.get("backward", 0) > 0 for r in capture.records[1:])
     assert any(r.phases_s.get("forward", 0) > 0 for r in capture.records[2:])
-    assert "the training loop ran in the thread 'trainer', followed from its first step" in capture.notes
+    assert "the training loop ran in the thread 'trainer', followed from its first step" in result.notes
 
 
 def test_once_the_main_thread_has_stepped_another_threads_steps_are_not_its_loops() -> None:
@@ -59,7 +60,7 @@ def test_once_the_main_thread_has_stepped_another_threads_steps_are_not_its_loop
         train(model, 6)
         in_thread(lambda: train(nn.Linear(8, 1), 6), name="helper")
 
-    capture = collected(loop)
+    result = collected(loop)
     # then: only the main thread's steps are counted
-    assert capture.count == 6
-    assert not any("ran in the thread" in note for note in capture.notes)
+    assert result.payload.count == 6
+    assert not any("ran in the thread" in note for note in result.notes)

@@ -7,16 +7,19 @@ from __future__ import annotations
 import importlib
 import pkgutil
 from dataclasses import dataclass
-from typing import Any
 
 from gpuscope.collect.collectors import cprofile, torch_trace
 from gpuscope.collect.collectors.base import (
     REGISTRY,
     Collector,
+    CollectorClass,
     CollectorResult,
+    Follower,
     LiveCollector,
     Probe,
+    ProbeInputs,
     StepEvents,
+    StepSource,
     WindowRequest,
 )
 from gpuscope.collect.collectors.schedule import Plan, schedule
@@ -45,14 +48,14 @@ class CollectOptions:
     hand the record over and come out (None: they stay to the end of the run)."""
 
 
-def collector_classes() -> list[Any]:
+def collector_classes() -> list[CollectorClass]:
     """Every registered collector class (importing each module of this package once), by name."""
     for module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{module.name}")
     return sorted(REGISTRY, key=lambda cls: cls.name)
 
 
-def window_requests(classes: list[Any], options: CollectOptions) -> list[tuple[str, WindowRequest | None]]:
+def window_requests(classes: list[CollectorClass], options: CollectOptions) -> list[tuple[str, WindowRequest | None]]:
     """Each class's window request, in window order: a window follows the one it names in ``after``."""
     wanted = {cls.name: cls.wants(options) for cls in classes}
     ordered: list[tuple[str, WindowRequest | None]] = []
@@ -74,20 +77,20 @@ def plan_windows(options: CollectOptions) -> Plan:
     return schedule(window_requests(collector_classes(), options), first=options.skip_steps)
 
 
-def default_collectors(options: CollectOptions | None = None) -> list[Collector]:
-    """Fresh instances of the collectors a run uses, in start order: the steps collector (the stage's source of
-    steps), the window owners in window order, the other live collectors, then the post-run probes."""
-    from gpuscope.collect.collectors.steps import StepsCollector
-
+def default_collectors(options: CollectOptions | None = None) -> list[LiveCollector | Probe]:
+    """Fresh instances of the collectors a run uses, in start order: the source of the steps (the steps
+    collector), the window owners in window order, the other live collectors, then the post-run probes."""
     options = options or CollectOptions()
     classes = collector_classes()
     requests = window_requests(classes, options)
     plan = schedule(requests, first=options.skip_steps)
     rank = {name: i for i, (name, _) in enumerate(requests)}
-    live = sorted((c for c in classes if c.stage == "live"), key=lambda c: (rank.get(c.name, len(rank)), c.name))
+    live = sorted((c for c in classes if c.stage == "live"),
+                  key=lambda c: (not c.provides_steps, rank.get(c.name, len(rank)), c.name))
     probes = [c for c in classes if c.stage == "post-run"]
-    return [StepsCollector(skip=options.skip_steps), *(cls.create(options, plan) for cls in (*live, *probes))]
+    return [cls.create(options, plan) for cls in (*live, *probes)]
 
 
-__all__ = ["CollectOptions", "Collector", "CollectorResult", "LiveCollector", "Plan", "Probe", "StepEvents",
-           "collector_classes", "default_collectors", "plan_windows", "window_requests"]
+__all__ = ["CollectOptions", "Collector", "CollectorClass", "CollectorResult", "Follower", "LiveCollector", "Plan",
+           "Probe", "ProbeInputs", "StepEvents", "StepSource", "collector_classes", "default_collectors",
+           "plan_windows", "window_requests"]

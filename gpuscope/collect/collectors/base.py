@@ -13,7 +13,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from gpuscope.record import CollectorStatus
 
@@ -29,10 +29,12 @@ every live collector has stopped and the steps are reduced (it may re-run the us
 
 @dataclass(frozen=True, slots=True)
 class CollectorResult:
-    """What a collector hands back: its status and a small typed payload of numbers (no live objects)."""
+    """What a collector hands back: its status, a small typed payload of numbers (no live objects), and plain
+    statements about how it measured (the record's ``meta.notes``, after its name)."""
 
     status: CollectorStatus
     payload: object | None = None
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +116,12 @@ class Collector(Protocol):
     field: ClassVar[str | None]
     """The record field its payload fills (None: a status only, or a payload another reduction reads)."""
     stage: ClassVar[Stage]
+    provides_steps: ClassVar[bool]
+    """The source of the step events the others follow (``StepSource``): the steps collector, one a run. It starts
+    first and stops first, as the script ends."""
+    gpu_only: ClassVar[bool]
+    """It has something to say about a GPU only: on a CPU run, its reason (unavailable) explains the report's Device
+    section."""
 
     def unavailable_reason(self) -> str | None:
         """None when the collector can run here, else why it cannot (a missing driver, say)."""
@@ -132,17 +140,73 @@ class LiveCollector(Collector, Protocol):
         ...
 
 
+@runtime_checkable
+class Follower(Protocol):
+    """A live collector that follows the run's steps: handed the step events before it starts."""
+
+    def follow(self, events: StepEvents) -> None:
+        ...
+
+
+class StepSource(LiveCollector, StepEvents, Protocol):
+    """The steps collector, as the stage drives it: the step events, an explicit step (``gpuscope.step()``), a stop
+    at the loop's next safe point (``--profile-steps``), and what the probes load again after the run."""
+
+    def mark_step(self) -> None:
+        ...
+
+    def stop_at_safe_point(self, action: Callable[[], None]) -> None:
+        ...
+
+    def probe_inputs(self) -> ProbeInputs:
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class ProbeInputs:
+    """What the steps collector keeps for the post-run probes: the slowest loader's settings and its dataset (to load
+    again), and the optimizer the loop stepped first (to time again)."""
+
+    loader: dict[str, object] | None = None
+    dataset: object | None = None
+    dataset_fetch: int | None = None
+    optimizer: object | None = None
+
+
 class Probe(Collector, Protocol):
     """Runs once after the script, within ``budget_s``, told what the run measured."""
 
     budget_s: ClassVar[float]
+    doing: ClassVar[str]
+    """What the terminal says while it runs (a probe can take seconds after the script has ended)."""
+    runs_user_code: ClassVar[bool]
+    """Runs the user's code again (their dataset): then the stage runs it isolated, within its budget."""
+    reads: ClassVar[tuple[str, ...]]
+    """The collectors whose payloads it reads (``PostRunFacts.payloads`` holds only theirs)."""
 
     def run(self, run_dir: Path, facts: PostRunFacts) -> CollectorResult:
         """Probe, and return what was found."""
         ...
 
 
-REGISTRY: list[Any] = []
+class CollectorClass(Protocol):
+    """A registered collector class: its declarations, the steps it profiles, and how a run builds it."""
+
+    name: ClassVar[str]
+    stage: ClassVar[Stage]
+    provides_steps: ClassVar[bool]
+    gpu_only: ClassVar[bool]
+
+    @classmethod
+    def wants(cls, options: CollectOptions) -> WindowRequest | None:
+        ...
+
+    @classmethod
+    def create(cls, options: CollectOptions, plan: Plan) -> LiveCollector | Probe:
+        ...
+
+
+REGISTRY: list[CollectorClass] = []
 """Collector classes, as ``register`` saw them (``collectors.collector_classes()`` imports every module first)."""
 
 
@@ -159,10 +223,11 @@ class PostRunProbe:
 
     budget_s: ClassVar[float] = 5.0
     doing: ClassVar[str] = "measuring after the run"
-    """What the terminal says while it runs (a probe can take seconds after the script has ended)."""
     stage: ClassVar[Stage] = "post-run"
+    provides_steps: ClassVar[bool] = False
+    gpu_only: ClassVar[bool] = False
     runs_user_code: ClassVar[bool] = False
-    """Runs the user's code again (their dataset): then the stage runs it isolated, within its budget."""
+    reads: ClassVar[tuple[str, ...]] = ()
     enabled = True
 
     @classmethod
@@ -183,6 +248,8 @@ class Watcher:
     """Base of live collectors that own no window of steps: built with their defaults."""
 
     stage: ClassVar[Stage] = "live"
+    provides_steps: ClassVar[bool] = False
+    gpu_only: ClassVar[bool] = False
 
     @classmethod
     def wants(cls, options: CollectOptions) -> WindowRequest | None:

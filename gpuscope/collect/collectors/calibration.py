@@ -46,6 +46,7 @@ class CalibrationCollector(PostRunProbe):
     also what anomaly detection adds per op, when the practices collector saw the run use it."""
 
     name: ClassVar[str] = "calibration"
+    reads: ClassVar[tuple[str, ...]] = ("practices",)  # anomaly detection on: its per-op cost is timed too
     field: ClassVar[str | None] = "calibration"
     budget_s: ClassVar[float] = 3.0
     doing: ClassVar[str] = "timing the fixed cost of a torch op on this machine"

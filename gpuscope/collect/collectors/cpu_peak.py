@@ -57,6 +57,7 @@ class CpuPeakProbe(PostRunProbe):
     (``collect/collectors/attention.py``)."""
 
     name: ClassVar[str] = "cpu-peak"
+    reads: ClassVar[tuple[str, ...]] = ("flops",)  # the counted step: its dtype, convolutions and attention
     field: ClassVar[str | None] = None  # read by the speed-of-light reduction, with the flops collector's count
     budget_s: ClassVar[float] = BENCH_BUDGET_S + FLOAT32_BUDGET_S + 2 * CONV_BUDGET_S + 2 * ATTENTION_BUDGET_S
     doing: ClassVar[str] = "timing this machine's matmul peak"

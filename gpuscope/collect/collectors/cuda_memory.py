@@ -37,6 +37,7 @@ class CudaMemoryCollector(StepFollower):
     """Allocator memory per step on CUDA runs."""
 
     name: ClassVar[str] = "cuda-memory"
+    gpu_only: ClassVar[bool] = True  # on a CPU run its reason explains the report's Device section
     field: ClassVar[str | None] = "cuda_memory"
 
     def __init__(self, cuda: Any = None, max_steps: int = MAX_STEPS_KEPT) -> None:

@@ -269,14 +269,15 @@ class HostMemoryCollector(Watcher):
             notes.append("memory_profiler has no _get_memory: process RSS read with psutil")
         self.notes = tuple(notes)
         if not samples:
-            return CollectorResult(CollectorStatus("failed", f"no memory sample succeeded: {self._last_error}"))
+            return CollectorResult(CollectorStatus("failed", f"no memory sample succeeded: {self._last_error}"),
+                                   notes=self.notes)
         memory = build_host_memory(
             samples, interval_s, peaks, self._children_cpu.totals(), self._max_helpers, self._allocator)
         own = self._own.totals()
         return CollectorResult(CollectorStatus("ok"), dataclasses.replace(
             memory, processes=self._starts.record(self._children_cpu.cpu_by_pid()),
             processes_not_listed=self._starts.more, own_cpu_s=own and round(own[0], 3),
-            own_runnable_s=own and round(own[1], 3)))
+            own_runnable_s=own and round(own[1], 3)), notes=self.notes)
 
     # -- sampling ----------------------------------------------------------------------------------------
     def _run(self) -> None:

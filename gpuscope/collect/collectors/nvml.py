@@ -146,6 +146,7 @@ class NvmlCollector(Watcher):
     """Samples every GPU that CUDA can see through NVML, reading only."""
 
     name: ClassVar[str] = "nvml"
+    gpu_only: ClassVar[bool] = True  # on a CPU run its reason explains the report's Device section
     field: ClassVar[str | None] = "gpus"
 
     def __init__(
@@ -234,7 +235,8 @@ class NvmlCollector(Watcher):
         if self._failures:
             notes.append(f"{self._failures} GPU samples failed (last: {self._last_error})")
         self.notes = tuple(notes)
-        return CollectorResult(CollectorStatus("ok"), build_gpu_samples(raw, self._info, interval_s, self._driver))
+        return CollectorResult(CollectorStatus("ok"), build_gpu_samples(raw, self._info, interval_s, self._driver),
+                               notes=self.notes)
 
     # -- sampling ----------------------------------------------------------------------------------------
     def _run(self) -> None:

@@ -22,6 +22,7 @@ class NvtxCollector(StepFollower):
     """Emits NVTX ranges ``step N`` and ``data_wait`` / ``forward`` / ``backward`` / ``optimizer``."""
 
     name: ClassVar[str] = "nvtx"
+    gpu_only: ClassVar[bool] = True  # on a CPU run its reason explains the report's Device section
     field: ClassVar[str | None] = None
 
     def __init__(self, nvtx: Any = None) -> None:

@@ -115,7 +115,7 @@ class PracticesCollector(StepFollower):
             distribution_check_counts=tuple(self._checks.counts),
             distribution_sites=self._checks.sites.sites(),
             **self._inspected,
-        ))
+        ), notes=tuple(self.notes))
 
     # -- hooks -------------------------------------------------------------------------------------------
     def _install(self) -> None:

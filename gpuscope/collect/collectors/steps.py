@@ -38,10 +38,10 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 from threading import get_ident
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collect.captures import StepCapture
-from gpuscope.collect.collectors.base import CollectorResult, Stage, patch
+from gpuscope.collect.collectors.base import CollectorResult, ProbeInputs, Stage, WindowRequest, patch, register
 from gpuscope.collect.collectors.device_timeline import timing_event
 from gpuscope.collect.collectors.forward_modules import ForwardModules
 from gpuscope.collect.collectors.loaders import LoaderBook
@@ -53,13 +53,29 @@ from gpuscope.collect.collectors.steplog import DeviceTimeline, StepLog, StepTra
 from gpuscope.collect.importwatch import ImportWatch
 from gpuscope.record import CollectorStatus
 
+if TYPE_CHECKING:
+    from gpuscope.collect.collectors import CollectOptions
+    from gpuscope.collect.collectors.schedule import Plan
 
+
+@register
 class StepsCollector:
-    """Finds training steps and times their phases on the host (and on the GPU, under CUDA)."""
+    """Finds training steps and times their phases on the host (and on the GPU, under CUDA): the source of the step
+    events every other live collector follows."""
 
     name: ClassVar[str] = "steps"
     field: ClassVar[str | None] = "steps"
     stage: ClassVar[Stage] = "live"
+    provides_steps: ClassVar[bool] = True
+    gpu_only: ClassVar[bool] = False
+
+    @classmethod
+    def wants(cls, options: CollectOptions) -> WindowRequest | None:
+        return None  # it times every step, and profiles none
+
+    @classmethod
+    def create(cls, options: CollectOptions, plan: Plan) -> StepsCollector:
+        return cls(skip=options.skip_steps)
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter, skip: int = 0) -> None:
         """``skip``: the first steps are counted, not kept (``--skip-steps``)."""
@@ -178,10 +194,15 @@ class StepsCollector:
         return CollectorResult(CollectorStatus("ok"), StepCapture(
             records=tuple(log.records()), count=log.count, head=log.skip + log.head_size,
             body_weight=log.body_weight, source=tracker.source or "none", loaders=self.loaders.records(),
-            device="cuda" if self.cuda_in_use() else "cpu", notes=tuple(notes), skipped=min(log.skip, log.count),
+            device="cuda" if self.cuda_in_use() else "cpu", skipped=min(log.skip, log.count),
             passes=(tracker.passes[0], tracker.passes[1]), final_evaluation_s=tracker.final_evaluation_s,
             loops=self._optimizer_watch.loops.starts(), no_grad_modes=(*self.forward.no_grad_modes,),
-            device_markers=tracker.device.marked if tracker.device is not None else 0))
+            device_markers=tracker.device.marked if tracker.device is not None else 0), notes=tuple(notes))
+
+    def probe_inputs(self) -> ProbeInputs:
+        """The slowest loader and its dataset, and the optimizer stepped first, for the post-run probes."""
+        dataset, fetch = self.loaders.probe_dataset()
+        return ProbeInputs(self.loaders.probe_loader(), dataset, fetch, self.probed_optimizer)
 
     # -- hook installation -------------------------------------------------------------------------------
     def _install_torch_hooks(self) -> None:

@@ -112,6 +112,7 @@ class SyncCollector(StepFollower):
     """Counts host-device syncs per step and per user line over a window of steps, on CUDA runs."""
 
     name: ClassVar[str] = "syncs"
+    gpu_only: ClassVar[bool] = True  # on a CPU run its reason explains the report's Device section
     field: ClassVar[str | None] = "syncs"
 
     def __init__(self, start: int = DEFAULT_START, steps: int = DEFAULT_STEPS, cuda: Any = None) -> None:
