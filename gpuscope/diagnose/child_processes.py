@@ -1,9 +1,8 @@
 """Work done in processes the script started (``HostMemory.processes``), which gpuscope does not profile: where
 they used notable CPU against the run's own process, the verdict says so, names what they ran and the line that
-started them, and how to profile one. pytorch/examples' Hogwild trains in ``mp.Process(target=train)`` children and
-evaluates in the main process: the verdict described 16 evaluation batches ("inconclusive, only 4 steady steps")
-and said nothing of the two trainers' 27 s of CPU. Where they also waited long for a core, the line says that they
-outnumber the cores, and how many torch threads each should run."""
+started them, and how to profile one (pytorch/examples' Hogwild trains in ``mp.Process(target=train)`` children and
+evaluates in the main process). Where they also waited long for a core, the line says that they outnumber the cores,
+and how many torch threads each should run."""
 
 from __future__ import annotations
 
@@ -18,9 +17,8 @@ files, or a helper that waits all run long, is left unsaid."""
 CHILD_CPU_MIN_S = 1.0
 WAITING_FOR_CORES = 0.25
 """...and where they waited for a core (runnable, not running) a quarter of the time they were ready to run or more,
-that they outnumber the cores: Hogwild's two trainers on 2 cores, each with torch's 2 threads, waited 43% (15.9 s
-of CPU and 12.0 s waiting each, the run 30.8 s); with ``torch.set_num_threads(1)`` in each, 2% (6.1 s and 0.1 s,
-the run 8.4 s)."""
+that they outnumber the cores (Hogwild's two trainers on 2 cores, each with torch's 2 threads, waited 43%; with
+``torch.set_num_threads(1)`` in each, 2%: docs/usage.md)."""
 MAIN_PREFIXES = ("__main__.", "__mp_main__.")
 """How the script's own functions are named in a process's target (the second under spawn and forkserver)."""
 

@@ -114,8 +114,7 @@ def loader_plan(record: RunRecord, file_system: bool = False) -> LoaderPlan | No
     a CPU run the workers and the step share the cores, so also no less than the compute on the cores the N workers
     leave, nor all the CPU work of a step (one batch's build plus the compute on the main process's threads) spread
     over the cores. That step needs the main process to keep no more than cores - N intra-op threads (at least one):
-    more busy threads than cores stall each other at every parallel region (on 2 cores, 2 threads and 2 workers:
-    median step 27 ms but mean 36 ms, spikes to 80 ms; with 1 thread 26 and 25 ms), so the plan names that count
+    more busy threads than cores stall each other at every parallel region, so the plan names that count
     (``threads``) where the run had more. A batch's build is the run's main-process batch time where it had no
     workers, else the probe's one-worker time. ``file_system``: the plan of the worker count timed again with the
     file_system sharing strategy. None without a probe curve or step figures."""
@@ -172,9 +171,7 @@ def step_handover_s(rate: LoaderRate, per_step: float, back_to_back: float) -> f
     """What receiving a step's ``per_step`` batches from ``rate``'s workers adds to the step: the main process's CPU
     for each, and for the ``back_to_back`` share of them taken right after the previous one (the workers are then
     building the next), the probe's wall time to receive a built batch instead, where longer. A batch asked for
-    after compute finds its worker done and idle: its hand-over is the CPU alone (a Lightning loop of one batch a
-    step, 7 ms to receive from a busy worker: 1 worker measured as fast with either sharing strategy). 0 with no
-    workers."""
+    after compute finds its worker done and idle: its hand-over is the CPU alone. 0 with no workers."""
     if not rate.num_workers:
         return 0.0
     cpu = rate.handover_s or 0.0
@@ -254,9 +251,7 @@ def loader_estimate(record: RunRecord) -> LoaderEstimate | None:
 def build_cpu_share(record: RunRecord) -> float:
     """The share of building the slowest loader's items spent on a CPU, as the data probe measured it (the main
     thread's CPU time over the wall time of untraced fetches), 1 where it did not: a dataset that mostly waits (reads a
-    disk, sleeps) leaves its workers' cores to the step. (An MNIST-style loop whose items waited 0.2 ms each was
-    predicted 62 ms a step with 1 worker, which 'takes a core from the step', for a 49 ms step; 1 worker made its
-    epochs 30% shorter.)"""
+    disk, sleeps) leaves its workers' cores to the step."""
     probe, loader = record.data_probe, slowest_loader(record)
     if probe is None or probe.item_cpu_share is None or loader is None or probe.dataset != loader.dataset:
         return 1.0

@@ -32,9 +32,8 @@ PHASED_HEAD = 32
 steps lie among them)..."""
 PHASED_EVERY = 8
 """...and after them every 8th step's: the others get one marker, at their end. Each marker is four CUDA calls on
-the host (record, a capture check, a query and an elapsed time: about 7 us on an H100), and a step has eight or nine
-phase changes: on a loop of 2-3 ms steps, marking them all cost the step 2-3%. The device breakdown is the phased
-steps'; every step's device time is still measured."""
+the host, and a step has eight or nine phase changes: marked on every step they cost a short step percents
+(docs/gpu.md). The device breakdown is the phased steps'; every step's device time is still measured."""
 
 
 def phased(step: int) -> bool:

@@ -52,11 +52,8 @@ PROBE_BATCH_S = 0.2
 """A probe batch's time, where the run measured its own batches in the main process: fewer items than the run's
 batch (never more), so that a configuration's rounds fit in its share of the budget; not much fewer, as each batch
 carries its own costs (collation, the hand-over through shared memory, the main process's receipt, on the cores the
-workers use), which the scaling to the run's batch size multiplies: at 40 ms (one item) two workers of the float16
-sample timed 2.2-2.6 batches/s, which the run then beat with 3.1, and at 100 ms (four items) 3.2-3.6; but on a
-machine a fifth slower, 100 ms was two items, which timed 2.3-2.4 for the run's 2.9 (predicting 1.4-1.9x for a
-measured 2.1-2.6x). At 200 ms the float16 sample's probe batches hold four or more of its 16 items wherever its
-batch takes under 0.8 s."""
+workers use), which the scaling to the run's batch size multiplies: batches of one or two items made workers look a
+fifth to a third slower than the run then found them (docs/measurements.md)."""
 MIN_ROUNDS = 2
 """...but not before this many rounds when time allows: one round is one lockstep burst, a noisy measurement."""
 MAX_WORKERS = 32

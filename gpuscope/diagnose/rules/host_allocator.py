@@ -13,13 +13,11 @@ from gpuscope.record import RunRecord
 
 KERNEL_SHARE_MIN = 0.2
 """The share of the step the kernel's CPU time must take in the steady steps for ``tune-host-allocator`` to fire
-(``kernel_share``). The samples: 0-10% (the compute-bound one, at 26 MiB of fresh memory a step, 10%, and no
-clearly faster with glibc keeping its memory: 220 -> 187 ms in one pair, within its run-to-run spread of
-185-210 ms; the data-bound one with two workers, 8%); a DP-SGD loop whose per-sample gradients (33 MiB a tensor)
-went back to the kernel every step, 54% (31 ms a step, 10 ms with the fix)."""
+(``kernel_share``): well above the sample workloads' 0-10%, well below the 54% of a loop whose every step faults
+its memory in again (docs/diagnosis.md)."""
 KERNEL_SHARE_BASELINE = 0.05
 """The kernel's share a step keeps with the fix (system calls, the memory a run does need afresh): taken off the
-measured share for the gain (the DP-SGD loop kept 1%)."""
+measured share for the gain."""
 FAULTED_MIB_MIN = 8.0
 """Fresh memory a step must fault in, MiB, for the kernel's time to be the allocator's: below it, the kernel's time
 went to something else (files, pipes, threads waking), which another allocator would not save."""

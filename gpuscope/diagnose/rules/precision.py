@@ -136,9 +136,7 @@ def cpu_fp32_over_low_precision(run: RunRecord) -> Finding | None:
     under bf16 autocast beside a float32 teacher: most of the step's FLOPs are float32, most of its time the
     student's convolutions).
     Why it matters: a CPU without matrix instructions for the dtype (AVX512-BF16 or AMX for bfloat16) runs those
-    matmuls on a slow path: on the project's 2-core machine bfloat16 matmuls run at 1-3 GFLOP/s (by size) against
-    93 in float32, and a TransformerEncoder's step under bf16 autocast took 420 ms against 45 ms without; a small
-    conv net's forward and backward under bf16 autocast took 114 ms against 26 ms without.
+    matmuls, and torch its reference convolutions, on a slow path, many times slower than float32's.
     Fix: drop the autocast (naming its line where gpuscope saw it) or the cast to half precision: train in float32.
     Gain: the matmul ops' time in the step (their share of the profiled op time) less the same matmuls in float32:
     their counted FLOPs at the measured float32 rate, or their time scaled by the two measured rates, the longer;
@@ -242,8 +240,8 @@ def _slow_convs(run: RunRecord, slower: float, float64: bool = False) -> SlowCon
     """The step's reference-kernel convolutions, where the step ran FLOPs in bfloat16 / float16 (``float64``: in
     float64) and this machine's measured float32 rate is at least ``slower`` times that dtype's; None otherwise.
     The rates: a 3x3 convolution's, timed by the cpu-peak probe; for float64, its matmuls', as the reference kernel
-    runs a float64 convolution as an unfolding and a float64 matmul (a 3x3 convolution's float64 time against
-    float32's ranges 1.2-3.9x with its shape on this machine, a small one's below the threshold)."""
+    runs a float64 convolution as an unfolding and a float64 matmul (a small 3x3 convolution's float64 time is too
+    close to float32's to tell them apart)."""
     sol, median, share = run.speed_of_light, run.steps.median_s, slow_conv_share(run)
     if sol is None or not share or not median or not run.steps.count:
         return None
@@ -377,11 +375,7 @@ def cpu_float32_attention(run: RunRecord) -> Finding | None:
     bfloat16 or float16, where one forward and backward at its shapes, timed after the run, took
     ``CPU_LOW_PRECISION_SLOWER`` times longer in that dtype than in float32 or more.
     Why it matters: torch's CPU flash attention backward in bfloat16 is several times slower than in float32 even
-    where the CPU's bfloat16 matmuls are faster (AMX): a small ViT under bfloat16 autocast on the project's machine
-    spent 50% of its op time in ``_scaled_dot_product_flash_attention_for_cpu_backward``; its attention at 64 x 3
-    heads x 65 tokens x 64 took 37 ms forward and backward in bfloat16 against 11 in float32. Attention in float32
-    inside the autocast took its step from 360 to 211 ms, where dropping the autocast (414 ms) would have lost the
-    matmuls' gain.
+    where the CPU's bfloat16 matmuls are faster (AMX); dropping the autocast would lose the matmuls' gain.
     Fix: run the attention in float32 inside the autocast, naming the line that made it.
     Gain: the attention ops' time in the step (their share of the profiled op time) less the same at the measured
     float32 / low-precision ratio."""
