@@ -23,21 +23,21 @@ from gpuscope.record import KernelTimeline, RunRecord
 class KernelKinds:
     """A steady step's kernel time by kind, seconds (they add up to the step's kernel time)."""
 
-    fp32_gemm: float = 0.0
+    fp32_gemm: float
     """float32 matrix multiplies on CUDA cores (``sgemm``, ``..._ffma_...``)."""
-    tc_gemm: float = 0.0
+    tc_gemm: float
     """Matrix multiplies on Tensor Cores."""
-    tc_conv: float = 0.0
+    tc_conv: float
     """Convolutions on Tensor Cores (in a float32 run: TF32, cuDNN's default)."""
-    conv: float = 0.0
+    conv: float
     """Convolutions on CUDA cores."""
-    layout: float = 0.0
+    layout: float
     """cuDNN's NCHW <-> NHWC conversions."""
-    optimizer: float = 0.0
+    optimizer: float
     """Kernels the optimizer's step queued (the device breakdown's optimizer phase): they stay in float32."""
-    communication: float = 0.0
+    communication: float
     """Collectives (NCCL)."""
-    other: float = 0.0
+    other: float
     """The rest: element-wise, normalisation, reductions, attention, copies made by kernels."""
 
 
