@@ -18,7 +18,6 @@ import inspect
 import json
 import re
 import sys
-import textwrap
 import types
 import typing
 from pathlib import Path

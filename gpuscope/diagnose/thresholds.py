@@ -6,11 +6,13 @@ Change a value here and the tests that pin its behaviour tell you what moved.
 
 from __future__ import annotations
 
+# -- the verdict's footing --------------------------------------------------------------------------------
 EVALUATION_WORTH_SAYING = 0.1
 """Evaluation passes left out of the step figures get a line in the verdict's evidence where they took this share
 of the steady steps' time or more: the run's time went there too, and the figures do not show it. The line names
 the loader they waited on where that wait is ``EVALUATION_LOADING_WORTH_SAYING`` of their time or more."""
 EVALUATION_LOADING_WORTH_SAYING = 0.25
+"""...the share of the evaluation passes' time waiting on their loader from which that line names the loader."""
 
 MIN_STEADY_STEPS = 5
 """Fewer steady-state steps than this give an inconclusive verdict: a median of four is not a measurement."""
@@ -20,7 +22,7 @@ MIN_TRACE_STEPS = 1
 the kernel timeline and the host's ops over the whole recorded window (thousands of events, the way Holistic Trace
 Analysis reads a trace of a few steps), not on a distribution of step times, and such traces hold 1-5 steps."""
 
-# -- recommendations ---------------------------------------------------------------------------------------
+# -- every recommendation -----------------------------------------------------------------------------------
 MIN_RECOMMENDED_GAIN = 0.005
 """A rule whose measured gain is under half a percent of the step is not recommended: it would show as "~0% of step
 time", below what a rerun can tell from noise (the rule's check records that it fired too small, and why)."""
@@ -49,6 +51,13 @@ blocked."""
 WORKERS_WATCHED_MIN_S = 1.0
 """Seconds of worker time the host memory sampler must have watched (two scans at least, summed over the workers)
 before their CPU share is taken as theirs: a first scan can fall in a spawned worker's import of torch."""
+
+FILE_SYSTEM_SHORTER = 0.1
+"""The file_system sharing strategy is advised where the step the loader probe predicts with it is at least 10%
+shorter than both the median step and the step of the best plan without it: handing 4 built batches of 4 tensors
+over took 30-34 ms with file descriptors and 4 ms with file_system (a collate function of 8 ms of Python in the worker),
+while batches of tensors a worker builds without holding its GIL (NumPy, sleeps) hand over in about a millisecond
+either way."""
 
 # -- launch-bound vs compute-bound ---------------------------------------------------------------------------
 LAUNCH_BOUND_OVERHEAD = 0.5
@@ -123,12 +132,7 @@ HOST_AHEAD_MIN_STEPS = 3
 """Steps queued ahead needed for their median to say how fast the host goes (a profiler's window ends with a sync,
 after which the host runs ahead for a few steps until the launch queue fills)."""
 
-# -- data-parallel jobs ---------------------------------------------------------------------------------------
-COMM_BOUND = 0.5
-"""A rank whose training thread waits on collectives (gradient all-reduce) for half its step or more is bound by
-communication: more bandwidth, or less to send per sample, pays more than faster arithmetic. Half is where the
-two are equal, as for LAUNCH_BOUND_OVERHEAD."""
-
+# -- steady steps at two speeds; the profiled window ----------------------------------------------------
 TWO_SPEED_SEPARATION = 0.8
 """The steady steps run at two speeds where the split of their log times into a fast and a slow group that sets the
 groups most apart (Otsu's threshold) explains at least 80% of the log times' variance: times spread evenly give 0.75,
@@ -151,19 +155,13 @@ scripts, CPU and replayed GPU traces) the ratio stayed between 0.3 and 2.6 (the 
 steps by up to 1.5x; a data-bound loader's waits vary); a script whose first phase trained another model put the
 window in steps 17x and 50x the steady ones (two runs)."""
 
+# -- a CPU step spent outside torch's ops ---------------------------------------------------------------
 OPS_COVER_STEP = 0.3
 """A CPU step whose torch ops (their self time in the profiled steps) take less than 30% of it is not bound by their
 arithmetic however little of it is per-op overhead: it is spent outside torch (a sleep, a wait on another thread, the
 user's own Python). On the compute-bound runs measured here the ops covered 60% to over 100% of the median step (the
 profiler's own cost inflates them); on a loop sleeping 500 ms a step, 1 to 4%; on a loop waiting on a prefetching
 thread's queue, 1%."""
-
-FILE_SYSTEM_SHORTER = 0.1
-"""The file_system sharing strategy is advised where the step the loader probe predicts with it is at least 10%
-shorter than both the median step and the step of the best plan without it: handing 4 built batches of 4 tensors
-over took 30-34 ms with file descriptors and 4 ms with file_system (a collate function of 8 ms of Python in the worker),
-while batches of tensors a worker builds without holding its GIL (NumPy, sleeps) hand over in about a millisecond
-either way."""
 
 OUTSIDE_MODEL_DOMINANT = 0.5
 """...nor one where half of each step or more is "other" (the script's code between the model's forward and backward,
@@ -180,6 +178,12 @@ heaviest function's own time (its callers)..."""
 OPS_COVER_CALLERS = 4
 """...at most four of them."""
 
+# -- data-parallel jobs ---------------------------------------------------------------------------------------
+COMM_BOUND = 0.5
+"""A rank whose training thread waits on collectives (gradient all-reduce) for half its step or more is bound by
+communication: more bandwidth, or less to send per sample, pays more than faster arithmetic. Half is where the
+two are equal, as for LAUNCH_BOUND_OVERHEAD."""
+
 COMM_NOTABLE = 0.2
 """Waiting on collectives for a fifth of the step is worth cutting (the 20% at which TensorFlow's profiler calls
 input highly bound, applied to the other thing a data-parallel step waits on)."""
@@ -193,7 +197,7 @@ STRAGGLER_SHARE = 0.25
 under that, rank-to-rank jitter explains it (two balanced ranks sharing a 2-core machine differed by 12%; an
 injected 64 ms loading delay showed as 79%)."""
 
-# -- recommendations -----------------------------------------------------------------------------------------
+# -- launches, fusion, copies and mixed precision ------------------------------------------------------------
 LAUNCH_NOTABLE = 0.3
 """Per-op overhead (or host-wait idle on a GPU) from which launch-cutting advice is worth giving (below a third of
 the step the arithmetic or the loader matters more)."""
@@ -229,6 +233,7 @@ the item's indexing (a GIN script's items built ahead of training: `x, edges, la
 11.7). On a tabular dataset transforming each row of a batch in a Python loop, the loop was 98% of the time on the
 dataset's lines (19.4 of 19.8 ms a batch)."""
 CHEAPER_LINES_SHARE, CHEAPER_LINES_SHOWN = 0.3, 3
+"""...the share of fetching an item the named lines must take together, and how many are named at most."""
 CHEAPER_ITEMS_SHARE = 0.5
 """...where fetching a batch's items, untraced, is half its build at least (else the collate_fn's: 27% a padder's)."""
 WORKERS_HELP = 0.05
@@ -242,9 +247,7 @@ and back around every operation (19x slower measured on an AMD EPYC with F16C bu
 native float16 arithmetic (AVX512-FP16, ARMv8.2 FP16) should come out near 1x, where float32 only doubles the
 bytes moved; 1.5x leaves room for timing noise between the two."""
 
-# -- CUDA settings (rules/cuda_settings.py) --------------------------------
-
-
+# -- CUDA settings (rules/cuda_settings.py) -----------------------------------------------------------------
 SYNCS_PER_STEP_NOTABLE = 1.0
 """A training step needs no host-device synchronisation at all: the host can queue step after step. From one per
 step (a logged ``loss.item()``) the host waits for the GPU to drain its queue every step, and the GPU then waits

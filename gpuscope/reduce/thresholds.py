@@ -3,6 +3,7 @@ named, with where each value comes from. The diagnosis's are in ``diagnose/thres
 
 from __future__ import annotations
 
+# -- steady steps --------------------------------------------------------------------------------------------
 MIN_STEPS_FOR_WARMUP = 3
 """With fewer steps than this, none is left out as warm-up: there would be nothing left to measure."""
 
@@ -43,6 +44,10 @@ MIN_PHASED_STEPS = 4
 """Steady steps whose phases were timed on the device that the device breakdown needs (the steps collector marks
 the phase changes of some steps only: ``collectors.device_timeline.PHASED_EVERY``)."""
 
+SAMPLE_IN_RECORD = 2000
+"""Steps written to run.json one by one; longer runs are thinned evenly (the figures use every kept step)."""
+
+# -- kernels ---------------------------------------------------------------------------------------------------
 KERNEL_WAIT_MAX_GAP_S = 30e-6
 """A gap between kernels shorter than this, with the next kernel already queued, is the cost of starting the next
 kernel (kernel wait), not a stall. Holistic Trace Analysis's default ``consecutive_kernel_delay=30``
@@ -70,9 +75,6 @@ TENSOR_CORE_KERNEL_PATTERNS: tuple[str, ...] = (
 """Substrings of kernel names that show Tensor Core use, matched case-insensitively. A name heuristic: a kernel
 that uses Tensor Cores under an unlisted name counts as not using them. The TensorBoard plugin's cuDNN-only entries
 (``conv1x1``, ``direct_group``...) are left out: they name a convolution shape, not the instruction used."""
-
-SAMPLE_IN_RECORD = 2000
-"""Steps written to run.json one by one; longer runs are thinned evenly (the figures use every kept step)."""
 
 CONV_KERNEL_PATTERNS: tuple[str, ...] = (
     # cuDNN's classic convolution engines: cudnn::detail::implicit_convolve_sgemm, explicit_convolve_sgemm,
