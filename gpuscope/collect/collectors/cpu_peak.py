@@ -29,8 +29,8 @@ BENCH_BUDGET_S = 1.0
 """The benchmark keeps the fastest of at most BENCH_REPEATS timings, stopping once it has taken this long: noise on
 a shared machine only ever adds time, so the fastest is the least disturbed (``timeit``'s reasoning)."""
 FLOAT32_BUDGET_S = 0.5
-"""The float32 benchmark's own budget, run beside one in the step's bfloat16 / float16: a 1024x1024 float32 matmul
-takes 25 ms on one thread of the project's 2-core machine, so a warm-up and 5 timings take 0.15 s."""
+"""The float32 benchmark's own budget, run beside one in the step's bfloat16 / float16: room for a warm-up and 5
+timings of a 1024x1024 matmul on one thread of a small CPU."""
 PREDICT_SIZE = 256
 """One matmul of this size, first, predicts how long a BENCH_SIZE one takes in the dtype (see ``fitting_size``)."""
 MIN_BENCH_SIZE = 128
@@ -39,11 +39,9 @@ MEASURED_DTYPES = ("float32", "bfloat16", "float16", "float64")
 float32's."""
 CONV_SHAPE = (4, 16, 16)
 """The convolution timed in a low-precision dtype and in float32: 3x3, 16 channels to 16, on 4 images of 16x16
-pixels (4.7 MFLOP). A small one: torch's reference kernel runs bfloat16 at about 2 GFLOP/s on the project's 2-core
-machine whatever the shape, while float32 runs small convolutions slower than large ones (10-22 GFLOP/s for 3 or 16
-channels, 75-120 for 32-64), so that the rate held against the step's convolutions is one a small CPU-trained
-model reaches: the fix's gain is not over-promised (a distilled student's 16-channel convolutions: 49% predicted
-from this shape, 49% measured; 59% from a 32-channel one)."""
+pixels (4.7 MFLOP). A small one: torch's reference kernel runs bfloat16 at one rate whatever the shape, while float32
+runs small convolutions slower than large ones, so the float32 rate held against the step's convolutions is one a
+small CPU-trained model reaches and the fix's gain is not over-promised (figures in docs/measurements.md)."""
 CONV_REPEATS = 3
 CONV_BUDGET_S = 0.3
 """Each dtype's convolution timings stop once they have taken this long (after a warm-up)."""

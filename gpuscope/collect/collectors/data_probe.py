@@ -152,7 +152,7 @@ def probe_collate(dataset: Any, collate_fn: Callable[[list[Any]], Any], batch_si
             items.append(dataset[index % max(length, 1)])
             if clock() - started > budget_s:
                 return None
-        # a warm-up first: the first call runs cold (1.5 ms against 0.5 ms on a graph batcher's loop)
+        # a warm-up first: the first call runs cold
         untraced_s, _ = fastest(lambda: collate_fn(items), 1, budget_s, clock)
         sys.settrace(tracer)
         try:

@@ -135,9 +135,9 @@ class DeviceTimeline:
 
 
 def timing_event(torch: Any) -> Callable[[], Any]:
-    """A maker of CUDA timing events. ``torch.Event`` (torch 2.4+) records on the current stream in C++ (3 us on
-    an H100); ``torch.cuda.Event.record()`` builds a Python ``Stream`` for it each time, switching devices (11 to
-    13 us), at every phase change of every step (benchmarks/cuda_calls.py)."""
+    """A maker of CUDA timing events. ``torch.Event`` (torch 2.4+) records on the current stream in C++;
+    ``torch.cuda.Event.record()`` builds a Python ``Stream`` for it each time, switching devices, at a few times
+    the cost (benchmarks/cuda_calls.py)."""
     if hasattr(torch, "Event"):
         return lambda: torch.Event(device="cuda", enable_timing=True)
     return lambda: torch.cuda.Event(enable_timing=True)

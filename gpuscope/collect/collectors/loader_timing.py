@@ -64,7 +64,7 @@ share of the budget, whichever comes first."""
 MIN_TIMED_S = 0.4
 """...and not before its rounds after the first span this long, when its share allows: three rounds of small batches
 can take a tenth of a second, and one hiccup of a shared machine (a neighbour's burst, a page-cache flush) would
-then be the rate (the float16 sample's one worker once timed 870 ms a batch for the run's 546)."""
+then be the rate."""
 RECEIVED = 3
 """Batches whose hand-over is timed once the workers' prefetched batches are built (all but the first, which the
 workers, idle until then, hand over at once): at most this many."""

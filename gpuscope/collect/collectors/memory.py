@@ -42,10 +42,9 @@ DEFAULT_INTERVAL_S = 0.1
 DEFAULT_MAX_SAMPLES = 2000
 CHILDREN_SCAN_S = 0.5
 """How often the list of child processes is rebuilt; between scans only the known children's RSS is read. On Linux
-a scan reads the kernel's list of each thread's children (``descendants``: about 0.3 ms for two workers); psutil,
-the fallback elsewhere, reads every process's ``/proc/PID/stat`` in Python, holding the GIL: 2.5 ms on a quiet
-host of 60 processes (half a percent of the training thread at two scans a second, more than all the samples
-themselves), 13 us more for each further process."""
+a scan reads the kernel's list of each thread's children (``descendants``); psutil, the fallback elsewhere, reads
+every process's ``/proc/PID/stat`` in Python, holding the GIL, which costs the training thread more than all the
+samples themselves (figures in docs/measurements.md)."""
 JOIN_TIMEOUT_S = 2.0
 MIB = 1 << 20
 
