@@ -43,5 +43,5 @@ def left_out(record: RunRecord) -> str:
     evaluated = f", {steps.evaluated} with {passes}" if steps.evaluated else ""
     loops = f", {steps.other_loops} of {len(steps.loops) - 1} other training loop{'s' * (len(steps.loops) > 2)}" \
         if steps.other_loops else ""
-    return (f"left out: {steps.warmup} warm-up{skipped}, {steps.profiled} profiled, {steps.outliers} outliers"
+    return (f"left out: {steps.warmup} warm-up{skipped}, {steps.profiled} profiled, {steps.outliers} outlier{'s' * (steps.outliers != 1)}"
             f"{evaluated}{loops}")

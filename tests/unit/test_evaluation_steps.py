@@ -312,3 +312,10 @@ def test_the_time_other_collectors_take_to_stop_is_no_part_of_a_final_test_pass(
     # then: the test pass took what it took, microseconds, not the other collector's stop
     assert record.steps.total == 6
     assert 0 < record.steps.final_evaluation_s < 0.1
+
+
+def test_the_steps_left_out_are_counted_in_words_that_agree_with_their_number() -> None:
+    one = Steps(count=100, median_s=0.1, mean_s=0.1, total=111, warmup=1, profiled=9, outliers=1)
+    assert left_out(make_record(steps=one)) == "left out: 1 warm-up, 9 profiled, 1 outlier"
+    two = dataclasses.replace(one, total=112, outliers=2)
+    assert left_out(make_record(steps=two)) == "left out: 1 warm-up, 9 profiled, 2 outliers"
