@@ -33,7 +33,11 @@ LEVEL = 0.95
 SEED = 20260101
 """Fixed, so that comparing the same two runs always prints the same interval."""
 
-Status = Literal["resolved", "still there", "not checked in B", "unknown", "new in B"]
+Status = Literal["resolved", "symptom gone, step slower", "still there", "not checked in B", "unknown", "new in B"]
+"""``symptom gone, step slower``: B's check of the rule is clear, but B's step is longer than A's (``SLOWER``): the
+fix removed what the rule measures and cost more than it saved (2 workers on 2 cores computing the step)."""
+SLOWER = 0.95
+"""Without an interval, B's step counts as slower from this ratio of A's median to B's down (5% longer)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +138,7 @@ class Outcome:
     title: str
     status: Status
     reason: str | None = None
-    """B's reason for not checking the rule (status ``not checked in B``)."""
+    """B's reason for not checking the rule (status ``not checked in B``), or how much slower B's step is."""
     changes: tuple[Change, ...] = ()
 
     def line(self) -> str:
@@ -248,8 +252,10 @@ def changes(rec_id: str, a: RunRecord, b: RunRecord) -> tuple[Change, ...]:
     return tuple(found)
 
 
-def outcomes(a: RunRecord, b: RunRecord) -> tuple[Outcome, ...]:
-    """What became of each of A's recommendations in B, then the recommendations new in B."""
+def outcomes(a: RunRecord, b: RunRecord, speed: SpeedUp | None = None) -> tuple[Outcome, ...]:
+    """What became of each of A's recommendations in B, then the recommendations new in B. With ``speed`` (the
+    runs' speed-up), a rule clear in B whose step got slower is not called resolved."""
+    slower = _slower(speed) if speed is not None else None
     found = []
     for rec in a.recommendations:
         check = b.checks.get(rec.id)
@@ -257,6 +263,8 @@ def outcomes(a: RunRecord, b: RunRecord) -> tuple[Outcome, ...]:
         reason = None
         if check is None:
             status = "unknown"
+        elif check.status == "clear" and slower is not None:
+            status, reason = "symptom gone, step slower", slower
         elif check.status == "clear":
             status = "resolved"
         elif check.status == "fired":
@@ -268,6 +276,15 @@ def outcomes(a: RunRecord, b: RunRecord) -> tuple[Outcome, ...]:
     found += [Outcome(rec.id, rec.title, "new in B", None, changes(rec.id, a, b))
               for rec in b.recommendations if rec.id not in in_a]
     return tuple(found)
+
+
+def _slower(speed: SpeedUp) -> str | None:
+    """How much longer B's median step is than A's, in words, where B is slower (its interval below 1, or without
+    one a ratio of ``SLOWER`` or less); None otherwise."""
+    if speed.ratio is None or speed.slower_pct is None:
+        return None
+    slower = speed.high < 1 if speed.high is not None else speed.ratio <= SLOWER
+    return f"B's median step {speed.slower_pct:.0f}% longer than A's, {speed.ratio:.2f}x" if slower else None
 
 
 def steady_times(record: RunRecord, limit: int = MAX_STEPS) -> list[float]:
@@ -367,13 +384,14 @@ def compare(a: RunRecord, b: RunRecord) -> Comparison:
     """Compare run A (before) with run B (after), each CUDA run's steps on the GPU's clock where its record has
     the device times (``clock.on_device_clock``: records written before the figures were read there)."""
     a, b = on_device_clock(a), on_device_clock(b)
+    speed = speedup(a, b)
     return Comparison(
         script_a=script_name(a),
         script_b=script_name(b),
-        speedup=speedup(a, b),
+        speedup=speed,
         phases=phase_shifts(a, b),
         verdict=VerdictChange(bound_label(a), a.verdict.confidence, bound_label(b), b.verdict.confidence),
-        outcomes=outcomes(a, b),
+        outcomes=outcomes(a, b, speed),
         flags=flags(a, b),
         per_sample=per_sample(a, b),
         children=child_work(a, b),

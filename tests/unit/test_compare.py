@@ -222,6 +222,30 @@ def test_each_recommendation_of_a_says_what_became_of_it_with_a_measured_figure(
     assert f"    {line}" in summary_lines(comparison)
 
 
+def test_a_symptom_gone_with_a_slower_step_is_not_called_resolved() -> None:
+    # given A waiting for data 82% of its 100 ms step, and B with the workers it was told to add: its data wait
+    # down to 24% (the rule clear) but its step 0.60x as fast (the workers took the cores the step computes on)
+    a = run(0.100, breakdown=Breakdown(data_wait=0.82, forward=0.18),
+            recommendations=(RECOMMENDATIONS["more-dataloader-workers"],))
+    b = run(0.167, breakdown=Breakdown(data_wait=0.24, forward=0.76),
+            checks={"more-dataloader-workers": RuleCheck("clear")})
+    # when compared
+    comparison = compare(a, b)
+    # then the outcome says the symptom went and by how much the step got slower
+    (outcome,) = comparison.outcomes
+    assert outcome.status == "symptom gone, step slower"
+    assert outcome.line() == ("more-dataloader-workers: symptom gone, step slower (B's median step 67% longer than "
+                              "A's, 0.60x), data wait 82% -> 24%")
+
+
+def test_a_symptom_gone_with_a_step_as_fast_within_noise_is_resolved() -> None:
+    # B's step 2% longer, its interval holding 1: no evidence of a slower step
+    a = run(0.100, recommendations=(RECOMMENDATIONS["more-dataloader-workers"],))
+    b = run(0.102, checks={"more-dataloader-workers": RuleCheck("clear")})
+    (outcome,) = compare(a, b).outcomes
+    assert outcome.status == "resolved"
+
+
 def test_recommendations_new_in_b_are_listed_after_as() -> None:
     a = run(0.1, recommendations=(RECOMMENDATIONS["more-dataloader-workers"],))
     b = run(0.05, recommendations=(RECOMMENDATIONS["larger-batch"],),
