@@ -1125,6 +1125,18 @@ class ProfilingWindow:
 
 
 @dataclass(frozen=True, slots=True)
+class Losses:
+    """The loss of each step: the one-element tensor its outermost ``backward()`` was called on (the mean, where a
+    step called it several times), kept on its device during the run and read after it: no sync added to a step.
+    Every step's up to 2,048, then every 2nd step's, every 4th..., spread evenly over the run."""
+
+    index: tuple[int, ...] = ()
+    """Which steps of the run (0-based, as ``StepSample.index``)."""
+    value: tuple[float | None, ...] = ()
+    """Each of those steps' loss; null where it was not finite (NaN or infinite)."""
+
+
+@dataclass(frozen=True, slots=True)
 class RunRecord:
     """The whole record of one run; ``to_json()`` is ``run.json``."""
 
@@ -1197,6 +1209,8 @@ class RunRecord:
     """Set when the record was built from a trace alone (``gpuscope analyze``); None for a profiled run."""
     profiling_window: ProfilingWindow | None = None
     """The steps the user asked to measure (``--skip-steps``, ``--profile-steps``); None: the whole run."""
+    loss: Losses | None = None
+    """The training loss step by step; null where no step called ``backward()`` on a one-element tensor."""
 
     def to_json(self) -> dict[str, Any]:
         """The plain-JSON form of the record (``run.json``)."""

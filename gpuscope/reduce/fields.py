@@ -14,7 +14,7 @@ from gpuscope.reduce.optable import OpTable, events_before, op_kind, op_table, w
 from gpuscope.reduce.peaks import gpu_peak_flops
 from gpuscope.reduce.steady import StepSummary, evaluation_passes, summarize_capture
 from gpuscope.collect.captures import CpuPeak, FlopCount, StepCapture, TraceCapture
-from gpuscope.record import AttentionTiming, OpProfile, SpeedOfLight, Window
+from gpuscope.record import AttentionTiming, Losses, OpProfile, SpeedOfLight, Window
 
 TOP_OPS = 15
 """Ops listed by host and by device time."""
@@ -88,6 +88,8 @@ def steps_fields(summary: StepSummary, capture: StepCapture) -> dict[str, Any]:
         "host_breakdown": summary.host_breakdown,
         "loaders": capture.loaders,
         "device": capture.device,
+        "loss": Losses(tuple(i for i, _ in capture.losses), tuple(v for _, v in capture.losses))
+        if capture.losses else None,
     }
 
 

@@ -25,6 +25,9 @@ STEP_HEAD = 64
 STEP_CAPACITY = 4096
 """Further steps kept as a uniform sample of at most this many records (about 1 MB of memory)."""
 
+LOSS_CAPACITY = 2048
+"""Losses kept at most (``LossLog``): a few tens of kilobytes of scalar tensors, on the device where they are."""
+
 SOURCE_PRIORITY = {"explicit": 3, "optimizer": 2, "dataloader": 1, "backward": 0}
 """Which kind of marker defines steps when several are seen: explicit marks, then optimizer steps, DataLoader
 batches, ``backward()`` calls (a loop updating its parameters by hand on batches sliced from a tensor)."""
@@ -133,7 +136,7 @@ class StepLog:
         return made
 
     def clear(self) -> None:
-        """Forget every step."""
+        """Forget every step (their losses are the caller's: ``LossLog.restart``)."""
         self.count = 0
         self._head: list[tuple[int, float, dict[str, float], bool, bool]] = []
         self._body: list[tuple[int, float, dict[str, float], bool, bool]] = []
@@ -145,6 +148,37 @@ class StepLog:
         # rows by step index, once it replaces some (until then a row's place in it says its index)
         self._made: dict[int, StepRecord] = {}  # the records made of kept rows, by step index
         self._rng = random.Random(self._seed)
+        if not hasattr(self, "losses"):
+            self.losses = LossLog()
+
+
+class LossLog:
+    """The loss of each step, as the tensor its backward() was called on: kept, not read, so that the loop never
+    waits for the device; read once the run is over. Every step's until ``capacity`` entries are held, then every
+    2nd step's, every 4th... (the stride doubles each time it fills): bounded, spread evenly over the run."""
+
+    def __init__(self, capacity: int = LOSS_CAPACITY) -> None:
+        self.capacity = capacity
+        self.entries: list[tuple[int, object, bool]] = []
+        self.stride = 1
+
+    def add(self, step: int, loss: object, by_grad: bool = False) -> None:
+        """Keep ``loss`` (a detached one-element tensor) as step ``step``'s, if that step is kept. ``by_grad``: it
+        was ``autograd.grad``'s, not ``backward()``'s (a step's loss only where it called no ``backward()``)."""
+        if step % self.stride:
+            return
+        if len(self.entries) >= self.capacity:
+            self.stride *= 2
+            self.entries = [entry for entry in self.entries if entry[0] % self.stride == 0]
+            if step % self.stride or len(self.entries) >= self.capacity:  # (one step's many: an LBFGS closure's)
+                return
+        self.entries.append((step, loss, by_grad))
+
+    def restart(self, merged: bool) -> None:
+        """The steps were counted again from 0 (a marker of a higher kind appeared): with ``merged``, everything so
+        far is the new first step (``StepTracker._takes``), and so are its losses; else they belong to no step."""
+        self.entries = [(0, loss, by_grad) for _, loss, by_grad in self.entries] if merged else []
+        self.stride = 1
 
 
 class StepTracker:
@@ -333,6 +367,7 @@ class StepTracker:
             return False
         self.dropped += self.log.count
         self.log.clear()
+        self.log.losses.restart(merged=source != "dataloader")
         if self._held is not None:  # the first backward's end was no boundary after all
             for phase, seconds in self._held[1].items():
                 self.clock.totals[phase] += seconds

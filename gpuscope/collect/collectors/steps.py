@@ -9,7 +9,8 @@ Hooks, all global and all removed at stop:
   taken in another thread (a prefetching thread handing batches over) counts for its loader, and from then on the
   loop's waits in ``queue.Queue.get`` are its data wait.
 - backward: ``torch.autograd.backward`` and ``torch.autograd.grad`` are wrapped (``Tensor.backward`` calls the
-  former). In a loop with no optimizer, explicit mark or DataLoader, each top-level one begins a step.
+  former). In a loop with no optimizer, explicit mark or DataLoader, each top-level one begins a step. The tensor
+  the outermost one is called on is kept, unread, as the step's loss (``steplog.LossLog``): read after the run.
 - forward: after the first step, the calls of the *root* modules only are timed (their class's ``__call__`` wrapped,
   nothing put on the modules: see ``forward_modules``): the outermost modules holding the parameters the optimizer
   trains (or, with no optimizer, every outermost module with parameters). A root whose forward does not run in the
@@ -88,6 +89,7 @@ class StepsCollector:
         self.loaders = LoaderBook()  # the DataLoaders iterated (the post-run probes load the slowest one again)
         self._loader_depth = 0
         self._backward_depth = 0  # backward() in backward() (a gradient penalty) or in a closure marks no step
+        self._in_backward = 0  # backward() calls open: the outermost one's tensor is the step's loss
         self._roots_found = False
         self._rooted: set[int] = set()  # ids of the optimizers whose modules were looked for
         self._discovery_s = 0.0
@@ -182,6 +184,11 @@ class StepsCollector:
         except Exception as exc:  # a broken CUDA context must not cost the host figures
             notes.append(f"device timing could not be resolved: {exc}")
         log = tracker.log
+        losses: tuple[tuple[int, float], ...] = ()
+        try:
+            losses = self._read_losses()
+        except Exception as exc:  # a CUDA error that ended the script leaves its tensors unreadable
+            notes.append(f"the losses could not be read: {exc}")
         if tracker.dropped:
             notes.append(f"{tracker.dropped} steps first counted by another kind of marker were dropped when "
                          f"{tracker.source} markers appeared")
@@ -197,7 +204,8 @@ class StepsCollector:
             device="cuda" if self.cuda_in_use() else "cpu", skipped=min(log.skip, log.count),
             passes=(tracker.passes[0], tracker.passes[1]), final_evaluation_s=tracker.final_evaluation_s,
             loops=self._optimizer_watch.loops.starts(), no_grad_modes=(*self.forward.no_grad_modes,),
-            device_markers=tracker.device.marked if tracker.device is not None else 0), notes=tuple(notes))
+            device_markers=tracker.device.marked if tracker.device is not None else 0, losses=losses),
+            notes=tuple(notes))
 
     def probe_inputs(self) -> ProbeInputs:
         """The slowest loader and its dataset, and the optimizer stepped first, for the post-run probes."""
@@ -223,7 +231,7 @@ class StepsCollector:
         self._undo.append(patch(dataloader.DataLoader, "__init__", self.loaders.wrap_init))
         self._undo.append(patch(queue.Queue, "get", self._wrap_handoff))
         self._undo.append(patch(torch.autograd, "backward", self._wrap_phase("backward")))
-        self._undo.append(patch(torch.autograd, "grad", self._wrap_phase("backward")))
+        self._undo.append(patch(torch.autograd, "grad", self._wrap_phase("backward", by_grad=True)))
 
     def _defines_step(self) -> bool:
         """A step-defining event (an optimizer step, ``backward()``, ``gpuscope.step()``): whether it is the loop's,
@@ -334,7 +342,7 @@ class StepsCollector:
 
         return get
 
-    def _wrap_phase(self, phase: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    def _wrap_phase(self, phase: str, by_grad: bool = False) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
         collector = self
 
         def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -345,11 +353,15 @@ class StepsCollector:
                         or (collector._at_safe_point and collector._safe_point()):
                     return original(*args, **kwargs)
                 tracker = collector.tracker
+                if not collector._in_backward:
+                    collector._keep_loss(args[0] if args else kwargs.get("tensors", kwargs.get("outputs")), by_grad)
                 tracker.enter(phase, collector._clock())  # type: ignore[union-attr]
                 collector._backward_depth += 1
+                collector._in_backward += 1
                 try:
                     return original(*args, **kwargs)
                 finally:
+                    collector._in_backward -= 1
                     collector._backward_depth -= 1
                     now = collector._clock()
                     tracker.exit(phase, now)  # type: ignore[union-attr]
@@ -361,6 +373,35 @@ class StepsCollector:
             return timed
 
         return wrap
+
+    def _keep_loss(self, loss: Any, by_grad: bool) -> None:
+        """Keep the step's loss (the one-element tensor backward() was called on), detached, unread (``LossLog``)."""
+        if isinstance(loss, (tuple, list)) and len(loss) == 1:
+            loss = loss[0]
+        if isinstance(loss, self._torch.Tensor) and loss.numel() == 1:
+            log = self.tracker.log  # type: ignore[union-attr]
+            log.losses.add(log.count, loss.detach(), by_grad)
+
+    def _read_losses(self) -> tuple[tuple[int, float], ...]:
+        """Each kept step's loss (the mean of its backward() calls'), read now that the run is over: one copy to
+        the host per device and dtype."""
+        entries = self.tracker.log.losses.entries  # type: ignore[union-attr]
+        if not entries:
+            return ()
+        torch = self._torch
+        groups: dict[tuple[Any, Any], list[int]] = {}
+        for position, (_, loss, _) in enumerate(entries):
+            groups.setdefault((loss.device, loss.dtype), []).append(position)
+        values = [0.0] * len(entries)
+        for positions in groups.values():
+            read = torch.stack([entries[i][1].reshape(()) for i in positions]).double().cpu().tolist()
+            for i, value in zip(positions, read):
+                values[i] = value
+        by_step: dict[int, tuple[list[float], list[float]]] = {}  # backward()'s, autograd.grad's
+        for (step, _, by_grad), value in zip(entries, values):
+            by_step.setdefault(step, ([], []))[by_grad].append(value)
+        return tuple((step, sum(kept) / len(kept)) for step, (backward, grad) in sorted(by_step.items())
+                     for kept in (backward or grad,))
 
     def _forward_pre(self, module: Any) -> bool:
         """A timed module's forward begins: True when it is timed, as the loop's (``_forward_post`` at its end)."""
