@@ -252,10 +252,12 @@ def changes(rec_id: str, a: RunRecord, b: RunRecord) -> tuple[Change, ...]:
     return tuple(found)
 
 
-def outcomes(a: RunRecord, b: RunRecord, speed: SpeedUp | None = None) -> tuple[Outcome, ...]:
+def outcomes(a: RunRecord, b: RunRecord, speed: SpeedUp | None = None,
+             sample: PerSample | None = None) -> tuple[Outcome, ...]:
     """What became of each of A's recommendations in B, then the recommendations new in B. With ``speed`` (the
-    runs' speed-up), a rule clear in B whose step got slower is not called resolved."""
-    slower = _slower(speed) if speed is not None else None
+    runs' speed-up), a rule clear in B whose step got slower is not called resolved; where the steps take different
+    numbers of samples (``sample``: a larger batch), whose time per sample got longer."""
+    slower = _slower(speed, sample) if speed is not None else None
     found = []
     for rec in a.recommendations:
         check = b.checks.get(rec.id)
@@ -278,9 +280,14 @@ def outcomes(a: RunRecord, b: RunRecord, speed: SpeedUp | None = None) -> tuple[
     return tuple(found)
 
 
-def _slower(speed: SpeedUp) -> str | None:
+def _slower(speed: SpeedUp, sample: PerSample | None = None) -> str | None:
     """How much longer B's median step is than A's, in words, where B is slower (its interval below 1, or without
-    one a ratio of ``SLOWER`` or less); None otherwise."""
+    one a ratio of ``SLOWER`` or less); None otherwise. Where the steps take different numbers of samples, the time
+    per sample is what counts (a larger batch makes each step longer and the run faster)."""
+    if sample is not None:
+        ratio = sample.seconds_a / sample.seconds_b
+        return f"B's time per sample {(1 / ratio - 1) * 100:.0f}% longer than A's, {ratio:.2f}x" \
+            if ratio <= SLOWER else None
     if speed.ratio is None or speed.slower_pct is None:
         return None
     slower = speed.high < 1 if speed.high is not None else speed.ratio <= SLOWER
@@ -384,15 +391,15 @@ def compare(a: RunRecord, b: RunRecord) -> Comparison:
     """Compare run A (before) with run B (after), each CUDA run's steps on the GPU's clock where its record has
     the device times (``clock.on_device_clock``: records written before the figures were read there)."""
     a, b = on_device_clock(a), on_device_clock(b)
-    speed = speedup(a, b)
+    speed, sample = speedup(a, b), per_sample(a, b)
     return Comparison(
         script_a=script_name(a),
         script_b=script_name(b),
         speedup=speed,
         phases=phase_shifts(a, b),
         verdict=VerdictChange(bound_label(a), a.verdict.confidence, bound_label(b), b.verdict.confidence),
-        outcomes=outcomes(a, b, speed),
+        outcomes=outcomes(a, b, speed, sample),
         flags=flags(a, b),
-        per_sample=per_sample(a, b),
+        per_sample=sample,
         children=child_work(a, b),
     )

@@ -3,6 +3,7 @@ breakdown's shifts, the verdict change, what became of A's recommendations, and 
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -177,6 +178,20 @@ def loading(batch_size: int, batches_per_step: int, median_s: float):
 def test_a_larger_batch_is_compared_per_sample() -> None:
     lines = summary_lines(compare(loading(32, 1, 0.0062), loading(64, 1, 0.0064)))
     assert "  per sample (batch 32 -> batch 64): A 0.194 ms -> B 0.1 ms: 1.94x the throughput" in lines
+
+
+def test_a_larger_batch_whose_step_got_longer_and_its_samples_faster_is_resolved() -> None:
+    # batch 32 -> 64: each step 1.6x longer, each sample 1.25x faster
+    a = loading(32, 1, 0.010)
+    a = dataclasses.replace(a, recommendations=(RECOMMENDATIONS["larger-batch"],))
+    b = dataclasses.replace(loading(64, 1, 0.016), checks={"larger-batch": RuleCheck("clear")})
+    (outcome,) = compare(a, b).outcomes
+    assert outcome.status == "resolved"
+    # while one whose samples got slower is not: batch 32 -> 64, each step 2.5x longer
+    b = dataclasses.replace(loading(64, 1, 0.025), checks={"larger-batch": RuleCheck("clear")})
+    (outcome,) = compare(a, b).outcomes
+    assert outcome.line().startswith("larger-batch: symptom gone, step slower (B's time per sample 25% longer than "
+                                     "A's, 0.80x)")
 
 
 def test_per_sample_counts_every_batch_a_step_accumulates() -> None:
