@@ -810,6 +810,20 @@ class DataProbe:
     """That function's lines (and the user functions it calls), as the line tracer timed one batch, heaviest first."""
     collate_lines_s: float = 0.0
     """Every traced line's own time in that batch, the tracer's own work left out."""
+    batch_built_s: float | None = None
+    """Where the loader had no workers and collated its items with torch's default_collate: one batch of its size
+    built again as it built them, untraced: ``dataset[i]`` for each item, then collated (the fastest of three). None
+    where not timed (the dataset fetches whole batches, its items take over 50 us each: their own work, not the
+    calls', the builds would not fit the probe's budget)."""
+    batch_fetched_s: float | None = None
+    """The same batch fetched in one call, ``dataset[indices]`` with a list of its indices, and converted as a loader
+    with ``batch_size=None`` does (what a ``BatchSampler`` passed as its ``sampler`` makes of it), untraced (the
+    fastest of three). None where that call does not give the batch the loader built, or where not timed."""
+    batch_sliced_s: float | None = None
+    """The same batch sliced without a loader: the collated batch's tensors indexed by a tensor of its indices, with
+    a batch's share of drawing an epoch's permutation (``torch.randperm``), untraced (the fastest of three). None
+    where the batch holds more than tensors, the loader's sampler is not torch's random or sequential one, or not
+    timed."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -239,6 +239,16 @@ CHEAPER_ITEMS_SHARE = 0.5
 WORKERS_HELP = 0.05
 """Workers help the loading where a worker count is predicted to shorten the step by this share at least (the
 share from which data wait is notable): below it, on this machine, only less work per batch cuts the wait."""
+CHEAPER_ONE_CALL_SAVES = 0.5
+"""``cheaper-batches`` advises building each batch in one go (its items light: no line of the dataset's to name)
+where the data probe got the batch, sliced from its tensors or fetched through the loader in one call, in at most
+half the time of building it item by item and collating it: the per-item calls and the stacking of many small
+tensors are then most of the build, not the items' data (a 2,048-row TensorDataset, batches of 512: 1.0 ms item by
+item, 0.12 ms in one call, 0.013 ms sliced)."""
+CHEAPER_ONE_CALL_ITEM_S = 10e-6
+"""...slicing advised only for items built in this long or less each (collation included): such an item is its
+indexing and the call (2 us a TensorDataset's, 0.3 us a list's), with no work in it (a decode, a transform, a random
+augmentation) that slicing stacked tensors would drop."""
 
 FLOAT16_SLOWDOWN_NOTABLE = 1.5
 """NumPy float16 arithmetic must run at least this many times slower than float32 on the machine (timed by the

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -277,3 +278,128 @@ def test_where_the_collate_function_takes_longer_than_the_items_its_lines_are_na
 def test_a_collate_function_that_takes_little_of_the_wait_is_not_named() -> None:
     # 2 ms of the 6.58 ms wait: most of the batch's build is neither the dataset's nor the collate function's
     assert evaluate(collated(tabular_run(), 0.002))[1]["cheaper-batches"].status == "clear"
+
+
+def small_items_run() -> RunRecord:
+    """The recorded run of tests/fixtures/scripts/small_items.py (tests/fixtures/records/README.md): a TensorDataset
+    of 2,048 rows of 16 floats, batches of 512 fetched item by item in the main process, workers timed slower."""
+    return RunRecord.from_json(json.loads((RECORDS / "small_items.json").read_text()))
+
+
+def cheaper_batches(run: RunRecord) -> Recommendation | None:
+    return next((r for r in evaluate(run)[0] if r.id == "cheaper-batches"), None)
+
+
+def test_light_items_fetched_one_by_one_where_workers_are_slower_are_sliced_a_batch_at_a_time() -> None:
+    # given: 83% of the 1.32 ms step waits for data; the loader probe timed workers slower than the main process;
+    # the data probe built one batch again item by item in 1.02 ms, and sliced it from its tensors in 0.013 ms
+    run = small_items_run()
+    probe = run.data_probe
+    assert probe is not None and probe.batch_built_s and probe.batch_sliced_s
+    # when
+    found = cheaper_batches(run)
+    # then: the loader's line is named, with the slicing that replaces it
+    assert found is not None
+    assert found.fix.startswith("small_items.py:58: slice each batch from the dataset's tensors instead of fetching "
+                                "its items one by one through the DataLoader: each epoch, `for index in "
+                                "torch.randperm(len(dataset)).split(512):`, then `batch = [t[index] for t in "
+                                "dataset.tensors]`")
+    assert found.evidence[1] == ("workers deliver batches slower here: the loader probe timed 1 worker at 302 "
+                                 "batches/s, 2 at 363, against 713 a second built in the main process during the run")
+    assert found.evidence[2] == ("building a batch as the loader does, `dataset[i]` for each of its 512 items, then "
+                                 "default_collate, took 1.02 ms untraced after the run (77% of the median step)")
+    assert found.evidence[3].startswith("sliced from its tensors instead, indexed by a tensor of its 512 indices")
+    # and the gain: the loader's whole wait goes but the slicing, 82.8% - 0.013 / 1.32 ms (measured without
+    # gpuscope: 88.7% by the median of four alternating pairs, docs/diagnosis.md)
+    wait, median = run.breakdown.data_wait, run.steps.median_s
+    assert found.expected_gain == pytest.approx(wait - probe.batch_sliced_s / median, abs=1e-3)
+
+
+def test_keeping_the_dataloader_the_one_call_fetch_is_offered_with_its_own_gain() -> None:
+    # given: the batch fetched in one call, dataset[indices], in 0.118 ms of the 1.02 ms item by item
+    run = small_items_run()
+    probe = run.data_probe
+    assert probe is not None and probe.batch_built_s and probe.batch_fetched_s
+    found = cheaper_batches(run)
+    assert found is not None
+    # then: min(data wait, the build's share of the step) x the share of the build the call saves, 77% x 88%
+    one_call = min(run.breakdown.data_wait, probe.batch_built_s / run.steps.median_s) * (
+        1 - probe.batch_fetched_s / probe.batch_built_s)
+    assert (f"keeping the DataLoader, a BatchSampler saves less, about {one_call:.0%} of the step: `DataLoader("
+            "dataset, sampler=BatchSampler(RandomSampler(dataset), batch_size=512, drop_last=False), batch_size=None)`"
+            in found.fix)
+
+
+def with_batches(run: RunRecord, **fields: Any) -> RunRecord:
+    """``run`` whose data probe built its batch again with these figures (``batch_built_s``...)."""
+    probe = run.data_probe
+    assert probe is not None
+    return dataclasses.replace(run, data_probe=dataclasses.replace(probe, **fields))
+
+
+def test_items_that_are_more_than_their_indexing_are_not_sliced_but_fetched_in_one_call() -> None:
+    # given: batches built item by item in 5.5 ms after the run, 10.7 us an item: more than an indexing (a decode, a
+    # transform), work that slicing stacked tensors would drop
+    run = with_batches(small_items_run(), batch_built_s=0.0055)
+    found = cheaper_batches(run)
+    # then: one dataset[indices] call through the loader, its gain min(82.8%, 5.5 / 1.32 ms) x (1 - 0.118 / 5.5):
+    # the wait at most, however long the build timed again
+    assert found is not None and "keeping the DataLoader" not in found.fix
+    assert found.fix == ("small_items.py:58: fetch each batch in one call: `DataLoader(dataset, sampler=BatchSampler("
+                         "RandomSampler(dataset), batch_size=512, drop_last=False), batch_size=None)`, each fetch then "
+                         "one `dataset[indices]`")
+    assert found.expected_gain == pytest.approx(run.breakdown.data_wait * (1 - 0.000118 / 0.0055), abs=1e-3)
+
+
+def test_a_dataset_of_the_users_own_is_sliced_from_the_tensors_its_getitem_reads() -> None:
+    # given: a Dataset keeping its items in a list, which takes one index only (no one-call figure)
+    line = LineCost("small_items.py", 35, "Listed.__getitem__", "return self.items[index]", own_s=3.7e-6)
+    run = with_batches(small_items_run(), dataset="Listed", lines=(line,), lines_s=3.7e-6, batch_fetched_s=None)
+    found = cheaper_batches(run)
+    # then its __getitem__ line is named, with the tensors to stack once
+    assert found is not None
+    assert "then index by `index` the tensors that small_items.py:35 `return self.items[index]` reads an item from " \
+           "(stacked once, in __init__, where the items are kept apart)" in found.fix
+    assert found.evidence[-1] == ("Listed.__getitem__ runs once an item: small_items.py:35 `return self.items[index]` "
+                                  "(3.7 us traced)")
+
+
+def test_a_batch_that_one_call_builds_little_faster_is_left_alone() -> None:
+    # the one call and the slicing each save under half of the item-by-item build
+    run = with_batches(small_items_run(), batch_built_s=0.0002, batch_fetched_s=0.00015, batch_sliced_s=0.00011)
+    assert evaluate(run)[1]["cheaper-batches"].status == "clear"
+
+
+def test_a_record_without_the_batch_builds_is_checked_as_before() -> None:
+    run = with_batches(small_items_run(), batch_built_s=None, batch_fetched_s=None, batch_sliced_s=None)
+    assert evaluate(run)[1]["cheaper-batches"].status == "clear"
+
+
+def with_two_workers(run: RunRecord, batches_per_s: float, handover_s: float, cores: int = 2) -> RunRecord:
+    """``run`` whose loader probe timed 2 workers at ``batches_per_s``, handing each batch over in ``handover_s``."""
+    probe = run.loader_probe
+    assert probe is not None
+    rates = tuple(dataclasses.replace(r, batches_per_s=batches_per_s, handover_s=handover_s, receive_s=handover_s)
+                  if r.num_workers == 2 else r for r in probe.rates)
+    return dataclasses.replace(run, loader_probe=dataclasses.replace(probe, rates=rates),
+                               meta=dataclasses.replace(run.meta, cpu_count=cores))
+
+
+def test_workers_that_would_shorten_the_step_less_than_slicing_leave_the_advice_with_their_step() -> None:
+    # given: 2 workers timed at 1,500 batches/s, a step of 1/1500 s = 0.67 ms with them, against 0.24 ms sliced
+    run = with_two_workers(small_items_run(), 1500, 2e-5)
+    found = cheaper_batches(run)
+    # then both are advised, slicing first, which says what the workers would give
+    assert found is not None
+    assert found.evidence[1] == ("workers are predicted to shorten the step less, to 0.67 ms at best (from the loader "
+                                 "probe and the run's batches)")
+    assert evaluate(run)[0][0].id == "cheaper-batches"
+
+
+def test_workers_that_would_hide_the_loading_as_well_leave_the_rule_clear() -> None:
+    # given: 8 cores, 2 workers at 20,000 batches/s handing batches over for free: the step would be its compute
+    run = with_two_workers(small_items_run(), 20000, 0.0, cores=8)
+    # then workers are advised, not slicing
+    recommendations, checks = evaluate(run)
+    assert checks["cheaper-batches"].status == "clear"
+    assert recommendations[0].id == "more-dataloader-workers"

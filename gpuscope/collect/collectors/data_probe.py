@@ -9,7 +9,10 @@ line's) and whether the line produced float16 arrays or tensors. NumPy float16 a
 CPUs and many times slower than float32; so that the advice rests on this machine rather than on folklore, the
 same element-wise expression is also timed in both precisions here. Where the loader builds its batches with a
 collate function of the user's own (a padding loop), one batch's items are collated again the same way, untraced
-and then traced: a batch can be built mostly outside the dataset.
+and then traced: a batch can be built mostly outside the dataset. Where a loader without workers fetches its
+items one call each and collates them with torch's default_collate, one batch is built so again, untraced, then
+fetched in one call for all its indices and sliced from its tensors (``batch_fetch.py``): for small items the
+calls and the loader's own work are the batch's cost.
 
 The probe leaves no trace: the global RNG states (Python's, NumPy's, torch's CPU generator) and any trace
 function already set are restored, and an item that fails to build says so in the collector's status.
@@ -30,6 +33,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collect.callsites import is_user_file
 from gpuscope.collect.collectors.base import CollectorResult, PostRunProbe, register
+from gpuscope.collect.collectors.batch_fetch import (
+    BatchFetch,
+    draws_plainly,
+    is_default_collate,
+    time_batch_fetch,
+)
 from gpuscope.collect.collectors.cprofile import short_path
 from gpuscope.collect.collectors.probing import DatasetError, dataset_error, fastest, unseen, wait_under_the_bar
 from gpuscope.record import CollectorStatus, DataProbe, LineCost
@@ -89,6 +98,7 @@ class DataProbeCollector(PostRunProbe):
                     collate = probe_collate(dataset, *collating, self._clock, budget_s=left_s)
             except DatasetError:
                 collate = None  # the items' own probe stands; a failing collate function is the loader probe's to say
+        fetch = _batch_fetch(dataset, facts, probe, BUDGET_S - (self._clock() - began), self._clock)
         numpy = sys.modules.get("numpy")
         # timed only where it matters: some line of the item's made float16 data
         slowdown = measure_float16_slowdown(numpy, self._clock) if numpy is not None and probe.float16_s else None
@@ -107,7 +117,29 @@ class DataProbeCollector(PostRunProbe):
             collate_s=collate.untraced_s if collate is not None else None,
             collate_lines=collate.lines if collate is not None else (),
             collate_lines_s=collate.lines_s if collate is not None else 0.0,
+            batch_built_s=fetch.built_s if fetch is not None else None,
+            batch_fetched_s=fetch.fetched_s if fetch is not None else None,
+            batch_sliced_s=fetch.sliced_s if fetch is not None else None,
         ))
+
+
+def _batch_fetch(dataset: Any, facts: PostRunFacts, probe: Probe, left_s: float,
+                 clock: Callable[[], float]) -> BatchFetch | None:
+    """One batch built item by item, fetched in one call and sliced (``batch_fetch``), where the slowest loader
+    builds its batches item by item in the main process: no workers, torch's default_collate, one index a fetch;
+    None elsewhere, where it would not fit ``left_s``, or where the dataset raised."""
+    loader = facts.loader or {}
+    info: dict[str, Any] = loader.get("info") or {}  # type: ignore[assignment]
+    size = info.get("batch_size")
+    if (facts.dataset_fetch or info.get("num_workers") or not isinstance(size, int) or size < 2
+            or not is_default_collate(loader.get("collate_fn")) or not probe.untraced_s or left_s <= 0):
+        return None
+    try:
+        with unseen():
+            return time_batch_fetch(dataset, size, probe.untraced_s, left_s, clock,
+                                    sliceable=draws_plainly(loader.get("index_sampler")))
+    except Exception:  # the items' own probe stands; a batch that fails to build is the loader probe's to say
+        return None
 
 
 def _users_collate(facts: PostRunFacts) -> tuple[Callable[[list[Any]], Any], int] | None:
@@ -183,8 +215,9 @@ class Probe:
 
 def probe_dataset(dataset: Any, clock: Callable[[], float] = time.perf_counter, items: int = ITEMS,
                   budget_s: float = BUDGET_S, fetch: int | None = None) -> Probe:
-    """Fetch up to ``items`` items of ``dataset`` under the line tracer, within ``budget_s`` (at least one); where
-    ``fetch`` is given, each a batch: ``dataset[[i, i + 1, ...]]`` of ``fetch`` indices (wrapping around).
+    """Fetch up to ``items`` items of ``dataset`` under the line tracer, within ``budget_s`` (at least one), after
+    one untraced fetch of the last item (warming up); where ``fetch`` is given, each a batch: ``dataset[[i, i + 1,
+    ...]]`` of ``fetch`` indices (wrapping around).
 
     Raises DatasetError if the dataset raises. Restores the trace function that was set before.
     """
@@ -204,6 +237,9 @@ def probe_dataset(dataset: Any, clock: Callable[[], float] = time.perf_counter, 
         return [(index + k) % length for k in range(fetch)] if fetch else index
 
     try:
+        # one fetch first, untraced, of another item: in the probe's forked child the first touches of the dataset's
+        # memory fault its pages in (copy-on-write), many times an indexing's time, which the first line traced took
+        dataset[key(length - 1)]
         for index in indices:
             if fetched and clock() - started > budget_s:
                 break
@@ -291,7 +327,10 @@ class LineTracer:
         code = frame.f_code
         user = self._user.get(code)
         if user is None:
+            began = self._clock()
             user = self._user[code] = code.co_name != "<module>" and is_user_file(code.co_filename)
+            if self._current is not None:  # telling a file apart (a realpath) is the tracer's work, not the line's
+                self._current.started += self._clock() - began
         if not user:
             return None
         state = _Frame(parent=self._current, entered=self._clock())

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import math
+import re
+
 from gpuscope.diagnose import thresholds as th
-from gpuscope.diagnose.evidence import DATA_WAIT, slowest_loader, training_wait_s
+from gpuscope.diagnose.evidence import DATA_WAIT, batches_per_step, slowest_loader, training_batches, training_wait_s
 from gpuscope.diagnose.rules.base import Finding, rule
 from gpuscope.diagnose.speed import loader_estimate, loader_plan
 from gpuscope.diagnose.waiting_workers import waiting_workers
@@ -11,6 +14,8 @@ from gpuscope.record import DataProbe, LineCost, Loader, RunRecord
 
 SHOWN_LINES = 3
 """float16 lines named in the evidence, heaviest first."""
+_LOADER_DATASET = re.compile(r"DataLoader\(\s*([A-Za-z_][\w.]*)\s*[,)]")
+"""The dataset a DataLoader's line passes first (``DataLoader(train_set, ...)``), to write the fix with its name."""
 
 
 @rule(id="fp32-preprocessing",
@@ -71,23 +76,26 @@ def cheaper_batches(run: RunRecord) -> Finding | None:
     collate_fn: then, where that function is the user's own, its lines take the dataset's place,
     ``_collate_finding``, as they do where collating a batch took longer than fetching its items, or where the
     dataset's lines are too light to name); or the user's own sampler takes that share of the wait drawing each
-    batch's indices (``_sampler_finding``: no worker count hides it).
+    batch's indices (``_sampler_finding``: no worker count hides it); or, where neither names a line, the items are
+    light and many: a batch built again item by item takes ``CHEAPER_ONE_CALL_SAVES`` more than the same batch
+    sliced from its tensors or fetched in one call (``_one_call_finding``; there, workers that would shorten the step
+    keep the rule clear only where they are predicted to shorten it as much).
     Why it matters: where workers would take the cores the step computes on, or already have them all, the wait
     falls only with the work per batch: a per-row Python loop vectorised over the batch, a deterministic transform
-    or decode done once ahead of training.
-    Fix: those lines' work once, ahead of training, or vectorised.
+    or decode done once ahead of training, a call and a collation per item of a few floats made one per batch.
+    Fix: those lines' work once, ahead of training, or vectorised; light items sliced a batch at a time.
     Gain, an upper bound (the lines' work gone altogether, as precomputing it makes it): built in the main process,
     the wait falls by the lines' share (of the items', where timed untraced), data wait x share; by workers, the
     step by at most that share, min(data wait, share). On the tabular script (tests/fixtures/records): promised
     35.6% (the loop 19.4 of the 19.8 ms on the dataset's lines, 36% data wait), measured 7-55% by pair (median 33%)
-    with the loop vectorised."""
+    with the loop vectorised. Light items: see ``_one_call_finding`` (docs/diagnosis.md has the figures)."""
     probe, share, median, loader = run.data_probe, run.breakdown.data_wait, run.steps.median_s, slowest_loader(run)
     if loader is not None and median and share >= th.DATA_WAIT_NOTABLE and (found := _sampler_finding(run, loader)):
         return found
     if probe is None or loader is None or not median or share < th.DATA_WAIT_NOTABLE or probe.item_s <= 0:
         return None
-    if _workers_help(run, loader, median):
-        return None
+    if _workers_help(run, loader, median):  # only light items built in one go, measured, may shorten it more
+        return _one_call_finding(run, loader, probe)
     items = _items_share(loader, probe)
     whole_s = probe.lines_s or probe.item_s  # untraced, about (older records: the traced time)
     heavy = [line for line in probe.lines if not line.float16
@@ -96,9 +104,9 @@ def cheaper_batches(run: RunRecord) -> Finding | None:
     # the batch is built mostly by its collate_fn, or more by it than by the dataset, or the dataset's lines are light
     if items is not None and (items[0] < th.CHEAPER_ITEMS_SHARE or (probe.collate_s or 0) > _fetch_s(loader, probe)
                               or lines_share < th.CHEAPER_LINES_SHARE):
-        return _collate_finding(run, loader, probe, items[1])
+        return _collate_finding(run, loader, probe, items[1]) or _one_call_finding(run, loader, probe)
     if lines_share < th.CHEAPER_LINES_SHARE:
-        return None
+        return _one_call_finding(run, loader, probe)
     built = "the main process builds each batch" if not loader.num_workers else \
         f"its {loader.num_workers} workers build the batches"
     evidence = (
@@ -140,6 +148,93 @@ def _sampler_finding(run: RunRecord, loader: Loader) -> Finding | None:
            "draw shares (class counts, weights) once, in __init__, or draw the epoch's indices at once "
            "(torch.multinomial; torch.utils.data.WeightedRandomSampler)")
     return Finding(run.breakdown.data_wait * drawn, evidence, fix=fix)
+
+
+def _one_call_finding(run: RunRecord, loader: Loader, probe: DataProbe) -> Finding | None:
+    """``cheaper-batches`` where a loader without workers builds each batch from one ``dataset[i]`` call an item and
+    torch's default_collate, and the data probe, building one batch again, got it in ``CHEAPER_ONE_CALL_SAVES`` less
+    time or better: sliced from its tensors without a loader (for items of ``CHEAPER_ONE_CALL_ITEM_S`` at most,
+    nothing but their indexing), else through the loader in one call for all its indices. Gain, sliced: the data
+    wait less the slicing's share of the step (the loader's whole wait goes); in one call: min(data wait, the
+    build's share of the step) x the share of the build the call saves. Clear where workers are predicted to give a
+    step as short (or nothing predicts theirs)."""
+    built_s, size, median = probe.batch_built_s, loader.batch_size, run.steps.median_s
+    if loader.num_workers or not built_s or not size or not median:
+        return None
+    per, wait = batches_per_step(training_batches(loader), run.steps.total), run.breakdown.data_wait
+    fetched_s, sliced_s = probe.batch_fetched_s, probe.batch_sliced_s
+    one_call = (min(wait, per * built_s / median) * (1 - fetched_s / built_s)
+                if fetched_s is not None and fetched_s <= (1 - th.CHEAPER_ONE_CALL_SAVES) * built_s else None)
+    light = built_s / size <= th.CHEAPER_ONE_CALL_ITEM_S  # the items are their indexing: nothing lost sliced
+    sliced = (max(0.0, wait - per * sliced_s / median)
+              if sliced_s is not None and light and sliced_s <= (1 - th.CHEAPER_ONE_CALL_SAVES) * built_s else None)
+    gain = sliced if sliced is not None else one_call
+    workers_s = _workers_step_s(run, loader)
+    if gain is None or workers_s is None or workers_s <= median * (1 - gain):
+        return None  # nothing predicts what workers would do, or they would do as well
+    evidence = [
+        f"{_waits_fact(run)}; the main process builds each batch",
+        f"workers are predicted to shorten the step less, to {workers_s * 1e3:.2f} ms at best (from the loader "
+        "probe and the run's batches)" if workers_s < median * (1 - th.WORKERS_HELP)
+        else _rates_fact(run) or _no_workers_fact(run, loader),
+        f"building a batch as the loader does, `dataset[i]` for each of its {size} items, then default_collate, took "
+        f"{built_s * 1e3:.2f} ms untraced after the run ({per * built_s / median:.0%} of the median step)",
+    ]
+    if sliced is not None:
+        evidence.append(f"sliced from its tensors instead, indexed by a tensor of its {size} indices (with its share "
+                        f"of an epoch's torch.randperm), the same batch took {sliced_s * 1e3:.3f} ms: all a step would "
+                        f"wait of its {wait * median * 1e3:.2f} ms without the DataLoader")  # type: ignore[operator]
+    if fetched_s is not None:
+        evidence.append(f"fetched through the DataLoader in one call, `dataset[indices]` with a list of its {size} "
+                        f"indices, it took {fetched_s * 1e3:.2f} ms")
+    getitem = [line for line in probe.lines if line.function.endswith("__getitem__")][:2]
+    if getitem:
+        evidence.append(f"{probe.dataset}.__getitem__ runs once an item: " + ", ".join(
+            f"{_where(line)} `{line.code}` ({line.own_s * 1e6:.1f} us traced)" for line in getitem))
+    return Finding(gain, tuple(evidence), fix=_one_call_fix(loader, probe, getitem, sliced is not None, one_call))
+
+
+def _one_call_fix(loader: Loader, probe: DataProbe, getitem: list[LineCost], sliced: bool,
+                  one_call: float | None) -> str:
+    """The loader's line and the change: each batch sliced from the tensors (the dataset's own, or its items stacked
+    once), or fetched through the loader in one call, with that option's gain where it is the second."""
+    site = loader.created_at
+    name = match.group(1) if site is not None and (match := _LOADER_DATASET.search(site.code)) else "dataset"
+    where = f"{_where(site)}: " if site is not None and not loader.created_by else ""
+    batch_sampler = (f"`DataLoader({name}, sampler=BatchSampler(RandomSampler({name}), batch_size={loader.batch_size}, "
+                     "drop_last=False), batch_size=None)`, each fetch then one `dataset[indices]`")
+    if not sliced:
+        return f"{where}fetch each batch in one call: {batch_sampler}"
+    epoch = f"each epoch, `for index in torch.randperm(len({name})).split({loader.batch_size}):`, then"
+    if probe.dataset == "TensorDataset":
+        fix = (f"{where}slice each batch from the dataset's tensors instead of fetching its items one by one through "
+               f"the DataLoader: {epoch} `batch = [t[index] for t in {name}.tensors]`")
+    else:
+        reads = f" that {_where(getitem[0])} `{getitem[0].code}` reads an item from" if getitem else ""
+        fix = (f"{where}slice each batch from tensors instead of fetching its items one by one through the "
+               f"DataLoader: {epoch} index by `index` the tensors{reads} (stacked once, in __init__, where the items "
+               "are kept apart)")
+    fix += " (torch.arange for a loader that does not shuffle)"
+    if one_call is not None:
+        fix += f"; keeping the DataLoader, a BatchSampler saves less, about {one_call:.0%} of the step: {batch_sampler}"
+    return fix
+
+
+def _rates_fact(run: RunRecord) -> str | None:
+    """The loader probe's rates in a sentence, where every worker count it timed in full delivered batches slower
+    than the main process built them during the run; None otherwise."""
+    probe = run.loader_probe
+    rates = [r for r in probe.rates if not r.pin_memory and r.batches_per_s and (not r.num_workers or not r.note)
+             ] if probe is not None else []  # a worker count's note: its rate estimated, or a lower bound
+    own = next((r for r in rates if r.num_workers == 0), None)
+    workers = [r for r in rates if r.num_workers]
+    if own is None or not workers or max(r.batches_per_s or 0.0 for r in workers) > (own.batches_per_s or 0.0):
+        return None
+    timed = ", ".join(f"{r.num_workers} at {r.batches_per_s:.0f}" if k else
+                      f"{r.num_workers} worker{'s' if r.num_workers > 1 else ''} at {r.batches_per_s:.0f} batches/s"
+                      for k, r in enumerate(workers))
+    return (f"workers deliver batches slower here: the loader probe timed {timed}, against "
+            f"{own.batches_per_s:.0f} a second built in the main process during the run")
 
 
 def _collate_finding(run: RunRecord, loader: Loader, probe: DataProbe, items_fact: str) -> Finding | None:
@@ -206,17 +301,20 @@ def _waits_fact(run: RunRecord) -> str:
 def _workers_help(run: RunRecord, loader: Loader, median: float) -> bool:
     """Whether some worker count is predicted to shorten the step by ``WORKERS_HELP`` on this machine (True where
     nothing predicts the step: the worker rules then speak)."""
+    step_s = _workers_step_s(run, loader)
+    return step_s is None or step_s < median * (1 - th.WORKERS_HELP)
+
+
+def _workers_step_s(run: RunRecord, loader: Loader) -> float | None:
+    """The shortest step a worker count is predicted to give on this machine (the loader probe's plan, else the
+    estimate from the run's batches; infinite where as many workers as the cores are busy already); None where
+    nothing predicts it."""
     if loader.num_workers >= (run.meta.cpu_count or 1):
-        step_s = waiting.step_s if (waiting := waiting_workers(run)) is not None else None
-        if step_s is None:
-            return False  # as many workers as cores, busy: more would not help
-    elif (plan := loader_plan(run)) is not None:
-        step_s = plan.step_s
-    elif (estimate := loader_estimate(run)) is not None:
-        step_s = estimate.step_s
-    else:
-        return True
-    return step_s < median * (1 - th.WORKERS_HELP)
+        waiting = waiting_workers(run)
+        return waiting.step_s if waiting is not None and waiting.step_s is not None else math.inf
+    if (plan := loader_plan(run)) is not None:
+        return plan.step_s
+    return estimate.step_s if (estimate := loader_estimate(run)) is not None else None
 
 
 def _no_workers_fact(run: RunRecord, loader: Loader) -> str:
