@@ -9,18 +9,21 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuscope import distributed
 from gpuscope.errors import USAGE_EXIT, GpuscopeError
 from gpuscope.finish import finish, finish_session, hand_over_session, open_in_browser
-from gpuscope.options import Parser, RunOptions, count, positive_int
+from gpuscope.options import Parser, RunOptions, count, positive_float, positive_int
 from gpuscope.rundirs import new_run_dir
 from gpuscope.analyze import AnalyzeCommand
+from gpuscope.trials import APPLY_FIX, DEFAULT_TRY_BUDGET_S, STOP_AFTER, requested
 
 if TYPE_CHECKING:
-    from gpuscope.record import RunRecord
+    from gpuscope.collect.fixes import Applied, StopAfter
     from gpuscope.collect.runner import Target
+    from gpuscope.record import RunRecord
+    from gpuscope.session import Session
 
 
 class Command(Protocol):
@@ -42,6 +45,8 @@ class ScriptRun:
 
     target: Target
     end: Callable[[int], None]
+    after: Callable[[], None] | None = None
+    """What runs once the script and ``end`` are over, outside their signal handling (``--try``'s trials)."""
 
 
 class RunCommand:
@@ -58,7 +63,20 @@ class RunCommand:
         parser.add_argument("--nproc-per-node", metavar="N", type=positive_int,
                             help="run the script on N ranks through torch.distributed.run (torchrun), every rank "
                                  "profiled into RUN_DIR/rank-K/, one merged report in RUN_DIR")
+        parser.add_argument("--try", dest="try_fixes", metavar="ID[,ID...]|auto",
+                            help="after the run, run the script again once per fix, each with the fix applied by "
+                                 "gpuscope at run time (no line edited) over the same steps, and measure what it "
+                                 "gained and whether the loss stayed; auto: the run's own recommendations that can "
+                                 "be applied so, best first, within --try-budget")
+        parser.add_argument("--try-budget", metavar="SECONDS", type=positive_float, default=DEFAULT_TRY_BUDGET_S,
+                            help="the time --try auto may spend on trials (default %(default)g s; each is about as "
+                                 "long as the run's start-up and its first steps)")
+        parser.add_argument("--try-steps", metavar="N", type=positive_int,
+                            help="steps each trial runs (default: as many as the run had, up to 30 s of them, and "
+                                 "20 past its profiled ones at least)")
         parser.add_argument(distributed.LAUNCHED, action="store_true", help=argparse.SUPPRESS)
+        parser.add_argument(APPLY_FIX, dest="apply_fix", help=argparse.SUPPRESS)  # a trial's own (gpuscope.trials)
+        parser.add_argument(STOP_AFTER, dest="stop_after_steps", type=positive_int, help=argparse.SUPPRESS)
         # For --help only: the target is split off before argparse sees the command line (split_target).
         parser.add_argument("-m", dest="module", metavar="MODULE", help="run a library module as a script, like python -m")
         parser.add_argument("script", nargs="?", metavar="SCRIPT",
@@ -95,10 +113,16 @@ class RunCommand:
             target = resolve_target(None, target_tokens[1], target_tokens[2:])
         else:
             target = resolve_target(target_tokens[0] if target_tokens else None, None, target_tokens[1:])
+        wanted = requested(args.try_fixes) if args.try_fixes is not None else None
         if args.nproc_per_node:
+            if wanted is not None:
+                raise GpuscopeError("--try runs single-process scripts; with --nproc-per-node, try a fix on one rank")
             return _launch_ranks(args, target)
         options = RunOptions.from_args(args)
         rank = distributed.rank_env()
+        if wanted is not None and rank is not None:
+            raise GpuscopeError("--try runs single-process scripts, not a rank of a torchrun job")
+        fix = _fix_to_apply(args.apply_fix)
         job_dir = distributed.job_run_dir(options.output, target.stem) if rank is not None else None
         run_dir = (distributed.rank_dir(job_dir, rank.rank) if job_dir is not None and rank is not None
                    else new_run_dir(options.output, target.stem))
@@ -106,16 +130,73 @@ class RunCommand:
                           skip_steps=options.skip_steps, profile_steps=options.profile_steps)
         session.on_hand_over = partial(hand_over_session, quiet=args.quiet)
         session.start()
+        trial = _TrialChild.start(session, fix, args.stop_after_steps) \
+            if fix is not None or args.stop_after_steps is not None else None
+        finished: list[RunRecord | None] = []
 
         def end(status: int) -> None:
             if job_dir is None:
-                finish_session(session, status, quiet=args.quiet, open_report=args.open)
+                done = finish_session(session, status, quiet=args.quiet, open_report=args.open and wanted is None)
+                finished.append(done.record)
+                if trial is not None:
+                    trial.written(run_dir)
                 return
             finish_session(session, status, quiet=True)  # this rank's own files and report, then the job's
             if not args.launched_by_gpuscope:  # else the launcher merges, once, when every rank has ended
                 _finish_job(job_dir, args.quiet, args.open, only_if_complete=True)
 
-        return ScriptRun(target, end)
+        def after() -> None:
+            record = finished[0] if finished else None
+            if wanted is not None and record is not None:
+                from gpuscope.trials import run_trials
+
+                run_trials(record, run_dir, target.command, options, wanted, args.try_budget, quiet=args.quiet,
+                           steps=args.try_steps)
+                if args.open:
+                    open_in_browser(run_dir / "report.html")
+
+        return ScriptRun(target, end, after)
+
+
+def _fix_to_apply(text: str | None) -> tuple[str, dict[str, Any]] | None:
+    """A trial's ``--apply-fix`` (only gpuscope passes it): the fix's id and its values."""
+    if text is None:
+        return None
+    import json
+
+    from gpuscope.collect.fixes import INSTALLERS
+
+    try:
+        fix = json.loads(text)
+        if fix["id"] not in INSTALLERS:
+            raise KeyError(fix["id"])
+        return fix["id"], dict(fix.get("settings", {}))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise GpuscopeError(f"{APPLY_FIX}: not a fix gpuscope applies: {exc}") from None
+
+
+@dataclass
+class _TrialChild:
+    """This process is one run of a trial (``gpuscope.trials``): the fix applied, the script stopped after its
+    steps; ``written`` leaves trial.json beside its run.json."""
+
+    applied: Applied | None
+    stop: StopAfter | None
+
+    @classmethod
+    def start(cls, session: Session, fix: tuple[str, dict[str, Any]] | None, stop_after: int | None) -> _TrialChild:
+        from gpuscope.collect.fixes import StopAfter, apply
+
+        steps = session.steps
+        if steps is None:  # (the steps collector always runs: nothing to follow without it)
+            return cls(None, None)
+        return cls(apply(fix[0], fix[1], steps) if fix is not None else None,
+                   StopAfter(steps, stop_after) if stop_after is not None else None)
+
+    def written(self, run_dir: Path) -> None:
+        from gpuscope.trials import write_applied
+
+        write_applied(run_dir, self.applied, self.stop.stopped if self.stop is not None else False)
 
 
 def _launch_ranks(args: argparse.Namespace, target: Target) -> int:
@@ -320,7 +401,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if isinstance(outcome, ScriptRun):
             from gpuscope.collect.runner import run_target
 
-            return run_target(outcome.target, outcome.end)
+            status = run_target(outcome.target, outcome.end)
+            if outcome.after is not None:
+                outcome.after()
+            return status
         return outcome
     except GpuscopeError as exc:
         print(f"gpuscope: error: {exc.message}", file=sys.stderr)

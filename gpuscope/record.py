@@ -1151,6 +1151,71 @@ class Losses:
 
 
 @dataclass(frozen=True, slots=True)
+class LossCheck:
+    """A trial's loss against the untouched run's, over the steps both kept after the fix took effect."""
+
+    status: Literal["within", "drifted", "not finite", "not compared"] = "not compared"
+    """within: the trial's mean loss over the compared steps is within ``tolerance`` of the untouched run's (relative);
+    drifted: it is not; not finite: a loss of the trial was NaN or infinite; not compared: no loss to compare."""
+    first_step: int | None = None
+    """The first step compared."""
+    last_step: int | None = None
+    """The last step compared."""
+    drift: float | None = None
+    """|trial's mean - untouched's mean| / |untouched's mean| over the compared steps."""
+    tolerance: float = 0.0
+    """The largest drift counted as within: the untouched run's own step-to-step spread over those steps (so that
+    an unseeded script, whose runs differ anyway, is not flagged), with a floor."""
+    note: str = ""
+    """What the check rests on, in words."""
+
+
+@dataclass(frozen=True, slots=True)
+class Trial:
+    """A fix tried by ``gpuscope run --try``: the script run again with the fix applied by gpuscope at run time
+    (no line of it edited), over the same steps, against the untouched run."""
+
+    id: str = ""
+    """The recommendation id tried."""
+    status: Literal["measured", "failed", "refused", "not run"] = "not run"
+    """measured; failed (the trial run ended in error or measured no step: ``reason``); refused (the fix cannot be
+    applied at run time: ``reason``); not run (the time budget was spent: ``reason``)."""
+    reason: str | None = None
+    """Why it was not measured."""
+    change: str = ""
+    """The change applied, as the recommendation's fix writes it."""
+    run_dir: str | None = None
+    """The trial's own run folder, relative to the untouched run's (``try-ID``): its run.json, report and
+    compare.html."""
+    steps: int = 0
+    """Steps the trial ran, as did the stretch of the untouched run it is held against."""
+    runs: int = 0
+    """Runs of the script with the fix (each beside an untouched one: ``diagnose.thresholds.TRIAL_ROUNDS``)."""
+    compared_steps: int = 0
+    """Steady steps the speed-up is measured on, over all its runs: those after the fix took effect."""
+    median_before_s: float | None = None
+    """The untouched run's median step over the compared steps."""
+    median_after_s: float | None = None
+    """The trial's median step over the compared steps."""
+    speedup: float | None = None
+    """median_before_s / median_after_s (above 1: the fix made the step faster)."""
+    speedup_low: float | None = None
+    """The 95% bootstrap interval of the speed-up, low end."""
+    speedup_high: float | None = None
+    """...and high end."""
+    estimated_gain: float | None = None
+    """The recommendation's expected gain before the trial (fraction of step time), or null."""
+    measured_gain: float | None = None
+    """1 - 1/speedup (negative: slower); null where the speed is not credited (the loss check failed)."""
+    credited: bool = False
+    """Whether the speed counts: measured, and the loss within its tolerance (or not comparable)."""
+    loss: LossCheck | None = None
+    """The loss check."""
+    losses: Losses | None = None
+    """The trial's loss step by step (its own run.json's ``loss``), drawn beside the untouched run's."""
+
+
+@dataclass(frozen=True, slots=True)
 class RunRecord:
     """The whole record of one run; ``to_json()`` is ``run.json``."""
 
@@ -1225,6 +1290,8 @@ class RunRecord:
     """The steps the user asked to measure (``--skip-steps``, ``--profile-steps``); None: the whole run."""
     loss: Losses | None = None
     """The training loss step by step; null where no step called ``backward()`` on a one-element tensor."""
+    trials: tuple[Trial, ...] = ()
+    """Fixes tried by ``gpuscope run --try``, in the order tried; empty without it."""
 
     def to_json(self) -> dict[str, Any]:
         """The plain-JSON form of the record (``run.json``)."""

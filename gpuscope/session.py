@@ -118,6 +118,11 @@ class Session:
         if self.window is not None and self.window.profile_steps is not None and self._steps in self._started:
             self._steps.add_step_listener(self._profiled_steps_over)  # after every window's listener
 
+    @property
+    def steps(self) -> StepSource | None:
+        """The source of the run's steps (the steps collector), while it runs."""
+        return self._steps if self._steps in self._started else None
+
     def _profiled_steps_over(self, index: int) -> None:
         window = self.window
         if window is not None and window.profile_steps is not None and self._steps is not None \

@@ -28,6 +28,7 @@ LONGEST_FIRST = (
     "tests/integration/test_collectors.py",
     "tests/integration/test_frameworks.py[accelerate-accumulation]",
     "tests/integration/test_profile_api.py",
+    "tests/integration/test_try.py",
     "tests/integration/test_frameworks.py[torch-compile]",
     "tests/report/test_browser.py",
     "tests/integration/test_steps.py[spawn]",

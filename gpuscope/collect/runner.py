@@ -28,6 +28,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+from gpuscope.collect.fixes import TrialStop
 from gpuscope.errors import GpuscopeError
 
 EXIT_SIGINT = 128 + signal.SIGINT
@@ -124,6 +125,8 @@ def run_target(target: Target, end: Callable[[int], None] | None = None) -> int:
                 status = 0
             except SystemExit as exc:
                 status = _exit_status(exc)
+            except TrialStop:  # a trial's steps are measured: the script ended there on purpose
+                status = 0
             except KeyboardInterrupt as exc:
                 _print_user_traceback(exc)
                 status = EXIT_SIGINT

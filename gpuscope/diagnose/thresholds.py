@@ -343,3 +343,35 @@ run's bfloat16 / float16: the two are timed back to back, so a smaller ratio cou
 beyond it the rule's gain, worked out from the measured rates, decides. On the project's 2-core AMD EPYC (no
 AVX512-BF16 / AMX), 1 thread, 512x512: float32 93 GFLOP/s, bfloat16 and float16 1.3 (73x); CPUs with bfloat16
 matrix instructions run bfloat16 faster than float32, and the rule stays clear."""
+
+# -- trials (gpuscope run --try; diagnose/trials.py) -----------------------------------------------------------
+TRIAL_MAX_S = 30.0
+"""A trial runs the script for as many steps as the untouched run had, up to the steps that take this long at its
+median step: a step of milliseconds is measured over thousands of steps, so that a hiccup of the machine (another
+process's burst, a page-cache flush) moves the median little. Measured on a 2-core machine, 50 steps of 2.3 ms (0.1 s
+of steps) gave speed-ups of 0.78x and 1.04x in two trials of the same fix."""
+
+TRIAL_STEADY_STEPS = 20
+"""...but at least this many steps past the untouched run's last profiled one (a trial has the same windows over the
+same first steps), where it had them: slow steps vary less than fast ones, and 20 of each of two runs give a median
+whose interval is a few percent wide."""
+
+TRIAL_ROUNDS = 2
+"""Runs of each fix (and of the untouched script: the user's run, then once more per round after the first), taken
+in turn: one script's runs differ from process to process (on a 2-core machine, the same script's median step by
+10-20% from one run to the next, where its steps varied 2% within a run), and a speed-up from one pair of runs is
+off by that much."""
+
+LOSS_DRIFT_FLOOR = 0.02
+"""A trial's mean loss within 2% of the untouched run's, over the steps compared, is the same loss: a fix that
+changes only how the arithmetic is done (fused kernels, TF32, bfloat16 autocast) moves it less; one that breaks
+training (a NaN, a diverging run) moves it far more."""
+
+LOSS_NATURAL = 2.0
+"""...and a trial's loss counts as the same while it is within this many times the difference between two
+untouched runs' losses (a script that seeds nothing differs from run to run)."""
+
+LOSS_SPREADS = 4.0
+"""...and where the untouched run's own step-to-step spread makes two of its runs differ more (an unseeded script:
+another shuffle, other initial weights), the tolerance is this many standard errors of the difference of two such
+means, so that noise alone is flagged about never."""

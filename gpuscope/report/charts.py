@@ -234,6 +234,30 @@ def host_memory(record: RunRecord) -> Figure | None:
     return {"data": data, "layout": layout}
 
 
+LOSS_COLORS = ("#4c78a8", "#e4572e", "#54a24b", "#f2a541", "#b279a2", "#9d755d", "#72b7b2", "#ff9da6")
+"""The untouched run's loss, then each trial's."""
+
+
+def loss_curves(record: RunRecord) -> Figure | None:
+    """The loss step by step; with trials (``--try``), each trial's beside it over the steps it ran. None without
+    a loss."""
+    measured = [t for t in record.trials if t.losses is not None and t.losses.index]
+    if record.loss is None or not record.loss.index:
+        return None
+    end = max((t.steps for t in measured), default=None)
+    series = [("this run", record.loss.index, record.loss.value)]
+    series += [(f"with {t.id}", t.losses.index, t.losses.value) for t in measured]  # type: ignore[union-attr]
+    data = []
+    for (name, index, value), color in zip(series, LOSS_COLORS * 2):
+        pairs = [(i, v) for i, v in zip(index, value) if end is None or i < end]
+        keep = _thin(len(pairs))
+        data.append({"type": "scatter", "mode": "lines", "name": name, "x": [pairs[k][0] for k in keep],
+                     "y": [_r(pairs[k][1]) for k in keep], "line": {"color": color, "width": 1.5},
+                     "hovertemplate": "step %{x}: %{y}<extra>" + name + "</extra>"})
+    layout = _layout(280, xaxis=_axis("step"), yaxis=_axis("loss"))
+    return {"data": data, "layout": layout}
+
+
 def cuda_memory(record: RunRecord) -> Figure | None:
     """CUDA caching-allocator memory at the end of sampled steps; None without CUDA memory samples."""
     memory = record.cuda_memory
@@ -287,6 +311,7 @@ def build_charts(record: RunRecord) -> dict[str, Figure]:
         "kernels": kernel_split(record),
         "ops": top_ops(record),
         "host-memory": host_memory(record),
+        "loss": loss_curves(record),
         "cuda-memory": cuda_memory(record),
         **gpu_timelines(record),
     }

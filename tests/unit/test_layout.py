@@ -70,7 +70,8 @@ def imports_of(path: Path, target: str) -> list[str]:
 STAGES = ("collect", "reduce", "diagnose", "report")
 """The pipeline's stages, in order: a run flows collect -> reduce -> diagnose -> report."""
 FRONT_ENDS = ("gpuscope.cli", "gpuscope.api", "gpuscope.notebook", "gpuscope.analyze", "gpuscope.finish",
-              "gpuscope.session", "gpuscope.markers", "gpuscope.options", "gpuscope.distributed", "gpuscope.rundirs")
+              "gpuscope.session", "gpuscope.markers", "gpuscope.options", "gpuscope.distributed", "gpuscope.rundirs",
+              "gpuscope.trials")
 """The modules that drive the stages (the command line, the Python API): they may import any stage, none of the
 stages imports them."""
 

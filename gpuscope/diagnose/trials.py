@@ -1,0 +1,283 @@
+"""Trying fixes (``gpuscope run --try``): which recommendations can be applied at run time and with what values,
+how many steps a trial runs, and, from the untouched run's record and a trial's, what the fix measured: the
+speed-up over the steps both ran after the fix took effect, and whether the loss stayed where it was.
+
+Pure functions of records; running the trials is ``gpuscope.trials``'s, applying a fix ``collect.fixes``'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import random
+import re
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from gpuscope.diagnose import thresholds as th
+from gpuscope.diagnose.clock import step_times
+from gpuscope.diagnose.rules import RULES
+from gpuscope.record import LossCheck, Recommendation, RunRecord, Trial
+
+APPLIED_AT_RUN_TIME = frozenset({
+    "tf32", "cudnn-benchmark", "mixed-precision", "channels-last", "more-dataloader-workers", "pin-memory",
+    "persistent-workers", "file-system-sharing", "zero-grad-set-to-none", "fused-optimizer", "jit-fusion",
+    "static-graph", "disable-debug-apis", "skip-distribution-checks", "tune-host-allocator",
+    "cpu-fp32-over-low-precision",
+})
+"""The fixes gpuscope can apply to an unchanged script as it runs (``collect.fixes``)."""
+
+REFUSED = {
+    "larger-batch": "it changes the optimisation (the samples each update averages over, and the learning rate "
+                    "that suits them), not only the speed",
+    "reduce-communication": "it changes the optimisation (more samples an update) or the job's launch",
+    "distributed-data-parallel": "it needs the script launched as one process per GPU",
+    "fp32-preprocessing": "it is a change to your dataset's code",
+    "cheaper-batches": "it is a change to your dataset's or collate function's code",
+    "split-iterable-stream": "it is a change to your IterableDataset's code",
+    "avoid-host-sync": "it is a change to where your loop reads values back",
+    "bias-before-batchnorm": "it changes the model's layers, and its checkpoints",
+    "float32-over-float64": "it changes the dtypes your code chooses",
+    "cpu-float32-attention": "it is a change to your attention code",
+}
+"""Why each other fix is not tried: it needs the user's code edited, or it changes more than the speed."""
+
+LOADER_SITE = re.compile(r"#[^#\n]*?([^\s:#,]+\.py):(\d+)")
+"""Where the fix goes, as its comment names it: ``# train.py:37``, ``# transformers, called from train.py:52``."""
+
+
+@dataclass(frozen=True, slots=True)
+class TrialPlan:
+    """One fix to try: its recommendation id, the change as its fix writes it, the values ``collect.fixes`` applies,
+    and the environment the trial runs with (the allocator's thresholds)."""
+
+    id: str
+    change: str
+    settings: dict[str, object] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    estimated_gain: float | None = None
+
+
+def known_ids() -> frozenset[str]:
+    """Every recommendation id a rule of this gpuscope can give."""
+    return frozenset(r.id for r in RULES)
+
+
+def refusal(rec_id: str) -> str | None:
+    """Why ``rec_id`` cannot be tried, or None where it can."""
+    if rec_id in APPLIED_AT_RUN_TIME:
+        return None
+    return REFUSED.get(rec_id, "gpuscope cannot apply it to an unchanged script")
+
+
+def plan(rec_id: str, record: RunRecord) -> TrialPlan | Trial:
+    """How to try ``rec_id`` on the script of ``record``: its own recommendation's fix where it made one, else the
+    rule's generic fix; a refused ``Trial`` where neither can be applied as it stands."""
+    reason = refusal(rec_id)
+    if reason is not None:
+        return Trial(id=rec_id, status="refused", reason=reason)
+    recommended = next((r for r in record.recommendations if r.id == rec_id), None)
+    rule = next(r for r in RULES if r.id == rec_id)
+    change = recommended.fix if recommended is not None else rule.fix
+    settings, env = fix_settings(rec_id, change)
+    if rec_id == "more-dataloader-workers" and "num_workers" not in settings:
+        return Trial(id=rec_id, status="refused", change=change,
+                     reason="this run did not recommend it: no worker count was measured to try")
+    if rec_id == "mixed-precision" and record.device != "cuda":
+        return Trial(id=rec_id, status="refused", change=change,
+                     reason="a CPU run: its low-precision advice is cpu-fp32-over-low-precision's")
+    return TrialPlan(rec_id, change, settings, env,
+                     recommended.expected_gain if recommended is not None else None)
+
+
+def fix_settings(rec_id: str, fix: str) -> tuple[dict[str, object], dict[str, str]]:
+    """The values a fix's text names (the worker count, the loader's line, the allocator's thresholds, the
+    optimizer class, the compile mode), for ``collect.fixes`` to apply exactly as written; and its environment."""
+    settings: dict[str, object] = {}
+    if (site := LOADER_SITE.search(fix)) is not None:
+        settings["site"] = f"{site.group(1)}:{site.group(2)}"
+    for name in ("num_workers", "prefetch_factor"):
+        if (found := re.search(rf"{name}=(\d+)", fix)) is not None:  # (TrainingArguments': dataloader_num_workers)
+            settings[name] = int(found.group(1))
+    if "persistent_workers=True" in fix or rec_id == "persistent-workers":
+        settings["persistent_workers"] = True
+    if (found := re.search(r"torch\.set_num_threads\((\d+)\)", fix)) is not None:
+        settings["threads"] = int(found.group(1))
+    if (found := re.search(r"torch\.optim\.(\w+)\(", fix)) is not None:
+        settings["optimizer"] = found.group(1)
+    if (found := re.search(r'mode="([\w-]+)"', fix)) is not None:
+        settings["mode"] = found.group(1)
+    env = {name: value for name, value in re.findall(r"\b(MALLOC_[A-Z_]+_)=(\d+)", fix)}
+    return settings, env
+
+
+def window(record: RunRecord) -> int:
+    """Steps a trial runs: as many as the untouched run had, up to those that take ``TRIAL_MAX_S`` at its median
+    step, but at least ``TRIAL_STEADY_STEPS`` past its last profiled step (its windows come first; a trial has the
+    same)."""
+    sample = record.steps.sample
+    total = max(record.steps.total, max(sample.index, default=-1) + 1)
+    profiled = max((i for i, s in zip(sample.index, sample.status) if s == "profiled"), default=-1) + 1
+    median = record.steps.median_s
+    wanted = max(profiled + th.TRIAL_STEADY_STEPS, int(th.TRIAL_MAX_S / median)) if median > 0 else total
+    return max(1, min(total, wanted))
+
+
+def estimated_s(record: RunRecord, steps: int) -> float:
+    """About how long a trial of ``steps`` steps takes: the untouched run's start-up (its time less its steps') and
+    that many of its steps."""
+    stepped = record.steps.total * record.steps.mean_s
+    startup = max(0.0, record.meta.duration_s - stepped)
+    return startup + steps * max(record.steps.mean_s, record.steps.median_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One round of a trial: an untouched run and the run with the fix, one after the other (the first round's
+    untouched run is the user's own; a later one's, the script run again untouched), and the step from which the
+    fix was in effect."""
+
+    base: RunRecord
+    tried: RunRecord
+    applied_at: int
+
+
+def measure(rounds: Sequence[Round], trial_plan: TrialPlan, steps: int, natural_drift: float = 0.0) -> Trial:
+    """What the fix measured over ``rounds``, each ``steps`` steps: the untouched runs' median step over the runs'
+    with the fix, on the steady steps each pair ran after the fix took effect, pooled, with a 95% interval that
+    resamples the rounds and the steps within them (runs of one script differ from process to process by more than
+    their steps do within one); and the loss check (``natural_drift``: how far two untouched runs' losses are apart)."""
+    trial = Trial(id=trial_plan.id, status="measured", change=trial_plan.change, steps=steps,
+                  estimated_gain=trial_plan.estimated_gain, runs=len(rounds))
+    pairs: list[tuple[list[float], list[float]]] = []
+    checks = []
+    for r in rounds:
+        start = r.applied_at + 1  # the step in which it took effect ran part of it without
+        before, after = _steady(r.base, start, steps), _steady(r.tried, start, steps)
+        common = sorted(before.keys() & after.keys())
+        checks.append(loss_check(r.base, r.tried, start, steps, natural_drift))
+        if len(common) >= th.MIN_STEADY_STEPS:
+            pairs.append(([before[i] for i in common], [after[i] for i in common]))
+    loss = max(checks, key=lambda c: (LOSS_SEVERITY[c.status], c.drift or 0.0)) if checks else LossCheck()
+    trial = dataclasses.replace(trial, loss=loss, losses=rounds[0].tried.loss if rounds else None)
+    if not pairs:
+        return dataclasses.replace(trial, status="failed", runs=0,
+                                   reason=f"fewer than {th.MIN_STEADY_STEPS} steady steps of both runs after the fix "
+                                          "took effect")
+    a = [t for pair in pairs for t in pair[0]]
+    b = [t for pair in pairs for t in pair[1]]
+    median_a, median_b = statistics.median(a), statistics.median(b)
+    low, high = bootstrap_rounds(pairs)
+    speedup = median_a / median_b
+    credited = loss.status in ("within", "not compared")
+    return dataclasses.replace(
+        trial, runs=len(pairs), compared_steps=len(a), median_before_s=median_a, median_after_s=median_b,
+        speedup=speedup, speedup_low=low, speedup_high=high, credited=credited,
+        measured_gain=1 - 1 / speedup if credited else None)
+
+
+LOSS_SEVERITY = {"not compared": 0, "within": 1, "drifted": 2, "not finite": 3}
+"""Which of a trial's rounds' loss checks it reports: the worst."""
+RESAMPLES, LEVEL, SEED = 1000, 0.95, 20260101
+
+
+def bootstrap_rounds(pairs: Sequence[tuple[Sequence[float], Sequence[float]]], resamples: int = RESAMPLES,
+                     level: float = LEVEL, seed: int = SEED) -> tuple[float, float]:
+    """Percentile bootstrap interval of median(befores) / median(afters), pooled over rounds: each resample draws the
+    rounds with replacement (a round's two runs together), then each drawn round's steps with replacement.
+    Deterministic for a given seed."""
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        drawn = [pairs[rng.randrange(len(pairs))] for _ in pairs]
+        a = [t for before, _ in drawn for t in rng.choices(before, k=len(before))]
+        b = [t for _, after in drawn for t in rng.choices(after, k=len(after))]
+        ratios.append(statistics.median(a) / statistics.median(b))
+    ratios.sort()
+    tail = (1 - level) / 2
+    return ratios[round(tail * (resamples - 1))], ratios[round((1 - tail) * (resamples - 1))]
+
+
+def _steady(record: RunRecord, start: int, end: int) -> dict[int, float]:
+    """The steady steps of ``record``'s sample from ``start`` to before ``end``, by index, on its steps' clock."""
+    sample = record.steps.sample
+    status = sample.status or ("steady",) * len(sample.index)
+    return {i: t for i, t, s in zip(sample.index, step_times(record.steps), status)
+            if start <= i < end and s == "steady" and t > 0 and math.isfinite(t)}
+
+
+def loss_check(base: RunRecord, tried: RunRecord, start: int, end: int, natural_drift: float = 0.0) -> LossCheck:
+    """The trial's loss against the untouched run's over the steps both kept from ``start`` to before ``end``:
+    not finite where any of the trial's was (from the step the fix took effect) and none of the untouched run's;
+    else their means' relative difference against a tolerance made of the untouched run's own step-to-step spread
+    (``LOSS_SPREADS`` standard errors of the difference), ``LOSS_NATURAL`` times ``natural_drift`` (two untouched
+    runs' own difference) and ``LOSS_DRIFT_FLOOR``, whichever is largest."""
+    if base.loss is None or tried.loss is None:
+        return LossCheck(note="no loss to compare: the loop called backward() on no one-element tensor")
+    mine = {i: v for i, v in zip(base.loss.index, base.loss.value) if start <= i < end}
+    theirs = {i: v for i, v in zip(tried.loss.index, tried.loss.value) if start <= i < end}
+    bad = sorted(i for i, v in theirs.items() if not _finite(v))
+    if bad and not any(not _finite(v) for v in mine.values()):
+        return LossCheck("not finite", bad[0], bad[-1],
+                         note=f"the trial's loss was not finite from step {bad[0]} ({len(bad)} steps), where the "
+                              "untouched run's was")
+    common = sorted(i for i in mine.keys() & theirs.keys() if _finite(mine[i]) and _finite(theirs[i]))
+    if len(common) < th.MIN_STEADY_STEPS:
+        return LossCheck(note=f"{len(common)} steps with a finite loss in both runs: too few to compare")
+    a = [float(mine[i]) for i in common]  # type: ignore[arg-type]
+    b = [float(theirs[i]) for i in common]  # type: ignore[arg-type]
+    mean_a, mean_b = statistics.fmean(a), statistics.fmean(b)
+    if mean_a == 0:
+        return LossCheck(first_step=common[0], last_step=common[-1], note="the untouched run's mean loss is 0")
+    drift = abs(mean_b - mean_a) / abs(mean_a)
+    steps_apart = [y - x for x, y in zip(a, a[1:])]
+    noise = statistics.stdev(steps_apart) / math.sqrt(2) if len(steps_apart) > 1 else 0.0
+    tolerance = max(th.LOSS_DRIFT_FLOOR, th.LOSS_SPREADS * noise * math.sqrt(2 / len(common)) / abs(mean_a),
+                    th.LOSS_NATURAL * natural_drift)
+    status = "within" if drift <= tolerance else "drifted"
+    note = (f"mean loss over steps {common[0]}-{common[-1]}: {mean_a:.4g} untouched, {mean_b:.4g} with the fix "
+            f"({drift:.1%} apart; within {tolerance:.1%} counts as the same: the untouched runs' own spread, as an "
+            "unseeded script's two runs differ anyway)")
+    return LossCheck(status, common[0], common[-1], drift, tolerance, note)
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def slower(trial: Trial) -> bool:
+    """Whether the trial measured the step slower: its whole interval below 1 (its point estimate, without one)."""
+    if trial.status != "measured" or trial.speedup is None:
+        return False
+    return trial.speedup_high < 1 if trial.speedup_high is not None else trial.speedup < 1
+
+
+def rerank(recommendations: Sequence[Recommendation], trials: Sequence[Trial]) -> tuple[Recommendation, ...]:
+    """The recommendations ranked with what the trials measured: a measured gain takes the estimate's place; a fix
+    whose loss check failed comes after the others, one measured slower last."""
+    tried = {t.id: t for t in trials if t.status == "measured"}
+
+    def key(item: tuple[int, Recommendation]) -> tuple[int, float, int]:
+        position, rec = item
+        trial = tried.get(rec.id)
+        if trial is not None and slower(trial):
+            group = 2
+        elif trial is not None and not trial.credited:
+            group = 1
+        else:
+            group = 0
+        gain = trial.measured_gain if trial is not None and trial.credited else rec.expected_gain
+        return group, -(gain if gain is not None else -1.0), position
+
+    return tuple(rec for _, rec in sorted(enumerate(recommendations), key=key))
+
+
+def with_trials(record: RunRecord, trials: Sequence[Trial]) -> RunRecord:
+    """``record`` with its trials and its recommendations re-ranked by them."""
+    return dataclasses.replace(record, trials=tuple(trials),
+                               recommendations=rerank(record.recommendations, trials))
+
+
+__all__ = ["APPLIED_AT_RUN_TIME", "REFUSED", "Round", "TrialPlan", "bootstrap_rounds", "estimated_s", "fix_settings", "known_ids", "loss_check",
+           "measure", "plan", "refusal", "rerank", "slower", "window", "with_trials"]

@@ -1,0 +1,230 @@
+"""Trying fixes (``gpuscope run --try``), from recorded runs: which fixes can be tried and with what values, how many
+steps a trial runs, what a trial measured against the untouched run, the loss check, and the ranking after."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+
+from conftest import make_record
+from gpuscope.diagnose import trials
+from gpuscope.diagnose.trials import TrialPlan
+from gpuscope.errors import GpuscopeError
+from gpuscope.record import Losses, Recommendation, RunMeta, StepSample, Steps, Trial
+from gpuscope.report.render import render_report
+from gpuscope.report.trials_text import applied_lines, trial_line
+from gpuscope.trials import requested
+
+
+def run(median_s: float, steps: int = 100, profiled: tuple[int, ...] = tuple(range(1, 11)), seed: int = 0,
+        losses: list[float | None] | None = None, **overrides):
+    """A record of ``steps`` steps around ``median_s`` (2% jitter), step 0 warm-up and ``profiled`` profiled."""
+    rng = random.Random(seed)
+    times = tuple(median_s * (1 + rng.uniform(-0.02, 0.02)) for _ in range(steps))
+    status = tuple("warmup" if i == 0 else "profiled" if i in profiled else "steady" for i in range(steps))
+    sample = StepSample(index=tuple(range(steps)), wall_s=times, status=status)
+    record = make_record(steps=Steps(count=status.count("steady"), median_s=median_s, mean_s=median_s, total=steps,
+                                     source="optimizer", sample=sample),
+                         meta=RunMeta(duration_s=2.0 + steps * median_s), **overrides)
+    if losses is not None:
+        record = dataclasses.replace(record, loss=Losses(tuple(range(len(losses))), tuple(losses)))
+    return record
+
+
+def falling(steps: int = 100, noise: float = 0.0, seed: int = 1, scale: float = 1.0) -> list[float | None]:
+    """A loss falling from 2.0, with per-step noise (an unseeded script's two runs differ by it)."""
+    rng = random.Random(seed)
+    return [scale * (2.0 * 0.99 ** i + rng.gauss(0, noise)) for i in range(steps)]
+
+
+PLAN = TrialPlan("fused-optimizer", "torch.optim.Adam(..., fused=True)  # train.py:41", estimated_gain=0.1)
+
+
+# --- which fixes, with what values ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("rec_id", "fix", "settings", "env"), [
+    ("more-dataloader-workers", "DataLoader(..., num_workers=2, persistent_workers=True)  and  "
+     "torch.set_num_threads(1)  # data_loading_bound.py:119",
+     {"num_workers": 2, "persistent_workers": True, "threads": 1, "site": "data_loading_bound.py:119"}, {}),
+    ("more-dataloader-workers", "TrainingArguments(..., dataloader_num_workers=4, dataloader_persistent_workers=True, "
+     "dataloader_prefetch_factor=3)  # transformers, called from train.py:52",
+     {"num_workers": 4, "persistent_workers": True, "prefetch_factor": 3, "site": "train.py:52"}, {}),
+    ("fused-optimizer", "torch.optim.AdamW(..., fused=True)  # ckpt.py:45", {"optimizer": "AdamW", "site": "ckpt.py:45"},
+     {}),
+    ("tune-host-allocator", "MALLOC_MMAP_THRESHOLD_=67108864 MALLOC_TRIM_THRESHOLD_=67108864 python train.py", {},
+     {"MALLOC_MMAP_THRESHOLD_": "67108864", "MALLOC_TRIM_THRESHOLD_": "67108864"}),
+    ("static-graph", 'model = torch.compile(model, mode="reduce-overhead")', {"mode": "reduce-overhead"}, {}),
+    ("persistent-workers", "DataLoader(..., persistent_workers=True)  # vae.py:12",
+     {"persistent_workers": True, "site": "vae.py:12"}, {}),
+])
+def test_a_trial_applies_the_values_its_fix_text_names(rec_id, fix, settings, env) -> None:
+    assert trials.fix_settings(rec_id, fix) == (settings, env)
+
+
+def test_fixes_that_need_the_users_code_edited_are_refused_with_a_reason() -> None:
+    assert "changes the optimisation" in trials.refusal("larger-batch")
+    assert "dataset" in trials.refusal("cheaper-batches")
+    assert trials.refusal("tf32") is None
+    # every recommendation id is one or the other
+    assert trials.known_ids() == trials.APPLIED_AT_RUN_TIME | set(trials.REFUSED)
+
+
+def test_a_worker_count_is_tried_only_where_the_run_measured_one() -> None:
+    record = run(0.1)
+    found = trials.plan("more-dataloader-workers", record)
+    assert isinstance(found, Trial) and found.status == "refused" and "no worker count" in found.reason
+    recommended = Recommendation(id="more-dataloader-workers", fix="DataLoader(..., num_workers=3, "
+                                 "persistent_workers=True)  # train.py:9", expected_gain=0.3)
+    found = trials.plan("more-dataloader-workers", run(0.1, recommendations=(recommended,)))
+    assert isinstance(found, TrialPlan)
+    assert found.settings["num_workers"] == 3 and found.estimated_gain == 0.3
+
+
+def test_a_fix_the_run_did_not_recommend_is_tried_as_the_rule_writes_it() -> None:
+    found = trials.plan("zero-grad-set-to-none", run(0.1))
+    assert isinstance(found, TrialPlan)
+    assert found.change == "optimizer.zero_grad(set_to_none=True)" and found.estimated_gain is None
+
+
+def test_mixed_precision_is_not_tried_on_a_cpu_run() -> None:
+    found = trials.plan("mixed-precision", run(0.1, device="cpu"))
+    assert isinstance(found, Trial) and found.status == "refused"
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("tf32,no-such-fix", "--try no-such-fix: no such recommendation id"),
+    ("larger-batch", "--try larger-batch: not tried at run time: it changes the optimisation"),
+    (" , ", "--try needs recommendation ids"),
+])
+def test_a_bad_try_list_is_one_line_before_anything_runs(text: str, error: str) -> None:
+    with pytest.raises(GpuscopeError, match=error.replace("(", r"\(")):
+        requested(text)
+
+
+def test_a_try_list_keeps_its_order_once_each() -> None:
+    assert requested("tf32, fused-optimizer,tf32") == ["tf32", "fused-optimizer"]
+    assert requested("auto") == "auto"
+
+
+# --- how many steps ----------------------------------------------------------------------------------------------
+
+def test_a_trial_runs_as_many_steps_as_the_untouched_run_had() -> None:
+    assert trials.window(run(0.01, steps=500)) == 500
+
+
+def test_a_trial_of_fast_steps_runs_thirty_seconds_of_them() -> None:
+    assert trials.window(run(0.001, steps=100_000)) == 30_000
+
+
+def test_slow_steps_still_give_a_trial_twenty_steps_past_the_profiled_ones() -> None:
+    # 2 s steps: 30 s is 15 steps, fewer than the profiled ones (to step 10) and 20 more
+    assert trials.window(run(2.0, steps=500)) == 11 + 20
+    assert trials.window(run(2.0, steps=25)) == 25
+
+
+# --- what a trial measured ---------------------------------------------------------------------------------------
+
+def test_a_trial_measures_the_speedup_over_the_steady_steps_both_ran_after_the_fix_took_effect() -> None:
+    # given the untouched run at 10 ms a step, and a trial at 8 ms whose fix took effect at step 3
+    base, tried = run(0.010, losses=falling()), run(0.008, seed=7, losses=falling())
+    trial = trials.measure([trials.Round(base, tried, 3)], PLAN, steps=61)
+    # then it compares steps 11-60 (after the profiled ones) of both: 1.25x, its interval holding it
+    assert trial.status == "measured" and trial.compared_steps == 50
+    assert trial.speedup == pytest.approx(1.25, rel=0.03)
+    assert trial.speedup_low < trial.speedup < trial.speedup_high
+    assert trial.credited and trial.measured_gain == pytest.approx(0.2, abs=0.02)
+    assert trial.loss.status == "within"
+
+
+def test_the_runs_of_a_fix_pool_their_steps_and_its_interval_holds_the_spread_between_runs() -> None:
+    # given two rounds: in the first the machine ran both runs 20% slower than in the second
+    slow = trials.Round(run(0.012, seed=1), run(0.0096, seed=2), 1)
+    fast = trials.Round(run(0.010, seed=3), run(0.008, seed=4), 1)
+    trial = trials.measure([slow, fast], PLAN, steps=61)
+    # then the speed-up is both rounds' 1.25x, over both runs' steps
+    assert trial.runs == 2 and trial.compared_steps == 2 * 50
+    assert trial.speedup == pytest.approx(1.25, rel=0.05)
+    # and an untouched run as slow as another's fix would be: the interval widens to hold it
+    mixed = trials.measure([trials.Round(run(0.010, seed=5), run(0.008, seed=6), 1),
+                            trials.Round(run(0.008, seed=7), run(0.008, seed=8), 1)], PLAN, steps=61)
+    assert mixed.speedup_low <= 1.02 and mixed.speedup_high >= 1.2
+
+
+def test_a_trial_with_too_few_steps_after_its_fix_took_effect_is_not_measured() -> None:
+    trial = trials.measure([trials.Round(run(0.01), run(0.008), 57)], PLAN, steps=61)
+    assert trial.status == "failed" and "fewer than 5 steady steps" in trial.reason
+
+
+def test_a_trial_whose_loss_went_to_nan_is_flagged_and_its_speed_not_credited() -> None:
+    poisoned = falling()
+    poisoned[30:] = [float("nan")] * 70
+    trial = trials.measure([trials.Round(run(0.010, losses=falling()), run(0.005, losses=poisoned), 1)], PLAN, steps=61)
+    assert trial.loss.status == "not finite" and trial.loss.first_step == 30
+    assert not trial.credited and trial.measured_gain is None
+    assert "loss NOT FINITE from step 30: speed not credited" in trial_line(trial)
+    assert applied_lines((trial,)) == []
+
+
+def test_a_loss_that_drifts_beyond_the_runs_own_spread_is_flagged() -> None:
+    trial = trials.measure([trials.Round(run(0.010, losses=falling()), run(0.008, losses=falling(scale=1.3)), 1)],
+                           PLAN, steps=61)
+    assert trial.loss.status == "drifted" and trial.loss.drift == pytest.approx(0.3, abs=0.01)
+    assert not trial.credited
+
+
+def test_an_unseeded_scripts_noisy_loss_is_not_flagged_for_its_noise() -> None:
+    # two runs of a script that seeds nothing: the same curve, each with its own per-step noise of 10%
+    base = run(0.010, losses=falling(noise=0.1, seed=1))
+    tried = run(0.008, losses=falling(noise=0.1, seed=2))
+    trial = trials.measure([trials.Round(base, tried, 1)], PLAN, steps=61)
+    assert trial.loss.status == "within" and trial.loss.tolerance > trials.th.LOSS_DRIFT_FLOOR
+    assert trial.credited
+
+
+def test_without_a_loss_the_speed_is_credited_and_the_check_says_why() -> None:
+    trial = trials.measure([trials.Round(run(0.010), run(0.008), 1)], PLAN, steps=61)
+    assert trial.loss.status == "not compared" and "backward()" in trial.loss.note
+    assert trial.credited
+
+
+# --- the ranking after --------------------------------------------------------------------------------------------
+
+def recommendation(rec_id: str, gain: float) -> Recommendation:
+    return Recommendation(id=rec_id, title=rec_id, fix="f", expected_gain=gain)
+
+
+def measured(rec_id: str, speedup: float, low: float, high: float, credited: bool = True) -> Trial:
+    return Trial(id=rec_id, status="measured", speedup=speedup, speedup_low=low, speedup_high=high,
+                 credited=credited, measured_gain=1 - 1 / speedup if credited else None)
+
+
+def test_a_fix_measured_slower_ranks_last_and_one_measured_better_moves_up() -> None:
+    recs = (recommendation("more-dataloader-workers", 0.27), recommendation("fused-optimizer", 0.10),
+            recommendation("zero-grad-set-to-none", 0.05))
+    tried = (measured("more-dataloader-workers", 0.56, 0.52, 0.60), measured("zero-grad-set-to-none", 1.3, 1.25, 1.35))
+    ranked = [r.id for r in trials.rerank(recs, tried)]
+    assert ranked == ["zero-grad-set-to-none", "fused-optimizer", "more-dataloader-workers"]
+
+
+def test_a_fix_whose_loss_check_failed_ranks_after_the_others_but_before_a_slower_one() -> None:
+    recs = (recommendation("tf32", 0.5), recommendation("fused-optimizer", 0.1), recommendation("jit-fusion", 0.2))
+    tried = (measured("tf32", 3.0, 2.9, 3.1, credited=False), measured("jit-fusion", 0.8, 0.7, 0.9))
+    assert [r.id for r in trials.rerank(recs, tried)] == ["fused-optimizer", "tf32", "jit-fusion"]
+
+
+def test_the_report_leads_its_recommendations_with_what_was_tried() -> None:
+    slower = Trial(id="more-dataloader-workers", status="measured", change="DataLoader(..., num_workers=2) <b>",
+                   run_dir="try-more-dataloader-workers", steps=61, compared_steps=50, median_before_s=0.01,
+                   median_after_s=0.018, speedup=0.56, speedup_low=0.52, speedup_high=0.6, estimated_gain=0.27,
+                   credited=True, measured_gain=1 - 1 / 0.56)
+    record = trials.with_trials(run(0.01, recommendations=(recommendation("more-dataloader-workers", 0.27),
+                                                           recommendation("fused-optimizer", 0.1))), (slower,))
+    html = render_report(record, inline_plotly=False)
+    tried = html[html.index('id="tried"'):html.index("Most valuable first")]
+    assert "0.56x slower (95%: 0.52x-0.60x)" in tried and "estimated 1.37x" in tried
+    assert "DataLoader(..., num_workers=2) &lt;b&gt;" in tried  # the fix text is escaped
+    assert 'href="try-more-dataloader-workers/compare.html"' in tried
+    assert [r.id for r in record.recommendations] == ["fused-optimizer", "more-dataloader-workers"]
+    assert "measured -79% of step time" in html
