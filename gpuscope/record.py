@@ -1193,12 +1193,13 @@ class Trial:
     """Runs of the script with the fix (each beside an untouched one: ``diagnose.thresholds.TRIAL_ROUNDS``)."""
     compared_steps: int = 0
     """Steady steps the speed-up is measured on, over all its runs: those after the fix took effect."""
-    median_before_s: float | None = None
-    """The untouched run's median step over the compared steps."""
-    median_after_s: float | None = None
-    """The trial's median step over the compared steps."""
+    step_before_s: float | None = None
+    """The untouched runs' step over the compared steps: their mean, the tenth longest and the tenth shortest left
+    out (a median would misread a loop whose steps alternate fast and slow: two workers delivering in rounds)."""
+    step_after_s: float | None = None
+    """The trial's step over the compared steps, taken the same way."""
     speedup: float | None = None
-    """median_before_s / median_after_s (above 1: the fix made the step faster)."""
+    """step_before_s / step_after_s (above 1: the fix made the step faster)."""
     speedup_low: float | None = None
     """The 95% bootstrap interval of the speed-up, low end."""
     speedup_high: float | None = None

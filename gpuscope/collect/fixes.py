@@ -134,22 +134,29 @@ def _zero_grad_to_none(torch: Any, settings: dict[str, Any], applied: Applied, s
     return True
 
 
+FUSED_OPTIMIZERS = ("Adam", "AdamW", "SGD", "Adagrad")
+"""torch's optimizers that take ``fused=True`` (on the CPU since torch 2.4)."""
+
+
 def _fused_optimizer(torch: Any, settings: dict[str, Any], applied: Applied, steps: StepSource) -> bool:
-    names = [settings["optimizer"]] if "optimizer" in settings else ["Adam", "AdamW", "SGD", "Adagrad"]
-    for name in names:
-        cls = getattr(torch.optim, name, None)
-        if cls is None or "fused" not in inspect.signature(cls.__init__).parameters:
-            applied.notes.append(f"torch.optim.{name} takes no fused argument in this torch")
-            continue
+    """``fused=True`` where the optimizer the fix names is built (its class, or a subclass of the user's that calls
+    torch's ``__init__``; every one of ``FUSED_OPTIMIZERS`` where it names none), unless the script chose foreach."""
+    named = settings.get("optimizer")
 
-        def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
-            def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
-                if kwargs.get("fused") is None and not kwargs.get("foreach"):
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
+            if (named is None or type(self).__name__ == named) and kwargs.get("fused") is None:
+                if kwargs.get("foreach"):
+                    applied.notes.append(f"{type(self).__name__} was built with foreach=True: left so")
+                else:
                     kwargs["fused"] = True
-                original(self, *args, **kwargs)
-            return __init__
+            original(self, *args, **kwargs)
+        return __init__
 
-        applied.undo.append(patch(cls, "__init__", wrap))
+    for name in FUSED_OPTIMIZERS:
+        cls = getattr(torch.optim, name, None)
+        if cls is not None and "fused" in inspect.signature(cls.__init__).parameters:
+            applied.undo.append(patch(cls, "__init__", wrap))
     return True
 
 

@@ -41,7 +41,7 @@ def trial_line(trial: Trial) -> str:
     """One line: ``tf32  35.7 -> 6.5 ms a step  5.49x (95%: ...)  estimated 1.95x  loss steps 20-60 within 0.3%``."""
     if trial.status != "measured":
         return f"{trial.id}: {trial.status}" + (f": {trial.reason}" if trial.reason else "")
-    before, after = trial.median_before_s or 0.0, trial.median_after_s or 0.0
+    before, after = trial.step_before_s or 0.0, trial.step_after_s or 0.0
     return (f"{trial.id}: {before * 1e3:.3g} -> {after * 1e3:.3g} ms a step  {speedup_words(trial)}  "
             f"{estimate_words(trial)}  {loss_words(trial)}")
 

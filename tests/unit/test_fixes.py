@@ -1,0 +1,178 @@
+"""Each fix ``--try`` applies at run time, applied as its fix text writes it, on the CPU (the CUDA ones too, as far as
+a CPU shows them: the settings they make, the autocast they enter, the layout they give), and undone after."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from gpuscope.collect.collectors.cprofile import short_path
+from gpuscope.collect.fixes import Applied, StopAfter, TrialStop, apply
+
+
+class Steps:
+    """A stand-in for the steps collector: the listeners told of each step, the roots found after the first."""
+
+    def __init__(self, roots: list[nn.Module] | None = None) -> None:
+        self.listeners: list[Callable[[int], int | None]] = []
+        self.roots = roots or []
+        self.seen = 0
+        self.at_safe_point: Callable[[], None] | None = None
+
+    def add_step_listener(self, listener: Callable[[int], int | None]) -> None:
+        self.listeners.append(listener)
+
+    def steps_seen(self) -> int:
+        return self.seen
+
+    def root_modules(self) -> list[nn.Module]:
+        return self.roots if self.seen >= 1 else []
+
+    def stop_at_safe_point(self, action: Callable[[], None]) -> None:
+        self.at_safe_point = action
+
+    def begin(self, index: int) -> None:
+        self.seen = index
+        for listener in self.listeners:
+            listener(index)
+
+
+@pytest.fixture
+def applied() -> Iterator[list[Applied]]:
+    """The fixes a test applies, removed after it, and the modules they changed collected (a module whose forward a
+    fix wraps refers to itself: left for the collector, a later test scanning for models would find it)."""
+    made: list[Applied] = []
+    yield made
+    for fix in made:
+        fix.remove()
+    made.clear()
+    gc.collect()
+
+
+def test_tf32_sets_the_float32_matmul_precision(applied: list[Applied]) -> None:
+    before = torch.get_float32_matmul_precision()
+    try:
+        applied.append(apply("tf32", {}, Steps()))
+        assert torch.get_float32_matmul_precision() == "high"
+        assert applied[0].step == 1
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_zero_grad_always_sets_the_gradients_to_none(applied: list[Applied]) -> None:
+    applied.append(apply("zero-grad-set-to-none", {}, Steps()))
+    model = nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model(torch.randn(2, 4)).sum().backward()
+    optimizer.zero_grad(set_to_none=False)  # the script's own line, unchanged
+    assert model.weight.grad is None
+    model(torch.randn(2, 4)).sum().backward()
+    model.zero_grad(set_to_none=False)
+    assert model.weight.grad is None
+
+
+def test_the_fused_optimizer_is_built_fused_and_only_the_one_named(applied: list[Applied]) -> None:
+    applied.append(apply("fused-optimizer", {"optimizer": "Adam"}, Steps()))
+    params = [nn.Parameter(torch.randn(3))]
+    assert torch.optim.Adam(params, lr=0.1).defaults["fused"] is True
+    assert not torch.optim.AdamW(params, lr=0.1).defaults.get("fused")
+    # one built with foreach=True keeps it: fused is left for the user to choose
+    assert not torch.optim.Adam(params, lr=0.1, foreach=True).defaults.get("fused")
+    applied[0].remove()
+    assert not torch.optim.Adam(params, lr=0.1).defaults.get("fused")
+
+
+def test_the_dataloader_built_at_the_recommended_line_gets_the_workers_and_no_other(applied: list[Applied]) -> None:
+    data = TensorDataset(torch.randn(8, 2))
+    line = next(n for n, text in enumerate(Path(__file__).read_text().splitlines(), 1)
+                if text.strip().startswith("recommended = DataLoader("))
+    here = f"{short_path(__file__)}:{line}"
+    fix = apply("more-dataloader-workers", {"num_workers": 2, "persistent_workers": True, "site": here}, Steps())
+    applied.append(fix)
+    recommended = DataLoader(data, batch_size=4)
+    other = DataLoader(data, 4)
+    assert (recommended.num_workers, recommended.persistent_workers) == (2, True)
+    assert (other.num_workers, other.persistent_workers) == (0, False)
+    assert fix.loaders == [here]
+
+
+def test_a_loader_fix_with_no_workers_leaves_out_what_workers_need(applied: list[Applied]) -> None:
+    # persistent_workers and prefetch_factor raise without workers: the fix applies them only with some
+    applied.append(apply("persistent-workers", {"persistent_workers": True}, Steps()))
+    loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)
+    assert loader.num_workers == 0 and not loader.persistent_workers
+
+
+def test_anomaly_detection_stays_off_whatever_the_script_asks(applied: list[Applied]) -> None:
+    applied.append(apply("disable-debug-apis", {}, Steps()))
+    torch.autograd.set_detect_anomaly(True)
+    assert not torch.is_anomaly_enabled()
+    with torch.autograd.detect_anomaly():
+        assert not torch.is_anomaly_enabled()
+    applied[0].remove()
+    assert torch.autograd.set_detect_anomaly is not None and torch.autograd.detect_anomaly.__name__ == "detect_anomaly"
+
+
+def test_distribution_checks_are_off_by_default(applied: list[Applied]) -> None:
+    before = torch.distributions.Distribution._validate_args
+    try:
+        applied.append(apply("skip-distribution-checks", {}, Steps()))
+        assert torch.distributions.Categorical(probs=torch.tensor([0.5, 0.5]))._validate_args is False
+    finally:
+        torch.distributions.Distribution.set_default_validate_args(before)
+
+
+def test_cpu_autocast_is_entered_disabled(applied: list[Applied]) -> None:
+    applied.append(apply("cpu-fp32-over-low-precision", {}, Steps()))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.float32
+
+
+def root_fix(fix_id: str, module: nn.Module, settings: dict[str, Any] | None = None) -> Applied:
+    """``fix_id`` applied to ``module`` as the steps collector finds it, after the first step."""
+    steps = Steps([module])
+    fix = apply(fix_id, settings or {}, steps)
+    steps.begin(0)
+    assert fix.step is None  # the roots are not known yet
+    steps.begin(1)
+    assert fix.step == 2
+    return fix
+
+
+def test_mixed_precision_runs_the_trained_modules_forward_under_bfloat16_autocast(applied: list[Applied]) -> None:
+    model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    applied.append(root_fix("mixed-precision", model))
+    assert model(torch.randn(2, 4)).dtype == torch.bfloat16
+
+
+def test_channels_last_gives_the_modules_and_their_four_dimensional_inputs_that_layout(applied: list[Applied]) -> None:
+    seen = []
+
+    class Conv(nn.Conv2d):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            seen.append(x.is_contiguous(memory_format=torch.channels_last))
+            return super().forward(x)
+
+    model = Conv(3, 8, 3)
+    applied.append(root_fix("channels-last", model))
+    model(torch.randn(2, 3, 8, 8))
+    assert model.weight.is_contiguous(memory_format=torch.channels_last) and seen == [True]
+
+
+def test_a_trial_ends_the_script_at_the_first_safe_point_of_its_last_step() -> None:
+    steps = Steps()
+    stop = StopAfter(steps, 3)
+    for index in range(3):
+        steps.begin(index)
+        assert steps.at_safe_point is None
+    steps.begin(3)
+    with pytest.raises(TrialStop):
+        steps.at_safe_point()  # type: ignore[misc]
+    assert stop.stopped
