@@ -83,6 +83,8 @@ def run_trials(record: RunRecord, run_dir: Path, command: Sequence[str], options
                                           f"{each_s:.0f} s each)")
         else:
             chosen.append(found)
+    if not ids:
+        say("gpuscope: no fix tried: none of this run's recommendations can be applied at run time")
     if chosen:
         say(f"gpuscope: trying {len(chosen)} fix{'es' * (len(chosen) > 1)}, {rounds} runs of {steps} steps each, "
             f"beside the script untouched (about {each_s:.0f} s a run): {', '.join(p.id for p in chosen)}")
