@@ -17,8 +17,9 @@ pytestmark = pytest.mark.slow
 
 def test_each_fix_tried_is_measured_against_the_untouched_run_and_the_checkpoint_stays_whole(tmp_path: Path) -> None:
     # given a loop that saves a checkpoint after every step, run with two fixes to try
-    result = run_gpuscope(["run", "-o", "run", "--try", "fused-optimizer,zero-grad-set-to-none", "--try-steps", "100",
-                           str(SCRIPTS / "try_checkpoint.py"), "--steps", "150"], tmp_path, timeout=300)
+    result = run_gpuscope(["run", "-o", str(tmp_path / "run"), "--try", "fused-optimizer,zero-grad-set-to-none",
+                           "--try-steps", "100", str(SCRIPTS / "try_checkpoint.py"), "--steps", "150"], tmp_path,
+                          timeout=300)
     assert result.returncode == 0, result.stderr
     record = load_run(tmp_path / "run")
     # then both were run and measured, over the steps after their fix took effect, with the loss unchanged
@@ -51,8 +52,8 @@ def test_each_fix_tried_is_measured_against_the_untouched_run_and_the_checkpoint
 
 def test_a_trial_whose_loss_goes_to_nan_is_flagged_and_not_credited(tmp_path: Path) -> None:
     # given a data-bound loop whose dataset yields NaN targets in DataLoader workers only
-    result = run_gpuscope(["run", "-o", "run", "--try", "auto", str(SCRIPTS / "try_nan_in_workers.py")], tmp_path,
-                          timeout=300)
+    result = run_gpuscope(["run", "-o", str(tmp_path / "run"), "--try", "auto", str(SCRIPTS / "try_nan_in_workers.py")],
+                          tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr
     record = load_run(tmp_path / "run")
     (trial,) = [t for t in record["trials"] if t["id"] == "more-dataloader-workers"]
