@@ -5,6 +5,7 @@ before and after the fix."""
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 from pathlib import Path
@@ -17,7 +18,7 @@ from conftest import SCRIPTS, Runs, run_python
 pytestmark = pytest.mark.slow
 SCRIPT = SCRIPTS / "small_items.py"
 OWN_STEP = re.compile(r"median_step_s=([0-9.]+)")
-PAIRS = 3
+PAIRS = 2
 """Alternating pairs (as it is, then fixed, in turn first) the ground truth is the median of."""
 
 
@@ -67,9 +68,11 @@ def own_step_s(tmp_path: Path, *args: str) -> float:
 
 
 @pytest.mark.timing
-def test_the_promised_gain_of_slicing_holds_without_gpuscope(runs: Runs, tmp_path: Path) -> None:
-    # given the advice on the TensorDataset loop
-    promised = advice(runs.get(SCRIPT, "--epochs", "15", "--dataset", "tensors").record)["expected_gain"]
+def test_the_promised_gain_of_slicing_holds_without_gpuscope(tmp_path: Path) -> None:
+    # given the advice on the TensorDataset loop, as a run on this machine recorded it (the fast tier checks that the
+    # rule gives it; the untimed test here, that a run does)
+    record = json.loads((SCRIPTS.parent / "records" / "small_items.json").read_text())
+    promised = advice(record)["expected_gain"]
     # when the loop is timed without gpuscope, as it is and sliced, in alternating pairs
     gains = []
     for k in range(PAIRS):
