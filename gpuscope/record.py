@@ -8,11 +8,13 @@ appears here: collectors turn what they saw into numbers first.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import os
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Union
@@ -1073,6 +1075,9 @@ class RankSummary:
     """Per step, seconds its training thread waited on collectives, or null."""
     bound: Bound = "inconclusive"
     """Its own verdict."""
+    spread_s: float | None = None
+    """How much its steady steps vary from one to the next: the 90th percentile step less the 10th, seconds (null in
+    records merged before the field)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1090,6 +1095,11 @@ class Straggler:
     """The step phase (``data_wait``, ``forward``, ``backward``, ``optimizer``, ``other``) most over the others'."""
     evidence: tuple[str, ...] = ()
     """Facts with numbers."""
+    cause_share: float | None = None
+    """The part of ``late_s`` its cause accounts for (its time in that phase over the others' median), 0..1."""
+    spread_s: float | None = None
+    """The other ranks' step-to-step spread (median of their ``spread_s``): the lateness stood clear of half of it,
+    how far their own steps stray from their median."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1330,55 +1340,72 @@ def _to_plain(value: Any) -> Any:
 def _from_plain(cls: type, data: Any) -> Any:
     if not isinstance(data, dict):
         raise TypeError(f"{cls.__name__} must be an object, not {type(data).__name__}")
+    return cls(**{name: convert(data[name], name) for name, convert in _readers(cls) if name in data})
+
+
+Converter = Callable[[Any, str], Any]
+"""Checks and converts one JSON value to a field's type; ``where`` names the field in errors."""
+
+
+@functools.cache
+def _readers(cls: type) -> tuple[tuple[str, Converter], ...]:
+    """Each field of a record class with its converter, worked out once per class: type hints are slow to resolve,
+    and a 1024-rank job reads each class a thousand times."""
     hints = typing.get_type_hints(cls)
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name in data:
-            kwargs[f.name] = _convert(hints[f.name], data[f.name], f.name)
-    return cls(**kwargs)
+    return tuple((f.name, _converter(hints[f.name])) for f in dataclasses.fields(cls))
 
 
-def _convert(tp: Any, value: Any, where: str) -> Any:
+@functools.cache
+def _converter(tp: Any) -> Converter:
     origin = typing.get_origin(tp)
     if origin in (Union, types.UnionType):
-        options = [a for a in typing.get_args(tp) if a is not type(None)]
-        if value is None:
-            return None
-        return _convert(options[0], value, where)
+        inner = _converter([a for a in typing.get_args(tp) if a is not type(None)][0])
+        return lambda value, where: None if value is None else inner(value, where)
     if dataclasses.is_dataclass(tp):
-        return _from_plain(tp, value)
+        return lambda value, where: _from_plain(tp, value)
     if origin is tuple:
-        if not isinstance(value, list):
-            raise TypeError(f"{where} must be a list")
-        (item,) = typing.get_args(tp)[:1]
-        return tuple(_convert(item, v, where) for v in value)
+        item = _converter(typing.get_args(tp)[0])
+
+        def to_tuple(value: Any, where: str) -> tuple[Any, ...]:
+            if not isinstance(value, list):
+                raise TypeError(f"{where} must be a list")
+            return tuple(item(v, where) for v in value)
+        return to_tuple
     if origin is dict:
-        if not isinstance(value, dict):
-            raise TypeError(f"{where} must be an object")
-        _, item = typing.get_args(tp)
-        return {str(k): _convert(item, v, f"{where}.{k}") for k, v in value.items()}
-    if origin is Literal:
-        # Values from a newer gpuscope (a new bound, say) are kept as they are.
-        if not isinstance(value, str):
-            raise TypeError(f"{where} must be a string")
-        return value
+        entry = _converter(typing.get_args(tp)[1])
+
+        def to_dict(value: Any, where: str) -> dict[str, Any]:
+            if not isinstance(value, dict):
+                raise TypeError(f"{where} must be an object")
+            return {str(k): entry(v, f"{where}.{k}") for k, v in value.items()}
+        return to_dict
+    if origin is Literal:  # values from a newer gpuscope (a new bound, say) are kept as they are
+        return _checked(str, "a string")
     if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"{where} must be a number")
-        return float(value)
+        def to_float(value: Any, where: str) -> float:
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise TypeError(f"{where} must be a number")
+            return float(value)
+        return to_float
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{where} must be an integer")
-        return value
+        def to_int(value: Any, where: str) -> int:
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{where} must be an integer")
+            return value
+        return to_int
     if tp is bool:
-        if not isinstance(value, bool):
-            raise TypeError(f"{where} must be true or false")
-        return value
+        return _checked(bool, "true or false")
     if tp is str:
-        if not isinstance(value, str):
-            raise TypeError(f"{where} must be a string")
+        return _checked(str, "a string")
+    return lambda value, where: value
+
+
+def _checked(kind: type, words: str) -> Converter:
+    def check(value: Any, where: str) -> Any:
+        if not isinstance(value, kind):
+            raise TypeError(f"{where} must be {words}")
         return value
-    return value
+    return check
 
 
 def write_record(record: RunRecord, run_dir: Path) -> Path:
