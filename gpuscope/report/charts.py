@@ -8,11 +8,11 @@ gives a page of bounded size; rounding happens here, at display time, never in t
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from gpuscope.diagnose.clock import step_times
-from gpuscope.record import PHASES, Breakdown, GpuDevice, RunRecord
+from gpuscope.record import PHASES, Breakdown, GpuDevice, RankSummary, RunRecord
 
 Figure = dict[str, Any]
 
@@ -302,6 +302,62 @@ def loader_curve(record: RunRecord) -> Figure | None:
     return {"data": data, "layout": layout}
 
 
+RANK_QUANTITIES: tuple[tuple[str, str, Callable[[RankSummary], float | None]], ...] = (
+    ("median step", "#4c78a8", lambda r: r.median_s if r.steps else None),
+    ("data wait", PHASE_COLORS["data_wait"], lambda r: r.breakdown.data_wait * r.median_s if r.steps else None),
+    ("waiting on collectives", "#f2a541", lambda r: r.comm_exposed_s),
+)
+"""The rows of the ranks' chart: name, color, and a rank's seconds a step (None where the rank has no figure)."""
+STRAGGLER_COLOR = "#953800"
+BOX_MIN_RANKS = 8
+"""Fewer ranks than this are drawn as their points alone: a box over a handful says less than the points do."""
+
+
+def rank_spread(record: RunRecord) -> Figure | None:
+    """How the job's ranks spread, one row a quantity (their median step, data wait a step and wait on collectives
+    a step, ms): one point a rank (hover for its number) in a box from ``BOX_MIN_RANKS`` ranks on, and the straggler
+    drawn over them. A world of more than ``MAX_POINTS`` ranks is an even sample of them (the straggler always
+    drawn). None under two ranks."""
+    ranks = record.ranks
+    if len(ranks) < 2:
+        return None
+    shown = [ranks[i] for i in _thin(len(ranks))]
+    boxes = len(ranks) >= BOX_MIN_RANKS
+    late = next((r for r in ranks if record.straggler is not None and r.rank == record.straggler.rank), None)
+    data: list[dict[str, Any]] = []
+    rows, late_x, late_y = [], [], []
+    for name, color, value in RANK_QUANTITIES:
+        points = [(r.rank, v) for r in shown if (v := value(r)) is not None]
+        if not points:
+            continue
+        rows.append(name)
+        data.append({
+            "type": "box", "orientation": "h", "name": name, "y": [name] * len(points),
+            "x": [_r(v * 1e3) for _, v in points], "customdata": [rank for rank, _ in points],
+            "boxpoints": "all", "jitter": 0.6, "pointpos": 0, "hoveron": "points", "showlegend": False,
+            "marker": {"color": color, "size": 4 if boxes else 7, "opacity": 0.55 if boxes else 0.9},
+            "line": {"color": color, "width": 1.5 if boxes else 0},
+            "fillcolor": "rgba(0,0,0,0)",
+            "hovertemplate": f"rank %{{customdata}}: %{{x:.1f}} ms<extra>{name}</extra>",
+        })
+        if late is not None and (v := value(late)) is not None:
+            late_x.append(_r(v * 1e3))
+            late_y.append(name)
+    if not data:
+        return None
+    if late_x:
+        name = f"rank {late.rank}: the straggler"  # type: ignore[union-attr]
+        data.append({"type": "scatter", "mode": "markers", "name": name, "x": late_x, "y": late_y, "cliponaxis": False,
+                     "marker": {"symbol": "diamond", "size": 12, "color": STRAGGLER_COLOR,
+                                "line": {"color": "#fff", "width": 1.5}},
+                     "hovertemplate": f"{name}: %{{x:.1f}} ms<extra>%{{y}}</extra>"})
+    layout = _layout(100 + 60 * len(rows), boxmode="overlay", showlegend=bool(late_x),
+                     xaxis=_axis("ms per step", rangemode="tozero"),
+                     yaxis={"automargin": True, "autorange": "reversed", "categoryorder": "array",
+                            "categoryarray": rows})
+    return {"data": data, "layout": layout}
+
+
 def build_charts(record: RunRecord) -> dict[str, Figure]:
     """Every figure the record supports, keyed by the id of the element that shows it."""
     charts: dict[str, Figure | None] = {
@@ -313,6 +369,7 @@ def build_charts(record: RunRecord) -> dict[str, Figure]:
         "host-memory": host_memory(record),
         "loss": loss_curves(record),
         "cuda-memory": cuda_memory(record),
+        "ranks": rank_spread(record),
         **gpu_timelines(record),
     }
     return {key: figure for key, figure in charts.items() if figure is not None}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,8 +79,19 @@ def environment() -> Environment:
     )
     env.policies["json.dumps_kwargs"] = {"sort_keys": True, "allow_nan": False}
     env.filters.update(seconds=facts.seconds, speedup=speedup_text, percent=facts.percent, size=facts.size,
-                       flops=flop_text)
+                       flops=flop_text, ranges=rank_ranges)
     return env
+
+
+def rank_ranges(ranks: Sequence[int]) -> str:
+    """Ranks as runs of consecutive numbers, "3, 8-15, 40": a job that lost a node lists its ranks in a line."""
+    runs: list[list[int]] = []
+    for rank in sorted(ranks):
+        if runs and rank == runs[-1][1] + 1:
+            runs[-1][1] = rank
+        else:
+            runs.append([rank, rank])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
 
 
 def plotly_js() -> str:
@@ -117,6 +129,8 @@ def context(record: RunRecord) -> dict[str, Any]:
         "phases": PHASES,
         "phase_names": charts.PHASE_NAMES,
         "phase_colors": charts.PHASE_COLORS,
+        "max_points": charts.MAX_POINTS,
+        "box_min_ranks": charts.BOX_MIN_RANKS,
         "device_missing": [(name, collectors[name]) for name in gpu_collectors()
                            if name in collectors and collectors[name].status != "ok"],
         "window_text": facts.window_text,

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from conftest import make_record
 
+from gpuscope.diagnose.ranks import job_verdict
 from gpuscope.record import (
     Breakdown,
     CallSite,
@@ -27,12 +28,14 @@ from gpuscope.record import (
     OpStat,
     Practices,
     PythonProfile,
+    RankSummary,
     Recommendation,
     RuleCheck,
     RunMeta,
     RunRecord,
     StepSample,
     Steps,
+    Straggler,
     SyncProfile,
     Verdict,
     Window,
@@ -199,6 +202,44 @@ def long_record(steps: int = 100_000) -> RunRecord:
     record = gpu_record()
     return dataclasses.replace(record, steps=dataclasses.replace(record.steps, total=steps, count=steps - 10,
                                                                  sampled=True, sample=step_sample(steps)))
+
+
+JOB_STRAGGLER = 617
+"""The late rank of ``job_record``'s job."""
+
+
+def job_record(world: int = 1024, base: str = "compute_bound") -> RunRecord:
+    """A data-parallel job of ``world`` ranks, as merged from the recorded run of sample workload ``base``: every
+    rank that run with small deterministic variations, eight ranks a host, every 100th rank without a figure of its
+    wait on collectives, and rank ``JOB_STRAGGLER`` (the last rank in a smaller world) late by a slow data pipeline
+    while the others wait for it in the all-reduce."""
+    record = sample_record(base)
+    step_s, shares = record.steps.median_s, record.breakdown
+    late = JOB_STRAGGLER if world > JOB_STRAGGLER else world - 1
+    late_s = 0.3 * step_s
+    ranks = []
+    for i in range(world):
+        jitter = ((i * 37) % 11 - 5) / 250  # -2% .. +2%, the same for every run of the tests
+        wait_s = 0.0 if i == late else late_s * (1 + jitter)
+        breakdown = shares
+        if i == late:  # the same step (the others wait for it), its data wait longer by late_s, the rest shorter
+            data = shares.data_wait + late_s / step_s
+            rest = (1 - data) / (1 - shares.data_wait)
+            breakdown = Breakdown(**{name: data if name == "data_wait" else share * rest
+                                     for name, share in shares.as_dict().items()})
+        comm = i % 100 != 99
+        ranks.append(RankSummary(rank=i, host=f"node-{i // 8:03d}", exit_status=0, steps=record.steps.count,
+                                 median_s=step_s * (1 + jitter / 4),
+                                 breakdown=breakdown, comm_s=1.2 * wait_s + 0.01 if comm else None,
+                                 comm_exposed_s=wait_s if comm else None, bound=record.verdict.bound))
+    straggler = Straggler(
+        rank=late, late_s=late_s, late_share=late_s / step_s, cause="data_wait",
+        evidence=(f"rank {late} is late by {late_s * 1e3:.1f} ms a step ({late_s / step_s:.0%} of the "
+                  f"{step_s * 1e3:.1f} ms step)",
+                  f"its data wait takes {(shares.data_wait * step_s + late_s) * 1e3:.1f} ms a step, "
+                  f"{late_s * 1e3:.1f} ms more than on the other ranks"))
+    return dataclasses.replace(record, ranks=tuple(ranks), straggler=straggler,
+                               verdict=job_verdict(record, straggler))
 
 
 PLOTLY_MARKER = "/* plotly.js inlined here */"

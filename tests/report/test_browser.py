@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from report_records import SAMPLE_RECORDS, fixed_data_loading_record, gpu_record, hostile_record, sample_record
+from report_records import (
+    JOB_STRAGGLER,
+    SAMPLE_RECORDS,
+    fixed_data_loading_record,
+    gpu_record,
+    hostile_record,
+    job_record,
+    sample_record,
+)
 
 from conftest import ROOT, SCRIPTS, Runs, run_gpuscope
 from gpuscope.record import load_record
@@ -155,6 +163,42 @@ def test_a_report_handed_over_while_the_script_ran_works_in_a_browser(browser, r
     page = assert_report_works(browser, during, "handed-over", bound_label(load_record(run.run_dir)))
     assert "not known yet" in page.locator("#run").inner_text()
     page.context.close()
+
+
+def test_the_page_of_a_thousand_rank_job_reads_like_a_single_rank_report(browser, tmp_path) -> None:
+    # given a 1024-rank job merged from a recorded run (one rank late), and that run's own report
+    job = write_report(job_record(1024), tmp_path / "job")
+    single = write_report(sample_record("compute_bound"), tmp_path / "single")
+    # when both are opened
+    page, seen = open_report(browser, job, "job-1024")
+    alone, _ = open_report(browser, single, "job-1024-single-rank")
+    # then the job's page works offline, and is not much taller than the one rank's
+    assert seen == {"errors": [], "requests": [], "dialogs": []}
+    height = "() => document.documentElement.scrollHeight"
+    assert page.evaluate(height) <= 2 * alone.evaluate(height)
+    top = "() => document.getElementById('steps').getBoundingClientRect().top + window.scrollY"
+    assert page.evaluate(top) - alone.evaluate(top) < page.viewport_size["height"], \
+        "the ranks must not push the step time down by a screenful"
+    # the menu leads to the ranks, whose chart draws a point a rank and figure, and the straggler over them
+    assert page.locator('nav.toc a[href="#ranks"]').count() == 1
+    assert page.locator("#chart-ranks svg.main-svg").count() >= 1
+    assert page.locator("#chart-ranks path.point").count() >= 3 * 1000
+    # the straggler is listed with its cause and margin, above the table
+    listed = page.inner_text("ul.stragglers")
+    assert f"rank {JOB_STRAGGLER}" in listed and "straggler" in listed and "data wait" in listed
+    assert "late by 287.5 ms" in listed
+    # the table is collapsed until asked for; opened, the straggler's row stands out, and says so in words
+    assert page.eval_on_selector("details.ranks", "d => d.open") is False
+    page.click("details.ranks > summary")
+    late = page.locator("table.ranks tr.straggler")
+    assert late.count() == 1 and late.is_visible()
+    assert "straggler" in late.inner_text()
+    style = "td => [getComputedStyle(td).backgroundColor, getComputedStyle(td).fontWeight]"
+    normal = page.locator("table.ranks tbody tr:not(.straggler) td.rank").first.evaluate(style)
+    marked = late.locator("td.rank").evaluate(style)
+    assert marked[0] != normal[0] and int(marked[1]) > int(normal[1])
+    page.context.close()
+    alone.context.close()
 
 
 GPU_TRACES = sorted((ROOT / "tests" / "fixtures" / "gpu").glob("*.json.gz")) + [ROOT / "tests" / "fixtures" / "gpu" /
