@@ -156,5 +156,6 @@ def summarise(record: RunRecord) -> RankSummary:
         median_s=record.steps.median_s, breakdown=record.breakdown,
         comm_s=comm.comm_s if comm else None, comm_exposed_s=comm.exposed_s if comm else None,
         bound=record.verdict.bound,
+        spread_s=record.steps.p90_s - record.steps.p10_s if record.steps.count else None,
     )
 

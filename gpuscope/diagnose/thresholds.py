@@ -195,7 +195,16 @@ sample; the expected gain is that share of the exposed wait."""
 STRAGGLER_SHARE = 0.25
 """A rank whose own work per step exceeds the other ranks' median by a quarter of the step holds them all back:
 under that, rank-to-rank jitter explains it (two balanced ranks sharing a 2-core machine differed by 12%; an
-injected 64 ms loading delay showed as 79%)."""
+injected 64 ms loading delay showed as 79%). It must also exceed how far the other ranks' own steps stray from
+their median, half their 10th-90th percentile range: a loaded 2-rank job once had a rank 38% "late" with steps
+varying more than that. Half, not the whole range: a rank slowed by 64 ms a step on a loaded machine was 80 ms late
+while the other rank's steps spanned 90 ms, 10th to 90th percentile."""
+
+STRAGGLER_EXPLAINED = 0.5
+"""A straggler's own step phases must hold at least half of its lateness as extra time over the other ranks' (a
+rank slowed by a loading delay: 89% of it in data wait). Lateness no phase holds comes from the ranks' collective
+waits differing, not their work: balanced ranks on a loaded 2-core machine showed 15.7 ms of it with 4% in any
+phase, and 15.1 ms with 9% (benchmarks/straggler_noise.py)."""
 
 # -- launches, fusion, copies and mixed precision ------------------------------------------------------------
 LAUNCH_NOTABLE = 0.3

@@ -3,6 +3,8 @@ missing ranks."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from conftest import make_record
@@ -40,10 +42,12 @@ def test_nccl_kernels_count_as_collectives_and_no_collective_is_none() -> None:
     assert communication([op("aten::mm", 0, 100)], steps=1) is None
 
 
-def rank(r: int, median_s: float, data_wait: float, backward: float, exposed: float) -> RankSummary:
+def rank(r: int, median_s: float, data_wait: float, backward: float, exposed: float,
+         spread_s: float | None = 0.004) -> RankSummary:
     other = 1 - data_wait - backward - 0.2
     return RankSummary(rank=r, steps=30, median_s=median_s, comm_s=exposed + 0.002, comm_exposed_s=exposed,
-                       breakdown=Breakdown(data_wait=data_wait, forward=0.2, backward=backward, other=other))
+                       breakdown=Breakdown(data_wait=data_wait, forward=0.2, backward=backward, other=other),
+                       spread_s=spread_s)
 
 
 def test_the_rank_the_others_wait_for_is_the_straggler_and_its_data_wait_the_cause() -> None:
@@ -52,6 +56,48 @@ def test_the_rank_the_others_wait_for_is_the_straggler_and_its_data_wait_the_cau
     assert found is not None and found.rank == 1 and found.cause == "data_wait"
     assert found.late_s == pytest.approx(0.130 - 0.020, abs=0.002)
     assert "rank 1 is late by" in found.evidence[0] and "data wait" in found.evidence[1]
+    # its data wait is 0.72 * 140 = 100.8 ms against the others' 1.4 ms: all of the 110 ms it is late by, near enough
+    assert found.cause_share == pytest.approx(99.4 / 110, abs=0.02)
+    assert f"{found.cause_share:.0%} of the lateness" in found.evidence[1]
+    assert found.spread_s == pytest.approx(0.004)
+    assert "beyond the 2.0 ms their own steps stray from their median" in found.evidence[0]
+
+
+def test_lateness_within_the_ranks_own_step_to_step_spread_names_no_straggler() -> None:
+    # rank 1's own work 15 ms over rank 0's (38% of a 40 ms step), all of it in its data wait; rank 0's steps ranged
+    # over 40 ms (10th to 90th percentile), 20 ms either side of their median: the 15 ms is within its noise
+    noisy = [rank(0, 0.040, 0.05, 0.60, 0.016, spread_s=0.040), rank(1, 0.040, 0.425, 0.225, 0.001, spread_s=0.038)]
+    assert straggler(noisy) is None
+    # the same lateness on quiet steps (2 ms spread) stands clear of it
+    quiet = [rank(0, 0.040, 0.05, 0.60, 0.016, spread_s=0.002), rank(1, 0.040, 0.425, 0.225, 0.001, spread_s=0.002)]
+    found = straggler(quiet)
+    assert found is not None and found.rank == 1 and found.cause == "data_wait"
+    assert found.cause_share == 1.0 and "100% of the lateness" in found.evidence[1]
+
+
+def test_lateness_that_no_phase_of_its_steps_holds_names_no_straggler() -> None:
+    # the issue's loaded 2-rank job: rank 1 "late by 15.1 ms (38%)" because rank 0 waited 15 ms longer in the
+    # all-reduce, while rank 1's backward held 1.3 ms of it and no other phase any: a difference of waits, not work
+    ranks = [rank(0, 0.040, 0.05, 0.55, 0.0161, spread_s=0.002), rank(1, 0.040, 0.05, 0.5825, 0.001, spread_s=0.002)]
+    assert straggler(ranks) is None
+
+
+def test_a_rank_slower_in_every_phase_is_a_straggler_caused_by_the_largest() -> None:
+    # a slower machine: rank 1's forward and backward each take longer, together all of its 20 ms lateness
+    slow = RankSummary(rank=1, steps=30, median_s=0.050, comm_s=0.003, comm_exposed_s=0.001,
+                       breakdown=Breakdown(forward=0.36, backward=0.54, other=0.10), spread_s=0.002)
+    fast = RankSummary(rank=0, steps=30, median_s=0.050, comm_s=0.022, comm_exposed_s=0.021,
+                       breakdown=Breakdown(forward=0.2, backward=0.3, other=0.5), spread_s=0.002)
+    found = straggler([fast, slow])
+    assert found is not None and found.rank == 1 and found.cause == "backward"
+    assert found.cause_share == pytest.approx(0.6)
+
+
+def test_ranks_merged_before_the_spread_was_recorded_are_judged_on_the_share_alone() -> None:
+    ranks = [rank(0, 0.140, 0.01, 0.78, 0.120, spread_s=None), rank(1, 0.140, 0.72, 0.07, 0.010, spread_s=None)]
+    found = straggler(ranks)
+    assert found is not None and found.rank == 1 and found.spread_s is None
+    assert "vary by" not in found.evidence[0]
 
 
 def test_balanced_ranks_have_no_straggler() -> None:
@@ -74,6 +120,13 @@ def test_a_job_that_lost_a_rank_names_it_and_reports_the_others() -> None:
     merged = merge([rank_record(0, 4, 0.01), rank_record(2, 4, 0.01), rank_record(3, 4, 0.012)])
     assert merged.missing_ranks == (1,)
     assert [r.rank for r in merged.ranks] == [0, 2, 3]
+
+
+def test_each_ranks_spread_is_its_90th_percentile_step_less_its_10th() -> None:
+    record = rank_record(0, 2, 0.01)
+    record = dataclasses.replace(record, steps=dataclasses.replace(record.steps, p10_s=0.095, p90_s=0.112))
+    (summary,) = merge([record]).ranks
+    assert summary.spread_s == pytest.approx(0.017)
 
 
 def test_waiting_on_collectives_half_the_step_is_communication_bound() -> None:
