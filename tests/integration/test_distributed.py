@@ -58,7 +58,7 @@ def test_a_rank_slow_to_load_its_data_is_named_the_straggler(tmp_path: Path) -> 
     straggler = record["straggler"]
     assert straggler is not None and straggler["rank"] == 1 and straggler["cause"] == "data_wait"
     assert straggler["late_share"] > 0.25
-    assert straggler["late_s"] > straggler["spread_s"] and straggler["cause_share"] > 0.5
+    assert straggler["late_s"] > straggler["spread_s"] / 2 and straggler["cause_share"] > 0.5
     assert record["verdict"]["evidence"][0].startswith("rank 1 is late by")
     # the ranks it holds back are the ones waiting on the all-reduce
     (waiting,) = [r for r in record["ranks"] if r["rank"] == 0]
