@@ -1,9 +1,11 @@
 """``gpuscope analyze PATH``: the verdict, recommendations and report of a torch.profiler trace a user already has,
 or of a folder of them (one per rank, as ``torch.profiler.tensorboard_trace_handler`` writes), with no run.
 
-A single trace gives one record (``reduce.tracefile.record_from_trace``), diagnosed by the same analysis as a run. A folder
-of rank traces gives one job record, laid out as ``gpuscope run --nproc-per-node`` lays it out: each rank's record in
-``rank-K/``, the merge (every rank's steps and breakdown, the straggler, the missing ranks) in the output folder.
+A single trace gives one record (``reduce.tracefile.record_from_file``, which reads the file as a stream: memory
+holds the index of the trace, never its events), diagnosed by the same analysis as a run. A folder of rank traces
+gives one job record, laid out as ``gpuscope run --nproc-per-node`` lays it out: each rank's record in ``rank-K/``,
+the merge (every rank's steps and breakdown, the straggler, the missing ranks) in the output folder. A trace that
+takes more than a few seconds to read gets a progress line on stderr (``ReadProgress``).
 """
 
 from __future__ import annotations
@@ -11,7 +13,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from gpuscope.errors import GpuscopeError
 from gpuscope.record import RunRecord, write_record
@@ -38,7 +43,7 @@ class AnalyzeCommand:
 
         path = Path(args.path)
         files = trace_files(path)
-        records = [analyzed(f) for f in files]  # every input is read before any folder is made
+        records = [analyzed(f, quiet=args.quiet) for f in files]  # every input is read before any folder is made
         run_dir = new_run_dir(args.output, _stem(path))
         record = write_job(records, run_dir) if len(records) > 1 else records[0]
         write_record(record, run_dir)
@@ -59,14 +64,75 @@ def trace_files(path: Path) -> list[Path]:
     return [path]
 
 
-def analyzed(path: Path) -> RunRecord:
-    """The diagnosed record of one trace file."""
+def analyzed(path: Path, quiet: bool = False) -> RunRecord:
+    """The diagnosed record of one trace file, read as a stream (a progress line on stderr while a large one is read:
+    ``ReadProgress``; ``quiet``: only on a terminal)."""
     from gpuscope.diagnose import analyze
-    from gpuscope.reduce.trace import read_trace
-    from gpuscope.reduce.tracefile import record_from_trace
+    from gpuscope.reduce.tracefile import record_from_file
 
-    trace = read_trace(path)
-    return analyze(record_from_trace(trace, path.name, path.stat().st_size))
+    progress = ReadProgress(path.name, quiet=quiet)
+    try:
+        record = record_from_file(path, path.name, path.stat().st_size, progress=progress)
+    finally:
+        progress.close()
+    return analyze(record)
+
+
+class ReadProgress:
+    """``gpuscope: reading NAME: 1.2 of 5.0 GB`` on stderr while a trace is read, once the reading has taken
+    ``AFTER_S``: rewritten in place at most every ``TTY_EVERY_S`` on a terminal, else (unless ``quiet``) a line every
+    ``LOG_EVERY_S``. A trace read in a few seconds shows none."""
+
+    AFTER_S = 3.0
+    TTY_EVERY_S = 1.0
+    LOG_EVERY_S = 10.0
+
+    def __init__(self, name: str, *, quiet: bool = False, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.stream = stream if stream is not None else sys.stderr
+        self.tty = _is_tty(self.stream)
+        self.quiet = quiet
+        self.clock = clock
+        self.started = clock()
+        self.shown = 0.0  # when a line was last written (0: none yet)
+        self.last = ""
+
+    def __call__(self, done: int, total: int) -> None:
+        """Told that ``done`` of the file's ``total`` bytes are read."""
+        now = self.clock()
+        if now - self.started < self.AFTER_S or (self.quiet and not self.tty):
+            return
+        if self.shown and now - self.shown < (self.TTY_EVERY_S if self.tty else self.LOG_EVERY_S):
+            return
+        self.shown = now
+        self._write(f"gpuscope: reading {self.name}: {_amount(done, total)}")
+
+    def close(self) -> None:
+        """Clear the line rewritten in place, if one was written: the summary follows on a clean line."""
+        if self.tty and self.shown:
+            self.stream.write("\r" + " " * len(self.last) + "\r")
+            self.stream.flush()
+
+    def _write(self, line: str) -> None:
+        if self.tty:
+            self.stream.write("\r" + line.ljust(len(self.last)))
+        else:
+            self.stream.write(line + "\n")
+        self.last = line
+        self.stream.flush()
+
+
+def _amount(done: int, total: int) -> str:
+    unit, scale = ("GB", 1e9) if total >= 1e9 else ("MB", 1e6)
+    return f"{done / scale:.1f} of {total / scale:.1f} {unit}" if total else f"{done / scale:.1f} {unit}"
+
+
+def _is_tty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 def write_job(records: list[RunRecord], job_dir: Path) -> RunRecord:

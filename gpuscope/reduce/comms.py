@@ -18,12 +18,13 @@ Either way, every figure is clipped to the steps, so no share of a step exceeds 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
+from gpuscope.reduce.columns import Kernels
 from gpuscope.reduce.intervals import Span, clip, intersect, length, union
 from gpuscope.reduce.kernels import is_communication_kernel
-from gpuscope.reduce.trace import Kernel, StepSpan, TraceIndex, index_trace, recorded_steps
+from gpuscope.reduce.trace import StepSpan, TraceIndex, index_trace, recorded_steps
 from gpuscope.reduce.windows import DeviceWindow, device_window
 from gpuscope.record import Communication
 
@@ -41,7 +42,8 @@ def trace_communication(index: TraceIndex, steps: Sequence[StepSpan], count: int
                         windows: Mapping[int, DeviceWindow], device: int | None = None) -> Communication | None:
     """On the device when it ran NCCL kernels (``device``, else the one with the most NCCL time), else gloo's on
     the host; per step over ``count`` steps."""
-    nccl_us = {d: sum(k.end_us - k.start_us for k in ks if is_communication_kernel(k.name))
+    comm = {d: _communication_names(ks) for d, ks in index.kernels.items()}
+    nccl_us = {d: sum(end - start for start, end, n in zip(ks.start_us, ks.end_us, ks.name) if comm[d][n])
                for d, ks in index.kernels.items()}
     if device is None or not nccl_us.get(device):
         device = max(nccl_us, key=lambda d: nccl_us[d]) if any(nccl_us.values()) else None
@@ -52,19 +54,43 @@ def trace_communication(index: TraceIndex, steps: Sequence[StepSpan], count: int
     return host_communication(index, steps, count)
 
 
-def device_communication(kernels: Sequence[Kernel], window: Span | None, steps: int,
+def device_communication(kernels: Kernels, window: Span | None, steps: int,
                          device: int | None = None) -> Communication | None:
     """NCCL kernels against the compute kernels of the same device, within ``window``; None without NCCL
     kernels there."""
-    nccl = [(k.start_us, k.end_us) for k in kernels if is_communication_kernel(k.name)]
-    compute = [(k.start_us, k.end_us) for k in kernels if not is_communication_kernel(k.name)]
+    comm = _communication_names(kernels)
+    nccl = [(start, end) for start, end, n in zip(kernels.start_us, kernels.end_us, kernels.name) if comm[n]]
     in_flight = clip(union(nccl), window)
     if not in_flight:
         return None
     calls = sum(1 for start, _ in nccl if window is None or window[0] <= start < window[1])
     comm_us = length(in_flight)
-    exposed_us = comm_us - length(intersect(in_flight, clip(union(compute), window)))
+    compute = union_in_order(lambda: ((start, end) for start, end, n in zip(kernels.start_us, kernels.end_us,
+                                                                             kernels.name) if not comm[n]))
+    exposed_us = comm_us - length(intersect(in_flight, clip(compute, window)))
     return _per_step(calls, comm_us, exposed_us, steps, "nccl", "device", device, True)
+
+
+def _communication_names(kernels: Kernels) -> dict[int, bool]:
+    """Whether each name of ``kernels`` (by index) is a collective's."""
+    return {n: is_communication_kernel(kernels.names[n]) for n in set(kernels.name)}
+
+
+def union_in_order(spans: Callable[[], Iterable[Span]]) -> list[Span]:
+    """``union(spans())`` without holding every span: in one pass where ``spans()`` come in start order and none
+    ends before it starts (then the order of spans with one start cannot change the union), else by ``union``."""
+    merged: list[Span] = []
+    last = float("-inf")
+    for start, end in spans():
+        if start < last or end < start or start != start:  # out of order, backwards, NaN
+            return union(spans())
+        last = start
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
 
 
 def host_communication(index: TraceIndex, steps: Sequence[StepSpan], count: int) -> Communication | None:
@@ -80,7 +106,7 @@ def host_communication(index: TraceIndex, steps: Sequence[StepSpan], count: int)
         thread = steps[0].thread
     else:
         thread = max(index.ops, key=lambda t: len(index.ops[t])) if index.ops else None
-    ops = union(index.ops.get(thread, []))
+    ops = union_in_order(lambda: index.ops.get(thread, []))
     if within is not None:
         ops = intersect(ops, within)
     comm_us = length(in_flight)

@@ -14,14 +14,21 @@ What torch does, and this module repeats over the trace's events:
 - a few utility names are dropped (``_filter_name``); user annotations are ranges, not rows.
 Of the rows, only torch ops (``cpu_op`` events) are ops: runtime calls (``cudaLaunchKernel``) and device events
 are rows of the table, never counted as ops (``OpTable.op_calls``): on a CUDA run they would double the count.
+
+``op_table`` reads event dicts (``gpuscope run``'s window); ``indexed_table`` reads the columns a ``TraceIndex``
+keeps of a streamed trace (``gpuscope analyze``) and gives the same table: each thread's rows are kept in runs
+already in the nesting order, merged rather than sorted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import heapq
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from itertools import compress
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from gpuscope.reduce.columns import EXT, FLAG_BITS, KIND_BITS, KINDS, NEST, DeviceEvents, HostEvents, IdMap
 from gpuscope.record import OpStat
 
 HOST_CATEGORIES = frozenset({"cpu_op", "user_annotation", "python_function", "cuda_runtime", "cuda_driver",
@@ -104,10 +111,61 @@ def op_table(events: Iterable[Mapping[str, Any]]) -> OpTable:
     for items in threads.values():
         items.sort()  # by start, outer before inner, then in trace order: (start, -end, index) is unique
         _nest(items, device_ns, rows)
+    return _table(rows)
+
+
+def _table(rows: Mapping[tuple[str, RowKind], list[int]]) -> OpTable:
     stats = {key: OpStat(key[0], calls, host_ns / 1e9, dev_ns / 1e9)
              for key, (calls, host_ns, dev_ns) in sorted(rows.items())}
     return OpTable(*(tuple(s for (_, kind), s in stats.items() if kind == wanted)
                      for wanted in ("op", "call", "device")))
+
+
+def indexed_table(host: Mapping[Any, HostEvents], device: DeviceEvents, names: Sequence[str], start_us: float,
+                  end_us: float) -> OpTable:
+    """``op_table(window_events(events, start_us, end_us))`` from what a ``TraceIndex`` keeps of the events (its
+    ``host``, ``device`` and ``names``) rather than from the events themselves: the same table, to the last digit."""
+    ids = list(compress(device.ext, device.link))
+    device_ns = IdMap(ids, "q", 0, 0)  # External id -> device time of the events carrying it
+    launched = IdMap(ids, "b", 1, 0)  # 2: an op of the window has it
+    del ids
+    for ext, link, ns in zip(device.ext, device.link, device.dur_ns):
+        if link == 1:
+            device_ns[ext] = device_ns.get(ext) + ns
+    for events in host.values():
+        for ts, code, ext in zip(events.ts, events.code, events.ext):
+            if code & EXT and start_us <= ts < end_us:
+                if launched.get(ext) == 1:
+                    launched[ext] = 2
+    rows: dict[tuple[Any, RowKind], list[int]] = {}  # (name index, kind) -> [calls, self host ns, device ns]
+    for name, ns, ext, link in zip(device.name, device.dur_ns, device.ext, device.link):
+        if link and launched.get(ext) == 2:
+            row = rows.setdefault((name, "device"), [0, 0, 0])
+            row[0] += 1
+            row[2] += ns
+    for events in host.values():
+        runs = [_run(events, first, last, start_us, end_us)
+                for first, last in zip(events.runs, [*events.runs[1:], len(events)])]
+        _nest(runs[0] if len(runs) == 1 else heapq.merge(*runs), device_ns, rows)
+    return _table({(names[name], kind): row for (name, kind), row in rows.items()})
+
+
+def _run(events: HostEvents, first: int, last: int, start_us: float, end_us: float) -> Iterator[tuple[Any, ...]]:
+    """The ``NEST`` rows of ``events[first:last]`` (a run in the op table's order) that start in the window, as
+    ``op_table`` sorts them."""
+    columns = [_slice(c, first, last) for c in (events.ts, events.dur, events.code, events.ext)]
+    ns = events.ns
+    for i, (ts, dur, code, ext) in enumerate(zip(*columns), first):
+        if code & NEST and start_us <= ts < end_us:
+            whole = int(ts)  # whole nanoseconds, exactly: round(ts * 1000) can miss by one on 10^12 us
+            start = whole * 1000 + round((ts - whole) * 1000)
+            yield (start, -start - (dur if ns else round(dur * 1000)), i, code >> (KIND_BITS + FLAG_BITS),
+                   KINDS[code >> FLAG_BITS & (1 << KIND_BITS) - 1], ext if code & EXT else None)
+
+
+def _slice(column: Any, first: int, last: int) -> Any:
+    """``column[first:last]`` without copying an ``array``."""
+    return column[first:last] if type(column) is list else memoryview(column)[first:last]
 
 
 def window_events(events: Iterable[Mapping[str, Any]], start_us: float, end_us: float) -> list[Mapping[str, Any]]:
@@ -133,8 +191,8 @@ Frame = list[Any]
 its only child]."""
 
 
-def _nest(items: list[tuple[Any, ...]], device_ns: Mapping[int, int],
-          rows: dict[tuple[str, RowKind], list[int]]) -> None:
+def _nest(items: Iterable[tuple[Any, ...]], device_ns: Mapping[int, int] | IdMap,
+          rows: dict[tuple[Any, RowKind], list[int]]) -> None:
     """One thread's host events nested as torch nests them (``EventList._populate_cpu_children``): an event is a
     child of the innermost open one it fits in; then, as ``_remove_dup_nodes``, an event whose only child has its
     name absorbs it (one call, the child's children and device time). Each event is tallied once its parent closes,
@@ -149,7 +207,7 @@ def _nest(items: list[tuple[Any, ...]], device_ns: Mapping[int, int],
         _close(stack, rows)
 
 
-def _close(stack: list[Frame], rows: dict[tuple[str, RowKind], list[int]]) -> None:
+def _close(stack: list[Frame], rows: dict[tuple[Any, RowKind], list[int]]) -> None:
     frame = stack.pop()
     only = frame[7]
     if frame[5] == 1:
@@ -171,7 +229,7 @@ def _close(stack: list[Frame], rows: dict[tuple[str, RowKind], list[int]]) -> No
     _tally(frame, rows)
 
 
-def _tally(frame: Frame, rows: dict[tuple[str, RowKind], list[int]]) -> None:
+def _tally(frame: Frame, rows: dict[tuple[Any, RowKind], list[int]]) -> None:
     if frame[4] is not None:
         row = rows.setdefault((frame[1], frame[4]), [0, 0, 0])
         row[0] += 1

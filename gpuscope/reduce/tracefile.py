@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from gpuscope.reduce.figures import TraceFigures, trace_figures
 from gpuscope.reduce.intervals import Span, clip, intersect, length, union
-from gpuscope.reduce.optable import op_table, window_events
+from gpuscope.reduce.optable import OpTable, indexed_table, op_table, window_events
 from gpuscope.reduce.fields import op_profile
-from gpuscope.reduce.trace import StepSpan, TraceIndex, index_trace
+from gpuscope.reduce.stream import Progress, TraceStream
+from gpuscope.reduce.trace import Indexer, StepSpan, TraceIndex, index_trace, recorded_steps
 from gpuscope.record import (
     PHASES,
     Breakdown,
@@ -56,12 +58,39 @@ PHASE_PRIORITY = ("data_wait", "optimizer", "backward", "forward")
 
 
 def record_from_trace(trace: Mapping[str, Any], name: str, size_bytes: int) -> RunRecord:
-    """The record (measurements only, no verdict yet) of a parsed trace named ``name`` of ``size_bytes``."""
-    from gpuscope import __version__
-
+    """The record (measurements only, no verdict yet) of a parsed trace named ``name`` of ``size_bytes``, whole in
+    memory (``record_from_file`` reads a file as a stream to the same record)."""
     events = trace["traceEvents"]
     index = index_trace(events)
     figures = trace_figures(events, index)
+    table = op_table(window_events(events, *_window(figures.steps)))
+    return _record(index, figures, table, trace, name, size_bytes)
+
+
+def record_from_file(path: Path, name: str, size_bytes: int, progress: Progress | None = None) -> RunRecord:
+    """The record of the trace file at ``path``, read as a stream (``reduce.stream``): only the index is kept, never
+    the events (``progress``: told how far the reading is)."""
+    stream = TraceStream(path, progress)
+    indexer = Indexer()
+    for batch in stream.batches():
+        if batch is None:  # a later traceEvents replaces the first
+            indexer = Indexer()
+        else:
+            indexer.add(batch)
+    index = indexer.finish()
+    table = indexed_table(index.host, index.device, index.names, *_window(recorded_steps(index)))
+    return _record(index, trace_figures((), index), table, stream.header, name, size_bytes)
+
+
+def _window(spans: Sequence[StepSpan]) -> tuple[float, float]:
+    """The op table's window: the recorded steps (the whole trace without any)."""
+    return (spans[0].start_us, spans[-1].end_us) if spans else (float("-inf"), float("inf"))
+
+
+def _record(index: TraceIndex, figures: TraceFigures, table: OpTable, header: Mapping[str, Any], name: str,
+            size_bytes: int) -> RunRecord:
+    from gpuscope import __version__
+
     spans = list(figures.steps)
     steps, breakdown = trace_steps(index, figures), Breakdown()
     if spans:
@@ -75,11 +104,11 @@ def record_from_trace(trace: Mapping[str, Any], name: str, size_bytes: int) -> R
         collectors={"steps": CollectorStatus("ok", f"ProfilerStep ranges of {name}"),
                     "torch-trace": CollectorStatus("ok", f"read from {name}"),
                     **{c: CollectorStatus("unavailable", why) for c, why in NOT_IN_A_TRACE.items()}},
-        op_profile=_op_profile(events, figures, size_bytes),
+        op_profile=_op_profile(table, figures, size_bytes),
         meta=RunMeta(duration_s=(spans[-1].end_us - spans[0].start_us) / 1e6 if spans else 0.0,
                      notes=(f"built from the torch.profiler trace {name} alone: no run was measured", *figures.notes)),
-        distributed=_distributed(trace.get("distributedInfo")),
-        source=TraceSource(files=(name,), trace_bytes=size_bytes, devices=_devices(trace.get("deviceProperties"))),
+        distributed=_distributed(header.get("distributedInfo")),
+        source=TraceSource(files=(name,), trace_bytes=size_bytes, devices=_devices(header.get("deviceProperties"))),
     )
 
 
@@ -159,12 +188,10 @@ def _device_steps(figures: TraceFigures, count: int) -> list[float]:
     return [(b - a) / 1e6 for a, b in zip(bounds, bounds[1:])]
 
 
-def _op_profile(events: list[Mapping[str, Any]], figures: TraceFigures, size_bytes: int) -> OpProfile:
+def _op_profile(table: OpTable, figures: TraceFigures, size_bytes: int) -> OpProfile:
     spans = figures.steps
-    window = (spans[0].start_us, spans[-1].end_us) if spans else (float("-inf"), float("inf"))
     steps = Window(spans[0].number if spans else None, spans[-1].number if spans else None)
-    return op_profile(op_table(window_events(events, *window)), steps, len(spans), figures, cuda=True,
-                      trace_bytes=size_bytes)
+    return op_profile(table, steps, len(spans), figures, cuda=True, trace_bytes=size_bytes)
 
 
 def _distributed(info: Any) -> Distributed | None:

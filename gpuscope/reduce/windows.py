@@ -18,7 +18,8 @@ import bisect
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gpuscope.reduce.trace import Kernel, StepSpan, TraceIndex, drop_stub
+from gpuscope.reduce.columns import Kernels
+from gpuscope.reduce.trace import StepSpan, TraceIndex, drop_stub
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,37 +42,44 @@ class DeviceWindow:
 def device_window(index: TraceIndex, device: int, steps: Sequence[StepSpan]) -> DeviceWindow | None:
     """The device window of ``device``'s kernels; ``steps`` are the recorded steps used when no launch link
     exists. None when the device ran no kernel."""
-    kernels = index.kernels.get(device, [])
+    kernels = index.kernels.get(device)
     if not kernels:
         return None
     placed = _place_kernels(index, kernels)
     if placed:
         first_step, last_step = min(placed), max(placed)
-        first = placed[first_step]
-        start = min(k.start_us for k in first)
-        end = max(k.end_us for k in placed[last_step])
-        starts = tuple(min(k.start_us for k in placed[s]) for s in sorted(placed))
+        start = placed[first_step][0]
+        end = placed[last_step][1]
+        starts = tuple(placed[s][0] for s in sorted(placed))
         return DeviceWindow(device, start, max(end, start), "launches", starts)
     if steps:
         return DeviceWindow(device, steps[0].start_us, steps[-1].end_us, "host steps")
-    return DeviceWindow(device, kernels[0].start_us, max(k.end_us for k in kernels), "kernels")
+    return DeviceWindow(device, kernels.start_us[0], max(kernels.end_us), "kernels")
 
 
-def _place_kernels(index: TraceIndex, kernels: Sequence[Kernel]) -> dict[tuple[float, int], list[Kernel]]:
-    """Kernels grouped by the recorded step whose host thread launched them, keyed by (the step's start, its
-    number) so that the keys sort in time order. Kernels launched outside every step are left out."""
+def _place_kernels(index: TraceIndex, kernels: Kernels) -> dict[tuple[float, int], list[float]]:
+    """The recorded steps whose host thread launched some of ``kernels``, keyed by (the step's start, its number)
+    so that the keys sort in time order: the first start and the last end of the kernels each launched (as ``min``
+    and ``max`` of them in start order would find). Kernels launched outside every step are left out."""
     starts: dict[object, tuple[list[float], list[StepSpan]]] = {}
     for pid, spans in index.steps.items():
         kept = drop_stub(spans, index.ops.get(spans[-1].thread, []))
         starts[pid] = ([s.start_us for s in kept], kept)
-    placed: dict[tuple[float, int], list[Kernel]] = {}
-    for k in kernels:
-        launch = index.launch_of(k)
-        if launch is None or launch[1] not in starts:
+    by_pid = [starts.get(pid) for pid in kernels.pids]
+    placed: dict[tuple[float, int], list[float]] = {}
+    for start, end, ts, pid in zip(kernels.start_us, kernels.end_us, kernels.launch_us, kernels.launch_pid):
+        if pid < 0 or (steps := by_pid[pid]) is None:
             continue
-        ts, pid = launch
-        begins, spans = starts[pid]
+        begins, spans = steps
         i = bisect.bisect_right(begins, ts) - 1
         if i >= 0 and ts <= spans[i].end_us:
-            placed.setdefault((spans[i].start_us, spans[i].number), []).append(k)
+            key = (spans[i].start_us, spans[i].number)
+            bounds = placed.get(key)
+            if bounds is None:
+                placed[key] = [start, end]
+            else:
+                if start < bounds[0]:
+                    bounds[0] = start
+                if end > bounds[1]:
+                    bounds[1] = end
     return placed
