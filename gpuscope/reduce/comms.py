@@ -18,11 +18,11 @@ Either way, every figure is clipped to the steps, so no share of a step exceeds 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from gpuscope.reduce.columns import Kernels
-from gpuscope.reduce.intervals import Span, clip, intersect, length, union
+from gpuscope.reduce.intervals import Span, clip, intersect, length, merge_sorted, union
 from gpuscope.reduce.kernels import is_communication_kernel
 from gpuscope.reduce.trace import StepSpan, TraceIndex, index_trace, recorded_steps
 from gpuscope.reduce.windows import DeviceWindow, device_window
@@ -79,18 +79,23 @@ def _communication_names(kernels: Kernels) -> dict[int, bool]:
 def union_in_order(spans: Callable[[], Iterable[Span]]) -> list[Span]:
     """``union(spans())`` without holding every span: in one pass where ``spans()`` come in start order and none
     ends before it starts (then the order of spans with one start cannot change the union), else by ``union``."""
-    merged: list[Span] = []
+    try:
+        return merge_sorted(_in_order(spans()))
+    except _OutOfOrder:
+        return union(spans())
+
+
+class _OutOfOrder(Exception):
+    pass
+
+
+def _in_order(spans: Iterable[Span]) -> Iterator[Span]:
     last = float("-inf")
-    for start, end in spans():
+    for start, end in spans:
         if start < last or end < start or start != start:  # out of order, backwards, NaN
-            return union(spans())
+            raise _OutOfOrder
         last = start
-        if merged and start <= merged[-1][1]:
-            if end > merged[-1][1]:
-                merged[-1] = (merged[-1][0], end)
-        else:
-            merged.append((start, end))
-    return merged
+        yield start, end
 
 
 def host_communication(index: TraceIndex, steps: Sequence[StepSpan], count: int) -> Communication | None:

@@ -9,8 +9,13 @@ Span = tuple[float, float]
 
 def union(spans: Iterable[Span]) -> list[Span]:
     """The union of any intervals, as a sorted list of disjoint ones (touching intervals merge)."""
+    return merge_sorted(sorted(spans))
+
+
+def merge_sorted(spans: Iterable[Span]) -> list[Span]:
+    """The union of intervals that come in start order, in one pass."""
     merged: list[Span] = []
-    for start, end in sorted(spans):
+    for start, end in spans:
         if merged and start <= merged[-1][1]:
             if end > merged[-1][1]:
                 merged[-1] = (merged[-1][0], end)
