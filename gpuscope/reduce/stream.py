@@ -18,6 +18,7 @@ import json
 import re
 import zlib
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from json.decoder import JSONDecodeError, scanstring
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -41,6 +42,19 @@ Progress = Callable[[int, int], None]
 """Told (bytes of the file read, its size) after each read."""
 
 
+@contextmanager
+def unreadable_as_one_line(path: Path) -> Iterator[None]:
+    """A trace file that cannot be opened or read (missing, a folder, no permission) as a one-line GpuscopeError."""
+    try:
+        yield
+    except FileNotFoundError:
+        raise GpuscopeError(f"no such trace file: {path}") from None
+    except IsADirectoryError:
+        raise GpuscopeError(f"{path} is a folder, not a trace file") from None
+    except OSError as exc:
+        raise GpuscopeError(f"cannot read {path}: {exc.strerror}") from None
+
+
 class TraceStream:
     """The events of the trace file at ``path`` in batches (``batches``), and its other top-level keys (``header``,
     complete once the batches are)."""
@@ -62,14 +76,8 @@ class TraceStream:
     def batches(self) -> Iterator[list[Any] | None]:
         """Lists of events in file order; ``None`` means: forget the events so far (a later ``traceEvents`` key
         replaces an earlier one, as in ``json.loads``). GpuscopeError when the file cannot be read or is no trace."""
-        try:
+        with unreadable_as_one_line(self.path):
             raw = self.path.open("rb")
-        except FileNotFoundError:
-            raise GpuscopeError(f"no such trace file: {self.path}") from None
-        except IsADirectoryError:
-            raise GpuscopeError(f"{self.path} is a folder, not a trace file") from None
-        except OSError as exc:
-            raise GpuscopeError(f"cannot read {self.path}: {exc.strerror}") from None
         with raw:
             self._size = _size(raw)
             self._raw = raw

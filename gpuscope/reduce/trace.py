@@ -51,7 +51,7 @@ from gpuscope.reduce.columns import (
     sorted_by,
 )
 from gpuscope.reduce.optable import DEVICE_CATEGORIES, HOST_CATEGORIES, UNLISTED
-from gpuscope.reduce.stream import GZIP_MAGIC
+from gpuscope.reduce.stream import GZIP_MAGIC, unreadable_as_one_line
 
 STEP_PREFIX = "ProfilerStep#"
 LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
@@ -136,14 +136,8 @@ class TraceIndex:
 def read_trace(path: Path) -> dict[str, Any]:
     """The parsed trace at ``path`` (``.json`` or gzipped), whole in memory; a GpuscopeError in one line when it
     cannot be read or is not a Chrome trace. (``gpuscope analyze`` streams the file instead: ``reduce.stream``.)"""
-    try:
+    with unreadable_as_one_line(path):
         raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise GpuscopeError(f"no such trace file: {path}") from None
-    except IsADirectoryError:
-        raise GpuscopeError(f"{path} is a folder, not a trace file") from None
-    except OSError as exc:
-        raise GpuscopeError(f"cannot read {path}: {exc.strerror}") from None
     return parse_trace(raw, str(path))
 
 
