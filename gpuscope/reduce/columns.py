@@ -226,11 +226,6 @@ class Kernels:
         """Each kernel's launch start, or None."""
         return (None if pid < 0 else ts for ts, pid in zip(self.launch_us, self.launch_pid))
 
-    def names_of(self) -> Iterator[str]:
-        """Each kernel's name."""
-        names = self.names
-        return (names[n] for n in self.name)
-
 
 DICT_ENTRY_BYTES = 100
 """About what a dict of int to int takes an entry (the key's int, the entry, the table)."""
