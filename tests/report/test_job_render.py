@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from types import SimpleNamespace
-from typing import Any
 
 from report_records import HOSTILE, JOB_STRAGGLER, job_record, sample_record
 
@@ -69,20 +67,11 @@ def test_hostile_host_names_render_inert_in_the_ranks() -> None:
     assert html.count("<script") == SCRIPT_TAGS
 
 
-def with_fields(obj: Any, **extra: Any) -> Any:
-    """``obj`` with ``extra`` set: a copy where its class has those fields, else a stand-in with every field and them
-    (the template reads attributes either way)."""
-    names = [f.name for f in dataclasses.fields(obj)]
-    if set(extra) <= set(names):
-        return dataclasses.replace(obj, **extra)
-    return SimpleNamespace(**{name: getattr(obj, name) for name in names}, **extra)
-
-
 def test_the_stragglers_share_and_spread_are_shown_where_the_record_has_them() -> None:
     # given a straggler and ranks with the record's newer fields (its cause's share, the spread held against)
     job = job_record(32)
-    straggler = with_fields(job.straggler, cause_share=0.8, spread_s=0.0012)
-    ranks = tuple(with_fields(r, spread_s=None if r.rank == 1 else 0.004) for r in job.ranks)
+    straggler = dataclasses.replace(job.straggler, cause_share=0.8, spread_s=0.0012)
+    ranks = tuple(dataclasses.replace(r, spread_s=None if r.rank == 1 else 0.004) for r in job.ranks)
     # when rendered
     section = ranks_section(render_report(dataclasses.replace(job, straggler=straggler, ranks=ranks),
                                           inline_plotly=False))
