@@ -290,5 +290,6 @@ def with_trials(record: RunRecord, trials: Sequence[Trial]) -> RunRecord:
                                recommendations=rerank(record.recommendations, trials))
 
 
-__all__ = ["APPLIED_AT_RUN_TIME", "REFUSED", "Round", "TrialPlan", "bootstrap_rounds", "trimmed_mean", "estimated_s", "fix_settings", "known_ids", "loss_check",
-           "measure", "plan", "refusal", "rerank", "slower", "window", "with_trials"]
+__all__ = ["APPLIED_AT_RUN_TIME", "REFUSED", "Round", "TrialPlan", "bootstrap_rounds", "estimated_s", "fix_settings",
+           "known_ids", "loss_check", "measure", "plan", "refusal", "rerank", "slower", "trimmed_mean", "window",
+           "with_trials"]
