@@ -18,11 +18,11 @@ Either way, every figure is clipped to the steps, so no share of a step exceeds 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuscope.reduce.columns import Kernels
-from gpuscope.reduce.intervals import Span, clip, intersect, length, merge_sorted, union
+from gpuscope.reduce.intervals import Span, clip, intersect, length, union, union_in_order
 from gpuscope.reduce.kernels import is_communication_kernel
 from gpuscope.reduce.trace import StepSpan, TraceIndex, index_trace, recorded_steps
 from gpuscope.reduce.windows import DeviceWindow, device_window
@@ -74,28 +74,6 @@ def device_communication(kernels: Kernels, window: Span | None, steps: int,
 def _communication_names(kernels: Kernels) -> dict[int, bool]:
     """Whether each name of ``kernels`` (by index) is a collective's."""
     return {n: is_communication_kernel(kernels.names[n]) for n in set(kernels.name)}
-
-
-def union_in_order(spans: Callable[[], Iterable[Span]]) -> list[Span]:
-    """``union(spans())`` without holding every span: in one pass where ``spans()`` come in start order and none
-    ends before it starts (then the order of spans with one start cannot change the union), else by ``union``."""
-    try:
-        return merge_sorted(_in_order(spans()))
-    except _OutOfOrder:
-        return union(spans())
-
-
-class _OutOfOrder(Exception):
-    pass
-
-
-def _in_order(spans: Iterable[Span]) -> Iterator[Span]:
-    last = float("-inf")
-    for start, end in spans:
-        if start < last or end < start or start != start:  # out of order, backwards, NaN
-            raise _OutOfOrder
-        last = start
-        yield start, end
 
 
 def host_communication(index: TraceIndex, steps: Sequence[StepSpan], count: int) -> Communication | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 Span = tuple[float, float]
 
@@ -22,6 +22,28 @@ def merge_sorted(spans: Iterable[Span]) -> list[Span]:
         else:
             merged.append((start, end))
     return merged
+
+
+def union_in_order(spans: Callable[[], Iterable[Span]]) -> list[Span]:
+    """``union(spans())`` without holding every span: in one pass where ``spans()`` come in start order and none
+    ends before it starts (then the order of spans with one start cannot change the union), else by ``union``."""
+    try:
+        return merge_sorted(_in_order(spans()))
+    except _OutOfOrder:
+        return union(spans())
+
+
+class _OutOfOrder(Exception):
+    pass
+
+
+def _in_order(spans: Iterable[Span]) -> Iterator[Span]:
+    last = float("-inf")
+    for start, end in spans:
+        if start < last or end < start or start != start:  # out of order, backwards, NaN
+            raise _OutOfOrder
+        last = start
+        yield start, end
 
 
 def clip(spans: list[Span], window: Span | None) -> list[Span]:
