@@ -434,6 +434,41 @@ class KernelTimeline:
 
 
 @dataclass(frozen=True, slots=True)
+class CollectiveCall:
+    """One collective a rank issued in a profiled step: when this rank arrived at it and when it ended here, on the
+    trace's clock (microseconds). Across the ranks of a job the k-th collective of a step is the same one (every
+    rank must issue a group's collectives in one order), so arrivals can be set side by side (``diagnose.arrival``)."""
+
+    step: int = 0
+    """The step it was issued in (``ProfilerStep#N``)."""
+    kind: str = ""
+    """``all_reduce``, ``all_gather``, ``reduce_scatter``, ``broadcast``, ``all_to_all``, ``send_recv`` or the name."""
+    arrival_us: float = 0.0
+    """When this rank arrived: on the host (gloo), the start of its ``c10d::`` call on the thread that issued it (a
+    DDP bucket's: when the bucket was ready), else of gloo's range; on a device (NCCL), its kernel's start."""
+    end_us: float = 0.0
+    """When it ended on this rank: gloo's range's end, or the NCCL kernel's."""
+    idle: tuple[tuple[float, float, str], ...] = ()
+    """The spans of [arrival, end] in which the training thread ran no op (on a device: no compute kernel), each
+    with the step phase it fell in (``""`` on a device): start, end, phase. Spans under 20 us (the gaps between
+    one op and the next) are left out."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProfiledStep:
+    """One step of the profiled window, as the trace shows it: the window's collectives' figures are per these."""
+
+    number: int = 0
+    """``ProfilerStep#N``'s N."""
+    start_us: float = 0.0
+    """Its start on the trace's clock (microseconds)."""
+    end_us: float = 0.0
+    """Its end."""
+    phases_s: dict[str, float] = field(default_factory=dict)
+    """Seconds in each phase (``PHASES``), from the trace's ranges (``reduce.tracefile.step_phases``)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Communication:
     """Collectives (gloo's, NCCL's) over the profiled steps, per step: ``comm_s`` while any collective was in
     flight, ``exposed_s`` of it while the training thread ran no op (waiting, not overlapped with compute)."""
@@ -457,6 +492,27 @@ class Communication:
     exposure_measured: bool = True
     """False when the trace holds no op of the training thread inside the steps (a sampled or stripped trace):
     what it did meanwhile is unknown, so no wait is claimed (``exposed_s`` 0)."""
+    step_s: float | None = None
+    """The mean length of the profiled steps these figures are per (the host's steps; on a device, its window per
+    step): every share of a step the collectives take is of this, from the same steps. Null in older records."""
+    waiting_s: float | None = None
+    """In a job's merged record: of ``exposed_s``, the seconds a step this rank waited for a later rank to arrive
+    (imbalance, not communication); the rest is the collectives' own time. Null in a rank's own record (one rank
+    cannot tell) and in older records."""
+    calls: tuple[CollectiveCall, ...] = ()
+    """Each collective of the profiled steps, in the order it was issued (at most ``MAX_CALLS``)."""
+    profiled_steps: tuple[ProfiledStep, ...] = ()
+    """The profiled steps, with their phases."""
+
+    @property
+    def own_exposed_s(self) -> float:
+        """Seconds a step the step waited on the collectives' own work: ``exposed_s`` less the wait for late ranks."""
+        return max(0.0, self.exposed_s - (self.waiting_s or 0.0))
+
+    @property
+    def share(self) -> float:
+        """``own_exposed_s`` as a share of the profiled step (of the same steps), 0..1; 0 where unknown."""
+        return min(1.0, self.own_exposed_s / self.step_s) if self.step_s else 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -1078,6 +1134,11 @@ class RankSummary:
     spread_s: float | None = None
     """How much its steady steps vary from one to the next: the 90th percentile step less the 10th, seconds (null in
     records merged before the field)."""
+    waiting_s: float | None = None
+    """Of ``comm_exposed_s``, the seconds a step it waited for a later rank to arrive at a collective (its
+    collectives matched to the other ranks', ``diagnose.arrival``); null where they could not be matched."""
+    profiled_step_s: float | None = None
+    """Its mean profiled step: what ``comm_s``, ``comm_exposed_s`` and ``waiting_s`` are per, from the same steps."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1100,6 +1161,16 @@ class Straggler:
     spread_s: float | None = None
     """The other ranks' step-to-step spread (median of their ``spread_s``): the lateness stood clear of half of it,
     how far their own steps stray from their median."""
+    others_wait_s: float | None = None
+    """What it costs the job: the seconds a step the other ranks sat waiting for it (their median), from the
+    collectives matched across ranks; null where found without them."""
+    arrived_last: int | None = None
+    """The profiled steps in which it arrived last at a collective, of ``steps_matched``."""
+    steps_matched: int | None = None
+    """The profiled steps whose collectives were matched across every rank."""
+    basis: str = "phases"
+    """``arrivals``: found from when each rank arrived at each collective; ``phases``: from the ranks' steps less
+    their waits (records without collective calls)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1363,6 +1434,14 @@ def _converter(tp: Any) -> Converter:
         return lambda value, where: None if value is None else inner(value, where)
     if dataclasses.is_dataclass(tp):
         return lambda value, where: _from_plain(tp, value)
+    if origin is tuple and Ellipsis not in typing.get_args(tp):  # a fixed-length tuple: an item's type a place
+        places = tuple(_converter(a) for a in typing.get_args(tp))
+
+        def to_fixed(value: Any, where: str) -> tuple[Any, ...]:
+            if not isinstance(value, list) or len(value) != len(places):
+                raise TypeError(f"{where} must be a list of {len(places)}")
+            return tuple(convert(v, where) for convert, v in zip(places, value))
+        return to_fixed
     if origin is tuple:
         item = _converter(typing.get_args(tp)[0])
 

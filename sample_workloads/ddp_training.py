@@ -6,6 +6,9 @@
 gloo on CPU, NCCL on GPUs. Flags that make the classic multi-process problems happen:
 - ``--straggler-rank R``: rank R's dataset sleeps ``--straggler-ms`` per item, so the other ranks wait for it in
   every gradient all-reduce. Fix: give that rank's loader workers (or find why its data is slow).
+- ``--straggler-in PHASE`` (``forward``, ``backward``, ``optimizer``): rank ``--straggler-rank`` does
+  ``--straggler-ms`` more arithmetic a step in that phase instead (in backward, from a gradient hook, as uneven
+  sequence lengths or a slower device would make it): the others wait for it inside the all-reduce.
 - ``--comm-heavy``: a wide model (about 8M parameters, 32 MB of gradients) at batch size 2: each step's all-reduce
   of the gradients costs more than the arithmetic. Fix: larger batches or gradient accumulation (``no_sync``).
 - ``--die-rank R --die-at-step K``: rank R is killed (SIGKILL, as the OOM killer does) at step K.
@@ -40,13 +43,23 @@ class Points(Dataset):
         return self.x[i], self.y[i]
 
 
+def work(seconds, device):
+    """Arithmetic for ``seconds``: the extra work of a slower rank."""
+    a = torch.randn(128, 128, device=device)
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        a = torch.tanh(a @ a)
+
+
 def main():
     parser = argparse.ArgumentParser(description="DistributedDataParallel training under torchrun.")
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--comm-heavy", action="store_true", help="a wide model at batch size 2")
     parser.add_argument("--straggler-rank", type=int, default=None)
-    parser.add_argument("--straggler-ms", type=float, default=0.3, help="per item, on the straggler rank")
+    parser.add_argument("--straggler-ms", type=float, default=0.3,
+                        help="per item (data) or per step (--straggler-in), on the straggler rank")
+    parser.add_argument("--straggler-in", choices=("data", "forward", "backward", "optimizer"), default="data")
     parser.add_argument("--die-rank", type=int, default=None)
     parser.add_argument("--die-at-step", type=int, default=10)
     args = parser.parse_args()
@@ -67,7 +80,15 @@ def main():
     model = nn.parallel.DistributedDataParallel(model, device_ids=[device.index] if cuda else None)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
 
-    sleep_s = args.straggler_ms / 1000 if rank == args.straggler_rank else 0.0
+    slow = rank == args.straggler_rank
+    sleep_s = args.straggler_ms / 1000 if slow and args.straggler_in == "data" else 0.0
+    extra = args.straggler_ms / 1000 if slow and args.straggler_in != "data" else 0.0
+    if extra and args.straggler_in == "forward":
+        model.module[0].register_forward_hook(lambda *_: work(extra, device))
+    if extra and args.straggler_in == "backward":
+        next(model.module[0].parameters()).register_hook(lambda grad: work(extra, device) or grad)
+    if extra and args.straggler_in == "optimizer":
+        optimizer.register_step_pre_hook(lambda *_: work(extra, device))
     dataset = Points(batch * world * args.steps, width, sleep_s, seed=0)
     sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(dataset, batch_size=batch, sampler=sampler, num_workers=0)

@@ -19,7 +19,7 @@ from gpuscope.diagnose.child_processes import child_processes, notable
 from gpuscope.diagnose.contention import contention
 from gpuscope.diagnose.clock import HostPace
 from gpuscope.diagnose.gpu_step import GpuStep, gpu_step
-from gpuscope.diagnose.evidence import (accumulated_passes, cpu_overhead, evaluation_passes, launch_wait,
+from gpuscope.diagnose.evidence import (accumulated_passes, comm_share, comm_wait_text, cpu_overhead, evaluation_passes, launch_wait,
                                         slowest_loader, two_speeds, unlike_window)
 from gpuscope.diagnose.iterator_wait import iterator_wait
 from gpuscope.diagnose.loops import loops_line
@@ -69,11 +69,9 @@ def _classify(record: RunRecord) -> Verdict:
         return Verdict("data-loading", _rising(share, th.DATA_WAIT_BOUND, 0.5), tuple(evidence))
     waiting = f"data wait is {share:.0%} {basis}, under the {th.DATA_WAIT_BOUND:.0%} at which loading bounds the run"
     comm = record.op_profile.communication if record.op_profile is not None else None
-    if comm is not None and steps.median_s and comm.exposed_s / steps.median_s >= th.COMM_BOUND:
-        exposed = comm.exposed_s / steps.median_s
+    if comm is not None and (exposed := comm_share(comm, steps.median_s)) >= th.COMM_BOUND:
         return Verdict("communication", _rising(exposed, th.COMM_BOUND, 0.9), (
-            f"the training thread waits on {comm.backend} collectives (gradient all-reduce) {exposed:.0%} of each "
-            f"step: {comm.exposed_s * 1e3:.1f} ms of the {steps.median_s * 1e3:.1f} ms median step",
+            comm_wait_text(comm, steps.median_s),
             f"{comm.calls_per_step:.0f} collectives per step, in flight {comm.comm_s * 1e3:.1f} ms, "
             f"{comm.overlap:.0%} of it overlapped with compute",
             waiting))

@@ -13,7 +13,7 @@ from gpuscope.diagnose.clock import step_times, steady_times
 from gpuscope.diagnose.loops import other_loop
 from gpuscope.diagnose.thresholds import (ACCUMULATED_MFU, EVALUATION_LOADING_WORTH_SAYING, EVALUATION_WORTH_SAYING,
                                           TWO_SPEED_GAP, TWO_SPEED_MIN_SHARE, TWO_SPEED_SEPARATION, WINDOW_UNLIKE)
-from gpuscope.record import KernelTimeline, Loader, RunRecord
+from gpuscope.record import Communication, KernelTimeline, Loader, RunRecord
 
 MIN_COMPUTE_S = 1e-9
 """Floor of ``median_compute_s``: a step that is all data wait still consumes batches at a finite rate."""
@@ -325,3 +325,24 @@ DATA_WAIT = Metric("data wait", "share", lambda r: r.breakdown.data_wait if r.st
 FIXED_COST = Metric("per-op fixed cost", "share", _fixed_cost)
 LAUNCH_WAIT = Metric("GPU idle waiting for launches", "share", launch_wait)
 OPTIMIZER = Metric("optimizer phase", "share", lambda r: r.breakdown.optimizer if r.steps.count else None)
+
+
+def comm_share(comm: Communication, median_s: float) -> float:
+    """The share of a step the training thread (device) sat idle on the collectives' own work, not waiting for a
+    later rank: of the profiled steps the figures come from (of the median step in records without them), 0..1."""
+    step_s = comm.step_s or median_s
+    return min(1.0, comm.own_exposed_s / step_s) if step_s else 0.0
+
+
+def comm_wait_text(comm: Communication, median_s: float) -> str:
+    """The collectives' own wait as a fact, with the wait for later ranks beside it where it is known."""
+    step_s = comm.step_s or median_s
+    which = "profiled" if comm.step_s else "median"
+    who = "the device" if comm.measured_on == "device" else "the training thread"
+    text = (f"{who} waits on {comm.backend} collectives' own work {comm_share(comm, median_s):.0%} of "
+            f"each step: {comm.own_exposed_s * 1e3:.1f} ms of the {step_s * 1e3:.1f} ms {which} step")
+    if comm.waiting_s:
+        text += (f"; another {comm.waiting_s * 1e3:.1f} ms a step it waits for a later rank to arrive, which is "
+                 "imbalance, not communication")
+    return text
+

@@ -1,12 +1,15 @@
 """Across the ranks of a data-parallel job: who the others wait for, and why.
 
 In data-parallel training every rank meets the others in each gradient all-reduce, so their step times come out
-nearly equal whatever happens: a slow rank shows as *waiting on the others*. Each rank's own work per step is its
-step less the time its training thread sat waiting on collectives (``comm_exposed_s``); the rank with the most own
-work is the one the others wait for, and the step phase where it spends most over the others is the cause, with
-the part of the lateness it accounts for. A rank is named only when its lateness is a notable share of the step and
-stands clear of the other ranks' own step-to-step spread, and when its phases show the extra work: on a loaded
-machine every rank's steps vary, and the rank with the most own work is then whichever drew the worst luck.
+nearly equal whatever happens: a slow rank shows as *the others waiting*. Where every rank's collectives were
+recorded (``diagnose.arrival``), the rank that arrives last, step after step, is the one they wait for; its own work
+in each phase (its phases less its waits) against the other ranks' says where its extra time lies, wherever it is:
+loading data, forward, backward before a gradient bucket is ready, the optimizer. Without the calls (older
+records), each rank's own work is its step less its wait on collectives.
+
+A rank is named only when its lateness is a notable share of the step and stands clear of the other ranks' own
+step-to-step spread, and when its phases show the extra work: on a loaded machine every rank's steps vary, and one
+rank is then late by whatever luck it drew.
 """
 
 from __future__ import annotations
@@ -15,10 +18,67 @@ import statistics
 from collections.abc import Sequence
 
 from gpuscope.diagnose import thresholds as th
+from gpuscope.diagnose.arrival import Arrivals
 from gpuscope.record import PHASES, RankSummary, RunRecord, Straggler, Verdict
 
 
-def straggler(ranks: Sequence[RankSummary]) -> Straggler | None:
+def straggler(ranks: Sequence[RankSummary], found: Arrivals | None = None) -> Straggler | None:
+    """The rank the others wait for: from the ranks' arrivals where ``found`` (``by_arrival``), else from their own
+    work (``by_own_work``)."""
+    if found is not None:
+        return by_arrival(ranks, found)
+    return by_own_work(ranks)
+
+
+def by_arrival(ranks: Sequence[RankSummary], found: Arrivals) -> Straggler | None:
+    """The rank that arrives last at the collectives in ``STRAGGLER_LAST_STEPS`` of the profiled steps, late by
+    ``STRAGGLER_ARRIVAL_SHARE`` of the step at least (the median over the steps of how much later than the others it
+    arrived, at the collective of each where it was latest), by more than half the other ranks' step-to-step spread,
+    and whose own work (phases less waits) holds ``STRAGGLER_EXPLAINED`` of the lateness over the others'."""
+    summaries = {r.rank: r for r in ranks if r.steps}
+    timed = [a for a in found.ranks if a.rank in summaries]
+    if len(timed) < 2:
+        return None
+    slow = max(timed, key=lambda a: statistics.median(a.late_s))
+    others = [a for a in timed if a is not slow]
+    late_s = statistics.median(slow.late_s)
+    last = sum(x > 0 for x in slow.late_s)
+    step_s = statistics.median(a.step_s for a in timed)
+    if step_s <= 0 or late_s < th.STRAGGLER_ARRIVAL_SHARE * step_s or last < th.STRAGGLER_LAST_STEPS * len(slow.late_s):
+        return None
+    spreads = [summaries[a.rank].spread_s for a in others if summaries[a.rank].spread_s is not None]
+    spread_s = statistics.median(spreads) if spreads else None  # type: ignore[type-var]
+    if spread_s is not None and late_s <= spread_s / 2:
+        return None  # within how far the others' own steps stray from their median
+    excess = {p: slow.own_phases_s[p] - statistics.median(a.own_phases_s[p] for a in others) for p in PHASES}
+    if sum(max(0.0, e) for e in excess.values()) < th.STRAGGLER_EXPLAINED * late_s:
+        return None  # its own work holds no extra time to match: the arrivals differ, not the work
+    cause = max(excess, key=lambda p: excess[p])
+    cause_share = min(1.0, max(0.0, excess[cause] / late_s))
+    others_wait = statistics.median(a.waiting_s for a in others)
+    others_phase = statistics.median(a.own_phases_s[cause] for a in others)
+    beyond = (f", beyond the {spread_s / 2 * 1e3:.1f} ms the other ranks' steps stray from their median (half their "
+              f"10th-90th percentile range)" if spread_s is not None else "")
+    evidence = (
+        f"rank {slow.rank} arrives last at the collectives in {last} of {len(slow.late_s)} profiled steps, "
+        f"{late_s * 1e3:.1f} ms after the other ranks ({late_s / step_s:.0%} of the {step_s * 1e3:.1f} ms step)"
+        f"{beyond}",
+        f"its own {_phase_words(cause)} takes {slow.own_phases_s[cause] * 1e3:.1f} ms a step, the other ranks' "
+        f"{others_phase * 1e3:.1f} ms: {excess[cause] * 1e3:.1f} ms more, {cause_share:.0%} of the lateness",
+        f"meanwhile the other ranks sit waiting for it {others_wait * 1e3:.1f} ms a step; the collectives' own "
+        f"time, from the last arrival to their end, is {found.own_s * 1e3:.1f} ms a step",
+    )
+    return Straggler(rank=slow.rank, late_s=late_s, late_share=min(1.0, late_s / step_s), cause=cause,
+                     evidence=evidence, cause_share=cause_share, spread_s=spread_s, others_wait_s=others_wait,
+                     arrived_last=last, steps_matched=len(slow.late_s), basis="arrivals")
+
+
+def _phase_words(phase: str) -> str:
+    return {"data_wait": "data loading", "backward": "backward (up to its gradients' all-reduce)",
+            "other": "work outside the named phases"}.get(phase, phase)
+
+
+def by_own_work(ranks: Sequence[RankSummary]) -> Straggler | None:
     """The rank the others wait for, if it is late by at least ``STRAGGLER_SHARE`` of the job's median step, by more
     than the other ranks' own steps stray from their median (half their 10th-90th percentile range: lateness within
     it is noise, as on a loaded machine), and its steps' phases hold extra work to match (``STRAGGLER_EXPLAINED`` of
@@ -26,7 +86,7 @@ def straggler(ranks: Sequence[RankSummary]) -> Straggler | None:
     timed = [r for r in ranks if r.steps and r.comm_exposed_s is not None]
     if len(timed) < 2:
         return None
-    own = {r.rank: r.median_s - (r.comm_exposed_s or 0.0) for r in timed}
+    own = {r.rank: max(0.0, r.median_s - (r.comm_exposed_s or 0.0)) for r in timed}
     slow = max(timed, key=lambda r: own[r.rank])
     others = [r for r in timed if r is not slow]
     others_own = statistics.median(own[r.rank] for r in others)

@@ -40,6 +40,7 @@ REFUSED = {
     "bias-before-batchnorm": "it changes the model's layers, and its checkpoints",
     "float32-over-float64": "it changes the dtypes your code chooses",
     "cpu-float32-attention": "it is a change to your attention code",
+    "balance-ranks": "what makes one rank slower is in your data, your model's inputs or your device, not a setting",
 }
 """Why each other fix is not tried: it needs the user's code edited, or it changes more than the speed."""
 

@@ -13,11 +13,18 @@ thread. In flight: their union within the recorded steps; exposed: the part duri
 ``backward()``). If the trace holds no op of the training thread inside the steps at all (a sampled or stripped
 trace), what it did meanwhile is unknown, and no wait is claimed (``exposure_measured`` False).
 
-Either way, every figure is clipped to the steps, so no share of a step exceeds the whole step.
+Either way, every figure is clipped to the steps, so no share of a step exceeds the whole step, and
+``step_s`` is the length of those same steps, what any share of a step is of.
+
+Each collective is also kept as a call (``CollectiveCall``): when this rank arrived at it, when it ended, and where
+meanwhile the training thread (the device) sat idle, and in which phase. One rank cannot tell waiting for a late
+rank from the collective's own time; set beside the other ranks' calls it can (``diagnose.arrival``).
 """
 
 from __future__ import annotations
 
+import bisect
+import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -26,7 +33,16 @@ from gpuscope.reduce.intervals import Span, clip, intersect, length, union, unio
 from gpuscope.reduce.kernels import is_communication_kernel
 from gpuscope.reduce.trace import StepSpan, TraceIndex, index_trace, recorded_steps
 from gpuscope.reduce.windows import DeviceWindow, device_window
-from gpuscope.record import Communication
+from gpuscope.reduce.phases import phase_spans, step_phases
+from gpuscope.record import CollectiveCall, Communication, ProfiledStep
+
+MAX_CALLS = 2048
+"""Calls kept a record: a few steps of an FSDP model of many layers stay under it."""
+IDLE_MIN_US = 20.0
+"""Idle spans shorter than this are the gaps between one op and the next, not a wait: not kept with a call."""
+KINDS = (("allreduce", "all_reduce"), ("allgather", "all_gather"), ("reducescatter", "reduce_scatter"),
+         ("broadcast", "broadcast"), ("alltoall", "all_to_all"), ("sendrecv", "send_recv"), ("send", "send_recv"),
+         ("recv", "send_recv"))
 
 
 def communication(events: Sequence[Mapping[str, Any]], steps: int) -> Communication | None:
@@ -50,12 +66,12 @@ def trace_communication(index: TraceIndex, steps: Sequence[StepSpan], count: int
     if device is not None:
         window = windows.get(device)
         bounds = (window.start_us, window.end_us) if window is not None else None
-        return device_communication(index.kernels[device], bounds, count, device)
+        return device_communication(index.kernels[device], bounds, count, device, steps)
     return host_communication(index, steps, count)
 
 
 def device_communication(kernels: Kernels, window: Span | None, steps: int,
-                         device: int | None = None) -> Communication | None:
+                         device: int | None = None, spans: Sequence[StepSpan] = ()) -> Communication | None:
     """NCCL kernels against the compute kernels of the same device, within ``window``; None without NCCL
     kernels there."""
     comm = _communication_names(kernels)
@@ -68,7 +84,26 @@ def device_communication(kernels: Kernels, window: Span | None, steps: int,
     compute = union_in_order(lambda: ((start, end) for start, end, n in zip(kernels.start_us, kernels.end_us,
                                                                              kernels.name) if not comm[n]))
     exposed_us = comm_us - length(intersect(in_flight, clip(compute, window)))
-    return _per_step(calls, comm_us, exposed_us, steps, "nccl", "device", device, True)
+    figures = _per_step(calls, comm_us, exposed_us, steps, "nccl", "device", device, True)
+    step_s = (window[1] - window[0]) / 1e6 / max(1, steps) if window is not None else None
+    return dataclasses.replace(figures, step_s=step_s, calls=tuple(device_calls(kernels, comm, compute, spans)),
+                               profiled_steps=tuple(ProfiledStep(s.number, s.start_us, s.end_us) for s in spans))
+
+
+def device_calls(kernels: Kernels, comm: Mapping[int, bool], compute: list[Span],
+                 steps: Sequence[StepSpan]) -> list[CollectiveCall]:
+    """The NCCL kernels launched in ``steps``, in launch order (the order the host issued them): each arrives when
+    its kernel starts (it then waits on the device for the other ranks' kernels) and ends with it; idle where no
+    compute kernel of the device ran."""
+    starts = [s.start_us for s in steps]
+    found = []
+    for start, end, name, launch in zip(kernels.start_us, kernels.end_us, kernels.name, kernels.launch_us):
+        if comm[name] and (step := _step_at(steps, starts, launch)) is not None:
+            found.append((launch, start, end, step.number, kernels.names[name]))
+    found.sort()
+    return [CollectiveCall(number, collective_kind(name), start, end,
+                           tuple((a, b, "") for a, b in _gaps(compute, start, end)))
+            for _, start, end, number, name in found[:MAX_CALLS]]
 
 
 def _communication_names(kernels: Kernels) -> dict[int, bool]:
@@ -96,7 +131,68 @@ def host_communication(index: TraceIndex, steps: Sequence[StepSpan], count: int)
     measured = bool(ops)
     exposed_us = comm_us - length(intersect(in_flight, ops)) if measured else 0.0
     calls = sum(1 for start, _ in index.collectives if within is None or _inside(start, within))
-    return _per_step(calls, comm_us, exposed_us, count, "gloo", "host", None, measured)
+    figures = _per_step(calls, comm_us, exposed_us, count, "gloo", "host", None, measured)
+    if not steps:
+        return figures
+    return dataclasses.replace(
+        figures, step_s=sum(s.end_us - s.start_us for s in steps) / 1e6 / max(1, count),
+        calls=tuple(host_calls(index, steps, ops if measured else None)),
+        profiled_steps=tuple(ProfiledStep(s.number, s.start_us, s.end_us, step_phases(index, s)) for s in steps))
+
+
+def host_calls(index: TraceIndex, steps: Sequence[StepSpan], ops: list[Span] | None) -> list[CollectiveCall]:
+    """gloo's collectives issued in ``steps``, in order. Each arrives when its ``c10d::`` call started, where the
+    calls and gloo's ranges pair one to one (else when gloo's range started: its worker picked it up) and ends with
+    gloo's range; idle where the training thread ran no op (``ops``; None: not known), by the phase it was in."""
+    starts = [s.start_us for s in steps]
+    runs = sorted((span, name) for span, name in zip(index.collectives, index.collective_names or
+                                                     ["gloo:collective"] * len(index.collectives))
+                  if _step_at(steps, starts, span[0]) is not None)
+    issued = sorted(call for call in index.issued if _step_at(steps, starts, call[0]) is not None)
+    paired = len(issued) == len(runs)
+    phases = {s.number: phase_spans(index, s) for s in steps}
+    found = []
+    for k, ((start, end), name) in enumerate(runs[:MAX_CALLS]):
+        arrival = min(issued[k][0], start) if paired else start
+        step = _step_at(steps, starts, arrival) or _step_at(steps, starts, start)
+        assert step is not None  # runs are within the steps
+        idle = () if ops is None else tuple(_by_phase(_gaps(ops, arrival, end), phases[step.number]))
+        found.append(CollectiveCall(step.number, collective_kind(name), arrival, end, idle))
+    return found
+
+
+def collective_kind(name: str) -> str:
+    """``all_reduce``, ``all_gather``... from a gloo range's, a ``c10d::`` call's or an NCCL kernel's name."""
+    flat = name.lower().replace("_", "")
+    return next((kind for pattern, kind in KINDS if pattern in flat), name)
+
+
+def _step_at(steps: Sequence[StepSpan], starts: Sequence[float], t: float) -> StepSpan | None:
+    """The step of ``steps`` (in time order, ``starts`` theirs) that holds the time ``t``, if any."""
+    i = bisect.bisect_right(starts, t) - 1
+    return steps[i] if i >= 0 and t < steps[i].end_us else None
+
+
+def _gaps(busy: list[Span], start: float, end: float) -> list[Span]:
+    """The parts of [start, end] outside the sorted disjoint ``busy`` spans, each at least ``IDLE_MIN_US`` long."""
+    i = max(0, bisect.bisect_right(busy, (start, float("inf"))) - 1)
+    gaps, at = [], start
+    while i < len(busy) and busy[i][0] < end:
+        s, e = busy[i]
+        if e > at:
+            if s > at:
+                gaps.append((at, s))
+            at = max(at, e)
+        i += 1
+    if at < end:
+        gaps.append((at, end))
+    return [(s, e) for s, e in gaps if e - s >= IDLE_MIN_US]
+
+
+def _by_phase(gaps: list[Span], phases: Mapping[str, list[Span]]) -> list[tuple[float, float, str]]:
+    """``gaps`` cut where the step's phases change, each part with its phase."""
+    parts = [(s, e, phase) for phase, spans in phases.items() for s, e in intersect(gaps, spans)]
+    return sorted(p for p in parts if p[1] > p[0])
 
 
 def _per_step(calls: int, comm_us: float, exposed_us: float, steps: int, backend: str, where: str,

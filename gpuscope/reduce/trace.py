@@ -120,6 +120,13 @@ class TraceIndex:
     ranges by host thread: start, end, name."""
     collectives: list[tuple[float, float]] = field(default_factory=list)
     """Host-side collectives (``gloo:all_reduce``...): start, end."""
+    collective_names: list[str] = field(default_factory=list)
+    """Their names, in the same order."""
+    issued: list[tuple[float, float, str]] = field(default_factory=list)
+    """The ``c10d::`` calls that issued a collective (``c10d::allreduce_``...), on whatever thread: start, end, name."""
+    autograd: dict[Any, tuple[Column, Column]] = field(default_factory=dict)
+    """By pid: the starts and ends of autograd's ``evaluate_function`` ops, in file order, on any of its threads
+    (where backward ran when no range says so)."""
     copies: dict[int, Copies] = field(default_factory=dict)
     """Host-to-device copies by device (a device with other copies only has none)."""
     syncs: list[Sync] = field(default_factory=list)
@@ -176,6 +183,9 @@ class Indexer:
         self.steps: dict[Any, list[StepSpan]] = {}
         self.annotations: dict[Thread, list[tuple[float, float, str]]] = {}
         self.collectives: list[tuple[float, float]] = []
+        self.collective_names: list[str] = []
+        self.issued: list[tuple[float, float, str]] = []
+        self.autograd: dict[Any, tuple[Column, Column]] = {}
         self.copies: dict[int, Copies] = {}
         self.syncs: list[Sync] = []
         self.host: dict[Thread, HostEvents] = {}
@@ -303,7 +313,16 @@ class Indexer:
             self.steps.setdefault(e.get("pid"), []).append(span)
         elif name[:5].lower() == "gloo:" and is_collective_name(name):
             self.collectives.append((start, end))
+            self.collective_names.append(name)
         elif role & _CPU_OP:
+            if name[:6] == "c10d::" and is_collective_name(name):
+                self.issued.append((start, end, name))
+            elif name[:16] == "autograd::engine":
+                columns = self.autograd.get(pid := e.get("pid"))
+                if columns is None:
+                    columns = self.autograd[pid] = (floats(), floats())
+                columns[0].append(start)
+                columns[1].append(end)
             if "DataLoader" in name:
                 self.annotations.setdefault((e.get("pid"), e.get("tid")), []).append((start, end, name))
             return OP
@@ -365,7 +384,9 @@ class Indexer:
             spans.sort(key=lambda s: s.start_us)
         return TraceIndex(steps=self.steps, kernels=self._kernels(), ops={t: OpIntervals(self.host[t])
                                                                           for t in self.op_threads},
-                          annotations=self.annotations, collectives=self.collectives, copies=self.copies,
+                          annotations=self.annotations, collectives=self.collectives,
+                          collective_names=self.collective_names, issued=self.issued, autograd=self.autograd,
+                          copies=self.copies,
                           syncs=self.syncs, host=self.host, device=self.device, names=self.names)
 
     def _kernels(self) -> dict[int, Kernels]:

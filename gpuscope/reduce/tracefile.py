@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuscope.reduce.figures import TraceFigures, trace_figures
-from gpuscope.reduce.intervals import Span, clip, intersect, length, union
+from gpuscope.reduce.phases import step_phases
 from gpuscope.reduce.optable import OpTable, indexed_table, op_table, window_events
 from gpuscope.reduce.fields import op_profile
 from gpuscope.reduce.stream import Progress, TraceStream
@@ -54,7 +54,6 @@ NOT_IN_A_TRACE = {
     "cprofile": "a trace holds no Python profile",
 }
 """The collectors of ``gpuscope run`` whose data a trace lacks, and why: the rules that need them say so."""
-PHASE_PRIORITY = ("data_wait", "optimizer", "backward", "forward")
 
 
 def record_from_trace(trace: Mapping[str, Any], name: str, size_bytes: int) -> RunRecord:
@@ -107,7 +106,7 @@ def _record(index: TraceIndex, figures: TraceFigures, table: OpTable, header: Ma
         op_profile=_op_profile(table, figures, size_bytes),
         meta=RunMeta(duration_s=(spans[-1].end_us - spans[0].start_us) / 1e6 if spans else 0.0,
                      notes=(f"built from the torch.profiler trace {name} alone: no run was measured", *figures.notes)),
-        distributed=_distributed(header.get("distributedInfo")),
+        distributed=_distributed(header.get("distributedInfo"), header.get("host_name")),
         source=TraceSource(files=(name,), trace_bytes=size_bytes, devices=_devices(header.get("deviceProperties"))),
     )
 
@@ -130,40 +129,6 @@ def trace_steps(index: TraceIndex, figures: TraceFigures) -> Steps:
                  p10_s=_quantile(ordered, 0.1), p90_s=_quantile(ordered, 0.9), min_s=ordered[0], max_s=ordered[-1],
                  total=len(spans), source="profiler",
                  device_median_s=statistics.median(device) if device else None, sample=sample)
-
-
-def step_phases(index: TraceIndex, step: StepSpan) -> dict[str, float]:
-    """Seconds of ``step`` in each phase, from the ranges on its thread; what no range claims is ``other``."""
-    window = (step.start_us, step.end_us)
-    by_phase: dict[str, list[Span]] = {p: [] for p in PHASE_PRIORITY}
-    for start, end, name in index.annotations.get(step.thread, []):
-        phase = annotation_phase(name)
-        if phase is not None and end > window[0] and start < window[1]:
-            by_phase[phase].append((start, end))
-    seconds = dict.fromkeys(PHASES, 0.0)
-    claimed: list[Span] = []
-    for phase in PHASE_PRIORITY:
-        spans = clip(union(by_phase[phase]), window)
-        seconds[phase] = (length(spans) - length(intersect(spans, claimed))) / 1e6
-        claimed = union([*claimed, *spans])
-    seconds["other"] = max(0.0, (window[1] - window[0]) / 1e6 - sum(seconds[p] for p in PHASE_PRIORITY))
-    return seconds
-
-
-def annotation_phase(name: str) -> str | None:
-    """The step phase a range's name says it is, or None."""
-    if "DataLoader" in name and "__next__" in name:
-        return "data_wait"
-    if name.startswith(("Optimizer.step#", "Optimizer.zero_grad#")):
-        return "optimizer"
-    core = name.strip("# ").lower()
-    if core in ("optimizer", "optimizer step", "optimizer.step"):
-        return "optimizer"
-    if core in ("backward", "loss.backward", "backward pass"):
-        return "backward"
-    if core in ("forward", "forward pass") or name.endswith("DataParallel.forward"):
-        return "forward"
-    return None
 
 
 def _median_breakdown(sample: StepSample) -> Breakdown:
@@ -194,13 +159,16 @@ def _op_profile(table: OpTable, figures: TraceFigures, size_bytes: int) -> OpPro
     return op_profile(table, steps, len(spans), figures, cuda=True, trace_bytes=size_bytes)
 
 
-def _distributed(info: Any) -> Distributed | None:
+def _distributed(info: Any, host: Any = None) -> Distributed | None:
+    """The rank, from ``distributedInfo``; its host from the trace's ``host_name`` (ranks of one host share a
+    clock)."""
     if not isinstance(info, dict) or not isinstance(info.get("rank"), int):
         return None
     world = info.get("world_size")
     backend = info.get("backend")
     return Distributed(rank=info["rank"], world_size=world if isinstance(world, int) and world > 0 else 1,
-                       backend=backend if isinstance(backend, str) else None)
+                       backend=backend if isinstance(backend, str) else None,
+                       host=host if isinstance(host, str) else "")
 
 
 def _devices(properties: Any) -> tuple[TraceDevice, ...]:

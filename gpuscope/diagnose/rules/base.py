@@ -18,7 +18,8 @@ inspected), "optimizer_probe" (the optimizer's update timed again, as run and fu
 machine's measured matmul rate in the step's dtype, and in float32 where that is another), "attention_timing" (a
 CPU step's attention in bfloat16 / float16, timed again after the run in that dtype and in float32), "batch_build"
 (the data probe, or the loader probe's timing of a sampler of the user's own: some part of building a batch timed),
-"host_memory" (the host memory samples), "glibc_malloc" (glibc's malloc served the process)."""
+"host_memory" (the host memory samples), "glibc_malloc" (glibc's malloc served the process), "job" (a data-parallel
+job's merged record, its ranks set side by side)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +88,8 @@ def missing_input(record: RunRecord, needs: Needs) -> str | None:
             return "no op-level profile" + _collector_reason(record, "op_profile")
         if need in ("op_profile", "kernels") and (unlike := unlike_window(record)) is not None:
             return unlike
+        if need == "job" and not record.ranks:
+            return "not a data-parallel job's merged record (one process: no rank to wait for)"
         if need == "loaders" and not record.loaders:
             return "no DataLoader was iterated"
         if need == "batch_build" and record.data_probe is None and not (

@@ -1,9 +1,9 @@
-"""Rules for data-parallel jobs whose steps wait on gradient communication."""
+"""Rules for data-parallel jobs: steps that wait on gradient communication, and ranks that wait for one of them."""
 
 from __future__ import annotations
 
 from gpuscope.diagnose import thresholds as th
-from gpuscope.diagnose.evidence import STEP
+from gpuscope.diagnose.evidence import STEP, comm_share, comm_wait_text
 from gpuscope.diagnose.rules.base import Finding, rule
 from gpuscope.record import RunRecord
 
@@ -22,23 +22,58 @@ ACCUMULATE = f"""for i, (x, y) in enumerate(loader):
       needs=("op_profile",),
       resolved_by=(STEP,))
 def reduce_communication(run: RunRecord) -> Finding | None:
-    """Signal: the training thread waits on collectives (gradient all-reduce) for a notable share of the step.
+    """Signal: the training thread (the device) waits on the collectives' own work (gradient all-reduce), not on a
+    later rank, for a notable share of the step.
     Why it matters: the gradients' size does not depend on the batch, so every step pays the whole all-reduce;
-    what DDP cannot hide behind backward (its buckets overlap with the remaining backward work) is exposed.
+    what DDP cannot hide behind backward (its buckets overlap with the remaining backward work) is exposed. A wait
+    for a rank that arrives late is imbalance (``balance-ranks``): sending less often leaves its cause in place.
     Fix: a larger batch per rank, or gradient accumulation with ``model.no_sync()`` (one all-reduce per k
     micro-batches); also DDP(bucket_cap_mb=...) to start all-reduces earlier, and ``gradient_as_bucket_view=True``."""
     comm = run.op_profile.communication  # type: ignore[union-attr]
     median = run.steps.median_s
     if comm is None or not median:
         return None
-    share = comm.exposed_s / median
+    share = comm_share(comm, median)
     if share < th.COMM_NOTABLE:
         return None
     evidence = (
-        f"the training thread waits {comm.exposed_s * 1e3:.1f} ms a step on {comm.backend} collectives: {share:.0%} "
-        f"of the {median * 1e3:.1f} ms step",
+        comm_wait_text(comm, median),
         f"{comm.calls_per_step:.0f} collectives per step are in flight {comm.comm_s * 1e3:.1f} ms; "
         f"{comm.overlap:.0%} of that overlaps with compute",
     )
     steps = th.ACCUMULATION_STEPS
     return Finding(share * (1 - 1 / steps), evidence)
+
+
+BALANCE_FIXES = {
+    "data_wait": "# its batches come slower: give its DataLoader workers (num_workers=...), or find what makes its "
+                 "shard slower to load (a slow disk or node, larger items in its shard)",
+    "forward": "# it computes more: even out the work per rank (similar sequence lengths per batch: a length-bucketing "
+               "sampler), move work only it does (logging, metrics, evaluation) off the step, or check its device",
+    "backward": "# its backward takes longer before its gradients are ready: even out the work per rank (similar "
+                "sequence lengths per batch), look for hooks or extra losses only it runs, or check its device",
+    "optimizer": "# its optimizer step takes longer: work only it does after backward (checkpointing, EMA, logging) "
+                 "delays its next arrival; do it on every rank or off the step",
+    "other": "# it spends longer outside the phases gpuscope names: the script's own code on that rank (logging, "
+             "evaluation, checkpointing on rank 0); move it off the step or make it asynchronous",
+}
+
+
+@rule(id="balance-ranks",
+      title="Even out the rank the others wait for",
+      fix=BALANCE_FIXES["other"],
+      needs=("job",),
+      resolved_by=(STEP,))
+def balance_ranks(run: RunRecord) -> Finding | None:
+    """Signal: in a data-parallel job one rank arrives last at the collectives step after step (``diagnose.ranks``),
+    and the others sit waiting for it.
+    Why it matters: every rank's step is as long as the slowest rank's; the waits are the cost, and sending
+    gradients less often does not remove them.
+    Fix: whatever makes that rank slower, by the phase its extra time lies in; the gain is the others' wait."""
+    late = run.straggler
+    if late is None:
+        return None
+    step_s = late.late_s / late.late_share if late.late_share else run.steps.median_s
+    waited = late.others_wait_s if late.others_wait_s is not None else late.late_s
+    gain = min(1.0, waited / step_s) if step_s else None
+    return Finding(gain, late.evidence, fix=BALANCE_FIXES.get(late.cause, BALANCE_FIXES["other"]))

@@ -1,0 +1,154 @@
+"""Who the ranks of a job wait for, from when each rank arrived at each collective.
+
+In data-parallel training every rank meets the others in each collective, so their steps come out equally long
+whatever happens: the rank with more work does not show a longer step, the others show a longer wait. One rank's
+trace cannot tell that wait from the collective's own time; the ranks' calls side by side can. The k-th collective
+of a step is the same one on every rank (a group's collectives are issued in one order), so for each:
+
+- the ranks' arrivals are set on one clock (ranks on one host share it; across hosts each rank's clock is moved by
+  the median difference of the collectives' ends, which every rank reaches together);
+- the last to arrive sets when it can start: each other rank waits from its own arrival until then, and that wait,
+  where its training thread (its device) sat idle, is the time the late rank cost it;
+- from the last arrival to the end is the collective's own work (bytes over bandwidth, latency): only that is
+  communication.
+
+A rank's work in each phase, less the waits that fell in that phase, set against the other ranks', says where a
+late rank's extra time lies (``ranks.straggler`` decides whether that is a straggler beyond noise).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from gpuscope.reduce.intervals import Span, intersect, length, union
+from gpuscope.record import PHASES, CollectiveCall, Communication
+
+Key = tuple[int, int]
+"""A collective across ranks: (its step, its place among that step's collectives)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankArrival:
+    """One rank's side of the job's collectives, per profiled step (the means over the steps matched)."""
+
+    rank: int
+    late_s: tuple[float, ...]
+    """Per matched step: how much later than the other ranks (their median) it arrived at the step's latest
+    collective: positive where it kept them waiting, negative where it waited."""
+    waiting_s: float
+    """Seconds a step its training thread (device) sat idle waiting for a later rank to arrive."""
+    waiting_by_phase: dict[str, float]
+    """``waiting_s`` by the phase it fell in (on a device, all in ``other``)."""
+    own_phases_s: dict[str, float]
+    """Seconds a step in each phase, less the waits that fell in it: the rank's own work."""
+    exposed_s: float
+    """Seconds a step its training thread (device) sat idle inside collectives, waiting or not."""
+    step_s: float
+    """Its mean profiled step."""
+
+
+@dataclass(frozen=True, slots=True)
+class Arrivals:
+    """The job's collectives matched across ranks."""
+
+    ranks: tuple[RankArrival, ...]
+    steps: int
+    """Profiled steps matched on every rank."""
+    collectives: int
+    """Collectives matched (over those steps)."""
+    own_s: float
+    """Seconds a step from the last rank's arrival to the collectives' end (median over ranks, summed over a step's
+    collectives): the collectives' own time."""
+    clock: str
+    """``shared``: the ranks' clocks are one host's; ``aligned``: moved onto rank ``ranks[0]``'s by the collectives'
+    ends."""
+
+    def of(self, rank: int) -> RankArrival:
+        return next(r for r in self.ranks if r.rank == rank)
+
+
+def arrivals(comms: Mapping[int, Communication], hosts: Mapping[int, str] | None = None) -> Arrivals | None:
+    """The job's collectives matched across the ranks of ``comms`` (rank -> its record's communication; ``hosts``:
+    rank -> its host, where known: ranks of one host share a clock), or None where fewer than two ranks have calls
+    or no step holds the same collectives on every rank."""
+    ranks = sorted(r for r, c in comms.items() if c.calls and c.profiled_steps)
+    if len(ranks) < 2:
+        return None
+    keyed = {r: _keyed(comms[r].calls) for r in ranks}
+    counts = {r: _per_step(keyed[r]) for r in ranks}
+    steps = sorted(s for s in set.intersection(*(set(counts[r]) for r in ranks))
+                   if len({counts[r][s] for r in ranks}) == 1)
+    keys = [k for k in keyed[ranks[0]] if k[0] in steps]
+    if not keys:
+        return None
+    shared = len({(hosts or {}).get(r, "") for r in ranks}) == 1
+    offset = {r: 0.0 if shared else statistics.median(keyed[r][k].end_us - keyed[ranks[0]][k].end_us for k in keys)
+              for r in ranks}
+    gap: dict[int, dict[Key, float]] = {r: {} for r in ranks}
+    late: dict[int, dict[int, float]] = {r: {} for r in ranks}
+    own_us = 0.0
+    for k in keys:
+        at = {r: keyed[r][k].arrival_us - offset[r] for r in ranks}
+        last = max(at.values())
+        ends = statistics.median(keyed[r][k].end_us - offset[r] for r in ranks)
+        own_us += max(0.0, ends - last)
+        for r in ranks:
+            gap[r][k] = last - at[r]
+            behind = at[r] - statistics.median(at[o] for o in ranks if o != r)
+            late[r][k[0]] = max(late[r].get(k[0], -float("inf")), behind)
+    summaries = tuple(_rank(r, comms[r], keyed[r], gap[r], late[r], steps) for r in ranks)
+    return Arrivals(summaries, len(steps), len(keys), own_us / 1e6 / len(steps), "shared" if shared else "aligned")
+
+
+def _keyed(calls: Sequence[CollectiveCall]) -> dict[Key, CollectiveCall]:
+    """Calls by (step, place in the step), in issue order."""
+    seen: dict[int, int] = {}
+    keyed = {}
+    for call in calls:
+        place = seen.get(call.step, 0)
+        seen[call.step] = place + 1
+        keyed[(call.step, place)] = call
+    return keyed
+
+
+def _per_step(keyed: Mapping[Key, CollectiveCall]) -> dict[int, int]:
+    counts: dict[int, int] = {}
+    for step, _ in keyed:
+        counts[step] = counts.get(step, 0) + 1
+    return counts
+
+
+def _rank(rank: int, comm: Communication, calls: Mapping[Key, CollectiveCall], gap: Mapping[Key, float],
+          late: Mapping[int, float], steps: Sequence[int]) -> RankArrival:
+    """One rank's waits, phases and lateness over the matched ``steps``."""
+    by_number = {s.number: s for s in comm.profiled_steps}
+    waiting = dict.fromkeys(PHASES, 0.0)
+    exposed = 0.0
+    phases = dict.fromkeys(PHASES, 0.0)
+    step_us = 0.0
+    for step in steps:
+        mine = [(k, c) for k, c in calls.items() if k[0] == step]
+        waits = union((c.arrival_us, c.arrival_us + gap[k]) for k, c in mine if gap[k] > 0)
+        idle: dict[str, list[Span]] = {}
+        for _, c in mine:
+            for start, end, phase in c.idle:
+                idle.setdefault(phase if phase in PHASES else "other", []).append((start, end))
+        for phase, spans in idle.items():
+            spans = union(spans)
+            exposed += length(spans)
+            waiting[phase] += length(intersect(spans, waits))
+        span = by_number.get(step)
+        if span is not None:
+            step_us += span.end_us - span.start_us
+            for phase in PHASES:
+                phases[phase] += span.phases_s.get(phase, 0.0) * 1e6
+    n = len(steps)
+    if not any(phases.values()):  # no phases known (a device's steps): the step is all "other"
+        phases["other"] = step_us
+    own = {p: max(0.0, phases[p] - waiting[p]) / 1e6 / n for p in PHASES}
+    return RankArrival(
+        rank=rank, late_s=tuple(late[s] / 1e6 for s in steps), waiting_s=sum(waiting.values()) / 1e6 / n,
+        waiting_by_phase={p: waiting[p] / 1e6 / n for p in PHASES}, own_phases_s=own, exposed_s=exposed / 1e6 / n,
+        step_s=step_us / 1e6 / n)

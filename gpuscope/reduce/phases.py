@@ -1,0 +1,89 @@
+"""A recorded step's phases from a trace's ranges on the training thread: data wait in DataLoader ``__next__``
+ranges, forward / backward / optimizer where annotated (``DistributedDataParallel.forward``, ``## forward ##``,
+``Optimizer.step#...``; backward, where no range says, from autograd's first op in the step to its last), the rest
+``other``; where ranges overlap, the first of data wait, optimizer, backward,
+forward takes the time."""
+
+from __future__ import annotations
+
+from gpuscope.reduce.intervals import Span, clip, intersect, length, union
+from gpuscope.reduce.trace import StepSpan, TraceIndex
+from gpuscope.record import PHASES
+
+PHASE_PRIORITY = ("data_wait", "optimizer", "backward", "forward")
+
+
+def phase_spans(index: TraceIndex, step: StepSpan) -> dict[str, list[Span]]:
+    """Each phase's time in ``step`` as disjoint spans, no span in two phases (``other``: what none claims)."""
+    spans: dict[str, list[Span]] = {}
+    claimed: list[Span] = []
+    for phase, mine in _claims(index, step):
+        spans[phase] = without(mine, claimed)
+        claimed = union([*claimed, *mine])
+    spans["other"] = without([(step.start_us, step.end_us)], claimed)
+    return spans
+
+
+def step_phases(index: TraceIndex, step: StepSpan) -> dict[str, float]:
+    """Seconds of ``step`` in each phase (``PHASES``)."""
+    window = (step.start_us, step.end_us)
+    seconds = dict.fromkeys(PHASES, 0.0)
+    claimed: list[Span] = []
+    for phase, mine in _claims(index, step):
+        seconds[phase] = (length(mine) - length(intersect(mine, claimed))) / 1e6
+        claimed = union([*claimed, *mine])
+    seconds["other"] = max(0.0, (window[1] - window[0]) / 1e6 - sum(seconds[p] for p in PHASE_PRIORITY))
+    return seconds
+
+
+def _claims(index: TraceIndex, step: StepSpan) -> list[tuple[str, list[Span]]]:
+    """Each phase's ranges in ``step``, merged and clipped to it, in ``PHASE_PRIORITY`` order."""
+    window = (step.start_us, step.end_us)
+    by_phase: dict[str, list[Span]] = {p: [] for p in PHASE_PRIORITY}
+    for start, end, name in index.annotations.get(step.thread, []):
+        phase = annotation_phase(name)
+        if phase is not None and end > window[0] and start < window[1]:
+            by_phase[phase].append((start, end))
+    if not by_phase["backward"] and (ran := autograd_span(index, step)) is not None:
+        by_phase["backward"].append(ran)
+    return [(phase, clip(union(by_phase[phase]), window)) for phase in PHASE_PRIORITY]
+
+
+def autograd_span(index: TraceIndex, step: StepSpan) -> Span | None:
+    """From the first to the last of autograd's ``evaluate_function`` ops in ``step`` (in its process, any thread):
+    backward, in a trace that has no range for it."""
+    columns = index.autograd.get(step.thread[0])
+    if columns is None:
+        return None
+    inside = [(s, e) for s, e in zip(*columns) if step.start_us <= s < step.end_us]
+    return (min(s for s, _ in inside), max(e for _, e in inside)) if inside else None
+
+
+def without(spans: list[Span], taken: list[Span]) -> list[Span]:
+    """Sorted disjoint ``spans`` less sorted disjoint ``taken``."""
+    out: list[Span] = []
+    for start, end in spans:
+        at = start
+        for s, e in intersect([(start, end)], taken):
+            if s > at:
+                out.append((at, s))
+            at = e
+        if at < end:
+            out.append((at, end))
+    return out
+
+
+def annotation_phase(name: str) -> str | None:
+    """The step phase a range's name says it is, or None."""
+    if "DataLoader" in name and "__next__" in name:
+        return "data_wait"
+    if name.startswith(("Optimizer.step#", "Optimizer.zero_grad#")):
+        return "optimizer"
+    core = name.strip("# ").lower()
+    if core in ("optimizer", "optimizer step", "optimizer.step"):
+        return "optimizer"
+    if core in ("backward", "loss.backward", "backward pass"):
+        return "backward"
+    if core in ("forward", "forward pass") or name.endswith("DataParallel.forward"):
+        return "forward"
+    return None
