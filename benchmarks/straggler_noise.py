@@ -1,12 +1,16 @@
-"""Does gpuscope name a straggler only when there is one? 2-rank DDP jobs (gloo, this CPU) of the DDP sample, run
-several times on a loaded machine: with no rank slowed (it must name none), and with rank 1's dataset sleeping a
-known time per item (it must name rank 1, and data wait, every time).
+"""Does gpuscope name a straggler only when there is one, with the right phase, and never mistake one for the
+network? 2-rank DDP jobs (gloo, this CPU) of the DDP sample, run several times on a loaded machine: with no rank
+slowed (it must name none), and with rank 1 about 12 ms late a step in data (its dataset sleeping per item), in
+forward (a forward hook), in backward (a gradient hook: the lateness sits inside backward, before the last bucket's
+all-reduce) and in the optimizer (a step pre-hook): it must name rank 1 and that phase, and advise no
+``reduce-communication``. Then a job that is communication-bound for real (``--comm-heavy``: a wide model at batch
+size 2), which must still be called so, with that advice.
 
 The load is busy processes beside the job, one per core by default: every rank's steps then vary, as on a shared
 machine, and whichever rank drew the worst luck has the most own work.
 
     python benchmarks/straggler_noise.py                       # 5 jobs of each kind, 2 busy processes
-    python benchmarks/straggler_noise.py --jobs 3 --load 0
+    python benchmarks/straggler_noise.py --jobs 3 --load 0 --kinds balanced,backward
 
 Figures: benchmarks/README.md ("Stragglers and noise"); raw: benchmarks/results/straggler-noise-2cpu.json.
 """
@@ -24,8 +28,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 DDP_SAMPLE = ROOT / "sample_workloads" / "ddp_training.py"
-SLOW_ARGS = ("--straggler-rank", "1", "--straggler-ms", "1", "--batch-size", "64")
-"""1 ms an item on rank 1, 64 items a batch: about 64 ms of extra loading a step."""
+KINDS = {
+    "balanced": ((), None),
+    "data": (("--straggler-rank", "1", "--straggler-ms", "0.2", "--batch-size", "64"), "data_wait"),
+    "forward": (("--straggler-rank", "1", "--straggler-in", "forward", "--straggler-ms", "12"), "forward"),
+    "backward": (("--straggler-rank", "1", "--straggler-in", "backward", "--straggler-ms", "12"), "backward"),
+    "optimizer": (("--straggler-rank", "1", "--straggler-in", "optimizer", "--straggler-ms", "12"), "optimizer"),
+    "comm-heavy": (("--comm-heavy",), None),
+}
+"""Each kind of job: the sample's arguments, and the phase rank 1 must be named late in (None: no straggler). Data:
+0.2 ms of sleep an item, 64 items a batch, about 13 ms a step (more, as a sleep overshoots); the others 12 ms of
+arithmetic a step."""
 
 
 def _burn() -> None:
@@ -34,44 +47,64 @@ def _burn() -> None:
 
 
 def job(out: Path, *args: str) -> dict:
-    """One 2-rank job under gpuscope; what its merged record says of stragglers and of each rank's steps."""
+    """One 2-rank job under gpuscope; what its merged record says of stragglers, communication and each rank."""
     subprocess.run([sys.executable, "-m", "gpuscope", "run", "--nproc-per-node", "2", "-o", str(out), "-q",
                     "--no-probes", str(DDP_SAMPLE), "--steps", "24", *args], check=True, capture_output=True)
     record = json.loads((out / "run.json").read_text())
     found = record.get("straggler")
+    comm = (record.get("op_profile") or {}).get("communication") or {}
     return {"straggler": found["rank"] if found else None, "cause": found["cause"] if found else None,
             "late_ms": round(found["late_s"] * 1e3, 1) if found else None,
             "cause_share": found.get("cause_share") if found else None,
+            "bound": record["verdict"]["bound"], "advice": [r["id"] for r in record["recommendations"]],
+            "comm_own_ms": round((comm.get("exposed_s", 0) - (comm.get("waiting_s") or 0)) * 1e3, 1),
+            "comm_waiting_ms": round((comm.get("waiting_s") or 0) * 1e3, 1),
             "ranks": [{"rank": r["rank"], "median_ms": round(r["median_s"] * 1e3, 1),
                        "spread_ms": round((r.get("spread_s") or 0) * 1e3, 1),
-                       "waiting_ms": round((r.get("comm_exposed_s") or 0) * 1e3, 1)} for r in record["ranks"]]}
+                       "exposed_ms": round((r.get("comm_exposed_s") or 0) * 1e3, 1),
+                       "waiting_ms": round((r.get("waiting_s") or 0) * 1e3, 1)} for r in record["ranks"]]}
+
+
+def right(kind: str, found: dict) -> bool:
+    """Whether a job's record says what it must: the right straggler and phase (or none), and communication-bound
+    with its advice only where the collectives themselves take the time."""
+    phase = KINDS[kind][1]
+    named = found["straggler"] is None if phase is None else (found["straggler"] == 1 and found["cause"] == phase)
+    if kind == "comm-heavy":
+        return named and found["bound"] == "communication" and "reduce-communication" in found["advice"]
+    return named and "reduce-communication" not in found["advice"]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=5, help="jobs of each kind")
     parser.add_argument("--load", type=int, default=os.cpu_count() or 2, help="busy processes beside the jobs")
+    parser.add_argument("--kinds", default=",".join(KINDS), help=f"which kinds of job, of {', '.join(KINDS)}")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "straggler-noise-2cpu.json"))
     args = parser.parse_args()
+    kinds = args.kinds.split(",")
     burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(args.load)]
     for b in burners:
         b.start()
-    results: dict[str, list[dict]] = {"balanced": [], "rank 1 slowed": []}
+    results: dict[str, list[dict]] = {kind: [] for kind in kinds}
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for n in range(args.jobs):
-                for kind, extra in (("balanced", ()), ("rank 1 slowed", SLOW_ARGS)):
-                    found = job(Path(tmp) / f"{kind.replace(' ', '-')}-{n}", *extra)
+                for kind in kinds:
+                    found = job(Path(tmp) / f"{kind}-{n}", *KINDS[kind][0])
+                    found["right"] = right(kind, found)
                     results[kind].append(found)
-                    print(f"{kind:14s} job {n + 1}: straggler {found['straggler']} ({found['cause']}, late "
-                          f"{found['late_ms']} ms, cause {found['cause_share']}); ranks {found['ranks']}", flush=True)
+                    print(f"{kind:10s} job {n + 1}: {'right' if found['right'] else 'WRONG'}: straggler "
+                          f"{found['straggler']} ({found['cause']}, late {found['late_ms']} ms, cause "
+                          f"{found['cause_share']}); {found['bound']}, advice {found['advice']}; collectives' own "
+                          f"{found['comm_own_ms']} ms, waiting {found['comm_waiting_ms']} ms; ranks {found['ranks']}",
+                          flush=True)
     finally:
         for b in burners:
             b.terminate()
-    balanced_named = sum(r["straggler"] is not None for r in results["balanced"])
-    slow_named = sum(r["straggler"] == 1 and r["cause"] == "data_wait" for r in results["rank 1 slowed"])
-    print(f"balanced jobs naming a straggler: {balanced_named} of {args.jobs}; slowed jobs naming rank 1 and data "
-          f"wait: {slow_named} of {args.jobs} (load: {args.load} busy processes)")
+    for kind in kinds:
+        print(f"{kind}: right in {sum(r['right'] for r in results[kind])} of {args.jobs} "
+              f"(load: {args.load} busy processes)")
     Path(args.out).write_text(json.dumps({"load_processes": args.load, **results}, indent=1) + "\n")
 
 

@@ -197,6 +197,8 @@ def _classify_gpu_step(record: RunRecord, step: GpuStep) -> Verdict:
     half the idle time) is the verdict, with less confidence and the other side named with its share; a GPU idle
     for neither reason (syncs, copies) leaves it inconclusive. Where the host takes most of a compute-bound step to queue it, that is said: a faster GPU step
     soon waits on launching."""
+    if record.source is not None and (profiled := _profiler_made_wait(record, step)) is not None:
+        return profiled
     kernels = record.op_profile.kernels  # type: ignore[union-attr]
     busy, length = step.busy, step.step_s
     idle = 1 - busy
@@ -237,6 +239,33 @@ def _classify_gpu_step(record: RunRecord, step: GpuStep) -> Verdict:
         *facts,
         f"the GPU idles {idle:.0%} of the step, mostly for neither the host's launches nor kernels queued behind "
         "each other (syncs, copies, other streams): neither busy nor starved by launching"))
+
+
+def _profiler_made_wait(record: RunRecord, step: GpuStep) -> Verdict | None:
+    """A trace in which every step is profiled (``gpuscope analyze``): the host's time there holds the profiler's
+    own cost, about ``PROFILED_OP_COST_S`` for each op it records, which a step run without it does not pay. Where
+    the GPU's wait for the host is no longer notable once that cost is taken off the host's pace, the wait is the
+    profiler's, not evidence of launching: compute-bound where the kernels would then keep the GPU busy, with less
+    confidence; else None (the wait stands, and the usual reading follows)."""
+    ops = record.op_profile
+    host = step.host.seconds if step.host is not None else step.step_s
+    if ops is None or not ops.ops_per_step or step.launch_wait_s < th.SIDE_NOTABLE * step.step_s:
+        return None  # no wait for the host to speak of: the usual reading
+    cost = ops.ops_per_step * th.PROFILED_OP_COST_S
+    device = step.kernel_s + step.gap_s + step.other_idle_s
+    unprofiled = max(device, host - cost)
+    waits = max(0.0, host - cost - device) / unprofiled if unprofiled > 0 else 0.0
+    busy = step.kernel_s / unprofiled if unprofiled > 0 else 0.0
+    if waits >= th.SIDE_NOTABLE or busy < th.GPU_BUSY_COMPUTE:
+        return None
+    return Verdict("compute", th.MIXED_CONFIDENCE, (
+        f"{step.busy_text}; it waits for the host {step.launch_wait_s / step.step_s:.0%} of it",
+        f"every step of a trace is profiled: the host's {host * 1e3:.1f} ms a step holds the profiler's own cost, "
+        f"about {th.PROFILED_OP_COST_S * 1e6:.0f} us for each of its {ops.ops_per_step:.0f} torch ops a step "
+        f"({cost * 1e3:.1f} ms); without it the host would queue a step in about {(host - cost) * 1e3:.1f} ms, "
+        f"against the {device * 1e3:.1f} ms the GPU takes to run it: the GPU would run kernels {busy:.0%} of the "
+        f"step and wait for launches {waits:.0%}, too little to call it launch-bound",
+        "a run under gpuscope run measures the steady steps unprofiled and tells this for certain"))
 
 
 def _other_side(computing: float, launching: float, busy: float, host: HostPace | None) -> str:
