@@ -465,7 +465,10 @@ class ProfiledStep:
     end_us: float = 0.0
     """Its end."""
     phases_s: dict[str, float] = field(default_factory=dict)
-    """Seconds in each phase (``PHASES``), from the trace's ranges (``reduce.tracefile.step_phases``)."""
+    """Seconds in each phase (``PHASES``), from the trace's ranges (``reduce.phases.step_phases``)."""
+    cpu_wait_s: float | None = None
+    """Seconds the training thread was runnable but waited for a CPU in this step (the kernel's schedstat): the
+    machine's load, not the rank's work. Null where not measured (a trace alone)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,8 +12,10 @@ of a step is the same one on every rank (a group's collectives are issued in one
 - from the last arrival to the end is the collective's own work (bytes over bandwidth, latency): only that is
   communication.
 
-A rank's work in each phase, less the waits that fell in that phase, set against the other ranks', says where a
-late rank's extra time lies (``ranks.straggler`` decides whether that is a straggler beyond noise).
+A rank's own work in each phase (its time less the waits for later ranks that fell in it, and less its wait for a
+CPU where the machine is busy: ranks that share cores with other processes are held back by the scheduler, which
+is no work of theirs) set against the other ranks' says which rank holds the others back and where its extra time
+lies (``ranks.straggler`` decides whether that is a straggler beyond noise).
 """
 
 from __future__ import annotations
@@ -31,20 +33,25 @@ Key = tuple[int, int]
 
 @dataclass(frozen=True, slots=True)
 class RankArrival:
-    """One rank's side of the job's collectives, per profiled step (the means over the steps matched)."""
+    """One rank's side of the job's collectives, over the profiled steps matched on every rank."""
 
     rank: int
     late_s: tuple[float, ...]
-    """Per matched step: how much later than the other ranks (their median) it arrived at the step's latest
-    collective: positive where it kept them waiting, negative where it waited."""
+    """Per matched step: how much later than the other ranks (their median) it arrived at the collective of the
+    step where it was latest: positive where it kept them waiting, negative where it waited."""
+    own_steps_s: tuple[float, ...]
+    """Per matched step: its own work, the step less its waits for later ranks and its waits for a CPU."""
     waiting_s: float
-    """Seconds a step its training thread (device) sat idle waiting for a later rank to arrive."""
+    """Seconds a step its training thread (device) sat idle waiting for a later rank to arrive (mean)."""
     waiting_by_phase: dict[str, float]
     """``waiting_s`` by the phase it fell in (on a device, all in ``other``)."""
     own_phases_s: dict[str, float]
-    """Seconds a step in each phase, less the waits that fell in it: the rank's own work."""
+    """Seconds a step in each phase less the waits that fell in it (for later ranks; for a CPU, in proportion):
+    the rank's own work (mean)."""
+    cpu_wait_s: float | None
+    """Seconds a step its training thread waited for a CPU (mean), where measured."""
     exposed_s: float
-    """Seconds a step its training thread (device) sat idle inside collectives, waiting or not."""
+    """Seconds a step its training thread (device) sat idle inside collectives, waiting or not (mean)."""
     step_s: float
     """Its mean profiled step."""
 
@@ -122,12 +129,13 @@ def _per_step(keyed: Mapping[Key, CollectiveCall]) -> dict[int, int]:
 
 def _rank(rank: int, comm: Communication, calls: Mapping[Key, CollectiveCall], gap: Mapping[Key, float],
           late: Mapping[int, float], steps: Sequence[int]) -> RankArrival:
-    """One rank's waits, phases and lateness over the matched ``steps``."""
+    """One rank's waits, own work and lateness over the matched ``steps``. A step's wait for a CPU (where measured)
+    comes off each phase's time in proportion, less the waits for later ranks (a blocked thread waits for no CPU)."""
     by_number = {s.number: s for s in comm.profiled_steps}
     waiting = dict.fromkeys(PHASES, 0.0)
-    exposed = 0.0
-    phases = dict.fromkeys(PHASES, 0.0)
-    step_us = 0.0
+    own = dict.fromkeys(PHASES, 0.0)
+    own_steps, cpu_waits = [], []
+    exposed = step_us = 0.0
     for step in steps:
         mine = [(k, c) for k, c in calls.items() if k[0] == step]
         waits = union((c.arrival_us, c.arrival_us + gap[k]) for k, c in mine if gap[k] > 0)
@@ -135,20 +143,33 @@ def _rank(rank: int, comm: Communication, calls: Mapping[Key, CollectiveCall], g
         for _, c in mine:
             for start, end, phase in c.idle:
                 idle.setdefault(phase if phase in PHASES else "other", []).append((start, end))
+        waited = dict.fromkeys(PHASES, 0.0)
         for phase, spans in idle.items():
             spans = union(spans)
             exposed += length(spans)
-            waiting[phase] += length(intersect(spans, waits))
+            waited[phase] = length(intersect(spans, waits))
         span = by_number.get(step)
-        if span is not None:
-            step_us += span.end_us - span.start_us
-            for phase in PHASES:
-                phases[phase] += span.phases_s.get(phase, 0.0) * 1e6
-    n = len(steps)
-    if not any(phases.values()):  # no phases known (a device's steps): the step is all "other"
-        phases["other"] = step_us
-    own = {p: max(0.0, phases[p] - waiting[p]) / 1e6 / n for p in PHASES}
+        if span is None:
+            continue
+        length_us = span.end_us - span.start_us
+        step_us += length_us
+        phases = {p: span.phases_s.get(p, 0.0) * 1e6 for p in PHASES}
+        if not any(phases.values()):  # no phases known (a device's steps): the step is all "other"
+            phases["other"] = length_us
+        working = {p: max(0.0, phases[p] - waited[p]) for p in PHASES}
+        total = sum(working.values())
+        cpu_wait = min(total, (span.cpu_wait_s or 0.0) * 1e6)
+        if span.cpu_wait_s is not None:
+            cpu_waits.append(cpu_wait / 1e6)
+        keep = 1 - cpu_wait / total if total > 0 else 0.0
+        for p in PHASES:
+            waiting[p] += waited[p]
+            own[p] += working[p] * keep
+        own_steps.append(total * keep / 1e6)
+    n = max(1, len(own_steps))
     return RankArrival(
-        rank=rank, late_s=tuple(late[s] / 1e6 for s in steps), waiting_s=sum(waiting.values()) / 1e6 / n,
-        waiting_by_phase={p: waiting[p] / 1e6 / n for p in PHASES}, own_phases_s=own, exposed_s=exposed / 1e6 / n,
+        rank=rank, late_s=tuple(late[s] / 1e6 for s in steps), own_steps_s=tuple(own_steps),
+        waiting_s=sum(waiting.values()) / 1e6 / n, waiting_by_phase={p: waiting[p] / 1e6 / n for p in PHASES},
+        own_phases_s={p: own[p] / 1e6 / n for p in PHASES},
+        cpu_wait_s=sum(cpu_waits) / len(cpu_waits) if cpu_waits else None, exposed_s=exposed / 1e6 / n,
         step_s=step_us / 1e6 / n)

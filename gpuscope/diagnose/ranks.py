@@ -31,46 +31,54 @@ def straggler(ranks: Sequence[RankSummary], found: Arrivals | None = None) -> St
 
 
 def by_arrival(ranks: Sequence[RankSummary], found: Arrivals) -> Straggler | None:
-    """The rank that arrives last at the collectives in ``STRAGGLER_LAST_STEPS`` of the profiled steps, late by
-    ``STRAGGLER_ARRIVAL_SHARE`` of the step at least (the median over the steps of how much later than the others it
-    arrived, at the collective of each where it was latest), by more than half the other ranks' step-to-step spread,
-    and whose own work (phases less waits) holds ``STRAGGLER_EXPLAINED`` of the lateness over the others'."""
+    """The rank whose own work a step (``diagnose.arrival``: its step less its waits for later ranks and for a CPU)
+    exceeds the other ranks' by ``STRAGGLER_ARRIVAL_SHARE`` of the step (the median over the profiled steps of the
+    excess, step by step), in ``STRAGGLER_LAST_STEPS`` of those steps: the rank the others wait for, wherever its
+    extra time lies. On a quiet machine it is also the rank that arrives last; on a busy one the scheduler moves the
+    arrivals about, and its own work still tells."""
     summaries = {r.rank: r for r in ranks if r.steps}
-    timed = [a for a in found.ranks if a.rank in summaries]
-    if len(timed) < 2:
+    timed = [a for a in found.ranks if a.rank in summaries and a.own_steps_s]
+    if len(timed) < 2 or len({len(a.own_steps_s) for a in timed}) != 1:
         return None
-    slow = max(timed, key=lambda a: statistics.median(a.late_s))
+    count = len(timed[0].own_steps_s)
+    baseline = {a.rank: [a.own_steps_s[s] - statistics.median(o.own_steps_s[s] for o in timed if o is not a)
+                         for s in range(count)] for a in timed}
+    slow = max(timed, key=lambda a: statistics.median(baseline[a.rank]))
     others = [a for a in timed if a is not slow]
-    late_s = statistics.median(slow.late_s)
-    last = sum(x > 0 for x in slow.late_s)
+    excess_s = statistics.median(baseline[slow.rank])
+    more = sum(x > 0 for x in baseline[slow.rank])
     step_s = statistics.median(a.step_s for a in timed)
-    if step_s <= 0 or late_s < th.STRAGGLER_ARRIVAL_SHARE * step_s or last < th.STRAGGLER_LAST_STEPS * len(slow.late_s):
+    if step_s <= 0 or excess_s < th.STRAGGLER_ARRIVAL_SHARE * step_s or more < th.STRAGGLER_LAST_STEPS * count:
         return None
-    spreads = [summaries[a.rank].spread_s for a in others if summaries[a.rank].spread_s is not None]
-    spread_s = statistics.median(spreads) if spreads else None  # type: ignore[type-var]
-    if spread_s is not None and late_s <= spread_s / 2:
-        return None  # within how far the others' own steps stray from their median
     excess = {p: slow.own_phases_s[p] - statistics.median(a.own_phases_s[p] for a in others) for p in PHASES}
-    if sum(max(0.0, e) for e in excess.values()) < th.STRAGGLER_EXPLAINED * late_s:
-        return None  # its own work holds no extra time to match: the arrivals differ, not the work
     cause = max(excess, key=lambda p: excess[p])
-    cause_share = min(1.0, max(0.0, excess[cause] / late_s))
+    if excess[cause] <= 0:
+        return None
+    cause_share = min(1.0, excess[cause] / sum(max(0.0, e) for e in excess.values()))
     others_wait = statistics.median(a.waiting_s for a in others)
     others_phase = statistics.median(a.own_phases_s[cause] for a in others)
-    beyond = (f", beyond the {spread_s / 2 * 1e3:.1f} ms the other ranks' steps stray from their median (half their "
-              f"10th-90th percentile range)" if spread_s is not None else "")
+    last = sum(x > 0 for x in slow.late_s)
+    late = statistics.median(slow.late_s)
+    busy = [a.cpu_wait_s for a in timed if a.cpu_wait_s]
+    arrived = (f"it arrives last at the collectives in {last} of {len(slow.late_s)} profiled steps, "
+               f"{late * 1e3:.1f} ms after the others at the median")
+    if busy and max(busy) >= th.STRAGGLER_ARRIVAL_SHARE * step_s:
+        arrived += (f" (the machine is busy: the ranks waited up to {max(busy) * 1e3:.1f} ms a step for a CPU, "
+                    "which moves the arrivals about and is left out of their own work)")
     evidence = (
-        f"rank {slow.rank} arrives last at the collectives in {last} of {len(slow.late_s)} profiled steps, "
-        f"{late_s * 1e3:.1f} ms after the other ranks ({late_s / step_s:.0%} of the {step_s * 1e3:.1f} ms step)"
-        f"{beyond}",
+        f"rank {slow.rank} does {excess_s * 1e3:.1f} ms more work a step than the other ranks "
+        f"({excess_s / step_s:.0%} of the {step_s * 1e3:.1f} ms profiled step; more in {more} of {count} steps), and "
+        f"they wait for it: {arrived}",
         f"its own {_phase_words(cause)} takes {slow.own_phases_s[cause] * 1e3:.1f} ms a step, the other ranks' "
-        f"{others_phase * 1e3:.1f} ms: {excess[cause] * 1e3:.1f} ms more, {cause_share:.0%} of the lateness",
-        f"meanwhile the other ranks sit waiting for it {others_wait * 1e3:.1f} ms a step; the collectives' own "
-        f"time, from the last arrival to their end, is {found.own_s * 1e3:.1f} ms a step",
+        f"{others_phase * 1e3:.1f} ms: {excess[cause] * 1e3:.1f} ms more, {cause_share:.0%} of its extra work",
+        f"meanwhile the other ranks sit waiting for a later rank {others_wait * 1e3:.1f} ms a step; the "
+        f"collectives' own time, from the last arrival to their end, is {found.own_s * 1e3:.1f} ms a step",
     )
-    return Straggler(rank=slow.rank, late_s=late_s, late_share=min(1.0, late_s / step_s), cause=cause,
-                     evidence=evidence, cause_share=cause_share, spread_s=spread_s, others_wait_s=others_wait,
-                     arrived_last=last, steps_matched=len(slow.late_s), basis="arrivals")
+    spreads = [summaries[a.rank].spread_s for a in others if summaries[a.rank].spread_s is not None]
+    return Straggler(rank=slow.rank, late_s=excess_s, late_share=min(1.0, excess_s / step_s), cause=cause,
+                     evidence=evidence, cause_share=cause_share,
+                     spread_s=statistics.median(spreads) if spreads else None,  # type: ignore[type-var]
+                     others_wait_s=others_wait, arrived_last=last, steps_matched=len(slow.late_s), basis="arrivals")
 
 
 def _phase_words(phase: str) -> str:

@@ -213,13 +213,14 @@ waits differing, not their work: balanced ranks on a loaded 2-core machine showe
 phase, and 15.1 ms with 9% (benchmarks/straggler_noise.py)."""
 
 STRAGGLER_ARRIVAL_SHARE = 0.1
-"""From arrivals (every rank's collectives matched, ``diagnose.arrival``), a rank that arrives last by a tenth of the
-profiled step holds the others back: a rank doing 12 ms more arithmetic a step than the other in a 60 ms DDP step
-arrived 12-16 ms late at the last bucket (20-26%), balanced ranks on a loaded 2-core machine up to a few ms apart.
-The spread and phase guards below apply as well (benchmarks/straggler_noise.py)."""
+"""Where every rank's collectives were matched (``diagnose.arrival``), a rank whose own work (its step less its
+waits for later ranks and for a CPU) exceeds the other ranks' by a tenth of the profiled step holds them back: a
+rank doing 12 ms more arithmetic a step in a 60 ms DDP step is 20% over; balanced ranks on a loaded 2-core machine
+differed by a few ms once their waits for a CPU were taken off (benchmarks/straggler_noise.py)."""
 
 STRAGGLER_LAST_STEPS = 2 / 3
-"""...and arrives last in at least two thirds of the profiled steps: "step after step", not once by bad luck."""
+"""...and does more work than the others in at least two thirds of the profiled steps: step after step, not once
+by bad luck."""
 
 # -- launches, fusion, copies and mixed precision ------------------------------------------------------------
 LAUNCH_NOTABLE = 0.3

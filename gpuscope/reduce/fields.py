@@ -111,7 +111,11 @@ def trace_op_profile(capture: TraceCapture, evaluated: set[int] | frozenset[int]
         events = [e for s in training for e in window_events(events, s.start_us, s.end_us)]
     profile = op_profile(op_table(events), window, len(training) if left_out else len(recorded), figures,
                          cuda=capture.cuda, trace_bytes=capture.trace_bytes, trace_detail=capture.trace_detail)
-    return replace(profile, evaluated_steps=left_out)
+    comm = profile.communication
+    if comm is not None and capture.cpu_wait_s:  # each profiled step's wait for a CPU, beside its phases
+        comm = replace(comm, profiled_steps=tuple(replace(s, cpu_wait_s=capture.cpu_wait_s.get(s.number))
+                                                  for s in comm.profiled_steps))
+    return replace(profile, evaluated_steps=left_out, communication=comm)
 
 
 def op_profile(table: OpTable, window: Window, steps: int, figures: TraceFigures, *, cuda: bool,

@@ -9,6 +9,7 @@ after the cProfile window and a clean step, one warm-up step (the profiler runs,
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import os
 import sys
@@ -83,6 +84,7 @@ class TorchTraceCollector(StepFollower):
         self._error: str | None = None
         self._cuda = False
         self._cupti_teardown = False
+        self._waits: list[tuple[int, float]] = []  # (step index, the loop thread's wait for a CPU so far, s)
 
     @classmethod
     def wants(cls, options: CollectOptions) -> WindowRequest:
@@ -125,6 +127,8 @@ class TorchTraceCollector(StepFollower):
                 return
             if phase == "active":
                 self._recorded.append(index)
+            if phase in ("active", "after"):
+                self._note_wait(index)
             with kineto_quiet(), inductor_left_unimported():
                 self._prof.step()
             if phase == "after":
@@ -167,6 +171,13 @@ class TorchTraceCollector(StepFollower):
             self._prof.start()
         self._began_at = time.perf_counter() if index == self.start_step else None
         self._events.window_opened()  # type: ignore[union-attr]
+
+    def _note_wait(self, index: int) -> None:
+        """As step ``index`` begins: how long the loop's thread has waited for a CPU so far (the kernel's schedstat),
+        so that each recorded step's share of it is known (a busy machine's, not the step's own work)."""
+        waited = thread_cpu_wait()
+        if waited is not None:
+            self._waits.append((index, waited))
 
     def _trace_ready(self, prof: Any) -> None:
         """The recorded steps are done: save the trace, nothing more. The op table is read from its events after
@@ -226,7 +237,18 @@ class TorchTraceCollector(StepFollower):
                 f"{self.start_step + WARMUP_STEPS + self.active - 1}); run more steps to get trace.json"))
         capture = capture_trace(self._run_dir / TRACE_FILE, self.max_bytes, recorded=self._recorded, cuda=self._cuda,
                                 unfinished=unfinished)
-        return CollectorResult(CollectorStatus("ok"), capture)
+        waits = {step: round(later - waited, 9) for (step, waited), (_, later) in zip(self._waits, self._waits[1:])}
+        return CollectorResult(CollectorStatus("ok"), dataclasses.replace(capture, cpu_wait_s=waits))
+
+
+def thread_cpu_wait(proc: str = "/proc/thread-self/schedstat") -> float | None:
+    """Seconds the calling thread has spent runnable, waiting for a CPU (the second field of the kernel's
+    schedstat); None where the kernel keeps none."""
+    try:
+        with open(proc, "rb") as f:
+            return int(f.read().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def return_freed_heap() -> None:
