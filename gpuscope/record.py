@@ -466,6 +466,8 @@ class ProfiledStep:
     """Its end."""
     phases_s: dict[str, float] = field(default_factory=dict)
     """Seconds in each phase (``PHASES``), from the trace's ranges (``reduce.phases.step_phases``)."""
+    cpu_s: float | None = None
+    """Seconds the training thread ran on a CPU in this step (the kernel's schedstat). Null where not measured."""
     cpu_wait_s: float | None = None
     """Seconds the training thread was runnable but waited for a CPU in this step (the kernel's schedstat): the
     machine's load, not the rank's work. Null where not measured (a trace alone)."""

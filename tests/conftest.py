@@ -122,10 +122,15 @@ def validate_run(data: Any, where: object = "run.json") -> None:
 
 
 def load_run(run_dir: Path) -> dict[str, Any]:
-    """The parsed run.json of a run folder, validated against docs/run.schema.json."""
+    """The parsed run.json of a run folder, validated against docs/run.schema.json, its figures checked
+    (``figures_check``: no share of a step above the whole, no negative time)."""
+    from figures_check import figure_errors
+
     path = run_dir / "run.json"
     data = json.loads(path.read_text())
     validate_run(data, path)
+    errors = figure_errors(data)
+    assert not errors, f"{path}: " + "; ".join(errors[:10])
     return data
 
 

@@ -89,6 +89,8 @@ class TraceCapture:
     trace_bytes: int
     trace_detail: str
     unfinished: int | None = None
+    cpu_s: dict[int, float] = field(default_factory=dict)
+    """Each recorded step's time the loop's thread ran on a CPU (where the kernel says)."""
     cpu_wait_s: dict[int, float] = field(default_factory=dict)
     """Each recorded step's time the loop's thread was runnable but waiting for a CPU (where the kernel says)."""
 

@@ -40,13 +40,13 @@ class RankArrival:
     """Per matched step: how much later than the other ranks (their median) it arrived at the collective of the
     step where it was latest: positive where it kept them waiting, negative where it waited."""
     own_steps_s: tuple[float, ...]
-    """Per matched step: its own work, the step less its waits for later ranks and its waits for a CPU."""
+    """Per matched step: its own work, the step less its idle time inside collectives and its wait for a CPU."""
     waiting_s: float
     """Seconds a step its training thread (device) sat idle waiting for a later rank to arrive (mean)."""
     waiting_by_phase: dict[str, float]
     """``waiting_s`` by the phase it fell in (on a device, all in ``other``)."""
     own_phases_s: dict[str, float]
-    """Seconds a step in each phase less the waits that fell in it (for later ranks; for a CPU, in proportion):
+    """Seconds a step in each phase less its idle time inside collectives and (in proportion) its wait for a CPU:
     the rank's own work (mean)."""
     cpu_wait_s: float | None
     """Seconds a step its training thread waited for a CPU (mean), where measured."""
@@ -129,8 +129,9 @@ def _per_step(keyed: Mapping[Key, CollectiveCall]) -> dict[int, int]:
 
 def _rank(rank: int, comm: Communication, calls: Mapping[Key, CollectiveCall], gap: Mapping[Key, float],
           late: Mapping[int, float], steps: Sequence[int]) -> RankArrival:
-    """One rank's waits, own work and lateness over the matched ``steps``. A step's wait for a CPU (where measured)
-    comes off each phase's time in proportion, less the waits for later ranks (a blocked thread waits for no CPU)."""
+    """One rank's waits, own work and lateness over the matched ``steps``. Its own work is each phase's time less
+    the time its thread sat idle inside collectives (waiting for later ranks, or for the collectives' own work, the
+    same for every rank), and less the step's wait for a CPU (where measured), in proportion."""
     by_number = {s.number: s for s in comm.profiled_steps}
     waiting = dict.fromkeys(PHASES, 0.0)
     own = dict.fromkeys(PHASES, 0.0)
@@ -144,9 +145,11 @@ def _rank(rank: int, comm: Communication, calls: Mapping[Key, CollectiveCall], g
             for start, end, phase in c.idle:
                 idle.setdefault(phase if phase in PHASES else "other", []).append((start, end))
         waited = dict.fromkeys(PHASES, 0.0)
+        blocked = dict.fromkeys(PHASES, 0.0)  # idle inside collectives at all: waiting, or their own time
         for phase, spans in idle.items():
             spans = union(spans)
             exposed += length(spans)
+            blocked[phase] = length(spans)
             waited[phase] = length(intersect(spans, waits))
         span = by_number.get(step)
         if span is None:
@@ -156,7 +159,7 @@ def _rank(rank: int, comm: Communication, calls: Mapping[Key, CollectiveCall], g
         phases = {p: span.phases_s.get(p, 0.0) * 1e6 for p in PHASES}
         if not any(phases.values()):  # no phases known (a device's steps): the step is all "other"
             phases["other"] = length_us
-        working = {p: max(0.0, phases[p] - waited[p]) for p in PHASES}
+        working = {p: max(0.0, phases[p] - blocked[p]) for p in PHASES}
         total = sum(working.values())
         cpu_wait = min(total, (span.cpu_wait_s or 0.0) * 1e6)
         if span.cpu_wait_s is not None:

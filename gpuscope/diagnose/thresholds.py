@@ -212,11 +212,12 @@ rank slowed by a loading delay: 89% of it in data wait). Lateness no phase holds
 waits differing, not their work: balanced ranks on a loaded 2-core machine showed 15.7 ms of it with 4% in any
 phase, and 15.1 ms with 9% (benchmarks/straggler_noise.py)."""
 
-STRAGGLER_ARRIVAL_SHARE = 0.1
-"""Where every rank's collectives were matched (``diagnose.arrival``), a rank whose own work (its step less its
-waits for later ranks and for a CPU) exceeds the other ranks' by a tenth of the profiled step holds them back: a
-rank doing 12 ms more arithmetic a step in a 60 ms DDP step is 20% over; balanced ranks on a loaded 2-core machine
-differed by a few ms once their waits for a CPU were taken off (benchmarks/straggler_noise.py)."""
+STRAGGLER_ARRIVAL_SHARE = 0.12
+"""Where every rank's collectives were matched (``diagnose.arrival``), a rank whose own work (its step less its idle
+time inside collectives and its wait for a CPU) exceeds the other ranks' by an eighth of the profiled step holds
+them back: a rank doing 12 ms more arithmetic a step in a 60-100 ms DDP step was 13-20% over; balanced ranks
+beside two busy processes on the 2-core machine differed by up to 11% (a rank that shares its core's other
+hyperthread with a busy process runs every phase slower), 1-4% on a quiet one (benchmarks/straggler_noise.py)."""
 
 STRAGGLER_LAST_STEPS = 2 / 3
 """...and does more work than the others in at least two thirds of the profiled steps: step after step, not once

@@ -113,7 +113,8 @@ def trace_op_profile(capture: TraceCapture, evaluated: set[int] | frozenset[int]
                          cuda=capture.cuda, trace_bytes=capture.trace_bytes, trace_detail=capture.trace_detail)
     comm = profile.communication
     if comm is not None and capture.cpu_wait_s:  # each profiled step's wait for a CPU, beside its phases
-        comm = replace(comm, profiled_steps=tuple(replace(s, cpu_wait_s=capture.cpu_wait_s.get(s.number))
+        comm = replace(comm, profiled_steps=tuple(replace(s, cpu_s=capture.cpu_s.get(s.number),
+                                                          cpu_wait_s=capture.cpu_wait_s.get(s.number))
                                                   for s in comm.profiled_steps))
     return replace(profile, evaluated_steps=left_out, communication=comm)
 

@@ -84,7 +84,8 @@ class TorchTraceCollector(StepFollower):
         self._error: str | None = None
         self._cuda = False
         self._cupti_teardown = False
-        self._waits: list[tuple[int, float]] = []  # (step index, the loop thread's wait for a CPU so far, s)
+        self._waits: list[tuple[int, float, float]] = []  # (step index, the loop thread's time on and waiting for a
+        # CPU so far, s)
 
     @classmethod
     def wants(cls, options: CollectOptions) -> WindowRequest:
@@ -175,9 +176,9 @@ class TorchTraceCollector(StepFollower):
     def _note_wait(self, index: int) -> None:
         """As step ``index`` begins: how long the loop's thread has waited for a CPU so far (the kernel's schedstat),
         so that each recorded step's share of it is known (a busy machine's, not the step's own work)."""
-        waited = thread_cpu_wait()
-        if waited is not None:
-            self._waits.append((index, waited))
+        times = thread_cpu_times()
+        if times is not None:
+            self._waits.append((index, *times))
 
     def _trace_ready(self, prof: Any) -> None:
         """The recorded steps are done: save the trace, nothing more. The op table is read from its events after
@@ -237,16 +238,19 @@ class TorchTraceCollector(StepFollower):
                 f"{self.start_step + WARMUP_STEPS + self.active - 1}); run more steps to get trace.json"))
         capture = capture_trace(self._run_dir / TRACE_FILE, self.max_bytes, recorded=self._recorded, cuda=self._cuda,
                                 unfinished=unfinished)
-        waits = {step: round(later - waited, 9) for (step, waited), (_, later) in zip(self._waits, self._waits[1:])}
-        return CollectorResult(CollectorStatus("ok"), dataclasses.replace(capture, cpu_wait_s=waits))
+        pairs = list(zip(self._waits, self._waits[1:]))
+        return CollectorResult(CollectorStatus("ok"), dataclasses.replace(
+            capture, cpu_s={a[0]: round(b[1] - a[1], 9) for a, b in pairs},
+            cpu_wait_s={a[0]: round(b[2] - a[2], 9) for a, b in pairs}))
 
 
-def thread_cpu_wait(proc: str = "/proc/thread-self/schedstat") -> float | None:
-    """Seconds the calling thread has spent runnable, waiting for a CPU (the second field of the kernel's
-    schedstat); None where the kernel keeps none."""
+def thread_cpu_times(proc: str = "/proc/thread-self/schedstat") -> tuple[float, float] | None:
+    """Seconds the calling thread has spent on a CPU, and runnable waiting for one (the kernel's schedstat); None
+    where the kernel keeps none."""
     try:
         with open(proc, "rb") as f:
-            return int(f.read().split()[1]) / 1e9
+            fields = f.read().split()
+        return int(fields[0]) / 1e9, int(fields[1]) / 1e9
     except (OSError, ValueError, IndexError):
         return None
 

@@ -1,0 +1,160 @@
+"""Across ranks, collective by collective: who arrived last, who waited for whom, and what is the collectives' own
+time. Every expected figure is worked out by hand in the test from the calls it builds."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from conftest import make_record
+from gpuscope.diagnose.arrival import arrivals
+from gpuscope.diagnose.classify import classify
+from gpuscope.diagnose.ranks import straggler
+from gpuscope.diagnose.rules.communication import balance_ranks, reduce_communication
+from gpuscope.distributed import merge
+from gpuscope.record import (CollectiveCall, Communication, Distributed, OpProfile, ProfiledStep, RankSummary,
+                             Steps, Straggler)
+
+STEP_US = 60_000.0
+
+
+def ddp_rank(late_backward_us: float, offset_us: float = 0.0, steps: int = 3) -> Communication:
+    """A DDP rank's profiled steps, each 60 ms: data 2 ms, forward 10 ms, backward from 12 ms for 20 ms plus
+    ``late_backward_us``; two buckets: the first ready 8 ms into backward (its all-reduce overlaps the rest of
+    backward: the thread stays busy), the second when backward ends; both end when the later rank's arrives and
+    the collective's own work is done: 5.5 ms after the latest first-bucket arrival, 2 ms after the latest second.
+    On the clock of its own host, ``offset_us`` apart from the other rank's."""
+    calls, spans = [], []
+    for n in range(steps):
+        t0 = n * STEP_US + offset_us
+        backward_end = t0 + 32_000 + late_backward_us
+        first = t0 + 20_000 + late_backward_us / 24  # the hook's work mostly lands in the second bucket
+        calls.append(CollectiveCall(10 + n, "all_reduce", first, t0 + 20_500 + 5_500, ()))
+        second_end = t0 + 44_000 + 2_000  # the late rank (12 ms) arrives at 44 ms
+        calls.append(CollectiveCall(10 + n, "all_reduce", backward_end, second_end,
+                                    ((backward_end, second_end, "other"),)))
+        other_ms = (STEP_US - 2_000 - 10_000 - (20_000 + late_backward_us) - 3_000) / 1e6
+        spans.append(ProfiledStep(10 + n, t0, t0 + STEP_US, {
+            "data_wait": 0.002, "forward": 0.010, "backward": (20_000 + late_backward_us) / 1e6, "optimizer": 0.003,
+            "other": other_ms}))
+    exposed = sum(c.end_us - c.arrival_us for c in calls[1::2]) / 1e6 / steps
+    return Communication(calls_per_step=2, comm_s=0.012, exposed_s=exposed, backend="gloo", measured_on="host",
+                         step_s=STEP_US / 1e6, calls=tuple(calls), profiled_steps=tuple(spans))
+
+
+def test_the_last_to_arrive_sets_the_others_waits_and_the_collectives_own_time() -> None:
+    # given: rank 1's backward takes 12 ms longer (a gradient hook), so it arrives at the second bucket at 44 ms,
+    # rank 0 at 32 ms; at the first bucket rank 1 is 0.5 ms later, while rank 0 still runs backward
+    found = arrivals({0: ddp_rank(0), 1: ddp_rank(12_000)})
+    assert found is not None and found.steps == 3 and found.collectives == 6
+    fast, slow = found.of(0), found.of(1)
+    # then: rank 0 sat idle waiting for rank 1 from 32 to 44 ms (the first bucket's 0.5 ms wait was overlapped)
+    assert fast.waiting_s == pytest.approx(0.012)
+    assert fast.waiting_by_phase["other"] == pytest.approx(0.012) and fast.waiting_by_phase["backward"] == 0
+    assert slow.waiting_s == 0
+    # rank 1 arrived 12 ms after rank 0 at the step's latest collective, every step; rank 0 at most 0.5 ms before
+    assert slow.late_s == pytest.approx((0.012,) * 3)
+    assert fast.late_s == pytest.approx((-0.0005,) * 3)
+    # the collectives' own time, from the last arrival to the end: 5.5 ms (first bucket) + 2 ms (second)
+    assert found.own_s == pytest.approx(0.0075)
+    # each rank's own work: its phases less its idle time inside collectives (rank 0: 14 ms of its "other")
+    assert fast.own_phases_s["other"] == pytest.approx(0.025 - 0.014)
+    assert slow.own_phases_s["other"] == pytest.approx(0.013 - 0.002)
+    assert slow.own_phases_s["backward"] - fast.own_phases_s["backward"] == pytest.approx(0.012)
+    assert found.clock == "shared"
+
+
+def test_the_rank_that_does_more_work_step_after_step_is_the_straggler_with_its_phase() -> None:
+    found = arrivals({0: ddp_rank(0), 1: ddp_rank(12_000)})
+    ranks = [RankSummary(rank=r, steps=20, median_s=0.06, spread_s=0.03) for r in (0, 1)]
+    late = straggler(ranks, found)
+    assert late is not None and late.rank == 1 and late.cause == "backward" and late.basis == "arrivals"
+    # 58 ms of own work against 46 ms: 12 ms, 20% of the 60 ms profiled step, all of it in backward
+    assert late.late_s == pytest.approx(0.012) and late.late_share == pytest.approx(0.2)
+    assert late.cause_share == pytest.approx(1.0)
+    assert late.others_wait_s == pytest.approx(0.012) and late.arrived_last == 3 and late.steps_matched == 3
+    assert "rank 1 does 12.0 ms more work a step" in late.evidence[0]
+    assert "arrives last at the collectives in 3 of 3 profiled steps" in late.evidence[0]
+    assert "its own backward" in late.evidence[1]
+
+
+def test_ranks_on_different_hosts_are_set_on_one_clock_by_the_collectives_ends() -> None:
+    # given: rank 1's host clock reads 5 s ahead of rank 0's
+    found = arrivals({0: ddp_rank(0), 1: ddp_rank(12_000, offset_us=5e6)}, {0: "node-a", 1: "node-b"})
+    assert found is not None and found.clock == "aligned"
+    assert found.of(0).waiting_s == pytest.approx(0.012) and found.of(1).late_s == pytest.approx((0.012,) * 3)
+
+
+def test_balanced_ranks_name_no_straggler() -> None:
+    found = arrivals({0: ddp_rank(0), 1: ddp_rank(500)})  # 0.5 ms apart: noise
+    ranks = [RankSummary(rank=r, steps=20, median_s=0.06) for r in (0, 1)]
+    assert straggler(ranks, found) is None
+
+
+def test_a_rank_late_in_one_step_of_three_is_not_a_straggler() -> None:
+    slow = ddp_rank(12_000)
+    even = ddp_rank(0)
+    # rank 1 does the extra work in the first step only
+    calls = (*slow.calls[:2], *even.calls[2:])
+    spans = (slow.profiled_steps[0], *even.profiled_steps[1:])
+    found = arrivals({0: ddp_rank(0), 1: dataclasses.replace(even, calls=calls, profiled_steps=spans)})
+    assert straggler([RankSummary(rank=r, steps=20, median_s=0.06) for r in (0, 1)], found) is None
+
+
+def test_collectives_that_do_not_match_across_ranks_are_not_set_side_by_side() -> None:
+    one = ddp_rank(0)
+    other = dataclasses.replace(ddp_rank(0), calls=ddp_rank(0).calls[::2])  # a call a step fewer
+    assert arrivals({0: one, 1: other}) is None
+    assert arrivals({0: one}) is None
+
+
+def job_rank(rank: int, comm: Communication) -> object:
+    steps = Steps(count=20, median_s=0.06, mean_s=0.06, p10_s=0.055, p90_s=0.065, min_s=0.05, max_s=0.07, total=30)
+    return dataclasses.replace(make_record(steps=steps), distributed=Distributed(rank=rank, world_size=2),
+                               op_profile=OpProfile(ops=100, ops_per_step=50, steps=3, communication=comm))
+
+
+def test_a_job_held_back_by_one_rank_is_advised_to_balance_it_not_to_send_less() -> None:
+    # given: rank 0 waits 14 ms a step inside collectives, 12 of them for rank 1
+    job = merge([job_rank(0, ddp_rank(0)), job_rank(1, ddp_rank(12_000))])
+    assert job.straggler is not None and job.straggler.rank == 1
+    ids = [r.id for r in job.recommendations]
+    assert "balance-ranks" in ids and "reduce-communication" not in ids
+    advice = next(r for r in job.recommendations if r.id == "balance-ranks")
+    assert advice.expected_gain == pytest.approx(0.2)  # the others' 12 ms wait of the 60 ms step
+    assert "backward" in advice.fix
+    (waiting,) = [r for r in job.ranks if r.rank == 0]
+    assert waiting.waiting_s == pytest.approx(0.012) and waiting.profiled_step_s == pytest.approx(0.06)
+
+
+def test_a_wait_for_a_late_rank_is_not_communication() -> None:
+    # given: 36 ms a step idle inside collectives of a 60 ms step, 30 of them waiting for a later rank
+    comm = Communication(calls_per_step=2, comm_s=0.04, exposed_s=0.036, backend="gloo", step_s=0.06,
+                         waiting_s=0.030)
+    record = job_rank(0, comm)
+    assert classify(record).bound != "communication"
+    assert reduce_communication(record) is None  # 6 ms of its own: 10%, under the 20% worth cutting
+    # while the same wait with no later rank to wait for is communication, of the profiled step
+    alone = job_rank(0, dataclasses.replace(comm, waiting_s=None))
+    assert classify(alone).bound == "communication"
+    assert "60% of each step: 36.0 ms of the 60.0 ms profiled step" in classify(alone).evidence[0]
+
+
+def test_no_share_of_a_step_exceeds_the_whole_step() -> None:
+    # the profiled window's waits over the steady median would be 150%; of the profiled steps they are 90%
+    comm = Communication(calls_per_step=1, comm_s=0.09, exposed_s=0.09, backend="gloo", step_s=0.1)
+    record = dataclasses.replace(job_rank(0, comm), steps=dataclasses.replace(job_rank(0, comm).steps, median_s=0.06))
+    assert "90% of each step" in classify(record).evidence[0]
+    over = dataclasses.replace(comm, exposed_s=0.2)
+    assert "100% of each step" in classify(job_rank(0, over)).evidence[0]
+
+
+def test_balance_ranks_reads_only_a_jobs_straggler() -> None:
+    record = job_rank(0, ddp_rank(0))
+    assert balance_ranks(record) is None
+    late = Straggler(rank=1, late_s=0.012, late_share=0.2, cause="data_wait", evidence=("rank 1 is 12 ms late",),
+                     others_wait_s=0.009)
+    finding = balance_ranks(dataclasses.replace(record, straggler=late))
+    assert finding is not None and finding.gain == pytest.approx(0.009 / 0.06)
+    assert "num_workers" in (finding.fix or "")
