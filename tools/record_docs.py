@@ -135,6 +135,10 @@ def schema_type(tp: Any) -> dict[str, Any]:
     if origin is Literal:
         values = list(typing.get_args(inner))
         return {"enum": [*values, None]} if nullable else {"enum": values}
+    if origin is tuple and Ellipsis not in typing.get_args(inner):  # fixed length: an item's type a place
+        places = [schema_type(a) for a in typing.get_args(inner)]
+        return _nullable({"type": "array", "prefixItems": places, "items": False, "minItems": len(places)},
+                         nullable)
     if origin is tuple:
         return _nullable({"type": "array", "items": schema_type(typing.get_args(inner)[0])}, nullable)
     if origin is dict:
@@ -190,6 +194,8 @@ def page_type(tp: Any) -> str:
         text = f"[{inner.__name__}](#{inner.__name__.lower()})"
     elif origin is Literal:
         text = " \\| ".join(f'"{value}"' for value in typing.get_args(inner))
+    elif origin is tuple and Ellipsis not in typing.get_args(inner):
+        text = "[" + ", ".join(page_type(a) for a in typing.get_args(inner)) + "]"
     elif origin is tuple:
         text = f"array of {page_type(typing.get_args(inner)[0])}"
     elif origin is dict:

@@ -142,8 +142,8 @@ def host_communication(index: TraceIndex, steps: Sequence[StepSpan], count: int)
 
 def host_calls(index: TraceIndex, steps: Sequence[StepSpan], ops: list[Span] | None) -> list[CollectiveCall]:
     """gloo's collectives issued in ``steps``, in order. Each arrives when its ``c10d::`` call started, where the
-    calls and gloo's ranges pair one to one (else when gloo's range started: its worker picked it up) and ends with
-    gloo's range; idle where the training thread ran no op (``ops``; None: not known), by the phase it was in."""
+    calls and gloo's ranges pair one to one (else when gloo's range started: its worker picked it up), is of the
+    call's kind, and ends with gloo's range; idle where the training thread ran no op (``ops``; None: not known), by the phase it was in."""
     starts = [s.start_us for s in steps]
     runs = sorted((span, name) for span, name in zip(index.collectives, index.collective_names or
                                                      ["gloo:collective"] * len(index.collectives))
@@ -157,7 +157,8 @@ def host_calls(index: TraceIndex, steps: Sequence[StepSpan], ops: list[Span] | N
         step = _step_at(steps, starts, arrival) or _step_at(steps, starts, start)
         assert step is not None  # runs are within the steps
         idle = () if ops is None else tuple(_by_phase(_gaps(ops, arrival, end), phases[step.number]))
-        found.append(CollectiveCall(step.number, collective_kind(name), arrival, end, idle))
+        kind = collective_kind(issued[k][2] if paired else name)  # gloo runs a reduce-scatter as an all-reduce
+        found.append(CollectiveCall(step.number, kind, arrival, end, idle))
     return found
 
 

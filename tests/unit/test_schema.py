@@ -51,6 +51,8 @@ def filled(tp: Any) -> Any:
     if dataclasses.is_dataclass(tp):
         hints = typing.get_type_hints(tp)
         return tp(**{f.name: filled(hints[f.name]) for f in dataclasses.fields(tp) if f.name != "schema"})
+    if origin is tuple and Ellipsis not in typing.get_args(tp):  # fixed length: each place filled
+        return tuple(filled(a) for a in typing.get_args(tp))
     if origin is tuple:
         return (filled(typing.get_args(tp)[0]),)
     if origin is dict:
