@@ -9,7 +9,7 @@ gloo on CPU, NCCL on GPUs. Flags that make the classic multi-process problems ha
 - ``--straggler-in PHASE`` (``forward``, ``backward``, ``optimizer``): rank ``--straggler-rank`` does
   ``--straggler-ms`` more arithmetic a step in that phase instead (in backward, from a gradient hook, as uneven
   sequence lengths or a slower device would make it): the others wait for it inside the all-reduce.
-- ``--comm-heavy``: a wide model (about 8M parameters, 32 MB of gradients) at batch size 2: each step's all-reduce
+- ``--comm-heavy``: a wide model (about 17M parameters, 67 MB of gradients) at batch size 2: each step's all-reduce
   of the gradients costs more than the arithmetic. Fix: larger batches or gradient accumulation (``no_sync``).
 - ``--die-rank R --die-at-step K``: rank R is killed (SIGKILL, as the OOM killer does) at step K.
 """
@@ -73,7 +73,7 @@ def main():
     torch.manual_seed(0)
 
     if args.comm_heavy:
-        width, depth, batch = 1024, 8, 2
+        width, depth, batch = 2048, 4, 2
     else:
         width, depth, batch = 512, 4, args.batch_size
     model = nn.Sequential(*[layer for _ in range(depth) for layer in (nn.Linear(width, width), nn.ReLU())],
