@@ -2,14 +2,14 @@
 
 In data-parallel training every rank meets the others in each gradient all-reduce, so their step times come out
 nearly equal whatever happens: a slow rank shows as *the others waiting*. Where every rank's collectives were
-recorded (``diagnose.arrival``), the rank that arrives last, step after step, is the one they wait for; its own work
-in each phase (its phases less its waits) against the other ranks' says where its extra time lies, wherever it is:
-loading data, forward, backward before a gradient bucket is ready, the optimizer. Without the calls (older
-records), each rank's own work is its step less its wait on collectives.
+recorded (``diagnose.arrival``), each rank's own work is its phases less its idle time inside collectives and its
+wait for a CPU; the rank that does more of it than the others, step after step, is the one they wait for (on a quiet
+machine, the one that arrives last), and the phase holding most of its extra work says where it lies: loading data,
+forward, backward before a gradient bucket is ready, the optimizer. On a busy machine the scheduler moves arrivals
+about by more than a rank's extra work; its own work still tells.
 
-A rank is named only when its lateness is a notable share of the step and stands clear of the other ranks' own
-step-to-step spread, and when its phases show the extra work: on a loaded machine every rank's steps vary, and one
-rank is then late by whatever luck it drew.
+Without the calls (older records), each rank's own work is its step less its wait on collectives, and a rank is
+named only when its lateness stands clear of the other ranks' step-to-step spread and its phases hold the extra work.
 """
 
 from __future__ import annotations

@@ -306,6 +306,7 @@ RANK_QUANTITIES: tuple[tuple[str, str, Callable[[RankSummary], float | None]], .
     ("median step", "#4c78a8", lambda r: r.median_s if r.steps else None),
     ("data wait", PHASE_COLORS["data_wait"], lambda r: r.breakdown.data_wait * r.median_s if r.steps else None),
     ("waiting on collectives", "#f2a541", lambda r: r.comm_exposed_s),
+    ("waiting for a later rank", "#b07aa1", lambda r: r.waiting_s),
 )
 """The rows of the ranks' chart: name, color, and a rank's seconds a step (None where the rank has no figure)."""
 STRAGGLER_COLOR = "#953800"
