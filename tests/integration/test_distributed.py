@@ -86,9 +86,12 @@ def test_a_communication_heavy_job_shows_its_measured_share(tmp_path: Path) -> N
     record, _ = ddp_job(tmp_path, "--steps", "20", "--comm-heavy")
     comm = record["op_profile"]["communication"]
     assert comm["backend"] == "gloo" and comm["calls_per_step"] >= 1
-    share = comm["exposed_s"] / record["steps"]["median_s"]
-    assert share > 0.1
-    assert "reduce-communication" in [r["id"] for r in record["recommendations"]] or share < 0.2
+    assert comm["exposed_s"] / comm["step_s"] > 0.1  # of the profiled steps the waits were measured in
+    # of the wait, what was for a later rank is imbalance; the rest, the collectives' own work, is communication
+    assert 0 <= comm["waiting_s"] <= comm["exposed_s"]
+    own = (comm["exposed_s"] - comm["waiting_s"]) / comm["step_s"]
+    advised = "reduce-communication" in [r["id"] for r in record["recommendations"]]
+    assert advised == (own >= 0.2) or record["straggler"] is not None
     assert record["checks"]["reduce-communication"]["status"] in ("fired", "clear")
 
 
