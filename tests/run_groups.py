@@ -27,6 +27,7 @@ LONGEST_FIRST = (
     "tests/integration/test_try_loss.py",
     "tests/integration/test_frameworks.py[transformers-trainer]",
     "tests/integration/test_distributed.py",
+    "tests/integration/test_sharded_jobs.py",
     "tests/integration/test_collectors.py",
     "tests/integration/test_frameworks.py[accelerate-accumulation]",
     "tests/integration/test_profile_api.py",

@@ -143,10 +143,11 @@ def host_communication(index: TraceIndex, steps: Sequence[StepSpan], count: int)
 def host_calls(index: TraceIndex, steps: Sequence[StepSpan], ops: list[Span] | None) -> list[CollectiveCall]:
     """gloo's collectives issued in ``steps``, in order. Each arrives when its ``c10d::`` call started, where the
     calls and gloo's ranges pair one to one (else when gloo's range started: its worker picked it up), is of the
-    call's kind, and ends with gloo's range; idle where the training thread ran no op (``ops``; None: not known), by the phase it was in."""
+    call's kind, and ends with gloo's range; idle where the training thread ran no op (``ops``; None: not known), by
+    the phase it was in."""
     starts = [s.start_us for s in steps]
-    runs = sorted((span, name) for span, name in zip(index.collectives, index.collective_names or
-                                                     ["gloo:collective"] * len(index.collectives))
+    names = index.collective_names or ["gloo:collective"] * len(index.collectives)
+    runs = sorted((span, name) for span, name in zip(index.collectives, names)
                   if _step_at(steps, starts, span[0]) is not None)
     issued = sorted(call for call in index.issued if _step_at(steps, starts, call[0]) is not None)
     paired = len(issued) == len(runs)

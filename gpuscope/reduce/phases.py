@@ -6,6 +6,8 @@ forward takes the time."""
 
 from __future__ import annotations
 
+import bisect
+
 from gpuscope.reduce.intervals import Span, clip, intersect, length, union
 from gpuscope.reduce.trace import StepSpan, TraceIndex
 from gpuscope.record import PHASES
@@ -55,8 +57,10 @@ def autograd_span(index: TraceIndex, step: StepSpan) -> Span | None:
     columns = index.autograd.get(step.thread[0])
     if columns is None:
         return None
-    inside = [(s, e) for s, e in zip(*columns) if step.start_us <= s < step.end_us]
-    return (min(s for s, _ in inside), max(e for _, e in inside)) if inside else None
+    starts, ends = columns
+    lo = bisect.bisect_left(starts, step.start_us)
+    hi = bisect.bisect_left(starts, step.end_us)
+    return (starts[lo], max(ends[lo:hi])) if hi > lo else None
 
 
 def without(spans: list[Span], taken: list[Span]) -> list[Span]:

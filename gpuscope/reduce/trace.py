@@ -125,8 +125,8 @@ class TraceIndex:
     issued: list[tuple[float, float, str]] = field(default_factory=list)
     """The ``c10d::`` calls that issued a collective (``c10d::allreduce_``...), on whatever thread: start, end, name."""
     autograd: dict[Any, tuple[Column, Column]] = field(default_factory=dict)
-    """By pid: the starts and ends of autograd's ``evaluate_function`` ops, in file order, on any of its threads
-    (where backward ran when no range says so)."""
+    """By pid: the starts and ends of autograd's ``evaluate_function`` ops, by start, on any of its threads (where
+    backward ran when no range says so)."""
     copies: dict[int, Copies] = field(default_factory=dict)
     """Host-to-device copies by device (a device with other copies only has none)."""
     syncs: list[Sync] = field(default_factory=list)
@@ -385,7 +385,9 @@ class Indexer:
         return TraceIndex(steps=self.steps, kernels=self._kernels(), ops={t: OpIntervals(self.host[t])
                                                                           for t in self.op_threads},
                           annotations=self.annotations, collectives=self.collectives,
-                          collective_names=self.collective_names, issued=self.issued, autograd=self.autograd,
+                          collective_names=self.collective_names, issued=self.issued,
+                          autograd={pid: (*sorted_by(c, c[0]),)  # type: ignore[misc]
+                                    for pid, c in self.autograd.items()},
                           copies=self.copies,
                           syncs=self.syncs, host=self.host, device=self.device, names=self.names)
 
