@@ -34,6 +34,7 @@ def advice(record: dict[str, Any]) -> dict[str, Any]:
     return found["cheaper-batches"]
 
 
+@pytest.mark.timing  # it compares the loader's measured rates with and without workers: alone, as a user runs it
 @pytest.mark.parametrize(("dataset", "sliced_from"), [
     ("tensors", "the dataset's tensors"),
     ("list", "tensors"),

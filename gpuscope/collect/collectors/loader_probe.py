@@ -229,6 +229,8 @@ def _file_system_rate(torch: Any, source: _Source, rates: list[LoaderRate], dead
         started = clock()
         start_shm_manager(torch)
         slot = deadline - clock() + min(clock() - started, SHM_MANAGER_MAX_S)
+        if slot <= 0:  # the manager's start took the rest of the budget: nothing left to time
+            return None
         rate = time_config(source.loader(torch, last.num_workers, False, slot), last.num_workers, False, slot, clock)
     finally:
         sharing.set_sharing_strategy(before)

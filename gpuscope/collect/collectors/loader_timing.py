@@ -145,7 +145,7 @@ def _rate(workers: int, pin: bool, started: float, slot_s: float, arrivals: list
           note: str) -> LoaderRate:
     """The configuration's rate from its batches' arrival times (``cpu``: the main thread's CPU time in each)."""
     per_round = max(1, workers)
-    startup = arrivals[0] - started if arrivals else slot_s
+    startup = arrivals[0] - started if arrivals else max(0.0, slot_s)
     rounds = (len(arrivals) - per_round) // per_round if len(arrivals) >= per_round else 0
     if rounds >= 1:
         end = per_round - 1 + rounds * per_round
