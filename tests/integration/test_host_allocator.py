@@ -19,6 +19,7 @@ pytestmark = pytest.mark.slow
 SETTINGS = re.compile(r"^MALLOC_MMAP_THRESHOLD_=(\d+) MALLOC_TRIM_THRESHOLD_=(\d+) python ")
 
 
+@pytest.mark.timing  # the kernel's share of the step and the pages a step, sampled: alone, as a user runs it
 def test_steps_faulting_their_tensors_in_afresh_are_told_to_keep_them_and_the_named_settings_clear_it(
         tmp_path: Path) -> None:
     # given: per-sample gradients, 33 MiB a step, which glibc hands back to the kernel when they are freed
