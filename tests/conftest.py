@@ -10,6 +10,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -119,6 +120,13 @@ def validate_run(data: Any, where: object = "run.json") -> None:
     """Fail the test if ``data`` is not a run.json as docs/run.schema.json describes it."""
     errors = schema_errors(data)
     assert not errors, f"{where} does not match docs/run.schema.json:\n" + "\n".join(errors[:20])
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def load_run(run_dir: Path) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from gpuscope.reduce.columns import Kernels
-from gpuscope.reduce.intervals import Span, clip, intersect, length, union, union_in_order
+from gpuscope.reduce.intervals import Span, clip, difference, intersect, length, union, union_in_order
 from gpuscope.reduce.kernels import is_communication_kernel
 from gpuscope.reduce.trace import StepSpan, TraceIndex, index_trace, recorded_steps
 from gpuscope.reduce.windows import DeviceWindow, device_window
@@ -177,18 +177,7 @@ def _step_at(steps: Sequence[StepSpan], starts: Sequence[float], t: float) -> St
 
 def _gaps(busy: list[Span], start: float, end: float) -> list[Span]:
     """The parts of [start, end] outside the sorted disjoint ``busy`` spans, each at least ``IDLE_MIN_US`` long."""
-    i = max(0, bisect.bisect_right(busy, (start, float("inf"))) - 1)
-    gaps, at = [], start
-    while i < len(busy) and busy[i][0] < end:
-        s, e = busy[i]
-        if e > at:
-            if s > at:
-                gaps.append((at, s))
-            at = max(at, e)
-        i += 1
-    if at < end:
-        gaps.append((at, end))
-    return [(s, e) for s, e in gaps if e - s >= IDLE_MIN_US]
+    return [(s, e) for s, e in difference([(start, end)], busy) if e - s >= IDLE_MIN_US]
 
 
 def _by_phase(gaps: list[Span], phases: Mapping[str, list[Span]]) -> list[tuple[float, float, str]]:

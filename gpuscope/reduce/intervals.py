@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable, Iterator
 
 Span = tuple[float, float]
@@ -64,6 +65,25 @@ def intersect(a: list[Span], b: list[Span]) -> list[Span]:
             i += 1
         else:
             j += 1
+    return out
+
+
+def difference(spans: list[Span], taken: list[Span]) -> list[Span]:
+    """Sorted disjoint ``spans`` less sorted disjoint ``taken`` (each span finds its place in ``taken`` by bisection:
+    a few spans against a thread's many ops)."""
+    out: list[Span] = []
+    for start, end in spans:
+        i = max(0, bisect.bisect_right(taken, (start, float("inf"))) - 1)
+        at = start
+        while i < len(taken) and taken[i][0] < end:
+            s, e = taken[i]
+            if e > at:
+                if s > at:
+                    out.append((at, s))
+                at = e
+            i += 1
+        if at < end:
+            out.append((at, end))
     return out
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 
-from gpuscope.reduce.intervals import Span, clip, intersect, length, union
+from gpuscope.reduce.intervals import Span, clip, difference, intersect, length, union
 from gpuscope.reduce.trace import StepSpan, TraceIndex
 from gpuscope.record import PHASES
 
@@ -20,9 +20,9 @@ def phase_spans(index: TraceIndex, step: StepSpan) -> dict[str, list[Span]]:
     spans: dict[str, list[Span]] = {}
     claimed: list[Span] = []
     for phase, mine in _claims(index, step):
-        spans[phase] = without(mine, claimed)
+        spans[phase] = difference(mine, claimed)
         claimed = union([*claimed, *mine])
-    spans["other"] = without([(step.start_us, step.end_us)], claimed)
+    spans["other"] = difference([(step.start_us, step.end_us)], claimed)
     return spans
 
 
@@ -61,20 +61,6 @@ def autograd_span(index: TraceIndex, step: StepSpan) -> Span | None:
     lo = bisect.bisect_left(starts, step.start_us)
     hi = bisect.bisect_left(starts, step.end_us)
     return (starts[lo], max(ends[lo:hi])) if hi > lo else None
-
-
-def without(spans: list[Span], taken: list[Span]) -> list[Span]:
-    """Sorted disjoint ``spans`` less sorted disjoint ``taken``."""
-    out: list[Span] = []
-    for start, end in spans:
-        at = start
-        for s, e in intersect([(start, end)], taken):
-            if s > at:
-                out.append((at, s))
-            at = e
-        if at < end:
-            out.append((at, end))
-    return out
 
 
 def annotation_phase(name: str) -> str | None:

@@ -4,24 +4,17 @@ on 127.0.0.1) that write into one shared folder, which ``gpuscope report`` merge
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import child_env, load_run, run_gpuscope
+from conftest import child_env, free_port, load_run, run_gpuscope
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch.distributed")
 SHARDED = str(Path(__file__).resolve().parent.parent / "fixtures" / "scripts" / "sharded.py")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_an_fsdp2_job_on_two_nodes_writes_one_folder_that_report_merges(tmp_path: Path) -> None:

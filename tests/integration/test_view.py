@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,15 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import child_env, run_gpuscope
+from conftest import child_env, free_port, run_gpuscope
 
 pytestmark = pytest.mark.slow
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_view_serves_python_prof_on_localhost_and_prints_the_url(tmp_path: Path) -> None:

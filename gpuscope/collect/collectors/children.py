@@ -55,8 +55,9 @@ class ChildrenCpu:
         return {pid: (cpu, runnable) for pid, (_, cpu, runnable) in self._last.items()}
 
 
-def schedstat(pid: int, proc: str = PROC) -> tuple[float, float] | None:
-    """(seconds on a CPU, seconds runnable waiting for one) of process ``pid`` from ``/proc/PID/schedstat``; None
+def schedstat(pid: int | str, proc: str = PROC) -> tuple[float, float] | None:
+    """(seconds on a CPU, seconds runnable waiting for one) of process ``pid`` from ``/proc/PID/schedstat``
+    (``"thread-self"``: the calling thread's); None
     where the kernel keeps no such file (not Linux, or built without scheduler statistics) or the process is gone."""
     try:
         with open(f"{proc}/{pid}/schedstat", "rb") as stat:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from gpuscope.collect.collectors.base import CollectorResult, StepFollower, WindowRequest, register
+from gpuscope.collect.collectors.children import schedstat
 from gpuscope.collect.collectors.lazy_dynamo import inductor_left_unimported
 from gpuscope.collect.captures import TraceCapture
 from gpuscope.record import CollectorStatus
@@ -176,7 +177,7 @@ class TorchTraceCollector(StepFollower):
     def _note_wait(self, index: int) -> None:
         """As step ``index`` begins: how long the loop's thread has waited for a CPU so far (the kernel's schedstat),
         so that each recorded step's share of it is known (a busy machine's, not the step's own work)."""
-        times = thread_cpu_times()
+        times = schedstat("thread-self")
         if times is not None:
             self._waits.append((index, *times))
 
@@ -243,16 +244,6 @@ class TorchTraceCollector(StepFollower):
             capture, cpu_s={a[0]: round(b[1] - a[1], 9) for a, b in pairs},
             cpu_wait_s={a[0]: round(b[2] - a[2], 9) for a, b in pairs}))
 
-
-def thread_cpu_times(proc: str = "/proc/thread-self/schedstat") -> tuple[float, float] | None:
-    """Seconds the calling thread has spent on a CPU, and runnable waiting for one (the kernel's schedstat); None
-    where the kernel keeps none."""
-    try:
-        with open(proc, "rb") as f:
-            fields = f.read().split()
-        return int(fields[0]) / 1e9, int(fields[1]) / 1e9
-    except (OSError, ValueError, IndexError):
-        return None
 
 
 def return_freed_heap() -> None:
