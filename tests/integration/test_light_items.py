@@ -42,13 +42,15 @@ def test_light_items_fetched_one_by_one_are_advised_sliced_from_the_loaders_line
                                                                                  sliced_from: str) -> None:
     # when
     record = runs.get(SCRIPT, "--epochs", "15", "--dataset", dataset).record
-    # then: loading bounds the run, workers deliver slower than the main process, and the advice is measured
+    # then: loading bounds the run, workers are no help, and the advice is measured
     assert record["verdict"]["bound"] == "data-loading", record["verdict"]
-    rates = {r["num_workers"]: r["batches_per_s"] for r in record["loader_probe"]["rates"] if r["batches_per_s"]}
-    if max(rate for workers, rate in rates.items() if workers) >= rates[0]:
-        # the scenario needs workers slower than the main process; on a 2-core machine some runs time them faster
-        # (1 of 2 at 6f652a4 as at main, 2026-11-28): then there is nothing here to advise against, so nothing to check
-        pytest.skip(f"the loader probe timed workers as fast as the main process here: {rates}")
+    found = {r["id"]: r for r in record["recommendations"]}
+    if "more-dataloader-workers" in found and "cheaper-batches" not in found:
+        # the scenario needs workers no help; on a 2-core machine the loader probe sometimes times them fast enough
+        # to shorten the step (1 of 2 runs at 6f652a4 as at main, 2026-11-28; CI at 52f3c91): then cheaper-batches
+        # rightly keeps clear (its rule: workers predicted to do as well), and there is nothing here to check
+        pytest.skip("the loader probe predicted workers would shorten the step here: "
+                    f"{found['more-dataloader-workers']['evidence']}")
     found = advice(record)
     loader_line = script_line("loader = DataLoader(dataset, batch_size=512, shuffle=True)")
     assert found["fix"].startswith(f"small_items.py:{loader_line}: slice each batch from {sliced_from} instead of "
