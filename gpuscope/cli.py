@@ -307,14 +307,16 @@ class CompareCommand:
         parser.add_argument("-o", "--output", metavar="OUT.html",
                             help="where the HTML page goes (default: RUN_DIR_B/compare.html)")
         parser.add_argument("--fail-if-slower", metavar="PCT", type=_percent,
-                            help="exit with status 1 when B's median step is more than PCT percent slower than A's "
-                                 "(a CI gate; compares the point estimates of the medians, not the interval)")
+                            help="a CI gate on the mean step, decided on its 95%% interval: exit with status 1 when B "
+                                 "is slower than A by more than PCT percent with 95%% confidence, 0 when it is not "
+                                 "slower than that with 95%% confidence, 3 when the runs cannot tell (more steps "
+                                 "would; the line says how many)")
         parser.add_argument("--open", action="store_true", help="open the page in the browser")
 
     def run(self, args: argparse.Namespace) -> int:
         from gpuscope.diagnose.compare import compare
         from gpuscope.record import load_record
-        from gpuscope.report.compare_text import gate_text, summary_lines
+        from gpuscope.report.compare_text import GATE_STATUS, gate_text, summary_lines
         from gpuscope.report.render import COMPARE_HTML, write_compare
 
         a, b = load_record(Path(args.run_dir_a)), load_record(Path(args.run_dir_b))
@@ -333,11 +335,11 @@ class CompareCommand:
         if args.fail_if_slower is None:
             return 0
         try:
-            failed, line = gate_text(comparison.speedup, args.fail_if_slower)
+            decided, line = gate_text(comparison.speedup, args.fail_if_slower)
         except ValueError as exc:
             raise GpuscopeError(f"--fail-if-slower cannot be checked: {exc}") from None
         print(f"  {line}")
-        return 1 if failed else 0
+        return GATE_STATUS[decided.decision]
 
 
 def _percent(text: str) -> float:

@@ -9,7 +9,6 @@ show a recommendation's fix took are the rule's own (``resolved_by`` in ``diagno
 from __future__ import annotations
 
 import math
-import random
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -17,21 +16,29 @@ from pathlib import PurePath
 from typing import Literal
 
 from gpuscope.diagnose.child_processes import notable, started_work
+from gpuscope.diagnose.contention import CONTENDED, CONTENDED_MIN_S
 from gpuscope.diagnose.clock import on_device_clock, step_times
 from gpuscope.diagnose.evidence import STEP, Metric, Unit, batch_size, show, step_batches
 from gpuscope.diagnose.rules import RULES
 from gpuscope.record import PHASES, RunRecord
 from gpuscope.diagnose.words import bound_label
 
-RESAMPLES = 1000
-"""Bootstrap resamples of each run's steady steps: enough for a stable 95% interval, quick in pure Python."""
 MAX_STEPS = 2000
-"""Most steady steps of a run the bootstrap uses: an even subsample beyond that keeps 100k-step runs fast."""
+"""Most steady steps of a run the interval uses: an even subsample beyond that keeps 100k-step runs fast."""
 MIN_STEPS = 5
-"""Fewest steady steps of each run for an interval: below that, resampling a median says little."""
+"""Fewest steady steps of each run for an interval."""
 LEVEL = 0.95
-SEED = 20260101
-"""Fixed, so that comparing the same two runs always prints the same interval."""
+BATCHES = 10
+"""Each run's steady steps, in their order, are cut into this many consecutive batches (fewer, of two steps at
+least, in short runs): the spread of the batches' means gives the mean step's uncertainty with the slow swings of a
+busy machine in it, which steps taken one by one (as if independent) hide."""
+T_95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
+        11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101}
+"""Student's t, two-sided 95%, by degrees of freedom (the two runs' batches less one each)."""
+PROCESS_SPREAD = 0.012
+"""The relative spread (one standard deviation) of a script's mean step from one process to the next beyond what its
+steps show: where the allocator put its buffers, which core its threads landed on. Measured: identical runs of the
+gate benchmark's loop, 2 cores (``benchmarks/gate_noise.py``; benchmarks/README.md, "The gate under noise")."""
 
 Status = Literal["resolved", "symptom gone, step slower", "still there", "not checked in B", "unknown", "new in B"]
 """``symptom gone, step slower``: B's check of the rule is clear, but B's step is longer than A's (``SLOWER``): the
@@ -42,11 +49,11 @@ SLOWER = 0.95
 
 @dataclass(frozen=True, slots=True)
 class SpeedUp:
-    """A's median step over B's (above 1: B is faster), with a 95% bootstrap interval of that ratio.
+    """A's mean step over B's (above 1: B is faster): the runs' throughput, their steady steps' time on the whole
+    over their number, with a 95% interval of that ratio (``interval``). The medians are shown beside it: with
+    workers, a loader's batches arrive in bursts and the median step can be a fifth of the mean.
 
-    The point estimate uses each record's median of all its steady steps; the interval resamples the steady steps
-    kept in each record's step sample (``steps_a`` and ``steps_b`` of them). ``note`` says why there is no ratio
-    or no interval.
+    ``note`` says why there is no ratio or no interval.
     """
 
     median_a_s: float | None
@@ -60,10 +67,14 @@ class SpeedUp:
     clock_a: str = "host"
     clock_b: str = "host"
     """The clock each run's steps are read on (``Steps.clock``): ``device`` on a CUDA run timed on the GPU."""
+    mean_a_s: float | None = None
+    mean_b_s: float | None = None
+    spread: float | None = None
+    """The ratio's uncertainty, one standard deviation of its logarithm (``interval``); None without an interval."""
 
     @property
     def clock(self) -> str:
-        """Which clock the medians are on, in words."""
+        """Which clock the steps are on, in words."""
         names = {"device": "the GPU's timeline", "host": "the host's clock"}
         if self.clock_a == self.clock_b:
             return names.get(self.clock_a, self.clock_a)
@@ -71,10 +82,8 @@ class SpeedUp:
 
     @property
     def slower_pct(self) -> float | None:
-        """How much slower B's median step is than A's, in percent (negative: faster); None without both."""
-        if self.median_a_s is None or self.median_b_s is None:
-            return None
-        return (self.median_b_s / self.median_a_s - 1) * 100
+        """How much slower B's mean step is than A's, in percent (negative: faster); None without a ratio."""
+        return (1 / self.ratio - 1) * 100 if self.ratio else None
 
     def reading(self) -> str:
         """What the figures say: B faster, B slower, or no clear difference (the interval holds 1)."""
@@ -88,6 +97,51 @@ class SpeedUp:
             return "no clear difference"
         word = "faster" if self.ratio > 1 else "slower" if self.ratio < 1 else "as fast"
         return f"B is {word} (point estimate only)"
+
+
+Decision = Literal["passed", "failed", "cannot tell"]
+
+
+@dataclass(frozen=True, slots=True)
+class Gate:
+    """``--fail-if-slower PCT`` decided on the interval: ``failed`` where B's step is longer than A's by more than
+    PCT with 95% confidence (the interval's slow end beyond it), ``passed`` where B is not slower than PCT with that
+    confidence (the whole interval within it), ``cannot tell`` where the interval straddles the limit.
+    ``steps_needed``: about how many steady steps a run would tell (None where more steps would not: the runs'
+    difference sits at the limit, or within the spread from one process to the next)."""
+
+    decision: Decision
+    max_slower_pct: float
+    slower_pct: float
+    slower_low_pct: float
+    slower_high_pct: float
+    steps_needed: int | None = None
+
+
+def gate(s: SpeedUp, max_slower_pct: float) -> Gate:
+    """The gate's decision on ``s`` (``Gate``): ``cannot tell`` without an interval (too few steady steps). Raises
+    ValueError without a ratio."""
+    if s.ratio is None or s.slower_pct is None:
+        raise ValueError(s.note or "no speed-up figure")
+    if s.low is None or s.high is None or s.spread is None:
+        return Gate("cannot tell", max_slower_pct, s.slower_pct, s.slower_pct, s.slower_pct, MIN_STEPS)
+    limit = 1 + max_slower_pct / 100
+    slow_end, fast_end = 1 / s.high, 1 / s.low  # B's step over A's
+    decision: Decision = "failed" if slow_end > limit else "passed" if fast_end <= limit else "cannot tell"
+    needed = None
+    if decision == "cannot tell":
+        needed = _steps_to_tell(s, math.log(limit) - math.log(1 / s.ratio))
+    return Gate(decision, max_slower_pct, s.slower_pct, (slow_end - 1) * 100, (fast_end - 1) * 100, needed)
+
+
+def _steps_to_tell(s: SpeedUp, distance: float) -> int | None:
+    """Steady steps a run that would put the interval clear of the limit, ``distance`` away on the log scale, where
+    the runs' own spread shrinks as one over the root of their steps and the spread between processes does not."""
+    within = s.spread ** 2 - 2 * PROCESS_SPREAD ** 2  # type: ignore[operator]
+    room = (distance / T_95[2 * (BATCHES - 1)]) ** 2 - 2 * PROCESS_SPREAD ** 2
+    if within <= 0 or room <= 0:
+        return None
+    return math.ceil(max(s.steps_a, s.steps_b) * within / room)
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +218,8 @@ class Comparison:
     """When the batch size changed, the time per sample (what a larger batch is for)."""
     children: ChildWork | None = None
     """When processes the script started did notable work in either run, theirs and the whole run's time."""
+    busy: tuple[str, ...] = ()
+    """That A's or B's machine was busy (``busy``), said beside the speed-up."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,7 +337,7 @@ def outcomes(a: RunRecord, b: RunRecord, speed: SpeedUp | None = None,
 
 
 def _slower(speed: SpeedUp, sample: PerSample | None = None) -> str | None:
-    """How much longer B's median step is than A's, in words, where B is slower (its interval below 1, or without
+    """How much longer B's mean step is than A's, in words, where B is slower (its interval below 1, or without
     one a ratio of ``SLOWER`` or less); None otherwise. Where the steps take different numbers of samples, the time
     per sample is what counts (a larger batch makes each step longer and the run faster)."""
     if sample is not None:
@@ -291,7 +347,7 @@ def _slower(speed: SpeedUp, sample: PerSample | None = None) -> str | None:
     if speed.ratio is None or speed.slower_pct is None:
         return None
     slower = speed.high < 1 if speed.high is not None else speed.ratio <= SLOWER
-    return f"B's median step {speed.slower_pct:.0f}% longer than A's, {speed.ratio:.2f}x" if slower else None
+    return f"B's mean step {speed.slower_pct:.0f}% longer than A's, {speed.ratio:.2f}x" if slower else None
 
 
 def steady_times(record: RunRecord, limit: int = MAX_STEPS) -> list[float]:
@@ -305,19 +361,30 @@ def steady_times(record: RunRecord, limit: int = MAX_STEPS) -> list[float]:
     return [times[i * len(times) // limit] for i in range(limit)]
 
 
-def bootstrap_ratio(a: Sequence[float], b: Sequence[float], resamples: int = RESAMPLES, level: float = LEVEL,
-                    seed: int = SEED) -> tuple[float, float]:
-    """Percentile bootstrap interval of median(a) / median(b): each resample draws len(a) of ``a`` and len(b) of
-    ``b`` with replacement. Deterministic for a given seed."""
-    rng = random.Random(seed)
-    ratios = sorted(statistics.median(rng.choices(a, k=len(a))) / statistics.median(rng.choices(b, k=len(b)))
-                    for _ in range(resamples))
-    tail = (1 - level) / 2
-    return ratios[round(tail * (resamples - 1))], ratios[round((1 - tail) * (resamples - 1))]
+def mean_and_error(times: Sequence[float]) -> tuple[float, float, int]:
+    """The mean of ``times`` (in their order), its standard error from the means of ``BATCHES`` consecutive batches
+    (fewer, of two steps at least, in short runs; the last batch takes the remainder), and those batches' count."""
+    count = max(2, min(BATCHES, len(times) // 2))
+    edges = [round(k * len(times) / count) for k in range(count + 1)]
+    means = [statistics.fmean(times[lo:hi]) for lo, hi in zip(edges, edges[1:])]
+    return statistics.fmean(times), statistics.stdev(means) / math.sqrt(count), count
+
+
+def interval(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """The 95% interval of mean(a) / mean(b), and its spread (one standard deviation of its logarithm): each run's
+    mean step's relative error from its batches (``mean_and_error``), and ``PROCESS_SPREAD`` for each run's process,
+    combined; Student's t on the batches' degrees of freedom."""
+    mean_a, error_a, count_a = mean_and_error(a)
+    mean_b, error_b, count_b = mean_and_error(b)
+    spread = math.sqrt((error_a / mean_a) ** 2 + (error_b / mean_b) ** 2 + 2 * PROCESS_SPREAD ** 2)
+    reach = T_95[min(max(T_95), count_a + count_b - 2)] * spread
+    ratio = mean_a / mean_b
+    return ratio * math.exp(-reach), ratio * math.exp(reach), spread
 
 
 def speedup(a: RunRecord, b: RunRecord) -> SpeedUp:
-    """A's median step over B's, with its bootstrap interval where both step samples allow one."""
+    """A's mean step over B's, with its interval where both step samples allow one; without a step sample, the
+    records' means (their medians in older records without one)."""
     clocks = {"clock_a": a.steps.clock, "clock_b": b.steps.clock}
     median_a = a.steps.median_s if a.steps.count and a.steps.median_s > 0 else None
     median_b = b.steps.median_s if b.steps.count and b.steps.median_s > 0 else None
@@ -325,15 +392,32 @@ def speedup(a: RunRecord, b: RunRecord) -> SpeedUp:
         missing = " and ".join(name for name, m in (("A", median_a), ("B", median_b)) if m is None)
         return SpeedUp(median_a, median_b, None, note=f"no steady-state step in {missing}: no speed-up figure",
                        **clocks)
-    ratio = median_a / median_b
     times_a, times_b = steady_times(a), steady_times(b)
+    mean_a = statistics.fmean(times_a) if times_a else a.steps.mean_s or median_a
+    mean_b = statistics.fmean(times_b) if times_b else b.steps.mean_s or median_b
+    means = {"mean_a_s": mean_a, "mean_b_s": mean_b}
     short = [f"{name} has {len(t)}" for name, t in (("A", times_a), ("B", times_b)) if len(t) < MIN_STEPS]
     if short:
         note = (f"no interval: too few steady steps in the step sample ({', '.join(short)}; "
                 f"at least {MIN_STEPS} each are needed)")
-        return SpeedUp(median_a, median_b, ratio, steps_a=len(times_a), steps_b=len(times_b), note=note, **clocks)
-    low, high = bootstrap_ratio(times_a, times_b)
-    return SpeedUp(median_a, median_b, ratio, low, high, len(times_a), len(times_b), **clocks)
+        return SpeedUp(median_a, median_b, mean_a / mean_b, steps_a=len(times_a), steps_b=len(times_b), note=note,
+                       **clocks, **means)
+    low, high, spread = interval(times_a, times_b)
+    return SpeedUp(median_a, median_b, mean_a / mean_b, low, high, len(times_a), len(times_b), **clocks, **means,
+                   spread=spread)
+
+
+def busy(record: RunRecord, name: str) -> str | None:
+    """That the machine was busy during run ``name``, where its process's threads waited for a core a notable share
+    of the time they were ready to run (``contention.contention``'s measure); None otherwise."""
+    memory = record.host_memory
+    if memory is None or memory.own_cpu_s is None or memory.own_runnable_s is None:
+        return None
+    waited, ran = memory.own_runnable_s, memory.own_cpu_s
+    if waited < CONTENDED_MIN_S or waited < CONTENDED * (waited + ran):
+        return None
+    return (f"{name}'s machine was busy: its threads waited for a core {waited / (waited + ran):.0%} of the time they "
+            f"were ready to run ({waited:.1f} s): its steps hold that wait, and the comparison with it")
 
 
 def phase_shifts(a: RunRecord, b: RunRecord) -> tuple[PhaseShift, ...]:
@@ -402,4 +486,5 @@ def compare(a: RunRecord, b: RunRecord) -> Comparison:
         flags=flags(a, b),
         per_sample=sample,
         children=child_work(a, b),
+        busy=tuple(line for line in (busy(a, "A"), busy(b, "B")) if line is not None),
     )

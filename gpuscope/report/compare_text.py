@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuscope.diagnose.compare import LEVEL, Comparison, SpeedUp
+from gpuscope.diagnose.compare import LEVEL, Comparison, Gate, SpeedUp, gate
 from gpuscope.diagnose.evidence import show
 
 
@@ -18,25 +18,45 @@ def speedup_text(s: SpeedUp) -> str:
     return f"speed-up {s.ratio:.2f}x ({interval}): {s.reading()}"
 
 
-def gate_text(s: SpeedUp, max_slower_pct: float) -> tuple[bool, str]:
-    """Whether B fails ``--fail-if-slower PCT`` (its median step slower than A's by more than PCT percent, point
-    estimate), and a line saying so. Raises ValueError when a median is missing."""
-    slower = s.slower_pct
-    if slower is None:
-        raise ValueError(s.note or "no speed-up figure")
-    failed = slower > max_slower_pct
-    change = f"{slower:.1f}% slower" if slower > 0 else f"{-slower:.1f}% faster"
-    verdict = "FAILED" if failed else "passed"
-    return failed, f"gate {verdict}: B's median step is {change} than A's (--fail-if-slower {max_slower_pct:g}%)"
+GATE_STATUS = {"passed": 0, "failed": 1, "cannot tell": 3}
+"""``gpuscope compare --fail-if-slower``'s exit status by decision (2 is gpuscope's own errors)."""
+
+
+def gate_text(s: SpeedUp, max_slower_pct: float) -> tuple[Gate, str]:
+    """``--fail-if-slower PCT`` decided on the interval (``diagnose.compare.gate``), and a line saying so. Raises
+    ValueError without a ratio or an interval."""
+    g = gate(s, max_slower_pct)
+    change = f"{g.slower_pct:.1f}% slower" if g.slower_pct > 0 else f"{-g.slower_pct:.1f}% faster"
+    within = (f"95% interval {_pct(g.slower_low_pct)} to {_pct(g.slower_high_pct)}" if s.low is not None else
+              s.note or "no interval")
+    line = f"B's mean step is {change} than A's ({within}; --fail-if-slower {max_slower_pct:g}%)"
+    if g.decision == "failed":
+        return g, f"gate FAILED: {line}: slower by more than {max_slower_pct:g}%, with 95% confidence"
+    if g.decision == "passed":
+        return g, f"gate passed: {line}: not slower by more than {max_slower_pct:g}%, with 95% confidence"
+    more = (f"at least {g.steps_needed} steady steps a run are needed for an interval" if s.low is None else
+            f"about {g.steps_needed} steady steps a run would tell (A has {s.steps_a}, B {s.steps_b})"
+            if g.steps_needed is not None else
+            "more steps would not tell: the runs differ by about the limit itself, or by less than one process "
+            "differs from the next; repeat both runs, or set the limit further from it")
+    return g, f"gate cannot tell: {line}: the interval holds {max_slower_pct:g}%; {more}"
+
+
+def _pct(slower_pct: float) -> str:
+    return f"{slower_pct:.1f}% slower" if slower_pct > 0 else f"{-slower_pct:.1f}% faster"
 
 
 def summary_lines(comparison: Comparison, html_path: Path | None = None) -> list[str]:
     """The comparison as a few plain lines for a terminal or a CI log."""
     s, v = comparison.speedup, comparison.verdict
     lines = [f"gpuscope compare: {speedup_text(s)}"]
-    if s.median_a_s is not None or s.median_b_s is not None:
+    lines += [f"  note: {line}" for line in comparison.busy]
+    if s.mean_a_s is not None and s.mean_b_s is not None:
         change = f" ({s.slower_pct:+.1f}%)" if s.slower_pct is not None else ""
-        lines.append(f"  median step: A {_median(s.median_a_s)} -> B {_median(s.median_b_s)}{change}, on {s.clock}")
+        lines.append(f"  mean step (the throughput): A {_seconds(s.mean_a_s)} -> B {_seconds(s.mean_b_s)}{change}, on "
+                     f"{s.clock}")
+    if s.median_a_s is not None or s.median_b_s is not None:
+        lines.append(f"  median step: A {_seconds(s.median_a_s)} -> B {_seconds(s.median_b_s)}")
     if comparison.per_sample is not None:
         lines.append(f"  {comparison.per_sample.line()}")
     if comparison.children is not None:
@@ -58,8 +78,8 @@ def summary_lines(comparison: Comparison, html_path: Path | None = None) -> list
     return lines
 
 
-def _median(value: float | None) -> str:
+def _seconds(value: float | None) -> str:
     return "n/a" if value is None else show(value, "seconds")
 
 
-__all__ = ["gate_text", "speedup_text", "summary_lines"]
+__all__ = ["GATE_STATUS", "gate_text", "speedup_text", "summary_lines"]

@@ -1,5 +1,5 @@
 """``gpuscope compare RUN_DIR_A RUN_DIR_B``: writes the page (RUN_DIR_B/compare.html or -o), prints the summary,
-gates CI with --fail-if-slower, and turns bad input into one line on stderr and exit status 2."""
+gates CI with --fail-if-slower (0 passed, 1 failed, 3 cannot tell), and turns bad input into one line on stderr and exit status 2."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from conftest import make_record, run_gpuscope
 from gpuscope.cli import main
-from gpuscope.record import Steps, write_record
+from gpuscope.record import StepSample, Steps, write_record
 
 
 def run_dir(path: Path, median_s: float) -> Path:
@@ -34,7 +34,7 @@ def test_the_page_goes_to_run_b_by_default_and_the_summary_to_stdout(runs, capsy
     assert page.is_file() and "<html" in page.read_text()
     assert err == ""
     assert out.startswith("gpuscope compare: speed-up 0.77x (no interval: ")
-    assert "  median step: A 100.0 ms -> B 130.0 ms (+30.0%), on the host's clock\n" in out
+    assert "  mean step (the throughput): A 100.0 ms -> B 130.0 ms (+30.0%), on the host's clock\n" in out
     assert out.endswith(f"  report: {page}\n")
 
 
@@ -47,23 +47,38 @@ def test_the_page_goes_where_o_says(runs, tmp_path, capsys) -> None:
     assert f"  report: {out_path}\n" in capsys.readouterr().out
 
 
+def sampled_dir(path: Path, steps: tuple[float, ...]) -> Path:
+    """A run folder whose run.json keeps ``steps`` as its steady steps."""
+    path.mkdir(parents=True)
+    sample = StepSample(index=tuple(range(len(steps))), wall_s=steps, status=("steady",) * len(steps))
+    write_record(make_record(steps=Steps(count=len(steps), median_s=sorted(steps)[len(steps) // 2], total=len(steps),
+                                         sample=sample)), path)
+    return path
+
+
+STEADY = tuple(m for m in [0.098, 0.102] * 5 for _ in range(2))
+"""20 steps of 100 ms on the whole (tests/unit/test_compare.py: B 10% slower is 5.6% to 14.6% slower, 95%)."""
+
+
 @pytest.mark.parametrize(("pct", "status", "gate"), [
-    ("10", 1, "  gate FAILED: B's median step is 30.0% slower than A's (--fail-if-slower 10%)"),
-    ("50", 0, "  gate passed: B's median step is 30.0% slower than A's (--fail-if-slower 50%)"),
-    ("29.5", 1, "gate FAILED"),
+    ("5", 1, "  gate FAILED: B's mean step is 10.0% slower than A's (95% interval 5.6% slower to 14.6% slower; "
+             "--fail-if-slower 5%): slower by more than 5%, with 95% confidence"),
+    ("15", 0, "  gate passed: B's mean step is 10.0% slower than A's"),
+    ("10", 3, "  gate cannot tell: B's mean step is 10.0% slower than A's"),
 ])
-def test_fail_if_slower_gates_on_the_median_step(runs, capsys, pct, status, gate) -> None:
-    a, b = runs
+def test_fail_if_slower_gates_on_the_interval_of_the_mean_step(tmp_path, capsys, pct, status, gate) -> None:
+    a = sampled_dir(tmp_path / "a", STEADY)
+    b = sampled_dir(tmp_path / "b", tuple(t * 1.1 for t in STEADY))
     assert main(["compare", str(a), str(b), "--fail-if-slower", pct]) == status
     out = capsys.readouterr().out
     assert gate in out
     assert (b / "compare.html").is_file()  # the page is written whatever the gate says
 
 
-def test_a_faster_b_passes_any_gate(runs, capsys) -> None:
+def test_runs_too_short_for_an_interval_cannot_tell(runs, capsys) -> None:
     a, b = runs
-    assert main(["compare", str(b), str(a), "--fail-if-slower", "0"]) == 0
-    assert "gate passed: B's median step is 23.1% faster than A's" in capsys.readouterr().out
+    assert main(["compare", str(a), str(b), "--fail-if-slower", "10"]) == 3
+    assert "gate cannot tell: B's mean step is 30.0% slower than A's (no interval" in capsys.readouterr().out
 
 
 def one_line_error(capsys, message: str) -> None:
@@ -125,11 +140,11 @@ def test_a_corrupt_run_json_prints_no_traceback_from_the_command_line(runs) -> N
     assert result.stderr.startswith("gpuscope: error: ") and result.stderr.count("\n") == 1
 
 
-def test_help_says_the_gate_compares_point_estimates(capsys) -> None:
+def test_help_says_how_the_gate_decides_and_its_exit_statuses(capsys) -> None:
     with pytest.raises(SystemExit) as exit_:
         main(["compare", "--help"])
     assert exit_.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "RUN_DIR_A RUN_DIR_B" in text
-    assert "point estimates" in text
+    assert "decided on its 95% interval" in text and "3 when the runs cannot tell" in text
     assert "RUN_DIR_B/compare.html" in text
