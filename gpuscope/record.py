@@ -1256,6 +1256,9 @@ class LossCheck:
     """What the check rests on, in words."""
 
 
+Effect = Literal["faster", "slower", "no measurable change"]
+
+
 @dataclass(frozen=True, slots=True)
 class Trial:
     """A fix tried by ``gpuscope run --try``: the script run again with the fix applied by gpuscope at run time
@@ -1280,8 +1283,9 @@ class Trial:
     compared_steps: int = 0
     """Steady steps the speed-up is measured on, over all its runs: those after the fix took effect."""
     step_before_s: float | None = None
-    """The untouched runs' step over the compared steps: their mean, the tenth longest and the tenth shortest left
-    out (a median would misread a loop whose steps alternate fast and slow: two workers delivering in rounds)."""
+    """The untouched runs' step over the compared steps: their mean, the runs' pace (a median would misread a loop
+    whose steps alternate fast and slow: two workers delivering in rounds). Before 2026-11-28, the mean less the
+    tenth longest and tenth shortest steps."""
     step_after_s: float | None = None
     """The trial's step over the compared steps, taken the same way."""
     speedup: float | None = None
@@ -1293,9 +1297,13 @@ class Trial:
     estimated_gain: float | None = None
     """The recommendation's expected gain before the trial (fraction of step time), or null."""
     measured_gain: float | None = None
-    """1 - 1/speedup (negative: slower); null where the speed is not credited (the loss check failed)."""
+    """1 - 1/speedup; null where the speed is not credited."""
     credited: bool = False
-    """Whether the speed counts: measured, and the loss within its tolerance (or not comparable)."""
+    """Whether the speed counts: measured faster (its interval above 1), and the loss within its tolerance (or not
+    comparable). Before 2026-11-28, whatever the interval said."""
+    effect: Effect | None = None
+    """What the interval says: ``faster`` (above 1), ``slower`` (below 1), ``no measurable change`` (it holds 1).
+    Null where not measured, and in older records."""
     loss: LossCheck | None = None
     """The loss check."""
     losses: Losses | None = None

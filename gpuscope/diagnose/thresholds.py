@@ -388,12 +388,6 @@ in turn: one script's runs differ from process to process (on a 2-core machine, 
 10-20% from one run to the next, where its steps varied 2% within a run), and a speed-up from one pair of runs is
 off by that much."""
 
-TRIAL_TRIM = 0.1
-"""A trial's step is the mean of the compared steps less this share of the longest and of the shortest each: the
-whole run's pace, as the median is not where steps alternate fast and slow (a Trainer's 2 workers, delivering in
-rounds: 5 and 44 ms, median 5 or 44 by chance, mean 24.5 against 54.5 untouched, the estimate's 2.2x), with a
-stall of the machine left out."""
-
 LOSS_DRIFT_FLOOR = 0.02
 """A trial's mean loss within 2% of the untouched run's, over the steps compared, is the same loss: a fix that
 changes only how the arithmetic is done (fused kernels, TF32, bfloat16 autocast) moves it less; one that breaks

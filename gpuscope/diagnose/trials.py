@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.clock import step_times
 from gpuscope.diagnose.rules import RULES
-from gpuscope.record import LossCheck, Recommendation, RunRecord, Trial
+from gpuscope.record import Effect, LossCheck, Recommendation, RunRecord, Trial
 
 APPLIED_AT_RUN_TIME = frozenset({
     "tf32", "cudnn-benchmark", "mixed-precision", "channels-last", "more-dataloader-workers", "pin-memory",
@@ -146,7 +146,7 @@ class Round:
 
 def measure(rounds: Sequence[Round], trial_plan: TrialPlan, steps: int, natural_drift: float = 0.0) -> Trial:
     """What the fix measured over ``rounds``, each ``steps`` steps: the untouched runs' step over the runs' with the
-    fix (``trimmed_mean``), on the steady steps each pair ran after the fix took effect, pooled, with a 95% interval
+    fix (``mean_step``), on the steady steps each pair ran after the fix took effect, pooled, with a 95% interval
     that resamples the rounds and the steps within them (runs of one script differ from process to process by more
     than their steps do within one); and the loss check (``natural_drift``: how far two untouched runs' losses are
     apart)."""
@@ -169,14 +169,21 @@ def measure(rounds: Sequence[Round], trial_plan: TrialPlan, steps: int, natural_
                                           "took effect")
     a = [t for pair in pairs for t in pair[0]]
     b = [t for pair in pairs for t in pair[1]]
-    step_a, step_b = trimmed_mean(a), trimmed_mean(b)
+    step_a, step_b = mean_step(a), mean_step(b)
     low, high = bootstrap_rounds(pairs)
     speedup = step_a / step_b
-    credited = loss.status in ("within", "not compared")
+    found = effect(low, high)
+    credited = loss.status in ("within", "not compared") and found == "faster"
     return dataclasses.replace(
         trial, runs=len(pairs), compared_steps=len(a), step_before_s=step_a, step_after_s=step_b,
-        speedup=speedup, speedup_low=low, speedup_high=high, credited=credited,
+        speedup=speedup, speedup_low=low, speedup_high=high, credited=credited, effect=found,
         measured_gain=1 - 1 / speedup if credited else None)
+
+
+def effect(low: float, high: float) -> Effect:
+    """What a trial's interval of the speed-up says: ``faster`` where it lies above 1, ``slower`` where below, and
+    ``no measurable change`` where it holds 1 (a gain inside the noise is no gain to rank a fix by)."""
+    return "faster" if low > 1 else "slower" if high < 1 else "no measurable change"
 
 
 LOSS_SEVERITY = {"not compared": 0, "within": 1, "drifted": 2, "not finite": 3}
@@ -184,19 +191,16 @@ LOSS_SEVERITY = {"not compared": 0, "within": 1, "drifted": 2, "not finite": 3}
 RESAMPLES, LEVEL, SEED = 1000, 0.95, 20260101
 
 
-def trimmed_mean(times: Sequence[float]) -> float:
-    """The mean step, the ``TRIAL_TRIM`` share of the longest and of the shortest left out: what a run's steps take
-    on the whole (a loop whose steps alternate 5 and 44 ms takes 24.5 ms a step, where the median says either),
-    a hiccup of the machine left out."""
-    ordered = sorted(times)
-    cut = int(len(ordered) * th.TRIAL_TRIM)
-    kept = ordered[cut:len(ordered) - cut] or ordered
-    return statistics.fmean(kept)
+def mean_step(times: Sequence[float]) -> float:
+    """The mean step: the run's pace, its throughput's inverse. Not the median, which misreads a loop whose steps
+    alternate fast and slow (a Trainer's 2 workers delivering in rounds: 5 and 44 ms, median 5 or 44 by chance, mean
+    24.5); nor a trimmed mean, which leaves out the long steps that are the waits making such a loop slow."""
+    return statistics.fmean(times)
 
 
 def bootstrap_rounds(pairs: Sequence[tuple[Sequence[float], Sequence[float]]], resamples: int = RESAMPLES,
                      level: float = LEVEL, seed: int = SEED) -> tuple[float, float]:
-    """Percentile bootstrap interval of the step before over the step after (``trimmed_mean``), pooled over rounds:
+    """Percentile bootstrap interval of the step before over the step after (``mean_step``), pooled over rounds:
     each resample draws the rounds with replacement (a round's two runs together), then each drawn round's steps with
     replacement. Deterministic for a given seed."""
     rng = random.Random(seed)
@@ -205,7 +209,7 @@ def bootstrap_rounds(pairs: Sequence[tuple[Sequence[float], Sequence[float]]], r
         drawn = [pairs[rng.randrange(len(pairs))] for _ in pairs]
         a = [t for before, _ in drawn for t in rng.choices(before, k=len(before))]
         b = [t for _, after in drawn for t in rng.choices(after, k=len(after))]
-        ratios.append(trimmed_mean(a) / trimmed_mean(b))
+        ratios.append(mean_step(a) / mean_step(b))
     ratios.sort()
     tail = (1 - level) / 2
     return ratios[round(tail * (resamples - 1))], ratios[round((1 - tail) * (resamples - 1))]
@@ -265,9 +269,15 @@ def slower(trial: Trial) -> bool:
     return trial.speedup_high < 1 if trial.speedup_high is not None else trial.speedup < 1
 
 
+def unchanged(trial: Trial) -> bool:
+    """Whether the trial measured no change it could tell from the noise: its interval holds 1."""
+    return trial.status == "measured" and trial.effect == "no measurable change"
+
+
 def rerank(recommendations: Sequence[Recommendation], trials: Sequence[Trial]) -> tuple[Recommendation, ...]:
     """The recommendations ranked with what the trials measured: a measured gain takes the estimate's place; a fix
-    whose loss check failed comes after the others, one measured slower last."""
+    that measured no change it could tell from the noise, or whose loss check failed, comes after the others, one
+    measured slower last."""
     tried = {t.id: t for t in trials if t.status == "measured"}
 
     def key(item: tuple[int, Recommendation]) -> tuple[int, float, int]:
@@ -292,5 +302,6 @@ def with_trials(record: RunRecord, trials: Sequence[Trial]) -> RunRecord:
 
 
 __all__ = ["APPLIED_AT_RUN_TIME", "REFUSED", "Round", "TrialPlan", "bootstrap_rounds", "estimated_s", "fix_settings",
-           "known_ids", "loss_check", "measure", "plan", "refusal", "rerank", "slower", "trimmed_mean", "window",
+           "effect", "known_ids", "loss_check", "mean_step", "measure", "plan", "refusal", "rerank", "slower", "unchanged",
+           "window",
            "with_trials"]

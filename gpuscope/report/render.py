@@ -24,7 +24,7 @@ from gpuscope.errors import GpuscopeError
 from gpuscope.record import PHASES, RunRecord
 from gpuscope.report import charts, compare_charts, facts
 from gpuscope.diagnose.words import bound_label, flop_text, left_out, speedup_text
-from gpuscope.diagnose.trials import slower
+from gpuscope.diagnose.trials import slower, unchanged
 from gpuscope.report.trials_text import estimate_words, loss_words, speedup_words
 
 REPORT_HTML = "report.html"
@@ -145,14 +145,16 @@ def trials_context(record: RunRecord) -> dict[str, Any]:
     tried = {}
     for t in trials:
         if t.status == "measured":
-            measured = f"measured {t.measured_gain:+.0%} of step time" if t.measured_gain is not None else \
-                "not credited: the loss changed"
+            measured = (f"measured {t.measured_gain:+.0%} of step time" if t.measured_gain is not None else
+                        "measured slower" if slower(t) else "no measurable change" if unchanged(t) else
+                        "not credited: the loss changed")
             tried[t.id] = (measured, "slower" if slower(t) else "" if t.credited else "none")
     return {
         "trial_speedups": [speedup_words(t) for t in trials],
         "trial_estimates": [estimate_words(t) for t in trials],
         "trial_losses": [loss_words(t) for t in trials],
-        "trial_classes": ["slower" if slower(t) else "flagged" if t.status == "measured" and not t.credited else ""
+        "trial_classes": ["slower" if slower(t) else "none" if unchanged(t) else
+                          "flagged" if t.status == "measured" and not t.credited else ""
                           for t in trials],
         "tried_gains": tried,
     }

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
-from gpuscope.diagnose.trials import slower
+from gpuscope.diagnose.trials import slower, unchanged
 from gpuscope.record import Trial
 
 
 def speedup_words(trial: Trial) -> str:
-    """``5.5x (95%: 5.3x-5.7x)``; ``0.56x slower (95%: ...)`` where the step got longer."""
+    """``5.5x (95%: 5.3x-5.7x)``; ``0.56x slower (95%: ...)`` where the step got longer; ``no measurable change:
+    1.03x (95%: 0.95x-1.13x)`` where the interval holds 1."""
     if trial.speedup is None:
         return ""
     interval = f" (95%: {trial.speedup_low:.2f}x-{trial.speedup_high:.2f}x)" \
         if trial.speedup_low is not None and trial.speedup_high is not None else ""
+    if unchanged(trial):
+        return f"no measurable change: {trial.speedup:.2f}x{interval}"
     return f"{trial.speedup:.2f}x{' slower' if slower(trial) else ''}{interval}"
 
 
@@ -48,7 +51,7 @@ def trial_line(trial: Trial) -> str:
 
 def applied_lines(trials: tuple[Trial, ...]) -> list[str]:
     """``apply: <the change>`` for each fix the trials measured faster with the loss unchanged, fastest first."""
-    faster = [t for t in trials if t.credited and t.speedup_low is not None and t.speedup_low > 1]
+    faster = [t for t in trials if t.credited]
     return [f"apply: {t.change}" for t in sorted(faster, key=lambda t: -(t.speedup or 0))]
 
 

@@ -163,6 +163,37 @@ def test_a_trial_whose_steps_alternate_fast_and_slow_is_measured_by_their_pace_n
     assert trial.speedup == pytest.approx(2.22, rel=0.03)
 
 
+def test_a_trials_step_keeps_its_long_steps_the_waits_that_make_a_loop_slow() -> None:
+    # given a trial whose steps take 10 ms but every tenth, 46 ms (workers falling behind: the loop waits)
+    waits = run(0.010, steps=111)
+    tried = dataclasses.replace(waits, steps=dataclasses.replace(waits.steps, sample=dataclasses.replace(
+        waits.steps.sample, wall_s=tuple(0.046 if i % 10 == 0 else 0.010 for i in range(111)))))
+    trial = trials.measure([trials.Round(run(0.0136, steps=111), tried, 1)], PLAN, steps=111)
+    # then over the steps compared, 11-110, its step is 0.9 x 10 + 0.1 x 46 = 13.6 ms: no faster than the untouched run's 13.6 ms (a trimmed mean,
+    # 10 ms, would have credited it with 1.36x)
+    assert trial.step_after_s == pytest.approx(0.0136, rel=0.01)
+    assert trial.effect == "no measurable change" and not trial.credited
+
+
+def test_a_fix_whose_interval_holds_one_made_no_measurable_change_and_is_not_credited() -> None:
+    # given two rounds that disagree: the fix 5% faster in one, 5% slower in the other
+    rounds = [trials.Round(run(0.0100, seed=1), run(0.0095, seed=2), 1),
+              trials.Round(run(0.0095, seed=3), run(0.0100, seed=4), 1)]
+    trial = trials.measure(rounds, PLAN, steps=61)
+    # then its interval holds 1: no gain is credited, and the words say so
+    assert trial.speedup_low < 1 < trial.speedup_high
+    assert trial.effect == "no measurable change"
+    assert not trial.credited and trial.measured_gain is None
+    assert "no measurable change: 1.00x (95%: " in trial_line(trial)
+    assert applied_lines((trial,)) == []
+
+
+def test_a_fix_whose_interval_lies_below_one_is_slower() -> None:
+    trial = trials.measure([trials.Round(run(0.010), run(0.012, seed=5), 1)], PLAN, steps=61)
+    assert trial.effect == "slower" and trials.slower(trial) and not trial.credited
+    assert "0.84x slower (95%: " in trial_line(trial)
+
+
 def test_a_trial_with_too_few_steps_after_its_fix_took_effect_is_not_measured() -> None:
     trial = trials.measure([trials.Round(run(0.01), run(0.008), 57)], PLAN, steps=61)
     assert trial.status == "failed" and "fewer than 5 steady steps" in trial.reason
@@ -217,6 +248,13 @@ def test_a_fix_measured_slower_ranks_last_and_one_measured_better_moves_up() -> 
     tried = (measured("more-dataloader-workers", 0.56, 0.52, 0.60), measured("zero-grad-set-to-none", 1.3, 1.25, 1.35))
     ranked = [r.id for r in trials.rerank(recs, tried)]
     assert ranked == ["zero-grad-set-to-none", "fused-optimizer", "more-dataloader-workers"]
+
+
+def test_a_fix_that_made_no_measurable_change_ranks_after_those_measured_faster() -> None:
+    recs = (recommendation("tf32", 0.5), recommendation("fused-optimizer", 0.1), recommendation("jit-fusion", 0.2))
+    unclear = dataclasses.replace(measured("tf32", 1.06, 0.90, 1.20, credited=False), effect="no measurable change")
+    tried = (unclear, measured("jit-fusion", 1.3, 1.25, 1.35))
+    assert [r.id for r in trials.rerank(recs, tried)] == ["jit-fusion", "fused-optimizer", "tf32"]
 
 
 def test_a_fix_whose_loss_check_failed_ranks_after_the_others_but_before_a_slower_one() -> None:
