@@ -311,16 +311,20 @@ class CompareCommand:
                                  "is slower than A by more than PCT percent with 95%% confidence, 0 when it is not "
                                  "slower than that with 95%% confidence, 3 when the runs cannot tell (more steps "
                                  "would; the line says how many)")
+        parser.add_argument("--run-spread", metavar="PCT", type=_percent,
+                            help="how much one run's mean step strays from the next run's of the same script on this "
+                                 "machine, in percent (one standard deviation; default 4.5, measured on a shared "
+                                 "2-core VM): the interval holds it for each run")
         parser.add_argument("--open", action="store_true", help="open the page in the browser")
 
     def run(self, args: argparse.Namespace) -> int:
-        from gpuscope.diagnose.compare import compare
+        from gpuscope.diagnose.compare import PROCESS_SPREAD, compare
         from gpuscope.record import load_record
         from gpuscope.report.compare_text import GATE_STATUS, gate_text, summary_lines
         from gpuscope.report.render import COMPARE_HTML, write_compare
 
         a, b = load_record(Path(args.run_dir_a)), load_record(Path(args.run_dir_b))
-        comparison = compare(a, b)
+        comparison = compare(a, b, PROCESS_SPREAD if args.run_spread is None else args.run_spread / 100)
         path = Path(args.output) if args.output is not None else Path(args.run_dir_b) / COMPARE_HTML
         try:
             path = write_compare(a, b, path, comparison)

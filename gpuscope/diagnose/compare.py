@@ -35,10 +35,12 @@ busy machine in it, which steps taken one by one (as if independent) hide."""
 T_95 = {1: 12.71, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
         11: 2.201, 12: 2.179, 13: 2.160, 14: 2.145, 15: 2.131, 16: 2.120, 17: 2.110, 18: 2.101}
 """Student's t, two-sided 95%, by degrees of freedom (the two runs' batches less one each)."""
-PROCESS_SPREAD = 0.012
-"""The relative spread (one standard deviation) of a script's mean step from one process to the next beyond what its
-steps show: where the allocator put its buffers, which core its threads landed on. Measured: identical runs of the
-gate benchmark's loop, 2 cores (``benchmarks/gate_noise.py``; benchmarks/README.md, "The gate under noise")."""
+PROCESS_SPREAD = 0.045
+"""The relative spread (one standard deviation) of a script's mean step from one run to the next beyond what its
+steps show: which cores and neighbours its process drew, the machine's drift between runs. Measured: four identical
+runs of the gate benchmark's loop in a quiet hour of the shared 2-core machine, pooled over four kinds, 4.5%
+(``benchmarks/gate_noise.py``; benchmarks/README.md, "The gate under noise"). ``--run-spread`` sets a machine's
+own."""
 
 Status = Literal["resolved", "symptom gone, step slower", "still there", "not checked in B", "unknown", "new in B"]
 """``symptom gone, step slower``: B's check of the rule is clear, but B's step is longer than A's (``SLOWER``): the
@@ -71,6 +73,8 @@ class SpeedUp:
     mean_b_s: float | None = None
     spread: float | None = None
     """The ratio's uncertainty, one standard deviation of its logarithm (``interval``); None without an interval."""
+    run_spread: float = PROCESS_SPREAD
+    """The spread from one run to the next that ``spread`` holds (``PROCESS_SPREAD``, or the user's)."""
 
     @property
     def clock(self) -> str:
@@ -137,8 +141,8 @@ def gate(s: SpeedUp, max_slower_pct: float) -> Gate:
 def _steps_to_tell(s: SpeedUp, distance: float) -> int | None:
     """Steady steps a run that would put the interval clear of the limit, ``distance`` away on the log scale, where
     the runs' own spread shrinks as one over the root of their steps and the spread between processes does not."""
-    within = s.spread ** 2 - 2 * PROCESS_SPREAD ** 2  # type: ignore[operator]
-    room = (distance / T_95[2 * (BATCHES - 1)]) ** 2 - 2 * PROCESS_SPREAD ** 2
+    within = s.spread ** 2 - 2 * s.run_spread ** 2  # type: ignore[operator]
+    room = (distance / T_95[2 * (BATCHES - 1)]) ** 2 - 2 * s.run_spread ** 2
     if within <= 0 or room <= 0:
         return None
     return math.ceil(max(s.steps_a, s.steps_b) * within / room)
@@ -370,19 +374,19 @@ def mean_and_error(times: Sequence[float]) -> tuple[float, float, int]:
     return statistics.fmean(times), statistics.stdev(means) / math.sqrt(count), count
 
 
-def interval(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+def interval(a: Sequence[float], b: Sequence[float], run_spread: float = PROCESS_SPREAD) -> tuple[float, float, float]:
     """The 95% interval of mean(a) / mean(b), and its spread (one standard deviation of its logarithm): each run's
-    mean step's relative error from its batches (``mean_and_error``), and ``PROCESS_SPREAD`` for each run's process,
+    mean step's relative error from its batches (``mean_and_error``), and ``run_spread`` for each run's process,
     combined; Student's t on the batches' degrees of freedom."""
     mean_a, error_a, count_a = mean_and_error(a)
     mean_b, error_b, count_b = mean_and_error(b)
-    spread = math.sqrt((error_a / mean_a) ** 2 + (error_b / mean_b) ** 2 + 2 * PROCESS_SPREAD ** 2)
+    spread = math.sqrt((error_a / mean_a) ** 2 + (error_b / mean_b) ** 2 + 2 * run_spread ** 2)
     reach = T_95[min(max(T_95), count_a + count_b - 2)] * spread
     ratio = mean_a / mean_b
     return ratio * math.exp(-reach), ratio * math.exp(reach), spread
 
 
-def speedup(a: RunRecord, b: RunRecord) -> SpeedUp:
+def speedup(a: RunRecord, b: RunRecord, run_spread: float = PROCESS_SPREAD) -> SpeedUp:
     """A's mean step over B's, with its interval where both step samples allow one; without a step sample, the
     records' means (their medians in older records without one)."""
     clocks = {"clock_a": a.steps.clock, "clock_b": b.steps.clock}
@@ -402,9 +406,9 @@ def speedup(a: RunRecord, b: RunRecord) -> SpeedUp:
                 f"at least {MIN_STEPS} each are needed)")
         return SpeedUp(median_a, median_b, mean_a / mean_b, steps_a=len(times_a), steps_b=len(times_b), note=note,
                        **clocks, **means)
-    low, high, spread = interval(times_a, times_b)
+    low, high, spread = interval(times_a, times_b, run_spread)
     return SpeedUp(median_a, median_b, mean_a / mean_b, low, high, len(times_a), len(times_b), **clocks, **means,
-                   spread=spread)
+                   spread=spread, run_spread=run_spread)
 
 
 def busy(record: RunRecord, name: str) -> str | None:
@@ -471,11 +475,11 @@ def flags(a: RunRecord, b: RunRecord) -> tuple[str, ...]:
     return tuple(found)
 
 
-def compare(a: RunRecord, b: RunRecord) -> Comparison:
+def compare(a: RunRecord, b: RunRecord, run_spread: float = PROCESS_SPREAD) -> Comparison:
     """Compare run A (before) with run B (after), each CUDA run's steps on the GPU's clock where its record has
     the device times (``clock.on_device_clock``: records written before the figures were read there)."""
     a, b = on_device_clock(a), on_device_clock(b)
-    speed, sample = speedup(a, b), per_sample(a, b)
+    speed, sample = speedup(a, b, run_spread), per_sample(a, b)
     return Comparison(
         script_a=script_name(a),
         script_b=script_name(b),

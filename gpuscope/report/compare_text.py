@@ -37,8 +37,8 @@ def gate_text(s: SpeedUp, max_slower_pct: float) -> tuple[Gate, str]:
     more = (f"at least {g.steps_needed} steady steps a run are needed for an interval" if s.low is None else
             f"about {g.steps_needed} steady steps a run would tell (A has {s.steps_a}, B {s.steps_b})"
             if g.steps_needed is not None else
-            "more steps would not tell: the runs differ by about the limit itself, or by less than one process "
-            "differs from the next; repeat both runs, or set the limit further from it")
+            "more steps would not tell: the runs differ by about the limit itself, or by less than one run differs "
+            f"from the next ({s.run_spread:.1%}, --run-spread); repeat both runs, or set the limit further from it")
     return g, f"gate cannot tell: {line}: the interval holds {max_slower_pct:g}%; {more}"
 
 

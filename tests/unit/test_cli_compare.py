@@ -69,7 +69,7 @@ STEADY = tuple(m for m in [0.098, 0.102] * 5 for _ in range(2))
 def test_fail_if_slower_gates_on_the_interval_of_the_mean_step(tmp_path, capsys, pct, status, gate) -> None:
     a = sampled_dir(tmp_path / "a", STEADY)
     b = sampled_dir(tmp_path / "b", tuple(t * 1.1 for t in STEADY))
-    assert main(["compare", str(a), str(b), "--fail-if-slower", pct]) == status
+    assert main(["compare", str(a), str(b), "--fail-if-slower", pct, "--run-spread", "1.2"]) == status
     out = capsys.readouterr().out
     assert gate in out
     assert (b / "compare.html").is_file()  # the page is written whatever the gate says

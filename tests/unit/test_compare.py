@@ -161,9 +161,9 @@ def test_the_interval_holds_each_runs_batches_and_the_spread_between_processes()
     # given A at 100 ms and B at 110 ms a step, each with batch means 2% apart
     a = run(0.100, times=STEADY)
     b = run(0.110, times=tuple(t * 1.1 for t in STEADY))
-    # when compared
-    s = compare(a, b).speedup
-    # then the ratio's spread combines their standard errors (0.667% each) with one process's from the next (1.2%
+    # when compared on a machine where one run's mean step strays 1.2% from the next's
+    s = compare(a, b, run_spread=0.012).speedup
+    # then the ratio's spread combines their standard errors (0.667% each) with one run's from the next (1.2%
     # each): sqrt(2 x 0.00667^2 + 2 x 0.012^2) = 1.941%; t on 18 degrees of freedom, 2.101, reaches 4.08%
     assert s.spread == pytest.approx(0.019414, rel=1e-3)
     assert 1 / s.high == pytest.approx(1.1 * math.exp(-2.101 * 0.019414), rel=1e-4)  # B 5.60% slower at best
@@ -173,7 +173,7 @@ def test_the_interval_holds_each_runs_batches_and_the_spread_between_processes()
 @pytest.mark.parametrize(("pct", "decision"), [(5, "failed"), (15, "passed"), (10, "cannot tell"), (12, "cannot tell")])
 def test_the_gate_decides_on_the_interval(pct: float, decision: str) -> None:
     # given B 10% slower than A, the interval 5.60% to 14.58% slower (the test above)
-    s = compare(run(0.100, times=STEADY), run(0.110, times=tuple(t * 1.1 for t in STEADY))).speedup
+    s = compare(run(0.100, times=STEADY), run(0.110, times=tuple(t * 1.1 for t in STEADY)), run_spread=0.012).speedup
     # when gated at pct
     found, line = gate_text(s, pct)
     # then it fails only beyond the interval's slow end, passes only past its fast end, and else cannot tell
@@ -187,7 +187,8 @@ def test_the_gate_decides_on_the_interval(pct: float, decision: str) -> None:
 def test_where_more_steps_would_tell_the_gate_says_how_many() -> None:
     # given B 10% slower than A, both swinging: standard errors of 3.33%, the spread sqrt(2 x 0.0333^2 + 2 x 0.012^2)
     # = 5.010%, the interval 1.0% faster to 22.2% slower
-    s = compare(run(0.100, times=SWINGING), run(0.110, times=tuple(t * 1.1 for t in SWINGING))).speedup
+    s = compare(run(0.100, times=SWINGING), run(0.110, times=tuple(t * 1.1 for t in SWINGING)),
+                run_spread=0.012).speedup
     # when gated at 0%
     found, line = gate_text(s, 0)
     # then it cannot tell, and the steps that would: the runs' own spread (0.0025102 - 0.000288 = 0.0022222) must
@@ -199,9 +200,19 @@ def test_where_more_steps_would_tell_the_gate_says_how_many() -> None:
 
 def test_identical_runs_pass_and_a_run_far_slower_fails() -> None:
     a = run(0.1)
-    assert gate_text(compare(a, run(0.1)).speedup, 5)[0].decision == "passed"
+    assert gate_text(compare(a, run(0.1), run_spread=0.012).speedup, 5)[0].decision == "passed"
     assert gate_text(compare(a, run(0.13)).speedup, 10)[0].decision == "failed"
     assert gate_text(compare(a, run(0.05)).speedup, 0)[0].decision == "passed"
+
+
+def test_by_default_the_interval_holds_the_spread_between_runs_measured_on_a_shared_machine() -> None:
+    # given identical runs on a machine where runs stray 4.5% from each other (the default): sqrt(2) x 4.5% = 6.4%
+    s = compare(run(0.1), run(0.1)).speedup
+    # then a 5% gate cannot tell them apart from a 5% regression, and says that more steps would not help
+    assert s.run_spread == 0.045
+    found, line = gate_text(s, 5)
+    assert found.decision == "cannot tell" and found.steps_needed is None
+    assert "(4.5%, --run-spread); repeat both runs" in line
 
 
 def test_without_an_interval_the_gate_cannot_tell() -> None:
