@@ -9,6 +9,7 @@ against what it really is.
 
     python benchmarks/gate_noise.py                          # quiet, then beside one busy process
     python benchmarks/gate_noise.py --loads 1 --runs 4 --keep /tmp/gate-runs
+    python benchmarks/gate_noise.py --keep /tmp/gate-runs --only-gate   # the kept runs through the gate again
 
 Figures: benchmarks/README.md ("The gate under noise"); raw: benchmarks/results/gate-noise-2cpu.json.
 """
@@ -50,45 +51,48 @@ def plain_step(steps: int, slower: int) -> float:
     return float(re.search(r"mean_step_s=([0-9.]+)", result.stdout).group(1))  # type: ignore[union-attr]
 
 
-def gate(a: Path, b: Path, page: Path) -> tuple[int, str]:
-    """``gpuscope compare A B --fail-if-slower 5``, in this process: its exit status and its gate line."""
+def gate(a: Path, b: Path, page: Path, spread: str | None) -> tuple[int, str]:
+    """``gpuscope compare A B --fail-if-slower 5 [--run-spread S]``, in this process: its exit status and its gate
+    line."""
     from gpuscope.cli import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        status = main(["compare", str(a), str(b), "--fail-if-slower", GATE, "-o", str(page)])
+        status = main(["compare", str(a), str(b), "--fail-if-slower", GATE, "-o", str(page),
+                       *(("--run-spread", spread) if spread else ())])
     line = next((x.strip() for x in out.getvalue().splitlines() if x.strip().startswith("gate ")), "")
     return status, line
 
 
-def condition(folder: Path, load: int, runs: int, steps: int) -> dict:
-    """Every kind's runs beside ``load`` busy processes, then every ordered pair through the gate."""
+def condition(folder: Path, load: int, runs: int, steps: int) -> dict[int, float]:
+    """Every kind's runs beside ``load`` busy processes, into ``folder``; the plain-python truth, percent slower by
+    kind."""
     burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(load)]
     for p in burners:
         p.start()
     try:
         truth = {k: [plain_step(steps, k) for _ in range(2)] for k in SLOWER}
-        dirs: dict[int, list[Path]] = {k: [] for k in SLOWER}
         for i in range(runs):  # interleaved: the machine's drift falls on every kind alike
             for k in SLOWER:
-                out = folder / f"load{load}-slower{k}-{i}"
-                gpuscope_run(out, steps, k)
-                dirs[k].append(out)
+                gpuscope_run(folder / f"load{load}-slower{k}-{i}", steps, k)
     finally:
         for p in burners:
             p.terminate()
-    page = folder / "compare.html"
+    return {k: round((statistics.fmean(truth[k]) / statistics.fmean(truth[0]) - 1) * 100, 1) for k in SLOWER}
+
+
+def evaluate(folder: Path, load: int, spread: str | None) -> dict:
+    """Every ordered pair of ``folder``'s runs beside ``load`` busy processes through the gate."""
+    dirs = {k: sorted(folder.glob(f"load{load}-slower{k}-*")) for k in SLOWER}
     found: dict[str, dict] = {}
     for k in SLOWER:
         pairs = [(a, b) for a in dirs[0] for b in dirs[k] if a != b]
-        results = [gate(a, b, page) for a, b in pairs]
+        results = [gate(a, b, folder / "compare.html", spread) for a, b in pairs]
         statuses = [s for s, _ in results]
         found[f"{k}% slower" if k else "identical"] = {
             "pairs": len(pairs), "failed": statuses.count(1), "passed": statuses.count(0),
-            "cannot_tell": statuses.count(3), "lines": [line for _, line in results],
-            "plain_python_slower_pct": round((statistics.fmean(truth[k]) / statistics.fmean(truth[0]) - 1) * 100, 1),
-        }
-    return {"load_processes": load, "runs_per_kind": runs, "steps": steps, "kinds": found}
+            "cannot_tell": statuses.count(3), "lines": [line for _, line in results]}
+    return found
 
 
 def main() -> int:
@@ -97,6 +101,8 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=4)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--keep", type=Path, help="keep the runs' folders here")
+    parser.add_argument("--only-gate", action="store_true", help="gate the runs kept in --keep again, running none")
+    parser.add_argument("--spreads", default=",1.2", help="--run-spread values to gate with (empty: the default)")
     parser.add_argument("--json", type=Path, help="write the results here")
     options = parser.parse_args()
     results = []
@@ -104,14 +110,23 @@ def main() -> int:
         folder = options.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
         for load in (int(x) for x in options.loads.split(",")):
-            found = condition(folder, load, options.runs, options.steps)
-            results.append(found)
-            for kind, r in found["kinds"].items():
-                print(f"load {load}: {kind} (plain python {r['plain_python_slower_pct']:+.1f}%): failed "
-                      f"{r['failed']}/{r['pairs']}, passed {r['passed']}, cannot tell {r['cannot_tell']}", flush=True)
+            truth = None if options.only_gate else condition(folder, load, options.runs, options.steps)
+            for spread in options.spreads.split(","):
+                found = evaluate(folder, load, spread or None)
+                results.append({"load_processes": load, "run_spread": spread or "default", "truth_pct": truth,
+                                "means_ms": _means(folder, load), "kinds": found})
+                for kind, r in found.items():
+                    print(f"load {load}, --run-spread {spread or 'default'}: {kind}: failed {r['failed']}/{r['pairs']}, "
+                          f"passed {r['passed']}, cannot tell {r['cannot_tell']}", flush=True)
     if options.json:
         options.json.write_text(json.dumps(results, indent=1) + "\n")
     return 0
+
+
+def _means(folder: Path, load: int) -> dict[str, list[float]]:
+    """Each kind's runs' mean steady step (ms), as their records hold it."""
+    return {f"{k}%": [round(json.loads((d / "run.json").read_text())["steps"]["mean_s"] * 1e3, 2)
+                      for d in sorted(folder.glob(f"load{load}-slower{k}-*"))] for k in SLOWER}
 
 
 if __name__ == "__main__":

@@ -29,6 +29,11 @@ from gpuscope.record import RunRecord, Trial, load_record, write_record
 AUTO = "auto"
 DEFAULT_TRY_BUDGET_S = 300.0
 """``--try-budget``'s default: five minutes of trials for ``--try auto``."""
+CHILD = "import sys\nfrom gpuscope.cli import main\nsys.exit(main())"
+"""A trial's run of the script: ``python -c CHILD run ...`` rather than ``python -m gpuscope run ...``, whose runpy
+and ``__main__`` frames would lie under the script's. Whatever walks the whole stack pays for each frame: anomaly
+detection formats it for every autograd node, about 7 us a frame a node here, so that the arm with the
+anomaly-mode fix would gain its share of gpuscope's frames too (benchmarks/README.md, "Trials and debug APIs")."""
 TRIAL_JSON = "trial.json"
 OUTPUT_LOG = "output.log"
 """The trial's script's stdout and stderr (the user's terminal gets one line a trial)."""
@@ -151,7 +156,7 @@ def _run_once(trial_plan: TrialPlan | None, trial_dir: Path, command: Sequence[s
     """One run of the script for ``steps`` steps into ``trial_dir``, with the fix of ``trial_plan`` (None: untouched):
     its record, the step from which the fix was in effect and its notes; or why it failed, in words."""
     folder = trial_dir.name
-    argv = [sys.executable, "-m", "gpuscope", "run", *_options(options), "--no-probes", "-q", "-o", str(trial_dir)]
+    argv = [sys.executable, "-c", CHILD, "run", *_options(options), "--no-probes", "-q", "-o", str(trial_dir)]
     if trial_plan is not None:
         argv += [APPLY_FIX, json.dumps({"id": trial_plan.id, "settings": trial_plan.settings})]
     argv += [STOP_AFTER, str(steps), "--", *command]
