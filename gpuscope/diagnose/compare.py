@@ -16,7 +16,7 @@ from pathlib import PurePath
 from typing import Literal
 
 from gpuscope.diagnose.child_processes import notable, started_work
-from gpuscope.diagnose.contention import CONTENDED, CONTENDED_MIN_S
+from gpuscope.diagnose.contention import waited
 from gpuscope.diagnose.clock import on_device_clock, step_times
 from gpuscope.diagnose.evidence import STEP, Metric, Unit, batch_size, show, step_batches
 from gpuscope.diagnose.rules import RULES
@@ -413,15 +413,13 @@ def speedup(a: RunRecord, b: RunRecord, run_spread: float = PROCESS_SPREAD) -> S
 
 def busy(record: RunRecord, name: str) -> str | None:
     """That the machine was busy during run ``name``, where its process's threads waited for a core a notable share
-    of the time they were ready to run (``contention.contention``'s measure); None otherwise."""
-    memory = record.host_memory
-    if memory is None or memory.own_cpu_s is None or memory.own_runnable_s is None:
+    of the time they were ready to run (``contention.waited``); None otherwise."""
+    found = waited(record)
+    if found is None:
         return None
-    waited, ran = memory.own_runnable_s, memory.own_cpu_s
-    if waited < CONTENDED_MIN_S or waited < CONTENDED * (waited + ran):
-        return None
-    return (f"{name}'s machine was busy: its threads waited for a core {waited / (waited + ran):.0%} of the time they "
-            f"were ready to run ({waited:.1f} s): its steps hold that wait, and the comparison with it")
+    wait, ran = found
+    return (f"{name}'s machine was busy: its threads waited for a core {wait / (wait + ran):.0%} of the time they "
+            f"were ready to run ({wait:.1f} s): its steps hold that wait, and the comparison with it")
 
 
 def phase_shifts(a: RunRecord, b: RunRecord) -> tuple[PhaseShift, ...]:

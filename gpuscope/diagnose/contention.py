@@ -14,22 +14,32 @@ CONTENDED_MIN_S = 0.5
 """...and at least this long."""
 
 
-def contention(record: RunRecord) -> str | None:
-    """How long the run's own process waited for a core, and what else ran on them; None where it is not notable."""
+def waited(record: RunRecord) -> tuple[float, float] | None:
+    """The run's own process's seconds waiting for a core and on a CPU, where the wait is notable (``CONTENDED``,
+    ``CONTENDED_MIN_S``); None otherwise."""
     memory = record.host_memory
     if memory is None or memory.own_cpu_s is None or memory.own_runnable_s is None:
         return None
-    waited, ran = memory.own_runnable_s, memory.own_cpu_s
-    if waited < CONTENDED_MIN_S or waited < CONTENDED * (waited + ran):
+    wait, ran = memory.own_runnable_s, memory.own_cpu_s
+    return None if wait < CONTENDED_MIN_S or wait < CONTENDED * (wait + ran) else (wait, ran)
+
+
+def contention(record: RunRecord) -> str | None:
+    """How long the run's own process waited for a core, and what else ran on them; None where it is not notable."""
+    found = waited(record)
+    if found is None:
         return None
+    waited_s, ran = found
+    memory = record.host_memory
     others = []
     workers = max((loader.num_workers for loader in record.loaders), default=0)
     if workers:
         others.append(f"its DataLoader's {workers} worker process{'es' if workers != 1 else ''}")
-    if started := [p for p in memory.processes if p.cpu_s]:
+    if started := [p for p in (memory.processes if memory is not None else ()) if p.cpu_s]:
         others.append(f"{len(started)} process{'es' if len(started) != 1 else ''} the script started")
     cores = f"the machine's {record.meta.cpu_count} cores" if record.meta.cpu_count else "the machine's cores"
     shared = (f"{cores} also ran {' and '.join(others)} (and whatever else runs there)" if others else
               f"{cores} were busy with other programs too, or with more threads than cores")
-    return (f"this process's threads waited for a core {waited / (waited + ran):.0%} of the time they were ready to "
-            f"run ({waited:.1f} s, against {ran:.1f} s on a CPU): {shared}; the step times hold that wait")
+    share = waited_s / (waited_s + ran)
+    return (f"this process's threads waited for a core {share:.0%} of the time they were ready to run "
+            f"({waited_s:.1f} s, against {ran:.1f} s on a CPU): {shared}; the step times hold that wait")

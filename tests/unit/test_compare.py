@@ -14,6 +14,7 @@ from gpuscope.diagnose.compare import MAX_STEPS, compare, steady_times
 from gpuscope.report.compare_text import gate_text, speedup_text, summary_lines
 from gpuscope.record import (
     Breakdown,
+    HostMemory,
     Calibration,
     Loader,
     OpProfile,
@@ -213,6 +214,19 @@ def test_by_default_the_interval_holds_the_spread_between_runs_measured_on_a_sha
     found, line = gate_text(s, 5)
     assert found.decision == "cannot tell" and found.steps_needed is None
     assert "(4.5%, --run-spread); repeat both runs" in line
+
+
+def test_a_busy_machine_is_said_beside_the_speedup() -> None:
+    # given B's process waited for a core 5 s of the 15 s it was ready to run (a busy process beside it)
+    busy = run(0.1, host_memory=HostMemory(own_cpu_s=10.0, own_runnable_s=5.0))
+    # when compared
+    comparison = compare(run(0.1), busy)
+    # then the comparison says so, right under the speed-up
+    assert comparison.busy == ("B's machine was busy: its threads waited for a core 33% of the time they were ready "
+                               "to run (5.0 s): its steps hold that wait, and the comparison with it",)
+    assert summary_lines(comparison)[1].startswith("  note: B's machine was busy")
+    # and a wait of 2% of the time is no note
+    assert compare(run(0.1), run(0.1, host_memory=HostMemory(own_cpu_s=49.0, own_runnable_s=1.0))).busy == ()
 
 
 def test_without_an_interval_the_gate_cannot_tell() -> None:
