@@ -16,8 +16,8 @@ from pathlib import PurePath
 from typing import Literal
 
 from gpuscope.diagnose.child_processes import notable, started_work
-from gpuscope.diagnose.contention import waited
 from gpuscope.diagnose.clock import on_device_clock, step_times
+from gpuscope.diagnose.contention import waited
 from gpuscope.diagnose.evidence import STEP, Metric, Unit, batch_size, show, step_batches
 from gpuscope.diagnose.rules import RULES
 from gpuscope.record import PHASES, RunRecord
@@ -112,7 +112,7 @@ class Gate:
     PCT with 95% confidence (the interval's slow end beyond it), ``passed`` where B is not slower than PCT with that
     confidence (the whole interval within it), ``cannot tell`` where the interval straddles the limit.
     ``steps_needed``: about how many steady steps a run would tell (None where more steps would not: the runs'
-    difference sits at the limit, or within the spread from one process to the next)."""
+    difference sits at the limit, or within the spread from one run to the next)."""
 
     decision: Decision
     max_slower_pct: float
@@ -139,8 +139,8 @@ def gate(s: SpeedUp, max_slower_pct: float) -> Gate:
 
 
 def _steps_to_tell(s: SpeedUp, distance: float) -> int | None:
-    """Steady steps a run that would put the interval clear of the limit, ``distance`` away on the log scale, where
-    the runs' own spread shrinks as one over the root of their steps and the spread between processes does not."""
+    """The steady steps a run needs for the interval to clear the limit, ``distance`` away on the log scale: the
+    runs' own spread shrinks as one over the root of their steps, the spread from one run to the next does not."""
     within = s.spread ** 2 - 2 * s.run_spread ** 2  # type: ignore[operator]
     room = (distance / T_95[2 * (BATCHES - 1)]) ** 2 - 2 * s.run_spread ** 2
     if within <= 0 or room <= 0:
