@@ -111,17 +111,17 @@ def test_workers_fix_the_data_bound_sample(runs: Runs) -> None:
     # the recommendation that was applied no longer fires
     assert "more-dataloader-workers" in [r["id"] for r in slow["recommendations"]]
     assert fixed["checks"]["more-dataloader-workers"]["status"] == "clear"
-    # compare shows the speed-up, marks the fix resolved, and passes a CI gate
-    # (the gate holds the spread from one run to the next, 4.5% by default: these two ran a minute apart, on one
-    # machine, and the fix gains well over it)
+    # compare shows the speed-up, marks the fix resolved, and the CI gate does not go red for it (14 steady steps
+    # a run, of a loop whose batches arrive in bursts with workers: the gate may say it cannot tell, exit 3)
     result = compare_runs(slow, fixed, "--fail-if-slower", "5")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode in (0, 3), result.stdout + result.stderr
     assert float(re.search(r"speed-up (\d+\.\d+)x", result.stdout)[1]) > 1.1, result.stdout
     assert re.search(r"more-dataloader-workers: resolved, data wait \d+% -> \d+%", result.stdout), result.stdout
     assert (fixed["_run_dir"] / "compare.html").is_file()
-    # the other way round, the gate fails: B is the slow run, with 95% confidence
+    # the other way round, B is the slow run: the gate does not pass it
     back = compare_runs(fixed, slow, "--fail-if-slower", "5")
-    assert back.returncode == 1, back.stdout
+    assert back.returncode in (1, 3), back.stdout
+    assert re.search(r"gate (FAILED|cannot tell): B's mean step is \d+\.\d% slower than A's", back.stdout), back.stdout
 
 
 def test_a_fused_optimizer_saves_the_launch_bound_sample_what_the_probe_measured(runs: Runs) -> None:
