@@ -81,6 +81,7 @@ def main() -> None:
     parser.add_argument("--load", type=int, default=os.cpu_count() or 2, help="busy processes beside the jobs")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"which kinds of job, of {', '.join(KINDS)}")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "straggler-noise-2cpu.json"))
+    parser.add_argument("--keep", type=Path, help="keep the jobs' folders here (to merge again: gpuscope report)")
     args = parser.parse_args()
     kinds = args.kinds.split(",")
     burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(args.load)]
@@ -89,9 +90,10 @@ def main() -> None:
     results: dict[str, list[dict]] = {kind: [] for kind in kinds}
     try:
         with tempfile.TemporaryDirectory() as tmp:
+            folder = args.keep or Path(tmp)
             for n in range(args.jobs):
                 for kind in kinds:
-                    found = job(Path(tmp) / f"{kind}-{n}", *KINDS[kind][0])
+                    found = job(folder / f"{kind}-{n}", *KINDS[kind][0])
                     found["right"] = right(kind, found)
                     results[kind].append(found)
                     print(f"{kind:10s} job {n + 1}: {'right' if found['right'] else 'WRONG'}: straggler "

@@ -54,6 +54,8 @@ class RankArrival:
     """Seconds a step its training thread (device) sat idle inside collectives, waiting or not (mean)."""
     step_s: float
     """Its mean profiled step."""
+    own_phase_steps_s: tuple[dict[str, float], ...] = ()
+    """``own_phases_s`` step by step (the matched steps of ``own_steps_s``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,7 +137,7 @@ def _rank(rank: int, comm: Communication, calls: Mapping[Key, CollectiveCall], g
     by_number = {s.number: s for s in comm.profiled_steps}
     waiting = dict.fromkeys(PHASES, 0.0)
     own = dict.fromkeys(PHASES, 0.0)
-    own_steps, cpu_waits = [], []
+    own_steps, cpu_waits, phase_steps = [], [], []
     exposed = step_us = 0.0
     for step in steps:
         mine = [(k, c) for k, c in calls.items() if k[0] == step]
@@ -169,10 +171,11 @@ def _rank(rank: int, comm: Communication, calls: Mapping[Key, CollectiveCall], g
             waiting[p] += waited[p]
             own[p] += working[p] * keep
         own_steps.append(total * keep / 1e6)
+        phase_steps.append({p: working[p] * keep / 1e6 for p in PHASES})
     n = max(1, len(own_steps))
     return RankArrival(
         rank=rank, late_s=tuple(late[s] / 1e6 for s in steps), own_steps_s=tuple(own_steps),
         waiting_s=sum(waiting.values()) / 1e6 / n, waiting_by_phase={p: waiting[p] / 1e6 / n for p in PHASES},
         own_phases_s={p: own[p] / 1e6 / n for p in PHASES},
         cpu_wait_s=sum(cpu_waits) / len(cpu_waits) if cpu_waits else None, exposed_s=exposed / 1e6 / n,
-        step_s=step_us / 1e6 / n)
+        step_s=step_us / 1e6 / n, own_phase_steps_s=tuple(phase_steps))

@@ -18,7 +18,7 @@ import statistics
 from collections.abc import Sequence
 
 from gpuscope.diagnose import thresholds as th
-from gpuscope.diagnose.arrival import Arrivals
+from gpuscope.diagnose.arrival import Arrivals, RankArrival
 from gpuscope.record import PHASES, RankSummary, RunRecord, Straggler, Verdict
 
 
@@ -35,7 +35,8 @@ def by_arrival(ranks: Sequence[RankSummary], found: Arrivals) -> Straggler | Non
     exceeds the other ranks' by ``STRAGGLER_ARRIVAL_SHARE`` of the step (the median over the profiled steps of the
     excess, step by step), in ``STRAGGLER_LAST_STEPS`` of those steps: the rank the others wait for, wherever its
     extra time lies. On a quiet machine it is also the rank that arrives last; on a busy one the scheduler moves the
-    arrivals about, and its own work still tells."""
+    arrivals about, and its own work still tells. Failing that, the rank whose work in one phase stands out against
+    its own pace in the others (``_concentrated``): a straggler whose core is faster in the rest of its step."""
     summaries = {r.rank: r for r in ranks if r.steps}
     timed = [a for a in found.ranks if a.rank in summaries and a.own_steps_s]
     if len(timed) < 2 or len({len(a.own_steps_s) for a in timed}) != 1:
@@ -43,18 +44,26 @@ def by_arrival(ranks: Sequence[RankSummary], found: Arrivals) -> Straggler | Non
     count = len(timed[0].own_steps_s)
     baseline = {a.rank: [a.own_steps_s[s] - statistics.median(o.own_steps_s[s] for o in timed if o is not a)
                          for s in range(count)] for a in timed}
+    step_s = statistics.median(a.step_s for a in timed)
+    if step_s <= 0:
+        return None
     slow = max(timed, key=lambda a: statistics.median(baseline[a.rank]))
-    others = [a for a in timed if a is not slow]
     excess_s = statistics.median(baseline[slow.rank])
     more = sum(x > 0 for x in baseline[slow.rank])
-    step_s = statistics.median(a.step_s for a in timed)
-    if step_s <= 0 or excess_s < th.STRAGGLER_ARRIVAL_SHARE * step_s or more < th.STRAGGLER_LAST_STEPS * count:
-        return None
+    cause: str | None = None
+    paced = False
+    if excess_s < th.STRAGGLER_ARRIVAL_SHARE * step_s or more < th.STRAGGLER_LAST_STEPS * count:
+        hidden = _concentrated(timed, step_s)  # its extra work in one phase, hidden by a faster core in the others
+        if hidden is None:
+            return None
+        slow, cause, excess_s, more = hidden
+        paced = True
+    others = [a for a in timed if a is not slow]
     excess = {p: slow.own_phases_s[p] - statistics.median(a.own_phases_s[p] for a in others) for p in PHASES}
-    cause = max(excess, key=lambda p: excess[p])
-    if excess[cause] <= 0:
+    cause = cause or max(excess, key=lambda p: excess[p])
+    if not paced and excess[cause] <= 0:
         return None
-    cause_share = min(1.0, excess[cause] / sum(max(0.0, e) for e in excess.values()))
+    cause_share = min(1.0, max(0.0, excess[cause]) / (sum(max(0.0, e) for e in excess.values()) or 1.0))
     others_wait = statistics.median(a.waiting_s for a in others)
     others_phase = statistics.median(a.own_phases_s[cause] for a in others)
     last = sum(x > 0 for x in slow.late_s)
@@ -65,10 +74,15 @@ def by_arrival(ranks: Sequence[RankSummary], found: Arrivals) -> Straggler | Non
     if busy and max(busy) >= th.STRAGGLER_ARRIVAL_SHARE * step_s:
         arrived += (f" (the machine is busy: the ranks waited up to {max(busy) * 1e3:.1f} ms a step for a CPU, "
                     "which moves the arrivals about and is left out of their own work)")
+    more_work = (f"rank {slow.rank} does {excess_s * 1e3:.1f} ms more work a step than the other ranks "
+                 f"({excess_s / step_s:.0%} of the {step_s * 1e3:.1f} ms profiled step; more in {more} of {count} "
+                 "steps)") if not paced else (
+        f"rank {slow.rank} does {excess_s * 1e3:.1f} ms more work a step in its {_phase_words(cause)} than its pace in "
+        f"its other phases, set against the other ranks', predicts ({excess_s / step_s:.0%} of the "
+        f"{step_s * 1e3:.1f} ms profiled step; more in {more} of {count} steps; its whole step's excess, "
+        f"{statistics.median(baseline[slow.rank]) * 1e3:.1f} ms, is hidden by a core faster in the rest)")
     evidence = (
-        f"rank {slow.rank} does {excess_s * 1e3:.1f} ms more work a step than the other ranks "
-        f"({excess_s / step_s:.0%} of the {step_s * 1e3:.1f} ms profiled step; more in {more} of {count} steps), and "
-        f"they wait for it: {arrived}",
+        f"{more_work}, and they wait for it: {arrived}",
         f"its own {_phase_words(cause)} takes {slow.own_phases_s[cause] * 1e3:.1f} ms a step, the other ranks' "
         f"{others_phase * 1e3:.1f} ms: {excess[cause] * 1e3:.1f} ms more, {cause_share:.0%} of its extra work",
         f"meanwhile the other ranks sit waiting for a later rank {others_wait * 1e3:.1f} ms a step; the "
@@ -79,6 +93,42 @@ def by_arrival(ranks: Sequence[RankSummary], found: Arrivals) -> Straggler | Non
                      evidence=evidence, cause_share=cause_share,
                      spread_s=statistics.median(spreads) if spreads else None,  # type: ignore[type-var]
                      others_wait_s=others_wait, arrived_last=last, steps_matched=len(slow.late_s), basis="arrivals")
+
+
+PACED_PHASES = ("data_wait", "forward", "optimizer", "other")
+"""The phases ``_concentrated`` sets against a rank's pace: not backward, which a data-parallel job's gradient
+all-reduces overlap, their threads taking the rank's cores unevenly (on the 2-core machine, balanced jobs beside 2 busy
+processes: a rank's backward 14.6 ms over its pace in 1 job of 5); a straggler there is one by its whole step."""
+
+
+def _concentrated(timed: Sequence[RankArrival], step_s: float) -> tuple[RankArrival, str, float, int] | None:
+    """The rank with ``STRAGGLER_ARRIVAL_SHARE`` of the step more work in one phase than its pace in the other
+    phases predicts, in ``STRAGGLER_LAST_STEPS`` of the steps: its phase, that excess (the median over the steps)
+    and the steps it held in. On a busy machine a rank whose threads share a core with another process runs every
+    phase slower (on the 2-core machine 20% slower for the whole run), and one that drew the faster core runs them
+    faster: a straggler's own extra work in one phase then stands out against its pace in the others, not against
+    the other ranks' step: each step, the phase's own work less the other ranks' (their median) scaled by the ratio
+    of the rank's work to theirs in its other phases."""
+    count = len(timed[0].own_steps_s)
+    if any(len(a.own_phase_steps_s) != count for a in timed):
+        return None
+    best: tuple[RankArrival, str, float, int] | None = None
+    for rank in timed:
+        others = [a for a in timed if a is not rank]
+        for phase in PACED_PHASES:
+            residuals = []
+            for s in range(count):
+                mine, theirs = rank.own_phase_steps_s[s], {
+                    p: statistics.median(a.own_phase_steps_s[s][p] for a in others) for p in PHASES}
+                rest_mine = sum(v for p, v in mine.items() if p != phase)
+                rest_theirs = sum(v for p, v in theirs.items() if p != phase)
+                pace = min(2.0, max(0.5, rest_mine / rest_theirs)) if rest_theirs > 0 else 1.0
+                residuals.append(mine[phase] - pace * theirs[phase])
+            excess_s, more = statistics.median(residuals), sum(r > 0 for r in residuals)
+            if (excess_s >= th.STRAGGLER_ARRIVAL_SHARE * step_s and more >= th.STRAGGLER_LAST_STEPS * count
+                    and (best is None or excess_s > best[2])):
+                best = rank, phase, excess_s, more
+    return best
 
 
 def _phase_words(phase: str) -> str:

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 
 from conftest import make_record
-from gpuscope.diagnose.arrival import arrivals
+from gpuscope.diagnose.arrival import Arrivals, RankArrival, arrivals
 from gpuscope.diagnose.classify import classify
 from gpuscope.diagnose.ranks import straggler
 from gpuscope.diagnose.rules.communication import balance_ranks, reduce_communication
@@ -158,3 +158,35 @@ def test_balance_ranks_reads_only_a_jobs_straggler() -> None:
     finding = balance_ranks(dataclasses.replace(record, straggler=late))
     assert finding is not None and finding.gain == pytest.approx(0.009 / 0.06)
     assert "num_workers" in (finding.fix or "")
+
+
+def paced(rank: int, pace: float, forward_extra_s: float = 0.0, steps: int = 3) -> RankArrival:
+    """A rank's own work on a core ``pace`` times as slow as the others', each profiled step 80 ms: data 2 ms,
+    forward 20 ms (plus ``forward_extra_s`` of its own extra work), backward 30 ms, optimizer 10 ms, all x pace."""
+    phases = {"data_wait": 0.002, "forward": 0.020 + forward_extra_s, "backward": 0.030, "optimizer": 0.010,
+              "other": 0.0}
+    own = {p: v * pace for p, v in phases.items()}
+    return RankArrival(rank=rank, late_s=(0.0,) * steps, own_steps_s=(sum(own.values()),) * steps, waiting_s=0.0,
+                       waiting_by_phase=dict.fromkeys(own, 0.0), own_phases_s=own, cpu_wait_s=None, exposed_s=0.0,
+                       step_s=0.080, own_phase_steps_s=(own,) * steps)
+
+
+def test_a_stragglers_extra_work_in_one_phase_shows_against_its_pace_on_a_faster_core() -> None:
+    # given rank 1 with 12 ms more forward a step, on a core 15% faster than rank 0's: its phases are 0.85 x (2, 32,
+    # 30, 10) ms = 1.7, 27.2, 25.5, 8.5 ms, 62.9 ms in all against rank 0's 62: its whole step is 0.9 ms over
+    found = Arrivals((paced(0, 1.0), paced(1, 0.85, forward_extra_s=0.012)), steps=3, collectives=6, own_s=0.002,
+                     clock="shared")
+    late = straggler([RankSummary(rank=r, steps=20, median_s=0.08) for r in (0, 1)], found)
+    # then its forward is 27.2 ms where its pace in the other phases, 35.7 / 42 = 0.85, predicts 0.85 x 20 = 17 ms:
+    # 10.2 ms more, over 12% of the 80 ms step (9.6 ms), in 3 of 3 steps
+    assert late is not None and (late.rank, late.cause) == (1, "forward")
+    assert late.late_s == pytest.approx(0.0102)
+    assert "than its pace in its other phases, set against the other ranks', predicts" in late.evidence[0]
+    assert "its whole step's excess, 0.9 ms, is hidden by a core faster in the rest" in late.evidence[0]
+
+
+def test_a_rank_slower_in_every_phase_alike_is_no_straggler_by_its_phases() -> None:
+    # given rank 1 10% slower in every phase (a shared core): 6.2 ms more a step, under 12% of the step
+    found = Arrivals((paced(0, 1.0), paced(1, 1.1)), steps=3, collectives=6, own_s=0.002, clock="shared")
+    # then no phase stands out against its pace: no straggler
+    assert straggler([RankSummary(rank=r, steps=20, median_s=0.08) for r in (0, 1)], found) is None
