@@ -272,8 +272,8 @@ half the time of building it item by item and collating it: the per-item calls a
 tensors are then most of the build, not the items' data (a 2,048-row TensorDataset, batches of 512: 1.0 ms item by
 item, 0.12 ms in one call, 0.013 ms sliced)."""
 CHEAPER_ONE_CALL_ITEM_S = 10e-6
-"""...slicing advised only for items built in this long or less each (collation included): such an item is its
-indexing and the call (2 us a TensorDataset's, 0.3 us a list's), with no work in it (a decode, a transform, a random
+"""...slicing advised only for items built in this long or less each (collation included; a TensorDataset's items
+always, being their indexing by construction): such an item is its indexing and the call (2 us a TensorDataset's, 0.3 us a list's), with no work in it (a decode, a transform, a random
 augmentation) that slicing stacked tensors would drop."""
 
 FLOAT16_SLOWDOWN_NOTABLE = 1.5

@@ -51,6 +51,11 @@ def test_light_items_fetched_one_by_one_are_advised_sliced_from_the_loaders_line
         # rightly keeps clear (its rule: workers predicted to do as well), and there is nothing here to check
         pytest.skip("the loader probe predicted workers would shorten the step here: "
                     f"{found['more-dataloader-workers']['evidence']}")
+    per_item_s = record["data_probe"]["batch_built_s"] / 512
+    if dataset == "list" and per_item_s > 10e-6:
+        # a dataset of the user's own has light items only as timed (CHEAPER_ONE_CALL_ITEM_S, 10 us; a TensorDataset's
+        # are by construction): CI at 31ce129, beside two other test runs, built the TensorDataset's at over 10 us
+        pytest.skip(f"this machine built the list's items at {per_item_s * 1e6:.1f} us each: not light as timed here")
     found = advice(record)
     loader_line = script_line("loader = DataLoader(dataset, batch_size=512, shuffle=True)")
     assert found["fix"].startswith(f"small_items.py:{loader_line}: slice each batch from {sliced_from} instead of "

@@ -165,7 +165,9 @@ def _one_call_finding(run: RunRecord, loader: Loader, probe: DataProbe) -> Findi
     fetched_s, sliced_s = probe.batch_fetched_s, probe.batch_sliced_s
     one_call = (min(wait, per * built_s / median) * (1 - fetched_s / built_s)
                 if fetched_s is not None and fetched_s <= (1 - th.CHEAPER_ONE_CALL_SAVES) * built_s else None)
-    light = built_s / size <= th.CHEAPER_ONE_CALL_ITEM_S  # the items are their indexing: nothing lost sliced
+    # the items are their indexing, nothing lost sliced: a TensorDataset's by construction (however long a busy
+    # machine took to build them again), another's where they took CHEAPER_ONE_CALL_ITEM_S or less
+    light = probe.dataset == "TensorDataset" or built_s / size <= th.CHEAPER_ONE_CALL_ITEM_S
     sliced = (max(0.0, wait - per * sliced_s / median)
               if sliced_s is not None and light and sliced_s <= (1 - th.CHEAPER_ONE_CALL_SAVES) * built_s else None)
     gain = sliced if sliced is not None else one_call
