@@ -115,11 +115,12 @@ def _concentrated(timed: Sequence[RankArrival], step_s: float) -> tuple[RankArri
     best: tuple[RankArrival, str, float, int] | None = None
     for rank in timed:
         others = [a for a in timed if a is not rank]
+        theirs_by_step = [{p: statistics.median(a.own_phase_steps_s[s][p] for a in others) for p in PHASES}
+                          for s in range(count)]
         for phase in PACED_PHASES:
             residuals = []
             for s in range(count):
-                mine, theirs = rank.own_phase_steps_s[s], {
-                    p: statistics.median(a.own_phase_steps_s[s][p] for a in others) for p in PHASES}
+                mine, theirs = rank.own_phase_steps_s[s], theirs_by_step[s]
                 rest_mine = sum(v for p, v in mine.items() if p != phase)
                 rest_theirs = sum(v for p, v in theirs.items() if p != phase)
                 pace = min(2.0, max(0.5, rest_mine / rest_theirs)) if rest_theirs > 0 else 1.0
