@@ -116,7 +116,8 @@ def main() -> int:
                 results.append({"load_processes": load, "run_spread": spread or "default", "truth_pct": truth,
                                 "means_ms": _means(folder, load), "kinds": found})
                 for kind, r in found.items():
-                    print(f"load {load}, --run-spread {spread or 'default'}: {kind}: failed {r['failed']}/{r['pairs']}, "
+                    print(f"load {load}, --run-spread {spread or 'default'}: {kind}: "
+                          f"failed {r['failed']}/{r['pairs']}, "
                           f"passed {r['passed']}, cannot tell {r['cannot_tell']}", flush=True)
     if options.json:
         options.json.write_text(json.dumps(results, indent=1) + "\n")

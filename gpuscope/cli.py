@@ -309,8 +309,8 @@ class CompareCommand:
         parser.add_argument("--fail-if-slower", metavar="PCT", type=_percent,
                             help="a CI gate on the mean step, decided on its 95%% interval: exit with status 1 when B "
                                  "is slower than A by more than PCT percent with 95%% confidence, 0 when it is not "
-                                 "slower than that with 95%% confidence, 3 when the runs cannot tell (more steps "
-                                 "would; the line says how many)")
+                                 "slower than that with 95%% confidence, 3 when the runs cannot tell (the line says "
+                                 "how many steps would, or that more would not)")
         parser.add_argument("--run-spread", metavar="PCT", type=_percent,
                             help="how much one run's mean step strays from the next run's of the same script on this "
                                  "machine, in percent (one standard deviation; default 4.5, measured on a shared "

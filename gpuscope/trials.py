@@ -33,7 +33,7 @@ CHILD = "import sys\nfrom gpuscope.cli import main\nsys.exit(main())"
 """A trial's run of the script: ``python -c CHILD run ...`` rather than ``python -m gpuscope run ...``, whose runpy
 and ``__main__`` frames would lie under the script's. Whatever walks the whole stack pays for each frame: anomaly
 detection formats it for every autograd node, about 7 us a frame a node here, so that the arm with the
-anomaly-mode fix would gain its share of gpuscope's frames too (benchmarks/README.md, "Trials and debug APIs")."""
+anomaly-mode fix would gain its share of gpuscope's frames too (benchmarks/README.md, "A fix credited only where it is measured")."""
 TRIAL_JSON = "trial.json"
 OUTPUT_LOG = "output.log"
 """The trial's script's stdout and stderr (the user's terminal gets one line a trial)."""

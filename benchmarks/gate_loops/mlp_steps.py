@@ -1,5 +1,5 @@
-"""A small MLP trained on synthetic batches, about 8 ms a step on one thread of the 2-core machine; ``--slower PCT`` does
-PCT percent more of the same arithmetic a step (more hidden layers' worth of matmuls), for the gate benchmark."""
+"""A small MLP trained on synthetic batches, about 8 ms a step on one thread of the 2-core machine; ``--slower PCT``
+does PCT percent more of the same arithmetic a step (more matmuls of the extra work), for the gate benchmark."""
 
 import argparse
 import time

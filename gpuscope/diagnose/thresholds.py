@@ -273,8 +273,9 @@ tensors are then most of the build, not the items' data (a 2,048-row TensorDatas
 item, 0.12 ms in one call, 0.013 ms sliced)."""
 CHEAPER_ONE_CALL_ITEM_S = 10e-6
 """...slicing advised only for items built in this long or less each (collation included; a TensorDataset's items
-always, being their indexing by construction): such an item is its indexing and the call (2 us a TensorDataset's, 0.3 us a list's), with no work in it (a decode, a transform, a random
-augmentation) that slicing stacked tensors would drop."""
+always, being their indexing by construction): such an item is its indexing and the call (2 us a TensorDataset's,
+0.3 us a list's), with no work in it (a decode, a transform, a random augmentation) that slicing stacked tensors
+would drop."""
 
 FLOAT16_SLOWDOWN_NOTABLE = 1.5
 """NumPy float16 arithmetic must run at least this many times slower than float32 on the machine (timed by the

@@ -302,6 +302,6 @@ def with_trials(record: RunRecord, trials: Sequence[Trial]) -> RunRecord:
 
 
 __all__ = ["APPLIED_AT_RUN_TIME", "REFUSED", "Round", "TrialPlan", "bootstrap_rounds", "estimated_s", "fix_settings",
-           "effect", "known_ids", "loss_check", "mean_step", "measure", "plan", "refusal", "rerank", "slower", "unchanged",
-           "window",
+           "effect", "known_ids", "loss_check", "mean_step", "measure", "plan", "refusal", "rerank", "slower",
+           "unchanged", "window",
            "with_trials"]

@@ -24,9 +24,9 @@ GATE_STATUS = {"passed": 0, "failed": 1, "cannot tell": 3}
 
 def gate_text(s: SpeedUp, max_slower_pct: float) -> tuple[Gate, str]:
     """``--fail-if-slower PCT`` decided on the interval (``diagnose.compare.gate``), and a line saying so. Raises
-    ValueError without a ratio or an interval."""
+    ValueError without a ratio."""
     g = gate(s, max_slower_pct)
-    change = f"{g.slower_pct:.1f}% slower" if g.slower_pct > 0 else f"{-g.slower_pct:.1f}% faster"
+    change = _pct(g.slower_pct)
     within = (f"95% interval {_pct(g.slower_low_pct)} to {_pct(g.slower_high_pct)}" if s.low is not None else
               s.note or "no interval")
     line = f"B's mean step is {change} than A's ({within}; --fail-if-slower {max_slower_pct:g}%)"
