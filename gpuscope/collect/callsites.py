@@ -10,8 +10,11 @@ import linecache
 import os
 import sys
 import sysconfig
+import traceback
 from collections import Counter
-from types import FrameType
+from collections.abc import Callable
+from types import CodeType, FrameType
+from typing import Any
 
 from gpuscope.record import CallSite
 
@@ -19,7 +22,12 @@ _LIBRARY_ROOTS = tuple(
     os.path.realpath(p) + os.sep
     for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
 )
-_GPUSCOPE_ROOT = os.path.dirname(os.path.realpath(__file__)) + os.sep
+_GPUSCOPE_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
+_GPUSCOPE_DIRS = tuple({_GPUSCOPE_ROOT, os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep})
+"""gpuscope's package folder, resolved and as imported (a code object's file is named as it was imported)."""
+LAUNCH_CODES: set[CodeType] = set()
+"""The code of the functions that run the user's script (``runner.run_target``): every frame outside one of them
+is gpuscope's launch (the console script, ``cli.main``), none of the script's."""
 
 
 def is_user_file(file: str) -> bool:
@@ -66,6 +74,34 @@ def calling_library(frame: FrameType | None, outermost: bool = False) -> str:
                 break
         frame = frame.f_back
     return library
+
+
+def script_format_stack(fx_traceback: Any) -> Callable[[], list[str]]:
+    """A ``torch.fx.traceback.format_stack`` that leaves gpuscope's frames out, and never formats them.
+
+    Anomaly detection keeps a formatted stack for every autograd node the forward pass creates, through that
+    function: about 7 us a frame on a 2-core machine, each one paid again for every node. gpuscope's frames under
+    the script (its launch, the forward timing's ``__call__``) made a small step under anomaly detection a fifth
+    slower (benchmarks/README.md, "Trying fixes"); without them the stack kept is what ``python`` would keep."""
+    original = fx_traceback.format_stack
+
+    def format_stack() -> list[str]:
+        if getattr(fx_traceback, "should_preserve_node_meta", False):
+            return original()
+        frames = []
+        frame: FrameType | None = sys._getframe(1)
+        while frame is not None:
+            code = frame.f_code
+            if code in LAUNCH_CODES:
+                break
+            if not code.co_filename.startswith(_GPUSCOPE_DIRS):
+                frames.append((frame, frame.f_lineno))
+            frame = frame.f_back
+        stack = traceback.StackSummary.extract(iter(frames))
+        stack.reverse()
+        return traceback.format_list(stack)
+
+    return format_stack
 
 
 class SiteCounter:

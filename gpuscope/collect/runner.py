@@ -28,6 +28,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+from gpuscope.collect.callsites import LAUNCH_CODES
 from gpuscope.collect.fixes import TrialStop
 from gpuscope.errors import GpuscopeError
 
@@ -105,8 +106,8 @@ def run_target(target: Target, end: Callable[[int], None] | None = None) -> int:
     ``os._exit``. From the script's end until ``end`` returns, SIGTERM is held off (``_sigterm_raises``).
 
     A plain script's code is executed here, in this frame, so that as few of gpuscope's frames as possible lie
-    under the script's: whatever walks the whole stack pays for each one (anomaly detection formats it for every
-    autograd node the forward pass creates: about 4% of such a step a frame, benchmarks/stack_depth.py).
+    under the script's: whatever walks the whole stack pays for each one (about 4% of a small step under anomaly
+    detection a frame, benchmarks/stack_depth.py; anomaly detection itself leaves them out: ``LAUNCH_CODES``).
     """
     with _sigterm_raises() as script_ended:
         with _script_sys(target), _hard_exit_hook(end, script_ended):
@@ -139,6 +140,9 @@ def run_target(target: Target, end: Callable[[int], None] | None = None) -> int:
         if end is not None:
             end(status)
     return status
+
+
+LAUNCH_CODES.add(run_target.__code__)
 
 
 def _main_module(script: str) -> tuple[types.CodeType, types.ModuleType] | None:

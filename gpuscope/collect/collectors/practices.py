@@ -5,6 +5,8 @@
   boundaries checked: each of the first ``READ_EACH`` steps', then every ``READ_EVERY``th), torch's autograd profiler
   or ``emit_nvtx`` (on at a boundary checked, outside gpuscope's own windows), and ``torch.autograd.gradcheck`` /
   ``gradgradcheck`` calls.
+  The stack anomaly detection keeps for each autograd node (``torch.fx.traceback.format_stack``) is kept without
+  gpuscope's frames, as ``python`` would keep it, at the cost ``python`` pays (``callsites.script_format_stack``).
 - How gradients are cleared: ``Optimizer.zero_grad`` and ``Module.zero_grad`` are wrapped to count the calls that
   zero-fill gradients (``set_to_none=False``) and name their lines.
 - The model, once, at the first steps: layers with a bias feeding BatchNorm, ``DataParallel`` wrappers,
@@ -33,7 +35,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, ClassVar
 
-from gpuscope.collect.callsites import SiteCounter, calling_library, user_frame
+from gpuscope.collect.callsites import SiteCounter, calling_library, script_format_stack, user_frame
 from gpuscope.collect.collectors.base import CollectorResult, StepFollower, patch, register
 from gpuscope.collect.importwatch import ImportWatch
 from gpuscope.record import CollectorStatus, Practices
@@ -123,6 +125,9 @@ class PracticesCollector(StepFollower):
 
         self._torch = torch
         self._undo.append(patch(torch, "set_anomaly_enabled", self._wrap_anomaly))
+        fx_traceback = sys.modules.get("torch.fx.traceback")  # imported with torch; anomaly mode formats through it
+        if callable(getattr(fx_traceback, "format_stack", None)):
+            self._undo.append(patch(fx_traceback, "format_stack", lambda original: script_format_stack(fx_traceback)))
         for name in ("gradcheck", "gradgradcheck"):
             if callable(getattr(torch.autograd, name, None)):
                 self._undo.append(patch(torch.autograd, name, self._wrap_counted(self._gradcheck_sites)))
