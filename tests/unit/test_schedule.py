@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from gpuscope.collect.collectors import CollectOptions, collector_classes, default_collectors, plan_windows, window_requests
-from gpuscope.collect.collectors.base import WindowRequest
-from gpuscope.collect.collectors.schedule import Window, schedule
+from gpuscope.collect.collectors.base import StepWindow, WindowRequest
+from gpuscope.collect.collectors.long_steps import LongStepsCollector
+from gpuscope.collect.collectors.schedule import Window, long_steps_plan, schedule
+from gpuscope.collect.collectors.torch_trace import TorchTraceCollector, trace_window
 
 
 def test_windows_that_would_overlap_are_placed_one_after_another() -> None:
@@ -98,3 +100,87 @@ def test_the_steps_collector_starts_first_and_probes_run_after_every_live_collec
     assert stages == sorted(stages, key=lambda s: s == "post-run")
     assert {c.name for c in collectors if c.stage == "post-run"} == {
         "calibration", "cpu-peak", "data-probe", "loader-probe", "optimizer-probe"}
+
+
+# -- long steps: the windows placed again once step 1 has shown how long a step is -------------------------------
+
+def _default_requests(**options: object) -> list:
+    return window_requests(collector_classes(), CollectOptions(**options))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("step_s", [0.001, 0.1, 1.9])
+def test_steps_shorter_than_two_seconds_keep_the_plan_made_at_the_start(step_s: float) -> None:
+    assert long_steps_plan(_default_requests(), step_s) is None
+
+
+@pytest.mark.parametrize("step_s", [2.0, 20.0])
+def test_long_steps_get_one_step_a_window_one_after_another_from_step_2(step_s: float) -> None:
+    plan = long_steps_plan(_default_requests(), step_s)
+    assert plan is not None
+    # cProfile's start-up window ends where the plan is made again: it covered the start-up, steps 0 and 1
+    assert plan.cpu == {"cprofile": Window(0, 2), "torch-trace": Window(2, 1), "flops": Window(3, 1)}
+    assert plan.cuda == {"cprofile": Window(0, 2), "torch-trace": Window(2, 1), "syncs": Window(3, 1),
+                         "flops": Window(4, 1)}
+    assert plan.overlaps() == []
+
+
+def test_long_steps_leave_windows_the_user_placed_after_skipped_steps_alone() -> None:
+    assert long_steps_plan(_default_requests(skip_steps=3), 20.0, first=3) is None
+
+
+def test_a_start_up_window_already_shorter_than_the_steps_before_the_plan_keeps_its_length() -> None:
+    plan = long_steps_plan(_default_requests(cprofile_steps=1), 20.0)
+    assert plan is not None and plan.cpu["cprofile"] == Window(0, 1) and plan.cpu["torch-trace"] == Window(2, 1)
+
+
+class _Owner:
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.moved: list[tuple[object, object]] = []
+
+    def move_window(self, cpu: object, cuda: object) -> None:
+        self.moved.append((cpu, cuda))
+
+
+def _run_long_steps(step_s: float, monkeypatch: pytest.MonkeyPatch) -> tuple[LongStepsCollector, dict[str, _Owner]]:
+    """The long-steps collector told of steps 0, 1 and 2, step 1 taking ``step_s``; the owners it was given."""
+    from gpuscope.collect.collectors import long_steps
+
+    collector = LongStepsCollector(_default_requests())
+    owners = {name: _Owner(name) for name in ("cprofile", "torch-trace", "syncs", "flops")}
+    collector.owners = list(owners.values())
+    clock = iter([0.0, 5.0, 5.0 + step_s])
+    monkeypatch.setattr(long_steps.time, "perf_counter", lambda: next(clock))
+    for index in range(3):
+        collector._on_step(index)
+    return collector, owners
+
+
+def test_a_step_1_of_twenty_seconds_moves_every_windows_owner_and_says_where(monkeypatch) -> None:
+    collector, owners = _run_long_steps(20.0, monkeypatch)
+    assert owners["torch-trace"].moved == [(Window(2, 1), Window(2, 1))]
+    assert owners["syncs"].moved == [(None, Window(3, 1))]
+    assert owners["flops"].moved == [(Window(3, 1), Window(4, 1))]
+    (note,) = collector.stop().notes
+    assert note.startswith("step 1 took 20.0 s") and "torch.profiler step 2, the FLOP count step 3" in note
+
+
+def test_a_step_1_of_a_tenth_of_a_second_moves_nothing(monkeypatch) -> None:
+    collector, owners = _run_long_steps(0.1, monkeypatch)
+    assert all(owner.moved == [] for owner in owners.values()) and collector.stop().notes == ()
+
+
+def test_a_window_moves_while_it_waits_and_never_once_open() -> None:
+    window = StepWindow(10, 1, lambda index: None, lambda: None, cuda_start=13)
+    window.move(Window(3, 1), Window(4, 1))
+    assert (window.start, window.cuda_start, window.steps) == (3, 4, 1)
+    window.state = "open"
+    window.move(Window(7, 1), Window(8, 1))
+    assert (window.start, window.cuda_start) == (3, 4)
+
+
+def test_a_trace_moved_for_long_steps_records_its_first_step_with_no_warm_up() -> None:
+    trace = TorchTraceCollector(start=6, active=3)
+    trace.move_window(Window(2, 1), Window(2, 1))
+    assert [trace_window(i, trace.start_step, trace.active, trace.warmup) for i in (1, 2, 3)] == [
+        "before", "active", "after"]

@@ -8,7 +8,7 @@ import importlib
 import pkgutil
 from dataclasses import dataclass
 
-from gpuscope.collect.collectors import cprofile, torch_trace
+from gpuscope.collect.collectors import cprofile, long_steps, torch_trace
 from gpuscope.collect.collectors.base import (
     REGISTRY,
     Collector,
@@ -86,9 +86,14 @@ def default_collectors(options: CollectOptions | None = None) -> list[LiveCollec
     plan = schedule(requests, first=options.skip_steps)
     rank = {name: i for i, (name, _) in enumerate(requests)}
     live = sorted((c for c in classes if c.stage == "live"),
-                  key=lambda c: (not c.provides_steps, rank.get(c.name, len(rank)), c.name))
+                  key=lambda c: (not c.provides_steps, not getattr(c, "before_windows", False),
+                                 rank.get(c.name, len(rank)), c.name))
     probes = [c for c in classes if c.stage == "post-run"]
-    return [cls.create(options, plan) for cls in (*live, *probes)]
+    collectors = [cls.create(options, plan) for cls in (*live, *probes)]
+    for collector in collectors:
+        if isinstance(collector, long_steps.LongStepsCollector):  # it moves the others' windows
+            collector.owners = [c for c in collectors if c is not collector and c.name in rank]
+    return collectors
 
 
 __all__ = ["CollectOptions", "Collector", "CollectorClass", "CollectorResult", "Follower", "LiveCollector", "Plan",

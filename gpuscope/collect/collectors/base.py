@@ -20,7 +20,7 @@ from gpuscope.record import CollectorStatus
 if TYPE_CHECKING:
     from gpuscope.collect.captures import PostRunFacts
     from gpuscope.collect.collectors import CollectOptions
-    from gpuscope.collect.collectors.schedule import Plan
+    from gpuscope.collect.collectors.schedule import Plan, Window
 
 Stage = Literal["live", "post-run"]
 """``live``: started before the script and stopped after it; ``post-run``: run once after the script has ended,
@@ -51,6 +51,9 @@ class WindowRequest:
     startup: bool = False
     """The window covers the start-up too, so it may begin at step 0; others begin at step 1 at the earliest (step 0
     pays for lazy initialisation, and every run leaves it out)."""
+    long_steps: int = 1
+    """Its steps where steps are long (``schedule.LONG_STEP_S``): one such step holds ops and calls enough, and each
+    costs the run seconds."""
 
 
 class StepEvents(Protocol):
@@ -250,6 +253,8 @@ class Watcher:
     stage: ClassVar[Stage] = "live"
     provides_steps: ClassVar[bool] = False
     gpu_only: ClassVar[bool] = False
+    before_windows: ClassVar[bool] = False
+    """Told of each step before the windows' owners are (the long-steps collector moves their windows)."""
 
     @classmethod
     def wants(cls, options: CollectOptions) -> WindowRequest | None:
@@ -281,6 +286,11 @@ class StepFollower(Watcher):
 
     def _on_step(self, index: int) -> None:
         pass
+
+    def move_window(self, cpu: Window | None, cuda: Window | None) -> None:
+        """Steps turned out long (``schedule.long_steps_plan``): the window is now ``cpu`` on a CPU run, ``cuda`` on
+        a CUDA run (None: none there), called as step ``cpu.start`` begins at the latest, before this collector's
+        own ``_on_step``. Windowless collectors, and windows already open or done, keep theirs."""
 
 
 WindowState = Literal["waiting", "open", "done", "failed", "skipped"]
@@ -334,6 +344,13 @@ class StepWindow:
                     self.finish()
         except Exception as exc:
             self.fail(f"{what} failed: {type(exc).__name__}: {exc}")
+
+    def move(self, cpu: Window | None, cuda: Window | None) -> None:
+        """Begin at ``cpu`` / ``cuda`` instead (``StepFollower.move_window``), unless already begun."""
+        if self.state == "waiting":
+            self.start = cpu.start if cpu is not None else None
+            self.cuda_start = cuda.start if cuda is not None else None
+            self.steps = min(w.steps for w in (cpu, cuda) if w is not None) if cpu or cuda else self.steps
 
     def again(self, start: int) -> None:
         """Wait again, for step ``start``: the steps counted do not stand for the run's (called from ``close``)."""

@@ -34,7 +34,7 @@ from gpuscope.record import CollectorStatus, FunctionStat, PythonProfile, Window
 
 if TYPE_CHECKING:
     from gpuscope.collect.collectors import CollectOptions
-    from gpuscope.collect.collectors.schedule import Plan
+    from gpuscope.collect.collectors.schedule import Plan, Window
 
 PROF_FILE = "python.prof"
 DEFAULT_STEPS = 5
@@ -83,6 +83,11 @@ class CProfileCollector(StepFollower):
 
     def unavailable_reason(self) -> str | None:
         return profiler_in_use()
+
+    def move_window(self, cpu: Window | None, cuda: Window | None) -> None:
+        """Steps are long: the start-up window ends where ``cpu`` does (at once, where that has passed)."""
+        if cpu is not None and not self.first and self.steps is not None and not self._closed:
+            self.steps = min(self.steps, cpu.steps)
 
 
     def start(self, run_dir: Path) -> None:

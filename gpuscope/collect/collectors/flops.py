@@ -37,7 +37,7 @@ from gpuscope.record import CollectorStatus
 
 if TYPE_CHECKING:
     from gpuscope.collect.collectors import CollectOptions
-    from gpuscope.collect.collectors.schedule import Plan
+    from gpuscope.collect.collectors.schedule import Plan, Window
 
 TOP_OPS = 8
 EVALUATED_RETRIES = 3
@@ -83,6 +83,10 @@ class SpeedOfLightCollector(StepFollower):
 
     def start(self, run_dir: Path) -> None:
         pass
+
+    def move_window(self, cpu: Window | None, cuda: Window | None) -> None:
+        self._window.move(cpu, cuda)
+        self.start_step = self._window.start if self._window.start is not None else self.start_step
 
     def _on_step(self, index: int) -> None:
         self._window.on_step(index, self._events, "the FLOP counter")  # type: ignore[arg-type]

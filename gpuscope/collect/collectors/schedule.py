@@ -7,6 +7,12 @@ on step 0 but one that covers the start-up (cProfile's). ``first`` (``--skip-ste
 before it, the start-up one too.
 A CUDA-only window (the sync count) is placed on CUDA runs only: the plan holds one placement per kind of run, and
 a collector reads its own when it knows which kind of run it is in.
+
+The windows are counted in steps, which suits thousands of short steps and leaves a run of five 17-second steps
+with nothing (cProfile's start-up window alone would cover them). So the plan is made again once the first step has
+shown how long a step is (``long_steps_plan``, at step ``DECIDED_AT``): where step 1 took ``LONG_STEP_S`` or
+more, cProfile's start-up window ends there, and each other window shrinks to its ``long_steps`` (one step) and
+follows the one before with no clean step between.
 """
 
 from __future__ import annotations
@@ -18,6 +24,14 @@ from gpuscope.collect.collectors.base import WindowRequest
 
 FIRST_STEADY_STEP = 1
 """Step 0 pays for lazy initialisation and is always left out: no window but a start-up one is placed on it."""
+DECIDED_AT = 2
+"""The step at whose start the plan is made again, from the step before it: step 0's time says nothing (the
+samples' first steps took 1.7-6.1 s, their loaders' workers starting and lazy initialisation, where their later
+steps took 0.002-1.4 s)."""
+LONG_STEP_S = 2.0
+"""A step 1 this long or longer makes the windows one step each (``long_steps_plan``): the samples' step 1 took at
+most 1.4 s on 2 cores (cProfile on); steps of seconds hold ops and calls enough for a profile in one, and each
+profiled one costs the run seconds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,4 +91,26 @@ def schedule(requests: Sequence[tuple[str, WindowRequest | None]], first: int = 
             start = max(cursor + request.gap, floor)
             placed[name] = Window(start, request.steps)
             cursor = start + request.steps
+    return plan
+
+
+def long_steps_plan(requests: Sequence[tuple[str, WindowRequest | None]], step_s: float, first: int = 0,
+                    at: int = DECIDED_AT) -> Plan | None:
+    """The plan again, as step ``at`` begins, for a run whose step before it took ``step_s`` seconds: None where
+    steps are not long (the plan made at the start stands) or where the user placed the windows after skipped
+    steps (``first``). The start-up window ends here; the others follow it one after another, each of its
+    ``long_steps``, with no clean step between."""
+    if step_s < LONG_STEP_S or first > 0:
+        return None
+    plan = Plan()
+    for cuda, placed in ((False, plan.cpu), (True, plan.cuda)):
+        cursor = at
+        for name, request in requests:
+            if request is None or request.steps <= 0 or (request.cuda_only and not cuda):
+                continue
+            if request.startup:
+                placed[name] = Window(0, min(request.steps, at))
+                continue
+            placed[name] = Window(cursor, min(request.steps, request.long_steps))
+            cursor += placed[name].steps
     return plan

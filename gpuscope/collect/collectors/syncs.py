@@ -39,7 +39,7 @@ from gpuscope.record import CollectorStatus, SyncProfile, Window
 
 if TYPE_CHECKING:
     from gpuscope.collect.collectors import CollectOptions
-    from gpuscope.collect.collectors.schedule import Plan
+    from gpuscope.collect.collectors.schedule import Plan, Window
 
 DEFAULT_START = torch_trace.DEFAULT_START + torch_trace.WARMUP_STEPS + torch_trace.DEFAULT_ACTIVE
 """First step of the window: the step at whose start torch.profiler's default window closes (its warm-up step 6,
@@ -137,6 +137,9 @@ class SyncCollector(StepFollower):
     def create(cls, options: CollectOptions, plan: Plan) -> SyncCollector:
         start = plan.start(cls.name, cuda=True)
         return cls(start if start is not None else DEFAULT_START, DEFAULT_STEPS)
+
+    def move_window(self, cpu: Window | None, cuda: Window | None) -> None:
+        self._window.move(None, cuda)
 
     def unavailable_reason(self) -> str | None:
         if self.steps <= 0:

@@ -30,7 +30,7 @@ from gpuscope.versions import parse_version
 
 if TYPE_CHECKING:
     from gpuscope.collect.collectors import CollectOptions
-    from gpuscope.collect.collectors.schedule import Plan
+    from gpuscope.collect.collectors.schedule import Plan, Window
 
 TRACE_FILE = "trace.json"
 DEFAULT_START = 6
@@ -53,13 +53,13 @@ SHORT_OP_US = 10.0
 Phase = Literal["before", "warmup", "active", "after"]
 
 
-def trace_window(index: int, start: int, active: int) -> Phase:
+def trace_window(index: int, start: int, active: int, warmup: int = WARMUP_STEPS) -> Phase:
     """Where step ``index`` lies relative to the window starting at ``start``."""
     if index < start:
         return "before"
-    if index < start + WARMUP_STEPS:
+    if index < start + warmup:
         return "warmup"
-    if index < start + WARMUP_STEPS + active:
+    if index < start + warmup + active:
         return "active"
     return "after"
 
@@ -75,6 +75,7 @@ class TorchTraceCollector(StepFollower):
                  max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.start_step = start
         self.active = active
+        self.warmup = WARMUP_STEPS
         self.max_bytes = max_bytes
         self._prof: Any = None
         self._finished = False
@@ -104,6 +105,12 @@ class TorchTraceCollector(StepFollower):
             return "turned off (--trace-steps 0)"
         return None
 
+    def move_window(self, cpu: Window | None, cuda: Window | None) -> None:
+        """Steps are long: one step recorded, with no warm-up step before it (the profiler's start-up is
+        milliseconds of a step of seconds)."""
+        if cpu is not None and self._prof is None and not self._finished and self.active > 0:
+            self.start_step, self.warmup, self.active = cpu.start, 0, 1
+
 
     def start(self, run_dir: Path) -> None:
         self._run_dir = run_dir
@@ -115,10 +122,10 @@ class TorchTraceCollector(StepFollower):
             return
         if "torch" not in sys.modules:
             return
-        if index == self.start_step + WARMUP_STEPS and self._began_at is not None and self.active > 1 \
+        if index == self.start_step + self.warmup and self._began_at is not None and self.active > 1 \
                 and time.perf_counter() - self._began_at >= LONG_STEP_S:
             self.active = 1
-        phase = trace_window(index, self.start_step, self.active)
+        phase = trace_window(index, self.start_step, self.active, self.warmup)
         try:
             if self._prof is not None and index < self._last_index:  # (an epoch's first batch repeats its index)
                 self._restart()
@@ -126,6 +133,9 @@ class TorchTraceCollector(StepFollower):
             if self._prof is None:
                 if phase != "before":
                     self._begin(index)
+                    if phase == "active":  # no warm-up step (long steps): this one is recorded
+                        self._recorded.append(index)
+                        self._note_wait(index)
                 return
             if phase == "active":
                 self._recorded.append(index)
@@ -148,11 +158,11 @@ class TorchTraceCollector(StepFollower):
         if self._cuda:
             activities.append(ProfilerActivity.CUDA)
         def schedule(step: int) -> ProfilerAction:
-            phase = trace_window(step, self.start_step, self.active)
+            phase = trace_window(step, self.start_step, self.active, self.warmup)
             if phase == "warmup":
                 return ProfilerAction.WARMUP
             if phase == "active":
-                last = step == self.start_step + WARMUP_STEPS + self.active - 1
+                last = step == self.start_step + self.warmup + self.active - 1
                 return ProfilerAction.RECORD_AND_SAVE if last else ProfilerAction.RECORD
             return ProfilerAction.NONE
 
@@ -235,8 +245,8 @@ class TorchTraceCollector(StepFollower):
         if not self._saved:
             return CollectorResult(CollectorStatus(
                 "unavailable",
-                f"the run ended before the profiled steps ({self.start_step + WARMUP_STEPS}-"
-                f"{self.start_step + WARMUP_STEPS + self.active - 1}); run more steps to get trace.json"))
+                f"the run ended before the profiled steps ({self.start_step + self.warmup}-"
+                f"{self.start_step + self.warmup + self.active - 1}); run more steps to get trace.json"))
         capture = capture_trace(self._run_dir / TRACE_FILE, self.max_bytes, recorded=self._recorded, cuda=self._cuda,
                                 unfinished=unfinished)
         pairs = list(zip(self._waits, self._waits[1:]))

@@ -1,0 +1,95 @@
+"""Windows for long steps: once step 1 has shown that a step takes seconds (``schedule.LONG_STEP_S``), the profiling
+windows are placed again (``schedule.long_steps_plan``): cProfile's start-up window ends, and torch.profiler, the
+sync count and the FLOP count take one step each, one after another, from step ``schedule.DECIDED_AT``. A run of
+five 17-second steps then gets a trace and a speed of light where the plan in step numbers (cProfile over steps
+0-4, the trace at 6-9) left it nothing.
+
+It runs at the step boundaries before every window's owner (``before_windows``), at each of the first
+``DECIDED_AT`` + 1 boundaries only, and tells each owner its new window (``StepFollower.move_window``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from gpuscope.collect.collectors.base import CollectorResult, StepFollower, WindowRequest, register
+from gpuscope.collect.collectors.schedule import DECIDED_AT, LONG_STEP_S, Plan, long_steps_plan
+from gpuscope.record import CollectorStatus
+
+if TYPE_CHECKING:
+    from gpuscope.collect.collectors import CollectOptions
+
+WINDOW_NAMES = {"cprofile": "cProfile", "torch-trace": "torch.profiler", "syncs": "the sync count",
+                "flops": "the FLOP count"}
+
+
+@register
+class LongStepsCollector(StepFollower):
+    """Places the profiling windows again where step 1 took seconds."""
+
+    name: ClassVar[str] = "long-steps"
+    field: ClassVar[str | None] = None
+    before_windows: ClassVar[bool] = True
+
+    def __init__(self, requests: list[tuple[str, WindowRequest | None]], first: int = 0) -> None:
+        self._requests = requests
+        self._first = first
+        self.owners: list[Any] = []
+        """The window owners to tell (set by ``collectors.default_collectors``)."""
+        self._began: dict[int, float] = {}
+        self.plan: Plan | None = None
+        self.step_s: float | None = None
+
+    @classmethod
+    def create(cls, options: CollectOptions, plan: Plan) -> LongStepsCollector:
+        from gpuscope.collect.collectors import collector_classes, window_requests
+
+        return cls(window_requests(collector_classes(), options), options.skip_steps)
+
+    def unavailable_reason(self) -> str | None:
+        if self._first:
+            return "the windows follow the skipped steps (--skip-steps)"
+        return None
+
+    def start(self, run_dir: Path) -> None:
+        pass
+
+    def _on_step(self, index: int) -> None:
+        self._began[index] = time.perf_counter()
+        if index < DECIDED_AT:
+            return
+        self._leave()
+        if index != DECIDED_AT or DECIDED_AT - 1 not in self._began:
+            return  # (an epoch of fewer steps began again from 0: its indices say nothing of a step's time)
+        self.step_s = self._began[index] - self._began[DECIDED_AT - 1]
+        self.plan = long_steps_plan(self._requests, self.step_s, self._first, at=index)
+        if self.plan is None:
+            return
+        for owner in self.owners:
+            name = getattr(owner, "name", None)
+            if name in self.plan.cpu or name in self.plan.cuda:
+                owner.move_window(self.plan.window(name), self.plan.window(name, cuda=True))
+
+    def _leave(self) -> None:
+        if self._began.get(-1) is None:
+            self._began[-1] = 0.0  # (left: -1 is no step's index)
+            self._unfollow()
+
+    def stop(self) -> CollectorResult:
+        self._leave()
+        notes: tuple[str, ...] = ()
+        if self.plan is not None and self.step_s is not None:
+            placed = sorted(self.plan.cpu.items(), key=lambda item: item[1].start)
+            windows = ", ".join(f"{WINDOW_NAMES.get(name, name)} {_steps(w.start, w.stop - 1)}" for name, w in placed)
+            syncs = self.plan.window("syncs", cuda=True)
+            cuda = f" (on a CUDA run the sync count {_steps(syncs.start, syncs.stop - 1)}, the FLOPs after it)" \
+                if syncs is not None else ""
+            notes = (f"step 1 took {self.step_s:.1f} s (long steps: {LONG_STEP_S:g} s or more): the profiling "
+                     f"windows were placed again, one step each: {windows}{cuda}",)
+        return CollectorResult(CollectorStatus("ok"), notes=notes)
+
+
+def _steps(first: int, last: int) -> str:
+    return f"step {first}" if first == last else f"steps {first}-{last}"
