@@ -141,6 +141,10 @@ class Steps:
     """The trained model's forward passes (its root modules', from the second step on) per ``backward()`` call: about
     1 in most training loops (a GAN's two models, 1.3); many where the model runs on one sample or token at a time
     before one backward (a policy's rollout, a decoder called token by token). None without a backward."""
+    closure_calls_per_step: float | None = None
+    """Where the optimizer steps with a closure (LBFGS calls its closure, a forward and backward pass, up to
+    ``max_iter`` times a step; Lightning runs its whole training step in one): its calls per step over the run,
+    every step counted; None without a closure."""
     sampled: bool = False
     """True when the run had more steps than are kept one by one; figures then rest on an even sample."""
     sample: StepSample = field(default_factory=StepSample)

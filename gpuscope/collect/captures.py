@@ -70,6 +70,8 @@ class StepCapture:
     """The trained model's forward passes in eval mode, and in train mode with gradients off."""
     device_markers: int = 0
     """Timing markers recorded on the GPU's stream over the run (0 on a CPU run)."""
+    closure_calls: int = 0
+    """Calls of the closures passed to ``optimizer.step`` (LBFGS calls its own many times a step)."""
     losses: tuple[tuple[int, float], ...] = ()
     """(step index, loss) for the steps whose loss was kept (``steplog.LossLog``), NaN where it was not finite."""
 

@@ -1,7 +1,7 @@
 """The verdict: what bounds the run, from the record's measurements, with the numbers it rests on.
 
 In order:
-1. too few steady-state steps: inconclusive;
+1. no steady-state step: inconclusive (fewer than a median needs: the verdict of those there are, its confidence cut);
 2. data-loading: the step waits for the next batch (on CUDA, the GPU's timeline does);
    then communication: the training thread waits on collectives (a data-parallel job's all-reduce) half the step;
 3. on CUDA, the kernel timeline (or, without one, NVML's utilisation): a busy GPU is compute-bound, a GPU starved
@@ -50,12 +50,32 @@ def classify(record: RunRecord) -> Verdict:
 
 
 def _classify(record: RunRecord) -> Verdict:
+    """The verdict; on fewer steady steps than a median needs (a run of a few long steps), the same verdict from
+    the steps there are, its confidence cut in proportion and the evidence saying so (``_thin``)."""
     steps = record.steps
     needed = th.MIN_TRACE_STEPS if steps.source == "profiler" else th.MIN_STEADY_STEPS
-    if steps.count < needed:
+    verdict = _classify_steps(record)
+    if 0 < steps.count < needed and verdict.bound != "inconclusive":
+        return _thin(record, verdict, needed)
+    return verdict
+
+
+def _thin(record: RunRecord, verdict: Verdict, needed: int) -> Verdict:
+    steps = record.steps
+    were = "step was" if steps.count == 1 else "steps were"
+    line = (f"thin evidence: only {steps.count} steady-state {were} measured ({steps.total} in all; "
+            f"{left_out(record)}), of the {needed} a median needs; the confidence is cut to {steps.count} in "
+            f"{needed} of its own")
+    return Verdict(verdict.bound, round(verdict.confidence * steps.count / needed, 2), (line, *verdict.evidence))
+
+
+def _classify_steps(record: RunRecord) -> Verdict:
+    steps = record.steps
+    needed = th.MIN_TRACE_STEPS if steps.source == "profiler" else th.MIN_STEADY_STEPS
+    if steps.count == 0:
         were = "step was" if steps.count == 1 else "steps were"
         evidence = [f"only {steps.count} steady-state {were} measured ({steps.total} step{'s' * (steps.total != 1)} "
-                    f"in all; {left_out(record)}); at least {needed} are needed"]
+                    f"in all; {left_out(record)}); at least one is needed, {needed} for full confidence"]
         if steps.total == 0:
             evidence.append(_why_no_step(record))
         return Verdict("inconclusive", 0.0, tuple(evidence))

@@ -15,7 +15,8 @@ EVALUATION_LOADING_WORTH_SAYING = 0.25
 """...the share of the evaluation passes' time waiting on their loader from which that line names the loader."""
 
 MIN_STEADY_STEPS = 5
-"""Fewer steady-state steps than this give an inconclusive verdict: a median of four is not a measurement."""
+"""Fewer steady-state steps than this cut the verdict's confidence in proportion (a median of four is not a
+measurement; a run of a few long steps has no more); none at all gives an inconclusive verdict."""
 
 MIN_TRACE_STEPS = 1
 """A record built from a torch.profiler trace (``gpuscope analyze``) needs one recorded step: its verdict rests on

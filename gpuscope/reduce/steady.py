@@ -286,4 +286,6 @@ def summarize_capture(capture: StepCapture) -> StepSummary:
                                 else None)
     if backwards:
         steps = dataclasses.replace(steps, forwards_per_backward=forwards / backwards)
+    if capture.closure_calls and capture.count:
+        steps = dataclasses.replace(steps, closure_calls_per_step=capture.closure_calls / capture.count)
     return dataclasses.replace(summary, steps=steps)

@@ -45,8 +45,10 @@ def summary_lines(record: RunRecord, run_dir: Path, report_path: Path | None = N
         shares = ", ".join(f"{name.replace('_', ' ')} {share:.0%}" for name, share in record.breakdown.as_dict().items())
         clock = (f" on the GPU's timeline (the host's own {steps.host_median_s * 1e3:.1f} ms)"
                  if steps.clock == "device" and steps.host_median_s is not None else "")
+        closure = f", {steps.closure_calls_per_step:.1f} calls of the optimizer's closure a step" \
+            if steps.closure_calls_per_step and steps.closure_calls_per_step >= 1.5 else ""
         lines.append(f"  steps: {steps.count} steady of {steps.total} ({left_out(record)}), "
-                     f"median {steps.median_s * 1e3:.1f} ms{clock}; {shares}")
+                     f"median {steps.median_s * 1e3:.1f} ms{clock}{closure}; {shares}")
     measured = window_line(record)
     if measured is not None:
         lines.append(measured)

@@ -47,12 +47,29 @@ def test_data_loading_evidence_carries_its_numbers() -> None:
     assert any("0 worker" in e for e in verdict.evidence)
 
 
-def test_too_few_steady_steps_is_inconclusive_and_says_so() -> None:
-    record = make_record(steps=Steps(count=3, median_s=0.1, total=4, warmup=1),
+def test_fewer_steady_steps_than_a_median_needs_give_the_verdict_at_a_confidence_cut_in_proportion() -> None:
+    # given a run of 4 long steps, 3 of them steady, each waiting 90% of its time for data
+    thin = make_record(steps=Steps(count=3, median_s=17.0, total=4, warmup=1),
+                       breakdown=Breakdown(data_wait=0.9, forward=0.1))
+    full = make_record(steps=Steps(count=5, median_s=17.0, total=6, warmup=1),
+                       breakdown=Breakdown(data_wait=0.9, forward=0.1))
+    # when classified
+    verdict, measured = classify(thin), classify(full)
+    # then the verdict is the one 5 such steps give, at 3/5 of its confidence, and the evidence says why first
+    assert verdict.bound == measured.bound == "data-loading"
+    assert verdict.confidence == round(measured.confidence * 3 / 5, 2) < measured.confidence
+    assert verdict.evidence[0].startswith("thin evidence: only 3 steady-state steps were measured (4 in all; "
+                                          "left out: 1 warm-up") and "cut to 3 in 5" in verdict.evidence[0]
+    assert verdict.evidence[1] == measured.evidence[0].replace("5 steady-state steps", "3 steady-state steps")
+
+
+def test_no_steady_step_is_inconclusive_and_says_so() -> None:
+    record = make_record(steps=Steps(count=0, median_s=0.0, total=4, warmup=1, profiled=3),
                          breakdown=Breakdown(data_wait=0.9, forward=0.1))
     verdict = classify(record)
-    assert verdict.bound == "inconclusive"
-    assert "only 3 steady-state steps" in verdict.evidence[0]
+    assert verdict.bound == "inconclusive" and verdict.confidence == 0.0
+    assert verdict.evidence[0].startswith("only 0 steady-state steps were measured (4 steps in all; left out: 1 "
+                                          "warm-up, 3 profiled") and "at least one is needed" in verdict.evidence[0]
 
 
 def cpu_record(ops_per_step: float, op_overhead_s: float, median_s: float, data_wait: float = 0.02,

@@ -124,3 +124,17 @@ def test_the_forward_passes_per_backward_come_with_the_steps_where_a_backward_wa
     no_backward = StepCapture(records=records, count=8, head=64, body_weight=1.0, source="explicit", loaders=(),
                               device="cpu", passes=(8, 0))
     assert summarize_capture(no_backward).steps.forwards_per_backward is None
+
+
+def test_an_optimizer_closure_called_many_times_a_step_is_counted_per_step_and_the_steps_stay_the_optimizers() -> None:
+    # given 5 LBFGS steps that called their closure 20, 20, 18, 12 and 10 times (its line search ends early)
+    records = tuple(StepRecord(index=i, wall_s=17.0, phases_s={"forward": 6.0, "backward": 10.0}) for i in range(5))
+    capture = StepCapture(records=records, count=5, head=64, body_weight=1.0, source="optimizer", loaders=(),
+                          device="cpu", passes=(80, 80), closure_calls=80)
+    # then the run keeps its 5 steps, each with 16 forward and backward passes on average
+    steps = summarize_capture(capture).steps
+    assert steps.total == 5 and steps.closure_calls_per_step == 16.0 and steps.forwards_per_backward == 1.0
+    # and a loop that passes no closure has no such figure
+    plain = StepCapture(records=records, count=5, head=64, body_weight=1.0, source="optimizer", loaders=(),
+                        device="cpu", passes=(5, 5))
+    assert summarize_capture(plain).steps.closure_calls_per_step is None

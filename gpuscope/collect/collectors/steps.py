@@ -88,6 +88,7 @@ class StepsCollector:
         self.probed_optimizer: Any = None  # kept alive for the post-run optimizer probe: the first, or the windows'
         self.loaders = LoaderBook()  # the DataLoaders iterated (the post-run probes load the slowest one again)
         self._loader_depth = 0
+        self.closure_calls = 0  # calls of the closures passed to optimizer.step, counted to the end
         self._backward_depth = 0  # backward() in backward() (a gradient penalty) or in a closure marks no step
         self._in_backward = 0  # backward() calls open: the outermost one's tensor is the step's loss
         self._roots_found = False
@@ -204,7 +205,8 @@ class StepsCollector:
             device="cuda" if self.cuda_in_use() else "cpu", skipped=min(log.skip, log.count),
             passes=(tracker.passes[0], tracker.passes[1]), final_evaluation_s=tracker.final_evaluation_s,
             loops=self._optimizer_watch.loops.starts(), no_grad_modes=(*self.forward.no_grad_modes,),
-            device_markers=tracker.device.marked if tracker.device is not None else 0, losses=losses),
+            device_markers=tracker.device.marked if tracker.device is not None else 0, losses=losses,
+            closure_calls=self.closure_calls),
             notes=tuple(notes))
 
     def probe_inputs(self) -> ProbeInputs:
@@ -272,6 +274,7 @@ class StepsCollector:
             tracker = collector.tracker
             tracker.enter(OTHER, collector._clock())  # type: ignore[union-attr]
             collector._backward_depth += 1  # its backward() is the optimizer step's, no step of its own
+            collector.closure_calls += 1
             try:
                 return closure(*args, **kwargs)
             finally:
