@@ -468,3 +468,66 @@ def test_a_step_of_few_flops_is_counted_in_a_prefix_that_shows_them() -> None:
     # a policy network stepped one observation at a time: 0.52 MFLOP a step would read "0.00 GFLOP"
     assert [flop_text(n) for n in (5.2e5, 2.82e9, 1.5e13, 12)] == ["520.00 kFLOP", "2.82 GFLOP", "15.00 TFLOP",
                                                                    "12 FLOP"]
+
+
+class ClosureSteps(FakeSteps):
+    """The steps collector as it sees an optimizer's closure: counted, and its listener told as each call returns."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+        self.listener_at_end: Any = None
+
+    def closure_calls(self) -> int:
+        return self.calls
+
+    def on_closure_end(self, listener: Any) -> None:
+        self.listener_at_end = listener
+
+    def timed(self, closure: Any) -> Any:
+        def timed_closure() -> Any:
+            self.calls += 1
+            try:
+                return closure()
+            finally:
+                if self.listener_at_end is not None:
+                    self.listener_at_end()
+
+        return timed_closure
+
+
+def lbfgs_flops(steps: FakeSteps) -> tuple[Any, SpeedOfLightCollector]:
+    """Steps 0-3 of an MLP (batch 5, 8 -> 16 -> 4) trained with LBFGS (4 closure calls a step at most), the flops
+    collector counting step 2; ``steps`` wraps the closure where it can, as the steps collector does."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).double()
+    optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
+    x, y = torch.randn(5, 8, dtype=torch.double), torch.randn(5, 4, dtype=torch.double)
+    collector = SpeedOfLightCollector(start=2)
+    collector.follow(steps)
+
+    def closure() -> Any:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        loss.backward()
+        return loss
+
+    for index in range(4):
+        steps.listener(index)
+        optimizer.step(steps.timed(closure) if isinstance(steps, ClosureSteps) else closure)
+    return collector.stop(), collector
+
+
+def test_an_lbfgs_step_counts_one_closure_call_times_the_steps_calls_the_same_flops_as_counting_every_call() -> None:
+    # given the same LBFGS loop, counted whole (no closure calls known) and one call at a time
+    whole, _ = lbfgs_flops(FakeSteps())
+    steps = ClosureSteps()
+    one_call, collector = lbfgs_flops(steps)
+    # then the count of one call, times the step's calls, is the whole step's count, and the notes say how it was made
+    calls = collector.scaled_by
+    assert 2 <= calls <= 5 and one_call.status.status == whole.status.status == "ok"
+    assert one_call.payload.flops_per_step == whole.payload.flops_per_step
+    assert one_call.payload.flops_by_dtype == whole.payload.flops_by_dtype == {"float64": whole.payload.flops_per_step}
+    assert one_call.notes == (f"step 2's FLOPs: its first call of the optimizer's closure counted, times its {calls} "
+                              "calls",)
+    assert steps.listener_at_end is None  # the collector no longer listens to the closure

@@ -73,6 +73,14 @@ class StepEvents(Protocol):
         """Call ``listener`` at the next step again, however many steps on it asked to be called next."""
         ...
 
+    def closure_calls(self) -> int:
+        """Calls of the closures passed to ``optimizer.step`` so far (LBFGS calls its own many times a step)."""
+        ...
+
+    def on_closure_end(self, listener: Callable[[], None] | None) -> None:
+        """Call ``listener()`` as each such closure returns, in the loop's thread (None: no more)."""
+        ...
+
     def add_phase_listener(self, listener: Callable[[str], None]) -> None:
         """Call ``listener(phase)`` on each phase change (on the loop's hot path: microseconds at most)."""
         ...

@@ -8,7 +8,9 @@ convolutions and attention with torch's formulas: 2 x M x N x K for a matmul (a 
 Element-wise ops and the optimizer's update are not counted, as in every MFU figure. A matmul of a sparse matrix
 counts the elements it stores (``stored_share``), where torch's formulas count it as dense; a CPU's flash attention,
 which torch's counter has no formula for, is counted with the GPU one's (``collect/collectors/attention.py``). The counted
-step runs slower (every op goes through Python), so it is marked profiled and left out of the step figures.
+step runs slower (every op goes through Python), so it is marked profiled and left out of the step figures. Where the
+optimizer calls its closure several times a step (LBFGS), one call is counted and multiplied by the step's calls
+(``PER_CLOSURE_CALLS``).
 
 The peak: on CUDA, the detected GPU model's datasheet figure for the matmuls' dtype (looked up by the analysis,
 ``reduce/peaks.py``); on a CPU run, this machine measured after the run by the ``cpu-peak`` probe: the best of a
@@ -44,6 +46,12 @@ EVALUATED_RETRIES = 3
 """A counted step that held an evaluation pass (the trained model's forward in eval mode or without gradients: a
 test pass between epochs) is counted again on a later step, up to this many times: a loop whose every step has one
 (an action chosen under ``no_grad``) keeps the last count."""
+PER_CLOSURE_CALLS = 2
+"""Where the step before the counted one called the optimizer's closure this many times or more (LBFGS: up to
+``max_iter``, each a forward and backward pass), only the counted step's first closure call is counted, and its
+FLOPs are multiplied by the step's calls: every call runs the same passes, and counting each one cost an LBFGS step
+5x its time (16 s for a 3 s step of 4 calls; what the loop does outside the closure, an evaluation pass, is left out).
+"""
 RECOUNT_MAX_S = 2.0
 """A count that took longer is not made again, whatever its step held: each further one would cost as much (an LBFGS
 loop's steps of 670k ops took 6-10 s each to count, and every one held a test pass)."""
@@ -68,6 +76,12 @@ class SpeedOfLightCollector(StepFollower):
         self._recounts = 0  # counted steps that held an evaluation pass, counted again
         self._opened_at = 0.0  # when the count began
         self._kept: tuple[dict[str, int], dict[str, int], int] | None = None  # the last of them: flops, dtypes, step
+        self._calls_seen = 0  # closure calls counted by the step boundary before
+        self._calls_before = 0  # ... in the step before the one beginning
+        self._closure_base: int | None = None  # counting one closure call: the calls before the counted step's
+        self._exited = False  # the mode was left inside the step, as its first closure call returned
+        self.scaled_by = 0
+        """Where the count was one closure call's: the counted step's calls it was multiplied by."""
 
     @classmethod
     def wants(cls, options: CollectOptions) -> WindowRequest | None:
@@ -89,6 +103,8 @@ class SpeedOfLightCollector(StepFollower):
         self.start_step = self._window.start if self._window.start is not None else self.start_step
 
     def _on_step(self, index: int) -> None:
+        calls = self._events.closure_calls() if hasattr(self._events, "closure_calls") else 0  # type: ignore[union-attr]
+        self._calls_before, self._calls_seen = calls - self._calls_seen, calls
         self._window.on_step(index, self._events, "the FLOP counter")  # type: ignore[arg-type]
         if self._window.over:
             self._unfollow()
@@ -126,16 +142,37 @@ class SpeedOfLightCollector(StepFollower):
             "__torch_dispatch__"))
         self._tf32 = bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False))
         self._opened_at = time.perf_counter()
+        self._closure_base = None
+        if self._calls_before >= PER_CLOSURE_CALLS and hasattr(self._events, "on_closure_end"):
+            self._closure_base = self._calls_seen
+            self._events.on_closure_end(self._first_closure_ended)  # type: ignore[union-attr]
         mode.__enter__()
         self._mode = mode
+
+    def _first_closure_ended(self) -> None:
+        """The counted step's first closure call has returned: the count stops here (``PER_CLOSURE_CALLS``)."""
+        self._events.on_closure_end(None)  # type: ignore[union-attr]
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._exited = True
 
     def _close(self) -> None:
         mode, self._mode = self._mode, None
         if mode is None:
             return
-        mode.__exit__(None, None, None)
+        if self._closure_base is not None:
+            self._events.on_closure_end(None)  # type: ignore[union-attr]
+        if not self._exited:
+            mode.__exit__(None, None, None)
+        self._exited = False
         counts = mode.get_flop_counts().get("Global", {})
         self._flops = {str(op).removeprefix("aten."): int(n) for op, n in counts.items() if n}
+        if self._closure_base is not None:
+            calls = self._events.closure_calls() - self._closure_base  # type: ignore[union-attr]
+            if calls >= 1:  # one call counted, the step's calls run: each the same passes
+                self.scaled_by = calls
+                self._flops = {op: n * calls for op, n in self._flops.items()}
+                self._dtypes.update({d: n * calls for d, n in self._dtypes.items()})
         step = self._window.counted[-1] if self._window.counted else None
         if step is not None and self._events is not None and self._events.step_evaluated(step) \
                 and self._recounts < EVALUATED_RETRIES and time.perf_counter() - self._opened_at < RECOUNT_MAX_S:
@@ -173,7 +210,9 @@ class SpeedOfLightCollector(StepFollower):
         top = dict(sorted(self._flops.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_OPS])
         cuda = self._events is not None and self._events.cuda_in_use()
         name, note = _gpu_name() if cuda else (None, "")
-        return CollectorResult(CollectorStatus("ok"), FlopCount(
+        notes = (f"step {counted}'s FLOPs: its first call of the optimizer's closure counted, times its "
+                 f"{self.scaled_by} calls",) if self.scaled_by else ()
+        return CollectorResult(CollectorStatus("ok"), notes=notes, payload=FlopCount(
             flops_per_step=total, flops_by_op=top, step=counted, dtype=dtype, cuda=cuda, device_name=name,
             tf32=self._tf32, note=note, flops_by_dtype=dict(self._dtypes),
             attention=self._attention[0] if self._attention and not cuda else None))

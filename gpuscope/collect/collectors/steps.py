@@ -88,7 +88,8 @@ class StepsCollector:
         self.probed_optimizer: Any = None  # kept alive for the post-run optimizer probe: the first, or the windows'
         self.loaders = LoaderBook()  # the DataLoaders iterated (the post-run probes load the slowest one again)
         self._loader_depth = 0
-        self.closure_calls = 0  # calls of the closures passed to optimizer.step, counted to the end
+        self._closure_calls = 0  # calls of the closures passed to optimizer.step, counted to the end
+        self._closure_end: Callable[[], None] | None = None
         self._backward_depth = 0  # backward() in backward() (a gradient penalty) or in a closure marks no step
         self._in_backward = 0  # backward() calls open: the outermost one's tensor is the step's loss
         self._roots_found = False
@@ -151,6 +152,12 @@ class StepsCollector:
         """``listener(phase)`` on each phase change ("other" between phases), on the hot path: microseconds."""
         self.tracker.phase_listeners.append(listener)  # type: ignore[union-attr]
 
+    def closure_calls(self) -> int:
+        return self._closure_calls
+
+    def on_closure_end(self, listener: Callable[[], None] | None) -> None:
+        self._closure_end = listener
+
     def window_closed(self) -> None:  # a profiler stopped
         self.tracker.window_closed()  # type: ignore[union-attr]
 
@@ -206,7 +213,7 @@ class StepsCollector:
             passes=(tracker.passes[0], tracker.passes[1]), final_evaluation_s=tracker.final_evaluation_s,
             loops=self._optimizer_watch.loops.starts(), no_grad_modes=(*self.forward.no_grad_modes,),
             device_markers=tracker.device.marked if tracker.device is not None else 0, losses=losses,
-            closure_calls=self.closure_calls),
+            closure_calls=self._closure_calls),
             notes=tuple(notes))
 
     def probe_inputs(self) -> ProbeInputs:
@@ -274,12 +281,14 @@ class StepsCollector:
             tracker = collector.tracker
             tracker.enter(OTHER, collector._clock())  # type: ignore[union-attr]
             collector._backward_depth += 1  # its backward() is the optimizer step's, no step of its own
-            collector.closure_calls += 1
+            collector._closure_calls += 1
             try:
                 return closure(*args, **kwargs)
             finally:
                 collector._backward_depth -= 1
                 tracker.exit(OTHER, collector._clock())  # type: ignore[union-attr]
+                if collector._closure_end is not None:
+                    collector._closure_end()
 
         return timed_closure
 
