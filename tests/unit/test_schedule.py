@@ -142,8 +142,10 @@ class _Owner:
         self.moved.append((cpu, cuda))
 
 
-def _run_long_steps(step_s: float, monkeypatch: pytest.MonkeyPatch) -> tuple[LongStepsCollector, dict[str, _Owner]]:
-    """The long-steps collector told of steps 0, 1 and 2, step 1 taking ``step_s``; the owners it was given."""
+def _run_long_steps(step_s: float, monkeypatch: pytest.MonkeyPatch,
+                    waited: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> tuple[LongStepsCollector, dict[str, _Owner]]:
+    """The long-steps collector told of steps 0, 1 and 2, step 1 taking ``step_s``, the loop's thread having waited
+    for a core ``waited`` seconds by each; the owners it was given."""
     from gpuscope.collect.collectors import long_steps
 
     collector = LongStepsCollector(_default_requests())
@@ -151,6 +153,8 @@ def _run_long_steps(step_s: float, monkeypatch: pytest.MonkeyPatch) -> tuple[Lon
     collector.owners = list(owners.values())
     clock = iter([0.0, 5.0, 5.0 + step_s])
     monkeypatch.setattr(long_steps.time, "perf_counter", lambda: next(clock))
+    waits = iter([(0.0, w) for w in waited])
+    monkeypatch.setattr(long_steps, "schedstat", lambda tid: next(waits))
     for index in range(3):
         collector._on_step(index)
     return collector, owners
@@ -162,7 +166,14 @@ def test_a_step_1_of_twenty_seconds_moves_every_windows_owner_and_says_where(mon
     assert owners["syncs"].moved == [(None, Window(3, 1))]
     assert owners["flops"].moved == [(Window(3, 1), Window(4, 1))]
     (note,) = collector.stop().notes
-    assert note.startswith("step 1 took 20.0 s") and "torch.profiler step 2, the FLOP count step 3" in note
+    assert note.startswith("step 1 took 20.0 s of its own") and "torch.profiler step 2, the FLOP count step 3" in note
+
+
+def test_a_short_step_that_waited_seconds_for_a_core_is_no_long_step(monkeypatch) -> None:
+    # given a step 1 of 2.5 s wall, 1.5 s of which its thread waited for a core (a busy machine)
+    collector, owners = _run_long_steps(2.5, monkeypatch, waited=(0.1, 0.2, 1.7))
+    # then its own 1.0 s is short: the windows stay where they were placed
+    assert all(owner.moved == [] for owner in owners.values()) and collector.step_s == pytest.approx(1.0)
 
 
 def test_a_step_1_of_a_tenth_of_a_second_moves_nothing(monkeypatch) -> None:

@@ -5,7 +5,9 @@ five 17-second steps then gets a trace and a speed of light where the plan in st
 0-4, the trace at 6-9) left it nothing.
 
 It runs at the step boundaries before every window's owner (``before_windows``), at each of the first
-``DECIDED_AT`` + 1 boundaries only, and tells each owner its new window (``StepFollower.move_window``).
+``DECIDED_AT`` + 1 boundaries only, and tells each owner its new window (``StepFollower.move_window``). Step 1's
+length is its wall time less the loop thread's wait for a core in it (the kernel's schedstat, on Linux): a short
+step on a busy machine is no long step.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collect.collectors.base import CollectorResult, StepFollower, WindowRequest, register
+from gpuscope.collect.collectors.children import schedstat
 from gpuscope.collect.collectors.schedule import DECIDED_AT, LONG_STEP_S, Plan, long_steps_plan
 from gpuscope.record import CollectorStatus
 
@@ -39,6 +42,7 @@ class LongStepsCollector(StepFollower):
         self.owners: list[Any] = []
         """The window owners to tell (set by ``collectors.default_collectors``)."""
         self._began: dict[int, float] = {}
+        self._waited: dict[int, float] = {}  # the loop thread's wait for a CPU so far, as each step began
         self.plan: Plan | None = None
         self.step_s: float | None = None
 
@@ -58,12 +62,16 @@ class LongStepsCollector(StepFollower):
 
     def _on_step(self, index: int) -> None:
         self._began[index] = time.perf_counter()
+        times = schedstat("thread-self")
+        self._waited[index] = times[1] if times is not None else 0.0
         if index < DECIDED_AT:
             return
         self._leave()
         if index != DECIDED_AT or DECIDED_AT - 1 not in self._began:
             return  # (an epoch of fewer steps began again from 0: its indices say nothing of a step's time)
-        self.step_s = self._began[index] - self._began[DECIDED_AT - 1]
+        # a busy machine's wait for a core is no part of the step's own length
+        self.step_s = self._began[index] - self._began[DECIDED_AT - 1] - max(
+            0.0, self._waited[index] - self._waited[DECIDED_AT - 1])
         self.plan = long_steps_plan(self._requests, self.step_s, self._first, at=index)
         if self.plan is None:
             return
@@ -86,7 +94,7 @@ class LongStepsCollector(StepFollower):
             syncs = self.plan.window("syncs", cuda=True)
             cuda = f" (on a CUDA run the sync count {_steps(syncs.start, syncs.stop - 1)}, the FLOPs after it)" \
                 if syncs is not None else ""
-            notes = (f"step 1 took {self.step_s:.1f} s (long steps: {LONG_STEP_S:g} s or more): the profiling "
+            notes = (f"step 1 took {self.step_s:.1f} s of its own (long steps: {LONG_STEP_S:g} s or more): the profiling "
                      f"windows were placed again, one step each: {windows}{cuda}",)
         return CollectorResult(CollectorStatus("ok"), notes=notes)
 
