@@ -49,8 +49,9 @@ test pass between epochs) is counted again on a later step, up to this many time
 PER_CLOSURE_CALLS = 2
 """Where the step before the counted one called the optimizer's closure this many times or more (LBFGS: up to
 ``max_iter``, each a forward and backward pass), only the counted step's first closure call is counted, and its
-FLOPs are multiplied by the step's calls: every call runs the same passes, and counting each one cost an LBFGS step
-5x its time (16 s for a 3 s step of 4 calls; what the loop does outside the closure, an evaluation pass, is left out).
+FLOPs are multiplied by the step's calls: every call runs the same passes, and counting them all took a 3.2 s LBFGS
+step of 4 calls to 16.4 s, one call to 6.1-6.7 s (the counter's first use, 3-7 s of imports, in both). What the loop
+does outside the closure (an evaluation pass) is left out of such a count.
 """
 RECOUNT_MAX_S = 2.0
 """A count that took longer is not made again, whatever its step held: each further one would cost as much (an LBFGS

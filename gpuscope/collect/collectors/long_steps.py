@@ -43,6 +43,7 @@ class LongStepsCollector(StepFollower):
         """The window owners to tell (set by ``collectors.default_collectors``)."""
         self._began: dict[int, float] = {}
         self._waited: dict[int, float] = {}  # the loop thread's wait for a CPU so far, as each step began
+        self._following = True
         self.plan: Plan | None = None
         self.step_s: float | None = None
 
@@ -81,8 +82,8 @@ class LongStepsCollector(StepFollower):
                 owner.move_window(self.plan.window(name), self.plan.window(name, cuda=True))
 
     def _leave(self) -> None:
-        if self._began.get(-1) is None:
-            self._began[-1] = 0.0  # (left: -1 is no step's index)
+        if self._following:
+            self._following = False
             self._unfollow()
 
     def stop(self) -> CollectorResult:
