@@ -1,7 +1,8 @@
 """The verdict: what bounds the run, from the record's measurements, with the numbers it rests on.
 
 In order:
-1. no steady-state step: inconclusive (fewer than a median needs: the verdict of those there are, its confidence cut);
+1. no step: inconclusive; fewer steady-state steps than a median needs: the verdict of those there are, its confidence
+   cut in proportion; none unprofiled (a run of a few long steps): the profiled steps' verdict, cut by half again;
 2. data-loading: the step waits for the next batch (on CUDA, the GPU's timeline does);
    then communication: the training thread waits on collectives (a data-parallel job's all-reduce) half the step;
 3. on CUDA, the kernel timeline (or, without one, NVML's utilisation): a busy GPU is compute-bound, a GPU starved
@@ -14,6 +15,9 @@ Every threshold is in thresholds.py.
 
 from __future__ import annotations
 
+import dataclasses
+import statistics
+
 from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.child_processes import child_processes, notable
 from gpuscope.diagnose.contention import contention
@@ -24,7 +28,7 @@ from gpuscope.diagnose.evidence import (accumulated_passes, comm_share, comm_wai
 from gpuscope.diagnose.iterator_wait import iterator_wait
 from gpuscope.diagnose.loops import loops_line
 from gpuscope.diagnose.rules.base import missing_input
-from gpuscope.record import RunRecord, Verdict
+from gpuscope.record import Breakdown, RunRecord, Verdict
 from gpuscope.diagnose.words import left_out
 
 
@@ -57,7 +61,40 @@ def _classify(record: RunRecord) -> Verdict:
     verdict = _classify_steps(record)
     if 0 < steps.count < needed and verdict.bound != "inconclusive":
         return _thin(record, verdict, needed)
+    if steps.count == 0 and (profiled := _profiled_instead(record)) is not None:
+        thin, which = profiled
+        measured = _classify_steps(thin)
+        if measured.bound != "inconclusive":
+            line = (f"thin evidence: no step ran unprofiled ({steps.total} in all; {left_out(record)}): the "
+                    f"verdict is that of {which}, slowed by the profiler on in them; the confidence is cut to "
+                    f"{thin.steps.count} in {2 * needed} of its own")
+            return Verdict(measured.bound, round(measured.confidence * thin.steps.count / (2 * needed), 2),
+                           (line, *measured.evidence))
     return verdict
+
+
+def _profiled_instead(record: RunRecord) -> tuple[RunRecord, str] | None:
+    """Where no step ran unprofiled (a run of a few long steps), the record as its profiled steps would give it:
+    those torch.profiler recorded where it recorded any (their op table is the one the verdict reads), else all of
+    them; and which steps they were. None where no profiled step was kept."""
+    sample = record.steps.sample
+    profiled = [i for i, status in enumerate(sample.status) if status == "profiled"]
+    window = record.op_profile.window if record.op_profile is not None else None
+    if window is not None and window.first_step is not None and window.last_step is not None:
+        traced = [i for i in profiled if window.first_step <= sample.index[i] <= window.last_step]
+        profiled = traced or profiled
+    if not profiled:
+        return None
+    device = record.steps.clock == "device" and len(sample.device_wall_s) == len(sample.wall_s)
+    walls = [(sample.device_wall_s[i] or sample.wall_s[i]) if device else sample.wall_s[i] for i in profiled]
+    total = sum(sample.wall_s[i] for i in profiled)  # the phases are the host's
+    shares = {phase: sum(column[i] for i in profiled) / total if total else 0.0
+              for phase, column in sample.phases_s.items()}
+    steps = dataclasses.replace(record.steps, count=len(profiled), median_s=statistics.median(walls),
+                                mean_s=sum(walls) / len(walls), min_s=min(walls), max_s=max(walls))
+    first, last = sample.index[profiled[0]], sample.index[profiled[-1]]
+    which = f"the profiled step {first}" if first == last else f"the profiled steps {first}-{last}"
+    return dataclasses.replace(record, steps=steps, breakdown=Breakdown(**shares)), which
 
 
 def _thin(record: RunRecord, verdict: Verdict, needed: int) -> Verdict:

@@ -16,7 +16,8 @@ EVALUATION_LOADING_WORTH_SAYING = 0.25
 
 MIN_STEADY_STEPS = 5
 """Fewer steady-state steps than this cut the verdict's confidence in proportion (a median of four is not a
-measurement; a run of a few long steps has no more); none at all gives an inconclusive verdict."""
+measurement; a run of a few long steps has no more); none at all, the profiled steps' verdict at half that again;
+no step at all, an inconclusive one."""
 
 MIN_TRACE_STEPS = 1
 """A record built from a torch.profiler trace (``gpuscope analyze``) needs one recorded step: its verdict rests on

@@ -63,6 +63,37 @@ def test_fewer_steady_steps_than_a_median_needs_give_the_verdict_at_a_confidence
     assert verdict.evidence[1] == measured.evidence[0].replace("5 steady-state steps", "3 steady-state steps")
 
 
+def _three_long_steps(op_profile: OpProfile | None) -> object:
+    """A run of 3 steps of 17 s: step 0 the warm-up, step 1 under cProfile, step 2 under torch.profiler; the
+    profiled steps wait 90% (step 1) and 80% (step 2) of their time for data."""
+    sample = StepSample(index=(0, 1, 2), wall_s=(30.0, 20.0, 17.0), status=("warmup", "profiled", "profiled"),
+                        phases_s={"data_wait": (1.0, 18.0, 13.6), "forward": (29.0, 2.0, 3.4)})
+    return make_record(steps=Steps(count=0, total=3, warmup=1, profiled=2, sample=sample), breakdown=Breakdown(),
+                       op_profile=op_profile)
+
+
+def test_where_no_step_ran_unprofiled_the_traced_steps_give_the_verdict_at_a_tenth_of_their_confidence() -> None:
+    # given a run whose only steps past the warm-up were profiled, step 2 the one torch.profiler recorded
+    record = _three_long_steps(OpProfile(window=Window(first_step=2, last_step=2), steps=1))
+    # when classified
+    verdict = classify(record)
+    # then step 2 alone gives it: 80% of its time waiting for data is data-loading-bound, at 1 in 10 of the
+    # confidence it would have, and the evidence names the step and why it is thin
+    measured = classify(make_record(steps=Steps(count=5, median_s=17.0, total=6, warmup=1),
+                                    breakdown=Breakdown(data_wait=0.8, forward=0.2)))
+    assert verdict.bound == measured.bound == "data-loading"
+    assert verdict.confidence == round(measured.confidence / 10, 2) > 0
+    assert verdict.evidence[0].startswith("thin evidence: no step ran unprofiled (3 in all; left out: 1 warm-up, "
+                                          "2 profiled") and "that of the profiled step 2, slowed" in verdict.evidence[0]
+    assert verdict.evidence[1].startswith("80% of each step waits for the next batch (median step 17000.0 ms")
+
+
+def test_where_no_step_was_traced_every_profiled_step_gives_the_verdict() -> None:
+    verdict = classify(_three_long_steps(None))
+    assert verdict.bound == "data-loading" and "the profiled steps 1-2" in verdict.evidence[0]
+    assert verdict.evidence[1].startswith("85% of each step waits for the next batch (median step 18500.0 ms")
+
+
 def test_no_steady_step_is_inconclusive_and_says_so() -> None:
     record = make_record(steps=Steps(count=0, median_s=0.0, total=4, warmup=1, profiled=3),
                          breakdown=Breakdown(data_wait=0.9, forward=0.1))
