@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuscope.diagnose import analyze, thresholds
+from gpuscope.diagnose.classify import profiled_steps
 from gpuscope.diagnose.evidence import batches_per_step, compute_time_s
 from gpuscope.reduce.fields import reads_others, record_fields
 from gpuscope.collect.captures import PostRunFacts, StepCapture
@@ -270,9 +271,12 @@ class Session:
         figures: dict[str, Any] = {}
         if isinstance(capture, StepCapture):
             reduced = self._reduce("steps", "steps", capture, payloads)
-            figures = {"data_wait": reduced["breakdown"].data_wait, "median_s": reduced["steps"].median_s,
-                       "steps": reduced["steps"].count, "cuda": capture.device == "cuda",
-                       "optimizer_share": reduced["breakdown"].optimizer}
+            steps, breakdown = reduced["steps"], reduced["breakdown"]
+            if not steps.count and (profiled := profiled_steps(steps)) is not None:
+                steps, breakdown, _ = profiled  # a few long steps, all profiled: the verdict will be theirs
+            figures = {"data_wait": breakdown.data_wait, "median_s": steps.median_s,
+                       "steps": steps.count, "cuda": capture.device == "cuda",
+                       "optimizer_share": breakdown.optimizer}
             if loader is not None:
                 figures["batches_per_step"] = batches_per_step(loader["batches"], capture.count)
         return post_run_facts(**figures, loader=loader, dataset=inputs.dataset, dataset_fetch=inputs.dataset_fetch,

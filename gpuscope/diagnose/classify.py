@@ -28,7 +28,7 @@ from gpuscope.diagnose.evidence import (accumulated_passes, comm_share, comm_wai
 from gpuscope.diagnose.iterator_wait import iterator_wait
 from gpuscope.diagnose.loops import loops_line
 from gpuscope.diagnose.rules.base import missing_input
-from gpuscope.record import Breakdown, RunRecord, Verdict
+from gpuscope.record import Breakdown, RunRecord, Steps, Verdict, Window
 from gpuscope.diagnose.words import left_out
 
 
@@ -61,40 +61,42 @@ def _classify(record: RunRecord) -> Verdict:
     verdict = _classify_steps(record)
     if 0 < steps.count < needed and verdict.bound != "inconclusive":
         return _thin(record, verdict, needed)
-    if steps.count == 0 and (profiled := _profiled_instead(record)) is not None:
-        thin, which = profiled
+    window = record.op_profile.window if record.op_profile is not None else None
+    if steps.count == 0 and (profiled := profiled_steps(steps, window)) is not None:
+        thin_steps, breakdown, which = profiled
+        thin = dataclasses.replace(record, steps=thin_steps, breakdown=breakdown)
         measured = _classify_steps(thin)
         if measured.bound != "inconclusive":
             line = (f"thin evidence: no step ran unprofiled ({steps.total} in all; {left_out(record)}): the "
-                    f"verdict is that of {which}, slowed by the profiler on in them; the confidence is cut to "
+                    f"verdict is that of {which}, slowed by the profiler on in {'it' if thin.steps.count == 1 else 'them'}; "
+                    f"the confidence is cut to "
                     f"{thin.steps.count} in {2 * needed} of its own")
             return Verdict(measured.bound, round(measured.confidence * thin.steps.count / (2 * needed), 2),
                            (line, *measured.evidence))
     return verdict
 
 
-def _profiled_instead(record: RunRecord) -> tuple[RunRecord, str] | None:
-    """Where no step ran unprofiled (a run of a few long steps), the record as its profiled steps would give it:
-    those torch.profiler recorded where it recorded any (their op table is the one the verdict reads), else all of
-    them; and which steps they were. None where no profiled step was kept."""
-    sample = record.steps.sample
+def profiled_steps(steps: Steps, window: Window | None = None) -> tuple[Steps, Breakdown, str] | None:
+    """Where no step ran unprofiled (a run of a few long steps), the step figures and breakdown its profiled steps
+    give: those torch.profiler recorded (``window``) where it recorded any (their op table is the one the verdict
+    reads), else all of them; and which steps they were. None where no profiled step was kept."""
+    sample = steps.sample
     profiled = [i for i, status in enumerate(sample.status) if status == "profiled"]
-    window = record.op_profile.window if record.op_profile is not None else None
     if window is not None and window.first_step is not None and window.last_step is not None:
         traced = [i for i in profiled if window.first_step <= sample.index[i] <= window.last_step]
         profiled = traced or profiled
     if not profiled:
         return None
-    device = record.steps.clock == "device" and len(sample.device_wall_s) == len(sample.wall_s)
+    device = steps.clock == "device" and len(sample.device_wall_s) == len(sample.wall_s)
     walls = [(sample.device_wall_s[i] or sample.wall_s[i]) if device else sample.wall_s[i] for i in profiled]
     total = sum(sample.wall_s[i] for i in profiled)  # the phases are the host's
     shares = {phase: sum(column[i] for i in profiled) / total if total else 0.0
               for phase, column in sample.phases_s.items()}
-    steps = dataclasses.replace(record.steps, count=len(profiled), median_s=statistics.median(walls),
-                                mean_s=sum(walls) / len(walls), min_s=min(walls), max_s=max(walls))
+    thin = dataclasses.replace(steps, count=len(profiled), median_s=statistics.median(walls),
+                               mean_s=sum(walls) / len(walls), min_s=min(walls), max_s=max(walls))
     first, last = sample.index[profiled[0]], sample.index[profiled[-1]]
     which = f"the profiled step {first}" if first == last else f"the profiled steps {first}-{last}"
-    return dataclasses.replace(record, steps=steps, breakdown=Breakdown(**shares)), which
+    return thin, Breakdown(**shares), which
 
 
 def _thin(record: RunRecord, verdict: Verdict, needed: int) -> Verdict:
