@@ -67,9 +67,9 @@ def _classify(record: RunRecord) -> Verdict:
         thin = dataclasses.replace(record, steps=thin_steps, breakdown=breakdown)
         measured = _classify_steps(thin)
         if measured.bound != "inconclusive":
+            them = "it" if thin.steps.count == 1 else "them"
             line = (f"thin evidence: no step ran unprofiled ({steps.total} in all; {left_out(record)}): the "
-                    f"verdict is that of {which}, slowed by the profiler on in {'it' if thin.steps.count == 1 else 'them'}; "
-                    f"the confidence is cut to "
+                    f"verdict is that of {which}, slowed by the profiler on in {them}; the confidence is cut to "
                     f"{thin.steps.count} in {2 * needed} of its own")
             return Verdict(measured.bound, round(measured.confidence * thin.steps.count / (2 * needed), 2),
                            (line, *measured.evidence))
