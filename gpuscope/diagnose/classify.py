@@ -65,14 +65,13 @@ def _classify(record: RunRecord) -> Verdict:
     if steps.count == 0 and (profiled := profiled_steps(steps, window)) is not None:
         thin_steps, breakdown, which = profiled
         thin = dataclasses.replace(record, steps=thin_steps, breakdown=breakdown)
-        measured = _classify_steps(thin)
-        if measured.bound != "inconclusive":
-            them = "it" if thin.steps.count == 1 else "them"
-            line = (f"thin evidence: no step ran unprofiled ({steps.total} in all; {left_out(record)}): the "
-                    f"verdict is that of {which}, slowed by the profiler on in {them}; the confidence is cut to "
-                    f"{thin.steps.count} in {2 * needed} of its own")
-            return Verdict(measured.bound, round(measured.confidence * thin.steps.count / (2 * needed), 2),
-                           (line, *measured.evidence))
+        measured = _classify_steps(thin)  # (inconclusive too: its evidence says why, where "0 steps" would not)
+        them = "it" if thin.steps.count == 1 else "them"
+        line = (f"thin evidence: no step ran unprofiled ({steps.total} in all; {left_out(record)}): the "
+                f"verdict is that of {which}, slowed by the profiler on in {them}; the confidence is cut to "
+                f"{thin.steps.count} in {2 * needed} of its own")
+        return Verdict(measured.bound, round(measured.confidence * thin.steps.count / (2 * needed), 2),
+                       (line, *measured.evidence))
     return verdict
 
 

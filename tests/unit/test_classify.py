@@ -88,6 +88,18 @@ def test_where_no_step_ran_unprofiled_the_traced_steps_give_the_verdict_at_a_ten
     assert verdict.evidence[1].startswith("80% of each step waits for the next batch (median step 17000.0 ms")
 
 
+def test_where_the_profiled_steps_cannot_tell_the_verdict_says_why_not_that_no_step_was_steady() -> None:
+    # given the three long steps of a CPU run without the op figures its verdict needs, waiting for no data
+    record = _three_long_steps(OpProfile(window=Window(first_step=2, last_step=2), steps=1, ops_per_step=1000))
+    sample = dataclasses.replace(record.steps.sample, phases_s={"data_wait": (1.0, 0.0, 0.0),
+                                                               "forward": (29.0, 20.0, 17.0)})
+    record = dataclasses.replace(record, device="cpu", steps=dataclasses.replace(record.steps, sample=sample))
+    verdict = classify(record)
+    # then it is inconclusive for the reason its profiled step gives, named after the thin-evidence line
+    assert verdict.bound == "inconclusive" and verdict.evidence[0].startswith("thin evidence: no step ran unprofiled")
+    assert "cannot be told" in verdict.evidence[1] and not any("0 steady-state steps" in e for e in verdict.evidence)
+
+
 def test_where_no_step_was_traced_every_profiled_step_gives_the_verdict() -> None:
     verdict = classify(_three_long_steps(None))
     assert verdict.bound == "data-loading" and "the profiled steps 1-2" in verdict.evidence[0]
