@@ -36,12 +36,13 @@ from gpuscope.diagnose import analyze, thresholds
 from gpuscope.diagnose.classify import profiled_steps
 from gpuscope.diagnose.evidence import batches_per_step, compute_time_s
 from gpuscope.reduce.fields import reads_others, record_fields
-from gpuscope.collect.captures import PostRunFacts, StepCapture
+from gpuscope.collect.captures import PostRunFacts, StepCapture, TraceCapture
 from gpuscope.collect.collectors.base import ProbeInputs
 from gpuscope.collect.collectors import CollectorResult, Follower, LiveCollector, Probe, StepSource, default_collectors
 from gpuscope.collect.collectors.probing import run_isolated, user_torch_threads
 from gpuscope.errors import GpuscopeError
-from gpuscope.record import CollectorStatus, Distributed, ProfilingWindow, RunMeta, RunRecord, write_record
+from gpuscope.record import (CollectorStatus, Distributed, ProfilingWindow, RunMeta, RunRecord, Window,
+                             write_record)
 
 
 PROGRESS_AFTER_S = 1.0
@@ -272,7 +273,10 @@ class Session:
         if isinstance(capture, StepCapture):
             reduced = self._reduce("steps", "steps", capture, payloads)
             steps, breakdown = reduced["steps"], reduced["breakdown"]
-            if not steps.count and (profiled := profiled_steps(steps)) is not None:
+            trace = payloads.get("torch-trace")
+            traced = Window(trace.recorded[0], trace.recorded[-1]) \
+                if isinstance(trace, TraceCapture) and trace.recorded else None  # as the op table's (reduce.fields)
+            if not steps.count and (profiled := profiled_steps(steps, traced)) is not None:
                 steps, breakdown, _ = profiled  # a few long steps, all profiled: the verdict will be theirs
             figures = {"data_wait": breakdown.data_wait, "median_s": steps.median_s,
                        "steps": steps.count, "cuda": capture.device == "cuda",

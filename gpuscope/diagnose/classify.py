@@ -58,20 +58,20 @@ def _classify(record: RunRecord) -> Verdict:
     the steps there are, its confidence cut in proportion and the evidence saying so (``_thin``)."""
     steps = record.steps
     needed = th.MIN_TRACE_STEPS if steps.source == "profiler" else th.MIN_STEADY_STEPS
-    verdict = _classify_steps(record)
-    if 0 < steps.count < needed and verdict.bound != "inconclusive":
-        return _thin(record, verdict, needed)
     window = record.op_profile.window if record.op_profile is not None else None
     if steps.count == 0 and (profiled := profiled_steps(steps, window)) is not None:
         thin_steps, breakdown, which = profiled
         thin = dataclasses.replace(record, steps=thin_steps, breakdown=breakdown)
-        measured = _classify_steps(thin)  # (inconclusive too: its evidence says why, where "0 steps" would not)
-        them = "it" if thin.steps.count == 1 else "them"
+        measured = _classify_steps(thin, needed)  # (inconclusive too: its evidence says why, "0 steps" would not)
+        them = "it" if thin_steps.count == 1 else "them"
         line = (f"thin evidence: no step ran unprofiled ({steps.total} in all; {left_out(record)}): the "
                 f"verdict is that of {which}, slowed by the profiler on in {them}; the confidence is cut to "
-                f"{thin.steps.count} in {2 * needed} of its own")
-        return Verdict(measured.bound, round(measured.confidence * thin.steps.count / (2 * needed), 2),
+                f"{thin_steps.count} in {2 * needed} of its own")
+        return Verdict(measured.bound, round(measured.confidence * thin_steps.count / (2 * needed), 2),
                        (line, *measured.evidence))
+    verdict = _classify_steps(record, needed)
+    if 0 < steps.count < needed and verdict.bound != "inconclusive":
+        return _thin(record, verdict, needed)
     return verdict
 
 
@@ -107,12 +107,11 @@ def _thin(record: RunRecord, verdict: Verdict, needed: int) -> Verdict:
     return Verdict(verdict.bound, round(verdict.confidence * steps.count / needed, 2), (line, *verdict.evidence))
 
 
-def _classify_steps(record: RunRecord) -> Verdict:
+def _classify_steps(record: RunRecord, needed: int) -> Verdict:
+    """The verdict the record's steps give, whatever their number (``needed``: how many give full confidence)."""
     steps = record.steps
-    needed = th.MIN_TRACE_STEPS if steps.source == "profiler" else th.MIN_STEADY_STEPS
     if steps.count == 0:
-        were = "step was" if steps.count == 1 else "steps were"
-        evidence = [f"only {steps.count} steady-state {were} measured ({steps.total} step{'s' * (steps.total != 1)} "
+        evidence = [f"only 0 steady-state steps were measured ({steps.total} step{'s' * (steps.total != 1)} "
                     f"in all; {left_out(record)}); at least one is needed, {needed} for full confidence"]
         if steps.total == 0:
             evidence.append(_why_no_step(record))

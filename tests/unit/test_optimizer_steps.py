@@ -46,6 +46,7 @@ def test_each_lbfgs_step_is_one_step_whatever_its_closure_calls(tmp_path: Path) 
     # then: six steps, counted by the optimizer from the first, each with its passes' backward inside it
     assert passes >= 4 * 6
     assert (capture.source, capture.count) == ("optimizer", 6)
+    assert capture.closure_calls == passes  # every pass counted, for the closure calls a step
     assert collector.tracker.dropped == 0
     assert heard == [1, 2, 3, 4, 5, 6]
     assert all(record.phases_s["backward"] > 0 for record in capture.records)

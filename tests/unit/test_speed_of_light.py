@@ -50,6 +50,15 @@ class FakeSteps:
     def step_evaluated(self, index: int) -> bool:
         return index in self.evaluated
 
+    def closure_calls(self) -> int:
+        return 0  # (as a loop passing no closure to its optimizer)
+
+    def on_closure_end(self, listener: Any) -> None:
+        pass
+
+    def timed(self, closure: Any) -> Any:
+        return closure
+
 
 def test_flops_of_an_mlp_training_step_match_a_hand_count() -> None:
     # given: a two-layer MLP, batch 5, trained with SGD, its steps followed by the flops collector at step 3
@@ -471,7 +480,8 @@ def test_a_step_of_few_flops_is_counted_in_a_prefix_that_shows_them() -> None:
 
 
 class ClosureSteps(FakeSteps):
-    """The steps collector as it sees an optimizer's closure: counted, and its listener told as each call returns."""
+    """The steps collector as it sees an optimizer's closure: counted, and its listener told as each call returns
+    (``FakeSteps`` sees none)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -498,7 +508,7 @@ class ClosureSteps(FakeSteps):
 
 def lbfgs_flops(steps: FakeSteps) -> tuple[Any, SpeedOfLightCollector]:
     """Steps 0-3 of an MLP (batch 5, 8 -> 16 -> 4) trained with LBFGS (4 closure calls a step at most), the flops
-    collector counting step 2; ``steps`` wraps the closure where it can, as the steps collector does."""
+    collector counting step 2; ``steps`` wraps the closure, as the steps collector does."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).double()
     optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
@@ -514,7 +524,7 @@ def lbfgs_flops(steps: FakeSteps) -> tuple[Any, SpeedOfLightCollector]:
 
     for index in range(4):
         steps.listener(index)
-        optimizer.step(steps.timed(closure) if isinstance(steps, ClosureSteps) else closure)
+        optimizer.step(steps.timed(closure))
     return collector.stop(), collector
 
 

@@ -104,7 +104,7 @@ class SpeedOfLightCollector(StepFollower):
         self.start_step = self._window.start if self._window.start is not None else self.start_step
 
     def _on_step(self, index: int) -> None:
-        calls = self._events.closure_calls() if hasattr(self._events, "closure_calls") else 0  # type: ignore[union-attr]
+        calls = self._events.closure_calls()  # type: ignore[union-attr]
         self._calls_before, self._calls_seen = calls - self._calls_seen, calls
         self._window.on_step(index, self._events, "the FLOP counter")  # type: ignore[arg-type]
         if self._window.over:
@@ -144,7 +144,7 @@ class SpeedOfLightCollector(StepFollower):
         self._tf32 = bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False))
         self._opened_at = time.perf_counter()
         self._closure_base = None
-        if self._calls_before >= PER_CLOSURE_CALLS and hasattr(self._events, "on_closure_end"):
+        if self._calls_before >= PER_CLOSURE_CALLS:
             self._closure_base = self._calls_seen
             self._events.on_closure_end(self._first_closure_ended)  # type: ignore[union-attr]
         mode.__enter__()

@@ -77,9 +77,8 @@ class LongStepsCollector(StepFollower):
         if self.plan is None:
             return
         for owner in self.owners:
-            name = getattr(owner, "name", None)
-            if name in self.plan.cpu or name in self.plan.cuda:
-                owner.move_window(self.plan.window(name), self.plan.window(name, cuda=True))
+            if owner.name in self.plan.cpu or owner.name in self.plan.cuda:
+                owner.move_window(self.plan.window(owner.name), self.plan.window(owner.name, cuda=True))
 
     def _leave(self) -> None:
         if self._following:

@@ -84,9 +84,7 @@ def schedule(requests: Sequence[tuple[str, WindowRequest | None]], first: int = 
     plan = Plan()
     for cuda, placed in ((False, plan.cpu), (True, plan.cuda)):
         cursor = first
-        for name, request in requests:
-            if request is None or request.steps <= 0 or (request.cuda_only and not cuda):
-                continue
+        for name, request in _placed_on(requests, cuda):
             floor = first if first > 0 else 0 if request.startup else FIRST_STEADY_STEP
             start = max(cursor + request.gap, floor)
             placed[name] = Window(start, request.steps)
@@ -105,12 +103,17 @@ def long_steps_plan(requests: Sequence[tuple[str, WindowRequest | None]], step_s
     plan = Plan()
     for cuda, placed in ((False, plan.cpu), (True, plan.cuda)):
         cursor = at
-        for name, request in requests:
-            if request is None or request.steps <= 0 or (request.cuda_only and not cuda):
-                continue
+        for name, request in _placed_on(requests, cuda):
             if request.startup:
                 placed[name] = Window(0, min(request.steps, at))
                 continue
             placed[name] = Window(cursor, min(request.steps, request.long_steps))
             cursor += placed[name].steps
     return plan
+
+
+def _placed_on(requests: Sequence[tuple[str, WindowRequest | None]], cuda: bool) -> list[tuple[str, WindowRequest]]:
+    """The requests placed on a CUDA run (``cuda``) or a CPU run: not None, not of zero steps, and CUDA-only ones on
+    CUDA runs only."""
+    return [(name, request) for name, request in requests
+            if request is not None and request.steps > 0 and (cuda or not request.cuda_only)]
