@@ -25,6 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
+from gpuscope.collect import oom
 from gpuscope.errors import GpuscopeError
 from gpuscope.options import RunOptions
 
@@ -121,6 +122,8 @@ class Profile:
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        if exc is not None:
+            oom.note(exc)  # a memory error: what was live, for the record
         self.stop(_exit_status(exc))  # the exception itself goes on to the caller, untouched
 
     # -- results -------------------------------------------------------------------------------------------

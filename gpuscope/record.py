@@ -712,6 +712,203 @@ class CudaMemory:
 
 
 @dataclass(frozen=True, slots=True)
+class MemoryHolder:
+    """Activations saved for backward, made under one module of the model (its innermost one)."""
+
+    module: str = ""
+    """The module as torch.profiler names it: its class and its instance's number (``Linear_3``)."""
+    line: str = ""
+    """The script's innermost line under which they were made (``FILE:LINE in FUNCTION``), or empty."""
+    bytes: int = 0
+    """Their size, bytes."""
+    tensors: int = 0
+    """How many."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeptTensors:
+    """Tensors made in one measured step and still alive at the end of the next: what a leak keeps."""
+
+    line: str = ""
+    """The script's innermost line that made them (``FILE:LINE in FUNCTION``), or empty where none of its frames was
+    under the allocation."""
+    callers: tuple[str, ...] = ()
+    """The script's lines that called it, innermost first (at most three)."""
+    bytes: int = 0
+    """Their size, bytes."""
+    tensors: int = 0
+    """How many."""
+    category: str = ""
+    """What the memory timeline took them for: ``activations`` (saved for backward: kept with a graph, or kept by a
+    reference to an output), ``inputs``, ``temporaries``, ``unknown``."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryTimeline:
+    """The measured steps' memory over time by category (bytes), at most a few hundred points."""
+
+    t_ms: tuple[float, ...] = ()
+    """Milliseconds since the first measured step began."""
+    parameters: tuple[int, ...] = ()
+    """Parameters at each point, bytes."""
+    gradients: tuple[int, ...] = ()
+    """Gradients at each point, bytes."""
+    optimizer_state: tuple[int, ...] = ()
+    """The optimizer's state at each point, bytes."""
+    activations: tuple[int, ...] = ()
+    """Activations saved for backward at each point, bytes."""
+    inputs: tuple[int, ...] = ()
+    """The batch's tensors at each point, bytes."""
+    temporaries: tuple[int, ...] = ()
+    """Temporaries at each point, bytes."""
+    unknown: tuple[int, ...] = ()
+    """Tensors the timeline could not place, at each point, bytes."""
+    phases: tuple[str, ...] = ()
+    """Where in the step each point falls: ``forward``, ``backward``, ``optimizer`` or ``other``."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryGrowth:
+    """Memory that grows step over step after the warm-up."""
+
+    source: Literal["host", "cuda"] = "host"
+    """What grew: the process's resident memory (``host_memory``) or the CUDA allocator's allocated bytes
+    (``cuda_memory``)."""
+    per_step_bytes: float = 0.0
+    """Its growth a step, bytes: the median of the slopes between every pair of readings (Theil-Sen), which one jump
+    (a profiler's buffers) does not move."""
+    from_step: int = 0
+    """The first step of the readings it comes from."""
+    to_step: int = 0
+    """Their last step."""
+    grew_bytes: int = 0
+    """The growth over those steps at that rate, bytes."""
+    leak: bool = False
+    """Whether it is a leak: growth over the steps read of at least ``diagnose/thresholds.py``'s LEAK_MIN_SHARE of the
+    memory at their start (and LEAK_MIN_BYTES), in both halves of them."""
+
+
+@dataclass(frozen=True, slots=True)
+class OutOfMemory:
+    """The script died of an allocation that failed."""
+
+    error: str = ""
+    """The exception's type and the first line of its message."""
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the allocation failed."""
+    requested_bytes: int | None = None
+    """The allocation that failed, where the message says it."""
+    step: int = 0
+    """Steps counted before it failed."""
+    parameters_bytes: int = 0
+    """Live tensors at the failure, by what holds them (Python's references; activations saved inside autograd's
+    graph are counted from the graph of each tensor that has one): parameters."""
+    gradients_bytes: int = 0
+    """Gradients of those parameters."""
+    optimizer_state_bytes: int = 0
+    """Tensors in the optimizers' state."""
+    activations_bytes: int = 0
+    """Saved for backward in the graphs of live tensors."""
+    other_bytes: int = 0
+    """Every other live tensor (inputs, outputs, the script's own)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryFix:
+    """A change that frees memory, with its predicted saving at the peak."""
+
+    id: str = ""
+    """``activation-checkpointing``, ``mixed-precision-activations``, ``smaller-micro-batch``,
+    ``zero-grad-set-to-none``, ``smaller-optimizer-state``."""
+    title: str = ""
+    """The change, in a few words."""
+    saving_bytes: int = 0
+    """Predicted memory freed at the peak, bytes."""
+    share_of_peak: float = 0.0
+    """``saving_bytes`` over the peak, 0..1."""
+    how: str = ""
+    """How the saving was worked out, with its figures."""
+
+
+@dataclass(frozen=True, slots=True)
+class Memory:
+    """What fills memory: the measured steps' peak by category, what a leak keeps, what a fix would free, and, where
+    the run died of it, what was live then. Categories from torch.profiler's memory timeline (``profile_memory``,
+    ``record_shapes``, ``with_stack``) over the memory window's steps, on the run's device; docs/memory.md."""
+
+    device: Literal["cpu", "cuda"] = "cpu"
+    """The device whose tensors are counted."""
+    steps: tuple[int, ...] = ()
+    """The measured steps (empty: none measured, as where the run died before them)."""
+    peak_bytes: int = 0
+    """Torch's tensors on the device at the measured steps' peak, bytes: the categories below add up to it."""
+    parameters_bytes: int = 0
+    """The model's parameters at the peak, bytes."""
+    gradients_bytes: int = 0
+    """Gradients at the peak, bytes."""
+    optimizer_state_bytes: int = 0
+    """The optimizer's state at the peak, bytes."""
+    activations_bytes: int = 0
+    """Saved for backward, at the peak."""
+    inputs_bytes: int = 0
+    """The batch's tensors (the model's inputs)."""
+    temporaries_bytes: int = 0
+    """Made and freed within an op or a phase (an optimizer's intermediate results among them), and autograd's own."""
+    unknown_bytes: int = 0
+    """Tensors the timeline could not place."""
+    peak_phase: str = ""
+    """Where in the step the peak fell: ``forward``, ``backward``, ``optimizer`` or ``other``."""
+    activations_max_bytes: int = 0
+    """Activations at their own highest (the end of forward), bytes."""
+    holders: tuple[MemoryHolder, ...] = ()
+    """The modules whose activations are largest at that point, largest first (at most eight)."""
+    repeated_blocks: str = ""
+    """The model's repeated block (the module class holding the most activations in three or more instances), or
+    empty: what activation checkpointing would wrap."""
+    repeated_block_count: int = 0
+    """Its instances holding activations."""
+    repeated_block_bytes: int = 0
+    """Their activations together, bytes."""
+    repeated_block_max_bytes: int = 0
+    """The largest one's activations, bytes: checkpointed, each is made again in backward, one at a time."""
+    repeated_block_inputs_bytes: int = 0
+    """Their inputs together (the first tensor of each one's first op), bytes: checkpointing keeps them."""
+    batch_size: int = 0
+    """Samples a step (the loop's DataLoader's batch size; 0 where unknown)."""
+    reserved_bytes: int = 0
+    """CUDA: the caching allocator's reserved bytes at the end of the measured steps (its cache and fragmentation
+    beside the tensors); 0 on a CPU run."""
+    process_bytes: int = 0
+    """The process's resident memory at the end of the measured steps (CPU), bytes: the tensors plus Python, the
+    libraries and the allocator's free lists."""
+    address_space_peak_bytes: int = 0
+    """The process's peak virtual size (``VmPeak``), bytes: what an address-space limit (``RLIMIT_AS``) holds it to."""
+    limit_bytes: int = 0
+    """The most the run can have: the device's memory (CUDA), or the host's, its cgroup's limit or the process's
+    address-space limit, whichever is least (CPU); 0 where unknown."""
+    limit_source: str = ""
+    """Which limit that is."""
+    timeline: MemoryTimeline | None = None
+    """Memory over the measured steps by category."""
+    kept: tuple[KeptTensors, ...] = ()
+    """Tensors made in the first measured step still alive at the end of the second, by line, largest first."""
+    kept_bytes_per_step: int = 0
+    """Their size together: what one step leaves behind."""
+    growth: MemoryGrowth | None = None
+    """Memory growth over the steps after the warm-up (filled by the analysis)."""
+    out_of_memory: OutOfMemory | None = None
+    """The allocation failure the script died of, or null."""
+    fixes: tuple[MemoryFix, ...] = ()
+    """Each memory fix with its predicted saving, largest first (filled by the analysis)."""
+    headroom_bytes: int | None = None
+    """``limit_bytes`` less the peak (the process's on a CPU run, the allocator's reserved on CUDA), or null."""
+    largest_batch: int | None = None
+    """The largest batch that fits under the limit from the per-sample activation cost, or null."""
+    notes: tuple[str, ...] = ()
+    """How memory was measured here, and what could not be."""
+
+
+@dataclass(frozen=True, slots=True)
 class Calibration:
     """This machine's fixed cost per torch op, measured after the run on a model of tiny tensors, where the
     arithmetic is nil and a step's time is all per-op overhead (Python, dispatch, autograd)."""
@@ -1356,6 +1553,8 @@ class RunRecord:
     """NVML samples of every visible GPU; null without an NVIDIA driver."""
     cuda_memory: CudaMemory | None = None
     """CUDA caching-allocator memory; null on a CPU run."""
+    memory: Memory | None = None
+    """What fills memory at the peak, what a leak keeps, what a fix would free; null where not measured."""
     calibration: Calibration | None = None
     """This machine's per-op cost (post-run probe); null when not measured (--no-probes)."""
     practices: Practices | None = None

@@ -28,6 +28,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
+from gpuscope.collect import oom
 from gpuscope.collect.callsites import LAUNCH_CODES
 from gpuscope.collect.fixes import TrialStop
 from gpuscope.errors import GpuscopeError
@@ -135,6 +136,7 @@ def run_target(target: Target, end: Callable[[int], None] | None = None) -> int:
                 status = EXIT_SIGTERM
             except BaseException as exc:
                 _print_user_traceback(exc)
+                oom.note(exc)  # a memory error: what was live, then the failed step's frames let go
                 status = 1
         script_ended()  # (again: a SIGTERM may have come before it could run)
         if end is not None:

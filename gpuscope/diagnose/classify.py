@@ -48,9 +48,26 @@ def classify(record: RunRecord) -> Verdict:
         if record.steps.count else []
     if children := child_processes(record):  # said with steps or without
         more.append(children)
+    if (died := out_of_memory_line(record)) is not None:
+        return Verdict(verdict.bound, verdict.confidence, (died, *verdict.evidence, *more))
     if record.steps.count and (waited := contention(record)):
         more.append(waited)
     return Verdict(verdict.bound, verdict.confidence, (*verdict.evidence, *more)) if more else verdict
+
+
+def out_of_memory_line(record: RunRecord) -> str | None:
+    """Where the script died of a failed allocation: that, and what was live then (the verdict's first line)."""
+    memory = record.memory
+    died = memory.out_of_memory if memory is not None else None
+    if died is None:
+        return None
+    live = {"parameters": died.parameters_bytes, "gradients": died.gradients_bytes,
+            "optimizer state": died.optimizer_state_bytes, "activations saved for backward": died.activations_bytes,
+            "other tensors": died.other_bytes}
+    held = ", ".join(f"{name} {n / 1e6:.1f} MB" for name, n in live.items() if n)
+    asked = f" (asked for {died.requested_bytes / 1e6:.1f} MB)" if died.requested_bytes else ""
+    return (f"the script ran out of memory at step {died.step}: {died.error}{asked}"
+            + (f"; live {died.device.upper()} tensors then: {held}" if held else ""))
 
 
 def _classify(record: RunRecord) -> Verdict:

@@ -404,3 +404,24 @@ LOSS_SPREADS = 4.0
 """...and where the untouched run's own step-to-step spread makes two of its runs differ more (an unseeded script:
 another shuffle, other initial weights), the tolerance is this many standard errors of the difference of two such
 means, so that noise alone is flagged about never."""
+
+# -- memory ------------------------------------------------------------------------------------------------
+LEAK_MIN_SHARE = 0.05
+"""Memory that grows, after the warm-up and the profiling windows, by this share of what the process (or the CUDA
+allocator) held at their start is a leak, where it grew in both halves of those steps (a plateau reached early,
+the allocator's arenas filling, is not): the leaking loops of docs/memory.md grew 0.8-2.5 MB a step, 60-200% over
+their runs; loops without one, 0-3% (the host allocator's free lists settling)."""
+LEAK_MIN_BYTES = 16 << 20
+"""...and by this many bytes at least: a few MB is the allocator's and Python's own drift."""
+LEAK_HALF_SHARE = 0.25
+"""...each half of the steps growing at this share of the whole's rate at least."""
+LEAK_MIN_STEPS = 20
+"""Steps after the windows the readings must span for growth to be told."""
+SHORT_OF_MEMORY = 0.10
+"""A run whose peak leaves less than this share of its limit free (the device's memory, the host's, its cgroup's or
+its address-space limit) is short of memory: the memory fixes become recommendations (``reduce-memory``);
+elsewhere one line says how much room there is."""
+HALF_PRECISION = 0.5
+"""Mixed precision's 16-bit activations: half the float32 ones' bytes."""
+SMALLER_STATE = 0.5
+"""An optimizer whose state is half Adam's (SGD with momentum keeps one buffer a parameter; Adam, two)."""

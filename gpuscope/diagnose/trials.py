@@ -41,6 +41,8 @@ REFUSED = {
     "float32-over-float64": "it changes the dtypes your code chooses",
     "cpu-float32-attention": "it is a change to your attention code",
     "balance-ranks": "what makes one rank slower is in your data, your model's inputs or your device, not a setting",
+    "fix-memory-leak": "it is a change to what your loop keeps from step to step",
+    "reduce-memory": "it is about memory, not speed: its fixes change the model's code or the batch",
 }
 """Why each other fix is not tried: it needs the user's code edited, or it changes more than the speed."""
 

@@ -234,6 +234,69 @@ def host_memory(record: RunRecord) -> Figure | None:
     return {"data": data, "layout": layout}
 
 
+MEMORY_CATEGORIES: tuple[tuple[str, str, str], ...] = (
+    ("parameters", "parameters", "#4c78a8"),
+    ("gradients", "gradients", "#72b7b2"),
+    ("optimizer_state", "optimizer state", "#54a24b"),
+    ("inputs", "inputs", "#e4572e"),
+    ("activations", "activations", "#f2a541"),
+    ("temporaries", "temporaries", "#b279a2"),
+    ("unknown", "unknown", "#b8b0a8"),
+)
+"""(``Memory`` field stem, name, color) of each category of memory, stacked in this order: what lasts the whole
+step at the bottom."""
+
+
+def _memory_unit(peak_bytes: float) -> tuple[str, float]:
+    """GiB from a peak of 1 GiB up, else MiB: the unit of both memory figures."""
+    return ("GiB", GIB) if peak_bytes >= GIB else ("MiB", MIB)
+
+
+def memory_peak(record: RunRecord) -> Figure | None:
+    """The measured steps' peak split by category, as one horizontal stacked bar; None without a measured peak."""
+    memory = record.memory
+    if memory is None or memory.peak_bytes <= 0:
+        return None
+    unit, scale = _memory_unit(memory.peak_bytes)
+    data = []
+    for stem, name, color in MEMORY_CATEGORIES:
+        value = getattr(memory, f"{stem}_bytes")
+        if value <= 0:
+            continue
+        share = value / memory.peak_bytes
+        data.append({"type": "bar", "orientation": "h", "name": name, "y": ["peak"], "x": [_r(value / scale)],
+                     "customdata": [_r(share * 100)], "marker": {"color": color},
+                     "text": [f"{share:.0%}" if share >= 0.04 else ""], "textposition": "inside",
+                     "hovertemplate": f"{name}: %{{x:.1f}} {unit} (%{{customdata:.0f}}%)<extra></extra>"})
+    if not data:
+        return None
+    layout = _layout(150, barmode="stack", xaxis=_axis(f"memory at the peak ({unit})", rangemode="tozero"),
+                     yaxis={"automargin": True})
+    return {"data": data, "layout": layout}
+
+
+def memory_timeline(record: RunRecord) -> Figure | None:
+    """Memory over the measured steps by category, stacked (ms since the first one began); None without a
+    timeline."""
+    timeline = record.memory.timeline if record.memory is not None else None
+    if timeline is None or not timeline.t_ms:
+        return None
+    keep = _thin(len(timeline.t_ms))
+    x = _pick(timeline.t_ms, keep)
+    series = [(name, color, getattr(timeline, stem)) for stem, name, color in MEMORY_CATEGORIES]
+    series = [(name, color, values) for name, color, values in series if any(values)]
+    if not series:
+        return None
+    unit, scale = _memory_unit(max((sum(v[i] for _, _, v in series if i < len(v)) for i in keep), default=0))
+    data = [{"type": "scatter", "mode": "lines", "stackgroup": "memory", "name": name, "x": x,
+             "y": _pick(values, keep, 1 / scale), "line": {"color": color, "width": 1},
+             "hovertemplate": f"%{{x:.1f}} ms: %{{y:.1f}} {unit}<extra>{name}</extra>"}
+            for name, color, values in series]
+    layout = _layout(280, xaxis=_axis("ms since the first measured step began"),
+                     yaxis=_axis(f"memory ({unit})", rangemode="tozero"))
+    return {"data": data, "layout": layout}
+
+
 LOSS_COLORS = ("#4c78a8", "#e4572e", "#54a24b", "#f2a541", "#b279a2", "#9d755d", "#72b7b2", "#ff9da6")
 """The untouched run's loss, then each trial's."""
 
@@ -370,6 +433,8 @@ def build_charts(record: RunRecord) -> dict[str, Figure]:
         "host-memory": host_memory(record),
         "loss": loss_curves(record),
         "cuda-memory": cuda_memory(record),
+        "memory-peak": memory_peak(record),
+        "memory-timeline": memory_timeline(record),
         "ranks": rank_spread(record),
         **gpu_timelines(record),
     }

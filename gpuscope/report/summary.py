@@ -7,6 +7,44 @@ from pathlib import Path
 from gpuscope.diagnose.words import bound_label, flop_text, left_out, speedup_text
 from gpuscope.record import RunRecord
 
+PEAK_PHASES = {"forward": " in forward", "backward": " in backward", "optimizer": " at the optimizer"}
+"""How the memory line says where in the step the peak fell (nothing for ``other``)."""
+
+
+def byte_text(value: float) -> str:
+    """Bytes in decimal units for a line of text: "30.3 MB", "1.2 GB", "512.0 kB"."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value:.0f} B"
+
+
+def memory_lines(record: RunRecord) -> list[str]:
+    """What fills memory at the peak, the four categories a model holds by size and the rest as "other"; a leak's
+    growth and the line that makes it; the allocation the run died of. Empty without a memory record."""
+    memory = record.memory
+    if memory is None:
+        return []
+    lines = []
+    if memory.peak_bytes:
+        parts = sorted((("parameters", memory.parameters_bytes), ("gradients", memory.gradients_bytes),
+                        ("optimizer state", memory.optimizer_state_bytes),
+                        ("activations", memory.activations_bytes)), key=lambda part: -part[1])
+        parts.append(("other", memory.inputs_bytes + memory.temporaries_bytes + memory.unknown_bytes))
+        split = ", ".join(f"{name} {byte_text(value)}" for name, value in parts if value)
+        lines.append(f"  memory: peak {byte_text(memory.peak_bytes)}{PEAK_PHASES.get(memory.peak_phase, '')}"
+                     f"{f' ({split})' if split else ''}")
+    growth = memory.growth
+    if growth is not None and growth.leak:
+        made = next((k.line for k in memory.kept if k.line), "")
+        lines.append(f"  memory grows {byte_text(growth.per_step_bytes)} a step (leak)"
+                     f"{f': made at {made}' if made else ''}")
+    oom = memory.out_of_memory
+    if oom is not None:
+        lines.append(f"  ran out of memory at step {oom.step}: {oom.error or 'a failed allocation'}")
+    return lines
+
+
 def window_line(record: RunRecord) -> str | None:
     """What ``--profile-steps`` measured and when the record was handed over (None: the whole run was profiled)."""
     window = record.profiling_window
@@ -18,8 +56,8 @@ def window_line(record: RunRecord) -> str | None:
 
 
 def summary_lines(record: RunRecord, run_dir: Path, report_path: Path | None = None) -> list[str]:
-    """The end-of-run summary: verdict and its evidence, the steps, the top three recommendations, and where the
-    files are (``report_path``: the report, where one was written)."""
+    """The end-of-run summary: verdict and its evidence, the steps, what fills memory, the top three recommendations,
+    and where the files are (``report_path``: the report, where one was written)."""
     verdict = record.verdict
     steps = record.steps
     from gpuscope.diagnose.speed import headroom_text
@@ -52,6 +90,7 @@ def summary_lines(record: RunRecord, run_dir: Path, report_path: Path | None = N
     measured = window_line(record)
     if measured is not None:
         lines.append(measured)
+    lines += memory_lines(record)
     for rec in record.recommendations[:3]:
         gain = f" (~{rec.expected_gain:.0%} of step time)" if rec.expected_gain is not None else ""
         lines.append(f"  * {rec.title}{gain}")

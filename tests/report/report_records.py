@@ -21,11 +21,18 @@ from gpuscope.record import (
     GpuDevice,
     GpuSamples,
     HostMemory,
+    KeptTensors,
     KernelTimeline,
     LineCost,
     Loader,
+    Memory,
+    MemoryFix,
+    MemoryGrowth,
+    MemoryHolder,
+    MemoryTimeline,
     OpProfile,
     OpStat,
+    OutOfMemory,
     Practices,
     PythonProfile,
     RankSummary,
@@ -44,6 +51,9 @@ from gpuscope.record import (
 RECORDS = Path(__file__).resolve().parent / "records"
 SAMPLE_RECORDS = sorted(p.stem for p in RECORDS.glob("*.json"))
 """Recorded runs of the sample workloads (``gpuscope run sample_workloads/NAME.py``), by workload name."""
+LEAK_RECORD = Path(__file__).resolve().parent / "memory" / "leak_feats.json"
+"""The memory section of a recorded CPU run that keeps each step's activations in a list (``feats.append(h)`` in
+``leak_feats.py``, an MLP under Adam, 80 steps), before the analysis filled in its growth and fixes."""
 
 
 def sample_record(name: str) -> RunRecord:
@@ -71,6 +81,45 @@ def fixed_data_loading_record() -> RunRecord:
         command=(*before.command, "--workers", "2"), recommendations=(),
         checks={**before.checks, "more-dataloader-workers": RuleCheck("clear")},
         verdict=Verdict(bound="compute", confidence=0.8, evidence=("the steps compute most of the time",)))
+
+
+def leak_record() -> RunRecord:
+    """The recorded leaking run's memory section in a record of its own."""
+    return RunRecord.from_json(json.loads(LEAK_RECORD.read_text()))
+
+
+GIB = 2**30
+
+
+def full_memory() -> Memory:
+    """A CUDA run's memory section with every part filled in: a peak in backward, a repeated block, a leak that
+    grows step over step, fixes, and headroom under the GPU's memory."""
+    n = 50
+    return Memory(
+        device="cuda", steps=(20, 21), peak_bytes=40 * GIB, parameters_bytes=6 * GIB, gradients_bytes=6 * GIB,
+        optimizer_state_bytes=12 * GIB, activations_bytes=12 * GIB, inputs_bytes=GIB, temporaries_bytes=2 * GIB,
+        unknown_bytes=GIB, peak_phase="backward", activations_max_bytes=16 * GIB,
+        holders=(MemoryHolder("Block_3", "model.py:41 in forward", 2 * GIB, 12),
+                 MemoryHolder("Block_2", "model.py:41 in forward", 2 * GIB, 12),
+                 MemoryHolder("Embedding_0", "model.py:30 in forward", GIB // 2, 1)),
+        repeated_blocks="Block", repeated_block_count=6, repeated_block_bytes=12 * GIB,
+        repeated_block_max_bytes=2 * GIB, repeated_block_inputs_bytes=GIB // 4, batch_size=32,
+        reserved_bytes=44 * GIB, limit_bytes=80 * GIB, limit_source="the GPU's memory", headroom_bytes=36 * GIB,
+        largest_batch=64,
+        timeline=MemoryTimeline(t_ms=tuple(2.0 * i for i in range(n)),
+                                parameters=(6 * GIB,) * n, gradients=tuple(6 * GIB * (i > 20) for i in range(n)),
+                                optimizer_state=(12 * GIB,) * n,
+                                activations=tuple(GIB * min(i, 50 - i) // 2 for i in range(n)),
+                                inputs=(GIB,) * n, temporaries=(0,) * n, unknown=(0,) * n),
+        kept=(KeptTensors("train.py:77 in main", ("train.py:120 in <module>",), 100 * 2**20, 1, "activations"),),
+        kept_bytes_per_step=100 * 2**20,
+        growth=MemoryGrowth(source="cuda", per_step_bytes=100 * 2**20, from_step=10, to_step=60,
+                            grew_bytes=5000 * 2**20, leak=True),
+        fixes=(MemoryFix("activation-checkpointing", "Checkpoint each Block", 10 * GIB, 0.25,
+                         "6 blocks hold 12 GiB of activations; checkpointed, they keep their inputs and one block's"),
+               MemoryFix("smaller-optimizer-state", "Keep Adam's state in bfloat16", 6 * GIB, 0.15,
+                         "12 GiB of float32 state at half the size")),
+        notes=("measured on steps 20-21",))
 
 
 def step_sample(n: int) -> StepSample:
@@ -125,8 +174,8 @@ def gpu_record() -> RunRecord:
                 "disable-debug-apis": RuleCheck("fired"), "more-dataloader-workers": RuleCheck("clear"),
                 "channels-last": RuleCheck("not-checked", "no convolution layer was inspected")},
         collectors={name: CollectorStatus("ok") for name in
-                    ("steps", "cprofile", "torch-trace", "memory", "nvml", "cuda-memory", "syncs", "practices",
-                     "data-probe", "nvtx", "calibration")},
+                    ("steps", "cprofile", "torch-trace", "memory", "memory-window", "nvml", "cuda-memory", "syncs",
+                     "practices", "data-probe", "nvtx", "calibration")},
         loaders=(Loader(dataset="ImageFolder", num_workers=4, batch_size=64, pin_memory=True, persistent_workers=True,
                         prefetch_factor=2, start_method="fork", batches=64, wait_s=0.25,
                         batch_tensors=("float16[64, 3, 224, 224] cpu", "int64[64] cpu")),),
@@ -162,6 +211,7 @@ def gpu_record() -> RunRecord:
                              numpy_float16_slowdown=12.5, note="times measured under a line tracer"),
         syncs=SyncProfile(window=Window(9, 11), steps=3, syncs=6, per_step=2.0,
                           sites=(CallSite("train.py", 95, "main", "loss.item()", 3),)),
+        memory=full_memory(),
         meta=RunMeta(started_at="2026-01-02T03:04:05+00:00", duration_s=12.5, python="3.11.7", torch="2.13.0",
                      cpu_count=16, platform="Linux-x86_64", notes=("forward timed on root modules: Net",)),
     )
@@ -194,6 +244,11 @@ def hostile_record() -> RunRecord:
         python_profile=dataclasses.replace(record.python_profile, top_own=functions, top_cumulative=functions),
         op_profile=dataclasses.replace(record.op_profile, top_host=ops, top_device=ops),
         loaders=(dataclasses.replace(record.loaders[0], dataset=evil),),
+        memory=dataclasses.replace(
+            record.memory, holders=(MemoryHolder(evil, f"{HOSTILE}.py:1 in {evil}", 2**20, 1),),
+            kept=(KeptTensors(f"{HOSTILE}.py:2 in f", (evil,), 2**20, 1, evil),), repeated_blocks=evil,
+            fixes=(MemoryFix(evil, evil, 2**20, 0.1, evil),),
+            out_of_memory=OutOfMemory(error=f"RuntimeError: {evil}")),
     )
 
 

@@ -229,13 +229,13 @@ def test_every_contract_id_has_exactly_one_rule() -> None:
     assert len(ids) == len(set(ids))
     # the contract's 15, reduce-communication, cpu-fp32-over-low-precision, persistent-workers,
     # file-system-sharing, fused-optimizer, float32-over-float64, cheaper-batches, split-iterable-stream,
-    # skip-distribution-checks, tune-host-allocator, cpu-float32-attention and balance-ranks
-    # (docs/contract-additions.md)
-    assert len(contract_ids()) == 27
+    # skip-distribution-checks, tune-host-allocator, cpu-float32-attention, balance-ranks, fix-memory-leak and
+    # reduce-memory (docs/contract-additions.md)
+    assert len(contract_ids()) == 29
     assert {"reduce-communication", "cpu-fp32-over-low-precision", "persistent-workers", "file-system-sharing",
             "fused-optimizer", "float32-over-float64", "cheaper-batches", "split-iterable-stream",
             "skip-distribution-checks", "tune-host-allocator", "cpu-float32-attention",
-            "balance-ranks"} <= contract_ids()
+            "balance-ranks", "fix-memory-leak", "reduce-memory"} <= contract_ids()
     assert set(ids) == contract_ids()
 
 

@@ -78,11 +78,16 @@ def test_gpuscopes_own_profilers_never_share_a_step(options: CollectOptions) -> 
     assert plan_windows(options).overlaps() == []
 
 
-def test_the_default_windows_are_cprofile_then_torch_profiler_then_syncs_then_flops() -> None:
+def test_the_default_windows_are_cprofile_then_torch_profiler_then_syncs_then_flops_then_memory() -> None:
     plan = plan_windows(CollectOptions())
-    assert plan.cpu == {"cprofile": Window(0, 5), "torch-trace": Window(6, 4), "flops": Window(10, 1)}
+    assert plan.cpu == {"cprofile": Window(0, 5), "torch-trace": Window(6, 4), "flops": Window(10, 1),
+                        "memory-window": Window(11, 2)}
     assert plan.cuda == {"cprofile": Window(0, 5), "torch-trace": Window(6, 4), "syncs": Window(10, 3),
-                         "flops": Window(13, 1)}
+                         "flops": Window(13, 1), "memory-window": Window(14, 2)}
+
+
+def test_without_torch_profiler_there_is_no_memory_window() -> None:
+    assert "memory-window" not in plan_windows(CollectOptions(trace_steps=0)).cpu
 
 
 def test_every_collector_declares_its_name_stage_and_record_field() -> None:
@@ -118,9 +123,11 @@ def test_long_steps_get_one_step_a_window_one_after_another_from_step_2(step_s: 
     plan = long_steps_plan(_default_requests(), step_s)
     assert plan is not None
     # cProfile's start-up window ends where the plan is made again: it covered the start-up, steps 0 and 1
-    assert plan.cpu == {"cprofile": Window(0, 2), "torch-trace": Window(2, 1), "flops": Window(3, 1)}
+    # the memory window has none: one long step under its profiler (stacks, every allocation) costs as much again
+    assert plan.cpu == {"cprofile": Window(0, 2), "torch-trace": Window(2, 1), "flops": Window(3, 1),
+                        "memory-window": Window(4, 0)}
     assert plan.cuda == {"cprofile": Window(0, 2), "torch-trace": Window(2, 1), "syncs": Window(3, 1),
-                         "flops": Window(4, 1)}
+                         "flops": Window(4, 1), "memory-window": Window(5, 0)}
     assert plan.overlaps() == []
 
 

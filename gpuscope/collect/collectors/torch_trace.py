@@ -369,6 +369,9 @@ def _no_cycle_warning() -> Iterator[None]:
         yield
 
 
+UNKNOWN_BLOCK = b"Memory block of unknown size was allocated before the profiling started"
+"""torch's CPU allocator warns once a process, on stderr, as a block made before a memory profile is freed
+during it (the memory window's): gpuscope makes that happen inside ``kineto_quiet``."""
 KINETO_NOISE = (b"USDT:", b"ERROR: External init callback must run in same thread as registerClient")
 """How the lines kineto prints straight to file descriptor 2 about gpuscope's own profiler begin: ``USDT: ...
 profiler_start`` on each start and stop, and, for a loop trained in a thread other than the one that first used
@@ -401,7 +404,8 @@ def kineto_quiet() -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         capture.seek(0)
-        kept = [line for line in capture.read().splitlines(keepends=True) if not line.startswith(KINETO_NOISE)]
+        kept = [line for line in capture.read().splitlines(keepends=True)
+                if not line.startswith(KINETO_NOISE) and UNKNOWN_BLOCK not in line]
         capture.close()
         if kept:
             os.write(2, b"".join(kept))

@@ -18,7 +18,8 @@ inspected), "optimizer_probe" (the optimizer's update timed again, as run and fu
 machine's measured matmul rate in the step's dtype, and in float32 where that is another), "attention_timing" (a
 CPU step's attention in bfloat16 / float16, timed again after the run in that dtype and in float32), "batch_build"
 (the data probe, or the loader probe's timing of a sampler of the user's own: some part of building a batch timed),
-"host_memory" (the host memory samples), "glibc_malloc" (glibc's malloc served the process), "job" (a data-parallel
+"host_memory" (the host memory samples), "memory" (the memory window's breakdown, or the census of a run that died
+of memory), "glibc_malloc" (glibc's malloc served the process), "job" (a data-parallel
 job's merged record, its ranks set side by side)."""
 
 
@@ -113,6 +114,7 @@ _ABSENT = {
     "syncs": "host-device syncs were not counted",
     "loader_probe": "the DataLoader was not probed",
     "optimizer_probe": "the optimizer's update was not timed again",
+    "memory": "memory was not measured",
 }
 """Record fields filled by one collector each, and what their absence means."""
 

@@ -1,0 +1,93 @@
+"""Rules about memory: a leak (memory that grows step over step, and the line that makes what stays), and a run
+short of memory (the memory fixes, each with what it frees at the peak)."""
+
+from __future__ import annotations
+
+from gpuscope.diagnose.evidence import Metric
+from gpuscope.diagnose.memory import short_of_memory
+from gpuscope.diagnose.rules.base import Finding, rule
+from gpuscope.record import Memory, RunRecord
+
+GROWTH = Metric("memory growth a step, MB", "number",
+                lambda r: r.memory.growth.per_step_bytes / 1e6
+                if r.memory is not None and r.memory.growth is not None else None)
+"""MB a step."""
+PEAK = Metric("memory peak, MB", "number", lambda r: r.memory.peak_bytes / 1e6 if r.memory is not None and
+              r.memory.steps else None)
+"""MB of tensors at the measured steps' peak."""
+
+
+def mb(n: float) -> str:
+    """Bytes as MB (GB from a thousand MB)."""
+    return f"{n / 1e6:.1f} MB" if abs(n) < 1e9 else f"{n / 1e9:.2f} GB"
+
+
+@rule("fix-memory-leak", "Stop keeping each step's tensors",
+      "keep what you store across steps off autograd's graph and small: `.detach()` (or `.item()` for a loss) "
+      "what you append or accumulate; run evaluation under `torch.no_grad()`",
+      needs=("memory",), resolved_by=(GROWTH,))
+def memory_leak(record: RunRecord) -> Finding | None:
+    """Signal: memory grows step over step after the windows (``diagnose.memory.growth``), by 5% of what was held and
+    16 MB at least, in both halves of those steps.
+    Why it matters: a run that keeps each step's tensors runs out of memory however large the machine, and its
+    allocator slows as it grows.
+    Fix: the line that made the most of what the memory window's first step left alive at the end of its second,
+    with the usual cause: a tensor kept with its graph (a loss summed without ``.item()``) or by a reference."""
+    memory = record.memory
+    if memory is None or memory.growth is None or not memory.growth.leak:
+        return None
+    g = memory.growth
+    what = "the CUDA allocator's allocated memory" if g.source == "cuda" else "the process's resident memory"
+    evidence = [f"{what} grows {mb(g.per_step_bytes)} a step over steps {g.from_step}-{g.to_step} "
+                f"({mb(g.grew_bytes)} in all)"]
+    fix = None
+    if memory.kept:
+        top = memory.kept[0]
+        step = memory.steps[0] if memory.steps else 0
+        where = top.line or "a line outside the script"
+        called = f", called from {', '.join(top.callers)}" if top.callers else ""
+        evidence.append(f"step {step} made {mb(memory.kept_bytes_per_step)} still alive at the end of step "
+                        f"{step + 1}; the most, {mb(top.bytes)} ({top.category}), at {where}{called}")
+        fix = f"{where}: {_cause(memory)}"
+    return Finding(None, tuple(evidence), fix=fix)
+
+
+def _cause(memory: Memory) -> str:
+    """The usual cause for what is kept: saved activations kept by a live graph, or an output kept by a reference."""
+    top = memory.kept[0]
+    if top.category == "activations":
+        return ("a tensor made here outlives its step: kept by a list, a dict or an attribute, or by the graph of "
+                "a tensor kept with it (a loss summed without `.item()`, an output stored without `.detach()`): "
+                "store `t.detach()` (`.item()` for a number), and run evaluation under `torch.no_grad()`")
+    return ("a tensor made here outlives its step: keep no reference to it past the step (a list that grows, a "
+            "cache without a bound), or store `.detach().cpu()` copies where you need them")
+
+
+@rule("reduce-memory", "Make the run fit in memory",
+      "the memory fixes below, largest saving first: activation checkpointing of the repeated blocks "
+      "(`torch.utils.checkpoint`), mixed precision, a smaller micro-batch with gradient accumulation",
+      needs=("memory",), resolved_by=(PEAK,))
+def reduce_memory(record: RunRecord) -> Finding | None:
+    """Signal: the run died of a failed allocation, or its peak left under ``thresholds.SHORT_OF_MEMORY`` of its limit
+    free.
+    Why it matters: a run at its limit dies at the first longer batch, and cannot grow its batch or model.
+    Fix: the memory fixes that apply, each with what it frees at the peak (``diagnose.memory.fixes``)."""
+    memory = record.memory
+    if memory is None or not short_of_memory(memory):
+        return None
+    evidence = []
+    if memory.out_of_memory is not None:
+        evidence.append(f"the script died of a failed allocation at step {memory.out_of_memory.step}: "
+                        f"{memory.out_of_memory.error}")
+    if memory.limit_bytes and memory.headroom_bytes is not None:
+        evidence.append(f"{mb(memory.headroom_bytes)} of {memory.limit_source} ({mb(memory.limit_bytes)}) left "
+                        f"free at the peak")
+    if memory.peak_bytes:
+        evidence.append(f"tensors at the peak: {mb(memory.peak_bytes)}")
+    if not any(ch.isdigit() for line in evidence for ch in line):
+        return None
+    fix = None
+    if memory.fixes:
+        fix = "; ".join(f"{f.title}: frees {mb(f.saving_bytes)} ({f.share_of_peak:.0%} of the peak)"
+                        for f in memory.fixes[:4])
+    return Finding(None, tuple(evidence), fix=fix)

@@ -1,0 +1,144 @@
+"""The memory window's analysis on real torch.profiler memory timelines of small CPU loops: each category at the
+peak against sizes known exactly, activations against the saved tensors counted independently, what a step leaves
+behind named by the line that made it, the repeated block found."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.autograd.graph import saved_tensors_hooks
+from torch.autograd.profiler import record_function
+from torch.profiler import ProfilerActivity, profile
+
+from gpuscope.collect.collectors.memory_window import MARK, UserLines, extract, summarise
+
+WIDTH, BATCH = 256, 64
+pytestmark = pytest.mark.slow  # each profiles two steps with stacks and builds torch's memory profile: 3-4 s
+
+
+class Block(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(WIDTH)
+        self.up = torch.nn.Linear(WIDTH, 2 * WIDTH)
+        self.down = torch.nn.Linear(2 * WIDTH, WIDTH)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class Net(torch.nn.Module):
+    def __init__(self, blocks: int = 4) -> None:
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(Block() for _ in range(blocks))
+        self.head = torch.nn.Linear(WIDTH, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def measured(step, steps: int = 2):  # noqa: ANN001
+    """``step`` run warm, then ``steps`` times under the memory window's profiler, marked as the collector marks."""
+    for _ in range(3):
+        step()
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
+        for index in range(steps):
+            with record_function(f"{MARK}{10 + index}"):
+                step()
+    return summarise(extract(prof, UserLines()), "cpu")
+
+
+def saved_bytes(model: torch.nn.Module, x: torch.Tensor) -> int:
+    """The activations saved for backward by one forward, each storage once, parameters left out."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with saved_tensors_hooks(pack, lambda t: t):
+        model(x).sum()
+    return sum(seen.values())
+
+
+def test_parameters_gradients_and_adams_state_are_their_known_sizes_at_the_peak() -> None:
+    torch.manual_seed(0)
+    model, x, y = Net(), torch.randn(BATCH, WIDTH), torch.randint(0, 10, (BATCH,))
+    opt = torch.optim.Adam(model.parameters())
+    size = sum(p.numel() * 4 for p in model.parameters())
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+    memory = measured(step)
+    assert memory.steps == (10, 11)
+    assert abs(memory.parameters_bytes - size) <= 0.1 * size
+    assert abs(memory.optimizer_state_bytes - 2 * size) <= 0.1 * 2 * size
+    assert abs(memory.gradients_bytes - size) <= 0.1 * size  # the peak is in the optimizer's step: all are live
+    assert memory.peak_phase == "optimizer"
+    parts = (memory.parameters_bytes + memory.gradients_bytes + memory.optimizer_state_bytes
+             + memory.activations_bytes + memory.inputs_bytes + memory.temporaries_bytes + memory.unknown_bytes)
+    assert parts == memory.peak_bytes
+    expected = saved_bytes(model, x)
+    assert abs(memory.activations_max_bytes - expected) <= 0.25 * expected
+
+
+def test_the_repeated_block_is_the_module_class_holding_activations_in_every_instance() -> None:
+    torch.manual_seed(0)
+    model, x = Net(blocks=4), torch.randn(BATCH, WIDTH)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        opt.zero_grad()
+        model(x).square().mean().backward()
+        opt.step()
+
+    memory = measured(step)
+    assert memory.repeated_blocks == "Block"
+    assert memory.repeated_block_count == 4
+    assert 0 < memory.repeated_block_max_bytes < memory.repeated_block_bytes <= memory.activations_max_bytes
+    assert memory.repeated_block_inputs_bytes == 4 * BATCH * WIDTH * 4  # each block's input, float32
+    assert memory.holders and memory.holders[0].bytes == max(h.bytes for h in memory.holders)
+
+
+def test_what_a_step_keeps_is_named_by_the_line_that_made_it_and_the_line_that_called_it() -> None:
+    torch.manual_seed(0)
+    model, x = Net(blocks=2), torch.randn(BATCH, WIDTH)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    kept = []
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        features = model.blocks[0](x)  # the line that makes what stays
+        kept.append(features)
+        model.head(model.blocks[1](features)).square().mean().backward()
+        opt.step()
+
+    memory = measured(step)
+    assert memory.kept, "the appended features outlive their step"
+    top = memory.kept[0]
+    assert top.line.startswith("test_memory_window.py:") and top.line.endswith("in forward")
+    assert any("in step" in caller for caller in top.callers)
+    assert top.bytes >= BATCH * WIDTH * 4
+    assert memory.kept_bytes_per_step >= top.bytes
+
+
+def test_a_loop_that_keeps_nothing_leaves_nothing_behind() -> None:
+    torch.manual_seed(0)
+    model, x = Net(blocks=2), torch.randn(BATCH, WIDTH)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        model(x).square().mean().backward()
+        opt.step()
+
+    memory = measured(step)
+    assert memory.kept_bytes_per_step < 1024  # at most a scalar the loop still names

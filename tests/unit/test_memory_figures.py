@@ -1,0 +1,268 @@
+"""Memory's figures, worked by hand: the peak's categories and what a step leaves behind (from the memory window's
+allocations), growth and leaks, each fix's saving at the peak, the largest batch that fits, the rules, and the
+census of a run that died of memory."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from gpuscope.collect import oom
+from gpuscope.collect.collectors.memory_window import Allocation, ProfileEvents, summarise
+from gpuscope.diagnose import analyze
+from gpuscope.diagnose.classify import classify
+from gpuscope.diagnose.memory import complete_memory, fixes, growth, largest_batch, peak_under, theil_sen
+from gpuscope.record import (
+    HostMemory,
+    KeptTensors,
+    Loader,
+    Memory,
+    MemoryTimeline,
+    OutOfMemory,
+    RunRecord,
+    Steps,
+)
+
+MB = 1_000_000
+
+
+def allocation(nbytes: int, category: str, made: int | None, freed: int | None, **kw: object) -> Allocation:
+    return Allocation(key=id(kw) ^ nbytes ^ (made or 0), nbytes=nbytes, category=category, device="cpu",
+                      created_ns=made, destroyed_ns=freed, **kw)  # type: ignore[arg-type]
+
+
+def two_steps() -> ProfileEvents:
+    """Step 10 (0-100 ns): forward 0-40, backward 40-70, optimizer 70-100; step 11 (100-200) likewise."""
+    events = ProfileEvents(steps=[(10, 0, 100), (11, 100, 200)], backward=[(40, 70), (140, 170)],
+                           optimizer=[(70, 100), (170, 200)])
+    events.allocations = [
+        allocation(4 * MB, "parameters", None, None),
+        allocation(8 * MB, "optimizer_state", None, None),
+        allocation(3 * MB, "activations", 10, 60, module_chain=("Net_0", "Linear_0"), lines=("t.py:9 in forward",)),
+        allocation(2 * MB, "activations", 20, None, module_chain=("Net_0",), lines=("t.py:9 in forward",
+                                                                                   "t.py:17 in <module>")),
+        allocation(4 * MB, "gradients", 45, 101),  # set to None as step 11 begins
+        allocation(5 * MB, "activations", 75, 80, in_optimizer=True),  # an optimizer's quotient, not an activation
+        allocation(1 * MB, "parameters", 76, 79, in_optimizer=True),  # a square root the timeline took for a parameter
+        allocation(3 * MB, "activations", 110, 160, module_chain=("Net_0", "Linear_0"), lines=("t.py:9 in forward",)),
+        allocation(2 * MB, "activations", 120, None, module_chain=("Net_0",), lines=("t.py:9 in forward",)),
+        allocation(4 * MB, "gradients", 145, None),
+    ]
+    return events
+
+
+def test_the_peak_is_split_into_categories_that_add_up_to_it_and_the_optimizers_temporaries_are_named_so() -> None:
+    memory = summarise(two_steps(), "cpu")
+    # at 76-79: params 4 + state 8 + kept activation 2 + gradients 4 + quotient 5 + square root 1 = 24 MB
+    assert memory.peak_bytes == 24 * MB
+    assert (memory.parameters_bytes, memory.optimizer_state_bytes, memory.gradients_bytes) == (4 * MB, 8 * MB, 4 * MB)
+    assert memory.activations_bytes == 2 * MB
+    assert memory.temporaries_bytes == 6 * MB
+    assert memory.peak_phase == "optimizer"
+    assert memory.steps == (10, 11)
+
+
+def test_activations_at_their_highest_name_the_module_and_line_holding_them() -> None:
+    memory = summarise(two_steps(), "cpu")
+    # at 120-145: step 10's kept 2 MB, step 11's 3 MB and 2 MB
+    assert memory.activations_max_bytes == 7 * MB
+    assert memory.holders[0].module == "Net_0" and memory.holders[0].bytes == 4 * MB
+    assert memory.holders[0].line == "t.py:9 in forward"
+
+
+def test_what_the_first_step_made_and_the_second_did_not_free_is_kept_gradients_and_state_are_not() -> None:
+    memory = summarise(two_steps(), "cpu")
+    assert memory.kept == (KeptTensors(line="t.py:9 in forward", callers=("t.py:17 in <module>",), bytes=2 * MB,
+                                       tensors=1, category="activations"),)
+    assert memory.kept_bytes_per_step == 2 * MB
+
+
+def test_the_timeline_keeps_each_points_phase_and_adds_up_to_the_peak() -> None:
+    timeline = summarise(two_steps(), "cpu").timeline
+    assert timeline is not None
+    totals = [sum(getattr(timeline, c)[i] for c in ("parameters", "gradients", "optimizer_state", "activations",
+                                                     "inputs", "temporaries", "unknown"))
+              for i in range(len(timeline.t_ms))]
+    assert max(totals) == 24 * MB
+    assert timeline.phases[totals.index(24 * MB)] == "optimizer"
+    assert set(timeline.phases) <= {"forward", "backward", "optimizer", "other"}
+
+
+# -- growth --------------------------------------------------------------------------------------------------------
+def host_record(steps: list[int], rss: list[int], memory: Memory | None = None) -> RunRecord:
+    return RunRecord(steps=Steps(warmup=1), host_memory=HostMemory(steps_seen=tuple(steps), process_bytes=tuple(rss)),
+                     memory=memory or Memory(steps=(11, 12)))
+
+
+def test_theil_sen_is_the_median_slope_and_one_jump_does_not_move_it() -> None:
+    points = [(s, 100 * MB + 2 * MB * s) for s in range(20)]
+    assert theil_sen(points) == pytest.approx(2 * MB)
+    points[10] = (10, points[10][1] + 500 * MB)
+    assert theil_sen(points) == pytest.approx(2 * MB)
+
+
+def test_memory_that_grows_in_both_halves_of_the_steps_after_the_windows_is_a_leak() -> None:
+    steps = list(range(0, 100, 2))
+    record = host_record(steps, [150 * MB + int(2.5 * MB) * s for s in steps])
+    found = growth(record, record.memory)  # type: ignore[arg-type]
+    assert found is not None and found.leak
+    assert found.per_step_bytes == pytest.approx(2.5 * MB)
+    assert found.from_step == 14  # after the memory window's steps 11-12 (readings of even steps)
+    assert found.to_step == 98
+
+
+def test_memory_that_rises_then_stays_flat_is_no_leak() -> None:
+    steps = list(range(14, 200, 2))
+    rss = [150 * MB + min(s - 14, 30) * 3 * MB for s in steps]  # the allocator's arenas filling, then flat
+    found = growth(host_record(steps, rss), Memory(steps=(11, 12)))
+    assert found is not None and not found.leak
+
+
+def test_small_growth_is_no_leak_and_too_few_steps_tell_nothing() -> None:
+    steps = list(range(14, 100))
+    found = growth(host_record(steps, [400 * MB + 1000 * s for s in steps]), Memory(steps=(11, 12)))
+    assert found is not None and not found.leak  # 86 kB over the run
+    assert growth(host_record([14, 15, 16, 17], [1, 2, 3, 4]), Memory(steps=(11, 12))) is None
+
+
+# -- what each fix frees -------------------------------------------------------------------------------------------
+def timeline(points: list[tuple[str, dict[str, int]]]) -> MemoryTimeline:
+    cats = ("parameters", "gradients", "optimizer_state", "activations", "inputs", "temporaries", "unknown")
+    return MemoryTimeline(t_ms=tuple(float(i) for i in range(len(points))),
+                          phases=tuple(p for p, _ in points),
+                          **{c: tuple(v.get(c, 0) for _, v in points) for c in cats})
+
+
+def test_a_fix_is_credited_with_what_it_frees_at_the_peak_not_with_its_whole_size() -> None:
+    # forward's end: 10 + 40 = 50 MB; the optimizer: 10 + 10 + 20 + 15 temporaries = 55 MB (the peak)
+    t = timeline([("forward", {"parameters": 10 * MB, "activations": 40 * MB}),
+                  ("optimizer", {"parameters": 10 * MB, "gradients": 10 * MB, "optimizer_state": 20 * MB,
+                                 "temporaries": 15 * MB})])
+    half_activations = peak_under(t, lambda c, p: 0.5 if c == "activations" else 1.0)
+    assert half_activations == 55 * MB  # activations are not there at the peak: nothing freed
+    memory = Memory(peak_bytes=55 * MB, activations_max_bytes=40 * MB, optimizer_state_bytes=20 * MB, timeline=t)
+    found = {f.id: f for f in fixes(RunRecord(), memory)}
+    assert "mixed-precision-activations" not in found
+    # the optimizer's point falls to 45 MB: forward's end, 50 MB, is the peak then
+    assert found["smaller-optimizer-state"].saving_bytes == 5 * MB
+    assert found["smaller-optimizer-state"].share_of_peak == pytest.approx(5 / 55, abs=1e-3)
+
+
+def test_checkpointing_keeps_the_blocks_inputs_and_one_blocks_activations() -> None:
+    t = timeline([("forward", {"parameters": 10 * MB, "activations": 90 * MB}),
+                  ("optimizer", {"parameters": 10 * MB, "gradients": 10 * MB, "optimizer_state": 20 * MB})])
+    memory = Memory(peak_bytes=100 * MB, activations_max_bytes=90 * MB, timeline=t, repeated_blocks="Block",
+                    repeated_block_count=4, repeated_block_bytes=80 * MB, repeated_block_max_bytes=20 * MB,
+                    repeated_block_inputs_bytes=8 * MB)
+    found = {f.id: f for f in fixes(RunRecord(), memory)}
+    # freed: 80 - 8 - 20 = 52 MB of the 90: forward's end becomes 10 + 38 = 48 MB; the optimizer's 40 MB stays
+    assert found["activation-checkpointing"].saving_bytes == 52 * MB
+    assert "4 Block blocks" in found["activation-checkpointing"].title
+
+
+def test_the_largest_batch_grows_what_grows_with_the_batch_until_the_limit() -> None:
+    t = timeline([("forward", {"parameters": 10 * MB, "activations": 30 * MB, "inputs": 10 * MB}),
+                  ("optimizer", {"parameters": 10 * MB, "gradients": 10 * MB, "optimizer_state": 20 * MB})])
+    memory = Memory(peak_bytes=50 * MB, timeline=t, batch_size=32, limit_bytes=250 * MB, process_bytes=100 * MB)
+    # beside the tensors: 100 - 50 = 50 MB; room 200 MB; forward: 10 + k * 40 <= 200 -> k = 4.75
+    assert largest_batch(RunRecord(), memory) == 152
+
+
+def test_a_run_that_died_at_its_first_step_is_told_what_share_of_its_batch_fits() -> None:
+    died = OutOfMemory(error="RuntimeError: can't allocate memory", requested_bytes=400 * MB, parameters_bytes=50 * MB,
+                       activations_bytes=100 * MB, other_bytes=300 * MB)
+    memory = Memory(out_of_memory=died, limit_bytes=1000 * MB, limit_source="RLIMIT_AS",
+                    address_space_peak_bytes=750 * MB)
+    (fix,) = fixes(RunRecord(), memory)
+    # beside the tensors 750 - 450 = 300 MB; grows: 100 + 300 + 400 = 800 MB; fits (1000 - 300 - 50) / 800
+    assert fix.id == "smaller-micro-batch"
+    assert "under 81% the size" in fix.title
+
+
+# -- the rules and the verdict ---------------------------------------------------------------------------------
+def test_a_leak_is_recommended_against_with_the_line_that_made_what_stays() -> None:
+    steps = list(range(0, 100, 2))
+    kept = (KeptTensors(line="train.py:9 in forward", callers=("train.py:17 in <module>",), bytes=2 * MB, tensors=1,
+                        category="activations"),)
+    record = dataclasses.replace(host_record(steps, [150 * MB + int(2.5 * MB) * s for s in steps],
+                                             Memory(steps=(11, 12), kept=kept, kept_bytes_per_step=2 * MB)),
+                                 steps=Steps(warmup=1, count=80, total=100, median_s=0.01))
+    analysed = analyze(record)
+    leak = next(r for r in analysed.recommendations if r.id == "fix-memory-leak")
+    assert leak.fix.startswith("train.py:9 in forward: ")
+    assert "grows 2.5 MB a step" in leak.why and "train.py:17" in leak.why
+    assert analysed.checks["reduce-memory"].status == "clear"  # 24 GB of room is not short
+
+
+def test_a_run_short_of_memory_gets_the_fixes_and_one_with_room_gets_none() -> None:
+    t = timeline([("forward", {"parameters": 10 * MB, "activations": 80 * MB})])
+    tight = Memory(steps=(11, 12), peak_bytes=90 * MB, activations_max_bytes=80 * MB, timeline=t,
+                   limit_bytes=1000 * MB, limit_source="the host's memory", process_bytes=950 * MB)
+    analysed = analyze(RunRecord(memory=tight))
+    (fit,) = [r for r in analysed.recommendations if r.id == "reduce-memory"]
+    assert "50.0 MB of the host's memory (1.00 GB) left free" in fit.why
+    assert "mixed precision" not in fit.fix and "torch.autocast" in fit.fix
+    roomy = dataclasses.replace(tight, process_bytes=200 * MB)
+    assert analyze(RunRecord(memory=roomy)).checks["reduce-memory"].status == "clear"
+
+
+def test_the_verdict_of_a_run_that_died_of_memory_says_so_first_with_what_was_live() -> None:
+    died = OutOfMemory(error="OutOfMemoryError: CUDA out of memory.", device="cuda", requested_bytes=20 * MB, step=3,
+                       parameters_bytes=100 * MB, activations_bytes=900 * MB)
+    verdict = classify(RunRecord(memory=Memory(out_of_memory=died)))
+    assert verdict.evidence[0] == ("the script ran out of memory at step 3: OutOfMemoryError: CUDA out of memory. "
+                                   "(asked for 20.0 MB); live CUDA tensors then: parameters 100.0 MB, activations "
+                                   "saved for backward 900.0 MB")
+
+
+def test_the_training_loaders_batch_size_is_the_one_used() -> None:
+    record = RunRecord(memory=Memory(), loaders=(Loader(batch_size=8, batches=3), Loader(batch_size=64, batches=90)))
+    assert complete_memory(record).batch_size == 64  # type: ignore[union-attr]
+
+
+# -- the census of a run that died -------------------------------------------------------------------------------
+@pytest.mark.parametrize(("error", "is_memory"), [
+    (MemoryError(), True),
+    (RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you "
+                  "tried to allocate 4294967296 bytes. Error code 12 (Cannot allocate memory)"), True),
+    (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB."), True),
+    (RuntimeError("mat1 and mat2 shapes cannot be multiplied"), False),
+    (ValueError("out of memory"), False),
+])
+def test_memory_errors_are_told_from_others(error: BaseException, is_memory: bool) -> None:
+    assert oom.is_memory_error(error) is is_memory
+
+
+def test_the_failed_allocations_size_is_read_from_cpu_and_cuda_messages() -> None:
+    assert oom.requested_bytes("you tried to allocate 4294967296 bytes. Error code 12") == 4294967296
+    assert oom.requested_bytes("CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0") == 20 << 20
+    assert oom.requested_bytes("out of memory") is None
+
+
+def test_the_census_counts_each_live_tensor_once_by_what_holds_it() -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(16, 64)).sum().backward()
+    for p in model.parameters():  # Adam's state as its first step leaves it (a first step imports for seconds)
+        opt.state[p] = {"step": torch.tensor(1.0), "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+    x = torch.randn(32, 64)
+    out = model(x)  # a graph alive: the relu's output (32 x 128) and x are saved for backward
+    size = sum(p.numel() * 4 for p in model.parameters())
+    counts = oom.live_tensors("cpu")
+    assert counts["parameters_bytes"] >= size  # other tests' parameters may be alive too
+    assert counts["gradients_bytes"] >= size
+    assert counts["optimizer_state_bytes"] >= 2 * size
+    assert counts["activations_bytes"] >= 32 * 128 * 4 + 32 * 64 * 4
+    del out
+
+
+def test_a_memory_error_is_noted_once_and_others_not_at_all() -> None:
+    oom.note(ValueError("out of memory"), steps=1)
+    assert oom.census() is None
+    oom.note(MemoryError(), steps=4)
+    died = oom.census()
+    assert died is not None and died.error == "MemoryError" and died.step == 4 and died.device == "cpu"
+    assert oom.census() is None
