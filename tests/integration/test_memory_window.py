@@ -10,7 +10,10 @@ from torch.autograd.graph import saved_tensors_hooks
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerActivity, profile
 
+from conftest import load_run, run_gpuscope
+
 from gpuscope.collect.collectors.memory_window import MARK, UserLines, extract, summarise
+from gpuscope.record import RunRecord
 
 WIDTH, BATCH = 256, 64
 pytestmark = pytest.mark.slow  # each profiles two steps with stacks and builds torch's memory profile: 3-4 s
@@ -141,4 +144,60 @@ def test_a_loop_that_keeps_nothing_leaves_nothing_behind() -> None:
         opt.step()
 
     memory = measured(step)
-    assert memory.kept_bytes_per_step < 1024  # at most a scalar the loop still names
+    assert memory.kept == () and memory.kept_bytes_per_step == 0
+
+
+LEAK = '''
+import torch
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(128, 256), torch.randint(0, 10, (128,))
+features = []
+for step in range(90):
+    opt.zero_grad(set_to_none=True)
+    hidden = model[1](model[0](x))
+    features.append(hidden)  # kept for a plot, with its graph
+    torch.nn.functional.cross_entropy(model[2](hidden), y).backward()
+    opt.step()
+'''
+
+DIES = '''
+import resource, sys
+import torch
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # as a container's limit would
+model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 512))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(3):
+    x = torch.randn(262144, 512)  # a batch far too large
+    model(x).square().mean().backward()
+    opt.step()
+'''
+
+
+def test_a_loop_that_keeps_each_steps_features_is_told_its_leak_and_the_line(tmp_path) -> None:  # noqa: ANN001
+    (tmp_path / "train.py").write_text(LEAK)
+    result = run_gpuscope(["run", "--no-probes", "-q", "-o", str(tmp_path / "memory-run"), "train.py"], tmp_path)
+    assert result.returncode == 0, result.stderr
+    record = RunRecord.from_json(load_run(tmp_path / "memory-run"))
+    memory = record.memory
+    assert memory is not None and memory.growth is not None and memory.growth.leak
+    assert 0.7 * 128 * 1024 * 4 <= memory.growth.per_step_bytes <= 2 * 128 * 1024 * 4
+    assert memory.kept[0].line == "train.py:10 in <module>"
+    leak = next(r for r in record.recommendations if r.id == "fix-memory-leak")
+    assert leak.fix.startswith("train.py:10 in <module>: ")
+    assert "Memory block of unknown size" not in result.stderr
+
+
+def test_a_run_that_dies_of_memory_keeps_its_record_and_says_what_filled_it(tmp_path) -> None:  # noqa: ANN001
+    (tmp_path / "train.py").write_text(DIES)
+    result = run_gpuscope(["run", "--no-probes", "-o", str(tmp_path / "memory-run"), "train.py"], tmp_path)
+    assert result.returncode == 1  # as under python
+    assert "can't allocate memory" in result.stderr  # the script's own traceback
+    assert (tmp_path / "memory-run" / "report.html").exists()
+    record = RunRecord.from_json(load_run(tmp_path / "memory-run"))
+    died = record.memory.out_of_memory  # type: ignore[union-attr]
+    assert died is not None and died.device == "cpu" and died.requested_bytes
+    assert died.parameters_bytes >= (512 * 2048 * 2 + 2048 + 512) * 4
+    assert record.verdict.evidence[0].startswith("the script ran out of memory at step 0: RuntimeError: ")
+    assert any(r.id == "reduce-memory" for r in record.recommendations)

@@ -43,6 +43,8 @@ TIMELINE_POINTS = 300
 """Points kept of the timeline for the page: each bucket's highest."""
 TOP_HOLDERS = 8
 TOP_KEPT = 5
+KEPT_MIN_BYTES = 4096
+"""What one line left alive below this is not shown: a loss the loop still names until its next step rebinds it."""
 MIN_BLOCKS = 3
 """Instances of one module class, each holding activations, that make it the model's repeated block."""
 MARK = "gpuscope#memory-step-"
@@ -597,7 +599,8 @@ def _kept(allocations: Sequence[Allocation], steps: Sequence[tuple[int, int, int
             continue
         groups[(a.lines[0] if a.lines else "", a.lines[1:4], category)].append(a)
     kept = [KeptTensors(line=line, callers=callers, bytes=sum(a.nbytes for a in allocs), tensors=len(allocs),
-                        category=category) for (line, callers, category), allocs in groups.items()]
+                        category=category) for (line, callers, category), allocs in groups.items()
+            if sum(a.nbytes for a in allocs) >= KEPT_MIN_BYTES]
     return tuple(sorted(kept, key=lambda k: -k.bytes)[:TOP_KEPT])
 
 
