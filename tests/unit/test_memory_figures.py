@@ -266,3 +266,66 @@ def test_a_memory_error_is_noted_once_and_others_not_at_all() -> None:
     died = oom.census()
     assert died is not None and died.error == "MemoryError" and died.step == 4 and died.device == "cpu"
     assert oom.census() is None
+
+
+class CpuStepEvents:
+    """Step events as the memory window reads them: a CPU run, counting its steps."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def cuda_in_use(self) -> bool:
+        return False
+
+    def steps_seen(self) -> int:
+        return self.seen
+
+    def window_opened(self) -> None:
+        pass
+
+    def window_closed(self) -> None:
+        pass
+
+    def remove_step_listener(self, listener: object) -> None:
+        pass
+
+
+def test_the_window_stays_shut_while_another_profiler_holds_setprofile_and_leaves_it_in_place() -> None:
+    import sys
+
+    from gpuscope.collect.collectors.memory_window import MemoryWindowCollector
+
+    calls: list[str] = []
+
+    def users_profiler(frame: object, event: str, arg: object) -> None:
+        calls.append(event)
+
+    collector = MemoryWindowCollector(1)
+    collector._events = CpuStepEvents()  # type: ignore[assignment]
+    sys.setprofile(users_profiler)
+    try:
+        for index in range(4):
+            collector._on_step(index)
+        assert sys.getprofile() is users_profiler
+    finally:
+        sys.setprofile(None)
+    result = collector.stop()
+    assert result.status.status == "unavailable"
+    assert "another profiler" in (result.status.reason or "")
+
+
+def test_a_cuda_run_counts_the_gpus_tensors_and_watches_the_allocator_for_growth() -> None:
+    from gpuscope.record import CudaMemory
+
+    events = two_steps()
+    for a in events.allocations:
+        a.device = "cuda:0"
+    events.allocations.append(allocation(50 * MB, "inputs", None, None))  # on the host: not the GPU's
+    memory = summarise(events, "cuda")
+    assert memory.device == "cuda" and memory.peak_bytes == 24 * MB
+    steps = list(range(0, 120, 8))
+    record = RunRecord(steps=Steps(warmup=1), cuda_memory=CudaMemory(
+        step=tuple(steps), allocated_bytes=tuple(500 * MB + 4 * MB * s for s in steps)))
+    found = growth(record, dataclasses.replace(memory, steps=(14, 15)))
+    assert found is not None and found.source == "cuda" and found.leak
+    assert found.per_step_bytes == pytest.approx(4 * MB)

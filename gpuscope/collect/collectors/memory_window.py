@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from gpuscope.collect import oom
 from gpuscope.collect.callsites import is_user_file
 from gpuscope.collect.collectors.base import CollectorResult, StepFollower, StepWindow, WindowRequest, register
+from gpuscope.collect.collectors.cprofile import profiler_in_use
 from gpuscope.collect.collectors.torch_trace import kineto_quiet, return_freed_heap
 from gpuscope.record import CollectorStatus, KeptTensors, Memory, MemoryHolder, MemoryTimeline
 
@@ -68,6 +69,7 @@ class MemoryWindowCollector(StepFollower):
         self._reserved = 0
         self._process = 0
         self._lines: UserLines | None = None
+        self._skipped = ""  # why the window did not open: another profiler holds the slot its stacks need
 
     @classmethod
     def wants(cls, options: CollectOptions) -> WindowRequest | None:
@@ -107,6 +109,9 @@ class MemoryWindowCollector(StepFollower):
         from torch.profiler import ProfilerActivity, profile
 
         self._device = "cuda" if self._events.cuda_in_use() else "cpu"  # type: ignore[union-attr]
+        if (why := profiler_in_use()) is not None:  # torch's Python tracer would take its place, and not give it back
+            self._skipped = why
+            raise RuntimeError(why)
         self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
                              with_stack=True)
         made_before = torch.empty(1)  # freed while the profile runs: the allocator's one warning, here, swallowed
@@ -147,6 +152,9 @@ class MemoryWindowCollector(StepFollower):
         if window.state == "open":  # the run ended inside the window: what it recorded is no whole step
             window.fail("the run ended inside the memory window")
             self._prof = None
+        if self._skipped and died is None:
+            return CollectorResult(CollectorStatus("unavailable", f"{self._skipped}: the memory window's stacks "
+                                                                  f"would have stopped it"))
         if window.state == "failed" and died is None:
             return CollectorResult(CollectorStatus("failed", window.reason))
         notes: list[str] = []
