@@ -1509,6 +1509,11 @@ class Trial:
     """The loss check."""
     losses: Losses | None = None
     """The trial's loss step by step (its own run.json's ``loss``), drawn beside the untouched run's."""
+    peak_memory_before_bytes: int | None = None
+    """The untouched runs' peak memory: the CUDA allocator's peak allocated bytes on a CUDA run, the process's peak
+    resident memory on a CPU one (the highest of the rounds); null where not sampled."""
+    peak_memory_after_bytes: int | None = None
+    """...and the runs' with the fix, taken the same way."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,7 @@ import math
 import random
 import re
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gpuscope.diagnose import thresholds as th
@@ -164,7 +164,9 @@ def measure(rounds: Sequence[Round], trial_plan: TrialPlan, steps: int, natural_
         if len(common) >= th.MIN_STEADY_STEPS:
             pairs.append(([before[i] for i in common], [after[i] for i in common]))
     loss = max(checks, key=lambda c: (LOSS_SEVERITY[c.status], c.drift or 0.0)) if checks else LossCheck()
-    trial = dataclasses.replace(trial, loss=loss, losses=rounds[0].tried.loss if rounds else None)
+    trial = dataclasses.replace(trial, loss=loss, losses=rounds[0].tried.loss if rounds else None,
+                                peak_memory_before_bytes=_highest(peak_memory(r.base) for r in rounds),
+                                peak_memory_after_bytes=_highest(peak_memory(r.tried) for r in rounds))
     if not pairs:
         return dataclasses.replace(trial, status="failed", runs=0,
                                    reason=f"fewer than {th.MIN_STEADY_STEPS} steady steps of both runs after the fix "
@@ -180,6 +182,19 @@ def measure(rounds: Sequence[Round], trial_plan: TrialPlan, steps: int, natural_
         trial, runs=len(pairs), compared_steps=len(a), step_before_s=step_a, step_after_s=step_b,
         speedup=speedup, speedup_low=low, speedup_high=high, credited=credited, effect=found,
         measured_gain=1 - 1 / speedup if credited else None)
+
+
+def peak_memory(record: RunRecord) -> int | None:
+    """A run's peak memory: the CUDA allocator's peak allocated bytes on a CUDA run, else the process's peak resident
+    memory; None where neither was sampled."""
+    if record.device == "cuda" and record.cuda_memory is not None:
+        return record.cuda_memory.peak_allocated_bytes
+    return record.host_memory.peak_process_bytes if record.host_memory is not None else None
+
+
+def _highest(values: Iterable[int | None]) -> int | None:
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
 
 
 def effect(low: float, high: float) -> Effect:

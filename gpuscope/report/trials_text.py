@@ -46,7 +46,15 @@ def trial_line(trial: Trial) -> str:
         return f"{trial.id}: {trial.status}" + (f": {trial.reason}" if trial.reason else "")
     before, after = trial.step_before_s or 0.0, trial.step_after_s or 0.0
     return (f"{trial.id}: {before * 1e3:.3g} -> {after * 1e3:.3g} ms a step  {speedup_words(trial)}  "
-            f"{estimate_words(trial)}  {loss_words(trial)}")
+            f"{estimate_words(trial)}  {loss_words(trial)}{memory_words(trial)}")
+
+
+def memory_words(trial: Trial) -> str:
+    """``  peak memory 512 MB -> 260 MB``, where both runs' peaks were sampled; else nothing."""
+    before, after = trial.peak_memory_before_bytes, trial.peak_memory_after_bytes
+    if before is None or after is None:
+        return ""
+    return f"  peak memory {before / 1e6:.0f} MB -> {after / 1e6:.0f} MB"
 
 
 def applied_lines(trials: tuple[Trial, ...]) -> list[str]:
@@ -55,4 +63,4 @@ def applied_lines(trials: tuple[Trial, ...]) -> list[str]:
     return [f"apply: {t.change}" for t in sorted(faster, key=lambda t: -(t.speedup or 0))]
 
 
-__all__ = ["applied_lines", "estimate_words", "loss_words", "speedup_words", "trial_line"]
+__all__ = ["applied_lines", "estimate_words", "loss_words", "memory_words", "speedup_words", "trial_line"]

@@ -138,6 +138,21 @@ def test_a_trial_measures_the_speedup_over_the_steady_steps_both_ran_after_the_f
     assert trial.loss.status == "within"
 
 
+def test_a_trial_records_both_arms_peak_memory_beside_its_speedup() -> None:
+    from gpuscope.record import HostMemory
+
+    def peaked(record, peak: int):  # noqa: ANN001, ANN202
+        return dataclasses.replace(record, host_memory=HostMemory(peak_process_bytes=peak))
+
+    rounds = [trials.Round(peaked(run(0.010), 900 << 20), peaked(run(0.008, seed=7), 500 << 20), 3),
+              trials.Round(peaked(run(0.010, seed=2), 950 << 20), run(0.008, seed=8), 3)]
+    trial = trials.measure(rounds, PLAN, steps=61)
+    # the highest of the rounds, each arm taken alone; a round that sampled nothing adds nothing
+    assert (trial.peak_memory_before_bytes, trial.peak_memory_after_bytes) == (950 << 20, 500 << 20)
+    assert trial_line(trial).endswith("peak memory 996 MB -> 524 MB")
+    assert trials.measure([trials.Round(run(0.010), run(0.008), 3)], PLAN, steps=61).peak_memory_after_bytes is None
+
+
 def test_the_runs_of_a_fix_pool_their_steps_and_its_interval_holds_the_spread_between_runs() -> None:
     # given two rounds: in the first the machine ran both runs 20% slower than in the second
     slow = trials.Round(run(0.012, seed=1), run(0.0096, seed=2), 1)
