@@ -1510,8 +1510,10 @@ class Trial:
     losses: Losses | None = None
     """The trial's loss step by step (its own run.json's ``loss``), drawn beside the untouched run's."""
     peak_memory_before_bytes: int | None = None
-    """The untouched runs' peak memory: the CUDA allocator's peak allocated bytes on a CUDA run, the process's peak
-    resident memory on a CPU one (the highest of the rounds); null where not sampled."""
+    """The untouched runs' peak memory, the highest of the rounds: torch's tensors at the memory window's peak
+    where every run of both arms measured it (``memory.peak_bytes``, what the memory fixes' savings are predicted
+    on), else the CUDA allocator's peak allocated bytes on a CUDA run, the process's peak resident memory on a CPU
+    one; null where not sampled."""
     peak_memory_after_bytes: int | None = None
     """...and the runs' with the fix, taken the same way."""
 

@@ -24,7 +24,7 @@ APPLIED_AT_RUN_TIME = frozenset({
     "tf32", "cudnn-benchmark", "mixed-precision", "channels-last", "more-dataloader-workers", "pin-memory",
     "persistent-workers", "file-system-sharing", "zero-grad-set-to-none", "fused-optimizer", "jit-fusion",
     "static-graph", "disable-debug-apis", "skip-distribution-checks", "tune-host-allocator",
-    "cpu-fp32-over-low-precision",
+    "cpu-fp32-over-low-precision", "reduce-memory",
 })
 """The fixes gpuscope can apply to an unchanged script as it runs (``collect.fixes``)."""
 
@@ -42,7 +42,6 @@ REFUSED = {
     "cpu-float32-attention": "it is a change to your attention code",
     "balance-ranks": "what makes one rank slower is in your data, your model's inputs or your device, not a setting",
     "fix-memory-leak": "it is a change to what your loop keeps from step to step",
-    "reduce-memory": "it is about memory, not speed: its fixes change the model's code or the batch",
 }
 """Why each other fix is not tried: it needs the user's code edited, or it changes more than the speed."""
 
@@ -87,6 +86,13 @@ def plan(rec_id: str, record: RunRecord) -> TrialPlan | Trial:
     if rec_id == "more-dataloader-workers" and "num_workers" not in settings:
         return Trial(id=rec_id, status="refused", change=change,
                      reason="this run did not recommend it: no worker count was measured to try")
+    if rec_id == "reduce-memory":
+        block = settings.get("block") or (record.memory.repeated_blocks if record.memory is not None else "")
+        if not block:
+            return Trial(id=rec_id, status="refused", change=change,
+                         reason="no repeated block was found to checkpoint (the one memory fix applied at run time)")
+        settings["block"] = block
+        change = f"checkpoint each {block} block: torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)"
     if rec_id == "mixed-precision" and record.device != "cuda":
         return Trial(id=rec_id, status="refused", change=change,
                      reason="a CPU run: its low-precision advice is cpu-fp32-over-low-precision's")
@@ -111,6 +117,8 @@ def fix_settings(rec_id: str, fix: str) -> tuple[dict[str, object], dict[str, st
         settings["optimizer"] = found.group(1)
     if (found := re.search(r'mode="([\w-]+)"', fix)) is not None:
         settings["mode"] = found.group(1)
+    if (found := re.search(r"checkpoint each of the \d+ (\w+) blocks", fix)) is not None:
+        settings["block"] = found.group(1)
     env = {name: value for name, value in re.findall(r"\b(MALLOC_[A-Z_]+_)=(\d+)", fix)}
     return settings, env
 
@@ -164,9 +172,10 @@ def measure(rounds: Sequence[Round], trial_plan: TrialPlan, steps: int, natural_
         if len(common) >= th.MIN_STEADY_STEPS:
             pairs.append(([before[i] for i in common], [after[i] for i in common]))
     loss = max(checks, key=lambda c: (LOSS_SEVERITY[c.status], c.drift or 0.0)) if checks else LossCheck()
+    tensors = bool(rounds) and all(_window_peak(r.base) and _window_peak(r.tried) for r in rounds)
     trial = dataclasses.replace(trial, loss=loss, losses=rounds[0].tried.loss if rounds else None,
-                                peak_memory_before_bytes=_highest(peak_memory(r.base) for r in rounds),
-                                peak_memory_after_bytes=_highest(peak_memory(r.tried) for r in rounds))
+                                peak_memory_before_bytes=_highest(peak_memory(r.base, tensors) for r in rounds),
+                                peak_memory_after_bytes=_highest(peak_memory(r.tried, tensors) for r in rounds))
     if not pairs:
         return dataclasses.replace(trial, status="failed", runs=0,
                                    reason=f"fewer than {th.MIN_STEADY_STEPS} steady steps of both runs after the fix "
@@ -184,9 +193,16 @@ def measure(rounds: Sequence[Round], trial_plan: TrialPlan, steps: int, natural_
         measured_gain=1 - 1 / speedup if credited else None)
 
 
-def peak_memory(record: RunRecord) -> int | None:
-    """A run's peak memory: the CUDA allocator's peak allocated bytes on a CUDA run, else the process's peak resident
-    memory; None where neither was sampled."""
+def _window_peak(record: RunRecord) -> int:
+    return record.memory.peak_bytes if record.memory is not None and record.memory.steps else 0
+
+
+def peak_memory(record: RunRecord, tensors: bool = False) -> int | None:
+    """A run's peak memory: ``tensors``, torch's tensors at its memory window's peak (what the memory fixes' savings
+    are predicted on; the allocator's cache and Python's own memory left out); else the CUDA allocator's peak
+    allocated bytes on a CUDA run, the process's peak resident memory on a CPU one; None where none was measured."""
+    if tensors:
+        return _window_peak(record) or None
     if record.device == "cuda" and record.cuda_memory is not None:
         return record.cuda_memory.peak_allocated_bytes
     return record.host_memory.peak_process_bytes if record.host_memory is not None else None

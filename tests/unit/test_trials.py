@@ -12,7 +12,8 @@ from conftest import make_record
 from gpuscope.diagnose import trials
 from gpuscope.diagnose.trials import TrialPlan
 from gpuscope.errors import GpuscopeError
-from gpuscope.record import Losses, Recommendation, RunMeta, StepSample, Steps, Trial
+from gpuscope.record import Losses, Recommendation, RunMeta, RunRecord, StepSample, Steps, Trial
+
 from gpuscope.report.render import render_report
 from gpuscope.report.trials_text import applied_lines, trial_line
 from gpuscope.trials import requested
@@ -138,6 +139,16 @@ def test_a_trial_measures_the_speedup_over_the_steady_steps_both_ran_after_the_f
     assert trial.loss.status == "within"
 
 
+def test_reduce_memory_is_tried_as_checkpointing_of_the_repeated_block_the_memory_window_found() -> None:
+    from gpuscope.record import Memory
+
+    tried = trials.plan("reduce-memory", RunRecord(memory=Memory(steps=(11, 12), repeated_blocks="GPT2Block")))
+    assert isinstance(tried, TrialPlan) and tried.settings["block"] == "GPT2Block"
+    assert tried.change.startswith("checkpoint each GPT2Block block")
+    refused = trials.plan("reduce-memory", RunRecord(memory=Memory(steps=(11, 12))))
+    assert isinstance(refused, Trial) and refused.status == "refused" and "no repeated block" in refused.reason
+
+
 def test_a_trial_records_both_arms_peak_memory_beside_its_speedup() -> None:
     from gpuscope.record import HostMemory
 
@@ -151,6 +162,18 @@ def test_a_trial_records_both_arms_peak_memory_beside_its_speedup() -> None:
     assert (trial.peak_memory_before_bytes, trial.peak_memory_after_bytes) == (950 << 20, 500 << 20)
     assert trial_line(trial).endswith("peak memory 996 MB -> 524 MB")
     assert trials.measure([trials.Round(run(0.010), run(0.008), 3)], PLAN, steps=61).peak_memory_after_bytes is None
+
+
+def test_where_every_run_measured_its_tensors_peak_a_trial_holds_those_not_the_processes() -> None:
+    from gpuscope.record import HostMemory, Memory
+
+    def measured(record, tensors: int, rss: int):  # noqa: ANN001, ANN202
+        return dataclasses.replace(record, memory=Memory(steps=(11, 12), peak_bytes=tensors),
+                                   host_memory=HostMemory(peak_process_bytes=rss))
+
+    trial = trials.measure([trials.Round(measured(run(0.010), 120 << 20, 750 << 20),
+                                         measured(run(0.012, seed=3), 70 << 20, 680 << 20), 3)], PLAN, steps=61)
+    assert (trial.peak_memory_before_bytes, trial.peak_memory_after_bytes) == (120 << 20, 70 << 20)
 
 
 def test_the_runs_of_a_fix_pool_their_steps_and_its_interval_holds_the_spread_between_runs() -> None:
