@@ -1,7 +1,7 @@
 """Memory's figures: growth step over step (a leak), the room left under the run's limit, the largest batch that
 fits, and what each memory fix would free at the peak (docs/memory.md).
 
-Each fix is worked out on the measured steps' timeline (``Memory.timeline``): the categories it shrinks are scaled
+Each fix is worked out on the measured steps' timeline (``Memory.timeline``): the categories it shrinks are changed
 at every point, and the saving is the peak less the new timeline's highest point, so a fix that shrinks what is not
 there at the peak (activations, where the peak falls in the optimizer's step) is credited with what it frees there,
 not with its whole size.
@@ -19,8 +19,13 @@ from gpuscope.record import Memory, MemoryFix, MemoryGrowth, MemoryTimeline, Run
 MAX_READINGS = 200
 """Readings the growth's slope is taken over (evenly chosen): the pairs' slopes number their square."""
 CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "inputs", "temporaries", "unknown")
-Scale = Callable[[str, str], float]
-"""A fix, as the factor it scales a category by at a point of the given phase."""
+Change = Callable[[str, str, float], float]
+"""A fix, as what it leaves of a category's bytes at a point of the given phase: ``(category, phase, bytes)``."""
+
+
+def scaled(factor: Callable[[str, str], float]) -> Change:
+    """A fix that scales each category by a factor (by category and phase)."""
+    return lambda category, phase, value: value * factor(category, phase)
 
 
 def complete_memory(record: RunRecord) -> Memory | None:
@@ -150,12 +155,12 @@ def _total(timeline: MemoryTimeline, i: int) -> int:
 
 
 # -- what each fix would free ---------------------------------------------------------------------------------------
-def peak_under(timeline: MemoryTimeline, scale: Scale) -> float:
-    """The timeline's highest point with every category scaled by ``scale(category, phase)``."""
+def peak_under(timeline: MemoryTimeline, change: Change) -> float:
+    """The timeline's highest point with every category changed by ``change(category, phase, bytes)``."""
     best = 0.0
     for i in range(len(timeline.t_ms)):
         phase = timeline.phases[i] if i < len(timeline.phases) else "other"
-        best = max(best, sum(getattr(timeline, c)[i] * scale(c, phase) for c in CATEGORIES))
+        best = max(best, sum(change(c, phase, getattr(timeline, c)[i]) for c in CATEGORIES))
     return best
 
 
@@ -167,8 +172,8 @@ def fixes(record: RunRecord, memory: Memory) -> tuple[MemoryFix, ...]:
     peak = max(_total(timeline, i) for i in range(len(timeline.t_ms)))
     found: list[MemoryFix] = []
 
-    def add(fix_id: str, title: str, scale: Scale, how: str) -> None:
-        saving = round(peak - peak_under(timeline, scale))
+    def add(fix_id: str, title: str, change: Change, how: str) -> None:
+        saving = round(peak - peak_under(timeline, change))
         if saving > 0:
             found.append(MemoryFix(fix_id, title, saving, round(saving / peak, 3), how))
 
@@ -176,32 +181,39 @@ def fixes(record: RunRecord, memory: Memory) -> tuple[MemoryFix, ...]:
     if memory.repeated_blocks and acts:
         freed = max(0, memory.repeated_block_bytes - memory.repeated_block_inputs_bytes
                     - memory.repeated_block_max_bytes)
-        kept = 1 - min(1.0, freed / acts)
+        share = min(1.0, memory.repeated_block_bytes / acts)  # of the activations, the blocks'
+        held = memory.repeated_block_inputs_bytes + memory.repeated_block_max_bytes
+
+        def checkpointed(category: str, phase: str, value: float) -> float:
+            # the blocks' part of what is saved becomes their inputs and one block's, made again in backward: never
+            # more than it was (late in backward, little is left to free)
+            return value * (1 - share) + min(value * share, held) if category == "activations" else value
+
         add("activation-checkpointing",
             f"checkpoint each of the {memory.repeated_block_count} {memory.repeated_blocks} blocks "
             f"(torch.utils.checkpoint)",
-            lambda c, p: kept if c == "activations" else 1.0,
+            checkpointed,
             f"their activations ({_mb(memory.repeated_block_bytes)}) are no longer kept, but their inputs "
             f"({_mb(memory.repeated_block_inputs_bytes)}) are, and one block's ({_mb(memory.repeated_block_max_bytes)})"
             f" is made again in backward: {_mb(freed)} of the {_mb(acts)} of activations freed")
     if acts:
         add("mixed-precision-activations", "train under torch.autocast (bfloat16 or float16 activations)",
-            lambda c, p: th.HALF_PRECISION if c == "activations" else 1.0,
+            scaled(lambda c, p: th.HALF_PRECISION if c == "activations" else 1.0),
             "the activations saved for backward in 16 bits: half their float32 bytes")
     if memory.batch_size >= 2 and acts:
         add("smaller-micro-batch",
             f"half the batch ({memory.batch_size // 2}) with 2 steps of gradient accumulation",
-            lambda c, p: 0.5 if c in ("activations", "inputs") or (c == "temporaries" and p in (
-                "forward", "backward")) else 1.0,
+            scaled(lambda c, p: 0.5 if c in ("activations", "inputs") or (c == "temporaries" and p in (
+                "forward", "backward")) else 1.0),
             "activations, inputs and the forward and backward temporaries grow with the batch: halved")
     practices = record.practices
     if practices is not None and practices.zero_grad_fill_calls and memory.gradients_bytes:
         add("zero-grad-set-to-none", "optimizer.zero_grad(set_to_none=True)",
-            lambda c, p: 0.0 if c == "gradients" and p == "forward" else 1.0,
+            scaled(lambda c, p: 0.0 if c == "gradients" and p == "forward" else 1.0),
             "the gradients are not kept through forward: they are made again in backward")
     if memory.optimizer_state_bytes:
         add("smaller-optimizer-state", "an optimizer whose state is half as large (SGD with momentum, Adafactor)",
-            lambda c, p: th.SMALLER_STATE if c == "optimizer_state" else 1.0,
+            scaled(lambda c, p: th.SMALLER_STATE if c == "optimizer_state" else 1.0),
             f"the optimizer's state ({_mb(memory.optimizer_state_bytes)}) halved")
     return tuple(sorted(found, key=lambda f: -f.saving_bytes))
 

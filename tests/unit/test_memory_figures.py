@@ -13,7 +13,7 @@ from gpuscope.collect import oom
 from gpuscope.collect.collectors.memory_window import Allocation, ProfileEvents, summarise
 from gpuscope.diagnose import analyze
 from gpuscope.diagnose.classify import classify
-from gpuscope.diagnose.memory import complete_memory, fixes, growth, largest_batch, peak_under, theil_sen
+from gpuscope.diagnose.memory import complete_memory, fixes, growth, largest_batch, peak_under, scaled, theil_sen
 from gpuscope.record import (
     HostMemory,
     KeptTensors,
@@ -140,7 +140,7 @@ def test_a_fix_is_credited_with_what_it_frees_at_the_peak_not_with_its_whole_siz
     t = timeline([("forward", {"parameters": 10 * MB, "activations": 40 * MB}),
                   ("optimizer", {"parameters": 10 * MB, "gradients": 10 * MB, "optimizer_state": 20 * MB,
                                  "temporaries": 15 * MB})])
-    half_activations = peak_under(t, lambda c, p: 0.5 if c == "activations" else 1.0)
+    half_activations = peak_under(t, scaled(lambda c, p: 0.5 if c == "activations" else 1.0))
     assert half_activations == 55 * MB  # activations are not there at the peak: nothing freed
     memory = Memory(peak_bytes=55 * MB, activations_max_bytes=40 * MB, optimizer_state_bytes=20 * MB, timeline=t)
     found = {f.id: f for f in fixes(RunRecord(), memory)}
@@ -157,8 +157,16 @@ def test_checkpointing_keeps_the_blocks_inputs_and_one_blocks_activations() -> N
                     repeated_block_count=4, repeated_block_bytes=80 * MB, repeated_block_max_bytes=20 * MB,
                     repeated_block_inputs_bytes=8 * MB)
     found = {f.id: f for f in fixes(RunRecord(), memory)}
-    # freed: 80 - 8 - 20 = 52 MB of the 90: forward's end becomes 10 + 38 = 48 MB; the optimizer's 40 MB stays
+    # the blocks' 80 MB of the 90 become their inputs and one block's: 28 MB; forward's end falls to 10 + 10 + 28 =
+    # 48 MB, the optimizer's 40 MB stays: 52 MB freed
     assert found["activation-checkpointing"].saving_bytes == 52 * MB
+    # late in backward, with 30 MB of activations left, 30 * 8/9 = 26.7 MB of them the blocks', under the 28 MB
+    # checkpointing keeps: nothing is freed there, where a fixed share would have freed 58%
+    late = dataclasses.replace(memory, timeline=timeline(
+        [("forward", {"parameters": 10 * MB, "activations": 90 * MB}),
+         ("backward", {"parameters": 10 * MB, "gradients": 80 * MB, "activations": 30 * MB})]))
+    # the backward point (120 MB) is the peak, and stays it
+    assert {f.id: f for f in fixes(RunRecord(), late)}.get("activation-checkpointing") is None
     assert "4 Block blocks" in found["activation-checkpointing"].title
 
 
