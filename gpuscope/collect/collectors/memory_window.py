@@ -64,7 +64,6 @@ class MemoryWindowCollector(StepFollower):
         self._window = StepWindow(start, steps, self._open, self._close, cuda_start=cuda_start)
         self._prof: Any = None
         self._mark: Any = None
-        self._spans: list[tuple[int, int, int]] = []  # (step, start ns, end ns) on the profiler's clock
         self._device = "cpu"
         self._reserved = 0
         self._process = 0
@@ -152,6 +151,10 @@ class MemoryWindowCollector(StepFollower):
         if window.state == "open":  # the run ended inside the window: what it recorded is no whole step
             window.fail("the run ended inside the memory window")
             self._prof = None
+            if died is None:
+                return CollectorResult(CollectorStatus("unavailable", "the run ended inside the memory window (steps "
+                                                                      f"{window.counted[0] if window.counted else '?'}"
+                                                                      f" and on): no whole step to measure"))
         if self._skipped and died is None:
             return CollectorResult(CollectorStatus("unavailable", f"{self._skipped}: the memory window's stacks "
                                                                   f"would have stopped it"))
@@ -174,7 +177,7 @@ class MemoryWindowCollector(StepFollower):
                                  f"{MAX_EVENTS:,} the memory timeline is built for: no breakdown")
                 else:
                     memory = summarise(events, self._device)
-                    memory = _replace(memory, reserved_bytes=self._reserved, process_bytes=self._process)
+                    memory = dataclasses.replace(memory, reserved_bytes=self._reserved, process_bytes=self._process)
         elif died is None:
             steps = self._window.cuda_start if self._device == "cuda" else self._window.start
             return CollectorResult(CollectorStatus(
@@ -183,15 +186,11 @@ class MemoryWindowCollector(StepFollower):
         if died is not None:
             if self._events is not None:
                 died = dataclasses.replace(died, step=self._events.steps_seen())
-            memory = _replace(memory, out_of_memory=died, device=died.device)
+            memory = dataclasses.replace(memory, out_of_memory=died, device=died.device)
         limit, source = memory_limit(memory.device)
-        memory = _replace(memory, limit_bytes=limit, limit_source=source, address_space_peak_bytes=_vm_peak(),
+        memory = dataclasses.replace(memory, limit_bytes=limit, limit_source=source, address_space_peak_bytes=_vm_peak(),
                           notes=tuple(notes))
         return CollectorResult(CollectorStatus("ok"), memory, notes=tuple(notes))
-
-
-def _replace(memory: Memory, **changes: Any) -> Memory:
-    return dataclasses.replace(memory, **changes)
 
 
 def memory_limit(device: str) -> tuple[int, str]:
