@@ -21,7 +21,8 @@ def byte_text(value: float) -> str:
 
 def memory_lines(record: RunRecord) -> list[str]:
     """What fills memory at the peak, the four categories a model holds by size and the rest as "other"; a leak's
-    growth and the line that makes it; the allocation the run died of. Empty without a memory record."""
+    growth and the line that makes it (the allocation a run died of heads the summary). Empty without a memory
+    record."""
     memory = record.memory
     if memory is None:
         return []
@@ -39,9 +40,6 @@ def memory_lines(record: RunRecord) -> list[str]:
         made = next((k.line for k in memory.kept if k.line), "")
         lines.append(f"  memory grows {byte_text(growth.per_step_bytes)} a step (leak)"
                      f"{f': made at {made}' if made else ''}")
-    oom = memory.out_of_memory
-    if oom is not None:
-        lines.append(f"  ran out of memory at step {oom.step}: {oom.error or 'a failed allocation'}")
     return lines
 
 
@@ -65,6 +63,9 @@ def summary_lines(record: RunRecord, run_dir: Path, report_path: Path | None = N
     headroom = headroom_text(record)
     lines = [f"gpuscope: {bound_label(record)}{' ' + headroom if headroom else ''} "
              f"(confidence {verdict.confidence:.2f})"]
+    died = record.memory.out_of_memory if record.memory is not None else None
+    if died is not None:  # what the run died of comes first; the speed's verdict after it
+        lines = [f"gpuscope: the script ran out of memory at step {died.step}; its speed: {lines[0][10:]}"]
     lines += [f"  - {fact}" for fact in verdict.evidence]
     sol = record.speed_of_light
     if sol is not None and sol.achieved_flops_per_s is not None:

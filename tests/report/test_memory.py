@@ -158,10 +158,10 @@ def test_the_summary_says_what_fills_memory_at_the_peak_and_names_the_leak() -> 
     assert memory_summary(make_record(memory=unplaced))[1] == "  memory grows 2.4 MB a step (leak)"
 
 
-def test_the_summary_says_the_run_ran_out_of_memory() -> None:
-    lines = memory_summary(make_record(memory=oom_only()))
-    assert lines == ["  ran out of memory at step 0: torch.OutOfMemoryError: CUDA out of memory. Tried to "
-                     "allocate 20.00 GiB"]
+def test_the_summary_of_a_run_that_ran_out_of_memory_leads_with_it() -> None:
+    lines = summary_lines(make_record(memory=oom_only()), Path("run"))
+    assert lines[0] == "gpuscope: the script ran out of memory at step 0; its speed: inconclusive (confidence 0.00)"
+    assert not any(line.startswith("  memory") for line in lines)  # no peak was measured: no memory line
     full = memory_summary(gpu_record())
     assert full[0] == ("  memory: peak 42.9 GB in backward (optimizer state 12.9 GB, activations 12.9 GB, "
                        "parameters 6.4 GB, gradients 6.4 GB, other 4.3 GB)")

@@ -335,7 +335,7 @@ def extract(prof: Any, lines: UserLines | None = None) -> ProfileEvents:
     found: list[Allocation] = []
     for t, action, (key, version), nbytes in profile.timeline:
         if not isinstance(key, TensorKey):
-            continue  # allocations the profiler could not tie to a tensor: counted below as unknown
+            continue  # an allocation the profiler could not tie to a tensor (no id to pair its free with): left out
         if action in (Action.PREEXISTING, Action.CREATE):
             category = profile._categories.get(key, version)
             name = _TORCH_CATEGORY.get(category.name, "unknown") if category is not None else "unknown"
@@ -459,12 +459,13 @@ RUNNER_FILE = os.path.join("gpuscope", "collect", "runner.py")
 
 # -- the summary -----------------------------------------------------------------------------------------------
 def category_of(allocation: Allocation) -> str:
-    """The category shown: an optimizer's intermediate results are temporaries, whatever the timeline's data
-    flow made of them (it took Adam's per-parameter quotients for activations, and their square roots, made and
-    freed inside the measured steps, for parameters: a steady step's parameters were all made before it)."""
+    """The category shown: an optimizer's and backward's intermediate results are temporaries, whatever the timeline's
+    data flow made of them (it took Adam's per-parameter quotients for activations, left its foreach results
+    unplaced, and took their square roots, made and freed inside the measured steps, for parameters: a steady step's
+    parameters were all made before it)."""
     made_here = allocation.created_ns is not None
-    if allocation.category == "activations" and (allocation.in_optimizer or allocation.in_backward):
-        return "temporaries"
+    if allocation.category in ("activations", "unknown") and (allocation.in_optimizer or allocation.in_backward):
+        return "temporaries"  # (and what it could not place there: Adam's foreach results, 8.4 MB of an MLP's peak)
     if allocation.category == "parameters" and made_here and allocation.destroyed_ns is not None:
         return "temporaries" if allocation.in_optimizer else "unknown"
     return allocation.category
