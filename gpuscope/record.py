@@ -741,6 +741,10 @@ class KeptTensors:
     category: str = ""
     """What the memory timeline took them for: ``activations`` (saved for backward: kept with a graph, or kept by a
     reference to an output), ``inputs``, ``temporaries``, ``unknown``."""
+    held_by: str = ""
+    """The script's variable that keeps them alive as the memory window ends: a container they sit in (``the list
+    `feats` (13 items)``), the autograd graph of a tensor they are saved in (``the autograd graph of `total```), or
+    the variable itself; empty where none of the script's variables was found to."""
 
 
 @dataclass(frozen=True, slots=True)

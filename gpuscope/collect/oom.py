@@ -131,16 +131,17 @@ def live_tensors(device: str) -> dict[str, int]:
     nodes: set[int] = set()
     for t in tensors:
         if t.grad_fn is not None:
-            _saved_in_graph(t.grad_fn, nodes, lambda s: add(s, "activations_bytes"), torch)
+            saved_in_graph(t.grad_fn, nodes, lambda s: add(s, "activations_bytes"), torch)
     for t in tensors:
         add(t, "other_bytes")
     return counts
 
 
-def _saved_in_graph(root: Any, seen: set[int], add: Any, torch: Any) -> None:
-    """Call ``add`` on every tensor saved in the graph under ``root`` (its nodes' ``_saved_*`` attributes)."""
+def saved_in_graph(root: Any, seen: set[int], add: Any, torch: Any, limit: int = MAX_GRAPH_NODES) -> None:
+    """Call ``add`` on every tensor saved in the graph under ``root`` (its nodes' ``_saved_*`` attributes), the nodes
+    in ``seen`` left out and added to it, ``limit`` of them at most."""
     stack = [root]
-    while stack and len(seen) < MAX_GRAPH_NODES:
+    while stack and len(seen) < limit:
         node = stack.pop()
         if node is None or id(node) in seen:
             continue

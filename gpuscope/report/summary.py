@@ -37,9 +37,9 @@ def memory_lines(record: RunRecord) -> list[str]:
                      f"{f' ({split})' if split else ''}")
     growth = memory.growth
     if growth is not None and growth.leak:
-        made = next((k.line for k in memory.kept if k.line), "")
-        lines.append(f"  memory grows {byte_text(growth.per_step_bytes)} a step (leak)"
-                     f"{f': made at {made}' if made else ''}")
+        top = next((k for k in memory.kept if k.line), None)
+        made = f": made at {top.line}" + (f", kept by {top.held_by}" if top.held_by else "") if top else ""
+        lines.append(f"  memory grows {byte_text(growth.per_step_bytes)} a step (leak){made}")
     return lines
 
 

@@ -111,7 +111,8 @@ def full_memory() -> Memory:
                                 optimizer_state=(12 * GIB,) * n,
                                 activations=tuple(GIB * min(i, 50 - i) // 2 for i in range(n)),
                                 inputs=(GIB,) * n, temporaries=(0,) * n, unknown=(0,) * n),
-        kept=(KeptTensors("train.py:77 in main", ("train.py:120 in <module>",), 100 * 2**20, 1, "activations"),),
+        kept=(KeptTensors("train.py:77 in main", ("train.py:120 in <module>",), 100 * 2**20, 1, "activations",
+                          "the list `history` (12 items)"),),
         kept_bytes_per_step=100 * 2**20,
         growth=MemoryGrowth(source="cuda", per_step_bytes=100 * 2**20, from_step=10, to_step=60,
                             grew_bytes=5000 * 2**20, leak=True),
@@ -246,7 +247,7 @@ def hostile_record() -> RunRecord:
         loaders=(dataclasses.replace(record.loaders[0], dataset=evil),),
         memory=dataclasses.replace(
             record.memory, holders=(MemoryHolder(evil, f"{HOSTILE}.py:1 in {evil}", 2**20, 1),),
-            kept=(KeptTensors(f"{HOSTILE}.py:2 in f", (evil,), 2**20, 1, evil),), repeated_blocks=evil,
+            kept=(KeptTensors(f"{HOSTILE}.py:2 in f", (evil,), 2**20, 1, evil, evil),), repeated_blocks=evil,
             fixes=(MemoryFix(evil, evil, 2**20, 0.1, evil),),
             out_of_memory=OutOfMemory(error=f"RuntimeError: {evil}")),
     )

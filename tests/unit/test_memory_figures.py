@@ -204,6 +204,40 @@ def test_a_leak_is_recommended_against_with_the_line_that_made_what_stays() -> N
     assert analysed.checks["reduce-memory"].status == "clear"  # 24 GB of room is not short
 
 
+@pytest.mark.parametrize(("held_by", "fix"), [
+    ("the list `feats` (13 items)", "train.py:9 in forward: the list `feats` (13 items) gains a tensor made here each "
+                                    "step, with its autograd graph: append `.detach()`"),
+    ("the autograd graph of `total`", "train.py:9 in forward: `total` keeps every step's autograd graph, with the "
+                                      "tensors it saved (a loss summed without `.item()`"),
+    ("`last`", "train.py:9 in forward: `last` still holds a tensor made here a step later"),
+])
+def test_the_leaks_fix_names_what_keeps_it(held_by: str, fix: str) -> None:
+    steps = list(range(0, 100, 2))
+    kept = (KeptTensors(line="train.py:9 in forward", bytes=2 * MB, tensors=1, category="activations",
+                        held_by=held_by),)
+    record = dataclasses.replace(host_record(steps, [150 * MB + int(2.5 * MB) * s for s in steps],
+                                             Memory(steps=(11, 12), kept=kept, kept_bytes_per_step=2 * MB)),
+                                 steps=Steps(warmup=1, count=80, total=100, median_s=0.01))
+    leak = next(r for r in analyze(record).recommendations if r.id == "fix-memory-leak")
+    assert leak.fix.startswith(fix)
+    assert f"kept by {held_by}" in leak.why
+
+
+def test_what_keeps_a_tensor_is_found_among_the_scripts_variables() -> None:
+    from gpuscope.collect.collectors.memory_window import references
+
+    x = torch.randn(4, 3, requires_grad=True)
+    features = [x * 2 for _ in range(3)]
+    hidden = torch.relu(x @ torch.randn(3, 5))  # relu saves its output for backward
+    total = (hidden * hidden).sum()  # saves `hidden` in its graph
+    alone = torch.ones(7)
+    held = references()
+    assert held[features[1].untyped_storage().data_ptr()] == "the list `features` (3 items)"
+    assert held[hidden.untyped_storage().data_ptr()] == "the autograd graph of `total`"
+    assert held[alone.untyped_storage().data_ptr()] == "`alone`"
+    del total
+
+
 def test_a_run_short_of_memory_gets_the_fixes_and_one_with_room_gets_none() -> None:
     t = timeline([("forward", {"parameters": 10 * MB, "activations": 80 * MB})])
     tight = Memory(steps=(11, 12), peak_bytes=90 * MB, activations_max_bytes=80 * MB, timeline=t,

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collect import oom
+from gpuscope.collect.oom import saved_in_graph
 from gpuscope.collect.callsites import is_user_file
 from gpuscope.collect.collectors.base import CollectorResult, StepFollower, StepWindow, WindowRequest, register
 from gpuscope.collect.collectors.cprofile import profiler_in_use
@@ -69,6 +70,7 @@ class MemoryWindowCollector(StepFollower):
         self._process = 0
         self._lines: UserLines | None = None
         self._skipped = ""  # why the window did not open: another profiler holds the slot its stacks need
+        self._held: dict[int, str] = {}  # storage address -> the script's variable that keeps it alive
 
     @classmethod
     def wants(cls, options: CollectOptions) -> WindowRequest | None:
@@ -136,6 +138,10 @@ class MemoryWindowCollector(StepFollower):
                 self._prof.stop()
         self._process = _rss()
         self._lines = UserLines()  # now, while the script's __main__ is loaded
+        try:
+            self._held = references()  # what the script's variables hold now, as the window's second step ends
+        except Exception:
+            self._held = {}
         if self._device == "cuda":
             try:
                 import torch.cuda
@@ -176,7 +182,7 @@ class MemoryWindowCollector(StepFollower):
                     notes.append(f"the measured steps held {events.too_many:,} profiled events, more than the "
                                  f"{MAX_EVENTS:,} the memory timeline is built for: no breakdown")
                 else:
-                    memory = summarise(events, self._device)
+                    memory = summarise(events, self._device, self._held)
                     memory = dataclasses.replace(memory, reserved_bytes=self._reserved, process_bytes=self._process)
         elif died is None:
             steps = self._window.cuda_start if self._device == "cuda" else self._window.start
@@ -266,6 +272,7 @@ class Allocation:
     lines: tuple[str, ...] = ()  # the script's lines it was made under, innermost first
     in_optimizer: bool = False
     in_backward: bool = False
+    ptr: int = 0  # its storage's address
 
 
 @dataclass(slots=True)
@@ -342,7 +349,7 @@ def extract(prof: Any, lines: UserLines | None = None) -> ProfileEvents:
             modules, lines, in_optimizer, in_backward = made.get(key.storage.allocation_id, ((), (), False, False))
             allocation = Allocation(key.storage.allocation_id, int(nbytes), name, str(key.device),
                                     None if action == Action.PREEXISTING else t, None, modules, lines,
-                                    in_optimizer, in_backward)
+                                    in_optimizer, in_backward, key.storage.ptr)
             previous = live.get(key)
             if previous is not None and action == Action.CREATE:
                 continue
@@ -471,7 +478,7 @@ def category_of(allocation: Allocation) -> str:
     return allocation.category
 
 
-def summarise(events: ProfileEvents, device: str) -> Memory:
+def summarise(events: ProfileEvents, device: str, held: dict[int, str] | None = None) -> Memory:
     """The breakdown at the peak, activations at their highest and who holds them, and what a step left behind."""
     on_device = [a for a in events.allocations if a.device.split(":")[0] == device]
     if not on_device or not events.steps:
@@ -503,7 +510,7 @@ def summarise(events: ProfileEvents, device: str) -> Memory:
     peak_total, peak_t, at_peak = peak
     holders, blocks = _holders(
         [a for a in on_device if id(a) in acts_max[2] and category_of(a) == "activations"], events.module_inputs)
-    kept = _kept(on_device, events.steps)
+    kept = _kept(on_device, events.steps, held or {})
     return Memory(
         device=device,  # type: ignore[arg-type]
         steps=tuple(step for step, _, _ in events.steps),
@@ -592,24 +599,78 @@ def _most_common(lines: Iterable[str]) -> str:
     return max(counts, key=lambda k: counts[k]) if counts else ""
 
 
-def _kept(allocations: Sequence[Allocation], steps: Sequence[tuple[int, int, int]]) -> tuple[KeptTensors, ...]:
-    """Tensors made in the first measured step and alive at the end of the second, by the line that made them;
-    gradients (set to None, they are made again each step) and optimizer state (made once) left out."""
+def _kept(allocations: Sequence[Allocation], steps: Sequence[tuple[int, int, int]],
+          held: dict[int, str]) -> tuple[KeptTensors, ...]:
+    """Tensors made in the first measured step and alive at the end of the second, by the line that made them and
+    the script's variable that keeps them (``held``: ``references()``); gradients (set to None, they are made again
+    each step) and optimizer state (made once) left out."""
     if len(steps) < 2:
         return ()
     _, first_start, first_end = steps[0]
-    groups: dict[tuple[str, tuple[str, ...], str], list[Allocation]] = defaultdict(list)
+    groups: dict[tuple[str, tuple[str, ...], str, str], list[Allocation]] = defaultdict(list)
     for a in allocations:
         if a.created_ns is None or not first_start <= a.created_ns <= first_end or a.destroyed_ns is not None:
             continue
         category = category_of(a)
         if category in ("gradients", "optimizer_state", "parameters"):
             continue
-        groups[(a.lines[0] if a.lines else "", a.lines[1:4], category)].append(a)
+        groups[(a.lines[0] if a.lines else "", a.lines[1:4], category, held.get(a.ptr, ""))].append(a)
     kept = [KeptTensors(line=line, callers=callers, bytes=sum(a.nbytes for a in allocs), tensors=len(allocs),
-                        category=category) for (line, callers, category), allocs in groups.items()
+                        category=category, held_by=holder)
+            for (line, callers, category, holder), allocs in groups.items()
             if sum(a.nbytes for a in allocs) >= KEPT_MIN_BYTES]
     return tuple(sorted(kept, key=lambda k: -k.bytes)[:TOP_KEPT])
+
+
+MAX_ITEMS = 10_000
+"""Items of one container, and autograd nodes of one graph, looked at: enough for a list a step appends to."""
+
+
+def references() -> dict[int, str]:
+    """Storage address -> the script's variable that keeps that tensor alive: a container it sits in (``the list
+    `feats` (13 items)``), the autograd graph of a tensor it is saved in (``the graph of `total```), or itself
+    (`` `loss` ``). Read from the script's frames on the stack (the loop's thread) and its ``__main__``'s
+    globals, in that order of preference, as the memory window ends."""
+    torch = sys.modules["torch"]
+    names: list[tuple[str, Any]] = []
+    frame = sys._getframe(1)
+    while frame is not None:
+        if is_user_file(frame.f_code.co_filename):
+            names += [(name, value) for name, value in frame.f_locals.items()]
+        frame = frame.f_back
+    main = sys.modules.get("__main__")
+    if main is not None:
+        names += [(name, value) for name, value in vars(main).items() if not name.startswith("__")]
+    found: dict[int, str] = {}
+
+    def note(tensor: Any, what: str) -> None:
+        try:
+            found.setdefault(tensor.untyped_storage().data_ptr(), what)
+        except Exception:
+            pass
+
+    for name, value in names:  # containers first: a list that grows is the usual keeper
+        if isinstance(value, (list, tuple, dict, set)) and not isinstance(value, torch.Tensor):
+            items = value.values() if isinstance(value, dict) else value
+            kind = type(value).__name__
+            for i, item in enumerate(items):
+                if i >= MAX_ITEMS:
+                    break
+                if isinstance(item, torch.Tensor):
+                    note(item, f"the {kind} `{name}` ({len(value)} items)")
+    for name, value in names:
+        if isinstance(value, torch.Tensor) and value.grad_fn is not None:
+            own = value.untyped_storage().data_ptr()  # an output its own graph saved (relu's) is held by its name
+
+            def in_graph(saved: Any, n: str = name, own: int = own) -> None:
+                if saved.untyped_storage().data_ptr() != own:
+                    note(saved, f"the autograd graph of `{n}`")
+
+            saved_in_graph(value.grad_fn, set(), in_graph, torch, MAX_ITEMS)
+    for name, value in names:
+        if isinstance(value, torch.Tensor):
+            note(value, f"`{name}`")
+    return found
 
 
 def _timeline(points: Sequence[tuple[int, dict[str, int]]], start: int, events: ProfileEvents) -> MemoryTimeline:

@@ -46,15 +46,28 @@ def memory_leak(record: RunRecord) -> Finding | None:
         step = memory.steps[0] if memory.steps else 0
         where = top.line or "a line outside the script"
         called = f", called from {', '.join(top.callers)}" if top.callers else ""
+        by = f", kept by {top.held_by}" if top.held_by else ""
         evidence.append(f"step {step} made {mb(memory.kept_bytes_per_step)} still alive at the end of step "
-                        f"{step + 1}; the most, {mb(top.bytes)} ({top.category}), at {where}{called}")
+                        f"{step + 1}; the most, {mb(top.bytes)} ({top.category}), at {where}{called}{by}")
         fix = f"{where}: {_cause(memory)}"
     return Finding(None, tuple(evidence), fix=fix)
 
 
 def _cause(memory: Memory) -> str:
-    """The usual cause for what is kept: saved activations kept by a live graph, or an output kept by a reference."""
+    """What keeps the most of what a step left alive, and its fix: the script's variable where it was found (a
+    container, a tensor whose graph saved it, the tensor itself), else the usual causes for its category."""
     top = memory.kept[0]
+    holder = top.held_by
+    name = holder[holder.find("`"):holder.rfind("`") + 1] if "`" in holder else ""
+    if holder.startswith("the autograd graph of"):
+        return (f"{name} keeps every step's autograd graph, with the tensors it saved (a loss summed without "
+                f"`.item()`, an output kept without `.detach()`): accumulate `loss.item()` (or `.detach()`) into "
+                f"{name}, and run evaluation under `torch.no_grad()`")
+    if holder.startswith("the "):
+        return (f"{holder} gains a tensor made here each step, with its autograd graph: append `.detach()` (or "
+                f"`.item()`, `.detach().cpu()`) copies, or keep it bounded")
+    if holder:
+        return f"{name} still holds a tensor made here a step later: drop it, or keep `.detach()` (`.item()`) of it"
     if top.category == "activations":
         return ("a tensor made here outlives its step: kept by a list, a dict or an attribute, or by the graph of "
                 "a tensor kept with it (a loss summed without `.item()`, an output stored without `.detach()`): "
