@@ -409,8 +409,9 @@ means, so that noise alone is flagged about never."""
 LEAK_MIN_SHARE = 0.05
 """Memory that grows, after the warm-up and the profiling windows, by this share of what the process (or the CUDA
 allocator) held at their start is a leak, where it grew in both halves of those steps (a plateau reached early,
-the allocator's arenas filling, is not): the leaking loops of docs/memory.md grew 0.8-2.5 MB a step, 60-200% over
-their runs; loops without one, 0-3% (the host allocator's free lists settling)."""
+the allocator's arenas filling, is not): benchmarks/memory_accuracy.py's two leaking loops grew 2.1-4.0 MB a step
+over 45-65 steps under gpuscope (their processes held 0.3-0.4 GB), the loop without a leak -0.05 to 0.14 MB a
+step."""
 LEAK_MIN_BYTES = 16 << 20
 """...and by this many bytes at least: a few MB is the allocator's and Python's own drift."""
 LEAK_HALF_SHARE = 0.25
