@@ -110,6 +110,14 @@ def test_a_peak_over_the_limit_is_short_of_memory() -> None:
     assert "Headroom" not in text
 
 
+def test_a_peak_near_the_limit_is_short_of_memory_where_the_rule_says_so() -> None:
+    from gpuscope.record import RuleCheck
+
+    memory = dataclasses.replace(full_memory(), headroom_bytes=2 * 2**30)
+    record = dataclasses.replace(make_record(memory=memory), checks={"reduce-memory": RuleCheck("fired")})
+    assert "Short of memory: 2.0 GiB left under the GPU&#39;s memory (80.0 GiB)." in memory_text(record)
+
+
 def test_a_run_that_died_of_a_failed_allocation_shows_what_was_live() -> None:
     record = make_record(memory=oom_only(), device="cuda")
     html = render_report(record, inline_plotly=False)
