@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from gpuscope import distributed
+from gpuscope import sentinel
 from gpuscope.errors import USAGE_EXIT, GpuscopeError
 from gpuscope.finish import finish, finish_session, hand_over_session, open_in_browser
 from gpuscope.options import Parser, RunOptions, count, positive_float, positive_int
@@ -133,10 +134,14 @@ class RunCommand:
         trial = _TrialChild.start(session, fix, args.stop_after_steps) \
             if fix is not None or args.stop_after_steps is not None else None
         finished: list[RunRecord | None] = []
+        # a run killed outright (the OOM killer) leaves no record of its own: a watcher writes one
+        watcher = sentinel.start(run_dir, target.command) if job_dir is None and trial is None else None
 
         def end(status: int) -> None:
             if job_dir is None:
                 done = finish_session(session, status, quiet=args.quiet, open_report=args.open and wanted is None)
+                if watcher is not None:
+                    watcher.stop()
                 finished.append(done.record)
                 if trial is not None:
                     trial.written(run_dir)

@@ -156,3 +156,45 @@ def saved_in_graph(root: Any, seen: set[int], add: Any, torch: Any, limit: int =
                     if isinstance(item, torch.Tensor):
                         add(item)
         stack.extend(next_node for next_node, _ in getattr(node, "next_functions", ()) or ())
+
+
+def memory_limit(device: str, address_space: bool = True) -> tuple[int, str]:
+    """The most memory the run's tensors can have, and which limit that is: the GPU's memory on a CUDA run; on a
+    CPU run the least of the host's memory, the cgroup's limit (a container's) and, with ``address_space``, this
+    process's address-space limit (``RLIMIT_AS``, as a script or a scheduler sets it). (0, "") where none is
+    known."""
+    if device == "cuda":
+        try:
+            import torch.cuda
+
+            return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory), "the GPU's memory"
+        except Exception:
+            return 0, ""
+    found: list[tuple[int, str]] = []
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemTotal:"):
+                    found.append((int(line.split()[1]) * 1024, "the host's memory"))
+    except (OSError, ValueError, IndexError):
+        pass
+    for path in ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes"):
+        try:
+            with open(path) as limit:
+                text = limit.read().strip()
+            if text.isdigit() and int(text) < 1 << 60:
+                found.append((int(text), "the container's (cgroup's) memory limit"))
+                break
+        except OSError:
+            continue
+    try:
+        if not address_space:
+            raise ImportError  # another process's limit is read from its /proc/PID/limits (sentinel.py)
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+        if soft != resource.RLIM_INFINITY and soft > 0:
+            found.append((soft, "the process's address-space limit (RLIMIT_AS)"))
+    except (ImportError, OSError, ValueError):
+        pass
+    return min(found) if found else (0, "")

@@ -202,3 +202,52 @@ def test_a_run_that_dies_of_memory_keeps_its_record_and_says_what_filled_it(tmp_
     assert died.parameters_bytes >= (512 * 2048 * 2 + 2048 + 512) * 4
     assert record.verdict.evidence[0].startswith("the script ran out of memory at step 0: RuntimeError: ")
     assert any(r.id == "reduce-memory" for r in record.recommendations)
+
+
+KILLED = '''
+import os, resource, signal, time
+import torch
+model = torch.nn.Linear(256, 256)
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+kept = []
+for step in range(40):
+    model(torch.randn(64, 256)).sum().backward()
+    opt.step()
+    opt.zero_grad()
+    if step == 20:
+        with open(f"/proc/{os.getpid()}/statm") as statm:
+            vm = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (vm + (512 << 20), vm + (512 << 20)))  # a container's, as it were
+        kept.append(torch.ones(450 << 20, dtype=torch.uint8))  # most of the room left
+    if step == 30:
+        time.sleep(2.5)  # the memory sampler's next reading
+        os.kill(os.getpid(), signal.SIGKILL)  # as the kernel's OOM killer would
+'''
+
+
+def test_a_run_killed_outright_near_its_limit_still_gets_a_record_and_a_report(tmp_path) -> None:  # noqa: ANN001
+    import time
+
+    (tmp_path / "train.py").write_text(KILLED)
+    out = tmp_path / "killed-run"
+    result = run_gpuscope(["run", "--no-probes", "-q", "-o", str(out), "train.py"], tmp_path)
+    assert result.returncode == -9 or result.returncode == 137
+    deadline = time.monotonic() + 30  # the watcher writes them once it sees the run gone
+    while not (out / "report.html").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    record = RunRecord.from_json(load_run(out))
+    assert record.exit_status == 137
+    assert record.memory is not None and record.memory.out_of_memory is not None
+    assert record.verdict.evidence[0].startswith("the script was killed outright (SIGKILL")
+    assert (out / "report.html").exists() and not (out / ".gpuscope-last-reading.json").exists()
+
+
+def test_a_run_that_ends_normally_leaves_no_watcher_and_no_reading_behind(tmp_path) -> None:  # noqa: ANN001
+    from processes import processes_mentioning
+
+    (tmp_path / "train.py").write_text("import time\nfor _ in range(30):\n    time.sleep(0.01)\n")
+    out = tmp_path / "quiet-run"
+    result = run_gpuscope(["run", "--no-probes", "-q", "-o", str(out), "train.py"], tmp_path)
+    assert result.returncode == 0
+    assert not (out / ".gpuscope-last-reading.json").exists()
+    assert processes_mentioning("gpuscope.sentinel " + str(out)) == []  # (run_gpuscope waits for them too)

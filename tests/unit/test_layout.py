@@ -71,7 +71,7 @@ STAGES = ("collect", "reduce", "diagnose", "report")
 """The pipeline's stages, in order: a run flows collect -> reduce -> diagnose -> report."""
 FRONT_ENDS = ("gpuscope.cli", "gpuscope.api", "gpuscope.notebook", "gpuscope.analyze", "gpuscope.finish",
               "gpuscope.session", "gpuscope.markers", "gpuscope.options", "gpuscope.distributed", "gpuscope.rundirs",
-              "gpuscope.trials")
+              "gpuscope.trials", "gpuscope.sentinel")
 """The modules that drive the stages (the command line, the Python API): they may import any stage, none of the
 stages imports them."""
 

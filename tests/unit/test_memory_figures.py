@@ -371,3 +371,32 @@ def test_a_cuda_run_counts_the_gpus_tensors_and_watches_the_allocator_for_growth
     found = growth(record, dataclasses.replace(memory, steps=(14, 15)))
     assert found is not None and found.source == "cuda" and found.leak
     assert found.per_step_bytes == pytest.approx(4 * MB)
+
+
+# -- a run killed outright ---------------------------------------------------------------------------------------
+def test_a_run_killed_near_its_limit_is_recorded_as_out_of_memory_from_its_last_reading() -> None:
+    from gpuscope.sentinel import killed_record
+
+    last = {"t": 0.0, "steps": 31, "rss": 900 * MB, "vm": 1800 * MB}
+    record = killed_record(("train.py",), last, killed_by_oom=False, address_limit=2000 * MB,
+                           host_limit=(24000 * MB, "the host's memory"))
+    assert record.exit_status == 137
+    died = record.memory.out_of_memory  # type: ignore[union-attr]
+    assert died is not None and died.step == 31
+    assert record.verdict.evidence[0].startswith(
+        "the script was killed outright (SIGKILL, as the kernel's OOM killer sends), its memory near its limit: "
+        "1800.0 MB of the process's address-space limit (RLIMIT_AS) (2000.0 MB) at the last reading")
+    assert record.memory.headroom_bytes == 200 * MB  # type: ignore[union-attr]
+
+
+def test_a_run_killed_with_room_left_is_not_said_to_have_run_out_of_memory_unless_the_oom_killer_counted_it() -> None:
+    from gpuscope.sentinel import killed_record
+
+    last = {"t": 0.0, "steps": 12, "rss": 400 * MB, "vm": 2000 * MB}
+    room = killed_record(("train.py",), last, False, 0, (24000 * MB, "the host's memory"))
+    assert room.memory.out_of_memory is None  # type: ignore[union-attr]
+    assert room.verdict.evidence[0].startswith("the script ended without writing its record (killed outright?): "
+                                               "400.0 MB of the host's memory (24000.0 MB)")
+    counted = killed_record(("train.py",), last, True, 0, (24000 * MB, "the host's memory"))
+    assert counted.memory.out_of_memory is not None  # type: ignore[union-attr]
+    assert "the container's oom_kill count rose" in counted.verdict.evidence[0]

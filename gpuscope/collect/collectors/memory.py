@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
+from gpuscope.collect import last_reading
 from gpuscope.collect.collectors.allocator import allocator_in_use, malloc_settings, own_usage, page_bytes
 from gpuscope.collect.collectors.base import CollectorResult, StepEvents, Watcher, register
 from gpuscope.collect.collectors.children import ChildrenCpu, OwnThreads, descendants, helper_verdict, schedstat
@@ -213,6 +214,8 @@ class HostMemoryCollector(Watcher):
         self._unwatch: Callable[[], None] = lambda: None
         self._last_error = ""
         self._scan_error = ""
+        self._run_dir: Path | None = None
+        self._last_written = -math.inf
         self.notes: tuple[str, ...] = ()
         """Plain statements about how memory was measured, for the run's notes."""
 
@@ -242,6 +245,7 @@ class HostMemoryCollector(Watcher):
         # (which it uses underneath) should a later release drop it.
         self._get_memory: Callable[..., Any] | None = getattr(memory_profiler, "_get_memory", None)
         self._t0 = self._clock()
+        self._run_dir = Path(run_dir) if Path(run_dir).is_dir() else None
         self._allocator = (allocator_in_use(), malloc_settings())
         self._unwatch = self._starts.install()
         self._own = OwnThreads(self._pid)
@@ -255,6 +259,9 @@ class HostMemoryCollector(Watcher):
         if self._thread is not None:
             self._thread.join(JOIN_TIMEOUT_S)
         self._sample(rescan=True)  # and a last point, with the children as they are now
+        if self._run_dir is not None:
+            (self._run_dir / last_reading.LAST).unlink(missing_ok=True)
+            self._run_dir = None
         with self._lock:
             samples = list(self._series.samples)
             interval_s = self._series.interval_s
@@ -303,6 +310,9 @@ class HostMemoryCollector(Watcher):
             with self._lock:
                 self._series.add(sample)
                 self._peaks = merge_peaks(self._peaks, sample)
+            if self._run_dir is not None and now - self._last_written >= last_reading.WRITE_EVERY_S:
+                self._last_written = now  # for the watcher of a run killed outright (gpuscope/sentinel.py)
+                last_reading.write_last(self._run_dir, steps, process, self._peaks.process_bytes)
         except Exception as exc:
             self._failures += 1
             self._last_error = f"{type(exc).__name__}: {exc}".splitlines()[0]

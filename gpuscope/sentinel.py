@@ -1,0 +1,182 @@
+"""A run killed outright writes nothing itself: the kernel's OOM killer (a container's memory limit, a host out of
+memory) ends it with SIGKILL, which no handler sees. A small process started beside it, outside its process tree
+(the host memory sampler counts the run's children as DataLoader workers), waits for it to end; where it ended
+without its run.json, it writes one, and the report, from what the run left on disk: the host memory sampler's
+last reading (``collect/last_reading.py``: the steps counted, the resident memory and address space), the
+limit the run had, and whether the container's OOM killer struck (cgroup v2's ``memory.events``, ``oom_kill``).
+
+``start`` is called by ``gpuscope run`` before the script; ``Sentinel.stop`` once the run's own files are written.
+The watcher is ``python -m gpuscope.sentinel PID RUN_DIR COMMAND``: it imports neither torch nor the
+collectors, and sleeps ``POLL_S`` between looks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from gpuscope.collect.last_reading import LAST
+
+POLL_S = 0.5
+NEAR_LIMIT = 0.8
+"""A run killed outright with its memory at this share of its limit or more at the last reading ran out of memory
+(a kill by hand, with room left, is not said to)."""
+KILLED_STATUS = 128 + signal.SIGKILL
+"""The exit status recorded: what a shell reports for a process ended by SIGKILL (the watcher, not its parent,
+cannot read the real one)."""
+EVENTS = "/sys/fs/cgroup/memory.events"
+
+
+@dataclass(frozen=True, slots=True)
+class Sentinel:
+    """The watcher process started for a run."""
+
+    pid: int
+
+    def stop(self) -> None:
+        """The run wrote its files: the watcher has nothing to do."""
+        try:
+            os.kill(self.pid, signal.SIGTERM)
+        except OSError:
+            pass
+
+
+def start(run_dir: Path, command: tuple[str, ...]) -> Sentinel | None:
+    """Start the watcher for this process and ``run_dir`` (None where it could not be: the run goes on without)."""
+    try:
+        launcher = subprocess.Popen(
+            [sys.executable, "-m", "gpuscope.sentinel", str(os.getpid()), str(run_dir), json.dumps(command)],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
+        line = launcher.stdout.readline() if launcher.stdout is not None else b""
+        launcher.wait(timeout=30)
+        return Sentinel(int(line)) if line.strip().isdigit() else None
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+
+
+def _started(pid: int) -> str | None:
+    """The process's start time (``/proc/PID/stat``), which tells it from a later process given its number."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _oom_kills() -> int | None:
+    try:
+        with open(EVENTS) as events:
+            for line in events:
+                name, _, count = line.partition(" ")
+                if name == "oom_kill":
+                    return int(count)
+    except (OSError, ValueError):
+        pass
+    return None
+
+
+def _address_limit(pid: int) -> int:
+    """The watched process's address-space limit (``RLIMIT_AS``), from ``/proc/PID/limits``; 0 where unlimited."""
+    try:
+        with open(f"/proc/{pid}/limits") as limits:
+            for line in limits:
+                if line.startswith("Max address space"):
+                    soft = line.split()[3]
+                    return int(soft) if soft.isdigit() else 0
+    except (OSError, IndexError, ValueError):
+        pass
+    return 0
+
+
+def watch(pid: int, run_dir: Path, command: tuple[str, ...]) -> None:
+    """Wait for ``pid`` to end; write its record where it left none."""
+    born = _started(pid)
+    kills = _oom_kills()
+    address_limit = _address_limit(pid)
+    while born is not None and _started(pid) == born:
+        time.sleep(POLL_S)
+        address_limit = _address_limit(pid) or address_limit  # the script may set it as it runs
+    if (run_dir / "run.json").exists() or not run_dir.is_dir():
+        return
+    killed_by_oom = kills is not None and (_oom_kills() or 0) > kills
+    write_killed_record(run_dir, command, _read_last(run_dir), killed_by_oom, address_limit)
+
+
+def _read_last(run_dir: Path) -> dict[str, Any]:
+    try:
+        return json.loads((run_dir / LAST).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def killed_record(command: tuple[str, ...], last: dict[str, Any], killed_by_oom: bool, address_limit: int,
+                  host_limit: tuple[int, str]) -> Any:
+    """The record of a run that ended without writing one: what the last reading says, and whether it ran out of
+    memory (the container's OOM killer struck, or its memory was ``NEAR_LIMIT`` of its limit)."""
+    from gpuscope.record import CollectorStatus, Memory, OutOfMemory, RunRecord, Verdict
+
+    steps = int(last.get("steps", 0))
+    rss, vm = int(last.get("rss", 0)), int(last.get("vm", 0))
+    limit, source = host_limit
+    used = rss
+    if address_limit and (not limit or address_limit < limit):
+        limit, source, used = address_limit, "the process's address-space limit (RLIMIT_AS)", vm
+    near = bool(limit) and used >= NEAR_LIMIT * limit
+    ago = f" ({time.time() - last['t']:.1f} s before it ended)" if "t" in last else ""
+    reading = (f"{used / 1e6:.1f} MB of {source} ({limit / 1e6:.1f} MB) at the last reading{ago}, step {steps}"
+               if limit and last else "no reading of its memory was left")
+    cause = ("was killed by the kernel's OOM killer (the container's oom_kill count rose)" if killed_by_oom else
+             "was killed outright (SIGKILL, as the kernel's OOM killer sends), its memory near its limit" if near else
+             "ended without writing its record (killed outright?)")
+    line = f"the script {cause}: {reading}; its exit status could not be read, {KILLED_STATUS} is recorded"
+    died = OutOfMemory(error=f"the script {cause}", device="cpu", step=steps) if killed_by_oom or near else None
+    memory = Memory(device="cpu", process_bytes=rss, limit_bytes=limit, limit_source=source,
+                    address_space_peak_bytes=vm, out_of_memory=died,
+                    headroom_bytes=limit - used if limit else None,
+                    notes=("written by gpuscope's watcher after the run was killed: only the last reading is known",))
+    return RunRecord(command=command, exit_status=KILLED_STATUS, memory=memory,
+                     verdict=Verdict("inconclusive", 0.0, (line,)),
+                     collectors={"memory-window": CollectorStatus("unavailable", "the run was killed before it wrote "
+                                                                                 "its record", field="memory")})
+
+
+def write_killed_record(run_dir: Path, command: tuple[str, ...], last: dict[str, Any], killed_by_oom: bool,
+                        address_limit: int) -> None:
+    from gpuscope.collect.oom import memory_limit
+    from gpuscope.record import write_record
+    from gpuscope.report.render import write_report
+
+    record = killed_record(command, last, killed_by_oom, address_limit, memory_limit("cpu", address_space=False))
+    write_record(record, run_dir)
+    try:
+        write_report(record, run_dir)
+    finally:
+        (run_dir / LAST).unlink(missing_ok=True)
+
+
+def main(argv: list[str]) -> int:
+    """``PID RUN_DIR COMMAND``: fork, print the watcher's pid, and leave it watching (not the run's child)."""
+    pid, run_dir, command = int(argv[0]), Path(argv[1]), tuple(json.loads(argv[2]))
+    child = os.fork()
+    if child:
+        print(child, flush=True)
+        return 0
+    try:
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        watch(pid, run_dir, command)
+    finally:
+        os._exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
