@@ -864,6 +864,8 @@ class Memory:
     """Where in the step the peak fell: ``forward``, ``backward``, ``optimizer`` or ``other``."""
     activations_max_bytes: int = 0
     """Activations at their own highest (the end of forward), bytes."""
+    gradients_max_bytes: int = 0
+    """Gradients at their own highest, bytes: all of them, where the peak falls early in backward with few made."""
     holders: tuple[MemoryHolder, ...] = ()
     """The modules whose activations are largest at that point, largest first (at most eight)."""
     repeated_blocks: str = ""

@@ -85,6 +85,7 @@ def test_parameters_gradients_and_adams_state_are_their_known_sizes_at_the_peak(
     assert abs(memory.parameters_bytes - size) <= 0.1 * size
     assert abs(memory.optimizer_state_bytes - 2 * size) <= 0.1 * 2 * size
     assert abs(memory.gradients_bytes - size) <= 0.1 * size  # the peak is in the optimizer's step: all are live
+    assert abs(memory.gradients_max_bytes - size) <= 0.1 * size
     assert memory.peak_phase == "optimizer"
     parts = (memory.parameters_bytes + memory.gradients_bytes + memory.optimizer_state_bytes
              + memory.activations_bytes + memory.inputs_bytes + memory.temporaries_bytes + memory.unknown_bytes)

@@ -62,6 +62,7 @@ def test_the_peak_is_split_into_categories_that_add_up_to_it_and_the_optimizers_
     assert memory.temporaries_bytes == 6 * MB
     assert memory.peak_phase == "optimizer"
     assert memory.steps == (10, 11)
+    assert memory.gradients_max_bytes == 4 * MB
 
 
 def test_activations_at_their_highest_name_the_module_and_line_holding_them() -> None:

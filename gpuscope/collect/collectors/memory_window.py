@@ -457,6 +457,7 @@ def summarise(events: ProfileEvents, device: str, held: dict[int, str] | None = 
     points: list[tuple[int, dict[str, int]]] = []
     peak = (-1, start, totals)
     acts_max = (-1, start, set())  # type: ignore[var-annotated]
+    grads_max = 0
     for t in moments:
         for a, sign in by_time.get(t, ()):
             totals[category_of(a)] += sign * a.nbytes
@@ -466,6 +467,7 @@ def summarise(events: ProfileEvents, device: str, held: dict[int, str] | None = 
         points.append((t, snapshot))
         if total > peak[0]:
             peak = (total, t, snapshot)
+        grads_max = max(grads_max, totals["gradients"])
         if totals["activations"] > acts_max[0]:
             acts_max = (totals["activations"], t, set(alive))
     peak_total, peak_t, at_peak = peak
@@ -485,6 +487,7 @@ def summarise(events: ProfileEvents, device: str, held: dict[int, str] | None = 
         unknown_bytes=at_peak["unknown"],
         peak_phase=_phase(peak_t, events),
         activations_max_bytes=max(acts_max[0], 0),
+        gradients_max_bytes=grads_max,
         holders=holders,
         repeated_blocks=blocks.name,
         repeated_block_count=blocks.count,
