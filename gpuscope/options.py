@@ -121,13 +121,14 @@ class RunOptions:
                     f"--profile-steps {self.profile_steps} is too few: the profilers' windows and the steady steps the "
                     f"figures need take {needed} (fewer with --trace-steps or --cprofile-steps lower)")
 
-    def fewest_profile_steps(self) -> int:
+    def fewest_profile_steps(self, memory: bool = False) -> int:
         """The fewest ``profile_steps`` that hold every window (on a CUDA run, which has the most) and
-        ``thresholds.MIN_STEADY_STEPS`` clean steps."""
+        ``thresholds.MIN_STEADY_STEPS`` clean steps; the memory window among them with ``memory`` (without it, where
+        they are too few to hold it: it is left out, not the run refused)."""
         from gpuscope.diagnose.thresholds import MIN_STEADY_STEPS
         from gpuscope.collect.collectors import plan_windows
 
-        plan = plan_windows(dataclasses.replace(self.collect_options(), profile_steps=None))
+        plan = plan_windows(dataclasses.replace(self._collect_options(), profile_steps=None, memory_window=memory))
         return max(plan.end(cuda=True) - self.skip_steps, 0) + MIN_STEADY_STEPS
 
     @classmethod
@@ -158,7 +159,12 @@ class RunOptions:
         return cls.from_args(parser.parse_args(tokens))
 
     def collect_options(self) -> CollectOptions:
-        """The collectors' options for these choices."""
+        """The collectors' options for these choices: the memory window left out where ``--profile-steps`` is too few
+        to hold it beside the other windows and the steady steps."""
+        fits = self.profile_steps is None or self.profile_steps >= self.fewest_profile_steps(memory=True)
+        return dataclasses.replace(self._collect_options(), memory_window=fits)
+
+    def _collect_options(self) -> CollectOptions:
         return CollectOptions(
             cprofile_steps=None if self.cprofile_all else self.cprofile_steps,
             trace_steps=self.trace_steps,

@@ -80,16 +80,16 @@ def test_profiled_steps_are_left_out_of_the_step_figures(data_bound_run) -> None
     _, record = data_bound_run
     steps = record["steps"]
     # cProfile's steps 1-4, torch.profiler's 6-9, then on CUDA the sync count's 10-12, then the FLOP counter's one
-    # step (10 on a CPU, 13 on CUDA). Step 0 is warm-up, and so is step 1 when it is still slow (warm-up is
-    # detected, not fixed): then warm-up and profiled steps share 0-4.
+    # step (10 on a CPU, 13 on CUDA), then the memory window's two. Step 0 is warm-up, and so is step 1 when it is
+    # still slow (warm-up is detected, not fixed): then warm-up and profiled steps share 0-4.
     flops_step = 10 if record["device"] == "cpu" else 13
     status = dict(zip(steps["sample"]["index"], steps["sample"]["status"]))
     assert all(status[i] in ("warmup", "profiled") for i in range(5))
     assert status[0] == "warmup" and status[4] == "profiled"
-    assert steps["warmup"] + steps["profiled"] == flops_step
+    assert steps["warmup"] + steps["profiled"] == flops_step + 2
     assert steps["count"] == steps["total"] - steps["warmup"] - steps["profiled"] - steps["outliers"]
-    assert [status[i] for i in (5, 6, 9, flops_step, flops_step + 1)] == [
-        "steady", "profiled", "profiled", "profiled", "steady"]
+    assert [status[i] for i in (5, 6, 9, flops_step, flops_step + 2, flops_step + 3)] == [
+        "steady", "profiled", "profiled", "profiled", "profiled", "steady"]
 
 
 @pytest.mark.slow

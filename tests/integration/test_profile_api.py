@@ -33,7 +33,7 @@ class SlowData(Dataset):
         return torch.randn(8), torch.randn(1)
 
 
-def train(steps: int = 16) -> None:
+def train(steps: int = 18) -> None:
     model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     batches = iter(DataLoader(SlowData(), batch_size=2))

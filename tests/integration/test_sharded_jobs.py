@@ -25,7 +25,7 @@ def test_an_fsdp2_job_on_two_nodes_writes_one_folder_that_report_merges(tmp_path
         [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
          "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
          "--rdzv-id", "two-nodes", "-m", "gpuscope", "run", "-o", str(shared), "--no-probes", SHARDED,
-         "--mode", "fsdp2", "--steps", "16"],
+         "--mode", "fsdp2", "--steps", "18"],
         cwd=tmp_path, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for node in (0, 1)]
     outputs = [launcher.communicate(timeout=240)[0] for launcher in launchers]

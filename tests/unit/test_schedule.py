@@ -202,3 +202,13 @@ def test_a_trace_moved_for_long_steps_records_its_first_step_with_no_warm_up() -
     trace.move_window(Window(2, 1), Window(2, 1))
     assert [trace_window(i, trace.start_step, trace.active, trace.warmup) for i in (1, 2, 3)] == [
         "before", "active", "after"]
+
+
+def test_profile_steps_too_few_for_the_memory_window_leave_it_out_rather_than_refuse_the_run() -> None:
+    from gpuscope.options import RunOptions
+
+    # every other window and five steady steps take 19 steps; the memory window two more
+    assert RunOptions(profile_steps=19).fewest_profile_steps() == 19
+    assert RunOptions(profile_steps=20).collect_options().memory_window is False
+    assert RunOptions(profile_steps=21).collect_options().memory_window is True
+    assert RunOptions().collect_options().memory_window is True

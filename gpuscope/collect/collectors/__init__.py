@@ -46,6 +46,9 @@ class CollectOptions:
     profile_steps: int | None = None
     """Steps measured after the skipped ones (``--profile-steps``), every window among them; then the collectors
     hand the record over and come out (None: they stay to the end of the run)."""
+    memory_window: bool = True
+    """Two steps under the memory timeline after the other windows; off where ``--profile-steps`` is too few to hold
+    them beside the others and the steady steps."""
 
 
 def collector_classes() -> list[CollectorClass]:

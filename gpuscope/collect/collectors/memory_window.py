@@ -29,6 +29,7 @@ from gpuscope.collect.oom import memory_limit, saved_in_graph
 from gpuscope.collect.callsites import is_user_file
 from gpuscope.collect.collectors.base import CollectorResult, StepFollower, StepWindow, WindowRequest, register
 from gpuscope.collect.collectors.cprofile import profiler_in_use
+from gpuscope.collect.collectors.lazy_dynamo import inductor_left_unimported
 from gpuscope.collect.collectors.torch_trace import kineto_quiet, return_freed_heap
 from gpuscope.record import CollectorStatus, KeptTensors, Memory, MemoryHolder, MemoryTimeline
 
@@ -75,8 +76,9 @@ class MemoryWindowCollector(StepFollower):
     @classmethod
     def wants(cls, options: CollectOptions) -> WindowRequest | None:
         """Two steps after every other window (none where steps are long); none at all where torch.profiler was
-        turned off (``--trace-steps 0``)."""
-        return WindowRequest(STEPS, after="flops", long_steps=0) if options.trace_steps > 0 else None
+        turned off (``--trace-steps 0``) or ``--profile-steps`` is too few to hold them."""
+        wanted = options.trace_steps > 0 and options.memory_window
+        return WindowRequest(STEPS, after="flops", long_steps=0) if wanted else None
 
     @classmethod
     def create(cls, options: CollectOptions, plan: Plan) -> MemoryWindowCollector:
@@ -116,7 +118,7 @@ class MemoryWindowCollector(StepFollower):
         self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
                              with_stack=True)
         made_before = torch.empty(1)  # freed while the profile runs: the allocator's one warning, here, swallowed
-        with kineto_quiet():
+        with kineto_quiet(), inductor_left_unimported():  # (as torch_trace's window: no compiler imported)
             self._prof.start()
             del made_before
         self._next_mark(index)
@@ -134,7 +136,7 @@ class MemoryWindowCollector(StepFollower):
             mark, self._mark = self._mark, None
             mark.__exit__(None, None, None)
         if self._prof is not None:
-            with kineto_quiet():
+            with kineto_quiet(), inductor_left_unimported():
                 self._prof.stop()
         self._process = _rss()
         self._lines = UserLines()  # now, while the script's __main__ is loaded
