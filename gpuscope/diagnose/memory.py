@@ -59,7 +59,8 @@ def readings(record: RunRecord, memory: Memory) -> tuple[str, list[tuple[int, in
     host = record.host_memory
     if host is None:
         return "host", []
-    return "host", [(s, b) for s, b in zip(host.steps_seen, host.process_bytes) if s >= first]
+    last = max(host.steps_seen, default=0)  # readings at the last count may be after the loop: the end's own work
+    return "host", [(s, b) for s, b in zip(host.steps_seen, host.process_bytes) if first <= s < last]
 
 
 def _profiled(record: RunRecord) -> list[int]:
