@@ -6,8 +6,8 @@ last reading (``collect/last_reading.py``: the steps counted, the resident memor
 limit the run had, and whether the container's OOM killer struck (cgroup v2's ``memory.events``, ``oom_kill``).
 
 ``start`` is called by ``gpuscope run`` before the script; ``Sentinel.stop`` once the run's own files are written.
-The watcher is ``python -m gpuscope.sentinel PID RUN_DIR COMMAND``: it imports neither torch nor the
-collectors, and sleeps ``POLL_S`` between looks.
+The watcher (``BOOTSTRAP``, then ``run``) imports neither torch nor the collectors, and sleeps ``POLL_S`` between
+looks.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def start(run_dir: Path, command: tuple[str, ...]) -> Sentinel | None:
     """Start the watcher for this process and ``run_dir`` (None where it could not be: the run goes on without)."""
     try:
         launcher = subprocess.Popen(
-            [sys.executable, "-m", "gpuscope.sentinel", str(os.getpid()), str(run_dir), json.dumps(command)],
+            [sys.executable, "-c", BOOTSTRAP, str(os.getpid()), str(run_dir), json.dumps(command)],
             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
         line = launcher.stdout.readline() if launcher.stdout is not None else b""
         launcher.wait(timeout=30)
@@ -161,22 +161,25 @@ def write_killed_record(run_dir: Path, command: tuple[str, ...], last: dict[str,
         (run_dir / LAST).unlink(missing_ok=True)
 
 
-def main(argv: list[str]) -> int:
-    """``PID RUN_DIR COMMAND``: fork, print the watcher's pid, and leave it watching (not the run's child)."""
-    pid, run_dir, command = int(argv[0]), Path(argv[1]), tuple(json.loads(argv[2]))
-    child = os.fork()
-    if child:
-        print(child, flush=True)
-        return 0
+BOOTSTRAP = """
+import os, sys
+child = os.fork()
+if child:
+    print(child, flush=True)
+    os._exit(0)
+from gpuscope.sentinel import run
+run(sys.argv[1:])
+"""
+"""The launcher: it forks before importing anything (the run waits only for the watcher's pid, not for gpuscope's
+imports), and leaves the watcher, its child, to be adopted: the run's process tree never holds it."""
+
+
+def run(argv: list[str]) -> None:
+    """The watcher: ``PID RUN_DIR COMMAND``, its output to nowhere; it never returns."""
     try:
         devnull = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
             os.dup2(devnull, fd)
-        watch(pid, run_dir, command)
+        watch(int(argv[0]), Path(argv[1]), tuple(json.loads(argv[2])))
     finally:
         os._exit(0)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
