@@ -123,7 +123,7 @@ class Profile:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if exc is not None:
-            oom.note(exc)  # a memory error: what was live, for the record
+            oom.note(exc, release=False)  # a memory error: what was live; its frames stay for the user's debugger
         self.stop(_exit_status(exc))  # the exception itself goes on to the caller, untouched
 
     # -- results -------------------------------------------------------------------------------------------

@@ -3,8 +3,9 @@
 ``note(exc, steps)`` is called where the script's exception is caught (``runner.run_target``, ``gpuscope.profile()``'s
 exit), while the frames it unwound are still reachable through its traceback. For a memory error (Python's
 ``MemoryError``, ``torch.OutOfMemoryError``, the CPU allocator's "can't allocate memory") it counts the live tensors by
-what holds them, then lets the frames go, so that writing the record and the report finds the memory the failed step
-held. ``census()`` hands the result to the memory collector.
+what holds them; after a script run by ``gpuscope run`` it then lets the frames go, so that writing the record and the
+report finds the memory the failed step held (under ``gpuscope.profile()`` the exception goes on to the user, whose
+debugger may want those frames: they are kept). ``census()`` hands the result to the memory collector.
 
 The count walks Python's tracked objects once: parameters and their gradients, optimizers' state, every other
 tensor; activations saved inside autograd's graph are found from the ``grad_fn`` of each tensor that has one (its
@@ -50,8 +51,9 @@ def requested_bytes(message: str) -> int | None:
     return round(float(match.group(1)) * _UNITS.get(unit, 1))
 
 
-def note(exc: BaseException, steps: int = 0) -> None:
-    """Count what was live if ``exc`` is a memory error, then clear the frames its traceback holds."""
+def note(exc: BaseException, steps: int = 0, release: bool = True) -> None:
+    """Count what was live if ``exc`` is a memory error, then, with ``release`` (the script has ended: nothing will
+    read them again), clear the frames its traceback holds."""
     global _LAST
     if not is_memory_error(exc):
         return
@@ -66,11 +68,12 @@ def note(exc: BaseException, steps: int = 0) -> None:
         counts = {}
     _LAST = OutOfMemory(error=f"{type(exc).__name__}: {message}" if message else type(exc).__name__,
                         device=device, requested_bytes=requested_bytes(message), step=steps, **counts)
-    try:
-        traceback.clear_frames(exc.__traceback__)
-    except Exception:
-        pass
-    gc.collect()
+    if release:
+        try:
+            traceback.clear_frames(exc.__traceback__)
+        except Exception:
+            pass
+        gc.collect()
 
 
 def census() -> OutOfMemory | None:

@@ -309,6 +309,21 @@ def test_the_census_counts_each_live_tensor_once_by_what_holds_it() -> None:
     del out
 
 
+def test_a_memory_error_raised_to_the_user_keeps_its_frames_for_their_debugger() -> None:
+    def failing() -> None:
+        held = torch.ones(3)  # noqa: F841  (a local the debugger would show)
+        raise MemoryError
+
+    try:
+        failing()
+    except MemoryError as exc:
+        oom.note(exc, release=False)
+        assert "held" in exc.__traceback__.tb_next.tb_frame.f_locals  # type: ignore[union-attr]
+        oom.note(exc)  # the script has ended: its frames let go
+        assert "held" not in exc.__traceback__.tb_next.tb_frame.f_locals  # type: ignore[union-attr]
+    oom.census()
+
+
 def test_a_memory_error_is_noted_once_and_others_not_at_all() -> None:
     oom.note(ValueError("out of memory"), steps=1)
     assert oom.census() is None
