@@ -164,7 +164,8 @@ def test_with_half_second_batches_the_predicted_speedup_is_the_measured_one_over
         assert probe["probe_batch_size"] < probe["batch_size"], probe
         assert probe["elapsed_s"] <= probe["budget_s"] + 1.0
         # when: the suggested worker count is applied; its throughput is measured over whole cycles of its workers
-        outcomes.append(applied(runs, "data_loading_bound_fp16", ("--steps", "24"), slow, attempt > 0,
+        # (26 steps: after the profiling windows, the memory window's two among them, three whole cycles and more)
+        outcomes.append(applied(runs, "data_loading_bound_fp16", ("--steps", "26"), slow, attempt > 0,
                                 by_cycles=True))
         if as_predicted(outcomes[-1]):
             break
