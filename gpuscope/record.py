@@ -747,6 +747,10 @@ class KeptTensors:
     the variable itself; empty where none of the script's variables was found to."""
 
 
+MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "inputs", "temporaries", "unknown")
+"""What memory is made of, as ``MemoryTimeline`` names its series and ``Memory`` its ``*_bytes`` at the peak."""
+
+
 @dataclass(frozen=True, slots=True)
 class MemoryTimeline:
     """The measured steps' memory over time by category (bytes), at most a few hundred points."""

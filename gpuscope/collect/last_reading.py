@@ -23,8 +23,15 @@ def write_last(run_dir: Path, steps: int, rss: int, peak_rss: int) -> None:
 
 def vm_size(pid: int) -> int:
     """A process's address space (virtual size), bytes; 0 where it cannot be read."""
+    return statm_bytes(pid)[0]
+
+
+def statm_bytes(pid: int) -> tuple[int, int]:
+    """A process's address space and resident memory (``/proc/PID/statm``), bytes; zeros where unreadable."""
     try:
         with open(f"/proc/{pid}/statm") as statm:
-            return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+            fields = statm.read().split()
+        page = os.sysconf("SC_PAGE_SIZE")
+        return int(fields[0]) * page, int(fields[1]) * page
     except (OSError, ValueError, IndexError):
-        return 0
+        return 0, 0

@@ -14,11 +14,11 @@ import statistics
 from collections.abc import Callable, Sequence
 
 from gpuscope.diagnose import thresholds as th
+from gpuscope.record import MEMORY_CATEGORIES as CATEGORIES
 from gpuscope.record import Memory, MemoryFix, MemoryGrowth, MemoryTimeline, RunRecord
 
 MAX_READINGS = 200
 """Readings the growth's slope is taken over (evenly chosen): the pairs' slopes number their square."""
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "inputs", "temporaries", "unknown")
 Change = Callable[[str, str, float], float]
 """A fix, as what it leaves of a category's bytes at a point of the given phase: ``(category, phase, bytes)``."""
 

@@ -25,12 +25,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collect import oom
+from gpuscope.collect.last_reading import statm_bytes
 from gpuscope.collect.oom import memory_limit, saved_in_graph
 from gpuscope.collect.callsites import is_user_file
 from gpuscope.collect.collectors.base import CollectorResult, StepFollower, StepWindow, WindowRequest, register
 from gpuscope.collect.collectors.cprofile import profiler_in_use
 from gpuscope.collect.collectors.lazy_dynamo import inductor_left_unimported
 from gpuscope.collect.collectors.torch_trace import kineto_quiet, return_freed_heap
+from gpuscope.record import MEMORY_CATEGORIES as CATEGORIES
 from gpuscope.record import CollectorStatus, KeptTensors, Memory, MemoryHolder, MemoryTimeline
 
 if TYPE_CHECKING:
@@ -51,7 +53,6 @@ KEPT_MIN_BYTES = 4096
 MIN_BLOCKS = 3
 """Instances of one module class, each holding activations, that make it the model's repeated block."""
 MARK = "gpuscope#memory-step-"
-CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "inputs", "temporaries", "unknown")
 
 
 @register
@@ -213,11 +214,7 @@ def _vm_peak() -> int:
 
 
 def _rss() -> int:
-    try:
-        with open(f"/proc/{os.getpid()}/statm") as statm:
-            return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
+    return statm_bytes(os.getpid())[1]
 
 
 # -- the profile, as plain data ------------------------------------------------------------------------------
@@ -236,14 +233,6 @@ class Allocation:
     in_optimizer: bool = False
     in_backward: bool = False
     ptr: int = 0  # its storage's address
-
-
-@dataclass(slots=True)
-class Block:
-    """One instance of a module class, with the bytes of its input (the first tensor of its first op)."""
-
-    name: str
-    input_bytes: int
 
 
 @dataclass(slots=True)
