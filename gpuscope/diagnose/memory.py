@@ -79,7 +79,8 @@ def theil_sen(points: Sequence[tuple[int, int]]) -> float:
 
 def growth(record: RunRecord, memory: Memory) -> MemoryGrowth | None:
     """Growth a step over the readings after the windows; a leak where it is large against what was held at
-    their start and seen in both halves of them (``thresholds.LEAK_*``). None where they span too few steps."""
+    their start and seen in both halves of them (``thresholds.LEAK_*``), at the pace of the tensors the memory window
+    saw a step keep where the two agree. None where they span too few steps."""
     source, points = readings(record, memory)
     if len(points) < 4 or points[-1][0] - points[0][0] < th.LEAK_MIN_STEPS:
         return None
@@ -92,8 +93,10 @@ def growth(record: RunRecord, memory: Memory) -> MemoryGrowth | None:
     held = statistics.median(b for _, b in points[:3])
     leak = (grew >= th.LEAK_MIN_BYTES and grew >= th.LEAK_MIN_SHARE * held
             and all(r >= th.LEAK_HALF_SHARE * rate for r in each))
+    low, high = th.LEAK_KEPT_AGREES
+    kept = memory.kept_bytes_per_step if leak and low * rate <= memory.kept_bytes_per_step <= high * rate else 0
     return MemoryGrowth(source=source, per_step_bytes=round(rate, 1), from_step=points[0][0],  # type: ignore[arg-type]
-                        to_step=points[-1][0], grew_bytes=round(grew), leak=leak)
+                        to_step=points[-1][0], grew_bytes=round(grew), leak=leak, kept_per_step_bytes=kept)
 
 
 # -- room ----------------------------------------------------------------------------------------------------------

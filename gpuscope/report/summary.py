@@ -39,7 +39,8 @@ def memory_lines(record: RunRecord) -> list[str]:
     if growth is not None and growth.leak:
         top = next((k for k in memory.kept if k.line), None)
         made = f": made at {top.line}" + (f", kept by {top.held_by}" if top.held_by else "") if top else ""
-        lines.append(f"  memory grows {byte_text(growth.per_step_bytes)} a step (leak){made}")
+        kept = f", {byte_text(growth.kept_per_step_bytes)} of it tensors kept" if growth.kept_per_step_bytes else ""
+        lines.append(f"  memory grows {byte_text(growth.per_step_bytes)} a step (leak{kept}){made}")
     return lines
 
 

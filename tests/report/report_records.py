@@ -115,7 +115,7 @@ def full_memory() -> Memory:
                           "the list `history` (12 items)"),),
         kept_bytes_per_step=100 * 2**20,
         growth=MemoryGrowth(source="cuda", per_step_bytes=100 * 2**20, from_step=10, to_step=60,
-                            grew_bytes=5000 * 2**20, leak=True),
+                            grew_bytes=5000 * 2**20, leak=True, kept_per_step_bytes=100 * 2**20),
         fixes=(MemoryFix("activation-checkpointing", "Checkpoint each Block", 10 * GIB, 0.25,
                          "6 blocks hold 12 GiB of activations; checkpointed, they keep their inputs and one block's"),
                MemoryFix("smaller-optimizer-state", "Keep Adam's state in bfloat16", 6 * GIB, 0.15,

@@ -83,7 +83,8 @@ def test_the_peak_bar_adds_up_to_the_peak_and_the_timeline_stacks_each_category(
 def test_a_leak_shows_its_growth_and_the_line_that_makes_it() -> None:
     text = memory_text(gpu_record())
     assert "CUDA allocated memory grows 100 MiB a step over steps 10-60 (4.9 GiB in all): a leak." in text
-    assert "Step 20 made 100 MiB still alive at the end of step 21" in text
+    assert ("a leak. The leak itself is the 100 MiB of tensors a step keeps (below); the rest is the allocator's "
+            "slack, which varies run by run. Step 20 made 100 MiB still alive at the end of step 21" in text)
     assert ("train.py:77 in main train.py:120 in &lt;module&gt; the list `history` (12 items) 100 MiB activations"
             in text)
     below = dataclasses.replace(full_memory(), growth=MemoryGrowth(source="host", per_step_bytes=2**20, from_step=5,
@@ -174,5 +175,6 @@ def test_the_summary_of_a_run_that_ran_out_of_memory_leads_with_it() -> None:
     full = memory_summary(gpu_record())
     assert full[0] == ("  memory: peak 42.9 GB in backward (optimizer state 12.9 GB, activations 12.9 GB, "
                        "parameters 6.4 GB, gradients 6.4 GB, other 4.3 GB)")
-    assert full[1] == ("  memory grows 104.9 MB a step (leak): made at train.py:77 in main, kept by the list "
+    assert full[1] == ("  memory grows 104.9 MB a step (leak, 104.9 MB of it tensors kept): made at train.py:77 in "
+                       "main, kept by the list "
                        "`history` (12 items)")

@@ -114,6 +114,21 @@ def test_memory_that_grows_in_both_halves_of_the_steps_after_the_windows_is_a_le
     assert found.to_step == 96  # the last count's readings are left out: they may be the run's end, not a step
 
 
+def test_a_leaks_rate_is_what_a_step_keeps_where_that_agrees_with_the_growth() -> None:
+    steps = list(range(0, 100, 2))
+    rss = [150 * MB + int(3.5 * MB) * s for s in steps]  # 2 MB of tensors kept a step, and the allocator's slack
+    kept = growth(host_record(steps, rss, Memory(steps=(11, 12), kept_bytes_per_step=2 * MB)),
+                  Memory(steps=(11, 12), kept_bytes_per_step=2 * MB))
+    assert kept is not None and kept.leak
+    assert kept.per_step_bytes == pytest.approx(3.5 * MB) and kept.kept_per_step_bytes == 2 * MB
+    small = Memory(steps=(11, 12), kept_bytes_per_step=MB // 4)  # one tensor beside a leak of something else
+    found = growth(host_record(steps, rss, small), small)
+    assert found is not None and found.leak and found.kept_per_step_bytes == 0
+    flat = Memory(steps=(11, 12), kept_bytes_per_step=2 * MB)  # kept a step, freed later: no growth, no leak
+    found = growth(host_record(steps, [150 * MB] * len(steps), flat), flat)
+    assert found is not None and not found.leak and found.kept_per_step_bytes == 0
+
+
 def test_readings_after_the_loop_do_not_make_a_leak() -> None:
     steps = list(range(0, 100, 2))
     rss = [400 * MB] * len(steps) + [900 * MB] * 40  # the end of the run (an analysis, the report) at step 98

@@ -39,7 +39,8 @@ def memory_leak(record: RunRecord) -> Finding | None:
     g = memory.growth
     what = "the CUDA allocator's allocated memory" if g.source == "cuda" else "the process's resident memory"
     evidence = [f"{what} grows {mb(g.per_step_bytes)} a step over steps {g.from_step}-{g.to_step} "
-                f"({mb(g.grew_bytes)} in all)"]
+                f"({mb(g.grew_bytes)} in all)" + (f", {mb(g.kept_per_step_bytes)} of it the tensors a step keeps"
+                                                  if g.kept_per_step_bytes else "")]
     fix = None
     if memory.kept:
         top = memory.kept[0]
