@@ -1,5 +1,5 @@
 """A fix applied to an unchanged script as it runs (``gpuscope run --try``'s trials): each recommendation that can
-be applied at run time, applied as its fix text writes it, and a trial's end at a step boundary.
+be applied at run time, applied with the values its fix is written from, and a trial's end at a step boundary.
 
 Each fix installs what it needs when torch is imported (``ImportWatch``): a setting (``tf32``), a default argument
 (``fused=True`` where an optimizer is built, ``num_workers`` where the recommended DataLoader is), or, once the steps
@@ -49,7 +49,8 @@ class Applied:
 
 
 def apply(fix_id: str, settings: dict[str, Any], steps: StepSource) -> Applied:
-    """Install ``fix_id`` with its ``settings`` (``diagnose.trials.fix_settings``), following ``steps``."""
+    """Install ``fix_id`` with its ``settings`` (its rule's and its finding's: ``diagnose.trials.plan``), following
+    ``steps``."""
     applied = Applied(fix_id)
     install = INSTALLERS[fix_id]
 
@@ -192,10 +193,8 @@ def _dataloader(torch: Any, settings: dict[str, Any], applied: Applied, steps: S
     once."""
     from torch.utils.data import dataloader
 
-    wanted = {name: settings[name] for name in ("num_workers", "persistent_workers", "prefetch_factor")
+    wanted = {name: settings[name] for name in ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
               if name in settings}
-    if applied.id == "pin-memory":
-        wanted["pin_memory"] = True
     site = settings.get("site")
 
     def wrap(original: Callable[..., None]) -> Callable[..., None]:
@@ -338,7 +337,8 @@ INSTALLERS: dict[str, Installer] = {
     "cpu-fp32-over-low-precision": _cpu_float32,
     "reduce-memory": _on_roots(_checkpoint_blocks),
 }
-"""How each fix ``diagnose.trials.APPLIED_AT_RUN_TIME`` names is applied."""
+"""How each fix whose rule is tried at run time (``AtRunTime``, ``diagnose.trials.APPLIED_AT_RUN_TIME``) is applied:
+one installer an id, tied to the rules by tests/unit/test_trials.py."""
 
 
 __all__ = ["Applied", "INSTALLERS", "StopAfter", "TrialStop", "apply"]

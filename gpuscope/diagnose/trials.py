@@ -10,43 +10,20 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-import re
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.clock import step_times
-from gpuscope.diagnose.rules import RULES
+from gpuscope.diagnose.rules import RULES, AtRunTime, Refused, by_id, finding
 from gpuscope.record import Effect, LossCheck, Recommendation, RunRecord, Trial
 
-APPLIED_AT_RUN_TIME = frozenset({
-    "tf32", "cudnn-benchmark", "mixed-precision", "channels-last", "more-dataloader-workers", "pin-memory",
-    "persistent-workers", "file-system-sharing", "zero-grad-set-to-none", "fused-optimizer", "jit-fusion",
-    "static-graph", "disable-debug-apis", "skip-distribution-checks", "tune-host-allocator",
-    "cpu-fp32-over-low-precision", "reduce-memory",
-})
-"""The fixes gpuscope can apply to an unchanged script as it runs (``collect.fixes``)."""
+APPLIED_AT_RUN_TIME = frozenset(r.id for r in RULES if isinstance(r.trial, AtRunTime))
+"""The fixes gpuscope can apply to an unchanged script as it runs (``collect.fixes``): each rule says (``trial``)."""
 
-REFUSED = {
-    "larger-batch": "it changes the optimisation (the samples each update averages over, and the learning rate "
-                    "that suits them), not only the speed",
-    "reduce-communication": "it changes the optimisation (more samples an update) or the job's launch",
-    "distributed-data-parallel": "it needs the script launched as one process per GPU",
-    "fp32-preprocessing": "it is a change to your dataset's code",
-    "cheaper-batches": "it is a change to your dataset's or collate function's code",
-    "split-iterable-stream": "it is a change to your IterableDataset's code",
-    "avoid-host-sync": "it is a change to where your loop reads values back",
-    "bias-before-batchnorm": "it changes the model's layers, and its checkpoints",
-    "float32-over-float64": "it changes the dtypes your code chooses",
-    "cpu-float32-attention": "it is a change to your attention code",
-    "balance-ranks": "what makes one rank slower is in your data, your model's inputs or your device, not a setting",
-    "fix-memory-leak": "it is a change to what your loop keeps from step to step",
-}
+REFUSED = {r.id: r.trial.reason for r in RULES if isinstance(r.trial, Refused)}
 """Why each other fix is not tried: it needs the user's code edited, or it changes more than the speed."""
-
-LOADER_SITE = re.compile(r"#[^#\n]*?([^\s:#,]+\.py):(\d+)")
-"""Where the fix goes, as its comment names it: ``# train.py:37``, ``# transformers, called from train.py:52``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,53 +51,29 @@ def refusal(rec_id: str) -> str | None:
 
 
 def plan(rec_id: str, record: RunRecord) -> TrialPlan | Trial:
-    """How to try ``rec_id`` on the script of ``record``: its own recommendation's fix where it made one, else the
-    rule's generic fix; a refused ``Trial`` where neither can be applied as it stands."""
+    """How to try ``rec_id`` on the script of ``record``: with the values of the rule's finding on it where the run
+    recommended the fix, over the rule's own (``AtRunTime``); a refused ``Trial`` where it cannot be applied as it
+    stands. The values are the rule's data, never read back out of its fix's words."""
     reason = refusal(rec_id)
     if reason is not None:
         return Trial(id=rec_id, status="refused", reason=reason)
+    rule = by_id(rec_id)
+    tried: AtRunTime = rule.trial  # type: ignore[assignment]
     recommended = next((r for r in record.recommendations if r.id == rec_id), None)
-    rule = next(r for r in RULES if r.id == rec_id)
+    found = finding(record, rec_id) if recommended is not None else None
+    settings = {**tried.settings, **(tried.settings_of(record) if tried.settings_of else {}),
+                **(found.settings if found is not None else {})}
+    env = {**tried.env, **(found.env if found is not None else {})}
     change = recommended.fix if recommended is not None else rule.fix
-    settings, env = fix_settings(rec_id, change)
-    if rec_id == "more-dataloader-workers" and "num_workers" not in settings:
-        return Trial(id=rec_id, status="refused", change=change,
-                     reason="this run did not recommend it: no worker count was measured to try")
-    if rec_id == "reduce-memory":
-        block = settings.get("block") or (record.memory.repeated_blocks if record.memory is not None else "")
-        if not block:
-            return Trial(id=rec_id, status="refused", change=change,
-                         reason="no repeated block was found to checkpoint (the one memory fix applied at run time)")
-        settings["block"] = block
-        change = f"checkpoint each {block} block: torch.utils.checkpoint.checkpoint(block, x, use_reentrant=False)"
-    if rec_id == "mixed-precision" and record.device != "cuda":
-        return Trial(id=rec_id, status="refused", change=change,
-                     reason="a CPU run: its low-precision advice is cpu-fp32-over-low-precision's")
+    for name, why in tried.requires.items():
+        if name not in settings:
+            return Trial(id=rec_id, status="refused", change=change, reason=why)
+    if tried.change:
+        change = tried.change.format(**settings)
+    if tried.cuda_only and record.device != "cuda":
+        return Trial(id=rec_id, status="refused", change=change, reason=f"a CPU run: {tried.cuda_only}")
     return TrialPlan(rec_id, change, settings, env,
                      recommended.expected_gain if recommended is not None else None)
-
-
-def fix_settings(rec_id: str, fix: str) -> tuple[dict[str, object], dict[str, str]]:
-    """The values a fix's text names (the worker count, the loader's line, the allocator's thresholds, the
-    optimizer class, the compile mode), for ``collect.fixes`` to apply exactly as written; and its environment."""
-    settings: dict[str, object] = {}
-    if (site := LOADER_SITE.search(fix)) is not None:
-        settings["site"] = f"{site.group(1)}:{site.group(2)}"
-    for name in ("num_workers", "prefetch_factor"):
-        if (found := re.search(rf"{name}=(\d+)", fix)) is not None:  # (TrainingArguments': dataloader_num_workers)
-            settings[name] = int(found.group(1))
-    if "persistent_workers=True" in fix or rec_id == "persistent-workers":
-        settings["persistent_workers"] = True
-    if (found := re.search(r"torch\.set_num_threads\((\d+)\)", fix)) is not None:
-        settings["threads"] = int(found.group(1))
-    if (found := re.search(r"torch\.optim\.(\w+)\(", fix)) is not None:
-        settings["optimizer"] = found.group(1)
-    if (found := re.search(r'mode="([\w-]+)"', fix)) is not None:
-        settings["mode"] = found.group(1)
-    if (found := re.search(r"checkpoint each of the \d+ (\w+) blocks", fix)) is not None:
-        settings["block"] = found.group(1)
-    env = {name: value for name, value in re.findall(r"\b(MALLOC_[A-Z_]+_)=(\d+)", fix)}
-    return settings, env
 
 
 def window(record: RunRecord) -> int:
@@ -334,7 +287,7 @@ def with_trials(record: RunRecord, trials: Sequence[Trial]) -> RunRecord:
                                recommendations=rerank(record.recommendations, trials))
 
 
-__all__ = ["APPLIED_AT_RUN_TIME", "REFUSED", "Round", "TrialPlan", "bootstrap_rounds", "estimated_s", "fix_settings",
+__all__ = ["APPLIED_AT_RUN_TIME", "REFUSED", "Round", "TrialPlan", "bootstrap_rounds", "estimated_s",
            "effect", "known_ids", "loss_check", "mean_step", "measure", "plan", "refusal", "rerank", "slower",
            "unchanged", "window",
            "with_trials"]

@@ -432,10 +432,10 @@ def test_a_recommendation_no_rule_knows_shows_the_step_time() -> None:
 
 
 def test_a_rule_without_a_resolving_figure_cannot_register() -> None:
-    from gpuscope.diagnose.rules.base import rule
+    from gpuscope.diagnose.rules.base import Refused, rule
 
     with pytest.raises(ValueError, match="declares no figure"):
-        rule(id="unmeasured", title="t", fix="f", resolved_by=())(lambda run: None)
+        rule(id="unmeasured", title="t", fix="f", resolved_by=(), trial=Refused("r"))(lambda run: None)
 
 
 # --- unlike runs ---------------------------------------------------------------------------------------------------

@@ -4,12 +4,19 @@ steps a trial runs, what a trial measured against the untouched run, the loss ch
 from __future__ import annotations
 
 import dataclasses
+import gzip
+import json
 import random
+from pathlib import Path
 
 import pytest
 
 from conftest import make_record
-from gpuscope.diagnose import trials
+from gpuscope.collect.fixes import INSTALLERS
+from gpuscope.diagnose import analyze, trials
+from gpuscope.diagnose.evidence import STEP
+from gpuscope.diagnose.rules import RULES, AtRunTime, Refused, by_id, finding
+from gpuscope.diagnose.rules.base import rule
 from gpuscope.diagnose.trials import TrialPlan
 from gpuscope.errors import GpuscopeError
 from gpuscope.record import Losses, Recommendation, RunMeta, RunRecord, StepSample, Steps, Trial
@@ -17,6 +24,8 @@ from gpuscope.record import Losses, Recommendation, RunMeta, RunRecord, StepSamp
 from gpuscope.report.render import render_report
 from gpuscope.report.trials_text import applied_lines, trial_line
 from gpuscope.trials import requested
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 
 
 def run(median_s: float, steps: int = 100, profiled: tuple[int, ...] = tuple(range(1, 11)), seed: int = 0,
@@ -45,42 +54,92 @@ PLAN = TrialPlan("fused-optimizer", "torch.optim.Adam(..., fused=True)  # train.
 
 # --- which fixes, with what values ----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("rec_id", "fix", "settings", "env"), [
-    ("more-dataloader-workers", "DataLoader(..., num_workers=2, persistent_workers=True)  and  "
-     "torch.set_num_threads(1)  # data_loading_bound.py:119",
-     {"num_workers": 2, "persistent_workers": True, "threads": 1, "site": "data_loading_bound.py:119"}, {}),
-    ("more-dataloader-workers", "TrainingArguments(..., dataloader_num_workers=4, dataloader_persistent_workers=True, "
-     "dataloader_prefetch_factor=3)  # transformers, called from train.py:52",
-     {"num_workers": 4, "persistent_workers": True, "prefetch_factor": 3, "site": "train.py:52"}, {}),
-    ("fused-optimizer", "torch.optim.AdamW(..., fused=True)  # ckpt.py:45", {"optimizer": "AdamW", "site": "ckpt.py:45"},
-     {}),
-    ("tune-host-allocator", "MALLOC_MMAP_THRESHOLD_=67108864 MALLOC_TRIM_THRESHOLD_=67108864 python train.py", {},
-     {"MALLOC_MMAP_THRESHOLD_": "67108864", "MALLOC_TRIM_THRESHOLD_": "67108864"}),
-    ("static-graph", 'model = torch.compile(model, mode="reduce-overhead")', {"mode": "reduce-overhead"}, {}),
-    ("persistent-workers", "DataLoader(..., persistent_workers=True)  # vae.py:12",
-     {"persistent_workers": True, "site": "vae.py:12"}, {}),
-])
-def test_a_trial_applies_the_values_its_fix_text_names(rec_id, fix, settings, env) -> None:
-    assert trials.fix_settings(rec_id, fix) == (settings, env)
+def fixture_records() -> list[tuple[str, RunRecord]]:
+    """The recorded runs of tests/: the CPU records, the report's, and the GPU runs'."""
+    found = []
+    for path in sorted([*FIXTURES.glob("records/*.json"), *(FIXTURES.parent / "report" / "records").glob("*.json"),
+                        *FIXTURES.glob("gpu/**/*.run.json.gz")]):
+        text = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+        found.append((path.name, analyze(RunRecord.from_json(json.loads(text)))))
+    return found
 
 
-def test_fixes_that_need_the_users_code_edited_are_refused_with_a_reason() -> None:
+def rendered(fix: str, settings: dict[str, object], env: dict[str, str]) -> list[str]:
+    """The values of ``settings`` and ``env`` that ``fix`` does not name as it writes them."""
+    forms = {"site": "{}", "threads": "torch.set_num_threads({})", "optimizer": "torch.optim.{}(", "mode": 'mode="{}"',
+             "block": "{}"}
+    wanted = [forms.get(name, name + "={}").format(value) for name, value in settings.items()]
+    wanted += [f"{name}={value}" for name, value in env.items()]
+    return [w for w in wanted if w not in fix]
+
+
+def test_every_rule_is_either_tried_at_run_time_or_refused_with_a_reason() -> None:
+    for r in RULES:
+        assert isinstance(r.trial, AtRunTime) != isinstance(r.trial, Refused), r.id
+    assert not trials.APPLIED_AT_RUN_TIME & set(trials.REFUSED)
+    assert trials.APPLIED_AT_RUN_TIME | set(trials.REFUSED) == trials.known_ids()
+    # and what is applied at run time has an installer, one an id
+    assert set(INSTALLERS) == trials.APPLIED_AT_RUN_TIME
     assert "changes the optimisation" in trials.refusal("larger-batch")
     assert "dataset" in trials.refusal("cheaper-batches")
     assert trials.refusal("tf32") is None
-    # every recommendation id is one or the other
-    assert trials.known_ids() == trials.APPLIED_AT_RUN_TIME | set(trials.REFUSED)
+    with pytest.raises(ValueError, match="neither how its fix is tried nor why"):
+        rule("no-trial", "a rule that does not say", "nothing", resolved_by=(STEP,), trial=None)(lambda r: None)
+
+
+RECORDED = fixture_records()
+
+
+@pytest.mark.parametrize(("name", "record"), RECORDED, ids=[name for name, _ in RECORDED])
+def test_a_trial_applies_its_rules_values_never_its_fixs_words(name: str, record: RunRecord) -> None:
+    tried = [rec for rec in record.recommendations if trials.refusal(rec.id) is None]
+    for rec in tried:
+        r = by_id(rec.id)
+        found = finding(record, rec.id)
+        assert found is not None and found.fix in (None, rec.fix)
+        plan = trials.plan(rec.id, record)
+        assert isinstance(plan, TrialPlan)
+        assert plan.settings == {**r.trial.settings, **found.settings} and plan.env == {**r.trial.env, **found.env}
+        # the fix's words are written from those values...
+        assert rendered(rec.fix, dict(found.settings), dict(found.env)) == []
+        # ...and rewording them changes nothing a trial applies
+        reworded = dataclasses.replace(rec, fix="num_workers=99  # other.py:1  torch.optim.SGD(")
+        again = trials.plan(rec.id, dataclasses.replace(record, recommendations=(reworded,)))
+        assert isinstance(again, TrialPlan) and (again.settings, again.env) == (plan.settings, plan.env)
+
+
+def test_the_recorded_runs_recommend_fixes_with_values() -> None:
+    valued = {(name, rec.id) for name, record in RECORDED for rec in record.recommendations
+              if trials.refusal(rec.id) is None and finding(record, rec.id).settings}
+    assert ("mnist_slow_test_set.json", "more-dataloader-workers") in valued
+    assert ("ckpt_idle_workers.json", "fused-optimizer") in valued
+    (mnist,) = [record for name, record in RECORDED if name == "mnist_slow_test_set.json"]
+    assert trials.plan("more-dataloader-workers", mnist).settings == {  # type: ignore[union-attr]
+        "num_workers": 1, "persistent_workers": True, "site": "mnist_slow_test_set.py:72"}
 
 
 def test_a_worker_count_is_tried_only_where_the_run_measured_one() -> None:
     record = run(0.1)
     found = trials.plan("more-dataloader-workers", record)
     assert isinstance(found, Trial) and found.status == "refused" and "no worker count" in found.reason
-    recommended = Recommendation(id="more-dataloader-workers", fix="DataLoader(..., num_workers=3, "
-                                 "persistent_workers=True)  # train.py:9", expected_gain=0.3)
-    found = trials.plan("more-dataloader-workers", run(0.1, recommendations=(recommended,)))
-    assert isinstance(found, TrialPlan)
-    assert found.settings["num_workers"] == 3 and found.estimated_gain == 0.3
+    (mnist,) = [record for name, record in RECORDED if name == "mnist_slow_test_set.json"]
+    found = trials.plan("more-dataloader-workers", mnist)
+    assert isinstance(found, TrialPlan) and found.settings["num_workers"] == 1
+    assert found.estimated_gain == next(r.expected_gain for r in mnist.recommendations
+                                        if r.id == "more-dataloader-workers")
+
+
+@pytest.mark.parametrize(("rec_id", "settings", "env"), [
+    ("fused-optimizer", {}, {}),  # every fused optimizer torch has, not the one its words show (Adam)
+    ("static-graph", {"mode": "reduce-overhead"}, {}),
+    ("tune-host-allocator", {}, {"MALLOC_MMAP_THRESHOLD_": "1073741824", "MALLOC_TRIM_THRESHOLD_": "1073741824"}),
+    ("persistent-workers", {"persistent_workers": True}, {}),
+    ("pin-memory", {"pin_memory": True}, {}),
+])
+def test_a_fix_the_run_did_not_recommend_is_tried_with_its_rules_generic_values(rec_id, settings, env) -> None:
+    found = trials.plan(rec_id, run(0.1, device="cuda"))
+    assert isinstance(found, TrialPlan) and (found.settings, found.env) == (settings, env)
+    assert rendered(by_id(rec_id).fix, settings, env) == []
 
 
 def test_a_fix_the_run_did_not_recommend_is_tried_as_the_rule_writes_it() -> None:

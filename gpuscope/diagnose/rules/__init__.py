@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from gpuscope.diagnose.rules.base import RULES, Finding, Rule, missing_input
+from gpuscope.diagnose.rules.base import RULES, AtRunTime, Finding, Refused, Rule, missing_input
 from gpuscope.diagnose.thresholds import MIN_RECOMMENDED_GAIN
 from gpuscope.record import Recommendation, RuleCheck, RunRecord
 
@@ -43,4 +43,18 @@ def evaluate(record: RunRecord) -> tuple[tuple[Recommendation, ...], dict[str, R
     return recommendations, checks
 
 
-__all__ = ["RULES", "evaluate"]
+def finding(record: RunRecord, rule_id: str) -> Finding | None:
+    """What the rule ``rule_id`` finds on ``record`` (None: it cannot be checked, or found nothing)."""
+    r = by_id(rule_id)
+    return None if missing_input(record, r.needs) is not None else r.check(record)
+
+
+def by_id(rule_id: str) -> Rule:
+    """The rule of a recommendation id (KeyError where there is none)."""
+    for r in RULES:
+        if r.id == rule_id:
+            return r
+    raise KeyError(rule_id)
+
+
+__all__ = ["RULES", "AtRunTime", "Finding", "Refused", "Rule", "by_id", "evaluate", "finding"]

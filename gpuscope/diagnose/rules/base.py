@@ -4,8 +4,8 @@ show its fix took in a later run (``gpuscope compare``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuscope.diagnose.evidence import Metric, unlike_window
@@ -32,11 +32,40 @@ class Finding:
     evidence: tuple[str, ...]
     fix: str | None = None
     """A fix adapted to this run (e.g. with the worker count filled in); the rule's generic fix otherwise."""
+    settings: Mapping[str, object] = field(default_factory=dict)
+    """The values this run's fix names, which ``fix`` is written from and a trial applies (``AtRunTime``)."""
+    env: Mapping[str, str] = field(default_factory=dict)
+    """...and the environment it names (the allocator's thresholds)."""
 
     def __post_init__(self) -> None:
         # no rule fires without evidence, and evidence carries the numbers it rests on
         if not self.evidence or not any(ch.isdigit() for fact in self.evidence for ch in fact):
             raise ValueError(f"a finding needs evidence with its numbers, got {self.evidence!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class AtRunTime:
+    """A fix ``gpuscope run --try`` applies to the unchanged script as it runs (``collect.fixes.INSTALLERS``), with
+    the values of the run's finding over these (the rule's generic fix's)."""
+
+    settings: Mapping[str, object] = field(default_factory=dict)
+    env: Mapping[str, str] = field(default_factory=dict)
+    settings_of: Callable[[RunRecord], Mapping[str, object]] | None = None
+    """Values read off the run where the rule did not fire (the model's repeated block)."""
+    requires: Mapping[str, str] = field(default_factory=dict)
+    """A setting the fix is not tried without, and why it is missing where it is."""
+    change: str = ""
+    """The trial's change, written from its settings (``str.format``), where it is not the fix's own text."""
+    cuda_only: str = ""
+    """Why it is not tried on a CPU run, where it is not."""
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A fix ``gpuscope run --try`` does not apply, and why: it needs the user's code edited, or it changes more than
+    the speed."""
+
+    reason: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,23 +79,28 @@ class Rule:
     check: Callable[[RunRecord], Finding | None]
     resolved_by: tuple[Metric, ...]
     """The figures, most telling first, whose change from one run to the next shows the fix took."""
+    trial: AtRunTime | Refused
+    """Whether ``--try`` applies the fix at run time, with what; or why not."""
 
 
 RULES: list[Rule] = []
 """Registered rules, in registry order (which breaks ties in expected gain)."""
 
 
-def rule(id: str, title: str, fix: str, needs: Needs = (), *,
-         resolved_by: Sequence[Metric]) -> Callable[[Callable[[RunRecord], Finding | None]], Any]:
+def rule(id: str, title: str, fix: str, needs: Needs = (), *, resolved_by: Sequence[Metric],
+         trial: AtRunTime | Refused) -> Callable[[Callable[[RunRecord], Finding | None]], Any]:
     """Register a check function as the rule ``id``; ``resolved_by``: the figures that show its fix took (at
-    least one; ``evidence.STEP``, the median step, where nothing more telling is measured)."""
+    least one; ``evidence.STEP``, the median step, where nothing more telling is measured); ``trial``: how
+    ``--try`` applies its fix, or why it does not."""
 
     def register(check: Callable[[RunRecord], Finding | None]) -> Callable[[RunRecord], Finding | None]:
         if any(r.id == id for r in RULES):
             raise ValueError(f"rule {id} registered twice")
         if not resolved_by:
             raise ValueError(f"rule {id} declares no figure that shows it resolved")
-        RULES.append(Rule(id, title, fix, needs, check, tuple(resolved_by)))
+        if not isinstance(trial, (AtRunTime, Refused)):
+            raise ValueError(f"rule {id} declares neither how its fix is tried nor why it is not")
+        RULES.append(Rule(id, title, fix, needs, check, tuple(resolved_by), trial))
         return check
 
     return register

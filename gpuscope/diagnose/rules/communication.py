@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.evidence import STEP, comm_share, comm_wait_text
-from gpuscope.diagnose.rules.base import Finding, rule
+from gpuscope.diagnose.rules.base import Finding, Refused, rule
 from gpuscope.record import RunRecord
 
 ACCUMULATE = f"""for i, (x, y) in enumerate(loader):
@@ -20,7 +20,8 @@ ACCUMULATE = f"""for i, (x, y) in enumerate(loader):
       title="Send gradients less often: larger batches or gradient accumulation",
       fix=ACCUMULATE,
       needs=("op_profile",),
-      resolved_by=(STEP,))
+      resolved_by=(STEP,),
+      trial=Refused("it changes the optimisation (more samples an update) or the job's launch"))
 def reduce_communication(run: RunRecord) -> Finding | None:
     """Signal: the training thread (the device) waits on the collectives' own work (gradient all-reduce), not on a
     later rank, for a notable share of the step.
@@ -63,7 +64,9 @@ BALANCE_FIXES = {
       title="Even out the rank the others wait for",
       fix=BALANCE_FIXES["other"],
       needs=("job",),
-      resolved_by=(STEP,))
+      resolved_by=(STEP,),
+      trial=Refused("what makes one rank slower is in your data, your model's inputs or your device, not a "
+                     "setting"))
 def balance_ranks(run: RunRecord) -> Finding | None:
     """Signal: in a data-parallel job one rank arrives last at the collectives step after step (``diagnose.ranks``),
     and the others sit waiting for it.

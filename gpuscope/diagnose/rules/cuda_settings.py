@@ -9,7 +9,7 @@ from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.evidence import STEP, Metric, kernel_share
 from gpuscope.diagnose.gpu_step import gpu_name, gpu_step
 from gpuscope.versions import parse_version
-from gpuscope.diagnose.rules.base import Finding, rule
+from gpuscope.diagnose.rules.base import AtRunTime, Finding, Refused, rule
 from gpuscope.record import CallSite, KernelTimeline, Practices, RunRecord, SyncProfile
 
 SITES_IN_EVIDENCE = 3
@@ -19,7 +19,8 @@ SITES_IN_EVIDENCE = 3
       title="Stop synchronising the host with the GPU every step",
       fix="keep per-step values on the GPU (accumulate `loss.detach()`) and read them every N steps",
       needs=("cuda", "syncs"),
-      resolved_by=(Metric("syncs per step", "number", lambda r: r.syncs.per_step if r.syncs else None), STEP))
+      resolved_by=(Metric("syncs per step", "number", lambda r: r.syncs.per_step if r.syncs else None), STEP),
+      trial=Refused("it is a change to where your loop reads values back"))
 def avoid_host_sync(run: RunRecord) -> Finding | None:
     """Signal: the steps synchronise host and GPU at least ``SYNCS_PER_STEP_NOTABLE`` times each (counted with
     torch's CUDA sync debug mode over a few steady-state steps, with the lines that did it).
@@ -52,7 +53,8 @@ def avoid_host_sync(run: RunRecord) -> Finding | None:
       title="Let float32 matmuls use TF32 Tensor Cores",
       fix='torch.set_float32_matmul_precision("high")  # or torch.backends.cuda.matmul.allow_tf32 = True',
       needs=("cuda", "kernels", "practices"),
-      resolved_by=(Metric("float32 GEMMs on CUDA cores", "share", kernel_share("fp32_gemm_share")), STEP))
+      resolved_by=(Metric("float32 GEMMs on CUDA cores", "share", kernel_share("fp32_gemm_share")), STEP),
+      trial=AtRunTime())
 def tf32(run: RunRecord) -> Finding | None:
     """Signal: on a GPU with TF32 Tensor Cores (compute capability 8.0 or later), TF32 is off for matmuls
     (``allow_tf32=False``, float32 matmul precision "highest") and float32 GEMMs on CUDA cores (``sgemm``
@@ -111,7 +113,8 @@ def tf32(run: RunRecord) -> Finding | None:
       title="Let cuDNN pick the fastest convolution algorithms",
       fix="torch.backends.cudnn.benchmark = True  # for fixed input shapes: each new shape is autotuned again",
       needs=("cuda", "kernels", "practices"),
-      resolved_by=(STEP,))
+      resolved_by=(STEP,),
+      trial=AtRunTime())
 def cudnn_benchmark(run: RunRecord) -> Finding | None:
     """Signal: ``cudnn.benchmark`` is off (the default) while convolution kernels take a notable share of kernel
     time in a model with convolution layers, and of the steady step (``CONV_STEP_NOTABLE``).
@@ -147,7 +150,8 @@ def cudnn_benchmark(run: RunRecord) -> Finding | None:
       title="Keep the convolution net in channels_last memory format",
       fix="model = model.to(memory_format=torch.channels_last)  # and x = x.to(memory_format=torch.channels_last)",
       needs=("cuda", "kernels", "practices"),
-      resolved_by=(Metric("layout conversions", "share", kernel_share("layout_transform_share")), STEP))
+      resolved_by=(Metric("layout conversions", "share", kernel_share("layout_transform_share")), STEP),
+      trial=AtRunTime())
 def channels_last(run: RunRecord) -> Finding | None:
     """Signal: a convolution net with few of its convolutions in channels_last runs them on Tensor Cores (a
     notable share of kernel time: TF32 in a float32 run, 16-bit under autocast), and cuDNN converts layouts (NCHW

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from typing import Any
 
 from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.evidence import DATA_WAIT, Metric, slowest_loader
-from gpuscope.diagnose.rules.base import Finding, rule
+from gpuscope.diagnose.rules.base import AtRunTime, Finding, rule
 from gpuscope.diagnose.speed import (
     FIRST_ROUND_ONLY,
     LoaderPlan,
@@ -24,7 +25,9 @@ from gpuscope.diagnose.words import speedup_text
       title="Give the DataLoader more worker processes",
       fix="DataLoader(..., num_workers=N, persistent_workers=True)",
       needs=("loaders",),
-      resolved_by=(DATA_WAIT,))
+      resolved_by=(DATA_WAIT,),
+      trial=AtRunTime(settings={"persistent_workers": True}, requires={
+          "num_workers": "this run did not recommend it: no worker count was measured to try"}))
 def more_dataloader_workers(run: RunRecord) -> Finding | None:
     """Signal: steps wait for the next batch for a notable share of their time while the loader has fewer
     workers than the machine has cores, or as many and they are mostly blocked (on a CPU or waiting for one under
@@ -105,7 +108,7 @@ def _more_workers(run: RunRecord) -> Finding | None:
         evidence.append(f"predicted step {estimate.step_s * 1e3:.1f} ms, {speedup_text(median / estimate.step_s)} "
                         "(an estimate)")
     return Finding(max(0.0, 1 - estimate.step_s / median), tuple(evidence),
-                   fix=_workers_fix(loader, workers, estimate.threads, per_step))
+                   **_workers_fix(loader, workers, estimate.threads, per_step))
 
 
 def _beyond_the_cores(run: RunRecord, loader: Loader, share: float, median: float, cores: int) -> Finding | None:
@@ -137,7 +140,7 @@ def _beyond_the_cores(run: RunRecord, loader: Loader, share: float, median: floa
         evidence.append(f"each worker held up to {each / 2**20:.0f} MB resident (pages shared with the main process "
                         f"counted in each): {waiting.workers} would hold about {waiting.workers * each / 2**30:.1f} GB")
     return Finding(max(0.0, 1 - waiting.step_s / median), tuple(evidence),
-                   fix=_workers_fix(loader, waiting.workers, None, per_step))
+                   **_workers_fix(loader, waiting.workers, None, per_step))
 
 
 def _waiting_facts(loader: Loader, share: float, median: float, cores: int) -> list[str]:
@@ -165,26 +168,43 @@ def built_at(loader: Loader) -> list[str]:
     return [f"the {loader.dataset} loader is built at {line}"]
 
 
-def _workers_fix(loader: Loader, workers: int, threads: int | None, per_step: float = 1.0) -> str:
-    """The code change: the loader's arguments (the Trainer's, when transformers built it), the thread count if
-    one is advised, and the line it goes on."""
-    trainer, own = _prefetch_args(loader, workers, per_step)
-    fix = loader_call(loader, f"dataloader_num_workers={workers}, dataloader_persistent_workers=True{trainer}",
-                      f"num_workers={workers}, persistent_workers=True{own}")
+def _workers_fix(loader: Loader, workers: int, threads: int | None, per_step: float = 1.0) -> dict[str, Any]:
+    """The change as values (``Finding.settings``) and as code written from them: the loader's arguments (the
+    Trainer's, when transformers built it), the thread count if one is advised, and the line it goes on."""
+    settings: dict[str, object] = {"num_workers": workers, "persistent_workers": True,
+                                   **_prefetch(loader, workers, per_step), **_site(loader)}
+    fix = loader_arguments(loader, settings)
     if threads is not None:
+        settings["threads"] = threads
         fix += f"  and  torch.set_num_threads({threads})"
-    return fix + site_comment(loader)
+    return {"fix": fix + site_comment(loader), "settings": settings}
 
 
-def _prefetch_args(loader: Loader, workers: int, per_step: float) -> tuple[str, str]:
-    """``, prefetch_factor=K`` (the Trainer's and the DataLoader's) where ``workers`` holding their prefetched
-    batches (2 each by default) hold fewer than the ``per_step`` batches a step takes: a loop that takes them all
-    at once (the transformers Trainer fetches a step's accumulated batches before the first forward) waits for the
-    rest to be built. ("", "") where they hold enough."""
+def _prefetch(loader: Loader, workers: int, per_step: float) -> dict[str, object]:
+    """``prefetch_factor`` where ``workers`` holding their prefetched batches (2 each by default) hold fewer than the
+    ``per_step`` batches a step takes: a loop that takes them all at once (the transformers Trainer fetches a step's
+    accumulated batches before the first forward) waits for the rest to be built. None where they hold enough."""
     needed = math.ceil(round(per_step, 1) / workers) if workers else 0
-    if needed <= (loader.prefetch_factor or 2):
-        return "", ""
-    return f", dataloader_prefetch_factor={needed}", f", prefetch_factor={needed}"
+    return {"prefetch_factor": needed} if needed > (loader.prefetch_factor or 2) else {}
+
+
+def _site(loader: Loader) -> dict[str, object]:
+    """The line a loader fix goes on, where it is known: that of the script that built the loader (or called the
+    library that did); the comment ``site_comment`` writes names it."""
+    site = loader.created_at
+    return {"site": f"{site.file}:{site.line}"} if site is not None and site.file else {}
+
+
+LOADER_ARGUMENTS = ("num_workers", "persistent_workers", "prefetch_factor", "pin_memory")
+"""The DataLoader's arguments a loader fix sets, in the order it writes them."""
+
+
+def loader_arguments(loader: Loader, settings: dict[str, object]) -> str:
+    """``DataLoader(..., num_workers=4, persistent_workers=True)`` written from ``settings`` (the Trainer's
+    ``dataloader_``-prefixed arguments where transformers built the loader)."""
+    named = [(name, settings[name]) for name in LOADER_ARGUMENTS if name in settings]
+    return loader_call(loader, ", ".join(f"dataloader_{name}={value}" for name, value in named),
+                       ", ".join(f"{name}={value}" for name, value in named))
 
 
 def loader_call(loader: Loader, trainer_args: str, loader_args: str) -> str:
@@ -245,7 +265,7 @@ def _from_probe(run: RunRecord, plan: LoaderPlan, loader: Loader, share: float, 
         evidence.append(_threads_fact(threads, plan.workers, run.meta.cpu_count or 1, plan.threads))
     evidence.append(f"predicted step {plan.step_s * 1e3:.1f} ms, {speedup_text(median / plan.step_s)} (an estimate)")
     gain = max(0.0, 1 - plan.step_s / median)
-    return Finding(gain, tuple(evidence), fix=_workers_fix(loader, plan.workers, plan.threads, plan.batches_per_step))
+    return Finding(gain, tuple(evidence), **_workers_fix(loader, plan.workers, plan.threads, plan.batches_per_step))
 
 
 def _what_would_keep_up(run: RunRecord, plan: LoaderPlan) -> str:
@@ -275,7 +295,8 @@ def _pageable_copies(record: RunRecord) -> float | None:
       title="Pin the DataLoader's memory and copy without blocking",
       fix="DataLoader(..., pin_memory=True)  and  batch.to(device, non_blocking=True)",
       needs=("cuda", "loaders", "kernels"),
-      resolved_by=(Metric("pageable copies per step", "number", _pageable_copies), DATA_WAIT))
+      resolved_by=(Metric("pageable copies per step", "number", _pageable_copies), DATA_WAIT),
+      trial=AtRunTime(settings={"pin_memory": True}))
 def pin_memory(run: RunRecord) -> Finding | None:
     """Signal: host-to-device copies come from pageable memory while a loader runs without pin_memory.
     Why it matters: pageable copies are staged through a pinned buffer by the driver, about half the speed of
@@ -296,10 +317,11 @@ def pin_memory(run: RunRecord) -> Finding | None:
     comment = site_comment(unpinned[0])
     if not comment:
         return Finding(copy_share * th.PINNED_COPY_SAVING, evidence)
-    pin = loader_call(unpinned[0], "dataloader_pin_memory=True", "pin_memory=True")
+    settings = {"pin_memory": True, **_site(unpinned[0])}
+    pin = loader_arguments(unpinned[0], settings)
     if unpinned[0].created_by != "transformers":  # the Trainer moves its batches itself
         pin += "  and  batch.to(device, non_blocking=True)"
-    return Finding(copy_share * th.PINNED_COPY_SAVING, evidence, fix=pin + comment)
+    return Finding(copy_share * th.PINNED_COPY_SAVING, evidence, fix=pin + comment, settings=settings)
 
 
 def _restart_share(run: RunRecord) -> float | None:
@@ -317,7 +339,8 @@ def _restart_share(run: RunRecord) -> float | None:
       title="Keep the DataLoader's workers between epochs",
       fix="DataLoader(..., persistent_workers=True)",
       needs=("loaders",),
-      resolved_by=(Metric("waiting for workers to restart", "share", _restart_share), DATA_WAIT))
+      resolved_by=(Metric("waiting for workers to restart", "share", _restart_share), DATA_WAIT),
+      trial=AtRunTime(settings={"persistent_workers": True}))
 def persistent_workers(run: RunRecord) -> Finding | None:
     """Signal: a loader with worker processes and no ``persistent_workers`` started them again for a new iterator
     (each epoch, each validation pass), and the loop waited for each restart's first batch.
@@ -339,8 +362,8 @@ def persistent_workers(run: RunRecord) -> Finding | None:
         f"the {run.steps.total} steps, and the restarts' waits)",
         *built_at(loader),
     )
-    fix = loader_call(loader, "dataloader_persistent_workers=True", "persistent_workers=True")
-    return Finding(share, evidence, fix=fix + site_comment(loader))
+    settings = {"persistent_workers": True, **_site(loader)}
+    return Finding(share, evidence, fix=loader_arguments(loader, settings) + site_comment(loader), settings=settings)
 
 
 FILE_SYSTEM_FIX = 'torch.multiprocessing.set_sharing_strategy("file_system")  # before the DataLoader starts its workers'
@@ -351,7 +374,8 @@ FILE_SYSTEM_FIX = 'torch.multiprocessing.set_sharing_strategy("file_system")  # 
       title="Hand batches over from the workers as shared-memory files",
       fix=FILE_SYSTEM_FIX,
       needs=("loaders", "loader_probe"),
-      resolved_by=(DATA_WAIT,))
+      resolved_by=(DATA_WAIT,),
+      trial=AtRunTime())
 def file_system_sharing(run: RunRecord) -> Finding | None:
     """Signal: the loader probe timed handing a built batch over while the workers built the next as milliseconds
     (each tensor's file descriptor waits for the worker's Python, which a collate function written in Python holds),
@@ -390,10 +414,9 @@ def file_system_sharing(run: RunRecord) -> Finding | None:
         f"predicted step {plan.step_s * 1e3:.1f} ms, {speedup_text(median / plan.step_s)} (an estimate)"
         + (f", against {default.step_s * 1e3:.1f} ms for {default.workers} workers without it" if default else ""),
     ]
-    fix = FILE_SYSTEM_FIX
-    trainer, own = _prefetch_args(loader, plan.workers, plan.batches_per_step)
-    if plan.workers > loader.num_workers or own:
-        workers = loader_call(loader, f"dataloader_num_workers={plan.workers}{trainer}",
-                              f"num_workers={plan.workers}{own}")
-        fix += f"; then {workers}{site_comment(loader).replace('  #', ' at', 1)}"
-    return Finding(max(0.0, 1 - plan.step_s / median), tuple(e for e in evidence if e), fix=fix)
+    fix, settings = FILE_SYSTEM_FIX, {}
+    prefetch = _prefetch(loader, plan.workers, plan.batches_per_step)
+    if plan.workers > loader.num_workers or prefetch:
+        settings = {"num_workers": plan.workers, **prefetch, **_site(loader)}
+        fix += f"; then {loader_arguments(loader, settings)}{site_comment(loader).replace('  #', ' at', 1)}"
+    return Finding(max(0.0, 1 - plan.step_s / median), tuple(e for e in evidence if e), fix=fix, settings=settings)

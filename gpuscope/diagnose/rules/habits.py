@@ -9,7 +9,7 @@ from collections.abc import Callable
 from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.evidence import STEP, Metric
 from gpuscope.versions import parse_version
-from gpuscope.diagnose.rules.base import Finding, rule
+from gpuscope.diagnose.rules.base import AtRunTime, Finding, Refused, rule
 from gpuscope.record import CallSite, RunRecord
 
 
@@ -44,7 +44,8 @@ def _layers(attr: str) -> Callable[[RunRecord], float | None]:
       fix="remove torch.autograd.detect_anomaly() / set_detect_anomaly(True), the autograd profiler or emit_nvtx, "
           "and gradcheck calls from the training loop",
       needs=("practices",),
-      resolved_by=(Metric("steps under anomaly detection", "share", _anomaly), STEP))
+      resolved_by=(Metric("steps under anomaly detection", "share", _anomaly), STEP),
+      trial=AtRunTime())
 def disable_debug_apis(run: RunRecord) -> Finding | None:
     """Signal: anomaly detection on during steps, torch's autograd profiler (or emit_nvtx) on outside gpuscope's
     own window, or gradcheck called while training.
@@ -107,7 +108,8 @@ def _anomaly_cost(run: RunRecord) -> tuple[float, list[str]]:
       title="Drop gradients instead of zero-filling them",
       fix="optimizer.zero_grad(set_to_none=True)",
       needs=("practices",),
-      resolved_by=(Metric("zero_grad calls that zero-fill", "share", _zero_fill), STEP))
+      resolved_by=(Metric("zero_grad calls that zero-fill", "share", _zero_fill), STEP),
+      trial=AtRunTime())
 def zero_grad_set_to_none(run: RunRecord) -> Finding | None:
     """Signal: zero_grad calls that zero-fill the gradients (set_to_none=False, or the default before torch 2.0).
     Why it matters: zero-filling writes every gradient once more per step, and the next backward then adds into
@@ -143,7 +145,8 @@ def zero_grad_set_to_none(run: RunRecord) -> Finding | None:
       title="Drop the bias of layers that feed BatchNorm",
       fix="nn.Conv2d(..., bias=False)  # directly before nn.BatchNorm2d",
       needs=("practices", "model"),
-      resolved_by=(Metric("biases before BatchNorm", "number", _layers("bias_before_norm")), STEP))
+      resolved_by=(Metric("biases before BatchNorm", "number", _layers("bias_before_norm")), STEP),
+      trial=Refused("it changes the model's layers, and its checkpoints"))
 def bias_before_batchnorm(run: RunRecord) -> Finding | None:
     """Signal: a convolution or linear layer with a bias registered right before a BatchNorm of its width.
     Why it matters: BatchNorm subtracts the batch mean, which removes any constant the layer added: the bias is
@@ -167,7 +170,8 @@ def bias_before_batchnorm(run: RunRecord) -> Finding | None:
       fix="torch.nn.parallel.DistributedDataParallel(model, device_ids=[local_rank])  # one process per GPU, "
           "launched with torchrun",
       needs=("practices", "model"),
-      resolved_by=(Metric("DataParallel wrappers", "number", _layers("data_parallel")), STEP))
+      resolved_by=(Metric("DataParallel wrappers", "number", _layers("data_parallel")), STEP),
+      trial=Refused("it needs the script launched as one process per GPU"))
 def distributed_data_parallel(run: RunRecord) -> Finding | None:
     """Signal: a DataParallel wrapper around a trained model.
     Why it matters: DataParallel drives every GPU from one Python process: it scatters the batch, replicates the
@@ -214,7 +218,8 @@ def _distribution_share(run: RunRecord) -> float | None:
       title="Skip torch.distributions' argument checks while training",
       fix="torch.distributions.Distribution.set_default_validate_args(False)  # once, before the training loop",
       needs=("practices",),
-      resolved_by=(Metric("torch.distributions' checks, share of the step", "share", _distribution_share), STEP))
+      resolved_by=(Metric("torch.distributions' checks, share of the step", "share", _distribution_share), STEP),
+      trial=AtRunTime())
 def skip_distribution_checks(run: RunRecord) -> Finding | None:
     """Signal: torch.distributions checked its arguments and samples (``validate_args``, on by default) for 2% of
     the step or more.

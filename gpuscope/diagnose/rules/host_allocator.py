@@ -8,7 +8,7 @@ import shlex
 from dataclasses import dataclass
 
 from gpuscope.diagnose.evidence import STEP, Metric
-from gpuscope.diagnose.rules.base import Finding, rule
+from gpuscope.diagnose.rules.base import AtRunTime, Finding, rule
 from gpuscope.record import RunRecord
 
 KERNEL_SHARE_MIN = 0.2
@@ -24,6 +24,9 @@ went to something else (files, pipes, threads waking), which another allocator w
 MIN_STEPS = 5
 """Steady steps the samples must span for the kernel's share to be told."""
 MIB = 1 << 20
+GENERIC_KEEP = 1 << 30
+"""The thresholds of the rule's generic fix, where no run's peak sets them: 1 GiB."""
+THRESHOLDS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +96,11 @@ def _command(run: RunRecord) -> str:
 
 @rule(id="tune-host-allocator",
       title="Keep freed host memory for reuse instead of faulting it in again every step",
-      fix="MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=1073741824 python train.py  "
+      fix=f"{' '.join(f'{name}={GENERIC_KEEP}' for name in THRESHOLDS)} python train.py  "
           "# or preload jemalloc or tcmalloc (LD_PRELOAD)",
       needs=("host_memory", "glibc_malloc"),
-      resolved_by=(Metric("the kernel's share of the step", "share", kernel_share), STEP))
+      resolved_by=(Metric("the kernel's share of the step", "share", kernel_share), STEP),
+      trial=AtRunTime(env=dict.fromkeys(THRESHOLDS, str(GENERIC_KEEP))))
 def tune_host_allocator(run: RunRecord) -> Finding | None:
     """Signal: in the steady steps the kernel's CPU time took 20% of the step or more, while the process faulted in
     8 MiB of fresh memory a step or more.
@@ -128,8 +132,9 @@ def tune_host_allocator(run: RunRecord) -> Finding | None:
                 "kernel at once" + (f" (set in the environment: {', '.join(m.malloc_settings)})"
                                     if m.malloc_settings else "")]
     keep = keep_bytes(m.peak_process_bytes)
-    fix = (f"MALLOC_MMAP_THRESHOLD_={keep} MALLOC_TRIM_THRESHOLD_={keep} python {_command(run)}  # glibc then keeps "
+    env = dict.fromkeys(THRESHOLDS, str(keep))
+    fix = (f"{' '.join(f'{name}={value}' for name, value in env.items())} python {_command(run)}  # glibc then keeps "
            f"freed blocks up to {keep // MIB} MiB (the run's peak was {m.peak_process_bytes / MIB:,.0f} MiB) for the "
            f"next step; or preload jemalloc or tcmalloc (LD_PRELOAD=.../libjemalloc.so.2), as PyTorch's CPU "
            f"performance tuning guide advises")
-    return Finding(max(0.0, min(share, 1.0) - KERNEL_SHARE_BASELINE), tuple(evidence), fix=fix)
+    return Finding(max(0.0, min(share, 1.0) - KERNEL_SHARE_BASELINE), tuple(evidence), fix=fix, env=env)

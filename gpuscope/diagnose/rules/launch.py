@@ -13,7 +13,7 @@ from gpuscope.diagnose.evidence import (
     launch_wait,
 )
 from gpuscope.diagnose.gpu_step import gpu_step
-from gpuscope.diagnose.rules.base import Finding, rule
+from gpuscope.diagnose.rules.base import AtRunTime, Finding, Refused, rule
 from gpuscope.diagnose.rules.dataloader import loader_call, site_comment
 from gpuscope.record import RunRecord
 
@@ -42,7 +42,9 @@ def _launch_evidence(run: RunRecord) -> tuple[float, str] | None:
       title="Raise the batch size",
       fix="DataLoader(..., batch_size=2 * B)  # then retune the learning rate and warm-up",
       needs=("op_profile",),
-      resolved_by=(FIXED_COST, LAUNCH_WAIT, STEP))
+      resolved_by=(FIXED_COST, LAUNCH_WAIT, STEP),
+      trial=Refused("it changes the optimisation (the samples each update averages over, and the learning "
+                     "rate that suits them), not only the speed"))
 def larger_batch(run: RunRecord) -> Finding | None:
     """Signal: per-op overhead (CPU) or host-wait idle (GPU) is a notable share of the step; or the step
     accumulates gradients over batches whose passes are fixed cost (``_accumulation_finding``).
@@ -132,7 +134,8 @@ def _batch_fix(run: RunRecord, batch: int) -> str:
       title="Fuse chains of element-wise ops with torch.compile",
       fix="model = torch.compile(model)",
       needs=("op_profile",),
-      resolved_by=(FIXED_COST, LAUNCH_WAIT, STEP))
+      resolved_by=(FIXED_COST, LAUNCH_WAIT, STEP),
+      trial=AtRunTime())
 def jit_fusion(run: RunRecord) -> Finding | None:
     """Signal: per-op overhead is notable and many of the ops are element-wise.
     Why it matters: each element-wise op is a launch and a round trip through memory; a fused kernel does a
@@ -149,11 +152,16 @@ def jit_fusion(run: RunRecord) -> Finding | None:
     return Finding(share * elementwise, (fact, f"{elementwise:.0%} of the op calls are element-wise"))
 
 
+STATIC_MODE = "reduce-overhead"
+"""torch.compile's mode that captures the step in CUDA graphs: the static-graph fix's."""
+
+
 @rule(id="static-graph",
       title="Replay the step as a static graph (CUDA graphs)",
-      fix='model = torch.compile(model, mode="reduce-overhead")  # or capture the step with torch.cuda.graphs',
+      fix=f'model = torch.compile(model, mode="{STATIC_MODE}")  # or capture the step with torch.cuda.graphs',
       needs=("cuda", "kernels"),
-      resolved_by=(LAUNCH_WAIT, FIXED_COST, STEP))
+      resolved_by=(LAUNCH_WAIT, FIXED_COST, STEP),
+      trial=AtRunTime(settings={"mode": STATIC_MODE}))
 def static_graph(run: RunRecord) -> Finding | None:
     """Signal: the GPU waits for the host to launch kernels ``SIDE_NOTABLE`` of the steady step or more (where that
     is a side of a mixed verdict, its advice).

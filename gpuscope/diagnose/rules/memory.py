@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from gpuscope.diagnose.evidence import Metric
 from gpuscope.diagnose.memory import short_of_memory
-from gpuscope.diagnose.rules.base import Finding, rule
+from gpuscope.diagnose.rules.base import AtRunTime, Finding, Refused, rule
 from gpuscope.record import Memory, RunRecord
 
 GROWTH = Metric("memory growth a step, MB", "number",
@@ -17,6 +17,17 @@ PEAK = Metric("memory peak, MB", "number", lambda r: r.memory.peak_bytes / 1e6 i
 """MB of tensors at the measured steps' peak."""
 
 
+CHECKPOINT_CHANGE = ("checkpoint each {block} block: torch.utils.checkpoint.checkpoint(block, x, "
+                     "use_reentrant=False)")
+"""What ``--try reduce-memory`` changes: the one memory fix applied at run time."""
+
+
+def repeated_block(record: RunRecord) -> dict[str, object]:
+    """The class of the model's repeated block, which ``--try reduce-memory`` checkpoints (none where none was found)."""
+    memory = record.memory
+    return {"block": memory.repeated_blocks} if memory is not None and memory.repeated_blocks else {}
+
+
 def mb(n: float) -> str:
     """Bytes as MB (GB from a thousand MB)."""
     return f"{n / 1e6:.1f} MB" if abs(n) < 1e9 else f"{n / 1e9:.2f} GB"
@@ -25,7 +36,8 @@ def mb(n: float) -> str:
 @rule("fix-memory-leak", "Stop keeping each step's tensors",
       "keep what you store across steps off autograd's graph and small: `.detach()` (or `.item()` for a loss) "
       "what you append or accumulate; run evaluation under `torch.no_grad()`",
-      needs=("memory",), resolved_by=(GROWTH,))
+      needs=("memory",), resolved_by=(GROWTH,),
+      trial=Refused("it is a change to what your loop keeps from step to step"))
 def memory_leak(record: RunRecord) -> Finding | None:
     """Signal: memory grows step over step after the windows (``diagnose.memory.growth``), by 5% of what was held and
     16 MB at least, in both halves of those steps.
@@ -80,7 +92,10 @@ def _cause(memory: Memory) -> str:
 @rule("reduce-memory", "Make the run fit in memory",
       "the memory fixes below, largest saving first: activation checkpointing of the repeated blocks "
       "(`torch.utils.checkpoint`), mixed precision, a smaller micro-batch with gradient accumulation",
-      needs=("memory",), resolved_by=(PEAK,))
+      needs=("memory",), resolved_by=(PEAK,),
+      trial=AtRunTime(settings_of=repeated_block, requires={
+          "block": "no repeated block was found to checkpoint (the one memory fix applied at run time)"},
+          change=CHECKPOINT_CHANGE))
 def reduce_memory(record: RunRecord) -> Finding | None:
     """Signal: the run died of a failed allocation, or its peak left under ``thresholds.SHORT_OF_MEMORY`` of its limit
     free.

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.evidence import OPTIMIZER
-from gpuscope.diagnose.rules.base import Finding, rule
+from gpuscope.diagnose.rules.base import AtRunTime, Finding, rule
 from gpuscope.record import OptimizerProbe, RunRecord
 
 
@@ -13,7 +13,8 @@ from gpuscope.record import OptimizerProbe, RunRecord
       fix="`torch.optim.Adam(..., fused=True)` (Adam, AdamW, SGD, Adagrad; CUDA, and CPU since "
           "torch 2.4)",
       needs=("optimizer_probe",),
-      resolved_by=(OPTIMIZER,))
+      resolved_by=(OPTIMIZER,),
+      trial=AtRunTime())
 def fused_optimizer(run: RunRecord) -> Finding | None:
     """Signal: the optimizer phase is a notable share of the step, and the loop's optimizer, timed again after the
     run on copies of its parameters (the optimizer probe), updates them markedly faster with ``fused=True`` than as
@@ -39,7 +40,8 @@ def fused_optimizer(run: RunRecord) -> Finding | None:
         f"timed again after the run on copies{timed}: {probe.step_s * 1e3:.2f} ms an update as the run ran it, "
         f"{probe.fused_step_s * 1e3:.2f} ms with fused=True ({faster:.1f}x faster)",
     )
-    return Finding(share * (1 - probe.fused_step_s / probe.step_s), evidence, fix=_fix(run, probe.optimizer))
+    return Finding(share * (1 - probe.fused_step_s / probe.step_s), evidence, fix=_fix(run, probe.optimizer),
+                   settings={"optimizer": probe.optimizer})
 
 
 def _fix(run: RunRecord, optimizer: str) -> str:

@@ -11,7 +11,7 @@ from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.evidence import STEP, Metric, kernel_share, median_compute_s
 from gpuscope.reduce.optable import op_kind
 from gpuscope.diagnose.gpu_step import GpuStep, gpu_name, gpu_step
-from gpuscope.diagnose.rules.base import Finding, rule
+from gpuscope.diagnose.rules.base import AtRunTime, Finding, Refused, rule
 from gpuscope.collect.captures import LOW_PRECISION
 from gpuscope.record import CallSite, KernelTimeline, RunRecord
 
@@ -38,7 +38,8 @@ def compute_busy(kernels: KernelTimeline) -> float:
       title="Train in mixed precision (autocast + GradScaler)",
       fix="with torch.autocast('cuda', dtype=torch.bfloat16): loss = model(x)  # fp16: add torch.amp.GradScaler",
       needs=("cuda", "kernels"),
-      resolved_by=(Metric("kernel time on Tensor Cores", "share", kernel_share("tensor_core_share")), STEP))
+      resolved_by=(Metric("kernel time on Tensor Cores", "share", kernel_share("tensor_core_share")), STEP),
+      trial=AtRunTime(cuda_only="its low-precision advice is cpu-fp32-over-low-precision's"))
 def mixed_precision(run: RunRecord) -> Finding | None:
     """Signal: little of the compute kernels' time runs on Tensor Cores (the step's matmuls and convolutions are in
     float32).
@@ -127,7 +128,8 @@ def slow_conv_share(run: RunRecord) -> float | None:
           "inputs in float32 (no .to(torch.bfloat16) / .half())",
       needs=("cpu", "op_profile", "matmul_rates"),
       resolved_by=(Metric("op time in matmuls", "share", matmul_share),
-                   Metric("op time on reference convolution kernels", "share", slow_conv_share), STEP))
+                   Metric("op time on reference convolution kernels", "share", slow_conv_share), STEP),
+      trial=AtRunTime())
 def cpu_fp32_over_low_precision(run: RunRecord) -> Finding | None:
     """Signal: a CPU run whose matmuls ran in bfloat16 or float16 (under autocast, or a model cast to it), on a
     machine whose float32 matmul rate, measured after the run, is ``CPU_LOW_PRECISION_SLOWER`` times its rate in
@@ -327,7 +329,8 @@ def _matmuls_in_float32(run: RunRecord, slower: float) -> Float32Matmuls | None:
           "dtype is float64)",
       needs=("cpu", "op_profile", "matmul_rates"),
       resolved_by=(Metric("op time in matmuls", "share", matmul_share),
-                   Metric("op time on reference convolution kernels", "share", slow_conv_share), STEP))
+                   Metric("op time on reference convolution kernels", "share", slow_conv_share), STEP),
+      trial=Refused("it changes the dtypes your code chooses"))
 def float32_over_float64(run: RunRecord) -> Finding | None:
     """Signal: a CPU run whose matmuls ran in float64 (the model made ``.double()``, float64 the default dtype, or
     NumPy's float64 arrays fed in), on a machine whose float32 matmul rate, measured after the run, is
@@ -369,7 +372,8 @@ def attention_share(run: RunRecord) -> float | None:
       fix="with torch.autocast('cpu', enabled=False): out = F.scaled_dot_product_attention(q.float(), k.float(), "
           "v.float()).to(q.dtype)",
       needs=("cpu", "op_profile", "attention_timing"),
-      resolved_by=(Metric("op time in attention", "share", attention_share), STEP))
+      resolved_by=(Metric("op time in attention", "share", attention_share), STEP),
+      trial=Refused("it is a change to your attention code"))
 def cpu_float32_attention(run: RunRecord) -> Finding | None:
     """Signal: a CPU run whose attention (``F.scaled_dot_product_attention``, or a module running it) ran in
     bfloat16 or float16, where one forward and backward at its shapes, timed after the run, took

@@ -7,7 +7,7 @@ import re
 
 from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.evidence import DATA_WAIT, batches_per_step, slowest_loader, training_batches, training_wait_s
-from gpuscope.diagnose.rules.base import Finding, rule
+from gpuscope.diagnose.rules.base import Finding, Refused, rule
 from gpuscope.diagnose.speed import loader_estimate, loader_plan
 from gpuscope.diagnose.waiting_workers import waiting_workers
 from gpuscope.record import DataProbe, LineCost, Loader, RunRecord
@@ -22,7 +22,8 @@ _LOADER_DATASET = re.compile(r"DataLoader\(\s*([A-Za-z_][\w.]*)\s*[,)]")
       title="Keep the CPU preprocessing in float32",
       fix="compute in float32 (`x = x.astype(np.float32)` first) and cast to float16 at the end, or on the GPU",
       needs=("loaders", "data_probe"),
-      resolved_by=(DATA_WAIT,))
+      resolved_by=(DATA_WAIT,),
+      trial=Refused("it is a change to your dataset's code"))
 def fp32_preprocessing(run: RunRecord) -> Finding | None:
     """Signal: steps wait for data for a notable share of their time, and a notable share of building an item
     (measured by the data probe, line by line) is on lines of the user's dataset that produce float16 arrays or
@@ -63,7 +64,8 @@ def fp32_preprocessing(run: RunRecord) -> Finding | None:
       fix="do the dataset's slowest lines' work once, ahead of training (in __init__, or cached to disk), or "
           "vectorise it over the batch",
       needs=("loaders", "batch_build"),
-      resolved_by=(DATA_WAIT,))
+      resolved_by=(DATA_WAIT,),
+      trial=Refused("it is a change to your dataset's or collate function's code"))
 def cheaper_batches(run: RunRecord) -> Finding | None:
     """Signal: steps wait for data a notable share of their time; no worker count would shorten the step by
     ``WORKERS_HELP`` on this machine (the loader probe's plan, else the estimate from the run's batch time, or,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuscope.diagnose.evidence import Metric
-from gpuscope.diagnose.rules.base import Finding, rule
+from gpuscope.diagnose.rules.base import Finding, Refused, rule
 from gpuscope.diagnose.rules.dataloader import built_at, split_lines
 from gpuscope.record import RunRecord
 
@@ -17,7 +17,8 @@ REPEATED_FIRST_BATCHES = Metric(
       fix="info = torch.utils.data.get_worker_info()  # in the IterableDataset's __iter__: skip the items of the "
           "other workers",
       needs=("loaders",),
-      resolved_by=(REPEATED_FIRST_BATCHES,))
+      resolved_by=(REPEATED_FIRST_BATCHES,),
+      trial=Refused("it is a change to your IterableDataset's code"))
 def split_iterable_stream(run: RunRecord) -> Finding | None:
     """Signal: a DataLoader's N workers over an IterableDataset of the script's own gave the same first batch, and
     the dataset's code never calls ``get_worker_info()`` (``loaders[].shards_by_worker``): each worker yields the
