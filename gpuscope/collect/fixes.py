@@ -108,10 +108,11 @@ def _cudnn_benchmark(torch: Any, settings: dict[str, Any], applied: Applied, ste
 
 
 def _file_system(torch: Any, settings: dict[str, Any], applied: Applied, steps: StepSource) -> bool:
+    """The file_system sharing strategy and, where the fix names them, the workers its prediction was made for."""
     import torch.multiprocessing
 
     torch.multiprocessing.set_sharing_strategy("file_system")
-    return True
+    return _dataloader(torch, settings, applied, steps) if "num_workers" in settings else True
 
 
 def _skip_distribution_checks(torch: Any, settings: dict[str, Any], applied: Applied, steps: StepSource) -> bool:

@@ -1,4 +1,4 @@
-"""Each fix ``--try`` applies at run time, applied as its fix text writes it, on the CPU (the CUDA ones too, as far as
+"""Each fix ``--try`` applies at run time, applied with the values its fix is written from, on the CPU (the CUDA ones too, as far as
 a CPU shows them: the settings they make, the autocast they enter, the layout they give), and undone after."""
 
 from __future__ import annotations
@@ -101,6 +101,28 @@ def test_the_dataloader_built_at_the_recommended_line_gets_the_workers_and_no_ot
     assert (recommended.num_workers, recommended.persistent_workers) == (2, True)
     assert (other.num_workers, other.persistent_workers) == (0, False)
     assert fix.loaders == [here]
+
+
+def test_file_system_sharing_starts_the_workers_its_prediction_was_made_for(applied: list[Applied]) -> None:
+    import torch.multiprocessing
+
+    before = torch.multiprocessing.get_sharing_strategy()
+    try:
+        applied.append(apply("file-system-sharing", {"num_workers": 2, "prefetch_factor": 4}, Steps()))
+        loader = DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4)
+        assert torch.multiprocessing.get_sharing_strategy() == "file_system"
+        assert (loader.num_workers, loader.prefetch_factor) == (2, 4)
+        applied[0].remove()
+        # without a worker count in its fix, the strategy alone
+        applied.append(apply("file-system-sharing", {}, Steps()))
+        assert DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4).num_workers == 0
+    finally:
+        torch.multiprocessing.set_sharing_strategy(before)
+
+
+def test_pin_memory_is_a_setting_of_the_fix(applied: list[Applied]) -> None:
+    applied.append(apply("pin-memory", {"pin_memory": True}, Steps()))
+    assert DataLoader(TensorDataset(torch.randn(8, 2)), batch_size=4).pin_memory is True
 
 
 def test_a_loader_fix_with_no_workers_leaves_out_what_workers_need(applied: list[Applied]) -> None:
