@@ -1,8 +1,9 @@
 """How close gpuscope's memory figures come to the truth, measured without gpuscope in fresh plain-python processes,
 on the small CPU loops of ``benchmarks/memory_loops/``:
 
-1. known sizes (``mlp.py``, ``blocks.py``): run.json's ``memory.parameters_bytes``, ``gradients_bytes``,
-   ``optimizer_state_bytes`` against the tensors' own sizes (P, P, 2P and Adam's step scalars), within 10%; and
+1. known sizes (``mlp.py``, ``blocks.py``): run.json's ``memory.parameters_bytes``, ``gradients_max_bytes`` (the
+   gradients at their highest: at the peak, early in backward, most are not made yet), ``optimizer_state_bytes``
+   against the tensors' own sizes (P, P, 2P and Adam's step scalars), within 10%; and
    ``activations_max_bytes`` against the storages saved for backward over one forward, counted with
    ``torch.autograd.graph.saved_tensors_hooks`` (each storage once, parameters left out), within 25%;
 2. leaks (``leak_feats.py``: features appended without ``.detach()``; ``leak_eval.py``: an evaluation loop without
@@ -151,7 +152,7 @@ def known_sizes(work: Path, threads: int) -> dict[str, Any]:
         adam = t.get("optimizer_state_bytes")
         rows = {
             "parameters_bytes": (m.get("parameters_bytes"), t.get("parameters_bytes"), SIZES_TOL),
-            "gradients_bytes": (m.get("gradients_bytes"), t.get("gradients_bytes"), SIZES_TOL),
+            "gradients_max_bytes": (m.get("gradients_max_bytes"), t.get("gradients_bytes"), SIZES_TOL),
             "optimizer_state_bytes": (m.get("optimizer_state_bytes"), adam, SIZES_TOL),
             "activations_max_bytes": (m.get("activations_max_bytes"), t.get("activations_bytes"), ACTIVATIONS_TOL),
         }
@@ -160,8 +161,8 @@ def known_sizes(work: Path, threads: int) -> dict[str, Any]:
         tm = m.get("timeline_max") or {}
         info = {
             "peak_phase": m.get("peak_phase"),
-            "gradients_timeline_max_bytes": tm.get("gradients"),
-            "gradients_timeline_max_error": rel(tm.get("gradients"), t.get("gradients_bytes")),
+            "gradients_at_peak_bytes": m.get("gradients_bytes"),
+            "gradients_at_peak_error": rel(m.get("gradients_bytes"), t.get("gradients_bytes")),
             "activations_truth_without_batch_bytes":
                 (t.get("activations_bytes") or 0) - (t.get("activations_batch_bytes") or 0),
             "activations_error_without_batch": rel(m.get("activations_max_bytes"),
@@ -333,8 +334,8 @@ def table(result: dict[str, Any]) -> list[tuple[str, str, str, str, str, str]]:
             rows.append((f"{name}: {key}", mb(c["gpuscope"]), mb(c["truth"]), pct(c["error"]),
                          f"±{c['tolerance']:.0%}", "ok" if c["ok"] else "FAIL"))
         info = s["info"]
-        rows.append((f"{name}: gradients, timeline's highest (info)", mb(info["gradients_timeline_max_bytes"]),
-                     mb(s["checks"]["gradients_bytes"]["truth"]), pct(info["gradients_timeline_max_error"]),
+        rows.append((f"{name}: gradients at the peak (info)", mb(info["gradients_at_peak_bytes"]),
+                     mb(s["checks"]["gradients_max_bytes"]["truth"]), pct(info["gradients_at_peak_error"]),
                      f"peak: {info['peak_phase']}", ""))
     for tag, sets in (("", result.get("leaks") or {}), (" [mmap 1 MiB]", result.get("leaks_fixed_mmap") or {})):
         for name, s in sets.items():
