@@ -12,13 +12,13 @@ import os
 import sys
 
 import gpuscope.collect.collectors as collectors
-from gpuscope.collect.collectors import base
+from gpuscope.collect.framework import base
 
 collectors.collector_classes()  # imports every collector module, so all are registered before the filter
 names = set(filter(None, os.environ.get("WITHOUT", "").split(",")))
 base.REGISTRY[:] = [c for c in base.REGISTRY if c.name not in names]
 if "device-timing" in names:
-    from gpuscope.collect.collectors import device_timeline
+    from gpuscope.collect.steps import device_timeline
 
     device_timeline.DeviceTimeline.mark = lambda self, step, phase: None  # type: ignore[method-assign]
 

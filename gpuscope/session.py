@@ -32,17 +32,17 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from gpuscope.collect.captures import PostRunFacts, StepCapture, TraceCapture
+from gpuscope.collect.collectors import CollectorResult, Follower, LiveCollector, Probe, StepSource, default_collectors
+from gpuscope.collect.framework.base import ProbeInputs
+from gpuscope.collect.framework.probing import run_isolated, user_torch_threads
 from gpuscope.diagnose import analyze, thresholds
 from gpuscope.diagnose.classify import profiled_steps
 from gpuscope.diagnose.evidence import batches_per_step, compute_time_s
-from gpuscope.reduce.fields import reads_others, record_fields
-from gpuscope.collect.captures import PostRunFacts, StepCapture, TraceCapture
-from gpuscope.collect.collectors.base import ProbeInputs
-from gpuscope.collect.collectors import CollectorResult, Follower, LiveCollector, Probe, StepSource, default_collectors
-from gpuscope.collect.collectors.probing import run_isolated, user_torch_threads
 from gpuscope.errors import GpuscopeError
 from gpuscope.record import (CollectorStatus, Distributed, ProfilingWindow, RunMeta, RunRecord, Window,
                              write_record)
+from gpuscope.reduce.fields import reads_others, record_fields
 
 
 PROGRESS_AFTER_S = 1.0

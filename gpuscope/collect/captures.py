@@ -133,7 +133,7 @@ class FlopCount:
     note: str = ""
     flops_by_dtype: dict[str, int] = field(default_factory=dict)
     attention: AttentionCall | None = None
-    """The step's first attention on a CPU (``collect/collectors/attention.py``), None without one."""
+    """The step's first attention on a CPU (``collect/attention.py``), None without one."""
 
 
 @dataclass(frozen=True, slots=True)

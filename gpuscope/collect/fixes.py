@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuscope.collect.callsites import call_site, user_frame
-from gpuscope.collect.collectors.base import StepSource, patch
-from gpuscope.collect.collectors.step_listeners import QUIET
+from gpuscope.collect.framework.base import StepSource, patch
 from gpuscope.collect.importwatch import ImportWatch
+from gpuscope.collect.steps.step_listeners import QUIET
 
 
 class TrialStop(BaseException):

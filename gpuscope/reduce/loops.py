@@ -1,4 +1,4 @@
-"""Training loops run one after another (``collect/collectors/loops.py`` finds where each began): which one the figures
+"""Training loops run one after another (``collect/steps/loops.py`` finds where each began): which one the figures
 describe, each loop's own figures, and what the verdict says of the others.
 
 A script that trains a teacher for 700 ms a step, a student for 36 ms and then distils the student at 340 ms a step

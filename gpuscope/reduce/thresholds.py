@@ -42,7 +42,7 @@ the others."""
 
 MIN_PHASED_STEPS = 4
 """Steady steps whose phases were timed on the device that the device breakdown needs (the steps collector marks
-the phase changes of some steps only: ``collect.collectors.device_timeline.PHASED_EVERY``)."""
+the phase changes of some steps only: ``collect.steps.device_timeline.PHASED_EVERY``)."""
 
 SAMPLE_IN_RECORD = 2000
 """Steps written to run.json one by one; longer runs are thinned evenly (the figures use every kept step)."""

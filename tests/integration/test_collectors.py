@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from conftest import SAMPLES, SCRIPTS, Run, Runs, load_run, run_gpuscope, run_python
-from gpuscope.collect.collectors.base import CollectorResult, Watcher
 from gpuscope.collect.collectors.steps import StepsCollector
+from gpuscope.collect.framework.base import CollectorResult, Watcher
 from gpuscope.record import CollectorStatus
 from gpuscope.session import Session
 

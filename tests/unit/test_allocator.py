@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from gpuscope.collect.collectors.allocator import allocator_in_use, malloc_settings, own_usage
+from gpuscope.collect.allocator import allocator_in_use, malloc_settings, own_usage
 from gpuscope.collect.collectors.memory import HostMemoryCollector
 from gpuscope.record import CollectorStatus, HostMemory
 

@@ -21,8 +21,8 @@ from torch.utils.data import (
     default_collate,
 )
 
-from gpuscope.collect.collectors import batch_fetch
-from gpuscope.collect.collectors.batch_fetch import draws_plainly, time_batch_fetch
+from gpuscope.collect import batch_fetch
+from gpuscope.collect.batch_fetch import draws_plainly, time_batch_fetch
 from gpuscope.collect.collectors.data_probe import DataProbeCollector
 from gpuscope.record import DataProbe
 from gpuscope.session import post_run_facts

@@ -14,7 +14,7 @@ import pytest
 
 from gpuscope.collect.collectors.data_probe import DataProbeCollector
 from gpuscope.collect.collectors.loader_probe import ProbeBatches, _Source
-from gpuscope.collect.collectors.loaders import LoaderBook
+from gpuscope.collect.steps.loaders import LoaderBook
 from gpuscope.session import post_run_facts
 
 torch = pytest.importorskip("torch")

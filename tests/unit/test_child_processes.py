@@ -14,10 +14,10 @@ import multiprocessing.pool
 import pytest
 from conftest import make_record
 
+from gpuscope.collect.process_starts import MAX_STARTED, ProcessStarts, describe
 from gpuscope.diagnose.child_processes import child_processes
 from gpuscope.diagnose.classify import classify
 from gpuscope.diagnose.compare import compare
-from gpuscope.collect.collectors.process_starts import MAX_STARTED, ProcessStarts, describe
 from gpuscope.record import CallSite, HostMemory, RunMeta, StartedProcess, Steps
 from gpuscope.report.compare_text import summary_lines
 from gpuscope.report.render import render_compare

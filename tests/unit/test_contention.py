@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from conftest import make_record
+from gpuscope.collect.children import OwnThreads
 from gpuscope.diagnose.classify import classify
 from gpuscope.diagnose.contention import contention
-from gpuscope.collect.collectors.children import OwnThreads
 from gpuscope.record import HostMemory, Loader, RunMeta, StartedProcess
 
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from gpuscope.collect.collectors.cuda_memory import CudaMemoryCollector
 from gpuscope.collect.collectors.nvtx import NvtxCollector
-from gpuscope.collect.collectors.steplog import StepTracker
+from gpuscope.collect.steps.steplog import StepTracker
 
 
 class FakeSteps:

@@ -14,16 +14,16 @@ import pytest
 import torch
 
 from conftest import make_record
+from gpuscope.collect.captures import StepCapture, TraceCapture
+from gpuscope.collect.collectors.steps import StepsCollector
+from gpuscope.collect.framework.base import CollectorResult, Watcher
+from gpuscope.collect.steps.steplog import StepLog, StepTracker
 from gpuscope.diagnose.classify import classify
 from gpuscope.diagnose.evidence import evaluation_passes
+from gpuscope.diagnose.words import left_out
+from gpuscope.record import CallSite, CollectorStatus, Loader, Steps, Window
 from gpuscope.reduce.fields import record_fields
 from gpuscope.reduce.steady import summarize
-from gpuscope.collect.captures import StepCapture, TraceCapture
-from gpuscope.collect.collectors.steplog import StepLog, StepTracker
-from gpuscope.collect.collectors.base import CollectorResult, Watcher
-from gpuscope.collect.collectors.steps import StepsCollector
-from gpuscope.record import CallSite, CollectorStatus, Loader, Steps, Window
-from gpuscope.diagnose.words import left_out
 
 TRAIN = {"data_wait": 0.01, "forward": 0.03, "backward": 0.05, "optimizer": 0.01}
 """A training step of 0.1 s."""

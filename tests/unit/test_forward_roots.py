@@ -13,9 +13,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from gpuscope.collect.collectors.base import CollectorResult
-from gpuscope.collect.collectors.forward_modules import FETCH_AHEAD
 from gpuscope.collect.collectors.steps import StepsCollector
+from gpuscope.collect.framework.base import CollectorResult
+from gpuscope.collect.steps.forward_modules import FETCH_AHEAD
 
 
 class Net(nn.Module):

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from conftest import make_record
+from gpuscope.collect.steps.loaders import LoaderBook, _describe, fingerprint, splits_its_stream
 from gpuscope.diagnose.rules import evaluate
-from gpuscope.collect.collectors.loaders import LoaderBook, _describe, fingerprint, splits_its_stream
 from gpuscope.record import Breakdown, Loader, RunMeta, Steps
 
 torch = pytest.importorskip("torch")

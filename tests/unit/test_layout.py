@@ -120,6 +120,99 @@ def test_the_front_ends_are_what_the_package_holds_beside_the_stages() -> None:
     assert top == shared | set(FRONT_ENDS)
 
 
+def top_level_imports(path: Path, modules: set[str]) -> set[str]:
+    """The package's modules ``path`` imports as it is imported: at module level, in ``if``/``try`` blocks and
+    ``if TYPE_CHECKING:`` ones too (a type checker follows those), not inside functions (an import there is how a
+    module reaches one that imports it). ``from a import b`` names ``a.b`` where that is a module, else ``a``."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.If, ast.Try)):
+                for block in (node.body, node.orelse, *(h.body for h in getattr(node, "handlers", [])),
+                              getattr(node, "finalbody", [])):
+                    visit(block)
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom):
+                origin = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    base = ".".join(parts[:len(parts) - node.level + 1])
+                    origin = f"{base}.{node.module}" if node.module else base
+                submodules = {f"{origin}.{alias.name}" for alias in node.names} & modules
+                found.update(submodules)
+                if len(submodules) < len(node.names):
+                    found.add(origin)
+
+    visit(ast.parse(path.read_text(encoding="utf-8")).body)
+    return (found & modules) - {name}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module in ``graph`` (module -> what it imports): each holds an
+    import circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for other in sorted(graph.get(node, ())):
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                other = stack.pop()
+                group.append(other)
+                if other == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_the_circle_check_finds_a_circle_and_only_a_circle() -> None:
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
+
+
+def test_no_import_circle_in_the_package() -> None:
+    paths = {module_name(path): path for path in modules(PACKAGE)}
+    graph = {name: top_level_imports(path, set(paths)) for name, path in paths.items()}
+    assert circles(graph) == []
+
+
+def registers_a_collector(path: Path) -> bool:
+    return any(isinstance(node, ast.ClassDef) and any(ast.unparse(d) == "register" for d in node.decorator_list)
+               for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))))
+
+
+def test_the_collectors_folder_holds_the_registered_collectors_and_nothing_else() -> None:
+    # the framework (what a collector is, the windows' schedule, the probes' child process) and the steps
+    # collector's machinery live in folders of their own beside it
+    folder = PACKAGE / "collect" / "collectors"
+    others = [rel(path) for path in sorted(folder.glob("*.py")) if path.name != "__init__.py"
+              and not registers_a_collector(path)]
+    assert others == []
+    assert not list(folder.glob("*/*.py"))
+    for beside in ("framework", "steps"):
+        assert (PACKAGE / "collect" / beside / "__init__.py").is_file()
+        assert not any(registers_a_collector(path) for path in (PACKAGE / "collect" / beside).glob("*.py"))
+
+
 def shipped_text_files() -> Iterator[Path]:
     yield ROOT / "README.md"
     for folder in ("tests", ".ci", "docs"):

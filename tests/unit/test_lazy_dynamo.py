@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch._compile
 
-from gpuscope.collect.collectors.lazy_dynamo import DYNAMO_CACHE, lazily_disabled, leave_unimported
+from gpuscope.collect.lazy_dynamo import DYNAMO_CACHE, lazily_disabled, leave_unimported
 
 
 def update(x: int) -> int:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from gpuscope.collect.collectors.loaders import LoaderBook
-from gpuscope.collect.collectors.steplog import StepLog, StepTracker
+from gpuscope.collect.steps.loaders import LoaderBook
+from gpuscope.collect.steps.steplog import StepLog, StepTracker
 
 
 def iterator_with(worker: Any) -> SimpleNamespace:

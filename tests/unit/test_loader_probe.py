@@ -26,7 +26,7 @@ from gpuscope.collect.collectors.loader_probe import (
     probe_loader,
     worker_counts,
 )
-from gpuscope.collect.collectors.loader_timing import MIN_TIMED_S, close_workers, remove_shared_files, time_sampler
+from gpuscope.collect.loader_timing import MIN_TIMED_S, close_workers, remove_shared_files, time_sampler
 from gpuscope.record import Breakdown, CallSite, Loader, LoaderProbe, LoaderRate, RunMeta, Steps, Verdict
 from gpuscope.session import post_run_facts
 
@@ -563,8 +563,8 @@ def test_a_rate_timed_over_the_first_round_only_is_completed_from_the_runs_batch
 def test_a_probe_in_its_child_sees_the_users_thread_count_not_its_own() -> None:
     # the isolated child runs torch on one thread; the shared-cores prediction needs the step's threads (with 1 it
     # promised 1.77x on data_loading_shared_cores, where 1.28x was measured)
-    from gpuscope.collect.collectors.base import CollectorResult
-    from gpuscope.collect.collectors.probing import run_isolated, user_torch_threads
+    from gpuscope.collect.framework.base import CollectorResult
+    from gpuscope.collect.framework.probing import run_isolated, user_torch_threads
     from gpuscope.record import CollectorStatus
 
     def probe() -> CollectorResult:

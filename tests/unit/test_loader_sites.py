@@ -13,9 +13,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from conftest import make_record
-from gpuscope.diagnose.rules.dataloader import more_dataloader_workers
-from gpuscope.collect.collectors.loaders import LoaderBook
 from gpuscope.collect.collectors.steps import StepsCollector
+from gpuscope.collect.steps.loaders import LoaderBook
+from gpuscope.diagnose.rules.dataloader import more_dataloader_workers
 from gpuscope.record import Breakdown, CallSite, Loader, RunMeta, Steps
 
 HERE = Path(__file__).name

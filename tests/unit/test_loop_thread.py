@@ -1,5 +1,5 @@
 """The thread the steps collector follows: the training loop's, even where a script trains in a thread of its own
-while its main thread waits (``gpuscope.collect.collectors.loopthread``)."""
+while its main thread waits (``gpuscope.collect.steps.loopthread``)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
-from gpuscope.collect.collectors.base import CollectorResult
 from gpuscope.collect.collectors.steps import StepsCollector
+from gpuscope.collect.framework.base import CollectorResult
 
 
 def train(model: nn.Module, steps: int) -> None:

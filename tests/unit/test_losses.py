@@ -8,8 +8,8 @@ from pathlib import Path
 
 import torch
 
-from gpuscope.collect.collectors.steplog import LossLog
 from gpuscope.collect.collectors.steps import StepsCollector
+from gpuscope.collect.steps.steplog import LossLog
 from gpuscope.reduce.fields import steps_fields
 from gpuscope.reduce.steady import summarize_capture
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from gpuscope.collect.collectors import CollectOptions, collector_classes, default_collectors
-from gpuscope.collect.collectors.base import REGISTRY
+from gpuscope.collect.framework.base import REGISTRY
 from gpuscope.session import Session
 
 FIXTURE = Path(__file__).resolve().parent.parent / "fixtures" / "collectors" / "rss_per_step.py"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from gpuscope.collect.collectors.optimizer_watch import HOLD_STEPS
 from gpuscope.collect.collectors.steps import StepsCollector
+from gpuscope.collect.steps.optimizer_watch import HOLD_STEPS
 
 
 def following(tmp_path: Path) -> tuple[StepsCollector, list[int]]:

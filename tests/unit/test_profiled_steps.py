@@ -10,15 +10,15 @@ from typing import ClassVar
 import pytest
 
 from gpuscope import profile
-from gpuscope.reduce.steady import summarize
 from gpuscope.collect.collectors import CollectOptions, default_collectors, plan_windows
-from gpuscope.collect.collectors.base import CollectorResult, StepFollower, WindowRequest
-from gpuscope.collect.collectors.schedule import Window, schedule
-from gpuscope.collect.collectors.steplog import StepLog, StepRecord
 from gpuscope.collect.collectors.steps import StepsCollector
+from gpuscope.collect.framework.base import CollectorResult, StepFollower, WindowRequest
+from gpuscope.collect.framework.schedule import Window, schedule
+from gpuscope.collect.steps.steplog import StepLog, StepRecord
 from gpuscope.errors import GpuscopeError
 from gpuscope.options import RunOptions
 from gpuscope.record import CollectorStatus, load_record
+from gpuscope.reduce.steady import summarize
 from gpuscope.session import Session
 
 

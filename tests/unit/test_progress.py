@@ -9,10 +9,10 @@ from typing import ClassVar
 
 import pytest
 
-from gpuscope.collect.captures import PostRunFacts
-from gpuscope.collect.collectors.base import CollectorResult, PostRunProbe
-from gpuscope.record import CollectorStatus
 from gpuscope import session as stage
+from gpuscope.collect.captures import PostRunFacts
+from gpuscope.collect.framework.base import CollectorResult, PostRunProbe
+from gpuscope.record import CollectorStatus
 from gpuscope.session import Session
 
 

@@ -18,11 +18,11 @@ import torch.nn.functional as F
 from torch.utils import flop_counter
 
 from conftest import make_record
-from gpuscope.diagnose.rules import evaluate
+from gpuscope.collect import attention
 from gpuscope.collect.captures import AttentionCall, FlopCount
-from gpuscope.collect.collectors import attention
 from gpuscope.collect.collectors import cpu_peak
 from gpuscope.collect.collectors.cpu_peak import CpuPeakProbe, MatmulTiming
+from gpuscope.diagnose.rules import evaluate
 from gpuscope.record import (AttentionTiming, Breakdown, CallSite, CollectorStatus, OpProfile, OpStat, RunRecord,
                              SpeedOfLight, Steps)
 from gpuscope.session import post_run_facts

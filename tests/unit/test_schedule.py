@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 from gpuscope.collect.collectors import CollectOptions, collector_classes, default_collectors, plan_windows, window_requests
-from gpuscope.collect.collectors.base import StepWindow, WindowRequest
 from gpuscope.collect.collectors.long_steps import LongStepsCollector
-from gpuscope.collect.collectors.schedule import Window, long_steps_plan, schedule
 from gpuscope.collect.collectors.torch_trace import TorchTraceCollector, trace_window
+from gpuscope.collect.framework.base import StepWindow, WindowRequest
+from gpuscope.collect.framework.schedule import Window, long_steps_plan, schedule
 
 
 def test_windows_that_would_overlap_are_placed_one_after_another() -> None:

@@ -59,7 +59,7 @@ def test_the_command_line_runs_the_script_itself_then_ends_the_run_with_its_stat
 ANOMALY_SCRIPT = """\
 import sys, warnings
 import torch
-from gpuscope.collect.collectors.base import patch
+from gpuscope.collect.framework.base import patch
 
 def forward(x):
     return torch.sqrt(x) * 0  # sqrt(-1) is NaN: its backward fails under anomaly detection

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from gpuscope.reduce.steady import summarize, summarize_capture
 from gpuscope.collect.captures import StepCapture
-from gpuscope.collect.collectors.steplog import StepLog, StepRecord
+from gpuscope.collect.steps.steplog import StepLog, StepRecord
+from gpuscope.reduce.steady import summarize, summarize_capture
 
 
 def records(walls: list[float], data_share: float = 0.0) -> list[StepRecord]:

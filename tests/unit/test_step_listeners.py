@@ -13,10 +13,10 @@ import pytest
 import torch
 import torch.nn as nn
 
-from gpuscope.collect.collectors.loopthread import LoopThread
 from gpuscope.collect.collectors.practices import READ_EACH, READ_EVERY, PracticesCollector
-from gpuscope.collect.collectors.step_listeners import QUIET, ListenerSchedule
 from gpuscope.collect.collectors.steps import StepsCollector
+from gpuscope.collect.steps.loopthread import LoopThread
+from gpuscope.collect.steps.step_listeners import QUIET, ListenerSchedule
 
 
 @pytest.fixture(autouse=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gpuscope.collect.collectors.steplog import DeviceTimeline, PhaseClock, StepLog, StepTracker
+from gpuscope.collect.steps.steplog import DeviceTimeline, PhaseClock, StepLog, StepTracker
 
 
 class TestPhaseClock:

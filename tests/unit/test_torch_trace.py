@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from gpuscope.reduce.kernels import kernel_timeline
-from gpuscope.collect.collectors.lazy_dynamo import inductor_left_unimported
+from gpuscope.collect.lazy_dynamo import inductor_left_unimported
 from gpuscope.collect.collectors.torch_trace import (
     cap_trace,
     kineto_quiet,

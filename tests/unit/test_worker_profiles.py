@@ -12,7 +12,7 @@ import pytest
 from torch.utils.data import Dataset
 from torch.utils.data._utils import fetch
 
-from gpuscope.collect.collectors.workers import WorkerProfiler
+from gpuscope.collect.workers import WorkerProfiler
 
 GPUSCOPE_DIR = str(Path(__file__).resolve().parents[2] / "gpuscope")
 

@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from dataclasses import dataclass
 
-from gpuscope.collect.collectors import cprofile, long_steps, torch_trace
-from gpuscope.collect.collectors.base import (
+from gpuscope.collect.collectors import long_steps
+from gpuscope.collect.framework.base import (
     REGISTRY,
     Collector,
     CollectorClass,
@@ -22,33 +21,8 @@ from gpuscope.collect.collectors.base import (
     StepSource,
     WindowRequest,
 )
-from gpuscope.collect.collectors.schedule import Plan, schedule
-
-
-@dataclass(frozen=True, slots=True)
-class CollectOptions:
-    """What the user chose on the command line (or in ``gpuscope.profile()``); defaults are the collectors' own."""
-
-    cprofile_steps: int | None = cprofile.DEFAULT_STEPS
-    """Steps cProfile covers after the start-up; None: the whole run."""
-    trace_steps: int = torch_trace.DEFAULT_ACTIVE
-    """Steps torch.profiler records; 0: no torch.profiler."""
-    trace_max_bytes: int = torch_trace.DEFAULT_MAX_BYTES
-    probe_loader: bool = False
-    """Time the slowest loader with several worker counts after the run even when data wait was under
-    ``thresholds.DATA_WAIT_NOTABLE`` (it always runs above)."""
-    probes: bool = True
-    """Run the post-run probes (data probe, loader probe, calibration, the CPU's matmul peak), which run code
-    after the script; False (``--no-probes``): a fast exit with the timings only."""
-    skip_steps: int = 0
-    """Steps before any window (``--skip-steps``): a learning-rate warm-up, a first epoch that fills caches. They
-    are left out of the figures."""
-    profile_steps: int | None = None
-    """Steps measured after the skipped ones (``--profile-steps``), every window among them; then the collectors
-    hand the record over and come out (None: they stay to the end of the run)."""
-    memory_window: bool = True
-    """Two steps under the memory timeline after the other windows; off where ``--profile-steps`` is too few to hold
-    them beside the others and the steady steps."""
+from gpuscope.collect.framework.options import CollectOptions
+from gpuscope.collect.framework.schedule import Plan, schedule
 
 
 def collector_classes() -> list[CollectorClass]:

@@ -18,7 +18,7 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpuscope.collect.collectors.base import CollectorResult, PostRunProbe, register
+from gpuscope.collect.framework.base import CollectorResult, PostRunProbe, register
 from gpuscope.record import Calibration, CollectorStatus, Practices
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def measure_op_overhead(torch: Any, anomaly: bool = False) -> Calibration:
     """Time and count the ops of a tiny model's training steps (under anomaly detection if ``anomaly``, fewer)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from gpuscope.collect.collectors.lazy_dynamo import inductor_left_unimported
+    from gpuscope.collect.lazy_dynamo import inductor_left_unimported
     from gpuscope.collect.collectors.torch_trace import kineto_quiet
 
     model = torch.nn.Sequential(*[torch.nn.Linear(2, 2) for _ in range(LAYERS)])

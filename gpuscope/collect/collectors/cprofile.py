@@ -27,18 +27,18 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpuscope.collect.collectors.base import CollectorResult, StepFollower, WindowRequest, register
-from gpuscope.collect.collectors.workers import WORKERS_PROF, WorkerProfiler, merge_worker_profiles
+from gpuscope.collect.framework.base import CollectorResult, StepFollower, WindowRequest, register
+from gpuscope.collect.framework.options import CPROFILE_STEPS
 from gpuscope.collect.importwatch import ImportWatch
+from gpuscope.collect.workers import WORKERS_PROF, WorkerProfiler, merge_worker_profiles
 from gpuscope.record import CollectorStatus, FunctionStat, PythonProfile, Window
 
 if TYPE_CHECKING:
-    from gpuscope.collect.collectors import CollectOptions
-    from gpuscope.collect.collectors.schedule import Plan, Window
+    from gpuscope.collect.framework.options import CollectOptions
+    from gpuscope.collect.framework.schedule import Plan, Window
 
 PROF_FILE = "python.prof"
-DEFAULT_STEPS = 5
-"""Steps profiled after the start-up: enough to see the loop's hot functions, few enough to cost little."""
+DEFAULT_STEPS = CPROFILE_STEPS
 PAUSED_IMPORTS = ("torch", "torch._dynamo")
 """Imports the start-up profile pauses for: torch's own (about 1.5 s on a 2-core machine, more under cProfile), and
 torch._dynamo's, which torch runs at the script's first optimizer (as long again: 1.8 s of a 6-step script's 3 s)."""

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from gpuscope.collect.attention import ATTENTION_BUDGET_S, time_attention
 from gpuscope.collect.captures import LOW_PRECISION, CpuPeak, FlopCount
-from gpuscope.collect.collectors.attention import ATTENTION_BUDGET_S, time_attention
-from gpuscope.collect.collectors.base import CollectorResult, PostRunProbe, register
-from gpuscope.collect.collectors.probing import fastest
+from gpuscope.collect.framework.base import CollectorResult, PostRunProbe, register
+from gpuscope.collect.framework.probing import fastest
 from gpuscope.record import CollectorStatus
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ class CpuPeakProbe(PostRunProbe):
     the best of a few square matmuls with the run's own thread count (what the step's matmuls could reach), and in
     float32 too where the step's dtype is another; a convolution in bfloat16 or float16 and in float32 where the
     step ran convolutions and FLOPs in that dtype; and the step's attention in both, where it ran in such a dtype
-    (``collect/collectors/attention.py``)."""
+    (``collect/attention.py``)."""
 
     name: ClassVar[str] = "cpu-peak"
     reads: ClassVar[tuple[str, ...]] = ("flops",)  # the counted step: its dtype, convolutions and attention

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, NamedTuple
 
-from gpuscope.collect.collectors.base import CollectorResult, StepFollower, register
 from gpuscope.collect.collectors.memory import BoundedSeries
+from gpuscope.collect.framework.base import CollectorResult, StepFollower, register
 from gpuscope.record import CollectorStatus, CudaMemory
 
 MAX_STEPS_KEPT = 2000

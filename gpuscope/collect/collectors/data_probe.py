@@ -32,15 +32,15 @@ from types import CodeType, FrameType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collect.callsites import is_user_file
-from gpuscope.collect.collectors.base import CollectorResult, PostRunProbe, register
-from gpuscope.collect.collectors.batch_fetch import (
+from gpuscope.collect.framework.base import CollectorResult, PostRunProbe, register
+from gpuscope.collect.batch_fetch import (
     BatchFetch,
     draws_plainly,
     is_default_collate,
     time_batch_fetch,
 )
 from gpuscope.collect.collectors.cprofile import short_path
-from gpuscope.collect.collectors.probing import DatasetError, dataset_error, fastest, unseen, wait_under_the_bar
+from gpuscope.collect.framework.probing import DatasetError, dataset_error, fastest, unseen, wait_under_the_bar
 from gpuscope.record import CollectorStatus, DataProbe, LineCost
 
 if TYPE_CHECKING:

@@ -7,7 +7,7 @@ backward included (the autograd engine carries dispatch modes to its threads), a
 convolutions and attention with torch's formulas: 2 x M x N x K for a matmul (a multiply and an add per term).
 Element-wise ops and the optimizer's update are not counted, as in every MFU figure. A matmul of a sparse matrix
 counts the elements it stores (``stored_share``), where torch's formulas count it as dense; a CPU's flash attention,
-which torch's counter has no formula for, is counted with the GPU one's (``collect/collectors/attention.py``). The counted
+which torch's counter has no formula for, is counted with the GPU one's (``collect/attention.py``). The counted
 step runs slower (every op goes through Python), so it is marked profiled and left out of the step figures. Where the
 optimizer calls its closure several times a step (LBFGS), one call is counted and multiplied by the step's calls
 (``PER_CLOSURE_CALLS``).
@@ -31,15 +31,15 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from gpuscope.collect.attention import cpu_formulas
 from gpuscope.collect.captures import AttentionCall, FlopCount
-from gpuscope.collect.collectors.attention import cpu_formulas
-from gpuscope.collect.collectors.base import CollectorResult, StepFollower, StepWindow, WindowRequest, register
-from gpuscope.collect.collectors.lazy_dynamo import leave_unimported
+from gpuscope.collect.framework.base import CollectorResult, StepFollower, StepWindow, WindowRequest, register
+from gpuscope.collect.lazy_dynamo import leave_unimported
 from gpuscope.record import CollectorStatus
 
 if TYPE_CHECKING:
-    from gpuscope.collect.collectors import CollectOptions
-    from gpuscope.collect.collectors.schedule import Plan, Window
+    from gpuscope.collect.framework.options import CollectOptions
+    from gpuscope.collect.framework.schedule import Plan, Window
 
 TOP_OPS = 8
 EVALUATED_RETRIES = 3

@@ -36,15 +36,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpuscope.collect.collectors.base import CollectorResult, PostRunProbe, register
-from gpuscope.collect.collectors.loader_timing import time_config, time_sampler
-from gpuscope.collect.collectors.probing import DatasetError, first_line, unseen, user_torch_threads, wait_under_the_bar
+from gpuscope.collect.framework.base import CollectorResult, PostRunProbe, register
+from gpuscope.collect.framework.probing import DatasetError, first_line, unseen, user_torch_threads, wait_under_the_bar
+from gpuscope.collect.loader_timing import time_config, time_sampler
 from gpuscope.record import CollectorStatus, LoaderProbe, LoaderRate
 
 if TYPE_CHECKING:
     from gpuscope.collect.captures import PostRunFacts
-    from gpuscope.collect.collectors import CollectOptions
-    from gpuscope.collect.collectors.schedule import Plan
+    from gpuscope.collect.framework.options import CollectOptions
+    from gpuscope.collect.framework.schedule import Plan
 
 BUDGET_S = 2.0
 """The whole probe's time: the run is over and the user is waiting. Each configuration gets an equal share."""

@@ -16,13 +16,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpuscope.collect.collectors.base import CollectorResult, StepFollower, WindowRequest, register
-from gpuscope.collect.collectors.children import schedstat
-from gpuscope.collect.collectors.schedule import DECIDED_AT, LONG_STEP_S, Plan, long_steps_plan
+from gpuscope.collect.children import schedstat
+from gpuscope.collect.framework.base import CollectorResult, StepFollower, WindowRequest, register
+from gpuscope.collect.framework.schedule import DECIDED_AT, LONG_STEP_S, Plan, long_steps_plan
 from gpuscope.record import CollectorStatus
 
 if TYPE_CHECKING:
-    from gpuscope.collect.collectors import CollectOptions
+    from gpuscope.collect.framework.options import CollectOptions
 
 WINDOW_NAMES = {"cprofile": "cProfile", "torch-trace": "torch.profiler", "syncs": "the sync count",
                 "flops": "the FLOP count"}

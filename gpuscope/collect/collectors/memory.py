@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from gpuscope.collect import last_reading
-from gpuscope.collect.collectors.allocator import allocator_in_use, malloc_settings, own_usage, page_bytes
-from gpuscope.collect.collectors.base import CollectorResult, StepEvents, Watcher, register
-from gpuscope.collect.collectors.children import ChildrenCpu, OwnThreads, descendants, helper_verdict, schedstat
-from gpuscope.collect.collectors.process_starts import ProcessStarts
+from gpuscope.collect.allocator import allocator_in_use, malloc_settings, own_usage, page_bytes
+from gpuscope.collect.children import ChildrenCpu, OwnThreads, descendants, helper_verdict, schedstat
+from gpuscope.collect.framework.base import CollectorResult, StepEvents, Watcher, register
+from gpuscope.collect.process_starts import ProcessStarts
 from gpuscope.record import CollectorStatus, HostMemory
 
 T = TypeVar("T")

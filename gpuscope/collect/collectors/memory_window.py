@@ -25,19 +25,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collect import oom
-from gpuscope.collect.last_reading import statm_bytes
-from gpuscope.collect.oom import memory_limit, saved_in_graph
 from gpuscope.collect.callsites import is_user_file
-from gpuscope.collect.collectors.base import CollectorResult, StepFollower, StepWindow, WindowRequest, register
 from gpuscope.collect.collectors.cprofile import profiler_in_use
-from gpuscope.collect.collectors.lazy_dynamo import inductor_left_unimported
 from gpuscope.collect.collectors.torch_trace import kineto_quiet, return_freed_heap
+from gpuscope.collect.framework.base import CollectorResult, StepFollower, StepWindow, WindowRequest, register
+from gpuscope.collect.last_reading import statm_bytes
+from gpuscope.collect.lazy_dynamo import inductor_left_unimported
+from gpuscope.collect.oom import memory_limit, saved_in_graph
 from gpuscope.record import MEMORY_CATEGORIES as CATEGORIES
 from gpuscope.record import CollectorStatus, KeptTensors, Memory, MemoryHolder, MemoryTimeline
 
 if TYPE_CHECKING:
-    from gpuscope.collect.collectors import CollectOptions
-    from gpuscope.collect.collectors.schedule import Plan, Window
+    from gpuscope.collect.framework.options import CollectOptions
+    from gpuscope.collect.framework.schedule import Plan, Window
 
 STEPS = 2
 """Two steps: what the first makes and the second has not freed is what a step leaves behind."""

@@ -18,8 +18,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from gpuscope.collect.collectors.base import CollectorResult, Watcher, register
 from gpuscope.collect.collectors.memory import BoundedSeries, next_deadline
+from gpuscope.collect.framework.base import CollectorResult, Watcher, register
 from gpuscope.record import CollectorStatus, GpuDevice, GpuSamples
 
 DEFAULT_INTERVAL_S = 0.05

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Any, ClassVar
 
-from gpuscope.collect.collectors.base import CollectorResult, StepFollower, register
+from gpuscope.collect.framework.base import CollectorResult, StepFollower, register
 from gpuscope.record import CollectorStatus
 
 DOMAIN = "gpuscope"

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpuscope.collect.collectors.base import CollectorResult, PostRunProbe, register
+from gpuscope.collect.framework.base import CollectorResult, PostRunProbe, register
 from gpuscope.record import CollectorStatus, OptimizerProbe
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ from types import FrameType
 from typing import Any, ClassVar
 
 from gpuscope.collect.callsites import SiteCounter, calling_library, script_format_stack, user_frame
-from gpuscope.collect.collectors.base import CollectorResult, StepFollower, patch, register
+from gpuscope.collect.framework.base import CollectorResult, StepFollower, patch, register
 from gpuscope.collect.importwatch import ImportWatch
 from gpuscope.record import CollectorStatus, Practices
 

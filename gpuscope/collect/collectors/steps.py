@@ -42,21 +42,21 @@ from threading import get_ident
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collect.captures import StepCapture
-from gpuscope.collect.collectors.base import CollectorResult, ProbeInputs, Stage, WindowRequest, patch, register
-from gpuscope.collect.collectors.device_timeline import timing_event
-from gpuscope.collect.collectors.forward_modules import ForwardModules
-from gpuscope.collect.collectors.loaders import LoaderBook
-from gpuscope.collect.collectors.loopthread import LoopThread
-from gpuscope.collect.collectors.optimizer_watch import OptimizerWatch
-from gpuscope.collect.collectors.phase_clock import OTHER
-from gpuscope.collect.collectors.step_listeners import QUIET
-from gpuscope.collect.collectors.steplog import DeviceTimeline, StepLog, StepTracker
+from gpuscope.collect.framework.base import CollectorResult, ProbeInputs, Stage, WindowRequest, patch, register
 from gpuscope.collect.importwatch import ImportWatch
+from gpuscope.collect.steps.device_timeline import timing_event
+from gpuscope.collect.steps.forward_modules import ForwardModules
+from gpuscope.collect.steps.loaders import LoaderBook
+from gpuscope.collect.steps.loopthread import LoopThread
+from gpuscope.collect.steps.optimizer_watch import OptimizerWatch
+from gpuscope.collect.steps.phase_clock import OTHER
+from gpuscope.collect.steps.step_listeners import QUIET
+from gpuscope.collect.steps.steplog import DeviceTimeline, StepLog, StepTracker
 from gpuscope.record import CollectorStatus
 
 if TYPE_CHECKING:
-    from gpuscope.collect.collectors import CollectOptions
-    from gpuscope.collect.collectors.schedule import Plan
+    from gpuscope.collect.framework.options import CollectOptions
+    from gpuscope.collect.framework.schedule import Plan
 
 
 @register
@@ -136,7 +136,7 @@ class StepsCollector:
         action()
         return True
 
-    # -- the step events other collectors follow (collectors.base.StepEvents) ----------------------------------
+    # -- the step events other collectors follow (framework.base.StepEvents) ----------------------------------
     def add_step_listener(self, listener: Callable[[int], int | None]) -> None:
         """``listener(index)`` as each step begins, in the loop's thread; its time is kept out of the step's. It
         may return how many steps on it next wants to be told (``step_listeners``)."""

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collect.callsites import SiteCounter, user_frame
 from gpuscope.collect.collectors import torch_trace
-from gpuscope.collect.collectors.base import (
+from gpuscope.collect.framework.base import (
     CollectorResult,
     StepFollower,
     StepWindow,
@@ -38,8 +38,8 @@ from gpuscope.collect.collectors.base import (
 from gpuscope.record import CollectorStatus, SyncProfile, Window
 
 if TYPE_CHECKING:
-    from gpuscope.collect.collectors import CollectOptions
-    from gpuscope.collect.collectors.schedule import Plan, Window
+    from gpuscope.collect.framework.options import CollectOptions
+    from gpuscope.collect.framework.schedule import Plan, Window
 
 DEFAULT_START = torch_trace.DEFAULT_START + torch_trace.WARMUP_STEPS + torch_trace.DEFAULT_ACTIVE
 """First step of the window: the step at whose start torch.profiler's default window closes (its warm-up step 6,

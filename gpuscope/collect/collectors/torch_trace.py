@@ -21,22 +21,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from gpuscope.collect.collectors.base import CollectorResult, StepFollower, WindowRequest, register
-from gpuscope.collect.collectors.children import schedstat
-from gpuscope.collect.collectors.lazy_dynamo import inductor_left_unimported
 from gpuscope.collect.captures import TraceCapture
+from gpuscope.collect.children import schedstat
+from gpuscope.collect.framework.base import CollectorResult, StepFollower, WindowRequest, register
+from gpuscope.collect.framework.options import TRACE_MAX_BYTES, TRACE_STEPS
+from gpuscope.collect.lazy_dynamo import inductor_left_unimported
 from gpuscope.record import CollectorStatus
 from gpuscope.versions import parse_version
 
 if TYPE_CHECKING:
-    from gpuscope.collect.collectors import CollectOptions
-    from gpuscope.collect.collectors.schedule import Plan, Window
+    from gpuscope.collect.framework.options import CollectOptions
+    from gpuscope.collect.framework.schedule import Plan, Window
 
 TRACE_FILE = "trace.json"
 DEFAULT_START = 6
 """First step of the window: after cProfile's default window (steps 0-4) and one clean step."""
-DEFAULT_ACTIVE = 3
-"""Steps recorded: a few are enough to see the loop's ops and kernels; each costs trace size."""
+DEFAULT_ACTIVE = TRACE_STEPS
 WARMUP_STEPS = 1
 """torch.profiler's own warm-up: the profiler runs a step before recording, so its start-up cost is not traced."""
 LONG_STEP_S = 1.2
@@ -44,8 +44,7 @@ LONG_STEP_S = 1.2
 its events' processing at the window's end (three LBFGS steps of 1.4-2.4 s and 670k ops each: 8.5 s), and so long a
 step holds ops enough for the table; the trace's cap would keep only the first step of several anyway. (The
 samples' steps, loading included, take at most 0.55 s alone, 0.7 s three runs to two cores.)"""
-DEFAULT_MAX_BYTES = 50 * 1024 * 1024
-"""trace.json's cap: Perfetto and chrome://tracing open 50 MB comfortably; much larger traces do not open."""
+DEFAULT_MAX_BYTES = TRACE_MAX_BYTES
 TOP_OPS = 15
 SHORT_OP_US = 10.0
 """When a trace must shrink, CPU ops shorter than this (microseconds) go first: they are the most numerous."""

@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
-from gpuscope.collect.collectors.base import CollectorResult
+from gpuscope.collect.framework.base import CollectorResult
 from gpuscope.record import CollectorStatus
 
 

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuscope.collect.callsites import call_site, is_user_file, user_frame
-from gpuscope.collect.collectors.base import patch
+from gpuscope.collect.framework.base import patch
 from gpuscope.record import StartedProcess
 
 MAX_STARTED = 64

@@ -20,7 +20,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from gpuscope.collect.collectors.base import WindowRequest
 
 FIRST_STEADY_STEP = 1
 """Step 0 pays for lazy initialisation and is always left out: no window but a start-up one is placed on it."""
@@ -32,6 +31,25 @@ LONG_STEP_S = 2.0
 """A step 1 this long or longer makes the windows one step each (``long_steps_plan``): the samples' step 1 took at
 most 1.4 s on 2 cores (cProfile on); steps of seconds hold ops and calls enough for a profile in one, and each
 profiled one costs the run seconds."""
+
+
+@dataclass(frozen=True, slots=True)
+class WindowRequest:
+    """Steps a profiler wants to itself: ``steps`` in a row (its own warm-up included), placed after the window
+    of the collector named ``after`` and ``gap`` clean steps; ``cuda_only`` windows are placed on CUDA runs only
+    (later windows then start earlier on a CPU run). A window of 0 steps is not placed."""
+
+    steps: int
+    after: str | None = None
+    """The collector whose window this one follows (None: placed first)."""
+    gap: int = 0
+    cuda_only: bool = False
+    startup: bool = False
+    """The window covers the start-up too, so it may begin at step 0; others begin at step 1 at the earliest (step 0
+    pays for lazy initialisation, and every run leaves it out)."""
+    long_steps: int = 1
+    """Its steps where steps are long (``schedule.LONG_STEP_S``): one such step holds ops and calls enough, and each
+    costs the run seconds."""
 
 
 @dataclass(frozen=True, slots=True)

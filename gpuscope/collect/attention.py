@@ -20,7 +20,7 @@ from typing import Any
 
 from gpuscope.collect.callsites import call_site, user_frame
 from gpuscope.collect.captures import AttentionCall
-from gpuscope.collect.collectors.probing import fastest
+from gpuscope.collect.framework.probing import fastest
 
 CPU_FLASH = "_scaled_dot_product_flash_attention_for_cpu"
 ATTENTION_REPEATS = 5

@@ -17,10 +17,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_chec
 
 from gpuscope.record import CollectorStatus
 
+from gpuscope.collect.framework.schedule import WindowRequest
+
 if TYPE_CHECKING:
     from gpuscope.collect.captures import PostRunFacts
-    from gpuscope.collect.collectors import CollectOptions
-    from gpuscope.collect.collectors.schedule import Plan, Window
+    from gpuscope.collect.framework.options import CollectOptions
+    from gpuscope.collect.framework.schedule import Plan, Window
 
 Stage = Literal["live", "post-run"]
 """``live``: started before the script and stopped after it; ``post-run``: run once after the script has ended,
@@ -35,25 +37,6 @@ class CollectorResult:
     status: CollectorStatus
     payload: object | None = None
     notes: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class WindowRequest:
-    """Steps a profiler wants to itself: ``steps`` in a row (its own warm-up included), placed after the window
-    of the collector named ``after`` and ``gap`` clean steps; ``cuda_only`` windows are placed on CUDA runs only
-    (later windows then start earlier on a CPU run). A window of 0 steps is not placed."""
-
-    steps: int
-    after: str | None = None
-    """The collector whose window this one follows (None: placed first)."""
-    gap: int = 0
-    cuda_only: bool = False
-    startup: bool = False
-    """The window covers the start-up too, so it may begin at step 0; others begin at step 1 at the earliest (step 0
-    pays for lazy initialisation, and every run leaves it out)."""
-    long_steps: int = 1
-    """Its steps where steps are long (``schedule.LONG_STEP_S``): one such step holds ops and calls enough, and each
-    costs the run seconds."""
 
 
 class StepEvents(Protocol):

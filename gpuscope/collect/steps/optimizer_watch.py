@@ -21,8 +21,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuscope.collect.callsites import call_site, user_frame
-from gpuscope.collect.collectors.base import patch
-from gpuscope.collect.collectors.loops import LoopBook
+from gpuscope.collect.framework.base import patch
+from gpuscope.collect.steps.loops import LoopBook
 from gpuscope.record import CallSite
 
 HOLD_STEPS = 64

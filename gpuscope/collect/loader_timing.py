@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuscope.collect.callsites import is_user_file
 from gpuscope.collect.collectors.cprofile import short_path
-from gpuscope.collect.collectors.probing import dataset_error
+from gpuscope.collect.framework.probing import dataset_error
 from gpuscope.record import LoaderRate
 
 SAMPLER_BATCHES = 4

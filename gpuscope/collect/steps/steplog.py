@@ -16,9 +16,9 @@ import random
 from collections.abc import Callable
 
 from gpuscope.collect.captures import StepRecord
-from gpuscope.collect.collectors.device_timeline import DeviceTimeline, phased
-from gpuscope.collect.collectors.phase_clock import PhaseClock
-from gpuscope.collect.collectors.step_listeners import Listener, ListenerSchedule
+from gpuscope.collect.steps.device_timeline import DeviceTimeline, phased
+from gpuscope.collect.steps.phase_clock import PhaseClock
+from gpuscope.collect.steps.step_listeners import Listener, ListenerSchedule
 
 STEP_HEAD = 64
 """Steps kept one by one from the start of the run (warm-up is decided among them)."""
