@@ -178,7 +178,7 @@ def test_run_accepts_open_before_the_script() -> None:
 
 
 def test_the_launcher_forwards_the_collector_options_to_each_rank_and_keeps_its_own() -> None:
-    from gpuscope.cli import _forwarded
+    from gpuscope.commands.run import _forwarded
 
     own = ["--nproc-per-node", "2", "-o", "job", "--trace-steps", "2", "--open", "--cprofile-steps=3", "-q",
            "--output=x", "--probe-loader"]

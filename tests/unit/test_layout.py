@@ -69,7 +69,7 @@ def imports_of(path: Path, target: str) -> list[str]:
 
 STAGES = ("collect", "reduce", "diagnose", "report")
 """The pipeline's stages, in order: a run flows collect -> reduce -> diagnose -> report."""
-FRONT_ENDS = ("gpuscope.cli", "gpuscope.api", "gpuscope.notebook", "gpuscope.analyze", "gpuscope.finish",
+FRONT_ENDS = ("gpuscope.cli", "gpuscope.api", "gpuscope.notebook", "gpuscope.commands", "gpuscope.finish",
               "gpuscope.session", "gpuscope.markers", "gpuscope.options", "gpuscope.distributed", "gpuscope.rundirs",
               "gpuscope.trials", "gpuscope.sentinel")
 """The modules that drive the stages (the command line, the Python API): they may import any stage, none of the
@@ -117,7 +117,12 @@ def test_the_front_ends_are_what_the_package_holds_beside_the_stages() -> None:
     # a new module at the package's top is a front end (listed above) or shared by every stage (the record, errors)
     shared = {"gpuscope", "gpuscope.__main__", "gpuscope.record", "gpuscope.errors", "gpuscope.versions"}
     top = {module_name(path) for path in PACKAGE.glob("*.py")}
-    assert top == shared | set(FRONT_ENDS)
+    assert top == shared | set(FRONT_ENDS) - {"gpuscope.commands"}
+    # and its folders are the stages and the commands, one module a command
+    folders = {path.name for path in PACKAGE.iterdir() if path.is_dir() and (path / "__init__.py").is_file()}
+    assert folders == {*STAGES, "commands"}
+    assert {path.stem for path in (PACKAGE / "commands").glob("*.py")} == {
+        "__init__", "run", "report", "compare", "analyze", "view"}
 
 
 def top_level_imports(path: Path, modules: set[str]) -> set[str]:

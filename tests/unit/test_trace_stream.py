@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from gpuscope.analyze import ReadProgress
+from gpuscope.commands.analyze import ReadProgress
 from gpuscope.errors import GpuscopeError
 from gpuscope.reduce import stream
 from gpuscope.reduce.columns import REORDER_ROWS, OpIntervals
