@@ -22,7 +22,8 @@ from datetime import datetime
 from pathlib import Path
 
 from gpuscope.errors import GpuscopeError
-from gpuscope.record import RUN_JSON, Communication, Distributed, RankSummary, RunRecord, load_record, write_record
+from gpuscope.pipeline import conclude
+from gpuscope.record import RUN_JSON, Communication, Distributed, RankSummary, RunRecord, load_record
 from gpuscope.rundirs import RUNS_FOLDER, new_run_dir
 
 RANK_DIR = "rank-{rank}"
@@ -103,8 +104,7 @@ def _locked(job_dir: Path) -> Iterator[None]:
 def merge_job(job_dir: Path) -> RunRecord:
     """Merge the rank records in ``job_dir`` into ``job_dir/run.json`` (under a lock) and return the merge."""
     with _locked(job_dir):
-        record = merge(rank_records(job_dir))
-        write_record(record, job_dir)
+        record = conclude(merge(rank_records(job_dir)), job_dir, diagnosed=True)
     return record
 
 

@@ -42,9 +42,9 @@ def finish(make_record: Callable[[], RunRecord], run_dir: Path, *, failure: str,
     except Exception as exc:
         print(f"gpuscope: error: {failure}: {exc}", file=sys.stderr)
         return Finished(None, None)
-    from gpuscope.report import write_report_softly
+    from gpuscope.pipeline import render
 
-    report_path = write_report_softly(record, run_dir)
+    report_path = render(record, run_dir)
     if announce is not None and not announce(record):
         return Finished(record, report_path)
     if not quiet:
@@ -71,9 +71,9 @@ def hand_over_session(session: Session, *, quiet: bool = False) -> Finished:
     reports: list[Path | None] = []
 
     def written(record: RunRecord) -> None:
-        from gpuscope.report import write_report_softly
+        from gpuscope.pipeline import render
 
-        path = write_report_softly(record, session.run_dir)
+        path = render(record, session.run_dir)
         if path is not None and not any(reports):  # said even under -q: a long job's one line about gpuscope
             print(f"gpuscope: report ready at {path}; training continues unprofiled", file=sys.stderr, flush=True)
         reports.append(path)

@@ -150,11 +150,11 @@ def killed_record(command: tuple[str, ...], last: dict[str, Any], killed_by_oom:
 def write_killed_record(run_dir: Path, command: tuple[str, ...], last: dict[str, Any], killed_by_oom: bool,
                         address_limit: int) -> None:
     from gpuscope.collect.oom import memory_limit
-    from gpuscope.record import write_record
+    from gpuscope.pipeline import conclude
     from gpuscope.report.render import write_report
 
     record = killed_record(command, last, killed_by_oom, address_limit, memory_limit("cpu", address_space=False))
-    write_record(record, run_dir)
+    conclude(record, run_dir, diagnosed=True)  # its verdict is the watcher's: nothing else was measured
     try:
         write_report(record, run_dir)
     finally:

@@ -36,12 +36,12 @@ from gpuscope.collect.captures import PostRunFacts, StepCapture, TraceCapture
 from gpuscope.collect.collectors import CollectorResult, Follower, LiveCollector, Probe, StepSource, default_collectors
 from gpuscope.collect.framework.base import ProbeInputs
 from gpuscope.collect.framework.probing import run_isolated, user_torch_threads
-from gpuscope.diagnose import analyze, thresholds
+from gpuscope.diagnose import thresholds
 from gpuscope.diagnose.classify import profiled_steps
 from gpuscope.diagnose.evidence import batches_per_step, compute_time_s
 from gpuscope.errors import GpuscopeError
-from gpuscope.record import (CollectorStatus, Distributed, ProfilingWindow, RunMeta, RunRecord, Window,
-                             write_record)
+from gpuscope.pipeline import conclude
+from gpuscope.record import CollectorStatus, Distributed, ProfilingWindow, RunMeta, RunRecord, Window
 from gpuscope.reduce.fields import reads_others, record_fields
 
 
@@ -168,8 +168,8 @@ class Session:
         if self._handed_over and self.record is not None and not self._ended:
             self._ended = True
             window = dataclasses.replace(self.record.profiling_window, script_ended=True)  # type: ignore[arg-type]
-            self.record = dataclasses.replace(self.record, exit_status=exit_status, profiling_window=window)
-            write_record(self.record, self.run_dir)
+            self.record = conclude(dataclasses.replace(self.record, exit_status=exit_status, profiling_window=window),
+                                   self.run_dir, diagnosed=True)
         if self.record is None:
             self._handed_over = False  # a hand-over that failed part of the way: the record is the end's own
             self.record = self._collect(exit_status, say)
@@ -232,9 +232,7 @@ class Session:
             comm = record.op_profile.communication if record.op_profile is not None else None
             backend = backend_now() or (comm.backend if comm is not None else None)
             record = dataclasses.replace(record, distributed=dataclasses.replace(self.distributed, backend=backend))
-        record = analyze(record)
-        write_record(record, self.run_dir)
-        return record
+        return conclude(record, self.run_dir)
 
     # -- stages ----------------------------------------------------------------------------------------------
     def _live(self) -> list[LiveCollector]:

@@ -24,7 +24,8 @@ from gpuscope.diagnose import trials as plans
 from gpuscope.diagnose.trials import TrialPlan
 from gpuscope.errors import GpuscopeError
 from gpuscope.options import RunOptions
-from gpuscope.record import RunRecord, Trial, load_record, write_record
+from gpuscope.pipeline import conclude, render
+from gpuscope.record import RunRecord, Trial, load_record
 
 AUTO = "auto"
 DEFAULT_TRY_BUDGET_S = 300.0
@@ -136,11 +137,8 @@ def run_trials(record: RunRecord, run_dir: Path, command: Sequence[str], options
     ordered = [trials[i] for i in ids if i in trials]
     for line in _applied(tuple(ordered)):
         say(f"  {line}")
-    updated = plans.with_trials(record, ordered)
-    write_record(updated, run_dir)
-    from gpuscope.report import write_report_softly
-
-    write_report_softly(updated, run_dir)
+    updated = conclude(plans.with_trials(record, ordered), run_dir, diagnosed=True)
+    render(updated, run_dir)
     return updated
 
 

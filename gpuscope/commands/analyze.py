@@ -19,7 +19,8 @@ from pathlib import Path
 from typing import TextIO
 
 from gpuscope.errors import GpuscopeError
-from gpuscope.record import RunRecord, write_record
+from gpuscope.pipeline import conclude
+from gpuscope.record import RunRecord
 
 TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -46,7 +47,7 @@ class AnalyzeCommand:
         records = [analyzed(f, quiet=args.quiet) for f in files]  # every input is read before any folder is made
         run_dir = new_run_dir(args.output, _stem(path))
         record = write_job(records, run_dir) if len(records) > 1 else records[0]
-        write_record(record, run_dir)
+        conclude(record, run_dir, diagnosed=True)
         finish(lambda: record, run_dir, failure=f"could not write the report to {run_dir}", quiet=args.quiet,
                open_report=args.open, stream=sys.stdout)
         return 0
@@ -150,7 +151,7 @@ def write_job(records: list[RunRecord], job_dir: Path) -> RunRecord:
         record = dataclasses.replace(record, distributed=where)
         folder = rank_dir(job_dir, where.rank)
         folder.mkdir(parents=True, exist_ok=True)
-        write_record(record, folder)
+        conclude(record, folder, diagnosed=True)
         placed.append(record)
     job = merge(placed)
     files = tuple(f for r in placed if r.source is not None for f in r.source.files)

@@ -70,8 +70,8 @@ def imports_of(path: Path, target: str) -> list[str]:
 STAGES = ("collect", "reduce", "diagnose", "report")
 """The pipeline's stages, in order: a run flows collect -> reduce -> diagnose -> report."""
 FRONT_ENDS = ("gpuscope.cli", "gpuscope.api", "gpuscope.notebook", "gpuscope.commands", "gpuscope.finish",
-              "gpuscope.session", "gpuscope.markers", "gpuscope.options", "gpuscope.distributed", "gpuscope.rundirs",
-              "gpuscope.trials", "gpuscope.sentinel")
+              "gpuscope.pipeline", "gpuscope.session", "gpuscope.markers", "gpuscope.options", "gpuscope.distributed",
+              "gpuscope.rundirs", "gpuscope.trials", "gpuscope.sentinel")
 """The modules that drive the stages (the command line, the Python API): they may import any stage, none of the
 stages imports them."""
 
@@ -216,6 +216,13 @@ def test_the_collectors_folder_holds_the_registered_collectors_and_nothing_else(
     for beside in ("framework", "steps"):
         assert (PACKAGE / "collect" / beside / "__init__.py").is_file()
         assert not any(registers_a_collector(path) for path in (PACKAGE / "collect" / beside).glob("*.py"))
+
+
+def test_run_json_is_written_at_the_pipelines_end_only() -> None:
+    # a run, its hand-over, a rank, a trace, a job's merge, trials, the watcher: all end in pipeline.conclude
+    callers = [rel(path) for path in modules(PACKAGE) for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+               if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "write_record"]
+    assert callers == ["gpuscope/pipeline.py"]
 
 
 def shipped_text_files() -> Iterator[Path]:
