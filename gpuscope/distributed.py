@@ -12,7 +12,6 @@ merge; a rank that never ends (killed) is named as missing.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import socket
 import subprocess
@@ -23,7 +22,7 @@ from pathlib import Path
 
 from gpuscope.errors import GpuscopeError
 from gpuscope.pipeline import conclude
-from gpuscope.record import RUN_JSON, Communication, Distributed, RankSummary, RunRecord, load_record
+from gpuscope.record import RUN_JSON, Distributed, RunRecord, load_record
 from gpuscope.rundirs import RUNS_FOLDER, new_run_dir
 
 RANK_DIR = "rank-{rank}"
@@ -103,8 +102,10 @@ def _locked(job_dir: Path) -> Iterator[None]:
 
 def merge_job(job_dir: Path) -> RunRecord:
     """Merge the rank records in ``job_dir`` into ``job_dir/run.json`` (under a lock) and return the merge."""
+    from gpuscope.diagnose.ranks import combine
+
     with _locked(job_dir):
-        record = conclude(merge(rank_records(job_dir)), job_dir, diagnosed=True)
+        record = conclude(combine(rank_records(job_dir)), job_dir)
     return record
 
 
@@ -121,57 +122,3 @@ def rank_records(job_dir: Path) -> list[RunRecord]:
 def is_job_dir(run_dir: Path) -> bool:
     """True when ``run_dir`` holds rank records (``gpuscope report`` then merges them)."""
     return any((p / RUN_JSON).is_file() for p in Path(run_dir).glob(RANK_DIR.format(rank="*")))
-
-
-def merge(records: Sequence[RunRecord]) -> RunRecord:
-    """One record for the job: the figures of the rank the others wait for (the straggler; else the lowest rank),
-    every rank's summary, the straggler finding and the ranks that left no record."""
-    from gpuscope.diagnose import analyze
-    from gpuscope.diagnose.arrival import arrivals
-    from gpuscope.diagnose.ranks import job_verdict, straggler
-
-    if not records:
-        raise GpuscopeError("no rank records (rank-N/run.json) in this run folder")
-    world = max(r.distributed.world_size if r.distributed else 1 for r in records)
-    ranks = [(r.distributed or Distributed()).rank for r in records]
-    comms = {rank: c for rank, r in zip(ranks, records) if (c := _communication(r)) is not None}
-    found = arrivals(comms, {rank: (r.distributed or Distributed()).host for rank, r in zip(ranks, records)})
-    waits = {a.rank: a.waiting_s for a in found.ranks} if found is not None else {}
-    summaries = tuple(summarise(r, waits.get(rank)) for rank, r in zip(ranks, records))
-    late = straggler(summaries, found)
-    shown = late.rank if late else summaries[0].rank
-    critical = records[ranks.index(shown)]
-    comm = _communication(critical)
-    if comm is not None and shown in waits:  # of its wait on collectives, what was waiting for a later rank
-        critical = dataclasses.replace(critical, op_profile=dataclasses.replace(
-            critical.op_profile, communication=dataclasses.replace(comm, waiting_s=waits[shown])))
-    notes = (f"a {world}-rank job: the figures below are rank {shown}'s "
-             f"({'the straggler' if late else 'the lowest rank present'}); every rank is in the Ranks section",)
-    job = dataclasses.replace(
-        critical,
-        exit_status=max((r.exit_status for r in records), key=abs),
-        ranks=summaries,
-        missing_ranks=tuple(sorted(set(range(world)) - {s.rank for s in summaries})),
-        straggler=late,
-        meta=dataclasses.replace(critical.meta, notes=(*notes, *critical.meta.notes)),
-    )
-    job = analyze(job)  # diagnosed again as the job: its waits for a late rank are not communication
-    return dataclasses.replace(job, verdict=job_verdict(job, late))
-
-
-def _communication(record: RunRecord) -> Communication | None:
-    return record.op_profile.communication if record.op_profile is not None else None
-
-
-def summarise(record: RunRecord, waiting_s: float | None = None) -> RankSummary:
-    comm = _communication(record)
-    where = record.distributed or Distributed()
-    return RankSummary(
-        rank=where.rank, host=where.host, exit_status=record.exit_status, steps=record.steps.count,
-        median_s=record.steps.median_s, breakdown=record.breakdown,
-        comm_s=comm.comm_s if comm else None, comm_exposed_s=comm.exposed_s if comm else None,
-        bound=record.verdict.bound,
-        spread_s=record.steps.p90_s - record.steps.p10_s if record.steps.count else None,
-        waiting_s=waiting_s, profiled_step_s=comm.step_s if comm else None,
-    )
-

@@ -138,7 +138,9 @@ def _is_tty(stream: TextIO) -> bool:
 
 def write_job(records: list[RunRecord], job_dir: Path) -> RunRecord:
     """Write each rank's record to ``job_dir/rank-K/`` and return the job's merged record."""
-    from gpuscope.distributed import merge, rank_dir
+    from gpuscope.diagnose import analyze
+    from gpuscope.diagnose.ranks import combine
+    from gpuscope.distributed import rank_dir
     from gpuscope.record import Distributed
 
     ranks = [r.distributed.rank if r.distributed is not None else None for r in records]
@@ -153,7 +155,7 @@ def write_job(records: list[RunRecord], job_dir: Path) -> RunRecord:
         folder.mkdir(parents=True, exist_ok=True)
         conclude(record, folder, diagnosed=True)
         placed.append(record)
-    job = merge(placed)
+    job = analyze(combine(placed))
     files = tuple(f for r in placed if r.source is not None for f in r.source.files)
     source = dataclasses.replace(job.source, files=files) if job.source is not None else None
     note = ("each rank's own record is in rank-K/run.json (gpuscope report RUN_DIR/rank-K renders its report)",)

@@ -13,6 +13,7 @@ def analyze(record: RunRecord) -> RunRecord:
     summarised on the host's clock is first moved onto the device's (``clock.on_device_clock``)."""
     from gpuscope.diagnose.clock import on_device_clock
     from gpuscope.diagnose.memory import complete_memory
+    from gpuscope.diagnose.ranks import job_verdict
     from gpuscope.diagnose.rules import evaluate
     from gpuscope.diagnose.speed import complete_speed_of_light, what_if
 
@@ -20,6 +21,6 @@ def analyze(record: RunRecord) -> RunRecord:
     record = dataclasses.replace(record, speed_of_light=complete_speed_of_light(record),
                                  memory=complete_memory(record))
     recommendations, checks = evaluate(record)
-    verdict = classify(record)
+    verdict = job_verdict(classify(record), record.straggler)  # a job's verdict leads with the rank it waits for
     return dataclasses.replace(record, verdict=verdict, recommendations=recommendations, checks=checks,
                                what_if=what_if(record, verdict))

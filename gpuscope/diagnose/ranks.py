@@ -14,14 +14,68 @@ named only when its lateness stands clear of the other ranks' step-to-step sprea
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Sequence
 
 from gpuscope.diagnose import thresholds as th
-from gpuscope.diagnose.arrival import Arrivals, RankArrival
-from gpuscope.record import PHASES, RankSummary, RunRecord, Straggler, Verdict
+from gpuscope.diagnose.arrival import Arrivals, RankArrival, arrivals
+from gpuscope.errors import GpuscopeError
+from gpuscope.record import PHASES, Communication, Distributed, RankSummary, RunRecord, Straggler, Verdict
 
 
+# -- the job from its ranks --------------------------------------------------------------------------------
+def combine(records: Sequence[RunRecord]) -> RunRecord:
+    """One record for a job from its ranks' (as pyinstrument's ``Session.combine``): the figures of the rank the
+    others wait for (the straggler; else the lowest rank), every rank's summary, the straggler finding and the
+    ranks that left no record. It is diagnosed as a whole afterwards (``diagnose.analyze``): its ranks' waits for a
+    late one are not communication, and the straggler leads its verdict."""
+
+    if not records:
+        raise GpuscopeError("no rank records (rank-N/run.json) in this run folder")
+    world = max(r.distributed.world_size if r.distributed else 1 for r in records)
+    ranks = [(r.distributed or Distributed()).rank for r in records]
+    comms = {rank: c for rank, r in zip(ranks, records) if (c := _communication(r)) is not None}
+    found = arrivals(comms, {rank: (r.distributed or Distributed()).host for rank, r in zip(ranks, records)})
+    waits = {a.rank: a.waiting_s for a in found.ranks} if found is not None else {}
+    summaries = tuple(summarise(r, waits.get(rank)) for rank, r in zip(ranks, records))
+    late = straggler(summaries, found)
+    shown = late.rank if late else summaries[0].rank
+    critical = records[ranks.index(shown)]
+    comm = _communication(critical)
+    if comm is not None and shown in waits:  # of its wait on collectives, what was waiting for a later rank
+        critical = dataclasses.replace(critical, op_profile=dataclasses.replace(
+            critical.op_profile, communication=dataclasses.replace(comm, waiting_s=waits[shown])))
+    notes = (f"a {world}-rank job: the figures below are rank {shown}'s "
+             f"({'the straggler' if late else 'the lowest rank present'}); every rank is in the Ranks section",)
+    return dataclasses.replace(
+        critical,
+        exit_status=max((r.exit_status for r in records), key=abs),
+        ranks=summaries,
+        missing_ranks=tuple(sorted(set(range(world)) - {s.rank for s in summaries})),
+        straggler=late,
+        meta=dataclasses.replace(critical.meta, notes=(*notes, *critical.meta.notes)),
+    )
+
+
+def _communication(record: RunRecord) -> Communication | None:
+    return record.op_profile.communication if record.op_profile is not None else None
+
+
+def summarise(record: RunRecord, waiting_s: float | None = None) -> RankSummary:
+    comm = _communication(record)
+    where = record.distributed or Distributed()
+    return RankSummary(
+        rank=where.rank, host=where.host, exit_status=record.exit_status, steps=record.steps.count,
+        median_s=record.steps.median_s, breakdown=record.breakdown,
+        comm_s=comm.comm_s if comm else None, comm_exposed_s=comm.exposed_s if comm else None,
+        bound=record.verdict.bound,
+        spread_s=record.steps.p90_s - record.steps.p10_s if record.steps.count else None,
+        waiting_s=waiting_s, profiled_step_s=comm.step_s if comm else None,
+    )
+
+
+# -- who the others wait for ------------------------------------------------------------------------------
 def straggler(ranks: Sequence[RankSummary], found: Arrivals | None = None) -> Straggler | None:
     """The rank the others wait for: from the ranks' arrivals where ``found`` (``by_arrival``), else from their own
     work (``by_own_work``)."""
@@ -178,11 +232,11 @@ def by_own_work(ranks: Sequence[RankSummary]) -> Straggler | None:
                      cause_share=cause_share, spread_s=spread_s)
 
 
-def job_verdict(critical: RunRecord, late: Straggler | None) -> Verdict:
-    """The job's verdict: the straggler's own (it sets the pace), led by the straggler finding; else the rank's."""
+def job_verdict(verdict: Verdict, late: Straggler | None) -> Verdict:
+    """A job's verdict: the straggler's own (it sets the pace), led by the straggler finding; else the rank's."""
     if late is None:
-        return critical.verdict
-    return Verdict(critical.verdict.bound, critical.verdict.confidence, (*late.evidence, *critical.verdict.evidence))
+        return verdict
+    return Verdict(verdict.bound, verdict.confidence, (*late.evidence, *verdict.evidence))
 
 
 def _phase_s(rank: RankSummary, phase: str) -> float:

@@ -295,7 +295,7 @@ def job_record(world: int = 1024, base: str = "compute_bound") -> RunRecord:
                   f"its data wait takes {(shares.data_wait * step_s + late_s) * 1e3:.1f} ms a step, "
                   f"{late_s * 1e3:.1f} ms more than on the other ranks"))
     return dataclasses.replace(record, ranks=tuple(ranks), straggler=straggler,
-                               verdict=job_verdict(record, straggler))
+                               verdict=job_verdict(record.verdict, straggler))
 
 
 PLOTLY_MARKER = "/* plotly.js inlined here */"

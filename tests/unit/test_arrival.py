@@ -8,11 +8,12 @@ import dataclasses
 import pytest
 
 from conftest import make_record
+from gpuscope.diagnose import analyze
 from gpuscope.diagnose.arrival import Arrivals, RankArrival, arrivals
 from gpuscope.diagnose.classify import classify
 from gpuscope.diagnose.ranks import straggler
+from gpuscope.diagnose.ranks import combine
 from gpuscope.diagnose.rules.communication import balance_ranks, reduce_communication
-from gpuscope.distributed import merge
 from gpuscope.record import (CollectiveCall, Communication, Distributed, OpProfile, ProfiledStep, RankSummary,
                              Steps, Straggler)
 
@@ -117,7 +118,7 @@ def job_rank(rank: int, comm: Communication) -> object:
 
 def test_a_job_held_back_by_one_rank_is_advised_to_balance_it_not_to_send_less() -> None:
     # given: rank 0 waits 14 ms a step inside collectives, 12 of them for rank 1
-    job = merge([job_rank(0, ddp_rank(0)), job_rank(1, ddp_rank(12_000))])
+    job = merge_ranks([job_rank(0, ddp_rank(0)), job_rank(1, ddp_rank(12_000))])
     assert job.straggler is not None and job.straggler.rank == 1
     ids = [r.id for r in job.recommendations]
     assert "balance-ranks" in ids and "reduce-communication" not in ids
@@ -190,3 +191,8 @@ def test_a_rank_slower_in_every_phase_alike_is_no_straggler_by_its_phases() -> N
     found = Arrivals((paced(0, 1.0), paced(1, 1.1)), steps=3, collectives=6, own_s=0.002, clock="shared")
     # then no phase stands out against its pace: no straggler
     assert straggler([RankSummary(rank=r, steps=20, median_s=0.08) for r in (0, 1)], found) is None
+
+
+def merge_ranks(records: list) -> object:
+    """The job's record from its ranks', diagnosed, as ``gpuscope run --nproc-per-node`` writes it."""
+    return analyze(combine(records))

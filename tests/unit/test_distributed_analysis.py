@@ -8,11 +8,12 @@ import dataclasses
 import pytest
 
 from conftest import make_record
+from gpuscope.diagnose import analyze
 from gpuscope.diagnose.classify import classify
-from gpuscope.reduce.comms import communication
 from gpuscope.diagnose.ranks import straggler
-from gpuscope.distributed import merge
+from gpuscope.diagnose.ranks import combine
 from gpuscope.record import Breakdown, Communication, Distributed, OpProfile, RankSummary, Steps, Verdict
+from gpuscope.reduce.comms import communication
 
 
 def op(name: str, ts: float, dur: float, tid: int = 1, cat: str = "cpu_op") -> dict:
@@ -117,7 +118,7 @@ def rank_record(r: int, world: int, exposed: float, median_s: float = 0.1):
 
 
 def test_a_job_that_lost_a_rank_names_it_and_reports_the_others() -> None:
-    merged = merge([rank_record(0, 4, 0.01), rank_record(2, 4, 0.01), rank_record(3, 4, 0.012)])
+    merged = merge_ranks([rank_record(0, 4, 0.01), rank_record(2, 4, 0.01), rank_record(3, 4, 0.012)])
     assert merged.missing_ranks == (1,)
     assert [r.rank for r in merged.ranks] == [0, 2, 3]
 
@@ -125,7 +126,7 @@ def test_a_job_that_lost_a_rank_names_it_and_reports_the_others() -> None:
 def test_each_ranks_spread_is_its_90th_percentile_step_less_its_10th() -> None:
     record = rank_record(0, 2, 0.01)
     record = dataclasses.replace(record, steps=dataclasses.replace(record.steps, p10_s=0.095, p90_s=0.112))
-    (summary,) = merge([record]).ranks
+    (summary,) = merge_ranks([record]).ranks
     assert summary.spread_s == pytest.approx(0.017)
 
 
@@ -134,3 +135,8 @@ def test_waiting_on_collectives_half_the_step_is_communication_bound() -> None:
     assert verdict.bound == "communication"
     assert "60% of each step" in verdict.evidence[0]
     assert classify(rank_record(0, 2, exposed=0.02)).bound != "communication"
+
+
+def merge_ranks(records: list) -> object:
+    """The job's record from its ranks', diagnosed, as ``gpuscope run --nproc-per-node`` writes it."""
+    return analyze(combine(records))
