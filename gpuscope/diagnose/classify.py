@@ -29,7 +29,7 @@ from gpuscope.diagnose.iterator_wait import iterator_wait
 from gpuscope.diagnose.loops import loops_line
 from gpuscope.diagnose.rules.base import missing_input
 from gpuscope.record import Breakdown, RunRecord, Steps, Verdict, Window
-from gpuscope.diagnose.words import left_out
+from gpuscope.diagnose.words import gpu_busy, host_pace_text, left_out
 
 
 HOW_TO_MARK_STEPS = (
@@ -280,7 +280,7 @@ def _classify_gpu_step(record: RunRecord, step: GpuStep) -> Verdict:
     computing = step.saving(step.kernel_s)
     waited = step.launch_wait_s / length
     facts = [
-        f"{step.busy_text}; idle {idle:.0%}: waiting for the host {waited:.0%}, between queued kernels "
+        f"{gpu_busy(step)}; idle {idle:.0%}: waiting for the host {waited:.0%}, between queued kernels "
         f"{step.gap_s / length:.0%}, other {step.other_idle_s / length:.0%}",
         f"{kernels.kernels_per_step:.0f} kernels per step, {kernels.mean_kernel_s * 1e6:.1f} us each on average",
     ]
@@ -296,9 +296,9 @@ def _classify_gpu_step(record: RunRecord, step: GpuStep) -> Verdict:
         facts.extend(_top_ops(record, device=True))
         if step.host is not None and step.host.how == "ran ahead" and \
                 step.host.seconds >= th.HOST_CLOSE_BEHIND * length:
-            facts.append(f"{step.host.text}: {step.host.seconds / length:.0%} of the step; a GPU step cut below "
-                         f"{step.host.seconds * 1e3:.1f} ms waits on launching, where fewer launches (CUDA graphs) "
-                         "take over")
+            facts.append(f"{host_pace_text(step.host)}: {step.host.seconds / length:.0%} of the step; a GPU step cut "
+                         f"below {step.host.seconds * 1e3:.1f} ms waits on launching, where fewer launches (CUDA "
+                         "graphs) take over")
         return Verdict("compute", _rising(busy, th.GPU_BUSY_COMPUTE, 0.95), tuple(facts))
     if busy < th.GPU_BUSY_STARVED and idle > 0 and launching / idle >= th.HOST_WAIT_DOMINANT \
             and launching >= computing:
@@ -333,7 +333,7 @@ def _profiler_made_wait(record: RunRecord, step: GpuStep) -> Verdict | None:
     if waits >= th.SIDE_NOTABLE or busy < th.GPU_BUSY_COMPUTE:
         return None
     return Verdict("compute", th.MIXED_CONFIDENCE, (
-        f"{step.busy_text}; it waits for the host {step.launch_wait_s / step.step_s:.0%} of it",
+        f"{gpu_busy(step)}; it waits for the host {step.launch_wait_s / step.step_s:.0%} of it",
         f"every step of a trace is profiled: the host's {host * 1e3:.1f} ms a step holds the profiler's own cost, "
         f"about {th.PROFILED_OP_COST_S * 1e6:.0f} us for each of its {ops.ops_per_step:.0f} torch ops a step "
         f"({cost * 1e3:.1f} ms); without it the host would queue a step in about {(host - cost) * 1e3:.1f} ms, "

@@ -78,18 +78,6 @@ class HostPace:
     steps: int = 0
     """The steps it rests on (``ran ahead``)."""
 
-    @property
-    def text(self) -> str:
-        if self.how == "ran ahead":
-            which = f"median of the {self.steps}" if self.steps >= th.HOST_AHEAD_MIN_STEPS else \
-                f"the fastest of the {self.steps}"
-            return (f"the host queues a step in {self.seconds * 1e3:.1f} ms ({which} steady steps it finished well "
-                    "ahead of the GPU)")
-        if self.how == "less its syncs":
-            return (f"the host queues a step in {self.seconds * 1e3:.1f} ms at most (its median step less the time "
-                    "it waited in syncs)")
-        return f"the host keeps pace with the GPU: {self.seconds * 1e3:.1f} ms a step"
-
 
 def host_pace(record: RunRecord) -> HostPace | None:
     """How fast the host queues a step of a CUDA run whose steps are on the device's clock: the steady steps it

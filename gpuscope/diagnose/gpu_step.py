@@ -96,29 +96,6 @@ class GpuStep:
             return 0.0
         return max(0.0, (self.after_s(0.0) - self.after_s(kernel_saved_s)) / self.step_s)
 
-    def outcome(self, kernel_saved_s: float) -> str:
-        """What the step would take after the fix, in words, with the host's floor where it binds."""
-        after = self.after_s(kernel_saved_s)
-        text = f"the step would take about {after * 1e3:.1f} ms of its {self.step_s * 1e3:.1f} ms"
-        if self.host_floor_s and after <= self.host_floor_s:
-            text += f", no less than the {self.host_floor_s * 1e3:.1f} ms the host takes to queue it"
-        return text
-
-    def rates(self, slow: str, fast: str) -> str:
-        """``the H200's datasheet: tfloat32 494.5 against float32 67 TFLOP/s dense (7.4x)``."""
-        assert self.gpu is not None
-        ratio = self.peak_ratio(slow, fast) or 0.0
-        return (f"the {self.gpu.name}'s datasheet: {fast} {self.gpu.tflops[fast]:g} against {slow} "
-                f"{self.gpu.tflops[slow]:g} TFLOP/s dense ({ratio:.1f}x)")
-
-    @property
-    def busy_text(self) -> str:
-        """How busy the steady step's GPU is, and how that was measured."""
-        if self.steady:
-            return (f"the GPU runs kernels {self.busy:.0%} of the steady step: {self.kernel_s * 1e3:.1f} ms of "
-                    f"kernels a step (as in the profiled steps) in {self.step_s * 1e3:.1f} ms on the GPU's clock")
-        return f"the GPU ran kernels {self.busy:.0%} of the profiled steps"
-
     def peak_ratio(self, slow: str, fast: str) -> float | None:
         """How many times this GPU's ``fast`` peak is its ``slow`` one (``tfloat32`` over ``float32``, say); None
         where the datasheet table lacks either."""
@@ -194,13 +171,6 @@ class OwnCost:
     allocator_reads: float
     nvtx_ranges: float
     seconds: float
-
-    def text(self, step_s: float) -> str:
-        share = f": {self.seconds / step_s:.1%} of the {step_s * 1e3:.1f} ms step" if step_s else ""
-        return (f"gpuscope's own CUDA calls take about {self.seconds * 1e6:.0f} us of host time a step "
-                f"({self.markers:.1f} timing markers, {self.allocator_reads:.2f} allocator readings and "
-                f"{self.nvtx_ranges:.0f} NVTX ranges a step, at an H100's cost of each){share}; a step the host "
-                "bounds includes them, one the GPU bounds does not")
 
 
 def own_cuda_cost(record: RunRecord) -> OwnCost | None:

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from cuda_stub import stubbed_cuda
 from gpuscope.diagnose.gpu_step import own_cuda_cost
+from gpuscope.diagnose.words import own_cost_text
 from gpuscope.collect.collectors import CollectOptions, default_collectors
 from gpuscope.record import RunRecord
 from gpuscope.session import Session
@@ -92,4 +93,4 @@ def test_gpuscope_asks_little_of_cuda_at_each_step() -> None:
     assert cost.markers == pytest.approx(per_step["Event.record"], rel=0.01)
     assert cost.allocator_reads == pytest.approx(per_step["torch.cuda.memory_stats_as_nested_dict"], rel=0.02)
     assert cost.nvtx_ranges == pytest.approx(per_step["nvtx.start_range"], abs=0.02)
-    assert "a step the host bounds includes them" in cost.text(record.steps.median_s)
+    assert "a step the host bounds includes them" in own_cost_text(cost, record.steps.median_s)

@@ -12,6 +12,7 @@ from conftest import make_record
 from gpuscope.diagnose import analyze
 from gpuscope.diagnose.clock import host_pace, on_device_clock
 from gpuscope.diagnose.compare import compare
+from gpuscope.diagnose.words import host_pace_text
 from gpuscope.reduce.steady import summarize
 from gpuscope.collect.captures import StepRecord
 from gpuscope.record import KernelTimeline, OpProfile, SpeedOfLight, Window
@@ -170,4 +171,4 @@ def test_with_few_steps_queued_ahead_the_fastest_says_how_fast_the_host_goes() -
     pace = host_pace(record)
     assert pace is not None and (pace.how, pace.steps) == ("ran ahead", 2)
     assert pace.seconds == pytest.approx(0.0017)
-    assert "the fastest of the 2 steady steps" in pace.text
+    assert "the fastest of the 2 steady steps" in host_pace_text(pace)

@@ -8,6 +8,7 @@ import re
 from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.evidence import STEP, Metric, kernel_share
 from gpuscope.diagnose.gpu_step import gpu_name, gpu_step
+from gpuscope.diagnose.words import datasheet_rates, gpu_busy, step_after
 from gpuscope.versions import parse_version
 from gpuscope.diagnose.rules.base import AtRunTime, Finding, Refused, rule
 from gpuscope.record import CallSite, KernelTimeline, Practices, RunRecord, SyncProfile
@@ -84,7 +85,7 @@ def tf32(run: RunRecord) -> Finding | None:
         setting += f", float32_matmul_precision={practices.float32_matmul_precision}"
     evidence = [
         f"{kernels.fp32_gemm_share:.0%} of kernel time is float32 matrix multiplies on CUDA cores (sgemm kernels)"
-        + (f"; {step.busy_text}" if step is not None else ""),
+        + (f"; {gpu_busy(step)}" if step is not None else ""),
         f"{setting} on a GPU of compute capability {practices.cuda_capability}, which has TF32 Tensor Cores",
     ]
     fix = None
@@ -104,8 +105,9 @@ def tf32(run: RunRecord) -> Finding | None:
         return Finding(None, tuple(evidence), fix=fix)
     saved = step.kinds.fp32_gemm * (1 - 1 / ratio)
     evidence.append(f"float32 GEMMs on CUDA cores take {step.kinds.fp32_gemm * 1e3:.1f} ms a step; on TF32 Tensor "
-                    f"Cores about {(step.kinds.fp32_gemm - saved) * 1e3:.1f} ms ({step.rates('float32', 'tfloat32')}); "
-                    f"{step.outcome(saved)}")
+                    f"Cores about {(step.kinds.fp32_gemm - saved) * 1e3:.1f} ms "
+                    f"({datasheet_rates(step, 'float32', 'tfloat32')}); "
+                    f"{step_after(step, saved)}")
     return Finding(step.saving(saved), tuple(evidence), fix=fix)
 
 
@@ -137,7 +139,7 @@ def cudnn_benchmark(run: RunRecord) -> Finding | None:
     evidence = [
         "torch.backends.cudnn.benchmark=False (the default)",
         f"convolution kernels take {kernels.conv_share:.0%} of kernel time"
-        + (f"; {step.busy_text}" if step is not None else ""),
+        + (f"; {gpu_busy(step)}" if step is not None else ""),
     ]
     if practices.modules_inspected:
         evidence.append(f"the model has {practices.conv_layers} convolution layers")
@@ -180,8 +182,8 @@ def channels_last(run: RunRecord) -> Finding | None:
     if kernels.layout_transform_share > 0 and step is not None:
         saved = step.kinds.layout
         evidence.append(f"cuDNN spends {kernels.layout_transform_share:.0%} of kernel time converting between NCHW "
-                        f"and NHWC, {saved * 1e3:.1f} ms a step; {step.busy_text}; without the conversions "
-                        f"{step.outcome(saved)}")
+                        f"and NHWC, {saved * 1e3:.1f} ms a step; {gpu_busy(step)}; without the conversions "
+                        f"{step_after(step, saved)}")
         gain = step.saving(saved)
     return Finding(gain, tuple(evidence))
 

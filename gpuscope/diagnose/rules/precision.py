@@ -11,6 +11,7 @@ from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.evidence import STEP, Metric, kernel_share, median_compute_s
 from gpuscope.reduce.optable import op_kind
 from gpuscope.diagnose.gpu_step import GpuStep, gpu_name, gpu_step
+from gpuscope.diagnose.words import datasheet_rates, gpu_busy, step_after
 from gpuscope.diagnose.rules.base import AtRunTime, Finding, Refused, rule
 from gpuscope.collect.captures import LOW_PRECISION
 from gpuscope.record import CallSite, KernelTimeline, RunRecord
@@ -59,7 +60,7 @@ def mixed_precision(run: RunRecord) -> Finding | None:
         return None
     step = gpu_step(run)
     evidence = [
-        (step.busy_text if step is not None else f"the GPU runs kernels {compute_busy(kernels):.0%} of the step")
+        (gpu_busy(step) if step is not None else f"the GPU runs kernels {compute_busy(kernels):.0%} of the step")
         + (f" ({kernels.communication_share:.0%} of kernel time is communication, left out)"
            if kernels.communication_share else ""),
         f"only {kernels.tensor_core_share:.0%} of compute-kernel time is on Tensor Cores",
@@ -78,13 +79,13 @@ def mixed_precision(run: RunRecord) -> Finding | None:
     saved = on_cores * (1 - 1 / step.peak_ratio("float32", low)) + tensor * (1 - 1 / (tf32 or 1.0)) + \
         streamed * (1 - th.SIXTEEN_BIT_BYTES)  # type: ignore[operator]
     moved = [f"float32 GEMMs and convolutions on CUDA cores {on_cores * 1e3:.1f} ms a step "
-             f"({step.rates('float32', low)})"] if on_cores else []
+             f"({datasheet_rates(step, 'float32', low)})"] if on_cores else []
     if tensor and tf32:
-        moved.append(f"TF32 Tensor Core work {tensor * 1e3:.1f} ms ({step.rates('tfloat32', low)})")
+        moved.append(f"TF32 Tensor Core work {tensor * 1e3:.1f} ms ({datasheet_rates(step, 'tfloat32', low)})")
     evidence.append(f"in {low}: " + "; ".join(moved + [
         f"the kernels streaming activations (element-wise, normalisation, attention, layout conversions) "
         f"{streamed * 1e3:.1f} ms at half their time (half the bytes); the optimizer's {kinds.optimizer * 1e3:.1f} ms "
-        "stays in float32"]) + f"; {step.outcome(saved)}")
+        "stays in float32"]) + f"; {step_after(step, saved)}")
     return Finding(step.saving(saved), tuple(evidence))
 
 
