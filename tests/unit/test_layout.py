@@ -5,6 +5,7 @@ it. (Module and function sizes are a prompt for review, not a rule a test enforc
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -58,10 +59,16 @@ def imported_names(source: str, module: str, is_package: bool = False) -> Iterat
                 yield node.lineno, node.args[0].value
 
 
+@functools.cache
+def imports_in(path: Path) -> tuple[tuple[int, str], ...]:
+    """``imported_names`` of the file at ``path``, read and parsed once."""
+    return tuple(imported_names(path.read_text(encoding="utf-8"), module_name(path), path.name == "__init__.py"))
+
+
 def imports_of(path: Path, target: str) -> list[str]:
     """``FILE:LINE imports NAME`` for each import in ``path`` of ``target`` or anything under it."""
     lines: dict[int, str] = {}
-    for line, name in imported_names(path.read_text(encoding="utf-8"), module_name(path), path.name == "__init__.py"):
+    for line, name in imports_in(path):
         if (name == target or name.startswith(target + ".")) and len(name) < len(lines.get(line, name + ".")):
             lines[line] = name
     return [f"{rel(path)}:{line} imports {name}" for line, name in sorted(lines.items())]
