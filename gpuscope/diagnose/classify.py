@@ -20,16 +20,17 @@ import statistics
 
 from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.child_processes import child_processes, notable
-from gpuscope.diagnose.contention import contention
 from gpuscope.diagnose.clock import HostPace
+from gpuscope.diagnose.contention import contention
+from gpuscope.diagnose.evidence import (accumulated_passes, comm_share, cpu_overhead, launch_wait, slowest_loader,
+                                        unlike_window)
 from gpuscope.diagnose.gpu_step import GpuStep, gpu_step
-from gpuscope.diagnose.evidence import (accumulated_passes, comm_share, comm_wait_text, cpu_overhead, evaluation_passes, launch_wait,
-                                        slowest_loader, two_speeds, unlike_window)
 from gpuscope.diagnose.iterator_wait import iterator_wait
 from gpuscope.diagnose.loops import loops_line
 from gpuscope.diagnose.rules.base import missing_input
+from gpuscope.diagnose.words import (comm_wait_text, evaluation_line, gpu_busy, host_pace_text, left_out,
+                                     two_speeds_line)
 from gpuscope.record import Breakdown, RunRecord, Steps, Verdict, Window
-from gpuscope.diagnose.words import gpu_busy, host_pace_text, left_out
 
 
 HOW_TO_MARK_STEPS = (
@@ -44,7 +45,7 @@ def classify(record: RunRecord) -> Verdict:
     notable work, that it is not in the figures; where the process waited for a core a notable share of its time,
     that the step times hold that wait)."""
     verdict = _classify(record)
-    more = [line for line in (loops_line(record), two_speeds(record), evaluation_passes(record)) if line] \
+    more = [line for line in (loops_line(record), two_speeds_line(record), evaluation_line(record)) if line] \
         if record.steps.count else []
     if children := child_processes(record):  # said with steps or without
         more.append(children)

@@ -109,7 +109,19 @@ def _skip_to_steady(record: RunRecord, first: int, last: int) -> int:
     return steps.warmup
 
 
-def two_speeds(record: RunRecord) -> str | None:
+@dataclass(frozen=True, slots=True)
+class TwoSpeeds:
+    """Steady steps at two speeds: how many of each, their medians, how far apart, and which steps are slow."""
+
+    fast: int
+    slow: int
+    fast_s: float
+    slow_s: float
+    apart: float
+    slow_steps: tuple[int, ...]
+
+
+def two_speeds(record: RunRecord) -> TwoSpeeds | None:
     """Where the steady-state steps run at two speeds, what each group takes and which steps are slow: the median
     describes neither group then. The groups split the log step times where they are most apart (Otsu's threshold):
     two speeds where that split explains ``TWO_SPEED_SEPARATION`` of the log times' variance, the groups' medians are
@@ -134,58 +146,33 @@ def two_speeds(record: RunRecord) -> str | None:
     apart = statistics.median(slow) / statistics.median(fast) if split else 0.0
     if best / total < TWO_SPEED_SEPARATION or apart < TWO_SPEED_GAP:
         return None
-    kept = " sampled" if record.steps.sampled else ""
-    text = (f"the steps run at two speeds: {len(fast)} of {n}{kept} steady steps take a median "
-            f"{statistics.median(fast) * 1e3:.1f} ms, {len(slow)} take {statistics.median(slow) * 1e3:.1f} ms "
-            f"({apart:.0f}x); the {record.steps.median_s * 1e3:.1f} ms median step stands for the mix")
-    return text + _which_are_slow(sorted(i for _, i in steady[split:]), record.steps.sampled)
+    return TwoSpeeds(len(fast), len(slow), statistics.median(fast), statistics.median(slow), apart,
+                     tuple(sorted(i for _, i in steady[split:])))
 
 
-def evaluation_passes(record: RunRecord) -> str | None:
-    """What the steps left out as evaluation passes took, with a pass after the last step (a test pass once
-    training is done), where it is ``EVALUATION_WORTH_SAYING`` of the steady steps' time or more; None otherwise.
-    Where most of the passes without gradients ran in train mode, they are named as the rollout they most likely are
-    (CleanRL's PPO: 1.0 s of rollouts against 0.5 s of updates had been called evaluation)."""
+@dataclass(frozen=True, slots=True)
+class EvaluationTime:
+    """What the steps left out as evaluation passes took (with a pass after the last step), against the steady steps'
+    time, and the loader the evaluation waited for where that wait is worth saying."""
+
+    evaluated_s: float
+    steady_s: float
+    loader: Loader | None
+
+
+def evaluation_time(record: RunRecord) -> EvaluationTime | None:
+    """What the evaluation passes took, where it is ``EVALUATION_WORTH_SAYING`` of the steady steps' time or more;
+    None otherwise. The loader is the one the evaluation waited for longest, where that is
+    ``EVALUATION_LOADING_WORTH_SAYING`` of the passes' time."""
     steps = record.steps
     steady_s = steps.count * steps.mean_s
     evaluated_s = steps.evaluated_s + steps.final_evaluation_s
     if not evaluated_s or not steady_s or evaluated_s < EVALUATION_WORTH_SAYING * steady_s:
         return None
-    ratio = evaluated_s / steady_s
-    than = f"{ratio:.1f}x" if ratio >= 1 else f"{ratio:.0%} of"
     loader = max(record.loaders, key=lambda loader: loader.eval_wait_s, default=None)
-    waited = ""
-    if loader is not None and loader.eval_wait_s >= EVALUATION_LOADING_WORTH_SAYING * evaluated_s:
-        waited = (f"; the evaluation waited {loader.eval_wait_s:.1f} s in all for the {loader.dataset} loader's "
-                  f"{loader.eval_batches} batches ({loader.num_workers} worker processes"
-                  + (f", built at {loader.created_at.file}:{loader.created_at.line}" if loader.created_at else "")
-                  + (f" by {loader.created_by}" if loader.created_by else "") + ")")
-    held = " and".join(filter(None, (f"{steps.evaluated} step{'s' * (steps.evaluated != 1)}" if steps.evaluated else "",
-                                     " the run's end, after the last step," if steps.final_evaluation_s else "")))
-    held_what, described = (
-        ("forward passes of the trained model without gradients, in train mode (a rollout collecting the next batch, "
-         "as a reinforcement-learning loop runs, or an evaluation pass without model.eval())", "the updates only")
-        if steps.rollouts else
-        ("an evaluation pass (the trained model ran forward in eval mode or without gradients)", "the training steps"))
-    return (f"{held.strip()} held {held_what}: {evaluated_s:.1f} s in all, {than} the {steady_s:.1f} s of the "
-            f"{steps.count} steady steps; the step figures leave them out and describe {described}{waited}")
-
-
-def _which_are_slow(slow: list[int], sampled: bool) -> str:
-    """", every 2nd step" or ", steps 65-101 in a row" where the slow steps' indices say so (every step kept)."""
-    strides = [b - a for a, b in zip(slow, slow[1:])]
-    if sampled or not strides:
-        return ""
-    common = max(set(strides), key=strides.count)
-    if strides.count(common) < 0.8 * len(strides):
-        return ""
-    if common == 1:
-        return f": steps {slow[0]}-{slow[-1]} in a row (a phase of the run)"
-    return f": every {common}{_ordinal(common)} step"
-
-
-def _ordinal(n: int) -> str:
-    return "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    if loader is not None and loader.eval_wait_s < EVALUATION_LOADING_WORTH_SAYING * evaluated_s:
+        loader = None
+    return EvaluationTime(evaluated_s, steady_s, loader)
 
 
 def median_compute_s(record: RunRecord) -> float:
@@ -332,17 +319,3 @@ def comm_share(comm: Communication, median_s: float) -> float:
     later rank: of the profiled steps the figures come from (of the median step in records without them), 0..1."""
     step_s = comm.step_s or median_s
     return min(1.0, comm.own_exposed_s / step_s) if step_s else 0.0
-
-
-def comm_wait_text(comm: Communication, median_s: float) -> str:
-    """The collectives' own wait as a fact, with the wait for later ranks beside it where it is known."""
-    step_s = comm.step_s or median_s
-    which = "profiled" if comm.step_s else "median"
-    who = "the device" if comm.measured_on == "device" else "the training thread"
-    text = (f"{who} waits on {comm.backend} collectives' own work {comm_share(comm, median_s):.0%} of "
-            f"each step: {comm.own_exposed_s * 1e3:.1f} ms of the {step_s * 1e3:.1f} ms {which} step")
-    if comm.waiting_s:
-        text += (f"; another {comm.waiting_s * 1e3:.1f} ms a step it waits for a later rank to arrive, which is "
-                 "imbalance, not communication")
-    return text
-

@@ -7,7 +7,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpuscope.diagnose import thresholds as th
-from gpuscope.record import RunRecord
+from gpuscope.diagnose.evidence import comm_share, evaluation_time, two_speeds
+from gpuscope.record import Communication, RunRecord
 
 if TYPE_CHECKING:
     from gpuscope.diagnose.clock import HostPace
@@ -102,3 +103,75 @@ def own_cost_text(cost: OwnCost, step_s: float) -> str:
             f"({cost.markers:.1f} timing markers, {cost.allocator_reads:.2f} allocator readings and "
             f"{cost.nvtx_ranges:.0f} NVTX ranges a step, at an H100's cost of each){share}; a step the host "
             "bounds includes them, one the GPU bounds does not")
+
+
+# -- the steps -----------------------------------------------------------------------------------------------------
+def two_speeds_line(record: RunRecord) -> str | None:
+    """Where the steady steps run at two speeds (``evidence.two_speeds``): each group's median and which steps are
+    slow, the median step standing for the mix; None for one speed."""
+    speeds = two_speeds(record)
+    if speeds is None:
+        return None
+    kept = " sampled" if record.steps.sampled else ""
+    text = (f"the steps run at two speeds: {speeds.fast} of {speeds.fast + speeds.slow}{kept} steady steps take a "
+            f"median {speeds.fast_s * 1e3:.1f} ms, {speeds.slow} take {speeds.slow_s * 1e3:.1f} ms "
+            f"({speeds.apart:.0f}x); the {record.steps.median_s * 1e3:.1f} ms median step stands for the mix")
+    return text + _which_are_slow(list(speeds.slow_steps), record.steps.sampled)
+
+
+def _which_are_slow(slow: list[int], sampled: bool) -> str:
+    """", every 2nd step" or ", steps 65-101 in a row" where the slow steps' indices say so (every step kept)."""
+    strides = [b - a for a, b in zip(slow, slow[1:])]
+    if sampled or not strides:
+        return ""
+    common = max(set(strides), key=strides.count)
+    if strides.count(common) < 0.8 * len(strides):
+        return ""
+    if common == 1:
+        return f": steps {slow[0]}-{slow[-1]} in a row (a phase of the run)"
+    return f": every {common}{_ordinal(common)} step"
+
+
+def _ordinal(n: int) -> str:
+    return "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+
+
+def evaluation_line(record: RunRecord) -> str | None:
+    """What the steps left out as evaluation passes took (``evidence.evaluation_time``), where it is worth saying.
+    Where most of the passes without gradients ran in train mode, they are named as the rollout they most likely are
+    (CleanRL's PPO: 1.0 s of rollouts against 0.5 s of updates had been called evaluation)."""
+    time = evaluation_time(record)
+    if time is None:
+        return None
+    steps, loader = record.steps, time.loader
+    ratio = time.evaluated_s / time.steady_s
+    than = f"{ratio:.1f}x" if ratio >= 1 else f"{ratio:.0%} of"
+    waited = ""
+    if loader is not None:
+        waited = (f"; the evaluation waited {loader.eval_wait_s:.1f} s in all for the {loader.dataset} loader's "
+                  f"{loader.eval_batches} batches ({loader.num_workers} worker processes"
+                  + (f", built at {loader.created_at.file}:{loader.created_at.line}" if loader.created_at else "")
+                  + (f" by {loader.created_by}" if loader.created_by else "") + ")")
+    held = " and".join(filter(None, (f"{steps.evaluated} step{'s' * (steps.evaluated != 1)}" if steps.evaluated else "",
+                                     " the run's end, after the last step," if steps.final_evaluation_s else "")))
+    held_what, described = (
+        ("forward passes of the trained model without gradients, in train mode (a rollout collecting the next batch, "
+         "as a reinforcement-learning loop runs, or an evaluation pass without model.eval())", "the updates only")
+        if steps.rollouts else
+        ("an evaluation pass (the trained model ran forward in eval mode or without gradients)", "the training steps"))
+    return (f"{held.strip()} held {held_what}: {time.evaluated_s:.1f} s in all, {than} the {time.steady_s:.1f} s of "
+            f"the {steps.count} steady steps; the step figures leave them out and describe {described}{waited}")
+
+
+# -- a job's collectives -------------------------------------------------------------------------------------------
+def comm_wait_text(comm: Communication, median_s: float) -> str:
+    """The collectives' own wait as a fact, with the wait for later ranks beside it where it is known."""
+    step_s = comm.step_s or median_s
+    which = "profiled" if comm.step_s else "median"
+    who = "the device" if comm.measured_on == "device" else "the training thread"
+    text = (f"{who} waits on {comm.backend} collectives' own work {comm_share(comm, median_s):.0%} of "
+            f"each step: {comm.own_exposed_s * 1e3:.1f} ms of the {step_s * 1e3:.1f} ms {which} step")
+    if comm.waiting_s:
+        text += (f"; another {comm.waiting_s * 1e3:.1f} ms a step it waits for a later rank to arrive, which is "
+                 "imbalance, not communication")
+    return text

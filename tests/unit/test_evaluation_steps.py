@@ -19,7 +19,7 @@ from gpuscope.collect.collectors.steps import StepsCollector
 from gpuscope.collect.framework.base import CollectorResult, Watcher
 from gpuscope.collect.steps.steplog import StepLog, StepTracker
 from gpuscope.diagnose.classify import classify
-from gpuscope.diagnose.evidence import evaluation_passes
+from gpuscope.diagnose.words import evaluation_line
 from gpuscope.diagnose.words import left_out
 from gpuscope.record import CallSite, CollectorStatus, Loader, Steps, Window
 from gpuscope.reduce.fields import record_fields
@@ -91,7 +91,7 @@ def test_the_verdict_says_what_notable_evaluation_passes_took() -> None:
     steps = Steps(count=100, median_s=0.1, mean_s=0.1, total=120, warmup=1, profiled=9, evaluated=10,
                   evaluated_s=22.0)
     record = make_record(steps=steps)
-    line = evaluation_passes(record)
+    line = evaluation_line(record)
     assert line is not None
     assert "10 steps held an evaluation pass" in line
     assert "22.0 s in all, 2.2x the 10.0 s of the 100 steady steps" in line
@@ -108,18 +108,18 @@ def test_the_loader_notable_evaluation_passes_waited_on_is_named() -> None:
     loaders = (Loader(dataset="Tokens", batches=60, wait_s=0.03, eval_batches=2, eval_wait_s=0.001),
                Loader(dataset="SlowTokens", batches=12, wait_s=2.44, eval_batches=12, eval_wait_s=2.44,
                       created_at=site, created_by="transformers"))
-    line = evaluation_passes(make_record(steps=steps, loaders=loaders))
+    line = evaluation_line(make_record(steps=steps, loaders=loaders))
     assert line is not None and line.endswith(
         "; the evaluation waited 2.4 s in all for the SlowTokens loader's 12 batches (0 worker processes, built at "
         "hf_eval.py:27 by transformers)")
     # a quick loader is not named
     quick = (dataclasses.replace(loaders[1], wait_s=0.1, eval_wait_s=0.1),)
-    assert "waited" not in evaluation_passes(make_record(steps=steps, loaders=quick))  # type: ignore[operator]
+    assert "waited" not in evaluation_line(make_record(steps=steps, loaders=quick))  # type: ignore[operator]
 
 
 def test_brief_evaluation_passes_get_no_line() -> None:
     steps = Steps(count=100, median_s=0.1, mean_s=0.1, total=103, warmup=1, evaluated=2, evaluated_s=0.5)
-    assert evaluation_passes(make_record(steps=steps)) is None
+    assert evaluation_line(make_record(steps=steps)) is None
 
 
 def run_train_and_test(epochs: int, batches: int, no_grad: bool = True) -> StepCapture:
@@ -181,7 +181,7 @@ def test_passes_without_gradients_in_train_mode_are_named_as_the_rollout_they_mo
     # forwards in train mode, 1.0 s against 0.5 s of updates
     steps = Steps(count=171, median_s=0.0026, mean_s=0.0029, total=192, warmup=1, profiled=9, evaluated=11,
                   evaluated_s=1.0, evaluated_in_train_mode=1.0)
-    line = evaluation_passes(make_record(steps=steps))
+    line = evaluation_line(make_record(steps=steps))
     assert line is not None and line.startswith(
         "11 steps held forward passes of the trained model without gradients, in train mode (a rollout collecting "
         "the next batch, as a reinforcement-learning loop runs, or an evaluation pass without model.eval()): 1.0 s "
@@ -189,7 +189,7 @@ def test_passes_without_gradients_in_train_mode_are_named_as_the_rollout_they_mo
         "only")
     assert left_out(make_record(steps=steps)) == "left out: 1 warm-up, 9 profiled, 0 outliers, 11 with a rollout"
     # a test pass after model.eval() is still an evaluation pass
-    tested = evaluation_passes(make_record(steps=dataclasses.replace(steps, evaluated_in_train_mode=0.0)))
+    tested = evaluation_line(make_record(steps=dataclasses.replace(steps, evaluated_in_train_mode=0.0)))
     assert tested is not None and "11 steps held an evaluation pass" in tested
 
 
@@ -265,14 +265,14 @@ def test_a_test_pass_after_the_last_step_is_timed_and_the_verdict_counts_it() ->
     assert quiet.final_evaluation_s == 0.0
     # and the verdict says what it took, though no step held one (a profiling run of one epoch: its only pass)
     steps = Steps(count=100, median_s=0.1, mean_s=0.1, total=110, warmup=1, profiled=9, final_evaluation_s=3.5)
-    line = evaluation_passes(make_record(steps=steps))
+    line = evaluation_line(make_record(steps=steps))
     assert line is not None and line.startswith(
         "the run's end, after the last step, held an evaluation pass (the trained model ran forward in eval mode or "
         "without gradients): 3.5 s in all, 35% of the 10.0 s of the 100 steady steps")
     both = dataclasses.replace(steps, evaluated=2, evaluated_s=2.0)
-    assert evaluation_passes(make_record(steps=both)).startswith(  # type: ignore[union-attr]
+    assert evaluation_line(make_record(steps=both)).startswith(  # type: ignore[union-attr]
         "2 steps and the run's end, after the last step, held an evaluation pass")
-    assert "5.5 s in all" in evaluation_passes(make_record(steps=both))  # type: ignore[operator]
+    assert "5.5 s in all" in evaluation_line(make_record(steps=both))  # type: ignore[operator]
 
 
 class SlowToStop(Watcher):

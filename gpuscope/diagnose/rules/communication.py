@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from gpuscope.diagnose import thresholds as th
-from gpuscope.diagnose.evidence import STEP, comm_share, comm_wait_text
+from gpuscope.diagnose.evidence import STEP, comm_share
 from gpuscope.diagnose.rules.base import Finding, Refused, rule
+from gpuscope.diagnose.words import comm_wait_text
 from gpuscope.record import RunRecord
 
 ACCUMULATE = f"""for i, (x, y) in enumerate(loader):
