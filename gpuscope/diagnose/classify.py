@@ -22,14 +22,13 @@ from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.child_processes import child_processes, notable
 from gpuscope.diagnose.clock import HostPace
 from gpuscope.diagnose.contention import contention
-from gpuscope.diagnose.evidence import (accumulated_passes, comm_share, cpu_overhead, launch_wait, slowest_loader,
-                                        unlike_window)
+from gpuscope.diagnose.evidence import accumulated_passes, comm_share, cpu_overhead, launch_wait, slowest_loader
 from gpuscope.diagnose.gpu_step import GpuStep, gpu_step
 from gpuscope.diagnose.iterator_wait import iterator_wait
 from gpuscope.diagnose.loops import loops_line
 from gpuscope.diagnose.rules.base import missing_input
 from gpuscope.diagnose.words import (comm_wait_text, evaluation_line, gpu_busy, host_pace_text, left_out,
-                                     two_speeds_line)
+                                     two_speeds_line, unlike_window)
 from gpuscope.record import Breakdown, RunRecord, Steps, Verdict, Window
 
 

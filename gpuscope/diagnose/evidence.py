@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpuscope.diagnose.clock import step_times, steady_times
-from gpuscope.diagnose.loops import other_loop
 from gpuscope.diagnose.thresholds import (ACCUMULATED_MFU, EVALUATION_LOADING_WORTH_SAYING, EVALUATION_WORTH_SAYING,
                                           TWO_SPEED_GAP, TWO_SPEED_MIN_SHARE, TWO_SPEED_SEPARATION, WINDOW_UNLIKE)
 from gpuscope.record import Communication, KernelTimeline, Loader, RunRecord
@@ -40,22 +39,30 @@ def cpu_overhead(record: RunRecord) -> Overhead | None:
     return Overhead(ops.ops_per_step, calibration.op_overhead_s, seconds, min(1.0, seconds / median))
 
 
-def unlike_window(record: RunRecord) -> str | None:
-    """Why the op profile's steps do not describe the steady-state ones (``unlike_steps``), or None."""
+def profile_window(record: RunRecord) -> tuple[int, int] | None:
+    """The first and last steps of the op profile's window, or None where it has none."""
     window = record.op_profile.window if record.op_profile is not None else None
     if window is None or window.first_step is None:
         return None
-    last = window.last_step if window.last_step is not None else window.first_step
-    return unlike_steps(record, window.first_step, last, "the op profile's steps")
+    return window.first_step, window.last_step if window.last_step is not None else window.first_step
 
 
-def unlike_steps(record: RunRecord, first: int, last: int, what: str) -> str | None:
-    """Why steps ``first``..``last`` (a profiler's window: ``what``) do not describe the steady-state ones, or None:
-    their median wall time (kept in the step sample) is ``WINDOW_UNLIKE`` times longer or shorter than the steady
-    median, the run having changed pace after them (a first phase that trains another model, a slow start), or
-    some of them ran in another training loop than the measured one (``loops.other_loop``)."""
-    if (other := other_loop(record, first, last, what)) is not None:
-        return other
+@dataclass(frozen=True, slots=True)
+class UnlikeSteps:
+    """Steps ``first``..``last`` (a profiler's window) whose median wall time, ``median_s``, is ``ratio`` times the
+    steady median, and the ``--skip-steps`` count that would move them onto steps like the steady ones."""
+
+    first: int
+    last: int
+    median_s: float
+    ratio: float
+    skip: int
+
+
+def unlike_steps(record: RunRecord, first: int, last: int) -> UnlikeSteps | None:
+    """Steps ``first``..``last`` where they do not describe the steady-state ones, or None: their median wall time
+    (kept in the step sample) is ``WINDOW_UNLIKE`` times longer or shorter than the steady median, the run having
+    changed pace after them (a first phase that trains another model, a slow start)."""
     steps = record.steps
     times = [t for i, t in zip(steps.sample.index, step_times(steps)) if first <= i <= last and t > 0]
     if not times or not steps.median_s:
@@ -63,31 +70,19 @@ def unlike_steps(record: RunRecord, first: int, last: int, what: str) -> str | N
     ratio = statistics.median(times) / steps.median_s
     if 1 / WINDOW_UNLIKE < ratio < WINDOW_UNLIKE:
         return None
-    how = f"{ratio:.0f}x longer" if ratio > 1 else f"{1 / ratio:.0f}x shorter"
-    one = first == last
-    took = f"{first}," if one else f"{first}-{last}, median"
-    return (f"{what} ({took} {statistics.median(times) * 1e3:.1f} ms) {'is' if one else 'are'} {how} than the "
-            f"steady-state steps (median {steps.median_s * 1e3:.1f} ms): the run changed pace after "
-            f"{'it' if one else 'them'}; `gpuscope run --skip-steps {_skip_to_steady(record, first, last)} ...` "
-            "profiles steps like the steady ones")
+    return UnlikeSteps(first, last, statistics.median(times), ratio, _skip_to_steady(record, first, last))
 
 
 NEIGHBOURS = 3
 """Steps on each side of the FLOP-counted one that tell whether it lies among steps like the steady ones."""
 
 
-def counted_step_unlike(record: RunRecord, step: int) -> str | None:
-    """Why the step whose FLOPs were counted does not describe the steady-state ones (``unlike_steps``), or None.
-    Under the FLOP counter every op of that step goes through Python (tens of microseconds each), so a step of many
-    small ops runs several times longer for that alone (an LBFGS loop's 1.6 s steps: 10.5 s): where the steady steps
-    nearest it (``NEIGHBOURS`` on each side at most) are like the median one, it is counted as one of them."""
-    unlike = unlike_steps(record, step, step, "the step whose FLOPs were counted")
-    if unlike is None:
-        return None
+def among_steady_steps(record: RunRecord, step: int) -> bool:
+    """Whether the steady steps nearest ``step`` (``NEIGHBOURS`` on each side at most) are like the median one: a
+    step unlike them for its profiler's sake alone (the FLOP counter sends every op through Python, tens of
+    microseconds each: an LBFGS loop's 1.6 s steps took 10.5 s) is then counted as one of them."""
     near = [t for i, t in _steady_walls(record).items() if 0 < abs(i - step) <= NEIGHBOURS]
-    if near and 1 / WINDOW_UNLIKE < statistics.median(near) / record.steps.median_s < WINDOW_UNLIKE:
-        return None
-    return unlike
+    return bool(near) and 1 / WINDOW_UNLIKE < statistics.median(near) / record.steps.median_s < WINDOW_UNLIKE
 
 
 def _steady_walls(record: RunRecord) -> dict[int, float]:

@@ -10,9 +10,10 @@ import math
 from dataclasses import dataclass
 
 from gpuscope.diagnose import thresholds as th
-from gpuscope.diagnose.evidence import (accumulation_saving, batches_per_step, counted_step_unlike, cpu_overhead,
-                                        launch_wait, median_compute_s, slowest_loader, training_batches)
+from gpuscope.diagnose.evidence import (accumulation_saving, batches_per_step, cpu_overhead, launch_wait,
+                                        median_compute_s, slowest_loader, training_batches)
 from gpuscope.diagnose.iterator_wait import iterator_wait
+from gpuscope.diagnose.words import counted_step_unlike
 from gpuscope.reduce.peaks import gpu_peak_flops
 from gpuscope.diagnose.waiting_workers import waiting_workers
 from gpuscope.record import LoaderRate, RunRecord, SpeedOfLight, Verdict, WhatIf

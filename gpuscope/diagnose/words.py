@@ -7,7 +7,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpuscope.diagnose import thresholds as th
-from gpuscope.diagnose.evidence import comm_share, evaluation_time, two_speeds
+from gpuscope.diagnose.evidence import (UnlikeSteps, among_steady_steps, comm_share, evaluation_time, profile_window,
+                                        two_speeds, unlike_steps)
+from gpuscope.diagnose.loops import other_loop
 from gpuscope.record import Communication, RunRecord
 
 if TYPE_CHECKING:
@@ -175,3 +177,39 @@ def comm_wait_text(comm: Communication, median_s: float) -> str:
         text += (f"; another {comm.waiting_s * 1e3:.1f} ms a step it waits for a later rank to arrive, which is "
                  "imbalance, not communication")
     return text
+
+
+# -- steps unlike the steady ones ----------------------------------------------------------------------------------
+def unlike_text(unlike: UnlikeSteps, what: str, steady_median_s: float) -> str:
+    """Steps a profiler's window held (``what``) that are unlike the steady ones, and the ``--skip-steps`` that
+    profiles steps like them."""
+    how = f"{unlike.ratio:.0f}x longer" if unlike.ratio > 1 else f"{1 / unlike.ratio:.0f}x shorter"
+    one = unlike.first == unlike.last
+    took = f"{unlike.first}," if one else f"{unlike.first}-{unlike.last}, median"
+    return (f"{what} ({took} {unlike.median_s * 1e3:.1f} ms) {'is' if one else 'are'} {how} than the "
+            f"steady-state steps (median {steady_median_s * 1e3:.1f} ms): the run changed pace after "
+            f"{'it' if one else 'them'}; `gpuscope run --skip-steps {unlike.skip} ...` "
+            "profiles steps like the steady ones")
+
+
+def unlike_reason(record: RunRecord, first: int, last: int, what: str) -> str | None:
+    """Why steps ``first``..``last`` (a profiler's window: ``what``) do not describe the steady-state ones, or None:
+    some ran in another training loop than the measured one (``loops.other_loop``), or their pace is another
+    (``evidence.unlike_steps``)."""
+    if (other := other_loop(record, first, last, what)) is not None:
+        return other
+    unlike = unlike_steps(record, first, last)
+    return unlike_text(unlike, what, record.steps.median_s) if unlike is not None else None
+
+
+def unlike_window(record: RunRecord) -> str | None:
+    """Why the op profile's steps do not describe the steady-state ones (``unlike_reason``), or None."""
+    window = profile_window(record)
+    return unlike_reason(record, *window, "the op profile's steps") if window is not None else None
+
+
+def counted_step_unlike(record: RunRecord, step: int) -> str | None:
+    """Why the step whose FLOPs were counted does not describe the steady-state ones (``unlike_reason``), or None:
+    also None where the steady steps around it are like the median one (``evidence.among_steady_steps``)."""
+    unlike = unlike_reason(record, step, step, "the step whose FLOPs were counted")
+    return None if unlike is None or among_steady_steps(record, step) else unlike

@@ -8,7 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuscope.diagnose.evidence import Metric, unlike_window
+from gpuscope.diagnose.evidence import Metric
+from gpuscope.diagnose.words import unlike_window
 from gpuscope.record import RunRecord
 
 Needs = tuple[str, ...]
