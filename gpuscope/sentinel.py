@@ -150,13 +150,11 @@ def killed_record(command: tuple[str, ...], last: dict[str, Any], killed_by_oom:
 def write_killed_record(run_dir: Path, command: tuple[str, ...], last: dict[str, Any], killed_by_oom: bool,
                         address_limit: int) -> None:
     from gpuscope.collect.oom import memory_limit
-    from gpuscope.pipeline import conclude
-    from gpuscope.report.render import write_report
+    from gpuscope.pipeline import conclude, render
 
     record = killed_record(command, last, killed_by_oom, address_limit, memory_limit("cpu", address_space=False))
-    conclude(record, run_dir, diagnosed=True)  # its verdict is the watcher's: nothing else was measured
-    try:
-        write_report(record, run_dir)
+    try:  # diagnosed already: its verdict is the watcher's, nothing more was measured
+        render(conclude(record, run_dir, diagnosed=True), run_dir)
     finally:
         (run_dir / LAST).unlink(missing_ok=True)
 

@@ -190,14 +190,13 @@ def memory_limit(device: str, address_space: bool = True) -> tuple[int, str]:
                 break
         except OSError:
             continue
-    try:
-        if not address_space:
-            raise ImportError  # another process's limit is read from its /proc/PID/limits (sentinel.py)
-        import resource
+    if address_space:  # (another process's limit is read from its /proc/PID/limits: sentinel.py)
+        try:
+            import resource
 
-        soft = resource.getrlimit(resource.RLIMIT_AS)[0]
-        if soft != resource.RLIM_INFINITY and soft > 0:
-            found.append((soft, "the process's address-space limit (RLIMIT_AS)"))
-    except (ImportError, OSError, ValueError):
-        pass
+            soft = resource.getrlimit(resource.RLIMIT_AS)[0]
+            if soft != resource.RLIM_INFINITY and soft > 0:
+                found.append((soft, "the process's address-space limit (RLIMIT_AS)"))
+        except (ImportError, OSError, ValueError):
+            pass
     return min(found) if found else (0, "")

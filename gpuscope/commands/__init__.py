@@ -5,9 +5,12 @@ a class with its ``name``, ``help``, ``add_arguments`` and ``run``; ``cli`` buil
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
+
+from gpuscope.errors import GpuscopeError
 
 if TYPE_CHECKING:
     from gpuscope.collect.runner import Target
@@ -36,4 +39,16 @@ class ScriptRun:
     """What runs once the script and ``end`` are over, outside their signal handling (``--try``'s trials)."""
 
 
-__all__ = ["Command", "ScriptRun"]
+@contextlib.contextmanager
+def in_one_line(failure: str) -> Iterator[None]:
+    """Whatever fails inside becomes one line, ``FAILURE: Type: message`` (gpuscope's own errors as they are): never a
+    traceback from gpuscope, the contract's promise for its errors."""
+    try:
+        yield
+    except GpuscopeError:
+        raise
+    except Exception as exc:
+        raise GpuscopeError(f"{failure}: {type(exc).__name__}: {exc}") from None
+
+
+__all__ = ["Command", "ScriptRun", "in_one_line"]

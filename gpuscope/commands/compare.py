@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from gpuscope.commands import in_one_line
 from gpuscope.errors import GpuscopeError
 from gpuscope.finish import open_in_browser
 
@@ -40,12 +41,8 @@ class CompareCommand:
         a, b = load_record(Path(args.run_dir_a)), load_record(Path(args.run_dir_b))
         comparison = compare(a, b, PROCESS_SPREAD if args.run_spread is None else args.run_spread / 100)
         path = Path(args.output) if args.output is not None else Path(args.run_dir_b) / COMPARE_HTML
-        try:
+        with in_one_line("could not render the comparison"):
             path = write_compare(a, b, path, comparison)
-        except GpuscopeError:
-            raise
-        except Exception as exc:  # one line, never a traceback: the contract's promise for gpuscope's errors
-            raise GpuscopeError(f"could not render the comparison: {type(exc).__name__}: {exc}") from None
         for line in summary_lines(comparison, path):
             print(line)
         if args.open:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from gpuscope import distributed
-from gpuscope.errors import GpuscopeError
+from gpuscope.commands import in_one_line
 from gpuscope.finish import open_in_browser
 
 
@@ -27,12 +27,8 @@ class ReportCommand:
         run_dir = Path(args.run_dir)
         # a torchrun job's folder: merge whatever rank records it holds (a lost rank is named as missing)
         record = distributed.merge_job(run_dir) if distributed.is_job_dir(run_dir) else load_record(run_dir)
-        try:
+        with in_one_line(f"could not render the report of {run_dir}"):
             path = write_report(record, run_dir)
-        except GpuscopeError:
-            raise
-        except Exception as exc:  # one line, never a traceback: the contract's promise for gpuscope's errors
-            raise GpuscopeError(f"could not render the report of {run_dir}: {type(exc).__name__}: {exc}") from None
         print(f"gpuscope: report written to {path}")
         if args.open:
             open_in_browser(path)

@@ -218,10 +218,8 @@ def loader_call(loader: Loader, trainer_args: str, loader_args: str) -> str:
 def site_comment(loader: Loader) -> str:
     """Where the change goes, as a comment after the fix: ``  # train.py:37`` (``  # transformers, called from
     train.py:52`` when a library built the loader); empty when that is not known."""
-    site = loader.created_at
-    if site is None or not site.file:
-        return ""
-    return f"  # {loader.created_by + ', called from ' if loader.created_by else ''}{site.file}:{site.line}"
+    site = _site(loader)
+    return f"  # {loader.created_by + ', called from ' if loader.created_by else ''}{site['site']}" if site else ""
 
 
 def _from_probe(run: RunRecord, plan: LoaderPlan, loader: Loader, share: float, median: float) -> Finding | None:
