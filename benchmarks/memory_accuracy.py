@@ -7,8 +7,8 @@ on the small CPU loops of ``benchmarks/memory_loops/``:
    ``activations_max_bytes`` against the storages saved for backward over one forward, counted with
    ``torch.autograd.graph.saved_tensors_hooks`` (each storage once, parameters left out), within 25%;
 2. leaks (``leak_feats.py``: features appended without ``.detach()``; ``leak_eval.py``: an evaluation loop without
-   ``torch.no_grad()`` summing the loss as a tensor, its steps the DataLoader's batches; ``no_leak.py``: the first
-   loop without the leak): the leak's rate (``memory.growth.kept_per_step_bytes``, else ``per_step_bytes``)
+   ``torch.no_grad()`` summing the loss as a tensor, its steps the DataLoader's batches; ``no_leak``: the first
+   loop without the leak, ``leak_feats.py --no-leak``): the leak's rate (``memory.growth.kept_per_step_bytes``, else ``per_step_bytes``)
    against the least-squares slope of what glibc's malloc has handed out (``mallinfo2``) after each step under
    plain python over the same steps, within 30%; and, for the record, ``per_step_bytes`` against the slope of the
    process's resident memory (``/proc/self/statm``) there, which the allocator's slack moves run by run;
@@ -177,7 +177,7 @@ LEAKS = (
     # name, script, args, leak expected
     ("leak_feats", "leak_feats.py", ["--steps", "60"], True),
     ("leak_eval", "leak_eval.py", ["--batches", "80"], True),
-    ("no_leak", "no_leak.py", ["--steps", "60"], False),
+    ("no_leak", "leak_feats.py", ["--steps", "60", "--no-leak"], False),
 )
 
 

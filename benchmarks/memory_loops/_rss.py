@@ -2,6 +2,8 @@
 sets MEMORY_LOOP_RSS to a file): resident memory (``/proc/self/statm``) and the bytes glibc's malloc has handed out
 and not had back (``mallinfo2``: in-use heap chunks plus mmapped ones), which the heap's free holes do not count."""
 
+from __future__ import annotations
+
 import ctypes
 import json
 import os
@@ -35,3 +37,9 @@ class Recorder:
     def save(self) -> None:
         with open(self.path, "w") as out:
             json.dump(self.points, out)
+
+
+def recorder() -> Recorder | None:
+    """A recorder where memory_accuracy.py asks for the ground truth (``MEMORY_LOOP_RSS``: the file), else None."""
+    path = os.environ.get("MEMORY_LOOP_RSS")
+    return Recorder(path) if path else None

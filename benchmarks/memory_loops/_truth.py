@@ -84,3 +84,16 @@ def peak(model: torch.nn.Module, opt: torch.optim.Optimizer, step, batch) -> dic
 
 def emit(result: dict) -> None:
     print("MEMORY_TRUTH " + json.dumps(result), file=sys.stdout, flush=True)
+
+
+def run(args, model: torch.nn.Module, opt: torch.optim.Optimizer, forward, step, batch) -> None:
+    """A known-size loop's main: with ``--truth`` its sizes, with ``--peak`` one steady step's peak (each after three
+    steps), else ``args.steps`` steps of training."""
+    if args.truth or getattr(args, "peak", False):
+        for _ in range(3):
+            step()
+        emit(sizes(model, opt, forward, step) if args.truth else peak(model, opt, step, batch))
+        return
+    for _ in range(args.steps):
+        loss = step()
+    print(f"loss {loss.item():.4f}")

@@ -12,6 +12,7 @@ import argparse
 
 import torch
 import torch.nn.functional as F
+from _truth import run
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -81,19 +82,4 @@ def step():
     return loss
 
 
-if args.truth:
-    from _truth import emit, sizes
-
-    for _ in range(3):
-        step()
-    emit(sizes(model, opt, forward, step))
-elif args.peak:
-    from _truth import emit, peak
-
-    for _ in range(3):
-        step()
-    emit(peak(model, opt, step, (x, y)))
-else:
-    for i in range(args.steps):
-        loss = step()
-    print(f"loss {loss.item():.4f}")
+run(args, model, opt, forward, step, (x, y))

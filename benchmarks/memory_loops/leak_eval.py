@@ -7,8 +7,8 @@ stays alive with ``total``. No optimizer: each DataLoader batch is a step (docs/
 """
 
 import argparse
-import os
 
+import _rss
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -17,11 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 parser = argparse.ArgumentParser()
 parser.add_argument("--batches", type=int, default=80)
 args = parser.parse_args()
-RSS_OUT = os.environ.get("MEMORY_LOOP_RSS")  # ground truth under plain python (memory_accuracy.py)
-if RSS_OUT:
-    from _rss import Recorder
-
-    recorder = Recorder(RSS_OUT)
+recorder = _rss.recorder()  # ground truth under plain python (memory_accuracy.py)
 
 
 class Net(nn.Module):
@@ -45,8 +41,8 @@ for step, (x, y) in enumerate(loader, 1):
     out = model(x)  # CALLER
     loss = F.cross_entropy(out, y)
     total = total + loss  # KEEPS: the leak (no .item(), no torch.no_grad())
-    if RSS_OUT:
+    if recorder:
         recorder.after(step)
-if RSS_OUT:
+if recorder:
     recorder.save()
 print(f"mean loss {total.item() / args.batches:.4f}")

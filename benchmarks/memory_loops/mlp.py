@@ -10,6 +10,7 @@ import argparse
 
 import torch
 import torch.nn.functional as F
+from _truth import run
 from torch import nn
 
 parser = argparse.ArgumentParser()
@@ -38,13 +39,4 @@ def step():
     return loss
 
 
-if args.truth:
-    from _truth import emit, sizes
-
-    for _ in range(3):
-        step()
-    emit(sizes(model, opt, forward, step))
-else:
-    for i in range(args.steps):
-        loss = step()
-    print(f"loss {loss.item():.4f}")
+run(args, model, opt, forward, step, (x, y))
