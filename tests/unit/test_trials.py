@@ -168,6 +168,21 @@ def test_a_try_list_keeps_its_order_once_each() -> None:
     assert requested("auto") == "auto"
 
 
+def test_a_trial_runs_in_a_process_group_of_its_own_within_the_users_session(tmp_path: Path) -> None:
+    # Linux schedules a session as one group (autogroup): a trial in a session of its own would not share the cores
+    # as the untouched run does; its own process group is what a timeout kills whole
+    import os
+    import sys
+
+    from gpuscope.trials import _run
+
+    log = tmp_path / "output.log"
+    assert _run([sys.executable, "-c", "import os; print(os.getsid(0), os.getpgid(0), os.getpid())"], log,
+                dict(os.environ), timeout=60) == 0
+    session, group, pid = map(int, log.read_text().split())
+    assert session == os.getsid(0) and group == pid != os.getpgid(0)
+
+
 # --- how many steps ----------------------------------------------------------------------------------------------
 
 def test_a_trial_runs_as_many_steps_as_the_untouched_run_had() -> None:
