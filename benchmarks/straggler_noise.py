@@ -11,6 +11,7 @@ machine, and whichever rank drew the worst luck has the most own work.
 
     python benchmarks/straggler_noise.py                       # 5 jobs of each kind, 2 busy processes
     python benchmarks/straggler_noise.py --jobs 3 --load 0 --kinds balanced,backward
+    python benchmarks/straggler_noise.py --load 0 --parallel 3 --threads 1 --kinds balanced   # as CI's slow tier
 
 Figures: benchmarks/README.md ("Stragglers and noise"); raw: benchmarks/results/straggler-noise-2cpu.json.
 """
@@ -18,6 +19,7 @@ Figures: benchmarks/README.md ("Stragglers and noise"); raw: benchmarks/results/
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import multiprocessing
 import os
@@ -46,10 +48,12 @@ def _burn() -> None:
         pass
 
 
-def job(out: Path, *args: str) -> dict:
+def job(out: Path, *args: str, threads: int | None = None) -> dict:
     """One 2-rank job under gpuscope; what its merged record says of stragglers, communication and each rank."""
+    env = {**os.environ, **({"OMP_NUM_THREADS": str(threads)} if threads else {})}
     subprocess.run([sys.executable, "-m", "gpuscope", "run", "--nproc-per-node", "2", "-o", str(out), "-q",
-                    "--no-probes", str(DDP_SAMPLE), "--steps", "24", *args], check=True, capture_output=True)
+                    "--no-probes", str(DDP_SAMPLE), "--steps", "24", *args], check=True, capture_output=True,
+                   env=env)
     record = json.loads((out / "run.json").read_text())
     found = record.get("straggler")
     comm = (record.get("op_profile") or {}).get("communication") or {}
@@ -81,6 +85,9 @@ def main() -> None:
     parser.add_argument("--load", type=int, default=os.cpu_count() or 2, help="busy processes beside the jobs")
     parser.add_argument("--kinds", default=",".join(KINDS), help=f"which kinds of job, of {', '.join(KINDS)}")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "straggler-noise-2cpu.json"))
+    parser.add_argument("--parallel", type=int, default=1,
+                        help="jobs run at a time (CI's slow tier runs three tests at a time)")
+    parser.add_argument("--threads", type=int, help="each rank's intra-op threads (OMP_NUM_THREADS; CI's: 1)")
     parser.add_argument("--keep", type=Path, help="keep the jobs' folders here (to merge again: gpuscope report)")
     args = parser.parse_args()
     kinds = args.kinds.split(",")
@@ -91,9 +98,11 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             folder = args.keep or Path(tmp)
-            for n in range(args.jobs):
-                for kind in kinds:
-                    found = job(folder / f"{kind}-{n}", *KINDS[kind][0])
+            runs = [(n, kind) for n in range(args.jobs) for kind in kinds]
+            with concurrent.futures.ThreadPoolExecutor(args.parallel) as pool:
+                done = pool.map(lambda run: job(folder / f"{run[1]}-{run[0]}", *KINDS[run[1]][0],
+                                                threads=args.threads), runs)
+                for (n, kind), found in zip(runs, done):
                     found["right"] = right(kind, found)
                     results[kind].append(found)
                     print(f"{kind:10s} job {n + 1}: {'right' if found['right'] else 'WRONG'}: straggler "
@@ -106,8 +115,9 @@ def main() -> None:
             b.terminate()
     for kind in kinds:
         print(f"{kind}: right in {sum(r['right'] for r in results[kind])} of {args.jobs} "
-              f"(load: {args.load} busy processes)")
-    Path(args.out).write_text(json.dumps({"load_processes": args.load, **results}, indent=1) + "\n")
+              f"(load: {args.load} busy processes, {args.parallel} jobs at a time)")
+    Path(args.out).write_text(json.dumps({"load_processes": args.load, "parallel": args.parallel,
+                                          "threads": args.threads, **results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
