@@ -745,6 +745,13 @@ class KeptTensors:
     """The script's variable that keeps them alive as the memory window ends: a container they sit in (``the list
     `feats` (13 items)``), the autograd graph of a tensor they are saved in (``the autograd graph of `total```), or
     the variable itself; empty where none of the script's variables was found to."""
+    holder_kind: str = ""
+    """What ``held_by`` is, as a field: ``list``, ``tuple``, ``dict`` or ``set`` (a container they sit in),
+    ``graph`` (the autograd graph of a tensor they are saved in), ``variable`` (the variable itself), or empty."""
+    holder_name: str = ""
+    """The name of that container, tensor or variable in the script."""
+    holder_items: int | None = None
+    """The container's length as the memory window ends; null for the others."""
 
 
 MEMORY_CATEGORIES = ("parameters", "gradients", "optimizer_state", "activations", "inputs", "temporaries", "unknown")

@@ -186,6 +186,8 @@ def test_a_loop_that_keeps_each_steps_features_is_told_its_leak_and_the_line(tmp
     assert 0.7 * 128 * 1024 * 4 <= memory.growth.per_step_bytes <= 2 * 128 * 1024 * 4
     assert memory.kept[0].line == "train.py:10 in <module>"
     assert memory.kept[0].held_by.startswith("the list `features` (")
+    assert (memory.kept[0].holder_kind, memory.kept[0].holder_name) == ("list", "features")
+    assert memory.kept[0].holder_items >= 2
     leak = next(r for r in record.recommendations if r.id == "fix-memory-leak")
     assert leak.fix.startswith("train.py:10 in <module>: ")
     assert "Memory block of unknown size" not in result.stderr

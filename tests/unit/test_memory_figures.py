@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from gpuscope.collect import oom
-from gpuscope.collect.collectors.memory_window import Allocation, ProfileEvents, summarise
+from gpuscope.collect.collectors.memory_window import Allocation, Holder, ProfileEvents, summarise
 from gpuscope.diagnose import analyze
 from gpuscope.diagnose.classify import classify
 from gpuscope.diagnose.memory import complete_memory, fixes, growth, largest_batch, peak_under, scaled, theil_sen
@@ -227,17 +227,19 @@ def test_a_leak_is_recommended_against_with_the_line_that_made_what_stays() -> N
     assert analysed.checks["reduce-memory"].status == "clear"  # 24 GB of room is not short
 
 
-@pytest.mark.parametrize(("held_by", "fix"), [
-    ("the list `feats` (13 items)", "train.py:9 in forward: the list `feats` (13 items) gains a tensor made here each "
-                                    "step, with its autograd graph: append `.detach()`"),
-    ("the autograd graph of `total`", "train.py:9 in forward: `total` keeps every step's autograd graph, with the "
-                                      "tensors it saved (a loss summed without `.item()`"),
-    ("`last`", "train.py:9 in forward: `last` still holds a tensor made here a step later"),
+@pytest.mark.parametrize(("holder", "fix"), [
+    (Holder("list", "feats", 13), "train.py:9 in forward: the list `feats` (13 items) gains a tensor made here each "
+                                  "step, with its autograd graph: append `.detach()`"),
+    (Holder("graph", "total"), "train.py:9 in forward: `total` keeps every step's autograd graph, with the "
+                               "tensors it saved (a loss summed without `.item()`"),
+    (Holder("variable", "last"), "train.py:9 in forward: `last` still holds a tensor made here a step later"),
 ])
-def test_the_leaks_fix_names_what_keeps_it(held_by: str, fix: str) -> None:
+def test_the_leaks_fix_names_what_keeps_it(holder: Holder, fix: str) -> None:
     steps = list(range(0, 100, 2))
     kept = (KeptTensors(line="train.py:9 in forward", bytes=2 * MB, tensors=1, category="activations",
-                        held_by=held_by),)
+                        held_by=holder.words, holder_kind=holder.kind, holder_name=holder.name,
+                        holder_items=holder.items),)
+    held_by = holder.words
     record = dataclasses.replace(host_record(steps, [150 * MB + int(2.5 * MB) * s for s in steps],
                                              Memory(steps=(11, 12), kept=kept, kept_bytes_per_step=2 * MB)),
                                  steps=Steps(warmup=1, count=80, total=100, median_s=0.01))
@@ -255,9 +257,10 @@ def test_what_keeps_a_tensor_is_found_among_the_scripts_variables() -> None:
     total = (hidden * hidden).sum()  # saves `hidden` in its graph
     alone = torch.ones(7)
     held = references()
-    assert held[features[1].untyped_storage().data_ptr()] == "the list `features` (3 items)"
-    assert held[hidden.untyped_storage().data_ptr()] == "the autograd graph of `total`"
-    assert held[alone.untyped_storage().data_ptr()] == "`alone`"
+    assert held[features[1].untyped_storage().data_ptr()] == Holder("list", "features", 3)
+    assert held[features[1].untyped_storage().data_ptr()].words == "the list `features` (3 items)"
+    assert held[hidden.untyped_storage().data_ptr()].words == "the autograd graph of `total`"
+    assert held[alone.untyped_storage().data_ptr()].words == "`alone`"
     del total
 
 

@@ -554,24 +554,45 @@ def _most_common(lines: Iterable[str]) -> str:
     return max(counts, key=lambda k: counts[k]) if counts else ""
 
 
+@dataclass(frozen=True, slots=True)
+class Holder:
+    """The script's variable that keeps a tensor alive: its kind (``KeptTensors.holder_kind``), name and length."""
+
+    kind: str
+    name: str
+    items: int | None = None
+
+    @property
+    def words(self) -> str:
+        if self.kind == "graph":
+            return f"the autograd graph of `{self.name}`"
+        if self.kind == "variable":
+            return f"`{self.name}`"
+        return f"the {self.kind} `{self.name}` ({self.items} items)"
+
+
+NO_HOLDER = Holder("", "")
+
+
 def _kept(allocations: Sequence[Allocation], steps: Sequence[tuple[int, int, int]],
-          held: dict[int, str]) -> tuple[KeptTensors, ...]:
+          held: dict[int, Holder]) -> tuple[KeptTensors, ...]:
     """Tensors made in the first measured step and alive at the end of the second, by the line that made them and
     the script's variable that keeps them (``held``: ``references()``); gradients (set to None, they are made again
     each step) and optimizer state (made once) left out."""
     if len(steps) < 2:
         return ()
     _, first_start, first_end = steps[0]
-    groups: dict[tuple[str, tuple[str, ...], str, str], list[Allocation]] = defaultdict(list)
+    groups: dict[tuple[str, tuple[str, ...], str, Holder], list[Allocation]] = defaultdict(list)
     for a in allocations:
         if a.created_ns is None or not first_start <= a.created_ns <= first_end or a.destroyed_ns is not None:
             continue
         category = category_of(a)
         if category in ("gradients", "optimizer_state", "parameters"):
             continue
-        groups[(a.lines[0] if a.lines else "", a.lines[1:4], category, held.get(a.ptr, ""))].append(a)
+        groups[(a.lines[0] if a.lines else "", a.lines[1:4], category, held.get(a.ptr, NO_HOLDER))].append(a)
     kept = [KeptTensors(line=line, callers=callers, bytes=sum(a.nbytes for a in allocs), tensors=len(allocs),
-                        category=category, held_by=holder)
+                        category=category, held_by=holder.words if holder.kind else "", holder_kind=holder.kind,
+                        holder_name=holder.name, holder_items=holder.items)
             for (line, callers, category, holder), allocs in groups.items()
             if sum(a.nbytes for a in allocs) >= KEPT_MIN_BYTES]
     return tuple(sorted(kept, key=lambda k: -k.bytes)[:TOP_KEPT])
@@ -581,7 +602,7 @@ MAX_ITEMS = 10_000
 """Items of one container, and autograd nodes of one graph, looked at: enough for a list a step appends to."""
 
 
-def references() -> dict[int, str]:
+def references() -> dict[int, Holder]:
     """Storage address -> the script's variable that keeps that tensor alive: a container it sits in (``the list
     `feats` (13 items)``), the autograd graph of a tensor it is saved in (``the graph of `total```), or itself
     (`` `loss` ``). Read from the script's frames on the stack (the loop's thread) and its ``__main__``'s
@@ -596,9 +617,9 @@ def references() -> dict[int, str]:
     main = sys.modules.get("__main__")
     if main is not None:
         names += [(name, value) for name, value in vars(main).items() if not name.startswith("__")]
-    found: dict[int, str] = {}
+    found: dict[int, Holder] = {}
 
-    def note(tensor: Any, what: str) -> None:
+    def note(tensor: Any, what: Holder) -> None:
         try:
             found.setdefault(tensor.untyped_storage().data_ptr(), what)
         except Exception:
@@ -612,19 +633,19 @@ def references() -> dict[int, str]:
                 if i >= MAX_ITEMS:
                     break
                 if isinstance(item, torch.Tensor):
-                    note(item, f"the {kind} `{name}` ({len(value)} items)")
+                    note(item, Holder(kind, name, len(value)))
     for name, value in names:
         if isinstance(value, torch.Tensor) and value.grad_fn is not None:
             own = value.untyped_storage().data_ptr()  # an output its own graph saved (relu's) is held by its name
 
             def in_graph(saved: Any, n: str = name, own: int = own) -> None:
                 if saved.untyped_storage().data_ptr() != own:
-                    note(saved, f"the autograd graph of `{n}`")
+                    note(saved, Holder("graph", n))
 
             saved_in_graph(value.grad_fn, set(), in_graph, torch, MAX_ITEMS)
     for name, value in names:
         if isinstance(value, torch.Tensor):
-            note(value, f"`{name}`")
+            note(value, Holder("variable", name))
     return found
 
 

@@ -70,16 +70,15 @@ def _cause(memory: Memory) -> str:
     """What keeps the most of what a step left alive, and its fix: the script's variable where it was found (a
     container, a tensor whose graph saved it, the tensor itself), else the usual causes for its category."""
     top = memory.kept[0]
-    holder = top.held_by
-    name = holder[holder.find("`"):holder.rfind("`") + 1] if "`" in holder else ""
-    if holder.startswith("the autograd graph of"):
+    name = f"`{top.holder_name}`"
+    if top.holder_kind == "graph":
         return (f"{name} keeps every step's autograd graph, with the tensors it saved (a loss summed without "
                 f"`.item()`, an output kept without `.detach()`): accumulate `loss.item()` (or `.detach()`) into "
                 f"{name}, and run evaluation under `torch.no_grad()`")
-    if holder.startswith("the "):
-        return (f"{holder} gains a tensor made here each step, with its autograd graph: append `.detach()` (or "
+    if top.holder_kind in ("list", "tuple", "dict", "set"):
+        return (f"{top.held_by} gains a tensor made here each step, with its autograd graph: append `.detach()` (or "
                 f"`.item()`, `.detach().cpu()`) copies, or keep it bounded")
-    if holder:
+    if top.holder_kind == "variable":
         return f"{name} still holds a tensor made here a step later: drop it, or keep `.detach()` (`.item()`) of it"
     if top.category == "activations":
         return ("a tensor made here outlives its step: kept by a list, a dict or an attribute, or by the graph of "
