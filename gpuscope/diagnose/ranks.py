@@ -90,7 +90,8 @@ def by_arrival(ranks: Sequence[RankSummary], found: Arrivals) -> Straggler | Non
     excess, step by step), in ``STRAGGLER_LAST_STEPS`` of those steps: the rank the others wait for, wherever its
     extra time lies. On a quiet machine it is also the rank that arrives last; on a busy one the scheduler moves the
     arrivals about, and its own work still tells. Failing that, the rank whose work in one phase stands out against
-    its own pace in the others (``_concentrated``): a straggler whose core is faster in the rest of its step."""
+    its own pace in the others (``_concentrated``): a straggler whose core is faster in the rest of its step. Either
+    must be borne out beyond the profiled steps (``_borne_out``)."""
     summaries = {r.rank: r for r in ranks if r.steps}
     timed = [a for a in found.ranks if a.rank in summaries and a.own_steps_s]
     if len(timed) < 2 or len({len(a.own_steps_s) for a in timed}) != 1:
@@ -101,28 +102,66 @@ def by_arrival(ranks: Sequence[RankSummary], found: Arrivals) -> Straggler | Non
     step_s = statistics.median(a.step_s for a in timed)
     if step_s <= 0:
         return None
+    candidates: list[tuple[RankArrival, str | None, float, int, bool]] = []
     slow = max(timed, key=lambda a: statistics.median(baseline[a.rank]))
     excess_s = statistics.median(baseline[slow.rank])
     more = sum(x > 0 for x in baseline[slow.rank])
-    cause: str | None = None
-    paced = False
-    if excess_s < th.STRAGGLER_ARRIVAL_SHARE * step_s or more < th.STRAGGLER_LAST_STEPS * count:
-        hidden = _concentrated(timed, step_s)  # its extra work in one phase, hidden by a faster core in the others
-        if hidden is None:
+    if excess_s >= th.STRAGGLER_ARRIVAL_SHARE * step_s and more >= th.STRAGGLER_LAST_STEPS * count:
+        candidates.append((slow, None, excess_s, more, False))
+    hidden = _concentrated(timed, step_s)  # its extra work in one phase, hidden by a faster core in the others
+    if hidden is not None:
+        candidates.append((*hidden, True))
+    for slow, cause, excess_s, more, paced in candidates:
+        others = [a for a in timed if a is not slow]
+        excess = {p: slow.own_phases_s[p] - statistics.median(a.own_phases_s[p] for a in others) for p in PHASES}
+        cause = cause or max(excess, key=lambda p: excess[p])
+        if not paced and excess[cause] <= 0:
+            continue
+        borne = _borne_out(slow, others, cause, excess[cause], summaries)
+        if borne is None:
+            continue
+        return _arrival_finding(slow, others, cause, excess, excess_s, more, count, paced, borne, baseline, step_s,
+                                found, summaries)
+    return None
+
+
+def _borne_out(slow: RankArrival, others: Sequence[RankArrival], cause: str, excess_s: float,
+               summaries: dict[int, RankSummary]) -> str | None:
+    """Whether a rank's extra work in ``cause`` over three profiled steps holds beyond them (words that say how), or
+    None. Where the other ranks' steady time in that phase holds none of their wait for it (DDP's data loading,
+    forward, optimizer), its steady steps, the whole run's, show it too: ``STRAGGLER_STEADY_SHARE`` of the step more
+    in that phase than the others'. Where it does, their phase and its come out alike and cannot tell: DDP's
+    backward (the steps' hooks time ``loss.backward()``, which returns once the last bucket is reduced), work outside
+    the named phases, a phase with collectives inside (FSDP's forward, whose all-gathers the others wait in). Then
+    it must arrive last at the collectives in every profiled step, as extra work before them makes it."""
+    waits = statistics.median(a.waiting_by_phase.get(cause, 0.0) for a in others)
+    if cause in ("backward", "other") or waits >= max(excess_s, 0.0) / 2:
+        last = sum(x > 0 for x in slow.late_s)
+        if last < len(slow.late_s):
             return None
-        slow, cause, excess_s, more = hidden
-        paced = True
-    others = [a for a in timed if a is not slow]
-    excess = {p: slow.own_phases_s[p] - statistics.median(a.own_phases_s[p] for a in others) for p in PHASES}
-    cause = cause or max(excess, key=lambda p: excess[p])
-    if not paced and excess[cause] <= 0:
+        return f"it arrives last at the collectives in every one of the {last} profiled steps"
+    steady = [summaries[a.rank] for a in others]
+    mine = _phase_s(summaries[slow.rank], cause)
+    theirs = statistics.median(_phase_s(r, cause) for r in steady)
+    job_s = statistics.median(r.median_s for r in (summaries[slow.rank], *steady))
+    if job_s <= 0 or mine - theirs < th.STRAGGLER_STEADY_SHARE * job_s:
         return None
+    return (f"over the run's steady steps too its {_phase_words(cause)} takes {(mine - theirs) * 1e3:.1f} ms more "
+            f"than the other ranks' ({mine * 1e3:.1f} ms against {theirs * 1e3:.1f} ms, of a "
+            f"{job_s * 1e3:.1f} ms median step)")
+
+
+def _arrival_finding(slow: RankArrival, others: Sequence[RankArrival], cause: str, excess: dict[str, float],
+                     excess_s: float, more: int, count: int, paced: bool, borne: str,
+                     baseline: dict[int, list[float]], step_s: float, found: Arrivals,
+                     summaries: dict[int, RankSummary]) -> Straggler:
+    """The straggler finding, its evidence in words."""
     cause_share = min(1.0, max(0.0, excess[cause]) / (sum(max(0.0, e) for e in excess.values()) or 1.0))
     others_wait = statistics.median(a.waiting_s for a in others)
     others_phase = statistics.median(a.own_phases_s[cause] for a in others)
     last = sum(x > 0 for x in slow.late_s)
     late = statistics.median(slow.late_s)
-    busy = [a.cpu_wait_s for a in timed if a.cpu_wait_s]
+    busy = [a.cpu_wait_s for a in (slow, *others) if a.cpu_wait_s]
     arrived = (f"it arrives last at the collectives in {last} of {len(slow.late_s)} profiled steps, "
                f"{late * 1e3:.1f} ms after the others at the median")
     if busy and max(busy) >= th.STRAGGLER_ARRIVAL_SHARE * step_s:
@@ -138,7 +177,8 @@ def by_arrival(ranks: Sequence[RankSummary], found: Arrivals) -> Straggler | Non
     evidence = (
         f"{more_work}, and they wait for it: {arrived}",
         f"its own {_phase_words(cause)} takes {slow.own_phases_s[cause] * 1e3:.1f} ms a step, the other ranks' "
-        f"{others_phase * 1e3:.1f} ms: {excess[cause] * 1e3:.1f} ms more, {cause_share:.0%} of its extra work",
+        f"{others_phase * 1e3:.1f} ms: {excess[cause] * 1e3:.1f} ms more, {cause_share:.0%} of its extra work; "
+        f"{borne}",
         f"meanwhile the other ranks sit waiting for a later rank {others_wait * 1e3:.1f} ms a step; the "
         f"collectives' own time, from the last arrival to their end, is {found.own_s * 1e3:.1f} ms a step",
     )

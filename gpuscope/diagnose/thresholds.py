@@ -225,6 +225,16 @@ STRAGGLER_LAST_STEPS = 2 / 3
 """...and does more work than the others in at least two thirds of the profiled steps: step after step, not once
 by bad luck."""
 
+STRAGGLER_STEADY_SHARE = 0.06
+"""...and, where the other ranks do not wait in the phase that holds its extra work, the run's steady steps show that
+phase longer on it too, by half ``STRAGGLER_ARRIVAL_SHARE``: three profiled steps of bad luck are not the run. On the
+2-core machine beside 2 busy processes, ranks slowed by 12 ms of arithmetic a step in data, forward or the optimizer
+showed 6.9-28.1 ms more in that phase over their steady steps (8-30% of the step, 19 jobs); a balanced job whose
+profiled steps named a rank 11.7 ms late in forward showed 0.8 ms (1%) (benchmarks/straggler_noise.py). Where the
+others' steady phase holds their wait for it (DDP's backward) the straggler must instead arrive last in every
+profiled step: 5 ranks slowed in backward did in 3 of 3; a balanced job named late in backward under CI's load
+(8.0 ms, 13% of the step) arrived last in 2 of 3."""
+
 # -- launches, fusion, copies and mixed precision ------------------------------------------------------------
 LAUNCH_NOTABLE = 0.3
 """Per-op overhead (or host-wait idle on a GPU) from which launch-cutting advice is worth giving (below a third of

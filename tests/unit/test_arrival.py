@@ -14,8 +14,8 @@ from gpuscope.diagnose.classify import classify
 from gpuscope.diagnose.ranks import straggler
 from gpuscope.diagnose.ranks import combine
 from gpuscope.diagnose.rules.communication import balance_ranks, reduce_communication
-from gpuscope.record import (CollectiveCall, Communication, Distributed, OpProfile, ProfiledStep, RankSummary,
-                             Steps, Straggler)
+from gpuscope.record import (Breakdown, CollectiveCall, Communication, Distributed, OpProfile, ProfiledStep,
+                             RankSummary, Steps, Straggler)
 
 STEP_US = 60_000.0
 
@@ -177,20 +177,55 @@ def test_a_stragglers_extra_work_in_one_phase_shows_against_its_pace_on_a_faster
     # 30, 10) ms = 1.7, 27.2, 25.5, 8.5 ms, 62.9 ms in all against rank 0's 62: its whole step is 0.9 ms over
     found = Arrivals((paced(0, 1.0), paced(1, 0.85, forward_extra_s=0.012)), steps=3, collectives=6, own_s=0.002,
                      clock="shared")
-    late = straggler([RankSummary(rank=r, steps=20, median_s=0.08) for r in (0, 1)], found)
+    late = straggler([steady(0, forward_s=0.020), steady(1, forward_s=0.0272)], found)
     # then its forward is 27.2 ms where its pace in the other phases, 35.7 / 42 = 0.85, predicts 0.85 x 20 = 17 ms:
     # 10.2 ms more, over 12% of the 80 ms step (9.6 ms), in 3 of 3 steps
     assert late is not None and (late.rank, late.cause) == (1, "forward")
     assert late.late_s == pytest.approx(0.0102)
     assert "than its pace in its other phases, set against the other ranks', predicts" in late.evidence[0]
     assert "its whole step's excess, 0.9 ms, is hidden by a core faster in the rest" in late.evidence[0]
+    # and the run's steady steps bear it out: its forward 7.2 ms over rank 0's there, 9% of the 80 ms step
+    assert "over the run's steady steps too its forward takes 7.2 ms more" in late.evidence[1]
+
+
+def steady(rank: int, forward_s: float, median_s: float = 0.08) -> RankSummary:
+    """A rank's steady steps (the whole run's, outside the profiled ones): ``forward_s`` of a ``median_s`` step, the
+    rest spread over the other phases."""
+    rest = (median_s - forward_s) / 4
+    return RankSummary(rank=rank, steps=20, median_s=median_s,
+                       breakdown=Breakdown(data_wait=rest / median_s, forward=forward_s / median_s,
+                                           backward=rest / median_s, optimizer=rest / median_s, other=rest / median_s))
+
+
+def test_extra_work_in_the_profiled_steps_that_the_steady_steps_do_not_show_is_no_straggler() -> None:
+    # given rank 1 with 12 ms more forward in the three profiled steps (a burst of load beside it, say), and its
+    # forward in the run's steady steps 2 ms over rank 0's: 2.5% of the step, under the 6% that would bear it out
+    found = Arrivals((paced(0, 1.0), paced(1, 1.0, forward_extra_s=0.012)), steps=3, collectives=6, own_s=0.002,
+                     clock="shared")
+    assert straggler([steady(0, forward_s=0.020), steady(1, forward_s=0.022)], found) is None
+    # the same with the steady steps showing it (its forward 10 ms over, 12.5%) names it
+    late = straggler([steady(0, forward_s=0.020), steady(1, forward_s=0.030)], found)
+    assert late is not None and (late.rank, late.cause) == (1, "forward")
+
+
+def test_a_rank_late_in_backward_must_arrive_last_in_every_profiled_step() -> None:
+    # given rank 1 with 12 ms more backward in each profiled step, but arriving after rank 0 in two steps of three:
+    # the others' steady backward holds their wait for it (loss.backward() returns once the last bucket is reduced)
+    # and cannot bear it out, so its arrivals must, every step
+    found = arrivals({0: ddp_rank(0), 1: ddp_rank(12_000)})
+    assert found is not None
+    ranks = [RankSummary(rank=r, steps=20, median_s=0.06, spread_s=0.03) for r in (0, 1)]
+    assert straggler(ranks, found) is not None
+    late_twice = dataclasses.replace(found.of(1), late_s=(0.012, -0.001, 0.012))
+    shuffled = dataclasses.replace(found, ranks=(found.of(0), late_twice))
+    assert straggler(ranks, shuffled) is None
 
 
 def test_a_rank_slower_in_every_phase_alike_is_no_straggler_by_its_phases() -> None:
     # given rank 1 10% slower in every phase (a shared core): 6.2 ms more a step, under 12% of the step
     found = Arrivals((paced(0, 1.0), paced(1, 1.1)), steps=3, collectives=6, own_s=0.002, clock="shared")
-    # then no phase stands out against its pace: no straggler
-    assert straggler([RankSummary(rank=r, steps=20, median_s=0.08) for r in (0, 1)], found) is None
+    # then no phase stands out against its pace: no straggler, though its steady forward is 2 ms longer too
+    assert straggler([steady(0, forward_s=0.020), steady(1, forward_s=0.022)], found) is None
 
 
 def merge_ranks(records: list) -> object:
