@@ -102,7 +102,8 @@ class RunOptions:
     profile_steps: int | None = _option(
         None, "--profile-steps", metavar="N", type=positive_int,
         help="measure N steps (after --skip-steps), then write run.json and report.html at once and take every "
-             "collector out: the rest of the run goes at full speed; at its end run.json gets the exit status")
+             "collector out: the rest of the run goes at full speed; at its end run.json gets the exit status. N too "
+             "few for the profilers' windows at their full length gets them one step each")
 
     def __post_init__(self) -> None:
         # the command line checks its text with the argparse types; keyword arguments are checked here
@@ -115,21 +116,25 @@ class RunOptions:
         if self.profile_steps is not None:
             if not isinstance(self.profile_steps, int) or isinstance(self.profile_steps, bool) or self.profile_steps < 1:
                 raise GpuscopeError(f"profile_steps must be a whole number, 1 or more: {self.profile_steps!r}")
-            needed = self.fewest_profile_steps()
+            needed = self.fewest_profile_steps(compact=True)
             if self.profile_steps < needed:
                 raise GpuscopeError(
-                    f"--profile-steps {self.profile_steps} is too few: the profilers' windows and the steady steps the "
-                    f"figures need take {needed} (fewer with --trace-steps or --cprofile-steps lower)")
+                    f"--profile-steps {self.profile_steps} is too few: the profilers' windows take {needed} at one "
+                    f"step each (fewer with --trace-steps 0); "
+                    f"{self.fewest_profile_steps()} hold them at full length and the steady steps the figures need")
 
-    def fewest_profile_steps(self, memory: bool = False) -> int:
+    def fewest_profile_steps(self, memory: bool = False, compact: bool = False) -> int:
         """The fewest ``profile_steps`` that hold every window (on a CUDA run, which has the most) and
         ``thresholds.MIN_STEADY_STEPS`` clean steps; the memory window among them with ``memory`` (without it, where
-        they are too few to hold it: it is left out, not the run refused)."""
+        they are too few to hold it: it is left out, not the run refused). ``compact``: the fewest that hold every
+        window at one step each (``schedule.compact_plan``), and no steady step: the verdict then comes from the
+        steps there are."""
         from gpuscope.diagnose.thresholds import MIN_STEADY_STEPS
         from gpuscope.collect.collectors import plan_windows
 
-        plan = plan_windows(dataclasses.replace(self._collect_options(), profile_steps=None, memory_window=memory))
-        return max(plan.end(cuda=True) - self.skip_steps, 0) + MIN_STEADY_STEPS
+        plan = plan_windows(dataclasses.replace(self._collect_options(), profile_steps=None, memory_window=memory,
+                                                compact_windows=compact))
+        return max(plan.end(cuda=True) - self.skip_steps, 0) + (0 if compact else MIN_STEADY_STEPS)
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
@@ -162,7 +167,8 @@ class RunOptions:
         """The collectors' options for these choices: the memory window left out where ``--profile-steps`` is too few
         to hold it beside the other windows and the steady steps."""
         fits = self.profile_steps is None or self.profile_steps >= self.fewest_profile_steps(memory=True)
-        return dataclasses.replace(self._collect_options(), memory_window=fits)
+        compact = self.profile_steps is not None and self.profile_steps < self.fewest_profile_steps()
+        return dataclasses.replace(self._collect_options(), memory_window=fits, compact_windows=compact)
 
     def _collect_options(self) -> CollectOptions:
         return CollectOptions(

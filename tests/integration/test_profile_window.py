@@ -72,6 +72,22 @@ def test_skipped_steps_move_every_window_past_them(runs: Runs) -> None:
     assert record["speed_of_light"]["step"] >= 100
 
 
+def test_a_few_measured_steps_get_one_step_windows_a_trace_a_speed_of_light_and_a_verdict(runs: Runs) -> None:
+    # given 6 measured steps, too few for the windows at their full length (19)
+    run = long_job(runs, options=("--profile-steps", "6"))
+    record = run.record
+    # then each window takes one step from the start and says so: cProfile 0-1, the trace 2, the FLOP count 3
+    assert any(note.startswith("long-steps: --profile-steps is fewer than the windows take at their full length")
+               for note in record["meta"]["notes"])
+    assert record["python_profile"]["window"]["last_step"] == 1
+    assert (record["op_profile"]["window"]["first_step"], record["op_profile"]["window"]["last_step"]) == (2, 2)
+    assert (run.run_dir / "trace.json").is_file()
+    assert record["speed_of_light"]["step"] == 3
+    # and the verdict comes from the steps left (4 and 5), with the evidence saying how thin it is
+    assert record["steps"]["count"] == 2 and record["verdict"]["bound"] != "inconclusive"
+    assert record["verdict"]["evidence"][0].startswith("thin evidence")
+
+
 def test_a_job_killed_after_its_window_keeps_a_complete_record(tmp_path: Path) -> None:
     # given a job killed (SIGKILL, a scheduler's time limit) 120 steps after its profiled ones
     result = run_gpuscope(["run", "-q", "-o", str(tmp_path / "run"), "--profile-steps", "30", "--no-probes",

@@ -67,12 +67,12 @@ def test_slow_steps_right_after_the_skipped_ones_are_warm_up_too() -> None:
 
 # -- the options ---------------------------------------------------------------------------------------------
 def test_too_few_profiled_steps_for_the_windows_is_a_one_line_error() -> None:
-    fewest = RunOptions().fewest_profile_steps()
-    with pytest.raises(GpuscopeError, match=f"--profile-steps 5 is too few.*take {fewest}"):
-        RunOptions(profile_steps=5)
+    fewest = RunOptions().fewest_profile_steps(compact=True)
+    with pytest.raises(GpuscopeError, match=f"--profile-steps {fewest - 1} is too few.*take {fewest}"):
+        RunOptions(profile_steps=fewest - 1)
     assert RunOptions(profile_steps=fewest).collect_options().profile_steps == fewest
     # fewer profiler steps, fewer steps needed
-    assert RunOptions(trace_steps=0, cprofile_steps=0).fewest_profile_steps() < fewest
+    assert RunOptions(trace_steps=0, cprofile_steps=0).fewest_profile_steps() < RunOptions().fewest_profile_steps()
 
 
 def test_the_notebook_api_takes_steps_for_profile_steps() -> None:

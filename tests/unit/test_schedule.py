@@ -204,6 +204,49 @@ def test_a_trace_moved_for_long_steps_records_its_first_step_with_no_warm_up() -
         "before", "active", "after"]
 
 
+# -- few steps measured: --profile-steps N too few for the windows at their full length -------------------------
+
+def test_profile_steps_too_few_for_the_windows_at_full_length_get_them_one_step_each_from_the_start() -> None:
+    from gpuscope.options import RunOptions
+
+    plan = plan_windows(RunOptions(profile_steps=6).collect_options())
+    # as long steps get them (cProfile's start-up window over steps 0-1, then one step each), without waiting to
+    # see step 1: the number of steps is known from the start
+    assert plan.cpu == {"cprofile": Window(0, 2), "torch-trace": Window(2, 1), "flops": Window(3, 1)}
+    assert plan.cuda == {"cprofile": Window(0, 2), "torch-trace": Window(2, 1), "syncs": Window(3, 1),
+                         "flops": Window(4, 1)}
+    # after skipped steps, from the first measured step
+    skipped = plan_windows(RunOptions(skip_steps=10, profile_steps=6).collect_options())
+    assert skipped.cuda == {"cprofile": Window(10, 2), "torch-trace": Window(12, 1), "syncs": Window(13, 1),
+                            "flops": Window(14, 1)}
+    # enough steps for the full plan keep it
+    assert plan_windows(RunOptions(profile_steps=19).collect_options()).cpu["torch-trace"] == Window(6, 4)
+
+
+def test_the_collectors_of_a_run_of_few_measured_steps_own_one_step_each_and_say_so() -> None:
+    from gpuscope.options import RunOptions
+
+    collectors = {c.name: c for c in default_collectors(RunOptions(profile_steps=5).collect_options())}
+    trace = collectors["torch-trace"]
+    assert (trace.start_step, trace.warmup, trace.active) == (2, 0, 1)  # recorded at once, as for long steps
+    assert collectors["cprofile"].steps == 2
+    assert (collectors["flops"].start_step, collectors["flops"]._window.cuda_start) == (3, 4)
+    (note,) = collectors["long-steps"].stop().notes
+    assert note == ("--profile-steps is fewer than the windows take at their full length: they were placed one step "
+                    "each: cProfile steps 0-1, torch.profiler step 2, the FLOP count step 3 (on a CUDA run the sync "
+                    "count step 3, the FLOPs after it)")
+
+
+def test_profile_steps_too_few_even_for_one_step_windows_are_refused_in_one_line() -> None:
+    from gpuscope.errors import GpuscopeError
+    from gpuscope.options import RunOptions
+
+    with pytest.raises(GpuscopeError, match=r"--profile-steps 4 is too few: the profilers' windows take 5 at one "
+                                            r"step each .*; 19 hold them at full length"):
+        RunOptions(profile_steps=4)
+    assert RunOptions(profile_steps=4, trace_steps=0).collect_options().compact_windows
+
+
 def test_profile_steps_too_few_for_the_memory_window_leave_it_out_rather_than_refuse_the_run() -> None:
     from gpuscope.options import RunOptions
 

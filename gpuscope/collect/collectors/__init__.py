@@ -22,7 +22,7 @@ from gpuscope.collect.framework.base import (
     WindowRequest,
 )
 from gpuscope.collect.framework.options import CollectOptions
-from gpuscope.collect.framework.schedule import Plan, schedule
+from gpuscope.collect.framework.schedule import Plan, compact_plan, schedule
 
 
 def collector_classes() -> list[CollectorClass]:
@@ -51,7 +51,10 @@ def window_requests(classes: list[CollectorClass], options: CollectOptions) -> l
 
 def plan_windows(options: CollectOptions) -> Plan:
     """Where each collector's window lies for a run with ``options``."""
-    return schedule(window_requests(collector_classes(), options), first=options.skip_steps)
+    requests = window_requests(collector_classes(), options)
+    if options.compact_windows:
+        return compact_plan(requests, first=options.skip_steps)
+    return schedule(requests, first=options.skip_steps)
 
 
 def default_collectors(options: CollectOptions | None = None) -> list[LiveCollector | Probe]:
@@ -67,9 +70,14 @@ def default_collectors(options: CollectOptions | None = None) -> list[LiveCollec
                                  rank.get(c.name, len(rank)), c.name))
     probes = [c for c in classes if c.stage == "post-run"]
     collectors = [cls.create(options, plan) for cls in (*live, *probes)]
+    owners = [c for c in collectors if c.name in rank]
     for collector in collectors:
         if isinstance(collector, long_steps.LongStepsCollector):  # it moves the others' windows
-            collector.owners = [c for c in collectors if c is not collector and c.name in rank]
+            collector.owners = owners
+    if options.compact_windows:  # one step each from the start, as for long steps (the same moves)
+        compact = compact_plan(requests, first=options.skip_steps)
+        for owner in owners:
+            owner.move_window(compact.window(owner.name), compact.window(owner.name, cuda=True))
     return collectors
 
 

@@ -85,8 +85,9 @@ class CProfileCollector(StepFollower):
         return profiler_in_use()
 
     def move_window(self, cpu: Window | None, cuda: Window | None) -> None:
-        """Steps are long: the start-up window ends where ``cpu`` does (at once, where that has passed)."""
-        if cpu is not None and not self.first and self.steps is not None and not self._closed:
+        """Steps are long, or few are measured: the window ends where ``cpu`` does (at once, where that has
+        passed)."""
+        if cpu is not None and self.steps is not None and not self._closed:
             self.steps = min(self.steps, cpu.steps)
 
 

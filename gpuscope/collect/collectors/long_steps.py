@@ -2,7 +2,9 @@
 windows are placed again (``schedule.long_steps_plan``): cProfile's start-up window ends, and torch.profiler, the
 sync count and the FLOP count take one step each, one after another, from step ``schedule.DECIDED_AT``. A run of
 five 17-second steps then gets a trace and a speed of light where the plan in step numbers (cProfile over steps
-0-4, the trace at 6-9) left it nothing.
+0-4, the trace at 6-9) left it nothing. A run measured over fewer steps than that plan needs (``--profile-steps`` N
+small) has its windows placed so from the start (``collectors.default_collectors``); this collector then only says
+where.
 
 It runs at the step boundaries before every window's owner (``before_windows``), at each of the first
 ``DECIDED_AT`` + 1 boundaries only, and tells each owner its new window (``StepFollower.move_window``). Step 1's
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collect.children import schedstat
 from gpuscope.collect.framework.base import CollectorResult, StepFollower, WindowRequest, register
-from gpuscope.collect.framework.schedule import DECIDED_AT, LONG_STEP_S, Plan, long_steps_plan
+from gpuscope.collect.framework.schedule import DECIDED_AT, LONG_STEP_S, Plan, compact_plan, long_steps_plan
 from gpuscope.record import CollectorStatus
 
 if TYPE_CHECKING:
@@ -36,25 +38,27 @@ class LongStepsCollector(StepFollower):
     field: ClassVar[str | None] = None
     before_windows: ClassVar[bool] = True
 
-    def __init__(self, requests: list[tuple[str, WindowRequest | None]], first: int = 0) -> None:
+    def __init__(self, requests: list[tuple[str, WindowRequest | None]], first: int = 0,
+                 compact: bool = False) -> None:
         self._requests = requests
         self._first = first
+        self._compact = compact  # the windows were placed one step each from the start (--profile-steps N small)
         self.owners: list[Any] = []
         """The window owners to tell (set by ``collectors.default_collectors``)."""
         self._began: dict[int, float] = {}
         self._waited: dict[int, float] = {}  # the loop thread's wait for a CPU so far, as each step began
         self._following = True
-        self.plan: Plan | None = None
+        self.plan: Plan | None = compact_plan(requests, first) if compact else None
         self.step_s: float | None = None
 
     @classmethod
     def create(cls, options: CollectOptions, plan: Plan) -> LongStepsCollector:
         from gpuscope.collect.collectors import collector_classes, window_requests
 
-        return cls(window_requests(collector_classes(), options), options.skip_steps)
+        return cls(window_requests(collector_classes(), options), options.skip_steps, options.compact_windows)
 
     def unavailable_reason(self) -> str | None:
-        if self._first:
+        if self._first and not self._compact:
             return "the windows follow the skipped steps (--skip-steps)"
         return None
 
@@ -65,9 +69,11 @@ class LongStepsCollector(StepFollower):
         self._began[index] = time.perf_counter()
         times = schedstat("thread-self")
         self._waited[index] = times[1] if times is not None else 0.0
-        if index < DECIDED_AT:
+        if index < DECIDED_AT and not self._compact:
             return
         self._leave()
+        if self._compact:
+            return
         if index != DECIDED_AT or DECIDED_AT - 1 not in self._began:
             return  # (an epoch of fewer steps began again from 0: its indices say nothing of a step's time)
         # a busy machine's wait for a core is no part of the step's own length
@@ -87,16 +93,17 @@ class LongStepsCollector(StepFollower):
 
     def stop(self) -> CollectorResult:
         self._leave()
-        notes: tuple[str, ...] = ()
-        if self.plan is not None and self.step_s is not None:
-            placed = sorted(self.plan.cpu.items(), key=lambda item: item[1].start)
-            windows = ", ".join(f"{WINDOW_NAMES.get(name, name)} {_steps(w.start, w.stop - 1)}" for name, w in placed)
-            syncs = self.plan.window("syncs", cuda=True)
-            cuda = f" (on a CUDA run the sync count {_steps(syncs.start, syncs.stop - 1)}, the FLOPs after it)" \
-                if syncs is not None else ""
-            notes = (f"step 1 took {self.step_s:.1f} s of its own (long steps: {LONG_STEP_S:g} s or more): the profiling "
-                     f"windows were placed again, one step each: {windows}{cuda}",)
-        return CollectorResult(CollectorStatus("ok"), notes=notes)
+        if self.plan is None or (self.step_s is None and not self._compact):
+            return CollectorResult(CollectorStatus("ok"))
+        placed = sorted(((n, w) for n, w in self.plan.cpu.items() if w.steps), key=lambda item: item[1].start)
+        windows = ", ".join(f"{WINDOW_NAMES.get(name, name)} {_steps(w.start, w.stop - 1)}" for name, w in placed)
+        syncs = self.plan.window("syncs", cuda=True)
+        cuda = f" (on a CUDA run the sync count {_steps(syncs.start, syncs.stop - 1)}, the FLOPs after it)" \
+            if syncs is not None else ""
+        why = ("--profile-steps is fewer than the windows take at their full length: they were placed one step each"
+               if self._compact else f"step 1 took {self.step_s:.1f} s of its own (long steps: {LONG_STEP_S:g} s or "
+               "more): the profiling windows were placed again, one step each")
+        return CollectorResult(CollectorStatus("ok"), notes=(f"{why}: {windows}{cuda}",))
 
 
 def _steps(first: int, last: int) -> str:

@@ -33,6 +33,9 @@ class CollectOptions:
     profile_steps: int | None = None
     """Steps measured after the skipped ones (``--profile-steps``), every window among them; then the collectors
     hand the record over and come out (None: they stay to the end of the run)."""
+    compact_windows: bool = False
+    """Every window one step (``WindowRequest.long_steps``), one after another from the start
+    (``schedule.compact_plan``): ``--profile-steps`` too few to hold them at their full length."""
     memory_window: bool = True
     """Two steps under the memory timeline after the other windows; off where ``--profile-steps`` is too few to hold
     them beside the others and the steady steps."""

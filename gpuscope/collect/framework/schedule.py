@@ -12,7 +12,8 @@ The windows are counted in steps, which suits thousands of short steps and leave
 with nothing (cProfile's start-up window alone would cover them). So the plan is made again once the first step has
 shown how long a step is (``long_steps_plan``, at step ``DECIDED_AT``): where step 1 took ``LONG_STEP_S`` or
 more, cProfile's start-up window ends there, and each other window shrinks to its ``long_steps`` (one step) and
-follows the one before with no clean step between.
+follows the one before with no clean step between. A run measured over fewer steps than the plan in step numbers
+needs (``--profile-steps`` N small) gets that placement from the start (``compact_plan``).
 """
 
 from __future__ import annotations
@@ -118,12 +119,25 @@ def long_steps_plan(requests: Sequence[tuple[str, WindowRequest | None]], step_s
     ``long_steps``, with no clean step between."""
     if step_s < LONG_STEP_S or first > 0:
         return None
+    return _one_step_each(requests, at)
+
+
+def compact_plan(requests: Sequence[tuple[str, WindowRequest | None]], first: int = 0) -> Plan:
+    """The windows as ``long_steps_plan`` places them, from the start, for a run measured over fewer steps than the
+    plan in step numbers needs (``--profile-steps`` N small): the start-up window covers ``DECIDED_AT`` steps from
+    ``first``, each other window its ``long_steps`` after it, with no clean step between."""
+    return _one_step_each(requests, first + DECIDED_AT, first)
+
+
+def _one_step_each(requests: Sequence[tuple[str, WindowRequest | None]], at: int, first: int = 0) -> Plan:
+    """The start-up window from ``first`` up to step ``at``; the others one after another from ``at``, each of its
+    ``long_steps``."""
     plan = Plan()
     for cuda, placed in ((False, plan.cpu), (True, plan.cuda)):
         cursor = at
         for name, request in _placed_on(requests, cuda):
             if request.startup:
-                placed[name] = Window(0, min(request.steps, at))
+                placed[name] = Window(first, min(request.steps, at - first))
                 continue
             placed[name] = Window(cursor, min(request.steps, request.long_steps))
             cursor += placed[name].steps
