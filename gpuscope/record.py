@@ -1366,6 +1366,11 @@ class RankSummary:
     collectives matched to the other ranks', ``diagnose.arrival``); null where they could not be matched."""
     profiled_step_s: float | None = None
     """Its mean profiled step: what ``comm_s``, ``comm_exposed_s`` and ``waiting_s`` are per, from the same steps."""
+    memory_peak_bytes: int | None = None
+    """Its tensors at its memory window's peak (its ``memory.peak_bytes``), bytes; null where not measured."""
+    memory_headroom_bytes: int | None = None
+    """Its room under its memory limit (its ``memory.headroom_bytes``), bytes; null where unknown. Ranks can differ
+    (rank 0 logging or evaluating, uneven batches): the one with the least is the first to run out."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -197,9 +197,9 @@ def fixes(record: RunRecord, memory: Memory) -> tuple[MemoryFix, ...]:
             f"checkpoint each of the {memory.repeated_block_count} {memory.repeated_blocks} blocks "
             f"(torch.utils.checkpoint)",
             checkpointed,
-            f"their activations ({_mb(memory.repeated_block_bytes)}) are no longer kept, but their inputs "
-            f"({_mb(memory.repeated_block_inputs_bytes)}) are, and one block's ({_mb(memory.repeated_block_max_bytes)})"
-            f" is made again in backward: {_mb(freed)} of the {_mb(acts)} of activations freed")
+            f"their activations ({mb(memory.repeated_block_bytes)}) are no longer kept, but their inputs "
+            f"({mb(memory.repeated_block_inputs_bytes)}) are, and one block's ({mb(memory.repeated_block_max_bytes)})"
+            f" is made again in backward: {mb(freed)} of the {mb(acts)} of activations freed")
     if acts:
         add("mixed-precision-activations", "train under torch.autocast (bfloat16 or float16 activations)",
             scaled(lambda c, p: th.HALF_PRECISION if c == "activations" else 1.0),
@@ -218,12 +218,13 @@ def fixes(record: RunRecord, memory: Memory) -> tuple[MemoryFix, ...]:
     if memory.optimizer_state_bytes:
         add("smaller-optimizer-state", "an optimizer whose state is half as large (SGD with momentum, Adafactor)",
             scaled(lambda c, p: th.SMALLER_STATE if c == "optimizer_state" else 1.0),
-            f"the optimizer's state ({_mb(memory.optimizer_state_bytes)}) halved")
+            f"the optimizer's state ({mb(memory.optimizer_state_bytes)}) halved")
     return tuple(sorted(found, key=lambda f: -f.saving_bytes))
 
 
-def _mb(n: float) -> str:
-    return f"{n / 1e6:.1f} MB" if n < 1e9 else f"{n / 1e9:.2f} GB"
+def mb(n: float) -> str:
+    """Bytes as MB (GB from a thousand MB)."""
+    return f"{n / 1e6:.1f} MB" if abs(n) < 1e9 else f"{n / 1e9:.2f} GB"
 
 
 def _fit_after_failure(memory: Memory) -> tuple[MemoryFix, ...]:
@@ -245,7 +246,7 @@ def _fit_after_failure(memory: Memory) -> tuple[MemoryFix, ...]:
     return (MemoryFix(
         "smaller-micro-batch", f"a batch under {share:.0%} the size (with gradient accumulation to keep the step's)",
         int(need - memory.limit_bytes), round(1 - memory.limit_bytes / need, 3),
-        f"the failed step needed {_mb(need)} at least: {_mb(growing)} that grows with the batch (the live tensors "
-        f"but parameters, gradients and optimizer state, and the {_mb(died.requested_bytes)} asked for), "
-        f"{_mb(fixed)} that does not, {_mb(beside)} the process held beside its tensors; the limit is "
-        f"{_mb(memory.limit_bytes)}"),)
+        f"the failed step needed {mb(need)} at least: {mb(growing)} that grows with the batch (the live tensors "
+        f"but parameters, gradients and optimizer state, and the {mb(died.requested_bytes)} asked for), "
+        f"{mb(fixed)} that does not, {mb(beside)} the process held beside its tensors; the limit is "
+        f"{mb(memory.limit_bytes)}"),)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.arrival import Arrivals, RankArrival, arrivals
+from gpuscope.diagnose.memory import mb
 from gpuscope.errors import GpuscopeError
 from gpuscope.record import PHASES, Communication, Distributed, RankSummary, RunRecord, Straggler, Verdict
 
@@ -47,7 +48,8 @@ def combine(records: Sequence[RunRecord]) -> RunRecord:
         critical = dataclasses.replace(critical, op_profile=dataclasses.replace(
             critical.op_profile, communication=dataclasses.replace(comm, waiting_s=waits[shown])))
     notes = (f"a {world}-rank job: the figures below are rank {shown}'s "
-             f"({'the straggler' if late else 'the lowest rank present'}); every rank is in the Ranks section",)
+             f"({'the straggler' if late else 'the lowest rank present'}); every rank is in the Ranks section",
+             *_tightest_memory(summaries, shown))
     return dataclasses.replace(
         critical,
         exit_status=max((r.exit_status for r in records), key=abs),
@@ -62,9 +64,24 @@ def _communication(record: RunRecord) -> Communication | None:
     return record.op_profile.communication if record.op_profile is not None else None
 
 
+def _tightest_memory(summaries: Sequence[RankSummary], shown: int) -> tuple[str, ...]:
+    """A note where a rank other than the one shown has the least room under its memory limit: the job's memory
+    figures are the shown rank's, and the first to run out is that other one."""
+    known = [s for s in summaries if s.memory_headroom_bytes is not None]
+    if len(known) < 2:
+        return ()
+    tightest = min(known, key=lambda s: s.memory_headroom_bytes)  # type: ignore[arg-type, return-value]
+    mine = next((s.memory_headroom_bytes for s in known if s.rank == shown), None)
+    if tightest.rank == shown or mine is None or tightest.memory_headroom_bytes == mine:
+        return ()
+    return (f"rank {tightest.rank} has the least memory to spare, {mb(tightest.memory_headroom_bytes)} under its "
+            f"limit against rank {shown}'s {mb(mine)}: its memory section is in rank-{tightest.rank}/",)
+
+
 def summarise(record: RunRecord, waiting_s: float | None = None) -> RankSummary:
     comm = _communication(record)
     where = record.distributed or Distributed()
+    memory = record.memory
     return RankSummary(
         rank=where.rank, host=where.host, exit_status=record.exit_status, steps=record.steps.count,
         median_s=record.steps.median_s, breakdown=record.breakdown,
@@ -72,6 +89,8 @@ def summarise(record: RunRecord, waiting_s: float | None = None) -> RankSummary:
         bound=record.verdict.bound,
         spread_s=record.steps.p90_s - record.steps.p10_s if record.steps.count else None,
         waiting_s=waiting_s, profiled_step_s=comm.step_s if comm else None,
+        memory_peak_bytes=memory.peak_bytes if memory is not None and memory.peak_bytes else None,
+        memory_headroom_bytes=memory.headroom_bytes if memory is not None else None,
     )
 
 

@@ -125,3 +125,14 @@ def test_a_handful_of_ranks_is_drawn_as_points_without_boxes() -> None:
     many = rank_spread(job_record(BOX_MIN_RANKS))
     assert {t["line"]["width"] for t in few["data"] if t["type"] == "box"} == {0}
     assert all(t["line"]["width"] > 0 for t in many["data"] if t["type"] == "box")
+
+
+def test_each_ranks_memory_peak_and_room_are_columns_where_measured() -> None:
+    job = job_record(4)
+    assert "memory peak" not in ranks_section(render_report(job, inline_plotly=False))
+    ranks = tuple(dataclasses.replace(r, memory_peak_bytes=(r.rank + 1) * 100_000_000,
+                                      memory_headroom_bytes=1_000_000_000) for r in job.ranks)
+    section = ranks_section(render_report(dataclasses.replace(job, ranks=ranks), inline_plotly=False))
+    assert '<th class="n" title="its tensors at its memory window\'s peak">memory peak</th>' in section
+    row = section.split('<td class="rank">0</td>', 1)[1].split("</tr>", 1)[0]
+    assert '<td class="n">95 MiB</td><td class="n">954 MiB</td>' in row

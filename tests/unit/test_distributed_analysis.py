@@ -12,7 +12,7 @@ from gpuscope.diagnose import analyze
 from gpuscope.diagnose.classify import classify
 from gpuscope.diagnose.ranks import straggler
 from gpuscope.diagnose.ranks import combine
-from gpuscope.record import Breakdown, Communication, Distributed, OpProfile, RankSummary, Steps, Verdict
+from gpuscope.record import Breakdown, Communication, Distributed, Memory, OpProfile, RankSummary, Steps, Verdict
 from gpuscope.reduce.comms import communication
 
 
@@ -121,6 +121,21 @@ def test_a_job_that_lost_a_rank_names_it_and_reports_the_others() -> None:
     merged = merge_ranks([rank_record(0, 4, 0.01), rank_record(2, 4, 0.01), rank_record(3, 4, 0.012)])
     assert merged.missing_ranks == (1,)
     assert [r.rank for r in merged.ranks] == [0, 2, 3]
+
+
+def test_each_ranks_memory_is_in_the_job_and_the_rank_with_least_to_spare_is_named() -> None:
+    # given rank 1 holding 300 MB more at its peak (rank 0 is shown: there is no straggler), 0.2 GB under its limit
+    ranks = [dataclasses.replace(rank_record(r, 2, 0.01), memory=Memory(peak_bytes=peak, headroom_bytes=room))
+             for r, peak, room in ((0, 500_000_000, 500_000_000), (1, 800_000_000, 200_000_000))]
+    merged = merge_ranks(ranks)
+    assert [(r.memory_peak_bytes, r.memory_headroom_bytes) for r in merged.ranks] == [
+        (500_000_000, 500_000_000), (800_000_000, 200_000_000)]
+    assert ("rank 1 has the least memory to spare, 200.0 MB under its limit against rank 0's 500.0 MB: its memory "
+            "section is in rank-1/") in merged.meta.notes
+    # ranks alike in room, or only one measured: no such note
+    even = merge_ranks([ranks[0], dataclasses.replace(ranks[1], memory=ranks[0].memory)])
+    assert not any("least memory" in note for note in even.meta.notes)
+    assert not any("least memory" in note for note in merge_ranks([ranks[0], rank_record(1, 2, 0.01)]).meta.notes)
 
 
 def test_each_ranks_spread_is_its_90th_percentile_step_less_its_10th() -> None:

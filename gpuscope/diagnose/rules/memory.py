@@ -4,7 +4,7 @@ short of memory (the memory fixes, each with what it frees at the peak)."""
 from __future__ import annotations
 
 from gpuscope.diagnose.evidence import Metric
-from gpuscope.diagnose.memory import short_of_memory
+from gpuscope.diagnose.memory import mb, short_of_memory
 from gpuscope.diagnose.rules.base import AtRunTime, Finding, Refused, rule
 from gpuscope.record import Memory, RunRecord
 
@@ -26,11 +26,6 @@ def repeated_block(record: RunRecord) -> dict[str, object]:
     """The class of the model's repeated block, which ``--try reduce-memory`` checkpoints (none where none was found)."""
     memory = record.memory
     return {"block": memory.repeated_blocks} if memory is not None and memory.repeated_blocks else {}
-
-
-def mb(n: float) -> str:
-    """Bytes as MB (GB from a thousand MB)."""
-    return f"{n / 1e6:.1f} MB" if abs(n) < 1e9 else f"{n / 1e9:.2f} GB"
 
 
 @rule("fix-memory-leak", "Stop keeping each step's tensors",
