@@ -136,7 +136,7 @@ def by_arrival(ranks: Sequence[RankSummary], found: Arrivals) -> Straggler | Non
         cause = cause or max(excess, key=lambda p: excess[p])
         if not paced and excess[cause] <= 0:
             continue
-        borne = _borne_out(slow, others, cause, excess[cause], summaries)
+        borne = _borne_out(slow, others, cause, excess[cause], summaries, step_s)
         if borne is None:
             continue
         return _arrival_finding(slow, others, cause, excess, excess_s, more, count, paced, borne, baseline, step_s,
@@ -145,11 +145,13 @@ def by_arrival(ranks: Sequence[RankSummary], found: Arrivals) -> Straggler | Non
 
 
 def _borne_out(slow: RankArrival, others: Sequence[RankArrival], cause: str, excess_s: float,
-               summaries: dict[int, RankSummary]) -> str | None:
-    """Whether a rank's extra work in ``cause`` over three profiled steps holds beyond them (words that say how), or
-    None. Where the other ranks' steady time in that phase holds none of their wait for it (DDP's data loading,
-    forward, optimizer), its steady steps, the whole run's, show it too: ``STRAGGLER_STEADY_SHARE`` of the step more
-    in that phase than the others'. Where it does, their phase and its come out alike and cannot tell: DDP's
+               summaries: dict[int, RankSummary], step_s: float) -> str | None:
+    """Whether a rank's extra work in ``cause`` over three profiled steps holds beyond them and beyond its pace (words
+    that say how), or None. Where the other ranks' steady time in that phase holds none of their wait for it (DDP's
+    data loading, forward, optimizer), its steady steps, the whole run's, show it too: ``STRAGGLER_STEADY_SHARE`` of
+    the step more in that phase than the others'; and its profiled work in that phase exceeds what its pace in its
+    other phases predicts by ``STRAGGLER_BEYOND_PACE`` of the step (a rank on a slower or shared core is slower in
+    every phase alike, the whole run long). Where it does, their phase and its come out alike and cannot tell: DDP's
     backward (the steps' hooks time ``loss.backward()``, which returns once the last bucket is reduced), work outside
     the named phases, a phase with collectives inside (FSDP's forward, whose all-gathers the others wait in). Then
     it must arrive last at the collectives in every profiled step, as extra work before them makes it."""
@@ -159,13 +161,21 @@ def _borne_out(slow: RankArrival, others: Sequence[RankArrival], cause: str, exc
         if last < len(slow.late_s):
             return None
         return f"it arrives last at the collectives in every one of the {last} profiled steps"
+    theirs_own = {p: statistics.median(a.own_phases_s[p] for a in others) for p in PHASES}
+    rest_mine = sum(v for p, v in slow.own_phases_s.items() if p != cause)
+    rest_theirs = sum(v for p, v in theirs_own.items() if p != cause)
+    pace = min(2.0, max(0.5, rest_mine / rest_theirs)) if rest_theirs > 0 else 1.0
+    beyond = slow.own_phases_s[cause] - pace * theirs_own[cause]
+    if beyond < th.STRAGGLER_BEYOND_PACE * step_s:
+        return None
     steady = [summaries[a.rank] for a in others]
     mine = _phase_s(summaries[slow.rank], cause)
     theirs = statistics.median(_phase_s(r, cause) for r in steady)
     job_s = statistics.median(r.median_s for r in (summaries[slow.rank], *steady))
     if job_s <= 0 or mine - theirs < th.STRAGGLER_STEADY_SHARE * job_s:
         return None
-    return (f"over the run's steady steps too its {_phase_words(cause)} takes {(mine - theirs) * 1e3:.1f} ms more "
+    return (f"{beyond * 1e3:.1f} ms more than its pace in its other phases ({pace:.2f}x the other ranks') predicts; "
+            f"over the run's steady steps too its {_phase_words(cause)} takes {(mine - theirs) * 1e3:.1f} ms more "
             f"than the other ranks' ({mine * 1e3:.1f} ms against {theirs * 1e3:.1f} ms, of a "
             f"{job_s * 1e3:.1f} ms median step)")
 
