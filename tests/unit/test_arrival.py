@@ -179,7 +179,7 @@ def test_a_stragglers_extra_work_in_one_phase_shows_against_its_pace_on_a_faster
                      clock="shared")
     late = straggler([steady(0, forward_s=0.020), steady(1, forward_s=0.0272)], found)
     # then its forward is 27.2 ms where its pace in the other phases, 35.7 / 42 = 0.85, predicts 0.85 x 20 = 17 ms:
-    # 10.2 ms more, over a tenth of the 80 ms step (8 ms), in 3 of 3 steps
+    # 10.2 ms more, over 12% of the 80 ms step (9.6 ms), in 3 of 3 steps
     assert late is not None and (late.rank, late.cause) == (1, "forward")
     assert late.late_s == pytest.approx(0.0102)
     assert "than its pace in its other phases, set against the other ranks', predicts" in late.evidence[0]
@@ -237,7 +237,7 @@ def test_a_rank_late_in_backward_must_arrive_last_in_every_profiled_step() -> No
 
 
 def test_a_rank_slower_in_every_phase_alike_is_no_straggler_by_its_phases() -> None:
-    # given rank 1 10% slower in every phase (a shared core): 6.2 ms more a step, under a tenth of the step
+    # given rank 1 10% slower in every phase (a shared core): 6.2 ms more a step, under 12% of the step
     found = Arrivals((paced(0, 1.0), paced(1, 1.1)), steps=3, collectives=6, own_s=0.002, clock="shared")
     # then no phase stands out against its pace: no straggler, though its steady forward is 2 ms longer too
     assert straggler([steady(0, forward_s=0.020), steady(1, forward_s=0.022)], found) is None
