@@ -512,11 +512,18 @@ class Communication:
     """Each collective of the profiled steps, in the order it was issued (at most ``MAX_CALLS``)."""
     profiled_steps: tuple[ProfiledStep, ...] = ()
     """The profiled steps, with their phases."""
+    least_own_s: float | None = None
+    """In a job's merged record: the least any rank sat idle a step on the collectives' own work (its ``exposed_s``
+    less its wait for later ranks). The collectives end together on every rank; a rank idle longer after the last
+    arrival was waiting to run again (its core busy with another process), which is no part of the communication.
+    Null in a rank's own record and in older records."""
 
     @property
     def own_exposed_s(self) -> float:
-        """Seconds a step the step waited on the collectives' own work: ``exposed_s`` less the wait for late ranks."""
-        return max(0.0, self.exposed_s - (self.waiting_s or 0.0))
+        """Seconds a step the step waited on the collectives' own work: ``exposed_s`` less the wait for late ranks,
+        no more than any rank of the job waited on it (``least_own_s``)."""
+        own = max(0.0, self.exposed_s - (self.waiting_s or 0.0))
+        return min(own, self.least_own_s) if self.least_own_s is not None else own
 
     @property
     def share(self) -> float:

@@ -45,8 +45,9 @@ def combine(records: Sequence[RunRecord]) -> RunRecord:
     critical = records[ranks.index(shown)]
     comm = _communication(critical)
     if comm is not None and shown in waits:  # of its wait on collectives, what was waiting for a later rank
+        least = min(max(0.0, a.exposed_s - a.waiting_s) for a in found.ranks) if found is not None else None
         critical = dataclasses.replace(critical, op_profile=dataclasses.replace(
-            critical.op_profile, communication=dataclasses.replace(comm, waiting_s=waits[shown])))
+            critical.op_profile, communication=dataclasses.replace(comm, waiting_s=waits[shown], least_own_s=least)))
     notes = (f"a {world}-rank job: the figures below are rank {shown}'s "
              f"({'the straggler' if late else 'the lowest rank present'}); every rank is in the Ranks section",
              *_tightest_memory(summaries, shown))

@@ -176,6 +176,10 @@ def comm_wait_text(comm: Communication, median_s: float) -> str:
     if comm.waiting_s:
         text += (f"; another {comm.waiting_s * 1e3:.1f} ms a step it waits for a later rank to arrive, which is "
                  "imbalance, not communication")
+    beyond = comm.exposed_s - (comm.waiting_s or 0.0) - comm.own_exposed_s
+    if beyond > 0:
+        text += (f"; {beyond * 1e3:.1f} ms more it sat idle after them than the rank that waited least on them, "
+                 "waiting to run again, not communicating")
     return text
 
 

@@ -129,6 +129,22 @@ def test_a_job_held_back_by_one_rank_is_advised_to_balance_it_not_to_send_less()
     assert waiting.waiting_s == pytest.approx(0.012) and waiting.profiled_step_s == pytest.approx(0.06)
 
 
+def test_a_rank_idle_after_the_collectives_end_waits_to_run_again_it_does_not_communicate() -> None:
+    # given rank 1, 12 ms late, whose thread runs again 10 ms after the last bucket's all-reduce ended (its core busy
+    # with another process): idle 44 -> 56 ms, where rank 0, which waited for it from 32 ms, ran again at 46 ms
+    late = ddp_rank(12_000)
+    calls = tuple(dataclasses.replace(c, end_us=c.end_us + 10_000, idle=((c.idle[0][0], c.idle[0][1] + 10_000,
+                                                                          "other"),)) if c.idle else c
+                  for c in late.calls)
+    late = dataclasses.replace(late, calls=calls, exposed_s=late.exposed_s + 0.010)
+    job = merge_ranks([job_rank(0, ddp_rank(0)), job_rank(1, late)])
+    comm = job.op_profile.communication
+    # then the job's collectives took 2 ms of their own a step, as rank 0 saw them (its 14 ms idle less its 12 ms
+    # wait), not rank 1's 12: no advice to send less
+    assert comm.least_own_s == pytest.approx(0.002) and comm.own_exposed_s == pytest.approx(0.002)
+    assert "reduce-communication" not in [r.id for r in job.recommendations]
+
+
 def test_a_wait_for_a_late_rank_is_not_communication() -> None:
     # given: 36 ms a step idle inside collectives of a 60 ms step, 30 of them waiting for a later rank
     comm = Communication(calls_per_step=2, comm_s=0.04, exposed_s=0.036, backend="gloo", step_s=0.06,
