@@ -12,6 +12,7 @@ machine, and whichever rank drew the worst luck has the most own work.
     python benchmarks/straggler_noise.py                       # 5 jobs of each kind, 2 busy processes
     python benchmarks/straggler_noise.py --jobs 3 --load 0 --kinds balanced,backward
     python benchmarks/straggler_noise.py --load 0 --parallel 3 --threads 1 --kinds balanced   # as CI's slow tier
+    python benchmarks/straggler_noise.py --merge-again KEPT --out OUT.json    # kept jobs, judged by this gpuscope
 
 Figures: benchmarks/README.md ("Stragglers and noise"); raw: benchmarks/results/straggler-noise-2cpu.json.
 """
@@ -54,6 +55,11 @@ def job(out: Path, *args: str, threads: int | None = None) -> dict:
     subprocess.run([sys.executable, "-m", "gpuscope", "run", "--nproc-per-node", "2", "-o", str(out), "-q",
                     "--no-probes", str(DDP_SAMPLE), "--steps", "24", *args], check=True, capture_output=True,
                    env=env)
+    return found_in(out)
+
+
+def found_in(out: Path) -> dict:
+    """What a job's merged record (``out/run.json``) says of stragglers, communication and each rank."""
     record = json.loads((out / "run.json").read_text())
     found = record.get("straggler")
     comm = (record.get("op_profile") or {}).get("communication") or {}
@@ -89,7 +95,12 @@ def main() -> None:
                         help="jobs run at a time (CI's slow tier runs three tests at a time)")
     parser.add_argument("--threads", type=int, help="each rank's intra-op threads (OMP_NUM_THREADS; CI's: 1)")
     parser.add_argument("--keep", type=Path, help="keep the jobs' folders here (to merge again: gpuscope report)")
+    parser.add_argument("--merge-again", type=Path, metavar="DIR",
+                        help="run no job: merge the jobs kept in DIR (--keep) again with this gpuscope and judge them")
     args = parser.parse_args()
+    if args.merge_again:
+        merge_again(args.merge_again, args.out)
+        return
     kinds = args.kinds.split(",")
     burners = [multiprocessing.Process(target=_burn, daemon=True) for _ in range(args.load)]
     for b in burners:
@@ -118,6 +129,21 @@ def main() -> None:
               f"(load: {args.load} busy processes, {args.parallel} jobs at a time)")
     Path(args.out).write_text(json.dumps({"load_processes": args.load, "parallel": args.parallel,
                                           "threads": args.threads, **results}, indent=1) + "\n")
+
+
+def merge_again(folder: Path, out: str) -> None:
+    """Each kept job (``KIND-N``) merged again from its ranks' records (``gpuscope report``) and judged, as a change
+    to the analysis is checked on the same jobs."""
+    results: dict[str, list[dict]] = {}
+    for path in sorted(p for p in folder.iterdir() if (p / "rank-0").is_dir()):
+        kind = path.name.rsplit("-", 1)[0]
+        subprocess.run([sys.executable, "-m", "gpuscope", "report", str(path)], check=True, capture_output=True)
+        found = found_in(path)
+        found["right"] = right(kind, found)
+        results.setdefault(kind, []).append(found)
+    for kind, found in results.items():
+        print(f"{kind}: right in {sum(r['right'] for r in found)} of {len(found)} (merged again from {folder})")
+    Path(out).write_text(json.dumps({"merged_again": str(folder), **results}, indent=1) + "\n")
 
 
 if __name__ == "__main__":
