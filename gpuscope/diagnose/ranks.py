@@ -163,10 +163,7 @@ def _borne_out(slow: RankArrival, others: Sequence[RankArrival], cause: str, exc
             return None
         return f"it arrives last at the collectives in every one of the {last} profiled steps"
     theirs_own = {p: statistics.median(a.own_phases_s[p] for a in others) for p in PHASES}
-    rest_mine = sum(v for p, v in slow.own_phases_s.items() if p != cause)
-    rest_theirs = sum(v for p, v in theirs_own.items() if p != cause)
-    pace = min(2.0, max(0.5, rest_mine / rest_theirs)) if rest_theirs > 0 else 1.0
-    beyond = slow.own_phases_s[cause] - pace * theirs_own[cause]
+    pace, beyond = _beyond_pace(slow.own_phases_s, theirs_own, cause)
     if beyond < th.STRAGGLER_BEYOND_PACE * step_s:
         return None
     steady = [summaries[a.rank] for a in others]
@@ -242,18 +239,21 @@ def _concentrated(timed: Sequence[RankArrival], step_s: float) -> tuple[RankArri
         theirs_by_step = [{p: statistics.median(a.own_phase_steps_s[s][p] for a in others) for p in PHASES}
                           for s in range(count)]
         for phase in PACED_PHASES:
-            residuals = []
-            for s in range(count):
-                mine, theirs = rank.own_phase_steps_s[s], theirs_by_step[s]
-                rest_mine = sum(v for p, v in mine.items() if p != phase)
-                rest_theirs = sum(v for p, v in theirs.items() if p != phase)
-                pace = min(2.0, max(0.5, rest_mine / rest_theirs)) if rest_theirs > 0 else 1.0
-                residuals.append(mine[phase] - pace * theirs[phase])
+            residuals = [_beyond_pace(rank.own_phase_steps_s[s], theirs_by_step[s], phase)[1] for s in range(count)]
             excess_s, more = statistics.median(residuals), sum(r > 0 for r in residuals)
             if (excess_s >= th.STRAGGLER_ARRIVAL_SHARE * step_s and more >= th.STRAGGLER_LAST_STEPS * count
                     and (best is None or excess_s > best[2])):
                 best = rank, phase, excess_s, more
     return best
+
+
+def _beyond_pace(mine: dict[str, float], theirs: dict[str, float], phase: str) -> tuple[float, float]:
+    """A rank's pace (its work in the phases other than ``phase`` over the other ranks', held to 0.5-2x), and how far
+    its work in ``phase`` exceeds theirs at that pace: its own extra work there, a slower core taken out."""
+    rest_mine = sum(v for p, v in mine.items() if p != phase)
+    rest_theirs = sum(v for p, v in theirs.items() if p != phase)
+    pace = min(2.0, max(0.5, rest_mine / rest_theirs)) if rest_theirs > 0 else 1.0
+    return pace, mine[phase] - pace * theirs[phase]
 
 
 def _phase_words(phase: str) -> str:
