@@ -4,7 +4,8 @@ slowed (it must name none), and with rank 1 about 12 ms late a step in data (its
 forward (a forward hook), in backward (a gradient hook: the lateness sits inside backward, before the last bucket's
 all-reduce) and in the optimizer (a step pre-hook): it must name rank 1 and that phase, and advise no
 ``reduce-communication``. Then a job that is communication-bound for real (``--comm-heavy``: a wide model at batch
-size 2), which must still be called so, with that advice.
+size 2) and one of many small all-reduces (``--comm-many``: 48 narrow layers, 10 kB buckets), which must still
+be called so, with that advice.
 
 The load is busy processes beside the job, one per core by default: every rank's steps then vary, as on a shared
 machine, and whichever rank drew the worst luck has the most own work.
@@ -38,6 +39,7 @@ KINDS = {
     "backward": (("--straggler-rank", "1", "--straggler-in", "backward", "--straggler-ms", "12"), "backward"),
     "optimizer": (("--straggler-rank", "1", "--straggler-in", "optimizer", "--straggler-ms", "12"), "optimizer"),
     "comm-heavy": (("--comm-heavy",), None),
+    "comm-many": (("--comm-many",), None),
 }
 """Each kind of job: the sample's arguments, and the phase rank 1 must be named late in (None: no straggler). Data:
 0.2 ms of sleep an item, 64 items a batch, about 13 ms a step (more, as a sleep overshoots); the others 12 ms of
@@ -80,7 +82,7 @@ def right(kind: str, found: dict) -> bool:
     with its advice only where the collectives themselves take the time."""
     phase = KINDS[kind][1]
     named = found["straggler"] is None if phase is None else (found["straggler"] == 1 and found["cause"] == phase)
-    if kind == "comm-heavy":
+    if kind in ("comm-heavy", "comm-many"):
         return named and found["bound"] == "communication" and "reduce-communication" in found["advice"]
     return named and "reduce-communication" not in found["advice"]
 

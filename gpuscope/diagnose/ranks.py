@@ -137,7 +137,8 @@ def by_arrival(ranks: Sequence[RankSummary], found: Arrivals) -> Straggler | Non
         cause = cause or max(excess, key=lambda p: excess[p])
         if not paced and excess[cause] <= 0:
             continue
-        borne = _borne_out(slow, others, cause, excess[cause], summaries, step_s)
+        borne = _borne_out(slow, others, cause, excess[cause], summaries, step_s,
+                           None if paced else baseline[slow.rank])
         if borne is None:
             continue
         return _arrival_finding(slow, others, cause, excess, excess_s, more, count, paced, borne, baseline, step_s,
@@ -146,7 +147,7 @@ def by_arrival(ranks: Sequence[RankSummary], found: Arrivals) -> Straggler | Non
 
 
 def _borne_out(slow: RankArrival, others: Sequence[RankArrival], cause: str, excess_s: float,
-               summaries: dict[int, RankSummary], step_s: float) -> str | None:
+               summaries: dict[int, RankSummary], step_s: float, each_step_s: Sequence[float] | None) -> str | None:
     """Whether a rank's extra work in ``cause`` over three profiled steps holds beyond them and beyond its pace (words
     that say how), or None. Where the other ranks' steady time in that phase holds none of their wait for it (DDP's
     data loading, forward, optimizer), its steady steps, the whole run's, show it too: ``STRAGGLER_STEADY_SHARE`` of
@@ -155,13 +156,18 @@ def _borne_out(slow: RankArrival, others: Sequence[RankArrival], cause: str, exc
     every phase alike, the whole run long). Where it does, their phase and its come out alike and cannot tell: DDP's
     backward (the steps' hooks time ``loss.backward()``, which returns once the last bucket is reduced), work outside
     the named phases, a phase with collectives inside (FSDP's forward, whose all-gathers the others wait in). Then
-    it must arrive last at the collectives in every profiled step, as extra work before them makes it."""
+    the profiled steps must bear it out each one: it arrives last at the collectives in every one, as extra work
+    before them makes it, and its whole step's excess (``each_step_s``, where found by it) is in every one at least
+    ``STRAGGLER_EVERY_STEP`` of the step (a slow core's lateness comes and goes)."""
     waits = statistics.median(a.waiting_by_phase.get(cause, 0.0) for a in others)
     if cause in ("backward", "other") or waits >= max(excess_s, 0.0) / 2:
         last = sum(x > 0 for x in slow.late_s)
         if last < len(slow.late_s):
             return None
-        return f"it arrives last at the collectives in every one of the {last} profiled steps"
+        if each_step_s is not None and min(each_step_s) < th.STRAGGLER_EVERY_STEP * step_s:
+            return None
+        least = f", and does at least {min(each_step_s) * 1e3:.1f} ms more in each" if each_step_s is not None else ""
+        return f"it arrives last at the collectives in every one of the {last} profiled steps{least}"
     theirs_own = {p: statistics.median(a.own_phases_s[p] for a in others) for p in PHASES}
     pace, beyond = _beyond_pace(slow.own_phases_s, theirs_own, cause)
     if beyond < th.STRAGGLER_BEYOND_PACE * step_s:

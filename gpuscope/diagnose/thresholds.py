@@ -238,6 +238,13 @@ optimizer were 9.3-36.4% of the step beyond their pace; a balanced job's rank na
 slower in its other phases, 3.7% (benchmarks/straggler_noise.py). Not used for backward, where the gradient
 all-reduces' threads take the ranks' cores unevenly (stragglers there ranged from -4% to 16%)."""
 
+STRAGGLER_EVERY_STEP = 0.08
+"""...and where the steady steps cannot bear it out (DDP's backward, whose wait the others' steady backward holds),
+its whole step's excess is at least this share of the step in every profiled step, two thirds of
+``STRAGGLER_ARRIVAL_SHARE``: extra work is there every step, a slow core's lateness comes and goes. On the 2-core
+machine 13 ranks slowed by 12 ms in backward were 9.5-20% over in their least step; balanced jobs named late in
+backward 2.8% (run alone in CI: 2.8, 14.4, 23.7%), 6.6% and 11.2% (benchmarks/straggler_noise.py)."""
+
 STRAGGLER_STEADY_SHARE = 0.06
 """...and, where the other ranks do not wait in the phase that holds its extra work, the run's steady steps show that
 phase longer on it too, by half ``STRAGGLER_ARRIVAL_SHARE``: three profiled steps of bad luck are not the run. On the

@@ -239,6 +239,32 @@ def test_a_rank_slower_in_every_phase_the_whole_run_is_no_straggler_by_its_large
     assert straggler([steady(0, forward_s=0.040), steady(1, forward_s=0.052)], found) is None
 
 
+def test_a_rank_late_in_backward_must_be_late_by_enough_in_every_profiled_step() -> None:
+    # given rank 1 arriving last in every profiled step of 50 ms, its own work 1.4, 7.2 and 11.9 ms over rank 0's
+    # (a core that slowed as the window went on, as a balanced job run alone in CI showed), all of it in backward
+    def rank(r: int, extra: tuple[float, ...]) -> RankArrival:
+        steps = tuple({"data_wait": 0.002, "forward": 0.010, "backward": 0.020 + x, "optimizer": 0.003, "other": 0.0}
+                      for x in extra)
+        mean = {p: sum(s[p] for s in steps) / len(steps) for p in steps[0]}
+        return RankArrival(rank=r, late_s=tuple(0.005 if r else -0.005 for _ in extra),
+                           own_steps_s=tuple(sum(s.values()) for s in steps), waiting_s=0.0,
+                           waiting_by_phase=dict.fromkeys(mean, 0.0), own_phases_s=mean, cpu_wait_s=None,
+                           exposed_s=0.0, step_s=0.050, own_phase_steps_s=steps)
+
+    ranks = [RankSummary(rank=r, steps=20, median_s=0.05) for r in (0, 1)]
+    uneven = Arrivals((rank(0, (0, 0, 0)), rank(1, (0.0014, 0.0072, 0.0119))), steps=3, collectives=6, own_s=0.002,
+                      clock="shared")
+    # then its median, 7.2 ms, is over 12% of the step, but its least step, 1.4 ms, is under 8% (4 ms): not named
+    assert straggler(ranks, uneven) is None
+    # while 7 ms more in each step is
+    even = Arrivals((rank(0, (0, 0, 0)), rank(1, (0.007, 0.007, 0.007))), steps=3, collectives=6, own_s=0.002,
+                    clock="shared")
+    late = straggler(ranks, even)
+    assert late is not None and late.cause == "backward"
+    assert "arrives last at the collectives in every one of the 3 profiled steps, and does at least 7.0 ms more in " \
+           "each" in late.evidence[1]
+
+
 def test_a_rank_late_in_backward_must_arrive_last_in_every_profiled_step() -> None:
     # given rank 1 with 12 ms more backward in each profiled step, but arriving after rank 0 in two steps of three:
     # the others' steady backward holds their wait for it (loss.backward() returns once the last bucket is reduced)
