@@ -83,9 +83,10 @@ def test_a_few_measured_steps_get_one_step_windows_a_trace_a_speed_of_light_and_
     assert (record["op_profile"]["window"]["first_step"], record["op_profile"]["window"]["last_step"]) == (2, 2)
     assert (run.run_dir / "trace.json").is_file()
     assert record["speed_of_light"]["step"] == 3
-    # and the verdict comes from the steps left (4 and 5), with the evidence saying how thin it is
-    assert record["steps"]["count"] == 2 and record["verdict"]["bound"] != "inconclusive"
-    assert record["verdict"]["evidence"][0].startswith("thin evidence")
+    # and the verdict comes from the steps left (4 and 5), with the evidence saying how thin it is (whichever it is:
+    # under CI's three tests at a time it was once inconclusive, launch-bound and compute-bound not told apart)
+    assert record["steps"]["count"] == 2
+    assert record["verdict"]["evidence"][0].startswith("thin evidence: only 2 steady-state steps were measured")
 
 
 def test_a_job_killed_after_its_window_keeps_a_complete_record(tmp_path: Path) -> None:
