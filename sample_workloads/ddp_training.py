@@ -11,8 +11,9 @@ gloo on CPU, NCCL on GPUs. Flags that make the classic multi-process problems ha
   sequence lengths or a slower device would make it): the others wait for it inside the all-reduce.
 - ``--comm-heavy``: a wide model (about 17M parameters, 67 MB of gradients) at batch size 2: each step's all-reduce
   of the gradients costs more than the arithmetic. Fix: larger batches or gradient accumulation (``no_sync``).
-- ``--comm-many``: a deep, narrow model (48 layers 64 wide) at batch size 2, its gradients in buckets of 10 kB:
-  about a hundred small all-reduces a step, each paying the collective's fixed latency, for little arithmetic.
+- ``--comm-many``: a deep, narrow model (48 layers 8 wide) at batch size 2, each parameter's gradient a bucket of
+  its own: about a hundred small all-reduces a step, each paying the collective's fixed latency, for little
+  arithmetic.
   Fix: fewer, larger buckets (``bucket_cap_mb``), larger batches or gradient accumulation.
 - ``--die-rank R --die-at-step K``: rank R is killed (SIGKILL, as the OOM killer does) at step K.
 """
@@ -61,7 +62,7 @@ def main():
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--comm-heavy", action="store_true", help="a wide model at batch size 2")
     parser.add_argument("--comm-many", action="store_true",
-                        help="a deep narrow model at batch size 2, its gradients in about a hundred small buckets")
+                        help="a deep narrow model at batch size 2, each parameter's gradient a bucket of its own")
     parser.add_argument("--straggler-rank", type=int, default=None)
     parser.add_argument("--straggler-ms", type=float, default=0.3,
                         help="per item (data) or per step (--straggler-in), on the straggler rank")
@@ -81,7 +82,7 @@ def main():
     if args.comm_heavy:
         width, depth, batch = 2048, 4, 2
     elif args.comm_many:
-        width, depth, batch, bucket_mb = 64, 48, 2, 0.01
+        width, depth, batch, bucket_mb = 8, 48, 2, 1e-5
     else:
         width, depth, batch = 512, 4, args.batch_size
     model = nn.Sequential(*[layer for _ in range(depth) for layer in (nn.Linear(width, width), nn.ReLU())],

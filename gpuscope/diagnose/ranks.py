@@ -50,7 +50,7 @@ def combine(records: Sequence[RunRecord]) -> RunRecord:
             critical.op_profile, communication=dataclasses.replace(comm, waiting_s=waits[shown], least_own_s=least)))
     notes = (f"a {world}-rank job: the figures below are rank {shown}'s "
              f"({'the straggler' if late else 'the lowest rank present'}); every rank is in the Ranks section",
-             *_tightest_memory(summaries, shown))
+             *(() if late or found is None else late_for_a_core(found)), *_tightest_memory(summaries, shown))
     return dataclasses.replace(
         critical,
         exit_status=max((r.exit_status for r in records), key=abs),
@@ -65,16 +65,37 @@ def _communication(record: RunRecord) -> Communication | None:
     return record.op_profile.communication if record.op_profile is not None else None
 
 
+def late_for_a_core(found: Arrivals) -> tuple[str, ...]:
+    """A note where, no straggler named, one rank arrived last at the collectives in every profiled step and the
+    others' wait for it (``STRAGGLER_EVERY_STEP`` of the step or more) was its wait for a CPU, not its own work: the
+    machine's cores held it back (a core shared with another process; more threads than cores)."""
+    last = [a for a in found.ranks if a.late_s and min(a.late_s) > 0]
+    others = [a for a in found.ranks if a not in last]
+    if len(last) != 1 or not others or last[0].cpu_wait_s is None:
+        return ()
+    rank = last[0]
+    waited = statistics.median(a.waiting_s for a in others)
+    more_cpu_wait = rank.cpu_wait_s - statistics.median(a.cpu_wait_s or 0.0 for a in others)
+    if waited < th.STRAGGLER_EVERY_STEP * rank.step_s or more_cpu_wait < waited / 2:
+        return ()
+    return (f"rank {rank.rank} arrived last at the collectives in every profiled step ("
+            f"{min(rank.late_s) * 1e3:.0f}-{max(rank.late_s) * 1e3:.0f} ms after the others), with no more work of "
+            f"its own than theirs: its training thread waited for a CPU {rank.cpu_wait_s * 1e3:.1f} ms a step, "
+            f"{more_cpu_wait * 1e3:.1f} ms more than theirs. The others' {waited * 1e3:.1f} ms a step waiting for it "
+            "is the machine's (a core shared with another process, or more threads than cores), not its work",)
+
+
 def _tightest_memory(summaries: Sequence[RankSummary], shown: int) -> tuple[str, ...]:
-    """A note where a rank other than the one shown has the least room under its memory limit: the job's memory
-    figures are the shown rank's, and the first to run out is that other one."""
+    """A note where a rank other than the one shown has the least room under its memory limit, a tenth less than
+    the shown rank's or more: the job's memory figures are the shown rank's, and the first to run out is that other
+    one."""
     known = [s for s in summaries if s.memory_headroom_bytes is not None]
     if len(known) < 2:
         return ()
     tightest = min(known, key=lambda s: s.memory_headroom_bytes)  # type: ignore[arg-type, return-value]
     mine = next((s.memory_headroom_bytes for s in known if s.rank == shown), None)
-    if tightest.rank == shown or mine is None or tightest.memory_headroom_bytes == mine:
-        return ()
+    if tightest.rank == shown or mine is None or tightest.memory_headroom_bytes > 0.9 * mine:
+        return ()  # ranks that differ by less than a tenth of their room: any could be the first to run out
     return (f"rank {tightest.rank} has the least memory to spare, {mb(tightest.memory_headroom_bytes)} under its "
             f"limit against rank {shown}'s {mb(mine)}: its memory section is in rank-{tightest.rank}/",)
 

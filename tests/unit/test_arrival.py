@@ -12,6 +12,7 @@ from gpuscope.diagnose import analyze
 from gpuscope.diagnose.arrival import Arrivals, RankArrival, arrivals
 from gpuscope.diagnose.classify import classify
 from gpuscope.diagnose.ranks import straggler
+from gpuscope.diagnose.ranks import late_for_a_core
 from gpuscope.diagnose.ranks import combine
 from gpuscope.diagnose.rules.communication import balance_ranks, reduce_communication
 from gpuscope.record import (Breakdown, CollectiveCall, Communication, Distributed, OpProfile, ProfiledStep,
@@ -143,6 +144,26 @@ def test_a_rank_idle_after_the_collectives_end_waits_to_run_again_it_does_not_co
     # wait), not rank 1's 12: no advice to send less
     assert comm.least_own_s == pytest.approx(0.002) and comm.own_exposed_s == pytest.approx(0.002)
     assert "reduce-communication" not in [r.id for r in job.recommendations]
+
+
+def test_a_rank_kept_late_by_its_core_is_said_to_be_the_machines_not_a_straggler() -> None:
+    # given rank 1 arriving 12 ms after rank 0 at the last bucket every step, its thread having waited 13 ms a step
+    # for a CPU (rank 0: 1 ms): its own work is rank 0's, as on a core shared with another process
+    def waiting_for_cpu(comm: Communication, cpu_wait_s: float) -> Communication:
+        steps = tuple(dataclasses.replace(s, cpu_wait_s=cpu_wait_s) for s in comm.profiled_steps)
+        return dataclasses.replace(comm, profiled_steps=steps)
+
+    job = merge_ranks([job_rank(0, waiting_for_cpu(ddp_rank(0), 0.001)),
+                       job_rank(1, waiting_for_cpu(ddp_rank(12_000), 0.013))])
+    # then no straggler, and the others' 12 ms wait is put down to the machine, with the figures it rests on
+    assert job.straggler is None
+    assert ("rank 1 arrived last at the collectives in every profiled step (12-12 ms after the others), with no more "
+            "work of its own than theirs: its training thread waited for a CPU 13.0 ms a step, 12.0 ms more than "
+            "theirs. The others' 12.0 ms a step waiting for it is the machine's") in " ".join(job.meta.notes)
+    # where its CPU wait is the others' (its lateness is its own work: a straggler), or unmeasured, no such note
+    for cpu_wait_s in (0.001, None):
+        found = arrivals({0: waiting_for_cpu(ddp_rank(0), 0.001), 1: waiting_for_cpu(ddp_rank(12_000), cpu_wait_s)})
+        assert found is not None and late_for_a_core(found) == ()
 
 
 def test_a_wait_for_a_late_rank_is_not_communication() -> None:

@@ -136,6 +136,9 @@ def test_each_ranks_memory_is_in_the_job_and_the_rank_with_least_to_spare_is_nam
     even = merge_ranks([ranks[0], dataclasses.replace(ranks[1], memory=ranks[0].memory)])
     assert not any("least memory" in note for note in even.meta.notes)
     assert not any("least memory" in note for note in merge_ranks([ranks[0], rank_record(1, 2, 0.01)]).meta.notes)
+    # nor where their room differs by less than a tenth (2% here: any of them could be the first to run out)
+    close = dataclasses.replace(ranks[1], memory=Memory(peak_bytes=510_000_000, headroom_bytes=490_000_000))
+    assert not any("least memory" in note for note in merge_ranks([ranks[0], close]).meta.notes)
 
 
 def test_each_ranks_spread_is_its_90th_percentile_step_less_its_10th() -> None:
