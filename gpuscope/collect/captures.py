@@ -9,6 +9,7 @@ numbers and strings: no torch object, no live handle.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from gpuscope.record import CallSite, Loader
 
@@ -82,10 +83,12 @@ class TraceCapture:
 
     ``events`` are the whole trace's ``traceEvents`` (as exported, before ``trace.json`` was capped: the figures
     and the op table are computed from all of them, the cap is about the file) over the recorded steps
-    (``recorded``); ``trace_bytes`` and ``trace_detail`` what the file on disk holds. ``unfinished``: the last
-    recorded step where the run ended inside the window: the script's last lines after its last step, no step."""
+    (``recorded``); None where ``trace.json`` (``path``) is the whole trace, under its cap: the figures are read
+    from the file as a stream, the events never held. ``trace_bytes`` and ``trace_detail`` what the file on disk
+    holds. ``unfinished``: the last recorded step where the run ended inside the window: the script's last lines
+    after its last step, no step."""
 
-    events: list[dict[str, object]]
+    events: list[dict[str, object]] | None
     recorded: tuple[int, ...]
     cuda: bool
     trace_bytes: int
@@ -95,6 +98,8 @@ class TraceCapture:
     """Each recorded step's time the loop's thread ran on a CPU (where the kernel says)."""
     cpu_wait_s: dict[int, float] = field(default_factory=dict)
     """Each recorded step's time the loop's thread was runnable but waiting for a CPU (where the kernel says)."""
+    path: Path | None = None
+    """``trace.json``, where ``events`` are not held."""
 
 
 LOW_PRECISION = ("bfloat16", "float16")

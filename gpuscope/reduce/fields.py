@@ -5,14 +5,16 @@ figures (the steady-state split of the steps, the speed of light against a peak)
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
 from gpuscope.reduce.figures import TraceFigures, trace_figures
-from gpuscope.reduce.optable import OpTable, events_before, op_kind, op_table, window_events
+from gpuscope.reduce.optable import OpTable, events_before, indexed_table, op_kind, op_table, window_events
 from gpuscope.reduce.peaks import gpu_peak_flops
 from gpuscope.reduce.steady import StepSummary, evaluation_passes, summarize_capture
+from gpuscope.reduce.trace import index_file, read_trace
 from gpuscope.collect.captures import CpuPeak, FlopCount, StepCapture, TraceCapture
 from gpuscope.record import AttentionTiming, Losses, OpProfile, SpeedOfLight, Window
 
@@ -97,8 +99,20 @@ def trace_op_profile(capture: TraceCapture, evaluated: set[int] | frozenset[int]
     """torch.profiler's window as figures: the op table, and from every event of the trace the kernel timeline
     (per device), communication and the recorded steps. The op table leaves out the ``evaluated`` steps (a test
     pass between epochs that fell in the window) while some other recorded step is left, and, where the run ended
-    inside the window, the script's last lines after its last step (``unfinished``), which are no step."""
+    inside the window, the script's last lines after its last step (``unfinished``), which are no step. Where the
+    events were not held (``trace.json`` is the whole trace), the file is read as a stream into an index, as
+    ``gpuscope analyze`` reads one; and whole only where steps must be left out of it (rare)."""
     events, recorded = capture.events, capture.recorded
+    if events is None:
+        index, _ = index_file(capture.path)  # type: ignore[arg-type]
+        figures = trace_figures((), index)
+        if not (capture.unfinished in recorded or evaluated.intersection(s.number for s in figures.steps)):
+            table = indexed_table(index.host, index.device, index.names, -math.inf, math.inf, every_device_event=True)
+            return _with_cpu_waits(op_profile(
+                table, Window(recorded[0], recorded[-1]) if recorded else Window(), len(recorded), figures,
+                cuda=capture.cuda, trace_bytes=capture.trace_bytes, trace_detail=capture.trace_detail), capture)
+        del index
+        events = read_trace(capture.path)["traceEvents"]  # type: ignore[arg-type]
     figures = trace_figures(events)
     tail = next((s for s in figures.steps if s.number == capture.unfinished), None)
     if tail is not None and len(recorded) > 1:
@@ -111,12 +125,17 @@ def trace_op_profile(capture: TraceCapture, evaluated: set[int] | frozenset[int]
         events = [e for s in training for e in window_events(events, s.start_us, s.end_us)]
     profile = op_profile(op_table(events), window, len(training) if left_out else len(recorded), figures,
                          cuda=capture.cuda, trace_bytes=capture.trace_bytes, trace_detail=capture.trace_detail)
+    return replace(_with_cpu_waits(profile, capture), evaluated_steps=left_out)
+
+
+def _with_cpu_waits(profile: OpProfile, capture: TraceCapture) -> OpProfile:
+    """Each profiled step's wait for a CPU, beside its phases in the communication figures."""
     comm = profile.communication
-    if comm is not None and capture.cpu_wait_s:  # each profiled step's wait for a CPU, beside its phases
-        comm = replace(comm, profiled_steps=tuple(replace(s, cpu_s=capture.cpu_s.get(s.number),
-                                                          cpu_wait_s=capture.cpu_wait_s.get(s.number))
-                                                  for s in comm.profiled_steps))
-    return replace(profile, evaluated_steps=left_out, communication=comm)
+    if comm is None or not capture.cpu_wait_s:
+        return profile
+    return replace(profile, communication=replace(comm, profiled_steps=tuple(
+        replace(s, cpu_s=capture.cpu_s.get(s.number), cpu_wait_s=capture.cpu_wait_s.get(s.number))
+        for s in comm.profiled_steps)))
 
 
 def op_profile(table: OpTable, window: Window, steps: int, figures: TraceFigures, *, cuda: bool,

@@ -122,9 +122,11 @@ def _table(rows: Mapping[tuple[str, RowKind], list[int]]) -> OpTable:
 
 
 def indexed_table(host: Mapping[Any, HostEvents], device: DeviceEvents, names: Sequence[str], start_us: float,
-                  end_us: float) -> OpTable:
+                  end_us: float, every_device_event: bool = False) -> OpTable:
     """``op_table(window_events(events, start_us, end_us))`` from what a ``TraceIndex`` keeps of the events (its
-    ``host``, ``device`` and ``names``) rather than from the events themselves: the same table, to the last digit."""
+    ``host``, ``device`` and ``names``) rather than from the events themselves: the same table, to the last digit.
+    ``every_device_event``: ``op_table(events)`` of the whole trace, whose device events are rows whichever op
+    launched them (on a GPU, kernels queued by ops before the recording began run inside it)."""
     ids = list(compress(device.ext, device.link))
     device_ns = IdMap(ids, "q", 0, 0)  # External id -> device time of the events carrying it
     launched = IdMap(ids, "b", 1, 0)  # 2: an op of the window has it
@@ -139,7 +141,7 @@ def indexed_table(host: Mapping[Any, HostEvents], device: DeviceEvents, names: S
                     launched[ext] = 2
     rows: dict[tuple[Any, RowKind], list[int]] = {}  # (name index, kind) -> [calls, self host ns, device ns]
     for name, ns, ext, link in zip(device.name, device.dur_ns, device.ext, device.link):
-        if link and launched.get(ext) == 2:
+        if every_device_event or link and launched.get(ext) == 2:
             row = rows.setdefault((name, "device"), [0, 0, 0])
             row[0] += 1
             row[2] += ns

@@ -51,7 +51,7 @@ from gpuscope.reduce.columns import (
     sorted_by,
 )
 from gpuscope.reduce.optable import DEVICE_CATEGORIES, HOST_CATEGORIES, UNLISTED
-from gpuscope.reduce.stream import GZIP_MAGIC, unreadable_as_one_line
+from gpuscope.reduce.stream import GZIP_MAGIC, Progress, TraceStream, unreadable_as_one_line
 
 STEP_PREFIX = "ProfilerStep#"
 LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
@@ -166,6 +166,19 @@ def parse_trace(raw: bytes, where: str) -> dict[str, Any]:
     if not isinstance(data, dict) or not isinstance(data.get("traceEvents"), list):
         raise GpuscopeError(f"{where} is not a torch.profiler trace: it has no traceEvents list")
     return data
+
+
+def index_file(path: Path, progress: Progress | None = None) -> tuple[TraceIndex, dict[str, Any]]:
+    """The trace file at ``path`` read as a stream (``reduce.stream``) into its index, and its other top-level keys:
+    only the index is kept, never the events (``progress``: told how far the reading is)."""
+    stream = TraceStream(path, progress)
+    indexer = Indexer()
+    for batch in stream.batches():
+        if batch is None:  # a later traceEvents replaces the first
+            indexer = Indexer()
+        else:
+            indexer.add(batch)
+    return indexer.finish(), stream.header
 
 
 def index_trace(events: Iterable[Mapping[str, Any]]) -> TraceIndex:

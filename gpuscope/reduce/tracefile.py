@@ -24,8 +24,8 @@ from gpuscope.reduce.figures import TraceFigures, trace_figures
 from gpuscope.reduce.phases import step_phases
 from gpuscope.reduce.optable import OpTable, indexed_table, op_table, window_events
 from gpuscope.reduce.fields import op_profile
-from gpuscope.reduce.stream import Progress, TraceStream
-from gpuscope.reduce.trace import Indexer, StepSpan, TraceIndex, index_trace, recorded_steps
+from gpuscope.reduce.stream import Progress
+from gpuscope.reduce.trace import StepSpan, TraceIndex, index_file, index_trace, recorded_steps
 from gpuscope.record import (
     PHASES,
     Breakdown,
@@ -69,16 +69,9 @@ def record_from_trace(trace: Mapping[str, Any], name: str, size_bytes: int) -> R
 def record_from_file(path: Path, name: str, size_bytes: int, progress: Progress | None = None) -> RunRecord:
     """The record of the trace file at ``path``, read as a stream (``reduce.stream``): only the index is kept, never
     the events (``progress``: told how far the reading is)."""
-    stream = TraceStream(path, progress)
-    indexer = Indexer()
-    for batch in stream.batches():
-        if batch is None:  # a later traceEvents replaces the first
-            indexer = Indexer()
-        else:
-            indexer.add(batch)
-    index = indexer.finish()
+    index, header = index_file(path, progress)
     table = indexed_table(index.host, index.device, index.names, *_window(recorded_steps(index)))
-    return _record(index, trace_figures((), index), table, stream.header, name, size_bytes)
+    return _record(index, trace_figures((), index), table, header, name, size_bytes)
 
 
 def _window(spans: Sequence[StepSpan]) -> tuple[float, float]:

@@ -226,7 +226,7 @@ def test_the_window_ends_without_key_averages_and_lets_the_recorded_events_go(
     assert result.status.status == "ok", result.status
     assert isinstance(result.payload, TraceCapture)
     assert (tmp_path / TRACE_FILE).exists()
-    stats = by_name(list(op_table(result.payload.events).ops))
+    stats = by_name(list(trace_op_profile(result.payload).top_host))
     assert stats["aten::mm"].calls == 2 and stats["aten::relu"].calls == 2
 
 
@@ -297,3 +297,21 @@ def test_a_run_that_ends_inside_the_window_counts_its_last_lines_as_no_step(tmp_
     assert {"aten::mm", "aten::relu"} <= names and "aten::tanh" not in names
     assert profile.ops_per_step == profile.ops
     assert "aten::tanh" in (tmp_path / TRACE_FILE).read_text()
+
+
+GPU = Path(__file__).resolve().parent.parent / "fixtures" / "gpu"
+
+
+@pytest.mark.parametrize("name", ["a100-resnet-ddp-nccl.json.gz", "mi250-rocm-toy.json.gz",
+                                  "cpu-only-collectives.json.gz", "h200/resnet-b96.trace.json.gz",
+                                  "h200/overhead-loop.trace.json.gz"])
+def test_a_trace_under_its_cap_is_read_from_its_file_to_the_same_figures_as_from_its_events(name: str) -> None:
+    # given a recorded trace, as the window leaves it: its events held (a trace over the cap, trace.json cut) or
+    # only its file (under the cap: read after the run as a stream, its events never all in memory at once)
+    path = GPU / name
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    recorded = tuple(s.number for s in trace_figures(events).steps)
+    held, streamed = (TraceCapture(events=kept, path=path, recorded=recorded, cuda="cpu-only" not in name,
+                                   trace_bytes=path.stat().st_size, trace_detail="full") for kept in (events, None))
+    # then the op table, the kernels, the communication and the steps are the same, to the last digit
+    assert trace_op_profile(streamed) == trace_op_profile(held)
