@@ -1,6 +1,7 @@
-"""A job sharded another way than plain DDP, on several nodes (gloo, this CPU): FSDP2's ``fully_shard``, its
-all-gathers measured on each rank, run by two simulated nodes (two torchrun launchers, ``--nnodes 2``, a rendezvous
-on 127.0.0.1) that write into one shared folder, which ``gpuscope report`` merges."""
+"""Jobs sharded or stepped another way than plain DDP (gloo, this CPU): FSDP2's ``fully_shard``, its all-gathers
+measured on each rank, run by two simulated nodes (two torchrun launchers, ``--nnodes 2``, a rendezvous on
+127.0.0.1) that write into one shared folder, which ``gpuscope report`` merges; DDP with gradient accumulation
+(``no_sync()``) and DDP around a ``torch.compile``'d model. (FSDP1 needs an accelerator.)"""
 
 from __future__ import annotations
 
@@ -42,3 +43,38 @@ def test_an_fsdp2_job_on_two_nodes_writes_one_folder_that_report_merges(tmp_path
     # every rank's collectives were matched across the nodes, and each figure is of the same profiled steps
     for rank in record["ranks"]:
         assert 0 <= rank["waiting_s"] <= rank["comm_exposed_s"] <= rank["profiled_step_s"]
+
+
+
+def ddp_job(tmp_path: Path, mode: str) -> dict:
+    """A 2-rank job of ``sharded.py --mode MODE`` under ``gpuscope run --nproc-per-node 2``: its merged record."""
+    job = tmp_path / "job"
+    result = run_gpuscope(["run", "--nproc-per-node", "2", "-o", str(job), "--no-probes", SHARDED,
+                           "--mode", mode, "--steps", "16"], tmp_path, timeout=240)
+    assert result.returncode == 0, result.stderr[-2000:]
+    record = load_run(job)
+    # every rank's 16 optimizer steps, and each figure of the same profiled steps
+    for rank in record["ranks"]:
+        assert load_run(job / f"rank-{rank['rank']}")["steps"]["total"] == 16
+        assert 0 <= rank["waiting_s"] <= rank["comm_exposed_s"] <= rank["profiled_step_s"]
+    return record
+
+
+def test_a_ddp_job_accumulating_gradients_counts_an_optimizer_step_as_its_step(tmp_path: Path) -> None:
+    # given: DDP with two micro-batches a step, the first under model.no_sync() (no all-reduce), 16 optimizer steps
+    record = ddp_job(tmp_path, "ddp-accum")
+    # then: the steps are the optimizer's (16, not the 32 micro-batches), and the all-reduce is issued once a step,
+    # by the micro-batch outside no_sync(), not once a micro-batch
+    comm = record["op_profile"]["communication"]
+    assert {c["kind"] for c in comm["calls"]} == {"all_reduce"} and comm["calls_per_step"] == pytest.approx(1)
+
+
+def test_a_ddp_job_around_a_compiled_model_is_measured_as_one_without_compile(tmp_path: Path) -> None:
+    # given: DDP around torch.compile(model) (the compiled graph calls DDP's hooks; its first step compiles)
+    record = ddp_job(tmp_path, "ddp-compile")
+    # then: its all-reduces are found on each rank, and its first, compiling, step is no steady step
+    comm = record["op_profile"]["communication"]
+    assert {c["kind"] for c in comm["calls"]} == {"all_reduce"} and comm["calls_per_step"] >= 1
+    assert all(rank["comm_s"] > 0 for rank in record["ranks"])
+    sample = record["steps"]["sample"]
+    assert sample["status"][0] == "warmup" and sample["wall_s"][0] > 10 * record["steps"]["median_s"]
