@@ -130,6 +130,8 @@ def gate(s: SpeedUp, max_slower_pct: float) -> Gate:
     if s.low is None or s.high is None or s.spread is None:
         return Gate("cannot tell", max_slower_pct, s.slower_pct, s.slower_pct, s.slower_pct, MIN_STEPS)
     limit = 1 + max_slower_pct / 100
+    # the two-sided interval's ends: each one-sided claim at 97.5%, a margin that busy machines' runs, straying
+    # beyond PROCESS_SPREAD, need (at 95% one-sided, 3 in 12 identical pairs failed: benchmarks/README.md)
     slow_end, fast_end = 1 / s.high, 1 / s.low  # B's step over A's
     decision: Decision = "failed" if slow_end > limit else "passed" if fast_end <= limit else "cannot tell"
     needed = None
