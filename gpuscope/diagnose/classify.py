@@ -87,7 +87,7 @@ def _classify(record: RunRecord) -> Verdict:
         return Verdict(measured.bound, round(measured.confidence * thin_steps.count / (2 * needed), 2),
                        (line, *measured.evidence))
     verdict = _classify_steps(record, needed)
-    if 0 < steps.count < needed and verdict.bound != "inconclusive":
+    if 0 < steps.count < needed:  # an inconclusive one too: its evidence says from how few steps
         return _thin(record, verdict, needed)
     return verdict
 

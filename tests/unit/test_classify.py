@@ -63,6 +63,18 @@ def test_fewer_steady_steps_than_a_median_needs_give_the_verdict_at_a_confidence
     assert verdict.evidence[1] == measured.evidence[0].replace("5 steady-state steps", "3 steady-state steps")
 
 
+def test_an_inconclusive_verdict_from_few_steps_says_how_few_too() -> None:
+    # given 2 steady steps of a CPU run whose launch-bound or compute-bound cannot be told (no calibration)
+    record = make_record(steps=Steps(count=2, median_s=0.0055, total=6, warmup=1, profiled=3),
+                         breakdown=Breakdown(forward=0.4, backward=0.6))
+    # when classified
+    verdict = classify(record)
+    # then the verdict stays inconclusive, and its first line says it rests on 2 steps of the 5 a median needs
+    assert verdict.bound == "inconclusive"
+    assert verdict.evidence[0].startswith("thin evidence: only 2 steady-state steps were measured (6 in all; ")
+    assert "launch-bound or compute-bound cannot be told" in verdict.evidence[1]
+
+
 def _three_long_steps(op_profile: OpProfile | None) -> object:
     """A run of 3 steps of 17 s: step 0 the warm-up, step 1 under cProfile, step 2 under torch.profiler; the
     profiled steps wait 90% (step 1) and 80% (step 2) of their time for data."""

@@ -3,7 +3,6 @@ a CPU shows them: the settings they make, the autocast they enter, the layout th
 
 from __future__ import annotations
 
-import gc
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from conftest import collect_garbage
 from gpuscope.collect.collectors.cprofile import short_path
 from gpuscope.collect.fixes import Applied, StopAfter, TrialStop, apply
 
@@ -53,7 +53,7 @@ def applied() -> Iterator[list[Applied]]:
     for fix in made:
         fix.remove()
     made.clear()
-    gc.collect()
+    collect_garbage()
 
 
 def test_tf32_sets_the_float32_matmul_precision(applied: list[Applied]) -> None:

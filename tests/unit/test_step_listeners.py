@@ -3,7 +3,6 @@ costs those steps no call (the loop's hot path), yet hears of the steps it wants
 
 from __future__ import annotations
 
-import gc
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +12,7 @@ import pytest
 import torch
 import torch.nn as nn
 
+from conftest import collect_garbage
 from gpuscope.collect.collectors.practices import READ_EACH, READ_EVERY, PracticesCollector
 from gpuscope.collect.collectors.steps import StepsCollector
 from gpuscope.collect.steps.loopthread import LoopThread
@@ -24,7 +24,7 @@ def _no_models_left() -> Iterator[None]:
     """The models these tests train are gone before the next test: the steps collector looks for root modules
     among every module alive."""
     yield
-    gc.collect()
+    collect_garbage()
 
 
 def told(schedule: ListenerSchedule, steps: int) -> None:

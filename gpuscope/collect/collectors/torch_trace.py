@@ -310,9 +310,9 @@ def capture_trace(path: Path, max_bytes: int, recorded: Sequence[int] = (), cuda
                   unfinished: int | None = None) -> TraceCapture:
     """The exported trace for the figures: where it is under ``max_bytes`` the file itself, read after the run as a
     stream (parsed whole, a 36 MB trace's events took 198 MB at their peak, streamed 52 MB); else its events, every
-    one, with the file capped: capping is about the file on disk, never about the figures (a capped
-    trace keeps only the first recorded step, and per-step figures divided by every recorded step would shrink by
-    that factor); the op table too is read from the whole trace."""
+    one, with the file capped: capping is about the file on disk, never about the figures (a capped trace keeps
+    only the first recorded step, and per-step figures divided by every recorded step would shrink by that factor);
+    the op table too is read from the whole trace."""
     size = path.stat().st_size
     if size <= max_bytes:
         return TraceCapture(events=None, path=path, recorded=tuple(recorded), cuda=cuda, trace_bytes=size,
