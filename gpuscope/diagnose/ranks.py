@@ -156,7 +156,7 @@ def by_arrival(ranks: Sequence[RankSummary], found: Arrivals) -> Straggler | Non
         others = [a for a in timed if a is not slow]
         excess = {p: slow.own_phases_s[p] - statistics.median(a.own_phases_s[p] for a in others) for p in PHASES}
         cause = cause or max(excess, key=lambda p: excess[p])
-        if not paced and excess[cause] <= 0:
+        if not paced and _cause_share(excess, cause) < th.STRAGGLER_CAUSE_SHARE:
             continue
         borne = _borne_out(slow, others, cause, excess[cause], summaries, step_s,
                            None if paced else baseline[slow.rank])
@@ -210,7 +210,7 @@ def _arrival_finding(slow: RankArrival, others: Sequence[RankArrival], cause: st
                      baseline: dict[int, list[float]], step_s: float, found: Arrivals,
                      summaries: dict[int, RankSummary]) -> Straggler:
     """The straggler finding, its evidence in words."""
-    cause_share = min(1.0, max(0.0, excess[cause]) / (sum(max(0.0, e) for e in excess.values()) or 1.0))
+    cause_share = _cause_share(excess, cause)
     others_wait = statistics.median(a.waiting_s for a in others)
     others_phase = statistics.median(a.own_phases_s[cause] for a in others)
     last = sum(x > 0 for x in slow.late_s)
@@ -241,6 +241,11 @@ def _arrival_finding(slow: RankArrival, others: Sequence[RankArrival], cause: st
                      evidence=evidence, cause_share=cause_share,
                      spread_s=statistics.median(spreads) if spreads else None,  # type: ignore[type-var]
                      others_wait_s=others_wait, arrived_last=last, steps_matched=len(slow.late_s), basis="arrivals")
+
+
+def _cause_share(excess: dict[str, float], cause: str) -> float:
+    """The share of a rank's extra work (summed over the phases where it does more) that lies in ``cause``."""
+    return min(1.0, max(0.0, excess[cause]) / (sum(max(0.0, e) for e in excess.values()) or 1.0))
 
 
 PACED_PHASES = ("data_wait", "forward", "optimizer", "other")

@@ -229,6 +229,14 @@ STRAGGLER_LAST_STEPS = 2 / 3
 """...and does more work than the others in at least two thirds of the profiled steps: step after step, not once
 by bad luck."""
 
+STRAGGLER_CAUSE_SHARE = 0.5
+"""...and at least half its extra work (summed over the phases where it does more) lies in the phase named: a rank
+with work of its own to do has it in one place, one slowed by its core is slower all over. Of 70 ranks slowed by
+12 ms a step in one phase and named, the least held 50.5% of their excess there; CI's timed part, run alone, named a
+balanced job's rank 0 late in backward (6.5 ms, 13% of the step, late in all 3 steps) with 43% of it there
+(benchmarks/straggler_noise.py --merge-again). Not asked where the phase stands out against the rank's own pace
+(``_concentrated``): there its whole step's excess is hidden by a faster core in the rest."""
+
 STRAGGLER_BEYOND_PACE = 0.06
 """...and, in such a phase, its profiled work there exceeds what its pace in its other phases predicts (the other
 ranks' work in that phase times the ratio of its work to theirs in the rest) by this share of the profiled step: a

@@ -286,6 +286,27 @@ def test_a_rank_late_in_backward_must_be_late_by_enough_in_every_profiled_step()
            "each" in late.evidence[1]
 
 
+def test_a_rank_whose_extra_work_lies_mostly_outside_the_phase_named_is_no_straggler() -> None:
+    # given rank 1 arriving last in every profiled step of 50 ms with 6.5 ms more work in each (13% of the step):
+    # 2.8 ms of it in backward, 2.2 ms in forward, 1.5 ms in the optimizer, as a balanced job's rank run alone in CI
+    def rank(r: int, backward: float, forward: float, optimizer: float) -> RankArrival:
+        own = {"data_wait": 0.002, "forward": 0.010 + forward, "backward": 0.020 + backward,
+               "optimizer": 0.003 + optimizer, "other": 0.0}
+        return RankArrival(rank=r, late_s=(0.005 if r else -0.005,) * 3, own_steps_s=(sum(own.values()),) * 3,
+                           waiting_s=0.0, waiting_by_phase=dict.fromkeys(own, 0.0), own_phases_s=own,
+                           cpu_wait_s=None, exposed_s=0.0, step_s=0.050, own_phase_steps_s=(own,) * 3)
+
+    ranks = [RankSummary(rank=r, steps=20, median_s=0.05) for r in (0, 1)]
+    spread = Arrivals((rank(0, 0, 0, 0), rank(1, 0.0028, 0.0022, 0.0015)), steps=3, collectives=6, own_s=0.002,
+                      clock="shared")
+    # then backward, the largest, holds 43% of the extra work, under the half a straggler's one place holds: none
+    assert straggler(ranks, spread) is None
+    # while the same 6.5 ms with 3.5 of it (54%) in backward is one
+    late = straggler(ranks, Arrivals((rank(0, 0, 0, 0), rank(1, 0.0035, 0.0015, 0.0015)), steps=3, collectives=6,
+                                     own_s=0.002, clock="shared"))
+    assert late is not None and late.cause == "backward" and late.cause_share == pytest.approx(3.5 / 6.5)
+
+
 def test_a_rank_late_in_backward_must_arrive_last_in_every_profiled_step() -> None:
     # given rank 1 with 12 ms more backward in each profiled step, but arriving after rank 0 in two steps of three:
     # the others' steady backward holds their wait for it (loss.backward() returns once the last bucket is reduced)
