@@ -82,7 +82,7 @@ def test_a_rank_late_inside_backward_is_named_and_not_mistaken_for_communication
 def test_a_job_of_many_small_all_reduces_is_communication_bound_and_told_to_send_less(tmp_path: Path) -> None:
     # 48 layers 8 wide at batch 2, each parameter's gradient all-reduced on its own: 97 all-reduces a step, each
     # paying gloo's fixed latency, for little arithmetic. Six traced steps, not three: in steps of 50-200 ms the
-    # share over three ranged 0.59-0.80 (quiet and beside 2 busy processes), over six 0.75-0.77 (quiet). 48
+    # share over three ranged 0.59-0.80 (quiet and beside 2 busy processes), over six 0.75-0.77 (quiet, batch 1). 48
     # all-reduces of 64-wide layers, before, were 0.48-0.66 over six and once 0.29 over three (a rank starved of a
     # core, which the others waited for)
     record, _ = ddp_job(tmp_path, "--steps", "24", "--comm-many", options=("--trace-steps", "6"))
