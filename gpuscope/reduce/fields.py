@@ -103,28 +103,30 @@ def trace_op_profile(capture: TraceCapture, evaluated: set[int] | frozenset[int]
     events were not held (``trace.json`` is the whole trace), the file is read as a stream into an index, as
     ``gpuscope analyze`` reads one; and whole only where steps must be left out of it (rare)."""
     events, recorded = capture.events, capture.recorded
+    left_out: tuple[int, ...] = ()
     if events is None:
         index, _ = index_file(capture.path)  # type: ignore[arg-type]
         figures = trace_figures((), index)
-        if not (capture.unfinished in recorded or evaluated.intersection(s.number for s in figures.steps)):
+        steps = len(recorded)
+        if capture.unfinished in recorded or evaluated.intersection(s.number for s in figures.steps):
+            del index
+            events = read_trace(capture.path)["traceEvents"]  # type: ignore[arg-type]
+        else:
             table = indexed_table(index.host, index.device, index.names, -math.inf, math.inf, every_device_event=True)
-            return _with_cpu_waits(op_profile(
-                table, Window(recorded[0], recorded[-1]) if recorded else Window(), len(recorded), figures,
-                cuda=capture.cuda, trace_bytes=capture.trace_bytes, trace_detail=capture.trace_detail), capture)
-        del index
-        events = read_trace(capture.path)["traceEvents"]  # type: ignore[arg-type]
-    figures = trace_figures(events)
-    tail = next((s for s in figures.steps if s.number == capture.unfinished), None)
-    if tail is not None and len(recorded) > 1:
-        events, recorded = events_before(events, tail.start_us), tuple(i for i in recorded if i != tail.number)
+    if events is not None:
         figures = trace_figures(events)
+        tail = next((s for s in figures.steps if s.number == capture.unfinished), None)
+        if tail is not None and len(recorded) > 1:
+            events, recorded = events_before(events, tail.start_us), tuple(i for i in recorded if i != tail.number)
+            figures = trace_figures(events)
+        training = [s for s in figures.steps if s.number not in evaluated]
+        left_out = tuple(sorted(s.number for s in figures.steps if s.number in evaluated)) if training else ()
+        if left_out:
+            events = [e for s in training for e in window_events(events, s.start_us, s.end_us)]
+        table, steps = op_table(events), len(training) if left_out else len(recorded)
     window = Window(recorded[0], recorded[-1]) if recorded else Window()
-    training = [s for s in figures.steps if s.number not in evaluated]
-    left_out = tuple(sorted(s.number for s in figures.steps if s.number in evaluated)) if training else ()
-    if left_out:
-        events = [e for s in training for e in window_events(events, s.start_us, s.end_us)]
-    profile = op_profile(op_table(events), window, len(training) if left_out else len(recorded), figures,
-                         cuda=capture.cuda, trace_bytes=capture.trace_bytes, trace_detail=capture.trace_detail)
+    profile = op_profile(table, window, steps, figures, cuda=capture.cuda, trace_bytes=capture.trace_bytes,
+                         trace_detail=capture.trace_detail)
     return replace(_with_cpu_waits(profile, capture), evaluated_steps=left_out)
 
 
