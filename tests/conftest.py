@@ -92,6 +92,25 @@ then differed), far under the 70-95% without them. Tests that apply the workers 
 up to it."""
 
 
+def run_job(tmp_path: Path, script: Path | str, *args: str, torchrun: bool = False,
+            options: tuple[str, ...] = ()) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+    """A 2-rank job of ``script ARGS`` (gloo on this CPU), every rank under ``gpuscope run --no-probes OPTIONS`` (its
+    post-run probes skipped: these jobs check the ranks, the merge and the communication), launched by gpuscope
+    (``--nproc-per-node 2``) or by ``torchrun -m gpuscope run``: its merged record (its folder in ``_dir``) and the
+    launch's result."""
+    job = tmp_path / "job"
+    own = ["-o", str(job), "--no-probes", *options, str(script), *args]
+    if torchrun:
+        result = run_python(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                             "-m", "gpuscope", "run", *own], tmp_path, timeout=240)
+    else:
+        result = run_gpuscope(["run", "--nproc-per-node", "2", *own], tmp_path, timeout=240)
+    assert (job / "run.json").is_file(), result.stderr
+    record = load_run(job)
+    record["_dir"] = job
+    return record, result
+
+
 def loading_cleared(record: dict[str, Any]) -> bool:
     """Whether a run of the data-bound sample with its workers fix applied is no longer bound by loading: its verdict
     says so, or its data wait is down to what two workers on two cores leave (``TWO_WORKERS_WAIT``)."""

@@ -8,26 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from conftest import SAMPLES, load_run, run_gpuscope, run_python
+from conftest import SAMPLES, load_run, run_gpuscope, run_job
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch.distributed")
 DDP = str(SAMPLES / "ddp_training.py")
-NO_PROBES = "--no-probes"
-"""Every rank's post-run probes are skipped: these tests check the ranks, the merge and the communication."""
 
 
 def ddp_job(tmp_path: Path, *args: str, torchrun: bool = False, options: tuple[str, ...] = ()) -> tuple[dict, int]:
-    job = tmp_path / "job"
-    if torchrun:
-        result = run_python(["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                             "-m", "gpuscope", "run", "-o", str(job), NO_PROBES, *options, DDP, *args], tmp_path, timeout=240)
-    else:
-        result = run_gpuscope(["run", "--nproc-per-node", "2", "-o", str(job), NO_PROBES, *options, DDP, *args], tmp_path,
-                              timeout=240)
-    assert (job / "run.json").is_file(), result.stderr
-    record = load_run(job)
-    record["_dir"] = job
+    """A 2-rank job of the DDP sample (``conftest.run_job``): its merged record and exit status."""
+    record, result = run_job(tmp_path, DDP, *args, torchrun=torchrun, options=options)
     return record, result.returncode
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import child_env, free_port, load_run, run_gpuscope
+from conftest import child_env, free_port, load_run, run_gpuscope, run_job
 
 pytestmark = pytest.mark.slow
 pytest.importorskip("torch.distributed")
@@ -48,11 +48,9 @@ def test_an_fsdp2_job_on_two_nodes_writes_one_folder_that_report_merges(tmp_path
 
 def ddp_job(tmp_path: Path, mode: str) -> dict:
     """A 2-rank job of ``sharded.py --mode MODE`` under ``gpuscope run --nproc-per-node 2``: its merged record."""
-    job = tmp_path / "job"
-    result = run_gpuscope(["run", "--nproc-per-node", "2", "-o", str(job), "--no-probes", SHARDED,
-                           "--mode", mode, "--steps", "16"], tmp_path, timeout=240)
+    record, result = run_job(tmp_path, SHARDED, "--mode", mode, "--steps", "16")
     assert result.returncode == 0, result.stderr[-2000:]
-    record = load_run(job)
+    job = record["_dir"]
     # every rank's 16 optimizer steps, and each figure of the same profiled steps
     for rank in record["ranks"]:
         assert load_run(job / f"rank-{rank['rank']}")["steps"]["total"] == 16
