@@ -135,10 +135,13 @@ def main() -> None:
 
 def merge_again(folder: Path, out: str) -> None:
     """Each kept job (``KIND-N``) merged again from its ranks' records (``gpuscope report``) and judged, as a change
-    to the analysis is checked on the same jobs."""
+    to the analysis is checked on the same jobs. A rank record made before ``op_profile.host_ops`` was kept gets it
+    from the rank's trace.json first (the record is rewritten in place)."""
     results: dict[str, list[dict]] = {}
     for path in sorted(p for p in folder.iterdir() if (p / "rank-0").is_dir()):
         kind = path.name.rsplit("-", 1)[0]
+        for rank in path.glob("rank-*"):
+            _ops_from_trace(rank)
         subprocess.run([sys.executable, "-m", "gpuscope", "report", str(path)], check=True, capture_output=True)
         found = found_in(path)
         found["right"] = right(kind, found)
@@ -146,6 +149,23 @@ def merge_again(folder: Path, out: str) -> None:
     for kind, found in results.items():
         print(f"{kind}: right in {sum(r['right'] for r in found)} of {len(found)} (merged again from {folder})")
     Path(out).write_text(json.dumps({"merged_again": str(folder), **results}, indent=1) + "\n")
+
+
+def _ops_from_trace(rank: Path) -> None:
+    """Fill a rank record's ``op_profile.host_ops`` from its trace.json where the record has none (every op of the
+    recorded steps, as ``reduce.fields.op_profile`` keeps them)."""
+    from gpuscope.reduce.fields import HOST_OPS
+    from gpuscope.reduce.optable import op_table
+    from gpuscope.reduce.trace import read_trace
+
+    record = json.loads((rank / "run.json").read_text())
+    profile = record.get("op_profile")
+    if not profile or profile.get("host_ops") or not (rank / "trace.json").is_file():
+        return
+    ops = sorted(op_table(read_trace(rank / "trace.json")["traceEvents"]).ops, key=lambda o: (-o.self_host_s, o.name))
+    profile["host_ops"] = [{"name": o.name, "calls": o.calls, "self_host_s": o.self_host_s, "device_s": o.device_s}
+                           for o in ops[:HOST_OPS]]
+    (rank / "run.json").write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":

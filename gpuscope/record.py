@@ -569,6 +569,10 @@ class OpProfile:
     """Recorded steps left out of the op table (``ops``, the top lists, ``calls_by_kind``; ``steps`` does not count
     them): they held an evaluation pass, as the step figures' ``steps.evaluated`` tells them. The kernel timeline
     and communication cover every recorded step."""
+    host_ops: tuple[OpStat, ...] = ()
+    """Every torch op of the op table by host (self) time, up to the 256 heaviest: calls and self host time (no
+    runtime calls, no device rows). A job's ranks are set side by side by it: the ops one rank calls more often than
+    the others are its extra work (``diagnose.ranks``). Empty in records made before it was kept."""
 
 
 @dataclass(frozen=True, slots=True)

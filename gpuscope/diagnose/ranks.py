@@ -40,7 +40,8 @@ def combine(records: Sequence[RunRecord]) -> RunRecord:
     found = arrivals(comms, {rank: (r.distributed or Distributed()).host for rank, r in zip(ranks, records)})
     waits = {a.rank: a.waiting_s for a in found.ranks} if found is not None else {}
     summaries = tuple(summarise(r, waits.get(rank)) for rank, r in zip(ranks, records))
-    late = straggler(summaries, found)
+    slower: list[str] = []
+    late = straggler(summaries, found, rank_ops(dict(zip(ranks, records))), slower)
     shown = late.rank if late else summaries[0].rank
     critical = records[ranks.index(shown)]
     comm = _communication(critical)
@@ -50,7 +51,7 @@ def combine(records: Sequence[RunRecord]) -> RunRecord:
             critical.op_profile, communication=dataclasses.replace(comm, waiting_s=waits[shown], least_own_s=least)))
     notes = (f"a {world}-rank job: the figures below are rank {shown}'s "
              f"({'the straggler' if late else 'the lowest rank present'}); every rank is in the Ranks section",
-             *(() if late or found is None else late_for_a_core(found)), *_tightest_memory(summaries, shown))
+             *(() if late or found is None else late_for_a_core(found)), *slower, *_tightest_memory(summaries, shown))
     return dataclasses.replace(
         critical,
         exit_status=max((r.exit_status for r in records), key=abs),
@@ -117,22 +118,76 @@ def summarise(record: RunRecord, waiting_s: float | None = None) -> RankSummary:
 
 
 # -- who the others wait for ------------------------------------------------------------------------------
-def straggler(ranks: Sequence[RankSummary], found: Arrivals | None = None) -> Straggler | None:
-    """The rank the others wait for: from the ranks' arrivals where ``found`` (``by_arrival``), else from their own
-    work (``by_own_work``)."""
+def straggler(ranks: Sequence[RankSummary], found: Arrivals | None = None, ops: RankOps | None = None,
+              notes: list[str] | None = None) -> Straggler | None:
+    """The rank the others wait for: from the ranks' arrivals where ``found`` (``by_arrival``, with their traced ops
+    side by side where ``ops``; a rank late for want of a faster core is left to a line in ``notes``), else from
+    their own work (``by_own_work``)."""
     if found is not None:
-        return by_arrival(ranks, found)
+        return by_arrival(ranks, found, ops, notes)
     return by_own_work(ranks)
 
 
-def by_arrival(ranks: Sequence[RankSummary], found: Arrivals) -> Straggler | None:
+@dataclasses.dataclass(frozen=True, slots=True)
+class RankOps:
+    """Every rank's traced ops over its profiled steps (``OpProfile.host_ops``): rank -> op -> (calls, self host
+    seconds) a step; ``on_device``: the ranks ran kernels (a slower device is a straggler of its own)."""
+
+    per_step: dict[int, dict[str, tuple[float, float]]]
+    on_device: bool
+
+
+def rank_ops(records: dict[int, RunRecord]) -> RankOps | None:
+    """The ranks' ops side by side, or None where a rank's record has none (made before ``host_ops`` was kept)."""
+    profiles = {rank: r.op_profile for rank, r in records.items()}
+    if len(profiles) < 2 or any(p is None or not p.host_ops or not p.steps for p in profiles.values()):
+        return None
+    return RankOps({rank: {o.name: (o.calls / p.steps, o.self_host_s / p.steps) for o in p.host_ops}  # type: ignore[union-attr]
+                    for rank, p in profiles.items()},
+                   on_device=any(p.kernels is not None for p in profiles.values()))  # type: ignore[union-attr]
+
+
+ExtraCall = tuple[str, float, float, float]
+"""An op a rank calls more often than the others: its name, its calls a step, the others' (their median), and the
+seconds a step its extra calls take (its self time over theirs, at most its share of the extra calls)."""
+
+
+def extra_calls(rank: int, ops: RankOps) -> tuple[ExtraCall, ...]:
+    """The ops ``rank`` calls more often than the other ranks (``STRAGGLER_MORE_CALLS``), heaviest first: work the
+    others do not do. Where it also runs the shared calls slower, only the time over theirs counts, and no more than
+    the extra calls' share of the op's time."""
+    mine = ops.per_step[rank]
+    others = [v for r, v in ops.per_step.items() if r != rank]
+    rows = []
+    for name, (calls, self_s) in mine.items():
+        their_calls = statistics.median(o.get(name, (0.0, 0.0))[0] for o in others)
+        their_s = statistics.median(o.get(name, (0.0, 0.0))[1] for o in others)
+        if calls > their_calls + max(0.5, th.STRAGGLER_MORE_CALLS * their_calls):
+            rows.append((name, calls, their_calls,
+                         max(0.0, min(self_s - their_s, self_s * (calls - their_calls) / calls))))
+    return tuple(sorted(rows, key=lambda r: (-r[3], r[0])))
+
+
+def _calls_words(rows: Sequence[ExtraCall], shown: int = 3) -> str:
+    """The heaviest extra calls in words, those holding a twentieth of their time or more."""
+    total = sum(r[3] for r in rows)
+    return "; ".join(f"{name} {calls:.0f} call{'s' if round(calls) != 1 else ''} a step against "
+                     f"{'none' if their < 0.5 else f'{their:.0f}'} ({extra * 1e3:.1f} ms)"
+                     for name, calls, their, extra in rows[:shown] if extra >= total / 20)
+
+
+def by_arrival(ranks: Sequence[RankSummary], found: Arrivals, ops: RankOps | None = None,
+               notes: list[str] | None = None) -> Straggler | None:
     """The rank whose own work a step (``diagnose.arrival``: its step less its waits for later ranks and for a CPU)
     exceeds the other ranks' by ``STRAGGLER_ARRIVAL_SHARE`` of the step (the median over the profiled steps of the
     excess, step by step), in ``STRAGGLER_LAST_STEPS`` of those steps: the rank the others wait for, wherever its
     extra time lies. On a quiet machine it is also the rank that arrives last; on a busy one the scheduler moves the
     arrivals about, and its own work still tells. Failing that, the rank whose work in one phase stands out against
     its own pace in the others (``_concentrated``): a straggler whose core is faster in the rest of its step. Either
-    must be borne out beyond the profiled steps (``_borne_out``)."""
+    must be borne out beyond the profiled steps (``_borne_out``). Where the ranks' traced ops are known (``ops``):
+    on a CPU, one late in backward must run ops the others do not (``STRAGGLER_EXTRA_OPS``), else it is slower, not
+    busier, and ``notes`` gets a line for it; and a rank whose extra calls alone take ``STRAGGLER_BY_OPS`` of the
+    step, arriving last in ``STRAGGLER_LAST_STEPS`` of them, is one by its ops (``_by_extra_calls``)."""
     summaries = {r.rank: r for r in ranks if r.steps}
     timed = [a for a in found.ranks if a.rank in summaries and a.own_steps_s]
     if len(timed) < 2 or len({len(a.own_steps_s) for a in timed}) != 1:
@@ -162,9 +217,49 @@ def by_arrival(ranks: Sequence[RankSummary], found: Arrivals) -> Straggler | Non
                            None if paced else baseline[slow.rank])
         if borne is None:
             continue
+        calls = extra_calls(slow.rank, ops) if ops is not None else None
+        if (cause == "backward" and calls is not None and not ops.on_device  # type: ignore[union-attr]
+                and sum(c[3] for c in calls) < th.STRAGGLER_EXTRA_OPS * step_s):
+            if notes is not None:
+                notes.append(_slower_not_busier(slow, excess, step_s))
+            continue
         return _arrival_finding(slow, others, cause, excess, excess_s, more, count, paced, borne, baseline, step_s,
-                                found, summaries)
+                                found, summaries, calls or ())
+    return _by_extra_calls(timed, ops, step_s, found, summaries, baseline) if ops is not None else None
+
+
+def _by_extra_calls(timed: Sequence[RankArrival], ops: RankOps, step_s: float, found: Arrivals,
+                    summaries: dict[int, RankSummary], baseline: dict[int, list[float]]) -> Straggler | None:
+    """The rank whose extra calls (``extra_calls``) take ``STRAGGLER_BY_OPS`` of the profiled step and that arrives
+    last at the collectives in ``STRAGGLER_LAST_STEPS`` of the steps: the others wait for work that ran, whatever its
+    step less its waits reads (on a busy machine those waits move about by as much as the work)."""
+    count = len(timed[0].own_steps_s)
+    extra = {a.rank: extra_calls(a.rank, ops) for a in timed}
+    for slow in sorted(timed, key=lambda a: -sum(c[3] for c in extra[a.rank])):
+        calls = extra[slow.rank]
+        extra_s = sum(c[3] for c in calls)
+        last = sum(x > 0 for x in slow.late_s)
+        if extra_s < th.STRAGGLER_BY_OPS * step_s or last < th.STRAGGLER_LAST_STEPS * len(slow.late_s):
+            continue
+        others = [a for a in timed if a is not slow]
+        excess = {p: slow.own_phases_s[p] - statistics.median(a.own_phases_s[p] for a in others) for p in PHASES}
+        cause = max(excess, key=lambda p: excess[p])
+        more = sum(x > 0 for x in baseline[slow.rank])
+        return _arrival_finding(slow, others, cause, excess, extra_s, more, count, False, "", baseline, step_s,
+                                found, summaries, calls, by_calls=True)
     return None
+
+
+def _slower_not_busier(slow: RankArrival, excess: dict[str, float], step_s: float) -> str:
+    """The note for a rank late in backward every profiled step, by enough to be named, that runs no more ops than
+    the others."""
+    return (f"rank {slow.rank} arrived last at the collectives in every profiled step, its own backward "
+            f"{excess['backward'] * 1e3:.1f} ms a step longer than the other ranks' ({excess['backward'] / step_s:.0%} "
+            f"of the {step_s * 1e3:.1f} ms profiled step), yet it called every op as often as they did, each taking "
+            "longer: its core ran slower there (shared with the gradient all-reduces' threads or another process), "
+            f"or its inputs were larger, which would slow its forward too (its forward took "
+            f"{abs(excess['forward']) * 1e3:.1f} ms {'more' if excess['forward'] >= 0 else 'less'} than theirs). "
+            "No straggler is named for it")
 
 
 def _borne_out(slow: RankArrival, others: Sequence[RankArrival], cause: str, excess_s: float,
@@ -208,8 +303,10 @@ def _borne_out(slow: RankArrival, others: Sequence[RankArrival], cause: str, exc
 def _arrival_finding(slow: RankArrival, others: Sequence[RankArrival], cause: str, excess: dict[str, float],
                      excess_s: float, more: int, count: int, paced: bool, borne: str,
                      baseline: dict[int, list[float]], step_s: float, found: Arrivals,
-                     summaries: dict[int, RankSummary]) -> Straggler:
-    """The straggler finding, its evidence in words."""
+                     summaries: dict[int, RankSummary], calls: Sequence[ExtraCall] = (),
+                     by_calls: bool = False) -> Straggler:
+    """The straggler finding, its evidence in words; ``by_calls``: found by its extra calls (``excess_s`` their
+    time), not by its step less its waits."""
     cause_share = _cause_share(excess, cause)
     others_wait = statistics.median(a.waiting_s for a in others)
     others_phase = statistics.median(a.own_phases_s[cause] for a in others)
@@ -228,11 +325,21 @@ def _arrival_finding(slow: RankArrival, others: Sequence[RankArrival], cause: st
         f"its other phases, set against the other ranks', predicts ({excess_s / step_s:.0%} of the "
         f"{step_s * 1e3:.1f} ms profiled step; more in {more} of {count} steps; its whole step's excess, "
         f"{statistics.median(baseline[slow.rank]) * 1e3:.1f} ms, is hidden by a core faster in the rest)")
+    if by_calls:
+        whole = statistics.median(baseline[slow.rank])
+        more_work = (f"rank {slow.rank} runs {excess_s * 1e3:.1f} ms a step of op calls the other ranks do not make "
+                     f"({excess_s / step_s:.0%} of the {step_s * 1e3:.1f} ms profiled step): {_calls_words(calls)}")
+        borne = (f"its step less its waits reads {abs(whole) * 1e3:.1f} ms a step {'over' if whole >= 0 else 'under'} "
+                 "theirs: where the machine is busy the waits move about by as much as its work, and its extra calls "
+                 "are the measure")
+    elif calls:
+        borne += f"; the ops it calls more often than the others: {_calls_words(calls)}"
+    phase = (f"its own {_phase_words(cause)} takes {slow.own_phases_s[cause] * 1e3:.1f} ms a step, the other ranks' "
+             f"{others_phase * 1e3:.1f} ms: {excess[cause] * 1e3:.1f} ms more, {cause_share:.0%} of its extra work"
+             ) if excess[cause] > 0 else "no phase of its own work reads longer than the other ranks'"
     evidence = (
         f"{more_work}, and they wait for it: {arrived}",
-        f"its own {_phase_words(cause)} takes {slow.own_phases_s[cause] * 1e3:.1f} ms a step, the other ranks' "
-        f"{others_phase * 1e3:.1f} ms: {excess[cause] * 1e3:.1f} ms more, {cause_share:.0%} of its extra work; "
-        f"{borne}",
+        f"{phase}; {borne}",
         f"meanwhile the other ranks sit waiting for a later rank {others_wait * 1e3:.1f} ms a step; the "
         f"collectives' own time, from the last arrival to their end, is {found.own_s * 1e3:.1f} ms a step",
     )

@@ -263,6 +263,29 @@ others' steady phase holds their wait for it (DDP's backward) the straggler must
 profiled step: 5 ranks slowed in backward did in 3 of 3; a balanced job named late in backward under CI's load
 (8.0 ms, 13% of the step) arrived last in 2 of 3."""
 
+STRAGGLER_MORE_CALLS = 0.05
+"""The ranks' traced ops set side by side (``OpProfile.host_ops``): a rank calls an op more often than the others
+where its calls a step exceed theirs (their median) by this share and by half a call at least. Ranks of one
+data-parallel job call every op of the model and of DDP's reducer as often as each other: on the 2-core machine,
+balanced and communication-heavy jobs (57) differed in no op; ranks doing 12 ms more arithmetic a step ran 59-105
+more matmuls a step than the others (benchmarks/straggler_noise.py)."""
+
+STRAGGLER_EXTRA_OPS = 0.06
+"""The time of the calls a rank makes more often than the others (``STRAGGLER_MORE_CALLS``; the op's self time over
+theirs, at most its share of the extra calls) below which a rank late in backward on a CPU is slower, not busier:
+it runs the same ops as often, each slower (its core shared with the gradient all-reduces' threads, or with another
+process). Half ``STRAGGLER_ARRIVAL_SHARE``. On the 2-core machine, 18 ranks slowed by 12 ms of arithmetic in
+backward ran 11-31% of the step in extra calls; the balanced jobs named late in backward (CI's, 14% of the step, and
+one of 44 kept jobs, 21%) none (benchmarks/straggler_noise.py). On a GPU a slower device is a straggler of its own,
+and this is not asked."""
+
+STRAGGLER_BY_OPS = 0.12
+"""A rank whose extra calls (``STRAGGLER_EXTRA_OPS``) take this share of the profiled step, and that arrives last at
+the collectives in ``STRAGGLER_LAST_STEPS`` of them, is a straggler by its ops, however its step less its waits
+reads: the ops ran, the others waited. ``STRAGGLER_ARRIVAL_SHARE`` again. On the 2-core machine beside 2 busy
+processes it named 8 of the 12 ms stragglers the step's figures missed (4 in backward, whose own-work excess read
+1-12% of the step; 2 in forward) and no balanced job (benchmarks/straggler_noise.py)."""
+
 # -- launches, fusion, copies and mixed precision ------------------------------------------------------------
 LAUNCH_NOTABLE = 0.3
 """Per-op overhead (or host-wait idle on a GPU) from which launch-cutting advice is worth giving (below a third of

@@ -20,6 +20,8 @@ from gpuscope.record import AttentionTiming, Losses, OpProfile, SpeedOfLight, Wi
 
 TOP_OPS = 15
 """Ops listed by host and by device time."""
+HOST_OPS = 256
+"""Ops kept in ``OpProfile.host_ops``: every op a training step calls, within a bound on run.json's size."""
 
 
 Reduction = Callable[[str, Any, Mapping[str, object]], dict[str, Any]]
@@ -160,6 +162,7 @@ def op_profile(table: OpTable, window: Window, steps: int, figures: TraceFigures
         top_device=tuple(by_device[:TOP_OPS]), device_s=table.device_s,
         kernels=figures.kernels if cuda else None, devices=figures.devices if cuda else (),
         communication=figures.communication,
+        host_ops=tuple(sorted(table.ops, key=lambda o: (-o.self_host_s, o.name))[:HOST_OPS]),
     )
 
 

@@ -11,12 +11,10 @@ from conftest import make_record
 from gpuscope.diagnose import analyze
 from gpuscope.diagnose.arrival import Arrivals, RankArrival, arrivals
 from gpuscope.diagnose.classify import classify
-from gpuscope.diagnose.ranks import straggler
-from gpuscope.diagnose.ranks import late_for_a_core
-from gpuscope.diagnose.ranks import combine
+from gpuscope.diagnose.ranks import RankOps, combine, extra_calls, late_for_a_core, rank_ops, straggler
 from gpuscope.diagnose.rules.communication import balance_ranks, reduce_communication
-from gpuscope.record import (Breakdown, CollectiveCall, Communication, Distributed, OpProfile, ProfiledStep,
-                             RankSummary, Steps, Straggler)
+from gpuscope.record import (Breakdown, CollectiveCall, Communication, Distributed, OpProfile, OpStat,
+                             ProfiledStep, RankSummary, RunRecord, Steps, Straggler)
 
 STEP_US = 60_000.0
 
@@ -330,3 +328,120 @@ def test_a_rank_slower_in_every_phase_alike_is_no_straggler_by_its_phases() -> N
 def merge_ranks(records: list) -> object:
     """The job's record from its ranks', diagnosed, as ``gpuscope run --nproc-per-node`` writes it."""
     return analyze(combine(records))
+
+
+# -- the ranks' traced ops side by side ------------------------------------------------------------------------
+def side_by_side(extra: dict[str, tuple[float, float]] | None = None, on_device: bool = False) -> RankOps:
+    """Two ranks' ops a step as a 2-layer model's DDP step calls them (calls, self seconds), rank 1 with ``extra``
+    ops on top (a gradient hook's arithmetic)."""
+    model = {"aten::addmm": (5.0, 0.010), "aten::mm": (9.0, 0.020), "aten::relu": (4.0, 0.001)}
+    mine = dict(model)
+    for name, (calls, self_s) in (extra or {}).items():
+        had = mine.get(name, (0.0, 0.0))
+        mine[name] = (had[0] + calls, had[1] + self_s)
+    return RankOps({0: model, 1: mine}, on_device=on_device)
+
+
+def test_the_ops_a_rank_calls_more_often_are_its_extra_work() -> None:
+    # given rank 1 calling 69 tanh and 69 more small matmuls a step (5 and 15 ms) besides the model's ops
+    ops = side_by_side({"aten::tanh": (69.0, 0.005), "aten::mm": (69.0, 0.015)})
+    # then those are its extra calls: tanh all of its 5 ms, mm its 35 ms less rank 0's 20 ms
+    rows = extra_calls(1, ops)
+    assert [r[:3] for r in rows] == [("aten::mm", 78.0, 9.0), ("aten::tanh", 69.0, 0.0)]
+    assert [r[3] for r in rows] == pytest.approx([0.015, 0.005])
+    # and rank 0 has none; the same ops as often, each slower, are none either
+    assert extra_calls(0, ops) == ()
+    slower = RankOps({0: ops.per_step[0], 1: {n: (c, t * 1.3) for n, (c, t) in ops.per_step[0].items()}}, False)
+    assert extra_calls(1, slower) == ()
+
+
+def test_extra_calls_count_no_more_than_their_share_of_the_ops_time() -> None:
+    # given rank 1 calling mm 18 times a step in 30 ms against rank 0's 9 in 20 ms
+    ops = RankOps({0: {"aten::mm": (9.0, 0.020)}, 1: {"aten::mm": (18.0, 0.030)}}, on_device=False)
+    # then its extra calls take its time over rank 0's, 10 ms (their share of its time, half, would be 15 ms)
+    assert extra_calls(1, ops)[0][3] == pytest.approx(0.010)
+    # and where its shared calls are much slower too (18 calls in 50 ms), no more than the extra calls' half, 25 ms
+    slow_shared = RankOps({0: {"aten::mm": (9.0, 0.020)}, 1: {"aten::mm": (18.0, 0.050)}}, on_device=False)
+    assert extra_calls(1, slow_shared)[0][3] == pytest.approx(0.025)
+    # half a call a step more is no extra call (a sampler's one call in two steps)
+    assert extra_calls(1, RankOps({0: {"aten::normal_": (1.0, 0.001)}, 1: {"aten::normal_": (1.4, 0.0015)}},
+                                  False)) == ()
+
+
+def test_a_rank_late_in_backward_that_calls_no_op_more_often_on_a_cpu_is_slower_not_a_straggler() -> None:
+    # given rank 1 arriving 12 ms late in backward every step (20% of the 60 ms step), named by its step alone
+    found = arrivals({0: ddp_rank(0), 1: ddp_rank(12_000)})
+    assert found is not None
+    ranks = [RankSummary(rank=r, steps=20, median_s=0.06, spread_s=0.03) for r in (0, 1)]
+    assert straggler(ranks, found) is not None
+    # when its traced ops are the others', as often (each slower), on a CPU: no straggler, and a note says why
+    notes: list[str] = []
+    assert straggler(ranks, found, side_by_side(), notes) is None
+    assert len(notes) == 1 and notes[0].startswith(
+        "rank 1 arrived last at the collectives in every profiled step, its own backward 12.0 ms a step longer than "
+        "the other ranks' (20% of the 60.0 ms profiled step), yet it called every op as often as they did")
+    assert "its forward took 0.0 ms more than theirs" in notes[0]
+    # on a GPU a slower device is a straggler of its own
+    assert straggler(ranks, found, side_by_side(on_device=True)) is not None
+    # and with 12 ms of calls rank 0 does not make it is one, its ops named
+    late = straggler(ranks, found, side_by_side({"aten::tanh": (69.0, 0.004), "aten::mm": (69.0, 0.008)}))
+    assert late is not None and (late.rank, late.cause) == (1, "backward")
+    assert late.evidence[1].endswith("the ops it calls more often than the others: aten::mm 78 calls a step against "
+                                     "9 (8.0 ms); aten::tanh 69 calls a step against none (4.0 ms)")
+
+
+def test_a_rank_whose_extra_calls_take_an_eighth_of_the_step_is_a_straggler_by_them() -> None:
+    # given rank 1 arriving 3 ms late in backward every step: 5% of the 60 ms step, too little by its step alone
+    found = arrivals({0: ddp_rank(0), 1: ddp_rank(3_000)})
+    assert found is not None
+    ranks = [RankSummary(rank=r, steps=20, median_s=0.06, spread_s=0.03) for r in (0, 1)]
+    assert straggler(ranks, found) is None
+    # when its traced ops hold 10 ms a step of calls rank 0 does not make (17% of the step): named by them
+    late = straggler(ranks, found, side_by_side({"aten::tanh": (60.0, 0.004), "aten::mm": (60.0, 0.006)}))
+    assert late is not None and (late.rank, late.cause) == (1, "backward")
+    assert late.late_s == pytest.approx(0.010) and late.others_wait_s == pytest.approx(0.003)
+    assert late.evidence[0].startswith(
+        "rank 1 runs 10.0 ms a step of op calls the other ranks do not make (17% of the 60.0 ms profiled step): "
+        "aten::mm 69 calls a step against 9 (6.0 ms); aten::tanh 60 calls a step against none (4.0 ms), and they "
+        "wait for it: it arrives last at the collectives in 3 of 3 profiled steps")
+    assert "its step less its waits reads 3.0 ms a step over theirs" in late.evidence[1]
+    # 6 ms of them (10%) is too little
+    assert straggler(ranks, found, side_by_side({"aten::tanh": (60.0, 0.002), "aten::mm": (60.0, 0.004)})) is None
+    # and so is a rank that arrives last in 1 of 3 steps, whatever it calls
+    once = dataclasses.replace(found, ranks=(found.of(0), dataclasses.replace(found.of(1), late_s=(0.003, -0.001,
+                                                                                                  -0.001))))
+    assert straggler(ranks, once, side_by_side({"aten::tanh": (60.0, 0.004), "aten::mm": (60.0, 0.006)})) is None
+
+
+def test_a_straggler_by_its_calls_whose_phases_read_no_longer_says_so_without_negative_time() -> None:
+    # given rank 1 on a core 5% faster (its own work 58.9 ms a step against 62 ms), arriving 10 ms last every step
+    # of 80 ms, with 12 ms of calls rank 0 does not make (15% of the step)
+    fast = dataclasses.replace(paced(1, 0.95), late_s=(0.010,) * 3)
+    found = Arrivals((paced(0, 1.0), fast), steps=3, collectives=6, own_s=0.002, clock="shared")
+    ranks = [steady(0, forward_s=0.020), steady(1, forward_s=0.020)]
+    late = straggler(ranks, found, side_by_side({"aten::tanh": (60.0, 0.012)}))
+    # then it is named by its calls, and no phase or step is said to take a negative time more
+    assert late is not None and late.rank == 1 and late.late_s == pytest.approx(0.012)
+    assert late.evidence[1].startswith("no phase of its own work reads longer than the other ranks'; its step less "
+                                       "its waits reads 3.1 ms a step under theirs")
+
+
+def test_a_jobs_ranks_are_set_side_by_side_by_their_records_ops() -> None:
+    # given two ranks' records whose op tables hold 3 profiled steps, rank 1 calling tanh 180 times (30 ms) in them
+    def with_ops(rank: int, extra: tuple[OpStat, ...]) -> RunRecord:
+        record = job_rank(rank, ddp_rank(3_000 if rank else 0))
+        ops = (OpStat("aten::addmm", 15, 0.030), OpStat("aten::mm", 27, 0.060), *extra)
+        return dataclasses.replace(record, op_profile=dataclasses.replace(record.op_profile, host_ops=ops))
+
+    records = {0: with_ops(0, ()), 1: with_ops(1, (OpStat("aten::tanh", 180, 0.030),))}
+    ops = rank_ops(records)
+    # then each rank's ops are per step, and rank 1's tanh is 10 ms a step of extra calls: a straggler by them
+    assert ops is not None and not ops.on_device
+    assert ops.per_step[1]["aten::tanh"] == pytest.approx((60.0, 0.010))
+    merged = combine(list(records.values()))
+    assert merged.straggler is not None and merged.straggler.rank == 1
+    assert "aten::tanh 60 calls a step against none (10.0 ms)" in merged.straggler.evidence[0]
+    # a record made before the ops were kept leaves them unknown, and the job judged as before
+    older = {0: job_rank(0, ddp_rank(0)), 1: records[1]}
+    assert rank_ops(older) is None
+    assert combine(list(older.values())).straggler is None

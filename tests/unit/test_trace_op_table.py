@@ -107,6 +107,12 @@ def test_the_h100_runs_op_figures_come_back_from_their_traces(name: str) -> None
         assert ours.self_host_s == pytest.approx(theirs["self_host_s"], abs=1e-8)
         # torch gave a few runtime calls the device time of an op whose id equals their CUDA correlation id
         assert ours.device_s == pytest.approx(0.0 if ours.name in runtime else theirs["device_s"], abs=1e-8)
+    # and every op is kept by host time for setting ranks side by side, the runtime calls and device rows left out
+    assert {o.name for o in profile.host_ops} == {o.name for o in table.ops}
+    assert {o.name for o in profile.host_ops}.isdisjoint(o.name for o in others)
+    by_time = [o.self_host_s for o in profile.host_ops]
+    assert by_time == sorted(by_time, reverse=True)
+    assert sum(o.calls for o in profile.host_ops) == profile.ops
     kept = [o for o in recorded["top_device"] if o["name"] not in runtime]
     assert len(kept) >= len(recorded["top_device"]) - 1
     for ours, theirs in zip(profile.top_device, kept):
