@@ -135,8 +135,8 @@ def main() -> None:
 
 def merge_again(folder: Path, out: str) -> None:
     """Each kept job (``KIND-N``) merged again from its ranks' records (``gpuscope report``) and judged, as a change
-    to the analysis is checked on the same jobs. A rank record made before ``op_profile.host_ops`` was kept gets it
-    from the rank's trace.json first (the record is rewritten in place)."""
+    to the analysis is checked on the same jobs. A rank record made before ``op_profile.host_ops`` and
+    ``phase_calls`` were kept gets them from the rank's trace.json first (the record is rewritten in place)."""
     results: dict[str, list[dict]] = {}
     for path in sorted(p for p in folder.iterdir() if (p / "rank-0").is_dir()):
         kind = path.name.rsplit("-", 1)[0]
@@ -152,19 +152,25 @@ def merge_again(folder: Path, out: str) -> None:
 
 
 def _ops_from_trace(rank: Path) -> None:
-    """Fill a rank record's ``op_profile.host_ops`` from its trace.json where the record has none (every op of the
-    recorded steps, as ``reduce.fields.op_profile`` keeps them)."""
+    """Fill a rank record's ``op_profile.host_ops`` and ``phase_calls`` from its trace.json where the record has
+    none (made before they were kept), as ``reduce.fields`` makes them for a trace under its cap."""
+    import math
+
     from gpuscope.reduce.fields import HOST_OPS
-    from gpuscope.reduce.optable import op_table
-    from gpuscope.reduce.trace import read_trace
+    from gpuscope.reduce.figures import trace_figures
+    from gpuscope.reduce.optable import indexed_table
+    from gpuscope.reduce.trace import index_file
 
     record = json.loads((rank / "run.json").read_text())
     profile = record.get("op_profile")
-    if not profile or profile.get("host_ops") or not (rank / "trace.json").is_file():
+    if not profile or (profile.get("host_ops") and profile.get("phase_calls")) or not (rank / "trace.json").is_file():
         return
-    ops = sorted(op_table(read_trace(rank / "trace.json")["traceEvents"]).ops, key=lambda o: (-o.self_host_s, o.name))
+    index, _ = index_file(rank / "trace.json")
+    table = indexed_table(index.host, index.device, index.names, -math.inf, math.inf, every_device_event=True)
+    ops = sorted(table.ops, key=lambda o: (-o.self_host_s, o.name))
     profile["host_ops"] = [{"name": o.name, "calls": o.calls, "self_host_s": o.self_host_s, "device_s": o.device_s}
                            for o in ops[:HOST_OPS]]
+    profile["phase_calls"] = trace_figures((), index).phase_calls
     (rank / "run.json").write_text(json.dumps(record, indent=1) + "\n")
 
 

@@ -573,6 +573,10 @@ class OpProfile:
     """Every torch op of the op table by host (self) time, up to the 256 heaviest: calls and self host time (no
     runtime calls, no device rows). A job's ranks are set side by side by it: the ops one rank calls more often than
     the others are its extra work (``diagnose.ranks``). Empty in records made before it was kept."""
+    phase_calls: dict[str, dict[str, int]] = field(default_factory=dict)
+    """In a data-parallel rank's record: each torch op's calls on the training thread over the recorded steps, by the
+    step phase they began in (``data_wait``, ``forward``, ``backward``, ``optimizer``, ``other``): where a rank's
+    extra calls ran. Empty elsewhere, and in records made before it was kept."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -135,6 +135,9 @@ class RankOps:
 
     per_step: dict[int, dict[str, tuple[float, float]]]
     on_device: bool
+    phase_calls: dict[int, dict[str, dict[str, float]]] = dataclasses.field(default_factory=dict)
+    """rank -> op -> phase -> calls a step on its training thread (``OpProfile.phase_calls``), where every rank's
+    record has them."""
 
 
 def rank_ops(records: dict[int, RunRecord]) -> RankOps | None:
@@ -142,9 +145,13 @@ def rank_ops(records: dict[int, RunRecord]) -> RankOps | None:
     profiles = {rank: r.op_profile for rank, r in records.items()}
     if len(profiles) < 2 or any(p is None or not p.host_ops or not p.steps for p in profiles.values()):
         return None
+    phased = all(p.phase_calls for p in profiles.values())  # type: ignore[union-attr]
     return RankOps({rank: {o.name: (o.calls / p.steps, o.self_host_s / p.steps) for o in p.host_ops}  # type: ignore[union-attr]
                     for rank, p in profiles.items()},
-                   on_device=any(p.kernels is not None for p in profiles.values()))  # type: ignore[union-attr]
+                   on_device=any(p.kernels is not None for p in profiles.values()),  # type: ignore[union-attr]
+                   phase_calls={rank: {name: {phase: n / p.steps for phase, n in by_phase.items()}  # type: ignore[union-attr]
+                                       for name, by_phase in p.phase_calls.items()}  # type: ignore[union-attr]
+                                for rank, p in profiles.items()} if phased else {})
 
 
 ExtraCall = tuple[str, float, float, float]
@@ -168,6 +175,24 @@ def extra_calls(rank: int, ops: RankOps) -> tuple[ExtraCall, ...]:
     return tuple(sorted(rows, key=lambda r: (-r[3], r[0])))
 
 
+def extra_by_phase(rank: int, ops: RankOps, rows: Sequence[ExtraCall]) -> dict[str, float]:
+    """Where ``rank``'s extra calls ran: seconds a step by phase, each op's extra time shared among the phases in
+    proportion to its calls there over the others' (their median); empty where the phases of calls are unknown."""
+    if rank not in ops.phase_calls:
+        return {}
+    others = [v for r, v in ops.phase_calls.items() if r != rank]
+    seconds: dict[str, float] = {}
+    for name, _, _, extra_s in rows:
+        mine = ops.phase_calls[rank].get(name, {})
+        more = {phase: n - statistics.median(o.get(name, {}).get(phase, 0.0) for o in others)
+                for phase, n in mine.items()}
+        total = sum(m for m in more.values() if m > 0)
+        for phase, m in more.items():
+            if m > 0:
+                seconds[phase] = seconds.get(phase, 0.0) + extra_s * m / total
+    return seconds
+
+
 def _calls_words(rows: Sequence[ExtraCall], shown: int = 3) -> str:
     """The heaviest extra calls in words, those holding a twentieth of their time or more."""
     total = sum(r[3] for r in rows)
@@ -187,7 +212,8 @@ def by_arrival(ranks: Sequence[RankSummary], found: Arrivals, ops: RankOps | Non
     must be borne out beyond the profiled steps (``_borne_out``). Where the ranks' traced ops are known (``ops``):
     on a CPU, one late in backward must run ops the others do not (``STRAGGLER_EXTRA_OPS``), else it is slower, not
     busier, and ``notes`` gets a line for it; and a rank whose extra calls alone take ``STRAGGLER_BY_OPS`` of the
-    step, arriving last in ``STRAGGLER_LAST_STEPS`` of them, is one by its ops (``_by_extra_calls``)."""
+    step, arriving last or doing more work in ``STRAGGLER_LAST_STEPS`` of them, is one by its ops
+    (``_by_extra_calls``)."""
     summaries = {r.rank: r for r in ranks if r.steps}
     timed = [a for a in found.ranks if a.rank in summaries and a.own_steps_s]
     if len(timed) < 2 or len({len(a.own_steps_s) for a in timed}) != 1:
@@ -230,23 +256,25 @@ def by_arrival(ranks: Sequence[RankSummary], found: Arrivals, ops: RankOps | Non
 
 def _by_extra_calls(timed: Sequence[RankArrival], ops: RankOps, step_s: float, found: Arrivals,
                     summaries: dict[int, RankSummary], baseline: dict[int, list[float]]) -> Straggler | None:
-    """The rank whose extra calls (``extra_calls``) take ``STRAGGLER_BY_OPS`` of the profiled step and that arrives
-    last at the collectives in ``STRAGGLER_LAST_STEPS`` of the steps: the others wait for work that ran, whatever its
-    step less its waits reads (on a busy machine those waits move about by as much as the work)."""
+    """The rank whose extra calls (``extra_calls``) take ``STRAGGLER_BY_OPS`` of the profiled step and that, in
+    ``STRAGGLER_LAST_STEPS`` of the steps, arrives last at the collectives or does more work than the others (its
+    step less its waits): the others wait for work that ran, however those figures read on a busy machine, where
+    the scheduler moves arrivals and waits about by as much as the work."""
     count = len(timed[0].own_steps_s)
     extra = {a.rank: extra_calls(a.rank, ops) for a in timed}
     for slow in sorted(timed, key=lambda a: -sum(c[3] for c in extra[a.rank])):
         calls = extra[slow.rank]
         extra_s = sum(c[3] for c in calls)
         last = sum(x > 0 for x in slow.late_s)
-        if extra_s < th.STRAGGLER_BY_OPS * step_s or last < th.STRAGGLER_LAST_STEPS * len(slow.late_s):
+        more = sum(x > 0 for x in baseline[slow.rank])
+        if extra_s < th.STRAGGLER_BY_OPS * step_s or max(last, more) < th.STRAGGLER_LAST_STEPS * count:
             continue
         others = [a for a in timed if a is not slow]
         excess = {p: slow.own_phases_s[p] - statistics.median(a.own_phases_s[p] for a in others) for p in PHASES}
-        cause = max(excess, key=lambda p: excess[p])
-        more = sum(x > 0 for x in baseline[slow.rank])
+        where = extra_by_phase(slow.rank, ops, calls)  # where the calls ran, else where its step reads longer
+        cause = max(where, key=lambda p: where[p]) if where else max(excess, key=lambda p: excess[p])
         return _arrival_finding(slow, others, cause, excess, extra_s, more, count, False, "", baseline, step_s,
-                                found, summaries, calls, by_calls=True)
+                                found, summaries, calls, by_calls=True, calls_in=where.get(cause))
     return None
 
 
@@ -304,9 +332,9 @@ def _arrival_finding(slow: RankArrival, others: Sequence[RankArrival], cause: st
                      excess_s: float, more: int, count: int, paced: bool, borne: str,
                      baseline: dict[int, list[float]], step_s: float, found: Arrivals,
                      summaries: dict[int, RankSummary], calls: Sequence[ExtraCall] = (),
-                     by_calls: bool = False) -> Straggler:
+                     by_calls: bool = False, calls_in: float | None = None) -> Straggler:
     """The straggler finding, its evidence in words; ``by_calls``: found by its extra calls (``excess_s`` their
-    time), not by its step less its waits."""
+    time, ``calls_in`` seconds of it in ``cause`` where known), not by its step less its waits."""
     cause_share = _cause_share(excess, cause)
     others_wait = statistics.median(a.waiting_s for a in others)
     others_phase = statistics.median(a.own_phases_s[cause] for a in others)
@@ -327,8 +355,10 @@ def _arrival_finding(slow: RankArrival, others: Sequence[RankArrival], cause: st
         f"{statistics.median(baseline[slow.rank]) * 1e3:.1f} ms, is hidden by a core faster in the rest)")
     if by_calls:
         whole = statistics.median(baseline[slow.rank])
+        ran = f"; {calls_in * 1e3:.1f} ms of them in its {_phase_words(cause)}" if calls_in is not None else ""
         more_work = (f"rank {slow.rank} runs {excess_s * 1e3:.1f} ms a step of op calls the other ranks do not make "
-                     f"({excess_s / step_s:.0%} of the {step_s * 1e3:.1f} ms profiled step): {_calls_words(calls)}")
+                     f"({excess_s / step_s:.0%} of the {step_s * 1e3:.1f} ms profiled step{ran}): "
+                     f"{_calls_words(calls)}")
         borne = (f"its step less its waits reads {abs(whole) * 1e3:.1f} ms a step {'over' if whole >= 0 else 'under'} "
                  "theirs: where the machine is busy the waits move about by as much as its work, and its extra calls "
                  "are the measure")

@@ -6,11 +6,12 @@ file on disk, never about the figures), and ``gpuscope analyze`` calls it on a u
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpuscope.reduce.comms import trace_communication
 from gpuscope.reduce.kernels import device_timeline
+from gpuscope.reduce.phases import calls_by_phase
 from gpuscope.reduce.trace import StepSpan, TraceIndex, index_trace, recorded_steps
 from gpuscope.reduce.windows import DeviceWindow, device_window
 from gpuscope.record import Communication, KernelTimeline
@@ -28,6 +29,9 @@ class TraceFigures:
     communication: Communication | None
     windows: tuple[DeviceWindow, ...] = ()
     notes: tuple[str, ...] = ()
+    phase_calls: dict[str, dict[str, int]] = field(default_factory=dict)
+    """In a trace with collectives (a rank's): each op's calls on the training thread by phase (``calls_by_phase``),
+    to set the ranks side by side."""
 
 
 def trace_figures(events: Sequence[Mapping[str, Any]], index: TraceIndex | None = None) -> TraceFigures:
@@ -42,7 +46,8 @@ def trace_figures(events: Sequence[Mapping[str, Any]], index: TraceIndex | None 
     main = max(timelines, key=lambda t: (t.busy_fraction * t.window_s, -(t.device or 0))) if timelines else None
     comm = trace_communication(index, steps, count, {w.device: w for w in windows},
                                main.device if main is not None else None)
-    return TraceFigures(steps, main, tuple(timelines), comm, tuple(windows), _notes(main, timelines, windows))
+    return TraceFigures(steps, main, tuple(timelines), comm, tuple(windows), _notes(main, timelines, windows),
+                        calls_by_phase(index, steps) if comm is not None else {})
 
 
 def _notes(main: KernelTimeline | None, timelines: Sequence[KernelTimeline],

@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import bisect
 
+from collections.abc import Sequence
+
+from gpuscope.reduce.columns import FLAG_BITS, KIND_BITS, KINDS
 from gpuscope.reduce.intervals import Span, clip, difference, intersect, length, union
 from gpuscope.reduce.trace import StepSpan, TraceIndex
 from gpuscope.record import PHASES
@@ -36,6 +39,31 @@ def step_phases(index: TraceIndex, step: StepSpan) -> dict[str, float]:
         claimed = union([*claimed, *mine])
     seconds["other"] = max(0.0, (window[1] - window[0]) / 1e6 - sum(seconds[p] for p in PHASE_PRIORITY))
     return seconds
+
+
+def calls_by_phase(index: TraceIndex, steps: Sequence[StepSpan]) -> dict[str, dict[str, int]]:
+    """Each torch op's calls on the steps' training thread, by the phase (``phase_spans``) they began in: op ->
+    phase -> calls over ``steps``. Calls on other threads (gloo's, the DataLoader's pin-memory thread) are not
+    counted."""
+    if not steps:
+        return {}
+    events = index.host.get(steps[0].thread)
+    if events is None:
+        return {}
+    bounds = sorted((start, end, phase) for step in steps for phase, spans in phase_spans(index, step).items()
+                    for start, end in spans)
+    starts = [b[0] for b in bounds]
+    op_kind = KINDS.index("op")
+    counts: dict[str, dict[str, int]] = {}
+    for ts, code in zip(events.ts, events.code):
+        if code >> FLAG_BITS & (1 << KIND_BITS) - 1 != op_kind:
+            continue
+        at = bisect.bisect_right(starts, ts) - 1
+        if at < 0 or ts >= bounds[at][1]:
+            continue  # outside the steps
+        by_phase = counts.setdefault(index.names[code >> (KIND_BITS + FLAG_BITS)], {})
+        by_phase[bounds[at][2]] = by_phase.get(bounds[at][2], 0) + 1
+    return counts
 
 
 def _claims(index: TraceIndex, step: StepSpan) -> list[tuple[str, list[Span]]]:

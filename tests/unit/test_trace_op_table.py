@@ -17,6 +17,8 @@ import pytest
 
 from gpuscope.reduce.optable import op_kind
 from gpuscope.reduce.figures import trace_figures
+from gpuscope.reduce.phases import calls_by_phase
+from gpuscope.reduce.trace import index_trace, recorded_steps
 from gpuscope.reduce.optable import OpTable, op_table
 from gpuscope.reduce.fields import op_profile, trace_op_profile
 from gpuscope.collect.collectors import torch_trace
@@ -321,3 +323,34 @@ def test_a_trace_under_its_cap_is_read_from_its_file_to_the_same_figures_as_from
                                    trace_bytes=path.stat().st_size, trace_detail="full") for kept in (events, None))
     # then the op table, the kernels, the communication and the steps are the same, to the last digit
     assert trace_op_profile(streamed) == trace_op_profile(held)
+
+
+def test_a_ranks_ops_are_counted_by_the_phase_they_began_in_on_its_training_thread() -> None:
+    # given two steps of a rank's trace: forward 100-300 us, backward 300-700 us (autograd's ops), the optimizer
+    # after; a gradient hook's tanh in backward, an mm in each phase, and a relu on gloo's thread
+    t = 1_000_000.0
+    events = []
+    for n, start in ((7, t), (8, t + 1000)):
+        events += [
+            op(f"ProfilerStep#{n}", start, 1000.0, cat="user_annotation"),
+            op("## forward ##", start + 100, 200.0, cat="user_annotation"),
+            op("aten::mm", start + 150, 20.0),
+            op("autograd::engine::evaluate_function: MmBackward0", start + 300, 100.0),
+            op("aten::mm", start + 310, 50.0),
+            op("aten::tanh", start + 500, 10.0),
+            op("aten::tanh", start + 520, 10.0),
+            op("autograd::engine::evaluate_function: AccumulateGrad", start + 600, 100.0),
+            op("Optimizer.step#SGD.step", start + 800, 100.0, cat="user_annotation"),
+            op("aten::mm", start + 810, 10.0),
+            op("aten::relu", start + 500, 10.0, tid=2),
+            op("cudaLaunchKernel", start + 160, 5.0, cat="cuda_runtime"),
+        ]
+    index = index_trace(events)
+    # when its calls are counted by phase over the recorded steps
+    counts = calls_by_phase(index, recorded_steps(index))
+    # then each op's calls are where they began, summed over the two steps; other threads and runtime calls not
+    assert counts["aten::mm"] == {"forward": 2, "backward": 2, "optimizer": 2}
+    assert counts["aten::tanh"] == {"backward": 4}
+    assert "aten::relu" not in counts and "cudaLaunchKernel" not in counts
+    # and with no step there is nothing to count
+    assert calls_by_phase(index, []) == {}
