@@ -142,37 +142,50 @@ class RankOps:
 
 def rank_ops(records: dict[int, RunRecord]) -> RankOps | None:
     """The ranks' ops side by side, or None where a rank's record has none (made before ``host_ops`` was kept)."""
-    profiles = {rank: r.op_profile for rank, r in records.items()}
-    if len(profiles) < 2 or any(p is None or not p.host_ops or not p.steps for p in profiles.values()):
+    profiles = {rank: r.op_profile for rank, r in records.items()
+                if r.op_profile is not None and r.op_profile.host_ops and r.op_profile.steps}
+    if len(profiles) < 2 or len(profiles) != len(records):
         return None
-    phased = all(p.phase_calls for p in profiles.values())  # type: ignore[union-attr]
-    return RankOps({rank: {o.name: (o.calls / p.steps, o.self_host_s / p.steps) for o in p.host_ops}  # type: ignore[union-attr]
-                    for rank, p in profiles.items()},
-                   on_device=any(p.kernels is not None for p in profiles.values()),  # type: ignore[union-attr]
-                   phase_calls={rank: {name: {phase: n / p.steps for phase, n in by_phase.items()}  # type: ignore[union-attr]
-                                       for name, by_phase in p.phase_calls.items()}  # type: ignore[union-attr]
-                                for rank, p in profiles.items()} if phased else {})
+    per_step = {rank: {o.name: (o.calls / p.steps, o.self_host_s / p.steps) for o in p.host_ops}
+                for rank, p in profiles.items()}
+    phases = {rank: {name: {phase: n / p.steps for phase, n in by_phase.items()}
+                     for name, by_phase in p.phase_calls.items()} for rank, p in profiles.items()}
+    return RankOps(per_step, on_device=any(p.kernels is not None for p in profiles.values()),
+                   phase_calls=phases if all(phases.values()) else {})
 
 
 ExtraCall = tuple[str, float, float, float]
 """An op a rank calls more often than the others: its name, its calls a step, the others' (their median), and the
-seconds a step its extra calls take (its self time over theirs, at most its share of the extra calls)."""
+seconds a step its extra calls take (``extra_calls``)."""
 
 
 def extra_calls(rank: int, ops: RankOps) -> tuple[ExtraCall, ...]:
     """The ops ``rank`` calls more often than the other ranks (``STRAGGLER_MORE_CALLS``), heaviest first: work the
-    others do not do. Where it also runs the shared calls slower, only the time over theirs counts, and no more than
-    the extra calls' share of the op's time."""
+    others do not do. Each one's extra time is its self time less the others', taken at its pace where it runs the
+    calls both make faster than they do (``_op_pace``: on a faster core the shared calls hide part of the extra ones;
+    on a slower one the extra calls are slowed as much, and nothing is taken off them), and no more than the extra
+    calls' share of its time."""
     mine = ops.per_step[rank]
     others = [v for r, v in ops.per_step.items() if r != rank]
+    theirs = {name: (statistics.median(o.get(name, (0.0, 0.0))[0] for o in others),
+                     statistics.median(o.get(name, (0.0, 0.0))[1] for o in others)) for name in mine}
+    pace = min(1.0, _op_pace(mine, theirs))
     rows = []
     for name, (calls, self_s) in mine.items():
-        their_calls = statistics.median(o.get(name, (0.0, 0.0))[0] for o in others)
-        their_s = statistics.median(o.get(name, (0.0, 0.0))[1] for o in others)
+        their_calls, their_s = theirs[name]
         if calls > their_calls + max(0.5, th.STRAGGLER_MORE_CALLS * their_calls):
             rows.append((name, calls, their_calls,
-                         max(0.0, min(self_s - their_s, self_s * (calls - their_calls) / calls))))
+                         max(0.0, min(self_s - pace * their_s, self_s * (calls - their_calls) / calls))))
     return tuple(sorted(rows, key=lambda r: (-r[3], r[0])))
+
+
+def _op_pace(mine: dict[str, tuple[float, float]], theirs: dict[str, tuple[float, float]]) -> float:
+    """How much longer a rank takes than the others over the ops both call equally often (their self time, the
+    rank's over theirs, held to 0.5-2x as ``_beyond_pace``); 1 where there are none."""
+    same = [(mine[n][1], t) for n, (c, t) in theirs.items()
+            if abs(mine[n][0] - c) <= max(0.5, th.STRAGGLER_MORE_CALLS * c) and t > 0]
+    total = sum(t for _, t in same)
+    return min(2.0, max(0.5, sum(m for m, _ in same) / total)) if total > 0 else 1.0
 
 
 def extra_by_phase(rank: int, ops: RankOps, rows: Sequence[ExtraCall]) -> dict[str, float]:
@@ -210,8 +223,8 @@ def by_arrival(ranks: Sequence[RankSummary], found: Arrivals, ops: RankOps | Non
     arrivals about, and its own work still tells. Failing that, the rank whose work in one phase stands out against
     its own pace in the others (``_concentrated``): a straggler whose core is faster in the rest of its step. Either
     must be borne out beyond the profiled steps (``_borne_out``). Where the ranks' traced ops are known (``ops``):
-    on a CPU, one late in backward must run ops the others do not (``STRAGGLER_EXTRA_OPS``), else it is slower, not
-    busier, and ``notes`` gets a line for it; and a rank whose extra calls alone take ``STRAGGLER_BY_OPS`` of the
+    on a CPU, one late in backward must run ops the others do not or be late in forward too (``STRAGGLER_EXTRA_OPS``:
+    larger inputs lengthen both), else it is slower there, not busier, and ``notes`` gets a line for it; and a rank whose extra calls alone take ``STRAGGLER_BY_OPS`` of the
     step, arriving last or doing more work in ``STRAGGLER_LAST_STEPS`` of them, is one by its ops
     (``_by_extra_calls``)."""
     summaries = {r.rank: r for r in ranks if r.steps}
@@ -245,17 +258,19 @@ def by_arrival(ranks: Sequence[RankSummary], found: Arrivals, ops: RankOps | Non
             continue
         calls = extra_calls(slow.rank, ops) if ops is not None else None
         if (cause == "backward" and calls is not None and not ops.on_device  # type: ignore[union-attr]
-                and sum(c[3] for c in calls) < th.STRAGGLER_EXTRA_OPS * step_s):
+                and sum(c[3] for c in calls) < th.STRAGGLER_EXTRA_OPS * step_s
+                and excess["forward"] < th.STRAGGLER_EXTRA_OPS * step_s):  # larger inputs lengthen forward too
             if notes is not None:
                 notes.append(_slower_not_busier(slow, excess, step_s))
             continue
         return _arrival_finding(slow, others, cause, excess, excess_s, more, count, paced, borne, baseline, step_s,
-                                found, summaries, calls or ())
-    return _by_extra_calls(timed, ops, step_s, found, summaries, baseline) if ops is not None else None
+                                found, summaries, calls)
+    return _by_extra_calls(timed, ops, step_s, found, summaries, baseline, notes) if ops is not None else None
 
 
 def _by_extra_calls(timed: Sequence[RankArrival], ops: RankOps, step_s: float, found: Arrivals,
-                    summaries: dict[int, RankSummary], baseline: dict[int, list[float]]) -> Straggler | None:
+                    summaries: dict[int, RankSummary], baseline: dict[int, list[float]],
+                    notes: list[str] | None = None) -> Straggler | None:
     """The rank whose extra calls (``extra_calls``) take ``STRAGGLER_BY_OPS`` of the profiled step and that, in
     ``STRAGGLER_LAST_STEPS`` of the steps, arrives last at the collectives or does more work than the others (its
     step less its waits): the others wait for work that ran, however those figures read on a busy machine, where
@@ -267,7 +282,15 @@ def _by_extra_calls(timed: Sequence[RankArrival], ops: RankOps, step_s: float, f
         extra_s = sum(c[3] for c in calls)
         last = sum(x > 0 for x in slow.late_s)
         more = sum(x > 0 for x in baseline[slow.rank])
-        if extra_s < th.STRAGGLER_BY_OPS * step_s or max(last, more) < th.STRAGGLER_LAST_STEPS * count:
+        if extra_s < th.STRAGGLER_BY_OPS * step_s:
+            continue
+        if max(last, more) < th.STRAGGLER_LAST_STEPS * count:
+            if notes is not None:
+                notes.append(f"rank {slow.rank} runs {extra_s * 1e3:.1f} ms a step of op calls the other ranks do not "
+                             f"make ({extra_s / step_s:.0%} of the {step_s * 1e3:.1f} ms profiled step: "
+                             f"{_calls_words(calls)}), yet it arrived last at the collectives in {last} of {count} "
+                             f"profiled steps and did more work than they did in {more}: another rank was slower "
+                             "still in these steps; its extra calls are the job's next imbalance")
             continue
         others = [a for a in timed if a is not slow]
         excess = {p: slow.own_phases_s[p] - statistics.median(a.own_phases_s[p] for a in others) for p in PHASES}
@@ -283,11 +306,11 @@ def _slower_not_busier(slow: RankArrival, excess: dict[str, float], step_s: floa
     the others."""
     return (f"rank {slow.rank} arrived last at the collectives in every profiled step, its own backward "
             f"{excess['backward'] * 1e3:.1f} ms a step longer than the other ranks' ({excess['backward'] / step_s:.0%} "
-            f"of the {step_s * 1e3:.1f} ms profiled step), yet it called every op as often as they did, each taking "
-            "longer: its core ran slower there (shared with the gradient all-reduces' threads or another process), "
-            f"or its inputs were larger, which would slow its forward too (its forward took "
-            f"{abs(excess['forward']) * 1e3:.1f} ms {'more' if excess['forward'] >= 0 else 'less'} than theirs). "
-            "No straggler is named for it")
+            f"of the {step_s * 1e3:.1f} ms profiled step), yet it called every op as often as they did, and its "
+            f"forward took {abs(excess['forward']) * 1e3:.1f} ms {'more' if excess['forward'] >= 0 else 'less'} than "
+            "theirs: not more work or larger inputs (which lengthen forward too) but a core that ran slower in "
+            "backward (shared with the gradient all-reduces' threads or another process). No straggler is named "
+            "for it")
 
 
 def _borne_out(slow: RankArrival, others: Sequence[RankArrival], cause: str, excess_s: float,
@@ -331,10 +354,11 @@ def _borne_out(slow: RankArrival, others: Sequence[RankArrival], cause: str, exc
 def _arrival_finding(slow: RankArrival, others: Sequence[RankArrival], cause: str, excess: dict[str, float],
                      excess_s: float, more: int, count: int, paced: bool, borne: str,
                      baseline: dict[int, list[float]], step_s: float, found: Arrivals,
-                     summaries: dict[int, RankSummary], calls: Sequence[ExtraCall] = (),
+                     summaries: dict[int, RankSummary], calls: Sequence[ExtraCall] | None = None,
                      by_calls: bool = False, calls_in: float | None = None) -> Straggler:
-    """The straggler finding, its evidence in words; ``by_calls``: found by its extra calls (``excess_s`` their
-    time, ``calls_in`` seconds of it in ``cause`` where known), not by its step less its waits."""
+    """The straggler finding, its evidence in words; ``calls``: its extra calls, where the ranks' ops are known;
+    ``by_calls``: found by them (``excess_s`` their time, ``calls_in`` seconds of it in ``cause`` where known), not
+    by its step less its waits."""
     cause_share = _cause_share(excess, cause)
     others_wait = statistics.median(a.waiting_s for a in others)
     others_phase = statistics.median(a.own_phases_s[cause] for a in others)
@@ -358,12 +382,15 @@ def _arrival_finding(slow: RankArrival, others: Sequence[RankArrival], cause: st
         ran = f"; {calls_in * 1e3:.1f} ms of them in its {_phase_words(cause)}" if calls_in is not None else ""
         more_work = (f"rank {slow.rank} runs {excess_s * 1e3:.1f} ms a step of op calls the other ranks do not make "
                      f"({excess_s / step_s:.0%} of the {step_s * 1e3:.1f} ms profiled step{ran}): "
-                     f"{_calls_words(calls)}")
+                     f"{_calls_words(calls or ())}")
         borne = (f"its step less its waits reads {abs(whole) * 1e3:.1f} ms a step {'over' if whole >= 0 else 'under'} "
                  "theirs: where the machine is busy the waits move about by as much as its work, and its extra calls "
                  "are the measure")
-    elif calls:
+    elif calls is not None and sum(c[3] for c in calls) >= th.STRAGGLER_EXTRA_OPS * step_s:
         borne += f"; the ops it calls more often than the others: {_calls_words(calls)}"
+    elif calls is not None:
+        borne += ("; it calls every op about as often as the others: its extra time is the same calls taking longer "
+                  "(larger inputs, or a slower core)")
     phase = (f"its own {_phase_words(cause)} takes {slow.own_phases_s[cause] * 1e3:.1f} ms a step, the other ranks' "
              f"{others_phase * 1e3:.1f} ms: {excess[cause] * 1e3:.1f} ms more, {cause_share:.0%} of its extra work"
              ) if excess[cause] > 0 else "no phase of its own work reads longer than the other ranks'"

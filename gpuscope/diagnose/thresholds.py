@@ -267,27 +267,33 @@ profiled step: 5 ranks slowed in backward did in 3 of 3; a balanced job named la
 STRAGGLER_MORE_CALLS = 0.05
 """The ranks' traced ops set side by side (``OpProfile.host_ops``): a rank calls an op more often than the others
 where its calls a step exceed theirs (their median) by this share and by half a call at least. Ranks of one
-data-parallel job call every op of the model and of DDP's reducer as often as each other: on the 2-core machine,
-balanced and communication-heavy jobs (57) differed in no op; ranks doing 12 ms more arithmetic a step ran 59-105
-more matmuls a step than the others (benchmarks/straggler_noise.py)."""
+data-parallel job call every op of the model and of DDP's reducer as often as each other: on the 2-core machine, of
+208 kept and fresh 2-rank jobs, the 114 with no extra arithmetic (balanced, communication-heavy, a rank slowed by
+its loader) differed in no op; each of the 94 ranks given 12 ms of arithmetic a step made 340-580 calls a step more
+than the other (``tanh``, ``mm``, ``matmul``), 7.7-31% of the step (benchmarks/straggler_noise.py)."""
 
 STRAGGLER_EXTRA_OPS = 0.06
 """The time of the calls a rank makes more often than the others (``STRAGGLER_MORE_CALLS``; the op's self time over
-theirs, at most its share of the extra calls) below which a rank late in backward on a CPU is slower, not busier:
-it runs the same ops as often, each slower (its core shared with the gradient all-reduces' threads, or with another
-process). Half ``STRAGGLER_ARRIVAL_SHARE``. On the 2-core machine, 18 ranks slowed by 12 ms of arithmetic in
-backward ran 11-31% of the step in extra calls; the balanced jobs named late in backward (CI's, 14% of the step, and
-one of 44 kept jobs, 21%) none (benchmarks/straggler_noise.py). On a GPU a slower device is a straggler of its own,
-and this is not asked."""
+theirs, theirs taken at the rank's pace where it runs the shared calls faster, at most the extra calls' share of
+it) below which a rank late in backward on a CPU, and late in forward by less than this share too, is slower, not
+busier: it runs the same ops as often, each slower in backward alone (its core shared with the gradient
+all-reduces' threads), where larger inputs (uneven sequence lengths) would lengthen its forward as well. Half
+``STRAGGLER_ARRIVAL_SHARE``. On the 2-core machine, 28 ranks slowed by 12 ms of arithmetic in backward ran 9-31%
+of the step in extra calls; CI's balanced job named late in backward (14% of the step, its forward 0.1 ms shorter)
+none. A rank of a Lightning job given sequences 1.5x as long called no op more often, its forward 8.0 ms (12%) and
+its backward 9.6 ms longer; the kept balanced job named 24.1 ms late in backward, on a core slower in everything,
+is as long in forward (11.2 ms, 10%) and is still named (benchmarks/straggler_noise.py). On a GPU a slower device is
+a straggler of its own, and this is not asked."""
 
 STRAGGLER_BY_OPS = 0.08
 """A rank whose extra calls (``STRAGGLER_EXTRA_OPS``) take this share of the profiled step, and that arrives last at
 the collectives or does more work than the others (its step less its waits) in ``STRAGGLER_LAST_STEPS`` of them, is
 a straggler by its ops, however large those figures read: the ops ran, the others waited. The calls are counted, not
 a difference of noisy times, so the bar is what is worth a finding: ``STRAGGLER_EVERY_STEP``'s. On the 2-core machine
-beside 2 busy processes, ranks given 12 ms of arithmetic a step ran 9-38% of the step in extra calls; balanced and
-communication-heavy jobs none. At an eighth, first tried, it named 6 of the 9 kept stragglers the step's figures had
-missed, and a fresh set then missed two at 9.2% and 11.8% (benchmarks/straggler_noise.py)."""
+beside 2 busy processes, ranks given 12 ms of arithmetic a step ran 7.7-31% of the step in extra calls; balanced and
+communication-heavy jobs none (``STRAGGLER_MORE_CALLS``). At an eighth, first tried, it named 6 of the 9 kept
+stragglers the step's figures had missed, and a fresh set then missed two at 9.2% and 11.8%; at 8%, a second fresh
+set named 24 of 25 stragglers and no balanced job (benchmarks/straggler_noise.py)."""
 
 # -- launches, fusion, copies and mixed precision ------------------------------------------------------------
 LAUNCH_NOTABLE = 0.3

@@ -1,8 +1,9 @@
 """A recorded step's phases from a trace's ranges on the training thread: data wait in DataLoader ``__next__``
 ranges, forward / backward / optimizer where annotated (``DistributedDataParallel.forward``, ``## forward ##``,
 ``Optimizer.step#...``; backward, where no range says, from autograd's first op in the step to its last), the rest
-``other``; where ranges overlap, the first of data wait, optimizer, backward,
-forward takes the time."""
+``other``; where ranges overlap, the first of data wait, backward, forward, optimizer takes the time: an optimizer's
+range holds the forward and backward of a closure it calls (LBFGS; PyTorch Lightning's automatic optimization
+calls ``training_step`` and backward inside ``optimizer.step``), which are theirs, not the optimizer's."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from gpuscope.reduce.intervals import Span, clip, difference, intersect, length,
 from gpuscope.reduce.trace import StepSpan, TraceIndex
 from gpuscope.record import PHASES
 
-PHASE_PRIORITY = ("data_wait", "optimizer", "backward", "forward")
+PHASE_PRIORITY = ("data_wait", "backward", "forward", "optimizer")
 
 
 def phase_spans(index: TraceIndex, step: StepSpan) -> dict[str, list[Span]]:

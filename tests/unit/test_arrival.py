@@ -364,12 +364,20 @@ def test_extra_calls_count_no_more_than_their_share_of_the_ops_time() -> None:
     # and where its shared calls are much slower too (18 calls in 50 ms), no more than the extra calls' half, 25 ms
     slow_shared = RankOps({0: {"aten::mm": (9.0, 0.020)}, 1: {"aten::mm": (18.0, 0.050)}}, on_device=False)
     assert extra_calls(1, slow_shared)[0][3] == pytest.approx(0.025)
+    # on a core 20% faster (its addmm, called as often as rank 0's, 8 ms against 10) the shared 9 mm calls take
+    # 16 ms of its 24, leaving 8 ms to the 9 extra ones, not the 4 ms over rank 0's
+    faster = RankOps({0: {"aten::addmm": (5.0, 0.010), "aten::mm": (9.0, 0.020)},
+                      1: {"aten::addmm": (5.0, 0.008), "aten::mm": (18.0, 0.024)}}, on_device=False)
+    assert extra_calls(1, faster)[0][3] == pytest.approx(0.008)
+    # on a slower one (addmm 15 ms) its extra calls are slowed as much: nothing more is taken off them than 20 ms
+    slower = RankOps({0: faster.per_step[0], 1: {"aten::addmm": (5.0, 0.015), "aten::mm": (18.0, 0.024)}}, False)
+    assert extra_calls(1, slower)[0][3] == pytest.approx(0.004)
     # half a call a step more is no extra call (a sampler's one call in two steps)
     assert extra_calls(1, RankOps({0: {"aten::normal_": (1.0, 0.001)}, 1: {"aten::normal_": (1.4, 0.0015)}},
                                   False)) == ()
 
 
-def test_a_rank_late_in_backward_that_calls_no_op_more_often_on_a_cpu_is_slower_not_a_straggler() -> None:
+def test_a_rank_late_in_backward_alone_that_calls_no_op_more_often_on_a_cpu_is_slower_not_a_straggler() -> None:
     # given rank 1 arriving 12 ms late in backward every step (20% of the 60 ms step), named by its step alone
     found = arrivals({0: ddp_rank(0), 1: ddp_rank(12_000)})
     assert found is not None
@@ -381,7 +389,15 @@ def test_a_rank_late_in_backward_that_calls_no_op_more_often_on_a_cpu_is_slower_
     assert len(notes) == 1 and notes[0].startswith(
         "rank 1 arrived last at the collectives in every profiled step, its own backward 12.0 ms a step longer than "
         "the other ranks' (20% of the 60.0 ms profiled step), yet it called every op as often as they did")
-    assert "its forward took 0.0 ms more than theirs" in notes[0]
+    assert "and its forward took 0.0 ms more than theirs: not more work or larger inputs" in notes[0]
+    # a rank whose forward is 5 ms longer too (8% of the step), as larger inputs make it, is named all the same
+    slow = found.of(1)
+    forward = {**slow.own_phases_s, "forward": slow.own_phases_s["forward"] + 0.005}
+    longer = dataclasses.replace(slow, own_phases_s=forward, own_steps_s=tuple(x + 0.005 for x in slow.own_steps_s))
+    late = straggler(ranks, dataclasses.replace(found, ranks=(found.of(0), longer)), side_by_side())
+    assert late is not None and (late.rank, late.cause) == (1, "backward")
+    assert late.evidence[1].endswith("it calls every op about as often as the others: its extra time is the same "
+                                     "calls taking longer (larger inputs, or a slower core)")
     # on a GPU a slower device is a straggler of its own
     assert straggler(ranks, found, side_by_side(on_device=True)) is not None
     # and with 12 ms of calls rank 0 does not make it is one, its ops named
@@ -414,10 +430,16 @@ def test_a_rank_whose_extra_calls_take_8_percent_of_the_step_is_a_straggler_by_t
     calls = side_by_side({"aten::tanh": (60.0, 0.004), "aten::mm": (60.0, 0.006)})
     once = dataclasses.replace(found.of(1), late_s=(0.003, -0.001, -0.001))
     assert straggler(ranks, dataclasses.replace(found, ranks=(found.of(0), once)), calls) is not None
-    # one that neither arrives last nor does more work in 2 of 3 steps is none, whatever it calls
+    # one that neither arrives last nor does more work in 2 of 3 steps is none, whatever it calls: a note says so
     even = found.of(0).own_steps_s
     idle = dataclasses.replace(once, own_steps_s=(even[0] + 0.003, *even[1:]))
-    assert straggler(ranks, dataclasses.replace(found, ranks=(found.of(0), idle)), calls) is None
+    notes: list[str] = []
+    assert straggler(ranks, dataclasses.replace(found, ranks=(found.of(0), idle)), calls, notes) is None
+    assert notes == ["rank 1 runs 10.0 ms a step of op calls the other ranks do not make (17% of the 60.0 ms profiled "
+                     "step: aten::mm 69 calls a step against 9 (6.0 ms); aten::tanh 60 calls a step against none "
+                     "(4.0 ms)), yet it arrived last at the collectives in 1 of 3 profiled steps and did more work "
+                     "than they did in 1: another rank was slower still in these steps; its extra calls are the "
+                     "job's next imbalance"]
 
 
 def test_a_straggler_by_its_calls_whose_phases_read_no_longer_says_so_without_negative_time() -> None:
