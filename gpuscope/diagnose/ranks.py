@@ -224,9 +224,9 @@ def by_arrival(ranks: Sequence[RankSummary], found: Arrivals, ops: RankOps | Non
     its own pace in the others (``_concentrated``): a straggler whose core is faster in the rest of its step. Either
     must be borne out beyond the profiled steps (``_borne_out``). Where the ranks' traced ops are known (``ops``):
     on a CPU, one late in backward must run ops the others do not or be late in forward too (``STRAGGLER_EXTRA_OPS``:
-    larger inputs lengthen both), else it is slower there, not busier, and ``notes`` gets a line for it; and a rank whose extra calls alone take ``STRAGGLER_BY_OPS`` of the
-    step, arriving last or doing more work in ``STRAGGLER_LAST_STEPS`` of them, is one by its ops
-    (``_by_extra_calls``)."""
+    larger inputs lengthen both), else it is slower there, not busier, and ``notes`` gets a line for it; and a rank
+    whose extra calls alone take ``STRAGGLER_BY_OPS`` of the step, arriving last or doing more work in
+    ``STRAGGLER_LAST_STEPS`` of them, is one by its ops (``_by_extra_calls``)."""
     summaries = {r.rank: r for r in ranks if r.steps}
     timed = [a for a in found.ranks if a.rank in summaries and a.own_steps_s]
     if len(timed) < 2 or len({len(a.own_steps_s) for a in timed}) != 1:

@@ -261,8 +261,8 @@ showed 6.9-28.1 ms more in that phase over their steady steps (8-30% of the step
 profiled steps named a rank 11.7 ms late in forward showed 0.8 ms (1%) (benchmarks/straggler_noise.py). Where the
 others' steady phase holds their wait for it (DDP's backward) the straggler must instead arrive last in every
 profiled step: 5 ranks slowed in backward did in 3 of 3; a balanced job named late in backward under CI's load
-(8.0 ms, 13% of the step) arrived last in 2 of 3. (On a CPU it must also call ops the others do not:
-``STRAGGLER_EXTRA_OPS``.)"""
+(8.0 ms, 13% of the step) arrived last in 2 of 3. (On a CPU it must also call ops the others do not, or be late in
+forward too: ``STRAGGLER_EXTRA_OPS``.)"""
 
 STRAGGLER_MORE_CALLS = 0.05
 """The ranks' traced ops set side by side (``OpProfile.host_ops``): a rank calls an op more often than the others
@@ -280,7 +280,7 @@ busier: it runs the same ops as often, each slower in backward alone (its core s
 all-reduces' threads), where larger inputs (uneven sequence lengths) would lengthen its forward as well. Half
 ``STRAGGLER_ARRIVAL_SHARE``. On the 2-core machine, 28 ranks slowed by 12 ms of arithmetic in backward ran 9-31%
 of the step in extra calls; CI's balanced job named late in backward (14% of the step, its forward 0.1 ms shorter)
-none. A rank of a Lightning job given sequences 1.5x as long called no op more often, its forward 8.0 ms (12%) and
+made none. A rank of a Lightning job given sequences 1.5x as long called no op more often, its forward 8.0 ms (12%) and
 its backward 9.6 ms longer; the kept balanced job named 24.1 ms late in backward, on a core slower in everything,
 is as long in forward (11.2 ms, 10%) and is still named (benchmarks/straggler_noise.py). On a GPU a slower device is
 a straggler of its own, and this is not asked."""

@@ -496,4 +496,5 @@ def test_a_straggler_by_its_calls_is_late_in_the_phase_its_calls_ran_in() -> Non
     assert late is not None and late.cause == "forward"
     assert "(17% of the 60.0 ms profiled step; 8.0 ms of them in its forward)" in late.evidence[0]
     # without the phases of calls, where its step reads longer
-    assert straggler(ranks, found, dataclasses.replace(ops, phase_calls={})).cause == "backward"  # type: ignore[union-attr]
+    unplaced = straggler(ranks, found, dataclasses.replace(ops, phase_calls={}))
+    assert unplaced is not None and unplaced.cause == "backward"
