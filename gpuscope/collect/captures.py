@@ -100,6 +100,9 @@ class TraceCapture:
     """Each recorded step's time the loop's thread was runnable but waiting for a CPU (where the kernel says)."""
     path: Path | None = None
     """``trace.json``, where ``events`` are not held."""
+    scaled_by: int = 1
+    """Where more than 1: the one recorded step was recorded up to the end of its first call of the optimizer's
+    closure, of this many; its op table is that call's times this."""
 
 
 LOW_PRECISION = ("bfloat16", "float16")

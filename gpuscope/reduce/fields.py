@@ -127,6 +127,8 @@ def trace_op_profile(capture: TraceCapture, evaluated: set[int] | frozenset[int]
             events = [e for s in training for e in window_events(events, s.start_us, s.end_us)]
         table, steps = op_table(events), len(training) if left_out else len(recorded)
     window = Window(recorded[0], recorded[-1]) if recorded else Window()
+    if capture.scaled_by > 1:  # one closure call of the step's recorded: the step's table is that call's times its calls
+        table = table.times(capture.scaled_by)
     profile = op_profile(table, window, steps, figures, cuda=capture.cuda, trace_bytes=capture.trace_bytes,
                          trace_detail=capture.trace_detail)
     return replace(_with_cpu_waits(profile, capture), evaluated_steps=left_out)

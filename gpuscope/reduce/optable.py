@@ -71,6 +71,13 @@ class OpTable:
         """The device events' time in all, each counted once."""
         return sum(o.device_s for o in self.device)
 
+    def times(self, k: int) -> OpTable:
+        """The table of ``k`` runs of what this one holds (one closure call of a step of ``k``): every row's calls and
+        times ``k`` times."""
+        def scaled(rows: tuple[OpStat, ...]) -> tuple[OpStat, ...]:
+            return tuple(OpStat(o.name, o.calls * k, o.self_host_s * k, o.device_s * k) for o in rows)
+        return OpTable(scaled(self.ops), scaled(self.calls), scaled(self.device))
+
 
 def op_table(events: Iterable[Mapping[str, Any]]) -> OpTable:
     """Per-op totals of a trace's events, as torch's ``key_averages()`` gives them for the same recording: calls,

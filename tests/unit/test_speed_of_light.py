@@ -56,6 +56,9 @@ class FakeSteps:
     def on_closure_end(self, listener: Any) -> None:
         pass
 
+    def off_closure_end(self, listener: Any) -> None:
+        pass
+
     def timed(self, closure: Any) -> Any:
         return closure
 
@@ -493,6 +496,10 @@ class ClosureSteps(FakeSteps):
 
     def on_closure_end(self, listener: Any) -> None:
         self.listener_at_end = listener
+
+    def off_closure_end(self, listener: Any) -> None:
+        if self.listener_at_end == listener:
+            self.listener_at_end = None
 
     def timed(self, closure: Any) -> Any:
         def timed_closure() -> Any:

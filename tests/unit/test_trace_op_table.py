@@ -190,8 +190,13 @@ def test_analyze_counts_a_recordings_ops_as_the_run_did(name: str) -> None:
 
 
 class StepEvents:
+    """The steps collector as the trace collector sees it: a loop that calls no optimizer closure."""
+
     def window_opened(self) -> None:
         pass
+
+    def closure_calls(self) -> int:
+        return 0
 
     def remove_step_listener(self, listener: object) -> None:
         pass
@@ -354,3 +359,76 @@ def test_a_ranks_ops_are_counted_by_the_phase_they_began_in_on_its_training_thre
     assert "aten::relu" not in counts and "cudaLaunchKernel" not in counts
     # and with no step there is nothing to count
     assert calls_by_phase(index, []) == {}
+
+
+class ClosureEvents(StepEvents):
+    """...and one whose optimizer calls a closure several times a step (LBFGS), as the steps collector wraps it."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.listeners: list[Any] = []
+
+    def closure_calls(self) -> int:
+        return self.calls
+
+    def on_closure_end(self, listener: Any) -> None:
+        self.listeners.append(listener)
+
+    def off_closure_end(self, listener: Any) -> None:
+        if listener in self.listeners:
+            self.listeners.remove(listener)
+
+    def closure(self, work: Any) -> None:
+        self.calls += 1
+        work()
+        for listener in tuple(self.listeners):
+            listener()
+
+
+def test_a_long_step_of_several_closure_calls_is_recorded_to_its_first_calls_end(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    # given long steps (one recorded, no warm-up step) whose optimizer calls its closure 4 times a step, each call an
+    # mm and a relu
+    collector = TorchTraceCollector(start=2, active=1)
+    collector.warmup = 0
+    events = ClosureEvents()
+    collector._events = events  # type: ignore[assignment]
+    collector.start(tmp_path)
+    x = torch.randn(16, 16)
+    for index in range(4):
+        collector._on_step(index)
+        for _ in range(4):
+            events.closure(lambda: (x @ x).relu())
+    result = collector.stop()
+    assert result.status.status == "ok", result.status
+    capture = result.payload
+    assert isinstance(capture, TraceCapture)
+    # then trace.json holds step 2 to the end of its first call: one mm, one relu
+    trace = json.loads((tmp_path / TRACE_FILE).read_text())
+    assert sum(e.get("name") == "aten::mm" for e in trace["traceEvents"]) == 1
+    # and the op figures are that call's times the step's 4 calls: the step's own
+    assert capture.scaled_by == 4 and capture.recorded == (2,)
+    stats = by_name(list(trace_op_profile(capture).top_host))
+    assert stats["aten::mm"].calls == 4 and stats["aten::relu"].calls == 4
+    assert result.notes == ("trace.json holds step 2 up to the end of its first call of the optimizer's closure, "
+                            "of 4: the op figures are that call's, times 4",)
+    assert events.listeners == []
+
+
+def test_a_step_of_one_closure_call_is_recorded_whole(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    # given the same loop calling its closure once a step (SGD with a closure)
+    collector = TorchTraceCollector(start=2, active=1)
+    collector.warmup = 0
+    events = ClosureEvents()
+    collector._events = events  # type: ignore[assignment]
+    collector.start(tmp_path)
+    x = torch.randn(16, 16)
+    for index in range(4):
+        collector._on_step(index)
+        events.closure(lambda: (x @ x).relu())
+        (x @ x).sum()  # the optimizer's own work after its closure
+    capture = collector.stop().payload
+    # then the whole step is recorded and nothing is scaled
+    assert isinstance(capture, TraceCapture) and capture.scaled_by == 1
+    assert by_name(list(trace_op_profile(capture).top_host))["aten::mm"].calls == 2

@@ -152,7 +152,7 @@ class SpeedOfLightCollector(StepFollower):
 
     def _first_closure_ended(self) -> None:
         """The counted step's first closure call has returned: the count stops here (``PER_CLOSURE_CALLS``)."""
-        self._events.on_closure_end(None)  # type: ignore[union-attr]
+        self._events.off_closure_end(self._first_closure_ended)  # type: ignore[union-attr]
         if self._mode is not None:
             self._mode.__exit__(None, None, None)
             self._exited = True
@@ -162,7 +162,7 @@ class SpeedOfLightCollector(StepFollower):
         if mode is None:
             return
         if self._closure_base is not None:
-            self._events.on_closure_end(None)  # type: ignore[union-attr]
+            self._events.off_closure_end(self._first_closure_ended)  # type: ignore[union-attr]
         if not self._exited:
             mode.__exit__(None, None, None)
         self._exited = False

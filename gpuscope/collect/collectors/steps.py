@@ -89,7 +89,7 @@ class StepsCollector:
         self.loaders = LoaderBook()  # the DataLoaders iterated (the post-run probes load the slowest one again)
         self._loader_depth = 0
         self._closure_calls = 0  # calls of the closures passed to optimizer.step, counted to the end
-        self._closure_end: Callable[[], None] | None = None
+        self._closure_end: list[Callable[[], None]] = []
         self._backward_depth = 0  # backward() in backward() (a gradient penalty) or in a closure marks no step
         self._in_backward = 0  # backward() calls open: the outermost one's tensor is the step's loss
         self._roots_found = False
@@ -155,8 +155,12 @@ class StepsCollector:
     def closure_calls(self) -> int:
         return self._closure_calls
 
-    def on_closure_end(self, listener: Callable[[], None] | None) -> None:
-        self._closure_end = listener
+    def on_closure_end(self, listener: Callable[[], None]) -> None:
+        self._closure_end.append(listener)
+
+    def off_closure_end(self, listener: Callable[[], None]) -> None:
+        if listener in self._closure_end:
+            self._closure_end.remove(listener)
 
     def window_closed(self) -> None:  # a profiler stopped
         self.tracker.window_closed()  # type: ignore[union-attr]
@@ -287,8 +291,8 @@ class StepsCollector:
             finally:
                 collector._backward_depth -= 1
                 tracker.exit(OTHER, collector._clock())  # type: ignore[union-attr]
-                if collector._closure_end is not None:
-                    collector._closure_end()
+                for listener in tuple(collector._closure_end):  # a listener may take itself off
+                    listener()
 
         return timed_closure
 

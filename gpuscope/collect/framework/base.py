@@ -60,8 +60,12 @@ class StepEvents(Protocol):
         """Calls of the closures passed to ``optimizer.step`` so far (LBFGS calls its own many times a step)."""
         ...
 
-    def on_closure_end(self, listener: Callable[[], None] | None) -> None:
-        """Call ``listener()`` as each such closure returns, in the loop's thread (None: no more)."""
+    def on_closure_end(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` as each such closure returns, in the loop's thread, until ``off_closure_end``."""
+        ...
+
+    def off_closure_end(self, listener: Callable[[], None]) -> None:
+        """No more calls of ``listener`` (``on_closure_end``)."""
         ...
 
     def add_phase_listener(self, listener: Callable[[str], None]) -> None:
