@@ -24,6 +24,7 @@ from gpuscope.reduce.fields import op_profile, trace_op_profile
 from gpuscope.collect.collectors import torch_trace
 from gpuscope.collect.collectors.torch_trace import TRACE_FILE, TorchTraceCollector
 from gpuscope.collect.captures import TraceCapture
+from gpuscope.collect.children import schedstat
 from gpuscope.record import OpStat, Window
 from gpuscope.reduce.tracefile import record_from_trace
 
@@ -408,6 +409,8 @@ def test_a_long_step_of_several_closure_calls_is_recorded_to_its_first_calls_end
     assert sum(e.get("name") == "aten::mm" for e in trace["traceEvents"]) == 1
     # and the op figures are that call's times the step's 4 calls: the step's own
     assert capture.scaled_by == 4 and capture.recorded == (2,)
+    # and the recorded part's wait for a CPU, where the kernel says
+    assert set(capture.cpu_wait_s) == ({2} if schedstat("thread-self") is not None else set())
     stats = by_name(list(trace_op_profile(capture).top_host))
     assert stats["aten::mm"].calls == 4 and stats["aten::relu"].calls == 4
     assert result.notes == ("trace.json holds step 2 up to the end of its first call of the optimizer's closure, "

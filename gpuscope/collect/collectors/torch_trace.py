@@ -172,6 +172,7 @@ class TorchTraceCollector(StepFollower):
         self._events.off_closure_end(self._first_closure_ended)  # type: ignore[union-attr]
         if self._prof is None:
             return
+        self._note_wait(self._recorded[-1] + 1)  # the recorded part's wait for a CPU ends here
         try:
             self._end()  # stops the profiler, which saves the trace so far: the step up to here
         except Exception as exc:  # the user's step goes on; this collector reports failed
