@@ -248,7 +248,7 @@ def by_arrival(ranks: Sequence[RankSummary], found: Arrivals, ops: RankOps | Non
         candidates.append((*hidden, True))
     for slow, cause, excess_s, more, paced in candidates:
         others = [a for a in timed if a is not slow]
-        excess = {p: slow.own_phases_s[p] - statistics.median(a.own_phases_s[p] for a in others) for p in PHASES}
+        excess = _phase_excess(slow, others)
         cause = cause or max(excess, key=lambda p: excess[p])
         if not paced and _cause_share(excess, cause) < th.STRAGGLER_CAUSE_SHARE:
             continue
@@ -293,7 +293,7 @@ def _by_extra_calls(timed: Sequence[RankArrival], ops: RankOps, step_s: float, f
                              "still in these steps; its extra calls are the job's next imbalance")
             continue
         others = [a for a in timed if a is not slow]
-        excess = {p: slow.own_phases_s[p] - statistics.median(a.own_phases_s[p] for a in others) for p in PHASES}
+        excess = _phase_excess(slow, others)
         where = extra_by_phase(slow.rank, ops, calls)  # where the calls ran, else where its step reads longer
         cause = max(where, key=lambda p: where[p]) if where else max(excess, key=lambda p: excess[p])
         return _arrival_finding(slow, others, cause, excess, extra_s, more, count, False, "", baseline, step_s,
@@ -405,6 +405,11 @@ def _arrival_finding(slow: RankArrival, others: Sequence[RankArrival], cause: st
                      evidence=evidence, cause_share=cause_share,
                      spread_s=statistics.median(spreads) if spreads else None,  # type: ignore[type-var]
                      others_wait_s=others_wait, arrived_last=last, steps_matched=len(slow.late_s), basis="arrivals")
+
+
+def _phase_excess(slow: RankArrival, others: Sequence[RankArrival]) -> dict[str, float]:
+    """A rank's own work in each phase over the other ranks' (their median), seconds a step."""
+    return {p: slow.own_phases_s[p] - statistics.median(a.own_phases_s[p] for a in others) for p in PHASES}
 
 
 def _cause_share(excess: dict[str, float], cause: str) -> float:

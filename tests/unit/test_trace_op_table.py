@@ -386,15 +386,21 @@ class ClosureEvents(StepEvents):
             listener()
 
 
-def test_a_long_step_of_several_closure_calls_is_recorded_to_its_first_calls_end(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
-    # given long steps (one recorded, no warm-up step) whose optimizer calls its closure 4 times a step, each call an
-    # mm and a relu
+def long_steps_collector(tmp_path: Path) -> tuple[TorchTraceCollector, ClosureEvents]:
+    """The trace collector as long steps place it (step 2 recorded, no warm-up step), following ``ClosureEvents``."""
     collector = TorchTraceCollector(start=2, active=1)
     collector.warmup = 0
     events = ClosureEvents()
     collector._events = events  # type: ignore[assignment]
     collector.start(tmp_path)
+    return collector, events
+
+
+def test_a_long_step_of_several_closure_calls_is_recorded_to_its_first_calls_end(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    # given long steps (one recorded, no warm-up step) whose optimizer calls its closure 4 times a step, each call an
+    # mm and a relu
+    collector, events = long_steps_collector(tmp_path)
     x = torch.randn(16, 16)
     for index in range(4):
         collector._on_step(index)
@@ -421,11 +427,7 @@ def test_a_long_step_of_several_closure_calls_is_recorded_to_its_first_calls_end
 def test_a_step_of_one_closure_call_is_recorded_whole(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     # given the same loop calling its closure once a step (SGD with a closure)
-    collector = TorchTraceCollector(start=2, active=1)
-    collector.warmup = 0
-    events = ClosureEvents()
-    collector._events = events  # type: ignore[assignment]
-    collector.start(tmp_path)
+    collector, events = long_steps_collector(tmp_path)
     x = torch.randn(16, 16)
     for index in range(4):
         collector._on_step(index)
