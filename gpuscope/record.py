@@ -577,6 +577,14 @@ class OpProfile:
     """In a data-parallel rank's record: each torch op's calls on the training thread over the recorded steps, by the
     step phase they began in (``data_wait``, ``forward``, ``backward``, ``optimizer``, ``other``): where a rank's
     extra calls ran. Empty elsewhere, and in records made before it was kept."""
+    closure_calls: int = 0
+    """Where the one recorded step was recorded up to the end of its first call of the optimizer's closure (a long
+    LBFGS step: each call a forward and backward pass): the step's calls; the op figures are that call's times this.
+    0 elsewhere, and in records made before it was kept."""
+    closure_call_s: float = 0.0
+    """That recorded call's time on the host from the step's start (the profiler on), seconds: times
+    ``closure_calls``, the step's time as the trace stands for it (the step's own wall also holds the trace's
+    export and the FLOP count of its second call). 0 elsewhere."""
 
 
 @dataclass(frozen=True, slots=True)

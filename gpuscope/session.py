@@ -274,7 +274,8 @@ class Session:
             trace = payloads.get("torch-trace")
             traced = Window(trace.recorded[0], trace.recorded[-1]) \
                 if isinstance(trace, TraceCapture) and trace.recorded else None  # as the op table's (reduce.fields)
-            if not steps.count and (profiled := profiled_steps(steps, traced)) is not None:
+            call = (trace.scaled_by, trace.call_s) if isinstance(trace, TraceCapture) and trace.call_s > 0 else None
+            if not steps.count and (profiled := profiled_steps(steps, traced, call)) is not None:
                 steps, breakdown, _ = profiled  # a few long steps, all profiled: the verdict will be theirs
             figures = {"data_wait": breakdown.data_wait, "median_s": steps.median_s,
                        "steps": steps.count, "cuda": capture.device == "cuda",

@@ -103,6 +103,8 @@ class TraceCapture:
     scaled_by: int = 1
     """Where more than 1: the one recorded step was recorded up to the end of its first call of the optimizer's
     closure, of this many; its op table is that call's times this."""
+    call_s: float = 0.0
+    """Where ``scaled_by`` is more than 1: that call's time, from the step's start (profiler on), seconds."""
 
 
 LOW_PRECISION = ("bfloat16", "float16")

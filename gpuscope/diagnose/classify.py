@@ -75,8 +75,10 @@ def _classify(record: RunRecord) -> Verdict:
     the steps there are, its confidence cut in proportion and the evidence saying so (``_thin``)."""
     steps = record.steps
     needed = th.MIN_TRACE_STEPS if steps.source == "profiler" else th.MIN_STEADY_STEPS
-    window = record.op_profile.window if record.op_profile is not None else None
-    if steps.count == 0 and (profiled := profiled_steps(steps, window)) is not None:
+    ops = record.op_profile
+    window = ops.window if ops is not None else None
+    call = (ops.closure_calls, ops.closure_call_s) if ops is not None and ops.closure_call_s > 0 else None
+    if steps.count == 0 and (profiled := profiled_steps(steps, window, call)) is not None:
         thin_steps, breakdown, which = profiled
         thin = dataclasses.replace(record, steps=thin_steps, breakdown=breakdown)
         measured = _classify_steps(thin, needed)  # (inconclusive too: its evidence says why, "0 steps" would not)
@@ -92,10 +94,14 @@ def _classify(record: RunRecord) -> Verdict:
     return verdict
 
 
-def profiled_steps(steps: Steps, window: Window | None = None) -> tuple[Steps, Breakdown, str] | None:
+def profiled_steps(steps: Steps, window: Window | None = None,
+                   call: tuple[int, float] | None = None) -> tuple[Steps, Breakdown, str] | None:
     """Where no step ran unprofiled (a run of a few long steps), the step figures and breakdown its profiled steps
     give: those torch.profiler recorded (``window``) where it recorded any (their op table is the one the verdict
-    reads), else all of them; and which steps they were. None where no profiled step was kept."""
+    reads), else all of them; and which steps they were. None where no profiled step was kept. ``call``: the one
+    recorded step was recorded up to the end of its first closure call, of that many, which took that long: the
+    step's time is the call's times its calls, as its op table is (its wall also holds the trace's export and the
+    FLOP count of its second call)."""
     sample = steps.sample
     profiled = [i for i, status in enumerate(sample.status) if status == "profiled"]
     if window is not None and window.first_step is not None and window.last_step is not None:
@@ -105,13 +111,19 @@ def profiled_steps(steps: Steps, window: Window | None = None) -> tuple[Steps, B
         return None
     device = steps.clock == "device" and len(sample.device_wall_s) == len(sample.wall_s)
     walls = [(sample.device_wall_s[i] or sample.wall_s[i]) if device else sample.wall_s[i] for i in profiled]
+    timed = ""
+    if call is not None and len(profiled) == 1 and window is not None and sample.index[profiled[0]] == window.first_step:
+        timed = (f" (its time taken as its first call of the optimizer's closure, traced, {call[1]:.2f} s, times "
+                 f"its {call[0]} calls: its wall, {walls[0]:.2f} s, also holds the trace's export and the step's "
+                 "other profilers)")
+        walls = [call[0] * call[1]]
     total = sum(sample.wall_s[i] for i in profiled)  # the phases are the host's
     shares = {phase: sum(column[i] for i in profiled) / total if total else 0.0
               for phase, column in sample.phases_s.items()}
     thin = dataclasses.replace(steps, count=len(profiled), median_s=statistics.median(walls),
                                mean_s=sum(walls) / len(walls), min_s=min(walls), max_s=max(walls))
     first, last = sample.index[profiled[0]], sample.index[profiled[-1]]
-    which = f"the profiled step {first}" if first == last else f"the profiled steps {first}-{last}"
+    which = f"the profiled step {first}{timed}" if first == last else f"the profiled steps {first}-{last}"
     return thin, Breakdown(**shares), which
 
 

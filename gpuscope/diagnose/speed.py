@@ -27,6 +27,9 @@ def complete_speed_of_light(record: RunRecord) -> SpeedOfLight | None:
     dtype or shapes run faster than the benchmark's: bfloat16 on a CPU without bfloat16 instructions): MFU is
     left unset and ``peak_source`` says why. A datasheet (GPU) peak is never changed."""
     sol, steps = record.speed_of_light, record.steps
+    if sol is not None and sol.flops_per_step and not steps.count and steps.total:
+        why = "no step ran unprofiled (a run of a few long steps): the achieved rate and MFU need one"
+        return dataclasses.replace(sol, note=_joined(sol.note, why))
     if sol is None or not steps.count or not steps.median_s or not sol.flops_per_step:
         return sol
     unlike = counted_step_unlike(record, sol.step) if sol.step is not None else None

@@ -131,7 +131,8 @@ def trace_op_profile(capture: TraceCapture, evaluated: set[int] | frozenset[int]
         table = table.times(capture.scaled_by)
     profile = op_profile(table, window, steps, figures, cuda=capture.cuda, trace_bytes=capture.trace_bytes,
                          trace_detail=capture.trace_detail)
-    return replace(_with_cpu_waits(profile, capture), evaluated_steps=left_out)
+    closure = {"closure_calls": capture.scaled_by, "closure_call_s": capture.call_s} if capture.scaled_by > 1 else {}
+    return replace(_with_cpu_waits(profile, capture), evaluated_steps=left_out, **closure)
 
 
 def _with_cpu_waits(profile: OpProfile, capture: TraceCapture) -> OpProfile:

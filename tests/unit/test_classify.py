@@ -100,6 +100,20 @@ def test_where_no_step_ran_unprofiled_the_traced_steps_give_the_verdict_at_a_ten
     assert verdict.evidence[1].startswith("80% of each step waits for the next batch (median step 17000.0 ms")
 
 
+def test_a_traced_step_recorded_one_closure_call_of_is_timed_as_that_call_times_its_calls() -> None:
+    # given the three long steps, step 2 recorded up to the end of its first of 4 closure calls, which took 3 s (its
+    # wall of 17 s also held the trace's export and the FLOP count of its second call)
+    record = _three_long_steps(OpProfile(window=Window(first_step=2, last_step=2), steps=1, closure_calls=4,
+                                         closure_call_s=3.0))
+    # when classified
+    verdict = classify(record)
+    # then the step the verdict reads is 4 x 3 s, as its op table is, and the evidence says so
+    assert verdict.bound == "data-loading"
+    assert "its time taken as its first call of the optimizer's closure, traced, 3.00 s, times its 4 calls: its " \
+           "wall, 17.00 s, also holds" in verdict.evidence[0]
+    assert verdict.evidence[1].startswith("80% of each step waits for the next batch (median step 12000.0 ms")
+
+
 def test_where_the_profiled_steps_cannot_tell_the_verdict_says_why_not_that_no_step_was_steady() -> None:
     # given the three long steps of a CPU run without the op figures its verdict needs, waiting for no data
     record = _three_long_steps(OpProfile(window=Window(first_step=2, last_step=2), steps=1, ops_per_step=1000))

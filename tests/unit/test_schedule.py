@@ -131,6 +131,20 @@ def test_long_steps_get_one_step_a_window_one_after_another_from_step_2(step_s: 
     assert plan.overlaps() == []
 
 
+def test_long_steps_calling_their_closure_several_times_count_flops_on_the_traced_steps_second_call() -> None:
+    # given: step 1 took 20 s and called LBFGS's closure 4 times
+    plan = long_steps_plan(_default_requests(), 20.0, closure_calls=4)
+    # then the trace records step 2's first call and the FLOP count its second: three steps hold both
+    assert plan is not None
+    assert plan.cpu == {"cprofile": Window(0, 2), "torch-trace": Window(2, 1),
+                        "flops": Window(2, 1, second_call=True), "memory-window": Window(3, 0)}
+    assert plan.cuda == {"cprofile": Window(0, 2), "torch-trace": Window(2, 1), "syncs": Window(3, 1),
+                         "flops": Window(2, 1, second_call=True), "memory-window": Window(4, 0)}
+    assert plan.overlaps() == []
+    # one call a step: each window its own step, as without a closure
+    assert long_steps_plan(_default_requests(), 20.0, closure_calls=1) == long_steps_plan(_default_requests(), 20.0)
+
+
 def test_long_steps_leave_windows_the_user_placed_after_skipped_steps_alone() -> None:
     assert long_steps_plan(_default_requests(skip_steps=3), 20.0, first=3) is None
 
@@ -149,13 +163,29 @@ class _Owner:
         self.moved.append((cpu, cuda))
 
 
+class _Closures:
+    """The steps collector's count of the optimizer's closure calls, as the long-steps collector reads it."""
+
+    def __init__(self, calls: list[int]) -> None:
+        self.calls = iter(calls)
+
+    def closure_calls(self) -> int:
+        return next(self.calls)
+
+    def remove_step_listener(self, listener: object) -> None:
+        pass
+
+
 def _run_long_steps(step_s: float, monkeypatch: pytest.MonkeyPatch,
-                    waited: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> tuple[LongStepsCollector, dict[str, _Owner]]:
-    """The long-steps collector told of steps 0, 1 and 2, step 1 taking ``step_s``, the loop's thread having waited
-    for a core ``waited`` seconds by each; the owners it was given."""
+                    waited: tuple[float, float, float] = (0.0, 0.0, 0.0),
+                    closure_calls: int = 0) -> tuple[LongStepsCollector, dict[str, _Owner]]:
+    """The long-steps collector told of steps 0, 1 and 2, step 1 taking ``step_s`` and calling the optimizer's closure
+    ``closure_calls`` times, the loop's thread having waited for a core ``waited`` seconds by each; the owners it was
+    given."""
     from gpuscope.collect.collectors import long_steps
 
     collector = LongStepsCollector(_default_requests())
+    collector._events = _Closures([0, closure_calls, 2 * closure_calls])  # type: ignore[assignment]
     owners = {name: _Owner(name) for name in ("cprofile", "torch-trace", "syncs", "flops")}
     collector.owners = list(owners.values())
     clock = iter([0.0, 5.0, 5.0 + step_s])
@@ -174,6 +204,14 @@ def test_a_step_1_of_twenty_seconds_moves_every_windows_owner_and_says_where(mon
     assert owners["flops"].moved == [(Window(3, 1), Window(4, 1))]
     (note,) = collector.stop().notes
     assert note.startswith("step 1 took 20.0 s of its own") and "torch.profiler step 2, the FLOP count step 3" in note
+
+
+def test_a_step_1_calling_its_closure_four_times_moves_the_flop_count_onto_the_traced_step(monkeypatch) -> None:
+    collector, owners = _run_long_steps(20.0, monkeypatch, closure_calls=4)
+    assert owners["flops"].moved == [(Window(2, 1, second_call=True), Window(2, 1, second_call=True))]
+    (note,) = collector.stop().notes
+    assert "torch.profiler step 2, the FLOP count step 2 (its second closure call)" in note
+    assert note.endswith("(on a CUDA run the sync count step 3)")
 
 
 def test_a_short_step_that_waited_seconds_for_a_core_is_no_long_step(monkeypatch) -> None:

@@ -18,6 +18,7 @@ from gpuscope.collect.captures import FlopCount
 from gpuscope.collect.collectors import cpu_peak, flops
 from gpuscope.collect.collectors.cpu_peak import CpuPeakProbe, MatmulTiming, fitting_size, time_conv, time_matmuls
 from gpuscope.collect.collectors.flops import SpeedOfLightCollector
+from gpuscope.collect.framework.schedule import Window
 from gpuscope.record import Breakdown, RunMeta, SpeedOfLight, StepSample, Steps, Verdict
 from gpuscope.session import post_run_facts
 from gpuscope.diagnose.words import flop_text
@@ -344,6 +345,15 @@ def test_mfu_is_achieved_flops_over_the_peak_and_leads_the_compute_headline() ->
     assert headroom_text(gpu) == "at 30% of the H100 SXM's bfloat16 peak"
 
 
+def test_flops_of_a_run_with_no_unprofiled_step_give_no_achieved_rate_and_say_why() -> None:
+    # given a run of three long steps, every one past the warm-up profiled, its FLOPs counted
+    record = dataclasses.replace(compute_bound_record(), steps=Steps(count=0, total=3, warmup=1, profiled=2))
+    # then the count stands, with no rate, and the note says what it would need
+    sol = complete_speed_of_light(record)
+    assert sol is not None and sol.flops_per_step == 6e9 and sol.achieved_flops_per_s is None and sol.mfu is None
+    assert sol.note == "no step ran unprofiled (a run of a few long steps): the achieved rate and MFU need one"
+
+
 def test_flops_counted_on_a_step_unlike_the_steady_ones_give_no_achieved_rate_and_say_why() -> None:
     # given: a first phase of 200 ms steps (an encoder) and a steady phase of 5 ms ones; the FLOPs of step 12 counted
     base = compute_bound_record()
@@ -513,14 +523,17 @@ class ClosureSteps(FakeSteps):
         return timed_closure
 
 
-def lbfgs_flops(steps: FakeSteps) -> tuple[Any, SpeedOfLightCollector]:
+def lbfgs_flops(steps: FakeSteps, second_call: bool = False) -> tuple[Any, SpeedOfLightCollector]:
     """Steps 0-3 of an MLP (batch 5, 8 -> 16 -> 4) trained with LBFGS (4 closure calls a step at most), the flops
-    collector counting step 2; ``steps`` wraps the closure, as the steps collector does."""
+    collector counting step 2 (``second_call``: as the long-steps plan places it, on the traced step's second
+    closure call); ``steps`` wraps the closure, as the steps collector does."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4)).double()
     optimizer = torch.optim.LBFGS(model.parameters(), lr=0.5, max_iter=4)
     x, y = torch.randn(5, 8, dtype=torch.double), torch.randn(5, 4, dtype=torch.double)
     collector = SpeedOfLightCollector(start=2)
+    if second_call:
+        collector.move_window(Window(2, 1, second_call=True), Window(2, 1, second_call=True))
     collector.follow(steps)
 
     def closure() -> Any:
@@ -548,3 +561,54 @@ def test_an_lbfgs_step_counts_one_closure_call_times_the_steps_calls_the_same_fl
     assert one_call.notes == (f"step 2's FLOPs: its first call of the optimizer's closure counted, times its {calls} "
                               "calls",)
     assert steps.listener_at_end is None  # the collector no longer listens to the closure
+
+
+def test_a_long_lbfgs_steps_count_is_the_traced_steps_second_closure_call_times_its_calls() -> None:
+    # given the LBFGS loop counted whole, and counted as the long-steps plan places the count: on the traced step
+    whole, _ = lbfgs_flops(FakeSteps())
+    steps = ClosureSteps()
+    second, collector = lbfgs_flops(steps, second_call=True)
+    # then its second call, times the step's calls, is the whole step's count (its first call is the trace's)
+    calls = collector.scaled_by
+    assert 2 <= calls <= 5 and second.status.status == "ok" and second.payload.step == 2
+    assert second.payload.flops_per_step == whole.payload.flops_per_step
+    assert second.notes == (f"step 2's FLOPs: its second call of the optimizer's closure counted (its first was "
+                            f"traced), times its {calls} calls",)
+    assert steps.listener_at_end is None
+
+
+def closure_loop_flops(calls_per_step: list[int]) -> tuple[Any, SpeedOfLightCollector]:
+    """A loop whose step ``i`` calls its closure (one 4 x 8 x 16 matmul) ``calls_per_step[i]`` times, the flops
+    collector placed on step 2's second call."""
+    steps = ClosureSteps()
+    collector = SpeedOfLightCollector(start=2)
+    collector.move_window(Window(2, 1, second_call=True), Window(2, 1, second_call=True))
+    collector.follow(steps)
+    a, b = torch.randn(4, 8), torch.randn(8, 16)
+    for index, calls in enumerate(calls_per_step):
+        steps.listener(index)
+        for _ in range(calls):
+            steps.timed(lambda: a @ b)()
+    return collector.stop(), collector
+
+
+def test_a_traced_step_with_one_closure_call_leaves_the_count_to_the_next_but_ones_first_call() -> None:
+    # given: step 2 calls its closure once (the optimizer converged), so it has no second call to count
+    result, collector = closure_loop_flops([3, 3, 1, 3, 3])
+    # then the count is step 4's first call, times its 3 calls, as where steps are short
+    assert result.status.status == "ok" and result.payload.step == 4
+    assert result.payload.flops_per_step == 3 * 2 * 4 * 8 * 16 and collector.scaled_by == 3
+    assert "its first call" in result.notes[0]
+
+
+def test_a_run_of_three_long_closure_steps_gets_its_count_from_its_last_step() -> None:
+    # given: a run of three steps, the last of them traced and counted (no step boundary follows it)
+    result, collector = closure_loop_flops([3, 3, 3])
+    # then its second call, returned whole, is counted, times the step's 3 calls
+    assert result.status.status == "ok" and result.payload.step == 2 and collector.scaled_by == 3
+    assert result.payload.flops_per_step == 3 * 2 * 4 * 8 * 16
+
+
+def test_a_run_that_ends_before_the_traced_steps_second_call_returns_has_no_count() -> None:
+    result, _ = closure_loop_flops([3, 3, 1])
+    assert result.status.status == "unavailable" and "ended inside the counted step" in result.status.reason

@@ -417,8 +417,12 @@ def test_a_long_step_of_several_closure_calls_is_recorded_to_its_first_calls_end
     assert capture.scaled_by == 4 and capture.recorded == (2,)
     # and the recorded part's wait for a CPU, where the kernel says
     assert set(capture.cpu_wait_s) == ({2} if schedstat("thread-self") is not None else set())
-    stats = by_name(list(trace_op_profile(capture).top_host))
+    profile = trace_op_profile(capture)
+    stats = by_name(list(profile.top_host))
     assert stats["aten::mm"].calls == 4 and stats["aten::relu"].calls == 4
+    # and the record keeps the step's calls and the recorded call's time, what the step's time is taken as where no
+    # step ran unprofiled (its wall also holds the trace's export)
+    assert profile.closure_calls == 4 and 0 < profile.closure_call_s == capture.call_s < 5
     assert result.notes == ("trace.json holds step 2 up to the end of its first call of the optimizer's closure, "
                             "of 4: the op figures are that call's, times 4",)
     assert events.listeners == []
@@ -435,5 +439,6 @@ def test_a_step_of_one_closure_call_is_recorded_whole(tmp_path: Path) -> None:
         (x @ x).sum()  # the optimizer's own work after its closure
     capture = collector.stop().payload
     # then the whole step is recorded and nothing is scaled
-    assert isinstance(capture, TraceCapture) and capture.scaled_by == 1
+    assert isinstance(capture, TraceCapture) and capture.scaled_by == 1 and capture.call_s == 0
+    assert trace_op_profile(capture).closure_calls == 0
     assert by_name(list(trace_op_profile(capture).top_host))["aten::mm"].calls == 2

@@ -10,7 +10,8 @@ counts the elements it stores (``stored_share``), where torch's formulas count i
 which torch's counter has no formula for, is counted with the GPU one's (``collect/attention.py``). The counted
 step runs slower (every op goes through Python), so it is marked profiled and left out of the step figures. Where the
 optimizer calls its closure several times a step (LBFGS), one call is counted and multiplied by the step's calls
-(``PER_CLOSURE_CALLS``).
+(``PER_CLOSURE_CALLS``); where such steps are also long, that call is the traced step's second (its first is the
+trace's: ``schedule.WindowRequest.closure_share``), so a run of three steps gets a trace and a count both.
 
 The peak: on CUDA, the detected GPU model's datasheet figure for the matmuls' dtype (looked up by the analysis,
 ``reduce/peaks.py``); on a CPU run, this machine measured after the run by the ``cpu-peak`` probe: the best of a
@@ -34,6 +35,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from gpuscope.collect.attention import cpu_formulas
 from gpuscope.collect.captures import AttentionCall, FlopCount
 from gpuscope.collect.framework.base import CollectorResult, StepFollower, StepWindow, WindowRequest, register
+from gpuscope.collect.framework.schedule import PER_CLOSURE_CALLS
 from gpuscope.collect.lazy_dynamo import leave_unimported
 from gpuscope.record import CollectorStatus
 
@@ -46,13 +48,6 @@ EVALUATED_RETRIES = 3
 """A counted step that held an evaluation pass (the trained model's forward in eval mode or without gradients: a
 test pass between epochs) is counted again on a later step, up to this many times: a loop whose every step has one
 (an action chosen under ``no_grad``) keeps the last count."""
-PER_CLOSURE_CALLS = 2
-"""Where the step before the counted one called the optimizer's closure this many times or more (LBFGS: up to
-``max_iter``, each a forward and backward pass), only the counted step's first closure call is counted, and its
-FLOPs are multiplied by the step's calls: every call runs the same passes, and counting them all took a 3.2 s LBFGS
-step of 4 calls to 16.4 s, one call to 6.1-6.7 s (the counter's first use, 3-7 s of imports, in both). What the loop
-does outside the closure (an evaluation pass) is left out of such a count.
-"""
 RECOUNT_MAX_S = 2.0
 """A count that took longer is not made again, whatever its step held: each further one would cost as much (an LBFGS
 loop's steps of 670k ops took 6-10 s each to count, and every one held a test pass)."""
@@ -80,14 +75,20 @@ class SpeedOfLightCollector(StepFollower):
         self._calls_seen = 0  # closure calls counted by the step boundary before
         self._calls_before = 0  # ... in the step before the one beginning
         self._closure_base: int | None = None  # counting one closure call: the calls before the counted step's
-        self._exited = False  # the mode was left inside the step, as its first closure call returned
+        self._second_call = {False: False, True: False}  # the count is its step's second closure call (CPU, CUDA)
+        self._enter_after = 0  # closure calls of the counted step before the count begins: 0 or 1
+        self._ends = 0  # ... that have returned
+        self._entered = False
+        self._exited = False  # the mode was left inside the step, as its counted closure call returned
+        self._call_counted = False  # ... and the count was kept: a whole call, even where the run ended in its step
         self.scaled_by = 0
         """Where the count was one closure call's: the counted step's calls it was multiplied by."""
 
     @classmethod
     def wants(cls, options: CollectOptions) -> WindowRequest | None:
-        """One step, after every other profiling window."""
-        return WindowRequest(1, after="syncs")
+        """One step, after every other profiling window; where long steps call their closure several times, the
+        traced step's second call."""
+        return WindowRequest(1, after="syncs", closure_share="torch-trace")
 
     @classmethod
     def create(cls, options: CollectOptions, plan: Plan) -> SpeedOfLightCollector:
@@ -100,6 +101,8 @@ class SpeedOfLightCollector(StepFollower):
         pass
 
     def move_window(self, cpu: Window | None, cuda: Window | None) -> None:
+        if self._window.state == "waiting":
+            self._second_call = {False: bool(cpu and cpu.second_call), True: bool(cuda and cuda.second_call)}
         self._window.move(cpu, cuda)
         self.start_step = self._window.start if self._window.start is not None else self.start_step
 
@@ -144,28 +147,46 @@ class SpeedOfLightCollector(StepFollower):
         self._tf32 = bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False))
         self._opened_at = time.perf_counter()
         self._closure_base = None
-        if self._calls_before >= PER_CLOSURE_CALLS:
+        self._enter_after = int(self._second_call[self._events.cuda_in_use()])  # type: ignore[union-attr]
+        self._ends, self._entered, self._exited = 0, False, False
+        if self._enter_after or self._calls_before >= PER_CLOSURE_CALLS:
             self._closure_base = self._calls_seen
-            self._events.on_closure_end(self._first_closure_ended)  # type: ignore[union-attr]
-        mode.__enter__()
+            self._events.on_closure_end(self._closure_ended)  # type: ignore[union-attr]
         self._mode = mode
+        if not self._enter_after:
+            mode.__enter__()
+            self._entered = True
 
-    def _first_closure_ended(self) -> None:
-        """The counted step's first closure call has returned: the count stops here (``PER_CLOSURE_CALLS``)."""
-        self._events.off_closure_end(self._first_closure_ended)  # type: ignore[union-attr]
-        if self._mode is not None:
-            self._mode.__exit__(None, None, None)
-            self._exited = True
+    def _closure_ended(self) -> None:
+        """A closure call of the counted step has returned: the count begins after the first where it is the
+        second's, and stops after the call it counts (``PER_CLOSURE_CALLS``)."""
+        self._ends += 1
+        if self._mode is None:
+            return
+        if not self._entered:
+            self._mode.__enter__()
+            self._entered = True
+            return
+        self._events.off_closure_end(self._closure_ended)  # type: ignore[union-attr]
+        self._mode.__exit__(None, None, None)
+        self._exited = True
 
     def _close(self) -> None:
         mode, self._mode = self._mode, None
         if mode is None:
             return
         if self._closure_base is not None:
-            self._events.off_closure_end(self._first_closure_ended)  # type: ignore[union-attr]
-        if not self._exited:
+            self._events.off_closure_end(self._closure_ended)  # type: ignore[union-attr]
+        if self._entered and not self._exited:
             mode.__exit__(None, None, None)
-        self._exited = False
+        step = self._window.counted[-1] if self._window.counted else None
+        if self._enter_after and not self._exited:  # the step's second call never returned: the next but one's
+            self._second_call = {False: False, True: False}  # ... first call, counted as where steps are short
+            self._dtypes.clear()
+            if step is not None:
+                self._window.again(step + 2)
+            return
+        self._call_counted = self._closure_base is not None and self._exited
         counts = mode.get_flop_counts().get("Global", {})
         self._flops = {str(op).removeprefix("aten."): int(n) for op, n in counts.items() if n}
         if self._closure_base is not None:
@@ -174,8 +195,8 @@ class SpeedOfLightCollector(StepFollower):
                 self.scaled_by = calls
                 self._flops = {op: n * calls for op, n in self._flops.items()}
                 self._dtypes.update({d: n * calls for d, n in self._dtypes.items()})
-        step = self._window.counted[-1] if self._window.counted else None
         if step is not None and self._events is not None and self._events.step_evaluated(step) \
+                and not self._enter_after \
                 and self._recounts < EVALUATED_RETRIES and time.perf_counter() - self._opened_at < RECOUNT_MAX_S:
             self._recounts += 1
             self._kept = (self._flops, dict(self._dtypes), step)
@@ -196,13 +217,13 @@ class SpeedOfLightCollector(StepFollower):
         if (ended_inside or window.state == "waiting") and self._kept is not None:
             flops, dtypes, counted = self._kept  # no step without an evaluation pass came: the last one with
             self._flops, self._dtypes = flops, dict(dtypes)
-        elif ended_inside:
+        elif ended_inside and not self._call_counted:  # (a closure call counted whole stands: the run's last step)
             return CollectorResult(CollectorStatus("unavailable", "the run ended inside the counted step"))
         elif window.state == "waiting":
             return CollectorResult(CollectorStatus(
                 "unavailable", f"the run ended before step {self.start_step}, the one whose FLOPs are counted"))
         else:
-            counted = window.counted[0]
+            counted = window.counted[0] if window.counted else window.current
         total = sum(self._flops.values())
         if not total:
             return CollectorResult(CollectorStatus(
@@ -211,8 +232,9 @@ class SpeedOfLightCollector(StepFollower):
         top = dict(sorted(self._flops.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_OPS])
         cuda = self._events is not None and self._events.cuda_in_use()
         name, note = _gpu_name() if cuda else (None, "")
-        notes = (f"step {counted}'s FLOPs: its first call of the optimizer's closure counted, times its "
-                 f"{self.scaled_by} calls",) if self.scaled_by else ()
+        which = "second call of the optimizer's closure counted (its first was traced)" if self._enter_after \
+            else "first call of the optimizer's closure counted"
+        notes = (f"step {counted}'s FLOPs: its {which}, times its {self.scaled_by} calls",) if self.scaled_by else ()
         return CollectorResult(CollectorStatus("ok"), notes=notes, payload=FlopCount(
             flops_per_step=total, flops_by_op=top, step=counted, dtype=dtype, cuda=cuda, device_name=name,
             tf32=self._tf32, note=note, flops_by_dtype=dict(self._dtypes),

@@ -47,6 +47,7 @@ class LongStepsCollector(StepFollower):
         """The window owners to tell (set by ``collectors.default_collectors``)."""
         self._began: dict[int, float] = {}
         self._waited: dict[int, float] = {}  # the loop thread's wait for a CPU so far, as each step began
+        self._calls: dict[int, int] = {}  # the optimizer's closure calls so far, as each step began
         self._following = True
         self.plan: Plan | None = compact_plan(requests, first) if compact else None
         self.step_s: float | None = None
@@ -69,6 +70,7 @@ class LongStepsCollector(StepFollower):
         self._began[index] = time.perf_counter()
         times = schedstat("thread-self")
         self._waited[index] = times[1] if times is not None else 0.0
+        self._calls[index] = self._events.closure_calls()  # type: ignore[union-attr]
         if index < DECIDED_AT and not self._compact:
             return
         self._leave()
@@ -79,7 +81,8 @@ class LongStepsCollector(StepFollower):
         # a busy machine's wait for a core is no part of the step's own length
         self.step_s = self._began[index] - self._began[DECIDED_AT - 1] - max(
             0.0, self._waited[index] - self._waited[DECIDED_AT - 1])
-        self.plan = long_steps_plan(self._requests, self.step_s, self._first, at=index)
+        self.plan = long_steps_plan(self._requests, self.step_s, self._first, at=index,
+                                    closure_calls=self._calls[index] - self._calls[DECIDED_AT - 1])
         if self.plan is None:
             return
         for owner in self.owners:
@@ -96,9 +99,12 @@ class LongStepsCollector(StepFollower):
         if self.plan is None or (self.step_s is None and not self._compact):
             return CollectorResult(CollectorStatus("ok"))
         placed = sorted(((n, w) for n, w in self.plan.cpu.items() if w.steps), key=lambda item: item[1].start)
-        windows = ", ".join(f"{WINDOW_NAMES.get(name, name)} {_steps(w.start, w.stop - 1)}" for name, w in placed)
+        windows = ", ".join(f"{WINDOW_NAMES.get(name, name)} {_steps(w.start, w.stop - 1)}"
+                            f"{' (its second closure call)' if w.second_call else ''}" for name, w in placed)
         syncs = self.plan.window("syncs", cuda=True)
-        cuda = f" (on a CUDA run the sync count {_steps(syncs.start, syncs.stop - 1)}, the FLOPs after it)" \
+        flops = self.plan.window("flops", cuda=True)
+        after = "" if flops is not None and flops.second_call else ", the FLOPs after it"
+        cuda = f" (on a CUDA run the sync count {_steps(syncs.start, syncs.stop - 1)}{after})" \
             if syncs is not None else ""
         why = ("--profile-steps is fewer than the windows take at their full length: they were placed one step each"
                if self._compact else f"step 1 took {self.step_s:.1f} s of its own (long steps: {LONG_STEP_S:g} s or "

@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from gpuscope.collect.captures import TraceCapture
 from gpuscope.collect.children import schedstat
 from gpuscope.collect.framework.base import CollectorResult, StepFollower, WindowRequest, register
-from gpuscope.collect.collectors.flops import PER_CLOSURE_CALLS
 from gpuscope.collect.framework.options import TRACE_MAX_BYTES, TRACE_STEPS
+from gpuscope.collect.framework.schedule import PER_CLOSURE_CALLS
 from gpuscope.collect.lazy_dynamo import inductor_left_unimported
 from gpuscope.record import CollectorStatus
 from gpuscope.versions import parse_version
@@ -88,6 +88,7 @@ class TorchTraceCollector(StepFollower):
         self._cupti_teardown = False
         self._waits: list[tuple[int, float, float]] = []  # (step index, the loop thread's time on and waiting for a
         # CPU so far, s)
+        self._marks: list[tuple[int, float]] = []  # (step index, the clock) as each recorded part began and ended
         self._calls_seen = 0  # the optimizer's closure calls by the last step boundary
         self._calls_before = 0  # ...in the step before it
         self._closure_base: int | None = None  # recording one closure call: the calls before the recorded step's
@@ -217,6 +218,7 @@ class TorchTraceCollector(StepFollower):
     def _note_wait(self, index: int) -> None:
         """As step ``index`` begins: how long the loop's thread has waited for a CPU so far (the kernel's schedstat),
         so that each recorded step's share of it is known (a busy machine's, not the step's own work)."""
+        self._marks.append((index, time.perf_counter()))
         times = schedstat("thread-self")
         if times is not None:
             self._waits.append((index, *times))
@@ -287,9 +289,11 @@ class TorchTraceCollector(StepFollower):
         part = self._scaled_by if self._closure_base is not None else 1
         notes = (f"trace.json holds step {self._recorded[0]} up to the end of its first call of the optimizer's "
                  f"closure, of {part}: the op figures are that call's, times {part}",) if part > 1 else ()
+        call_s = self._marks[1][1] - self._marks[0][1] if part > 1 and len(self._marks) > 1 else 0.0
         return CollectorResult(CollectorStatus("ok"), dataclasses.replace(
             capture, cpu_s={a[0]: round(b[1] - a[1], 9) for a, b in pairs},
-            cpu_wait_s={a[0]: round(b[2] - a[2], 9) for a, b in pairs}, scaled_by=part), notes=notes)
+            cpu_wait_s={a[0]: round(b[2] - a[2], 9) for a, b in pairs}, scaled_by=part,
+            call_s=round(call_s, 9)), notes=notes)
 
 
 

@@ -372,6 +372,11 @@ class StepWindow:
         self.state, self.reason = "failed", reason
 
     @property
+    def current(self) -> int | None:
+        """The step the window was last open in (under way, or ended with the run)."""
+        return self._current
+
+    @property
     def over(self) -> bool:
         """Whether the window will open no more (closed, failed, or not on this kind of run)."""
         return self.state in ("done", "failed", "skipped")

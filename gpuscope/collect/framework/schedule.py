@@ -13,7 +13,9 @@ with nothing (cProfile's start-up window alone would cover them). So the plan is
 shown how long a step is (``long_steps_plan``, at step ``DECIDED_AT``): where step 1 took ``LONG_STEP_S`` or
 more, cProfile's start-up window ends there, and each other window shrinks to its ``long_steps`` (one step) and
 follows the one before with no clean step between. A run measured over fewer steps than the plan in step numbers
-needs (``--profile-steps`` N small) gets that placement from the start (``compact_plan``).
+needs (``--profile-steps`` N small) gets that placement from the start (``compact_plan``). Where step 1 also called
+the optimizer's closure several times (LBFGS), the trace records the traced step's first call and the FLOP count its
+second (``WindowRequest.closure_share``): every call runs the same passes, and a run of three such steps gets both.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ LONG_STEP_S = 2.0
 """A step 1 this long or longer makes the windows one step each (``long_steps_plan``): the samples' step 1 took at
 most 1.4 s on 2 cores (cProfile on); steps of seconds hold ops and calls enough for a profile in one, and each
 profiled one costs the run seconds."""
+PER_CLOSURE_CALLS = 2
+"""A step whose optimizer called its closure this many times or more (LBFGS: up to ``max_iter``, each a forward and
+backward pass) is profiled one call at a time: every call runs the same passes, and the step's figures are one call's
+times its calls. Counting the FLOPs of a whole 3.2 s LBFGS step of 4 calls took it to 16.4 s; its trace cost the run
+13 s after its end."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +58,10 @@ class WindowRequest:
     long_steps: int = 1
     """Its steps where steps are long (``schedule.LONG_STEP_S``): one such step holds ops and calls enough, and each
     costs the run seconds."""
+    closure_share: str | None = None
+    """Where steps are long and call the optimizer's closure ``PER_CLOSURE_CALLS`` times or more: placed on the step
+    of the window this names, on that step's second call (the first is that window's), rather than on a step of its
+    own."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +70,9 @@ class Window:
 
     start: int
     steps: int
+    second_call: bool = False
+    """The window is its step's second call of the optimizer's closure, the first being another window's
+    (``WindowRequest.closure_share``)."""
 
     @property
     def stop(self) -> int:
@@ -92,7 +106,7 @@ class Plan:
         for placed in (self.cpu, self.cuda):
             items = sorted(placed.items(), key=lambda kv: kv[1].start)
             for (a, wa), (b, wb) in zip(items, items[1:]):
-                if wb.start < wa.stop and wa.steps and wb.steps:
+                if wb.start < wa.stop and wa.steps and wb.steps and not (wa.second_call or wb.second_call):
                     found.append((a, b))
         return found
 
@@ -112,14 +126,15 @@ def schedule(requests: Sequence[tuple[str, WindowRequest | None]], first: int = 
 
 
 def long_steps_plan(requests: Sequence[tuple[str, WindowRequest | None]], step_s: float, first: int = 0,
-                    at: int = DECIDED_AT) -> Plan | None:
-    """The plan again, as step ``at`` begins, for a run whose step before it took ``step_s`` seconds: None where
-    steps are not long (the plan made at the start stands) or where the user placed the windows after skipped
-    steps (``first``). The start-up window ends here; the others follow it one after another, each of its
-    ``long_steps``, with no clean step between."""
+                    at: int = DECIDED_AT, closure_calls: int = 0) -> Plan | None:
+    """The plan again, as step ``at`` begins, for a run whose step before it took ``step_s`` seconds and called the
+    optimizer's closure ``closure_calls`` times: None where steps are not long (the plan made at the start stands)
+    or where the user placed the windows after skipped steps (``first``). The start-up window ends here; the others
+    follow it one after another, each of its ``long_steps``, with no clean step between, but those that share
+    another's step where the step called its closure several times (``WindowRequest.closure_share``)."""
     if step_s < LONG_STEP_S or first > 0:
         return None
-    return _one_step_each(requests, at)
+    return _one_step_each(requests, at, share=closure_calls >= PER_CLOSURE_CALLS)
 
 
 def compact_plan(requests: Sequence[tuple[str, WindowRequest | None]], first: int = 0) -> Plan:
@@ -129,15 +144,20 @@ def compact_plan(requests: Sequence[tuple[str, WindowRequest | None]], first: in
     return _one_step_each(requests, first + DECIDED_AT, first)
 
 
-def _one_step_each(requests: Sequence[tuple[str, WindowRequest | None]], at: int, first: int = 0) -> Plan:
+def _one_step_each(requests: Sequence[tuple[str, WindowRequest | None]], at: int, first: int = 0,
+                   share: bool = False) -> Plan:
     """The start-up window from ``first`` up to step ``at``; the others one after another from ``at``, each of its
-    ``long_steps``."""
+    ``long_steps``; with ``share``, one that names a placed window's step to share (``closure_share``) on it."""
     plan = Plan()
     for cuda, placed in ((False, plan.cpu), (True, plan.cuda)):
         cursor = at
         for name, request in _placed_on(requests, cuda):
             if request.startup:
                 placed[name] = Window(first, min(request.steps, at - first))
+                continue
+            shared = placed.get(request.closure_share) if share and request.closure_share else None
+            if shared is not None and shared.steps == 1 and not shared.second_call:
+                placed[name] = Window(shared.start, 1, second_call=True)
                 continue
             placed[name] = Window(cursor, min(request.steps, request.long_steps))
             cursor += placed[name].steps
