@@ -612,3 +612,36 @@ def test_a_run_of_three_long_closure_steps_gets_its_count_from_its_last_step() -
 def test_a_run_that_ends_before_the_traced_steps_second_call_returns_has_no_count() -> None:
     result, _ = closure_loop_flops([3, 3, 1])
     assert result.status.status == "unavailable" and "ended inside the counted step" in result.status.reason
+
+
+def test_the_lean_flop_counter_counts_what_torchs_counts_op_by_op() -> None:
+    from torch.utils import flop_counter
+
+    from gpuscope.collect import lean_flops
+
+    # given convolutions, attention, an LSTM and linears, with gradients, without, and in inference mode (where a
+    # composite op reaches the counter whole and is decomposed)
+    torch.manual_seed(0)
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
+                               torch.nn.Linear(8 * 14 * 14, 10))
+    attention, lstm = torch.nn.MultiheadAttention(16, 2, batch_first=True), torch.nn.LSTM(8, 16, batch_first=True)
+    x, q, s = torch.randn(4, 3, 16, 16), torch.randn(2, 5, 16), torch.randn(2, 7, 8)
+
+    def work() -> None:
+        conv(x).sum().backward()
+        attention(q, q, q)[0].sum().backward()
+        lstm(s)[0].sum().backward()
+        with torch.inference_mode():
+            conv(x)
+            torch.nn.functional.linear(q, torch.randn(3, 16))
+        with torch.no_grad():
+            lstm(s)
+
+    counts = []
+    for counter in (flop_counter.FlopCounterMode(display=False), lean_flops.counter(display=False)):
+        with counter:
+            work()
+        counts.append(counter.get_flop_counts()["Global"])
+    # then the lean counter (torch's, asking whether an op decomposes once per op) counts the same, op by op
+    assert counts[0] == counts[1] and sum(counts[0].values()) > 0
+    assert type(lean_flops.counter()).__name__ == "LeanCounter"

@@ -1,10 +1,11 @@
 """Speed of light: the FLOPs of one training step, and the device's peak to hold them against.
 
 One steady step, after every other profiling window (cProfile, torch.profiler, the sync count), runs under
-``torch.utils.flop_counter.FlopCounterMode``, entered as the step begins and left as the next one begins (at the
-step boundaries, which are outside any op). The mode is a TorchDispatchMode, so it sees every aten op of the step,
-backward included (the autograd engine carries dispatch modes to its threads), and counts matrix multiplies,
-convolutions and attention with torch's formulas: 2 x M x N x K for a matmul (a multiply and an add per term).
+``torch.utils.flop_counter.FlopCounterMode`` (at half its cost per op: ``collect/lean_flops.py``), entered as the
+step begins and left as the next one begins (at the step boundaries, which are outside any op). The mode is a
+TorchDispatchMode, so it sees every aten op of the step, backward included (the autograd engine carries dispatch
+modes to its threads), and counts matrix multiplies, convolutions and attention with torch's formulas: 2 x M x N x K
+for a matmul (a multiply and an add per term).
 Element-wise ops and the optimizer's update are not counted, as in every MFU figure. A matmul of a sparse matrix
 counts the elements it stores (``stored_share``), where torch's formulas count it as dense; a CPU's flash attention,
 which torch's counter has no formula for, is counted with the GPU one's (``collect/attention.py``). The counted
@@ -32,11 +33,11 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from gpuscope.collect import lean_flops
 from gpuscope.collect.attention import cpu_formulas
 from gpuscope.collect.captures import AttentionCall, FlopCount
 from gpuscope.collect.framework.base import CollectorResult, StepFollower, StepWindow, WindowRequest, register
 from gpuscope.collect.framework.schedule import PER_CLOSURE_CALLS
-from gpuscope.collect.lazy_dynamo import leave_unimported
 from gpuscope.record import CollectorStatus
 
 if TYPE_CHECKING:
@@ -137,13 +138,9 @@ class SpeedOfLightCollector(StepFollower):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             formulas = {**flop_counter.flop_registry, **cpu_formulas(torch, flop_counter, self._attention)}
-            mode = flop_counter.FlopCounterMode(display=False,
-                                                custom_mapping={k: tracking(v) for k, v in formulas.items()})
+            mode = lean_flops.counter(display=False, custom_mapping={k: tracking(v) for k, v in formulas.items()})
         if hasattr(mode, "mod_tracker"):
             mode.mod_tracker = _GlobalOnly()  # no global module hooks: see _GlobalOnly
-        # the dispatch mode imports nothing the script would not (lazy_dynamo)
-        leave_unimported(vars(getattr(flop_counter, "_FlopCounterMode", flop_counter.FlopCounterMode)).get(
-            "__torch_dispatch__"))
         self._tf32 = bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False))
         self._opened_at = time.perf_counter()
         self._closure_base = None
