@@ -215,7 +215,9 @@ class SpeedOfLightCollector(StepFollower):
             flops, dtypes, counted = self._kept  # no step without an evaluation pass came: the last one with
             self._flops, self._dtypes = flops, dict(dtypes)
         elif ended_inside and not self._call_counted:  # (a closure call counted whole stands: the run's last step)
-            return CollectorResult(CollectorStatus("unavailable", "the run ended inside the counted step"))
+            # (where the run's last step was the one before: the step that began as it ended never ran)
+            return CollectorResult(CollectorStatus("unavailable", (
+                f"the run ended before step {window.current}, the one whose FLOPs are counted, was over")))
         elif window.state == "waiting":
             return CollectorResult(CollectorStatus(
                 "unavailable", f"the run ended before step {self.start_step}, the one whose FLOPs are counted"))
