@@ -192,3 +192,34 @@ def test_with_a_thread_taking_the_batches_the_book_hears_of_every_span() -> None
     # first step counted as training
     assert tracker.on_span_end == book.step_closed
     assert [(r.batches, r.eval_batches) for r in book.records()] == [(1, 0)]
+
+
+def test_an_epoch_holds_the_loaders_length_over_the_batches_a_step_takes() -> None:
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader
+
+    data = torch.utils.data.TensorDataset(torch.zeros(40, 2))
+    book = LoaderBook()
+    assert book.epoch_steps(2) is None  # no batch taken yet
+    # given a loader of 20 batches, 2 steps having taken 1 batch each, or 4 each (gradient accumulation)
+    iterator = iter(DataLoader(data, batch_size=2))
+    for _ in range(2):
+        book.count_batch(iterator, next(iterator), wait_s=0.001)
+    assert book.epoch_steps(2) == 20
+    for _ in range(6):
+        book.count_batch(iterator, next(iterator), wait_s=0.001)
+    assert book.epoch_steps(2) == 5
+
+
+def test_a_stream_without_a_length_has_no_known_epoch() -> None:
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, IterableDataset
+
+    class Stream(IterableDataset):
+        def __iter__(self) -> Iterator[Any]:
+            return iter(torch.zeros(8, 2))
+
+    book = LoaderBook()
+    iterator = iter(DataLoader(Stream(), batch_size=2))
+    book.count_batch(iterator, next(iterator), wait_s=0.001)
+    assert book.epoch_steps(1) is None

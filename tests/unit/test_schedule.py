@@ -145,6 +145,24 @@ def test_long_steps_calling_their_closure_several_times_count_flops_on_the_trace
     assert long_steps_plan(_default_requests(), 20.0, closure_calls=1) == long_steps_plan(_default_requests(), 20.0)
 
 
+@pytest.mark.parametrize("step_s", [0.001, 0.1, 2.0, 20.0])
+@pytest.mark.parametrize("epoch_steps", [None, 8, 1000])
+def test_windows_are_placed_again_for_long_steps_and_for_epochs_too_short_for_them(step_s: float,
+                                                                                   epoch_steps: int | None) -> None:
+    # given steps of 1 ms to 20 s, in a loop whose epoch length is unknown (an IterableDataset, no DataLoader), 8
+    # steps (fewer than the windows at full length take: 11 on a CPU run) or 1000
+    full = schedule(_default_requests())
+    assert 8 < full.end() < 1000
+    plan = long_steps_plan(_default_requests(), step_s, epoch_steps=epoch_steps)
+    # then long steps, or an epoch too short, get the windows one step each from step 2; short steps in a long or
+    # unknown epoch keep the plan made at the start
+    if step_s >= 2.0 or epoch_steps == 8:
+        assert plan is not None and plan.cpu["torch-trace"] == Window(2, 1) and plan.cpu["flops"] == Window(3, 1)
+        assert plan.end() <= 8 and plan.overlaps() == []
+    else:
+        assert plan is None
+
+
 def test_long_steps_leave_windows_the_user_placed_after_skipped_steps_alone() -> None:
     assert long_steps_plan(_default_requests(skip_steps=3), 20.0, first=3) is None
 
@@ -164,28 +182,36 @@ class _Owner:
 
 
 class _Closures:
-    """The steps collector's count of the optimizer's closure calls, as the long-steps collector reads it."""
+    """What the long-steps collector reads of the steps collector: its count of the optimizer's closure calls, the
+    steps an epoch holds (None: its DataLoader has no length), and that the run is a CPU one."""
 
-    def __init__(self, calls: list[int]) -> None:
+    def __init__(self, calls: list[int], epoch_steps: int | None = None) -> None:
         self.calls = iter(calls)
+        self._epoch_steps = epoch_steps
 
     def closure_calls(self) -> int:
         return next(self.calls)
+
+    def epoch_steps(self) -> int | None:
+        return self._epoch_steps
+
+    def cuda_in_use(self) -> bool:
+        return False
 
     def remove_step_listener(self, listener: object) -> None:
         pass
 
 
 def _run_long_steps(step_s: float, monkeypatch: pytest.MonkeyPatch,
-                    waited: tuple[float, float, float] = (0.0, 0.0, 0.0),
-                    closure_calls: int = 0) -> tuple[LongStepsCollector, dict[str, _Owner]]:
+                    waited: tuple[float, float, float] = (0.0, 0.0, 0.0), closure_calls: int = 0,
+                    epoch_steps: int | None = None) -> tuple[LongStepsCollector, dict[str, _Owner]]:
     """The long-steps collector told of steps 0, 1 and 2, step 1 taking ``step_s`` and calling the optimizer's closure
-    ``closure_calls`` times, the loop's thread having waited for a core ``waited`` seconds by each; the owners it was
-    given."""
+    ``closure_calls`` times, the loop's thread having waited for a core ``waited`` seconds by each, an epoch holding
+    ``epoch_steps``; the owners it was given."""
     from gpuscope.collect.collectors import long_steps
 
     collector = LongStepsCollector(_default_requests())
-    collector._events = _Closures([0, closure_calls, 2 * closure_calls])  # type: ignore[assignment]
+    collector._events = _Closures([0, closure_calls, 2 * closure_calls], epoch_steps)  # type: ignore[assignment]
     owners = {name: _Owner(name) for name in ("cprofile", "torch-trace", "syncs", "flops")}
     collector.owners = list(owners.values())
     clock = iter([0.0, 5.0, 5.0 + step_s])
@@ -212,6 +238,18 @@ def test_a_step_1_calling_its_closure_four_times_moves_the_flop_count_onto_the_t
     (note,) = collector.stop().notes
     assert "torch.profiler step 2, the FLOP count step 2 (its second closure call)" in note
     assert note.endswith("(on a CUDA run the sync count step 3)")
+
+
+def test_a_loop_of_short_steps_whose_epoch_is_too_short_for_the_windows_gets_them_one_step_each(monkeypatch) -> None:
+    # given a step 1 of 10 ms, in a loop whose DataLoader holds 8 steps an epoch
+    collector, owners = _run_long_steps(0.01, monkeypatch, epoch_steps=8)
+    # then every window moves, and the note says why
+    assert owners["torch-trace"].moved == [(Window(2, 1), Window(2, 1))]
+    assert owners["flops"].moved == [(Window(3, 1), Window(4, 1))]
+    (note,) = collector.stop().notes
+    assert note.startswith("an epoch holds 8 steps (its DataLoader's length), fewer than the profiling windows take "
+                           "at their full length: they were placed again, one step each: cProfile steps 0-1, "
+                           "torch.profiler step 2, the FLOP count step 3"), note
 
 
 def test_a_short_step_that_waited_seconds_for_a_core_is_no_long_step(monkeypatch) -> None:

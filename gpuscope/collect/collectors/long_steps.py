@@ -2,9 +2,10 @@
 windows are placed again (``schedule.long_steps_plan``): cProfile's start-up window ends, and torch.profiler, the
 sync count and the FLOP count take one step each, one after another, from step ``schedule.DECIDED_AT``. A run of
 five 17-second steps then gets a trace and a speed of light where the plan in step numbers (cProfile over steps
-0-4, the trace at 6-9) left it nothing. A run measured over fewer steps than that plan needs (``--profile-steps`` N
-small) has its windows placed so from the start (``collectors.default_collectors``); this collector then only says
-where.
+0-4, the trace at 6-9) left it nothing. So does a loop whose DataLoader's epoch holds fewer steps than that plan
+needs (a run of one short epoch: ten batches of 10 ms). A run measured over fewer steps than that plan needs
+(``--profile-steps`` N small) has its windows placed so from the start (``collectors.default_collectors``); this
+collector then only says where.
 
 It runs at the step boundaries before every window's owner (``before_windows``), at each of the first
 ``DECIDED_AT`` + 1 boundaries only, and tells each owner its new window (``StepFollower.move_window``). Step 1's
@@ -51,6 +52,7 @@ class LongStepsCollector(StepFollower):
         self._following = True
         self.plan: Plan | None = compact_plan(requests, first) if compact else None
         self.step_s: float | None = None
+        self.epoch_steps: int | None = None  # the steps an epoch holds, where its DataLoader has a length
 
     @classmethod
     def create(cls, options: CollectOptions, plan: Plan) -> LongStepsCollector:
@@ -81,8 +83,11 @@ class LongStepsCollector(StepFollower):
         # a busy machine's wait for a core is no part of the step's own length
         self.step_s = self._began[index] - self._began[DECIDED_AT - 1] - max(
             0.0, self._waited[index] - self._waited[DECIDED_AT - 1])
+        self.epoch_steps = self._events.epoch_steps()  # type: ignore[union-attr]
         self.plan = long_steps_plan(self._requests, self.step_s, self._first, at=index,
-                                    closure_calls=self._calls[index] - self._calls[DECIDED_AT - 1])
+                                    closure_calls=self._calls[index] - self._calls[DECIDED_AT - 1],
+                                    epoch_steps=self.epoch_steps,
+                                    cuda=self._events.cuda_in_use())  # type: ignore[union-attr]
         if self.plan is None:
             return
         for owner in self.owners:
@@ -106,9 +111,14 @@ class LongStepsCollector(StepFollower):
         after = "" if flops is not None and flops.second_call else ", the FLOPs after it"
         cuda = f" (on a CUDA run the sync count {_steps(syncs.start, syncs.stop - 1)}{after})" \
             if syncs is not None else ""
-        why = ("--profile-steps is fewer than the windows take at their full length: they were placed one step each"
-               if self._compact else f"step 1 took {self.step_s:.1f} s of its own (long steps: {LONG_STEP_S:g} s or "
-               "more): the profiling windows were placed again, one step each")
+        if self._compact:
+            why = "--profile-steps is fewer than the windows take at their full length: they were placed one step each"
+        elif self.step_s is not None and self.step_s >= LONG_STEP_S:
+            why = (f"step 1 took {self.step_s:.1f} s of its own (long steps: {LONG_STEP_S:g} s or more): the "
+                   "profiling windows were placed again, one step each")
+        else:
+            why = (f"an epoch holds {self.epoch_steps} steps (its DataLoader's length), fewer than the profiling "
+                   "windows take at their full length: they were placed again, one step each")
         return CollectorResult(CollectorStatus("ok"), notes=(f"{why}: {windows}{cuda}",))
 
 

@@ -171,6 +171,9 @@ class StepsCollector:
     def steps_seen(self) -> int:  # steps counted so far
         return self.tracker.log.count  # type: ignore[union-attr]
 
+    def epoch_steps(self) -> int | None:
+        return self.loaders.epoch_steps(self.tracker.log.count)  # type: ignore[union-attr]
+
     def step_evaluated(self, index: int) -> bool:
         """Whether the trained model ran forward in eval mode or without gradients in step ``index`` (ended)."""
         return getattr(self.tracker.log.find(index), "evaluated", False)  # type: ignore[union-attr]

@@ -60,6 +60,10 @@ class StepEvents(Protocol):
         """Calls of the closures passed to ``optimizer.step`` so far (LBFGS calls its own many times a step)."""
         ...
 
+    def epoch_steps(self) -> int | None:
+        """The steps an epoch holds, where the loop's DataLoader has a length (``LoaderBook.epoch_steps``)."""
+        ...
+
     def on_closure_end(self, listener: Callable[[], None]) -> None:
         """Call ``listener()`` as each such closure returns, in the loop's thread, until ``off_closure_end``."""
         ...

@@ -126,13 +126,20 @@ def schedule(requests: Sequence[tuple[str, WindowRequest | None]], first: int = 
 
 
 def long_steps_plan(requests: Sequence[tuple[str, WindowRequest | None]], step_s: float, first: int = 0,
-                    at: int = DECIDED_AT, closure_calls: int = 0) -> Plan | None:
+                    at: int = DECIDED_AT, closure_calls: int = 0, epoch_steps: int | None = None,
+                    cuda: bool = False) -> Plan | None:
     """The plan again, as step ``at`` begins, for a run whose step before it took ``step_s`` seconds and called the
-    optimizer's closure ``closure_calls`` times: None where steps are not long (the plan made at the start stands)
-    or where the user placed the windows after skipped steps (``first``). The start-up window ends here; the others
-    follow it one after another, each of its ``long_steps``, with no clean step between, but those that share
-    another's step where the step called its closure several times (``WindowRequest.closure_share``)."""
-    if step_s < LONG_STEP_S or first > 0:
+    optimizer's closure ``closure_calls`` times, and whose epoch holds ``epoch_steps`` steps (None: not known): None
+    where steps are not long and the windows at their full length fit in an epoch (the plan made at the start
+    stands), or where the user placed the windows after skipped steps (``first``). The start-up window ends here;
+    the others follow it one after another, each of its ``long_steps``, with no clean step between, but those that
+    share another's step where the step called its closure several times (``WindowRequest.closure_share``). (An
+    epoch too short for the windows may be one of many: they would fit across them; placed one step each they fit
+    a run of one epoch, and miss nothing in the others but steps a profiler would have had.)"""
+    if first > 0:
+        return None
+    short_epoch = epoch_steps is not None and epoch_steps < schedule(requests, first).end(cuda)
+    if step_s < LONG_STEP_S and not short_epoch:
         return None
     return _one_step_each(requests, at, share=closure_calls >= PER_CLOSURE_CALLS)
 

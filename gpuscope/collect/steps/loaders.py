@@ -130,7 +130,7 @@ class LoaderBook:
                                           "loading": _loading(iterator), "iterators": weakref.WeakSet(),
                                           "restarts": 0, "restart_wait_s": 0.0, "back_to_back": 0,
                                           "arrived": None, "eval_batches": 0, "eval_wait_s": 0.0, "firsts": [],
-                                          "repeated": 0}
+                                          "repeated": 0, "length": _length(iterator)}
         if _first_from(entry["iterators"], iterator) and entry["batches"] and getattr(iterator, "_num_workers", 0):
             entry["restarts"] += 1  # a new iterator's workers started for this batch
             entry["restart_wait_s"] += wait_s
@@ -160,6 +160,15 @@ class LoaderBook:
             for entry, batches, wait_s in list(opened.values()):
                 entry["eval_batches"] += batches
                 entry["eval_wait_s"] += wait_s
+
+    def epoch_steps(self, steps: int) -> int | None:
+        """The steps an epoch of the loader most batches came from holds, from its length and the batches the
+        first ``steps`` steps took of it, rounded (gradient accumulation's several a step; the next step's batch may
+        be counted already); None where it has no length (an IterableDataset's) or took no batch."""
+        entry = max(self._entries.values(), key=lambda e: e["batches"], default=None)
+        if entry is None or entry["length"] is None or not entry["batches"] or steps <= 0:
+            return None
+        return entry["length"] // max(1, round(entry["batches"] / steps))
 
     def _by_wait(self) -> list[dict[str, Any]]:
         """The loaders, the one the training steps waited on longest first (evaluation passes left out: a test set
@@ -192,6 +201,15 @@ class LoaderBook:
                             eval_batches=e["eval_batches"], eval_wait_s=e["eval_wait_s"],
                             repeated_first_batches=e["repeated"], **e["info"])
                      for e in self._by_wait())
+
+
+def _length(iterator: Any) -> int | None:
+    """The batches an epoch of ``iterator``'s loader holds (``len``), or None where it has none."""
+    try:
+        length = len(iterator)
+    except Exception:  # an IterableDataset without __len__ (TypeError), or whatever a user's __len__ raises
+        return None
+    return length if isinstance(length, int) and length > 0 else None
 
 
 def _note_first(entry: dict[str, Any], batch: Any) -> None:
