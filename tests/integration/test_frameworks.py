@@ -192,6 +192,7 @@ def test_lightnings_forward_and_update_match_the_scripts_own_measurement(runs: R
     assert any("outermost modules whose forward runs: Sequential" in n for n in record["meta"]["notes"])
 
 
+@pytest.mark.timing  # its shares are of known sleeps, which a core's wait beside two other runs moved (forward 29%)
 def test_an_optimizer_closure_leaves_only_the_update_in_the_optimizer_phase(tmp_path: Path) -> None:
     # given: optimizer.step(closure) whose closure spends 20 ms of its own, then runs a 15 ms forward (through
     # a module a wrapper holds, the wrapper's forward never running) and a 5 ms backward
