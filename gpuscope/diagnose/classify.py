@@ -112,7 +112,8 @@ def profiled_steps(steps: Steps, window: Window | None = None,
     device = steps.clock == "device" and len(sample.device_wall_s) == len(sample.wall_s)
     walls = [(sample.device_wall_s[i] or sample.wall_s[i]) if device else sample.wall_s[i] for i in profiled]
     timed = ""
-    if call is not None and len(profiled) == 1 and window is not None and sample.index[profiled[0]] == window.first_step:
+    if call is not None and len(profiled) == 1 and window is not None \
+            and sample.index[profiled[0]] == window.first_step:
         timed = (f" (its time taken as its first call of the optimizer's closure, traced, {call[1]:.2f} s, times "
                  f"its {call[0]} calls: its wall, {walls[0]:.2f} s, also holds the trace's export and the step's "
                  "other profilers)")

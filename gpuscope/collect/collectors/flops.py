@@ -5,14 +5,14 @@ One steady step, after every other profiling window (cProfile, torch.profiler, t
 step begins and left as the next one begins (at the step boundaries, which are outside any op). The mode is a
 TorchDispatchMode, so it sees every aten op of the step, backward included (the autograd engine carries dispatch
 modes to its threads), and counts matrix multiplies, convolutions and attention with torch's formulas: 2 x M x N x K
-for a matmul (a multiply and an add per term).
-Element-wise ops and the optimizer's update are not counted, as in every MFU figure. A matmul of a sparse matrix
-counts the elements it stores (``stored_share``), where torch's formulas count it as dense; a CPU's flash attention,
-which torch's counter has no formula for, is counted with the GPU one's (``collect/attention.py``). The counted
-step runs slower (every op goes through Python), so it is marked profiled and left out of the step figures. Where the
-optimizer calls its closure several times a step (LBFGS), one call is counted and multiplied by the step's calls
-(``PER_CLOSURE_CALLS``); where such steps are also long, that call is the traced step's second (its first is the
-trace's: ``schedule.WindowRequest.closure_share``), so a run of three steps gets a trace and a count both.
+for a matmul (a multiply and an add per term). Element-wise ops and the optimizer's update are not counted, as in
+every MFU figure. A matmul of a sparse matrix counts the elements it stores (``stored_share``), where torch's
+formulas count it as dense; a CPU's flash attention, which torch's counter has no formula for, is counted with the
+GPU one's (``collect/attention.py``). The counted step runs slower (every op goes through Python), so it is marked
+profiled and left out of the step figures. Where the optimizer calls its closure several times a step (LBFGS), one
+call is counted and multiplied by the step's calls (``PER_CLOSURE_CALLS``); where such steps are also long, that
+call is the traced step's second (its first is the trace's: ``schedule.WindowRequest.closure_share``), so a run of
+three steps gets a trace and a count both.
 
 The peak: on CUDA, the detected GPU model's datasheet figure for the matmuls' dtype (looked up by the analysis,
 ``reduce/peaks.py``); on a CPU run, this machine measured after the run by the ``cpu-peak`` probe: the best of a
@@ -78,7 +78,6 @@ class SpeedOfLightCollector(StepFollower):
         self._closure_base: int | None = None  # counting one closure call: the calls before the counted step's
         self._second_call = {False: False, True: False}  # the count is its step's second closure call (CPU, CUDA)
         self._enter_after = 0  # closure calls of the counted step before the count begins: 0 or 1
-        self._ends = 0  # ... that have returned
         self._entered = False
         self._exited = False  # the mode was left inside the step, as its counted closure call returned
         self._call_counted = False  # ... and the count was kept: a whole call, even where the run ended in its step
@@ -145,7 +144,7 @@ class SpeedOfLightCollector(StepFollower):
         self._opened_at = time.perf_counter()
         self._closure_base = None
         self._enter_after = int(self._second_call[self._events.cuda_in_use()])  # type: ignore[union-attr]
-        self._ends, self._entered, self._exited = 0, False, False
+        self._entered, self._exited = False, False
         if self._enter_after or self._calls_before >= PER_CLOSURE_CALLS:
             self._closure_base = self._calls_seen
             self._events.on_closure_end(self._closure_ended)  # type: ignore[union-attr]
@@ -157,7 +156,6 @@ class SpeedOfLightCollector(StepFollower):
     def _closure_ended(self) -> None:
         """A closure call of the counted step has returned: the count begins after the first where it is the
         second's, and stops after the call it counts (``PER_CLOSURE_CALLS``)."""
-        self._ends += 1
         if self._mode is None:
             return
         if not self._entered:

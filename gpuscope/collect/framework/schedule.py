@@ -37,8 +37,8 @@ profiled one costs the run seconds."""
 PER_CLOSURE_CALLS = 2
 """A step whose optimizer called its closure this many times or more (LBFGS: up to ``max_iter``, each a forward and
 backward pass) is profiled one call at a time: every call runs the same passes, and the step's figures are one call's
-times its calls. Counting the FLOPs of a whole 3.2 s LBFGS step of 4 calls took it to 16.4 s; its trace cost the run
-13 s after its end."""
+times its calls (what the loop does outside the closure, an evaluation pass, is left out). Counting the FLOPs of a
+whole 3.2 s LBFGS step of 4 calls took it to 16.4 s; its trace cost the run 13 s after its end."""
 
 
 @dataclass(frozen=True, slots=True)
