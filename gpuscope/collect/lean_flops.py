@@ -48,8 +48,12 @@ def _lean_class(flop_counter: Any) -> Any:
         _lean = False
         return None
     torch = sys.modules["torch"]
-    skipped = frozenset(getattr(getattr(torch.ops.aten, packet), overload)
-                        for packet, overload in (name.split(".") for name in SKIPPED)) | {torch.ops.prim.layout.default}
+    skipped = {torch.ops.prim.layout.default}
+    for packet, overload in (name.split(".") for name in SKIPPED):
+        try:
+            skipped.add(getattr(getattr(torch.ops.aten, packet), overload))
+        except (AttributeError, RuntimeError):  # an op this torch does not have (sym_is_contiguous before 2.9)
+            continue
     device = torch.ops.prim.device.default
     higher_order = torch._ops.HigherOrderOperator
     composite = torch._C.DispatchKey.CompositeImplicitAutograd
