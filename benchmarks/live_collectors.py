@@ -12,6 +12,7 @@ machine's slow drifts out of the comparison; the median over repetitions resists
     python benchmarks/live_collectors.py --each --device cuda   # also: none, the steps collector alone, and it
                                                                 # with each other live collector
     python benchmarks/live_collectors.py --workload manual_sgd_language_model --each   # the manual-SGD loop
+    python benchmarks/live_collectors.py --workload data_loading_bound --each --block 40 --warmup 20 --reps 4
 """
 
 from __future__ import annotations
@@ -107,7 +108,38 @@ class LanguageModelLoop:
         return statistics.median(times)
 
 
-LOOPS = {"cpu_launch_bound": Loop, "manual_sgd_language_model": LanguageModelLoop}
+class DataLoop:
+    """The data-bound sample's loop (``sample_workloads/data_loading_bound.py``): batches of 32 NumPy-augmented
+    images made in the main process, a small CNN, about 190 ms a step on the 2-core machine, most of it waiting for
+    the batch."""
+
+    def __init__(self, sample: Any, device: str) -> None:
+        torch.manual_seed(0)
+        self.device = torch.device(device)
+        self.loader = DataLoader(sample.SyntheticImages(length=50_000, seed=0), batch_size=32, shuffle=True,
+                                 drop_last=True, generator=torch.Generator().manual_seed(0))
+        self.model = sample.SmallCNN().to(self.device)
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
+        self.batches = iter(self.loader)
+
+    def median_step_s(self, steps: int) -> float:
+        times, last = [], time.perf_counter()
+        for _ in range(steps):
+            try:
+                x, y = next(self.batches)
+            except StopIteration:
+                self.batches = iter(self.loader)
+                x, y = next(self.batches)
+            F.cross_entropy(self.model(x.to(self.device)), y.to(self.device)).backward()
+            self.optimizer.step()
+            self.optimizer.zero_grad()
+            now = time.perf_counter()
+            times.append(now - last)
+            last = now
+        return statistics.median(times)
+
+
+LOOPS = {"cpu_launch_bound": Loop, "manual_sgd_language_model": LanguageModelLoop, "data_loading_bound": DataLoop}
 """The sample workloads whose loops this benchmark can run, by name (``--workload``)."""
 
 
@@ -143,9 +175,10 @@ def main() -> None:
     parser.add_argument("--workload", choices=list(LOOPS), default="cpu_launch_bound")
     parser.add_argument("--reps", type=int, default=8)
     parser.add_argument("--block", type=int, default=300, help="steps a block")
+    parser.add_argument("--warmup", type=int, default=200, help="steps run before the first block")
     args = parser.parse_args()
     loop = LOOPS[args.workload](load_sample(args.workload), args.device)
-    loop.median_step_s(200)  # warm-up
+    loop.median_step_s(args.warmup)
     configs: dict[str, set[str] | None] = {"all live collectors": set(filter(None, args.only.split(",")))}
     if args.each:
         others = [c.name for c in live_collectors(set()) if c.name != "steps"]
