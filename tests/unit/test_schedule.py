@@ -150,7 +150,7 @@ def test_long_steps_calling_their_closure_several_times_count_flops_on_the_trace
 def test_windows_are_placed_again_for_long_steps_and_for_epochs_too_short_for_them(step_s: float,
                                                                                    epoch_steps: int | None) -> None:
     # given steps of 1 ms to 20 s, in a loop whose epoch length is unknown (an IterableDataset, no DataLoader), 8
-    # steps (fewer than the windows at full length take: 11 on a CPU run) or 1000
+    # steps (fewer than the windows at full length take: 13 on a CPU run) or 1000
     full = schedule(_default_requests())
     assert 8 < full.end() < 1000
     plan = long_steps_plan(_default_requests(), step_s, epoch_steps=epoch_steps)
