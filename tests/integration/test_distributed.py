@@ -91,7 +91,12 @@ def test_a_communication_heavy_job_shows_its_measured_share(tmp_path: Path) -> N
     assert comm["exposed_s"] / comm["step_s"] > 0.1  # of the profiled steps the waits were measured in
     # of the wait, what was for a later rank is imbalance; the rest, the collectives' own work, is communication
     assert 0 <= comm["waiting_s"] <= comm["exposed_s"]
-    own = (comm["exposed_s"] - comm["waiting_s"]) / comm["step_s"]
+    # (no more than any rank of the job sat on it, `least_own_s`: what the rule reads, `Communication.own_exposed_s`;
+    # CI once had this rank's 20.9% against the job's under 20%, and no advice)
+    own_s = comm["exposed_s"] - comm["waiting_s"]
+    if comm.get("least_own_s") is not None:
+        own_s = min(own_s, comm["least_own_s"])
+    own = own_s / comm["step_s"]
     advised = "reduce-communication" in [r["id"] for r in record["recommendations"]]
     assert advised == (own >= 0.2) or record["straggler"] is not None
     assert record["checks"]["reduce-communication"]["status"] in ("fired", "clear")
