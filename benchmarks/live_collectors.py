@@ -108,10 +108,10 @@ class LanguageModelLoop:
         return statistics.median(times)
 
 
-class DataLoop:
+class DataLoop(Loop):
     """The data-bound sample's loop (``sample_workloads/data_loading_bound.py``): batches of 32 NumPy-augmented
     images made in the main process, a small CNN, about 190 ms a step on the 2-core machine, most of it waiting for
-    the batch."""
+    the batch. Its steps are ``Loop``'s."""
 
     def __init__(self, sample: Any, device: str) -> None:
         torch.manual_seed(0)
@@ -121,22 +121,6 @@ class DataLoop:
         self.model = sample.SmallCNN().to(self.device)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.05, momentum=0.9)
         self.batches = iter(self.loader)
-
-    def median_step_s(self, steps: int) -> float:
-        times, last = [], time.perf_counter()
-        for _ in range(steps):
-            try:
-                x, y = next(self.batches)
-            except StopIteration:
-                self.batches = iter(self.loader)
-                x, y = next(self.batches)
-            F.cross_entropy(self.model(x.to(self.device)), y.to(self.device)).backward()
-            self.optimizer.step()
-            self.optimizer.zero_grad()
-            now = time.perf_counter()
-            times.append(now - last)
-            last = now
-        return statistics.median(times)
 
 
 LOOPS = {"cpu_launch_bound": Loop, "manual_sgd_language_model": LanguageModelLoop, "data_loading_bound": DataLoop}

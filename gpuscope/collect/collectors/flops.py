@@ -80,7 +80,6 @@ class SpeedOfLightCollector(StepFollower):
         self._enter_after = 0  # closure calls of the counted step before the count begins: 0 or 1
         self._entered = False
         self._exited = False  # the mode was left inside the step, as its counted closure call returned
-        self._call_counted = False  # ... and the count was kept: a whole call, even where the run ended in its step
         self.scaled_by = 0
         """Where the count was one closure call's: the counted step's calls it was multiplied by."""
 
@@ -181,7 +180,6 @@ class SpeedOfLightCollector(StepFollower):
             if step is not None:
                 self._window.again(step + 2)
             return
-        self._call_counted = self._closure_base is not None and self._exited
         counts = mode.get_flop_counts().get("Global", {})
         self._flops = {str(op).removeprefix("aten."): int(n) for op, n in counts.items() if n}
         if self._closure_base is not None:
@@ -212,8 +210,9 @@ class SpeedOfLightCollector(StepFollower):
         if (ended_inside or window.state == "waiting") and self._kept is not None:
             flops, dtypes, counted = self._kept  # no step without an evaluation pass came: the last one with
             self._flops, self._dtypes = flops, dict(dtypes)
-        elif ended_inside and not self._call_counted:  # (a closure call counted whole stands: the run's last step)
-            # (where the run's last step was the one before: the step that began as it ended never ran)
+        elif ended_inside and not (self._closure_base is not None and self._exited):
+            # (a closure call counted whole stands; where the run's last step was the one before the counted one, the
+            # step that began as it ended never ran)
             return CollectorResult(CollectorStatus("unavailable", (
                 f"the run ended before step {window.current}, the one whose FLOPs are counted, was over")))
         elif window.state == "waiting":
