@@ -1,11 +1,13 @@
 """Few, long steps (issue 55): what a run of a handful of steps of seconds gets, and what gpuscope costs it.
 
-Runs ``long_loops/lbfgs_lstm.py`` (pytorch/examples' time-sequence prediction: LBFGS with a closure) for 3, 5 and 8
-steps, under plain python and under ``gpuscope run``, in turn, and prints for each: the whole run's wall time under
+Runs ``long_loops/lbfgs_lstm.py`` (pytorch/examples' time-sequence prediction: LBFGS with a closure) or, with
+``--loop transformer_lm``, ``long_loops/transformer_lm.py`` (its word-language-model Transformer: one pass a step, no
+closure) for 3, 5 and 8 steps, under plain python and under ``gpuscope run``, in turn, and prints for each: the whole run's wall time under
 both and their ratio, the verdict and its confidence, whether trace.json and a speed of light came out, and where
 the windows went (the long-steps collector's note).
 
     python benchmarks/long_steps.py [--steps 3 5 8] [--length 300] [--max-iter 4] [--rounds 1] [--json PATH]
+    python benchmarks/long_steps.py --loop transformer_lm [--batch 48]
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from overhead import ROOT, in_turn
 
-LOOP = ROOT / "benchmarks" / "long_loops" / "lbfgs_lstm.py"
+LOOPS = ROOT / "benchmarks" / "long_loops"
 
 
 def timed(command: list[str]) -> float:
@@ -29,8 +31,8 @@ def timed(command: list[str]) -> float:
     return time.perf_counter() - start
 
 
-def measure(steps: int, length: int, max_iter: int, rounds: int, tmp: str) -> dict[str, object]:
-    script = [str(LOOP), "--steps", str(steps), "--length", str(length), "--max-iter", str(max_iter)]
+def measure(steps: int, loop: list[str], rounds: int, tmp: str) -> dict[str, object]:
+    script = [*loop, "--steps", str(steps)]
     plain, profiled, record = [], [], {}
     for i in range(rounds):
         out = Path(tmp) / f"run{steps}-{i}"
@@ -43,7 +45,7 @@ def measure(steps: int, length: int, max_iter: int, rounds: int, tmp: str) -> di
     sol = record.get("speed_of_light") or {}
     sample = record["steps"]["sample"]
     return {
-        "steps": steps, "length": length, "max_iter": max_iter,
+        "steps": steps, "loop": [Path(loop[0]).name, *loop[1:]],
         "python_s": plain, "gpuscope_s": profiled,
         "ratio": sum(profiled) / sum(plain),
         "verdict": record["verdict"]["bound"], "confidence": record["verdict"]["confidence"],
@@ -58,14 +60,19 @@ def measure(steps: int, length: int, max_iter: int, rounds: int, tmp: str) -> di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--loop", choices=["lbfgs_lstm", "transformer_lm"], default="lbfgs_lstm")
     parser.add_argument("--steps", type=int, nargs="+", default=[3, 5, 8])
-    parser.add_argument("--length", type=int, default=300)
-    parser.add_argument("--max-iter", type=int, default=4)
+    parser.add_argument("--length", type=int, default=300, help="lbfgs_lstm's sequence length")
+    parser.add_argument("--max-iter", type=int, default=4, help="lbfgs_lstm's closure calls a step")
+    parser.add_argument("--batch", type=int, default=48, help="transformer_lm's batch")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        results = [measure(n, args.length, args.max_iter, args.rounds, tmp) for n in args.steps]
+        loop = [str(LOOPS / f"{args.loop}.py")] + (
+            ["--length", str(args.length), "--max-iter", str(args.max_iter)] if args.loop == "lbfgs_lstm"
+            else ["--batch", str(args.batch)])
+        results = [measure(n, loop, args.rounds, tmp) for n in args.steps]
     print()
     for r in results:
         print(f"{r['steps']} steps: {r['ratio']:.2f}x the plain run; {r['verdict']} ({r['confidence']:.2f}); "

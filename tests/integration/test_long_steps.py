@@ -34,3 +34,22 @@ def test_three_long_lbfgs_steps_get_a_trace_a_flop_count_and_a_verdict_from_the_
     # trace's export and the FLOP count too)
     first = record["verdict"]["evidence"][0]
     assert first.startswith("thin evidence: no step ran unprofiled") and "times its 4 calls" in first
+
+
+def test_three_long_steps_without_a_closure_get_their_flops_from_the_traced_steps_shapes(runs: Runs) -> None:
+    # given three long steps of one forward and backward pass each: the FLOP count's step 3 never comes
+    run = runs.get(SCRIPTS / "long_steps_plain.py", options=("--no-probes",))
+    record = run.record
+    assert run.result.returncode == 0, run.result.stderr
+    assert any(n.startswith("long-steps: step 1 took") and "torch.profiler step 2, the FLOP count step 3" in n
+               for n in record["meta"]["notes"])
+    assert record["op_profile"]["window"]["first_step"] == 2 and (run.run_dir / "trace.json").is_file()
+    # then step 2's FLOPs are read from its trace's op shapes: its two matmuls forward, the first one's weight gradient
+    # and the second one's weight and input gradients backward
+    sol = record["speed_of_light"]
+    first_layer, second_layer = 2 * 256 * 32 * 64, 2 * 256 * 64 * 1
+    assert sol["step"] == 2 and sol["flops_per_step"] == 2 * first_layer + 3 * second_layer
+    assert sol["flops_by_dtype"] == {"float32": sol["flops_per_step"]}
+    assert "step 2's FLOPs: read from the shapes of its traced ops" in " ".join(record["meta"]["notes"])
+    # and the verdict is the traced step's
+    assert record["verdict"]["evidence"][0].startswith("thin evidence: no step ran unprofiled")

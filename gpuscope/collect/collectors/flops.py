@@ -12,7 +12,8 @@ GPU one's (``collect/attention.py``). The counted step runs slower (every op goe
 profiled and left out of the step figures. Where the optimizer calls its closure several times a step (LBFGS), one
 call is counted and multiplied by the step's calls (``PER_CLOSURE_CALLS``); where such steps are also long, that
 call is the traced step's second (its first is the trace's: ``schedule.WindowRequest.closure_share``), so a run of
-three steps gets a trace and a count both.
+three steps gets a trace and a count both. Where long steps make one pass each, a run that ends before the counted
+step has the traced step's FLOPs read from the shapes the trace recorded (``collect/trace_flops.py``).
 
 The peak: on CUDA, the detected GPU model's datasheet figure for the matmuls' dtype (looked up by the analysis,
 ``reduce/peaks.py``); on a CPU run, this machine measured after the run by the ``cpu-peak`` probe: the best of a
@@ -36,8 +37,10 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from gpuscope.collect import lean_flops
 from gpuscope.collect.attention import cpu_formulas
 from gpuscope.collect.captures import AttentionCall, FlopCount
+from gpuscope.collect.collectors.torch_trace import TRACE_FILE
 from gpuscope.collect.framework.base import CollectorResult, StepFollower, StepWindow, WindowRequest, register
 from gpuscope.collect.framework.schedule import PER_CLOSURE_CALLS
+from gpuscope.collect.trace_flops import trace_flops
 from gpuscope.record import CollectorStatus
 
 if TYPE_CHECKING:
@@ -80,6 +83,7 @@ class SpeedOfLightCollector(StepFollower):
         self._enter_after = 0  # closure calls of the counted step before the count begins: 0 or 1
         self._entered = False
         self._exited = False  # the mode was left inside the step, as its counted closure call returned
+        self._run_dir: Path | None = None
         self.scaled_by = 0
         """Where the count was one closure call's: the counted step's calls it was multiplied by."""
 
@@ -97,7 +101,7 @@ class SpeedOfLightCollector(StepFollower):
         return None
 
     def start(self, run_dir: Path) -> None:
-        pass
+        self._run_dir = run_dir
 
     def move_window(self, cpu: Window | None, cuda: Window | None) -> None:
         if self._window.state == "waiting":
@@ -213,28 +217,47 @@ class SpeedOfLightCollector(StepFollower):
         elif ended_inside and not (self._closure_base is not None and self._exited):
             # (a closure call counted whole stands; where the run's last step was the one before the counted one, the
             # step that began as it ended never ran)
-            return CollectorResult(CollectorStatus("unavailable", (
-                f"the run ended before step {window.current}, the one whose FLOPs are counted, was over")))
+            return self._from_trace(
+                f"the run ended before step {window.current}, the one whose FLOPs are counted, was over")
         elif window.state == "waiting":
-            return CollectorResult(CollectorStatus(
-                "unavailable", f"the run ended before step {self.start_step}, the one whose FLOPs are counted"))
+            return self._from_trace(f"the run ended before step {self.start_step}, the one whose FLOPs are counted")
         else:
             counted = window.counted[0] if window.counted else window.current
-        total = sum(self._flops.values())
-        if not total:
+        if not sum(self._flops.values()):
             return CollectorResult(CollectorStatus(
                 "unavailable", f"step {counted} ran no matmul, convolution or attention that torch counts"))
-        dtype = max(self._dtypes, key=lambda d: self._dtypes[d]) if self._dtypes else None
-        top = dict(sorted(self._flops.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_OPS])
-        cuda = self._events is not None and self._events.cuda_in_use()
-        name, note = _gpu_name() if cuda else (None, "")
         which = "second call of the optimizer's closure counted (its first was traced)" if self._enter_after \
             else "first call of the optimizer's closure counted"
         notes = (f"step {counted}'s FLOPs: its {which}, times its {self.scaled_by} calls",) if self.scaled_by else ()
+        return self._counted(self._flops, self._dtypes, counted, self._tf32, notes,
+                             self._attention[0] if self._attention else None)
+
+    def _counted(self, flops: dict[str, int], dtypes: dict[str, int], step: int, tf32: bool, notes: tuple[str, ...],
+                 attention: AttentionCall | None = None) -> CollectorResult:
+        dtype = max(dtypes, key=lambda d: dtypes[d]) if dtypes else None
+        top = dict(sorted(flops.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_OPS])
+        cuda = self._events is not None and self._events.cuda_in_use()
+        name, note = _gpu_name() if cuda else (None, "")
         return CollectorResult(CollectorStatus("ok"), notes=notes, payload=FlopCount(
-            flops_per_step=total, flops_by_op=top, step=counted, dtype=dtype, cuda=cuda, device_name=name,
-            tf32=self._tf32, note=note, flops_by_dtype=dict(self._dtypes),
-            attention=self._attention[0] if self._attention and not cuda else None))
+            flops_per_step=sum(flops.values()), flops_by_op=top, step=step, dtype=dtype, cuda=cuda, device_name=name,
+            tf32=tf32, note=note, flops_by_dtype=dict(dtypes), attention=None if cuda else attention))
+
+    def _from_trace(self, reason: str) -> CollectorResult:
+        """The counted step never ran whole (a run of a few long steps): the traced step's FLOPs, from the shapes its
+        ops were recorded with (``collect/trace_flops.py``) where they were; else ``reason``, unavailable."""
+        path = self._run_dir / TRACE_FILE if self._run_dir is not None else None
+        try:  # trace.json is there now only where its step was recorded whole (the trace stops after this)
+            read = trace_flops(path) if path is not None and path.is_file() else None
+        except Exception:
+            read = None
+        if read is None or read.step is None or not read.total:
+            return CollectorResult(CollectorStatus("unavailable", reason))
+        missed = "".join(f"; {name} ({calls} calls) not counted: its arguments could not be read"
+                         for name, calls in sorted(read.not_counted.items()))
+        torch = sys.modules["torch"]
+        tf32 = bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False))
+        return self._counted(read.flops_by_op, read.flops_by_dtype, read.step, tf32, (
+            f"step {read.step}'s FLOPs: read from the shapes of its traced ops, by torch's formulas ({reason}){missed}",))
 
 
 def stored_share(tensor: Any) -> float:

@@ -93,6 +93,7 @@ class TorchTraceCollector(StepFollower):
         self._calls_before = 0  # ...in the step before it
         self._closure_base: int | None = None  # recording one closure call: the calls before the recorded step's
         self._scaled_by = 0  # ...and the recorded step's calls, once known
+        self._shapes = False  # the ops' shapes recorded: the one step traced may be the run's last profiled one
 
     @classmethod
     def wants(cls, options: CollectOptions) -> WindowRequest:
@@ -112,9 +113,11 @@ class TorchTraceCollector(StepFollower):
 
     def move_window(self, cpu: Window | None, cuda: Window | None) -> None:
         """Steps are long: one step recorded, with no warm-up step before it (the profiler's start-up is
-        milliseconds of a step of seconds)."""
+        milliseconds of a step of seconds), and the shapes of its ops: a run that ends before the FLOP counter's step
+        has its FLOPs read from them (``collect/trace_flops.py``)."""
         if cpu is not None and self._prof is None and not self._finished and self.active > 0:
             self.start_step, self.warmup, self.active = cpu.start, 0, 1
+            self._shapes = True
 
 
     def start(self, run_dir: Path) -> None:
@@ -204,7 +207,8 @@ class TorchTraceCollector(StepFollower):
                 activities=activities,
                 schedule=schedule,
                 on_trace_ready=self._trace_ready,
-                record_shapes=False,
+                # (where the step calls its closure several times, the FLOP count is its second call's)
+                record_shapes=self._shapes and self._calls_before < PER_CLOSURE_CALLS,
                 with_stack=False,  # stacks make traces many times larger; cProfile has the Python side
             )
         # count the profiler's steps as gpuscope does, so trace.json's ProfilerStep#N is run.json's step N
