@@ -397,6 +397,31 @@ def test_the_window_stays_shut_while_another_profiler_holds_setprofile_and_leave
     assert "another profiler" in (result.status.reason or "")
 
 
+def test_a_parameter_that_is_a_view_gives_the_user_no_warning_from_the_windows_profiler_and_theirs_stand() -> None:
+    # given a module whose weight is a view, not a leaf (as FSDP's use_orig_params makes them): torch's profiler with
+    # stacks reads each called module's parameters' gradients, which warns under the window and never under python
+    import warnings
+
+    from gpuscope.collect.collectors.memory_window import NON_LEAF_GRAD, MemoryWindowCollector
+
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Linear(4, 4)
+    model._parameters["weight"] = torch.randn(4, 4, requires_grad=True) * 1
+    collector = MemoryWindowCollector(1)
+    collector._events = CpuStepEvents()  # type: ignore[assignment]
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        filters = list(warnings.filters)
+        for index in range(4):  # the window: steps 1 and 2
+            collector._on_step(index)
+            model(torch.randn(2, 4)).sum().backward(retain_graph=True)
+        assert collector.stop().status.status == "ok"
+        # then nothing was shown, the filters are as they were, and the script's own access still warns
+        assert [str(w.message) for w in shown] == [] and warnings.filters == filters
+        model.weight.grad  # noqa: B018
+    assert [NON_LEAF_GRAD in str(w.message) for w in shown] == [True]
+
+
 def test_a_cuda_run_counts_the_gpus_tensors_and_watches_the_allocator_for_growth() -> None:
     from gpuscope.record import CudaMemory
 

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import sys
+import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -53,6 +55,9 @@ KEPT_MIN_BYTES = 4096
 MIN_BLOCKS = 3
 """Instances of one module class, each holding activations, that make it the model's repeated block."""
 MARK = "gpuscope#memory-step-"
+NON_LEAF_GRAD = "The .grad attribute of a Tensor that is not a leaf Tensor is being accessed"
+"""torch's profiler with stacks reads the gradient of every parameter of each module called: a parameter that is a
+view (FSDP's ``use_orig_params``) makes torch warn on the user's stderr, which says nothing under python."""
 
 
 @register
@@ -66,6 +71,7 @@ class MemoryWindowCollector(StepFollower):
         """Measure steps ``start`` and on (``cuda_start`` on a CUDA run; None: not on that kind of run)."""
         self._window = StepWindow(start, steps, self._open, self._close, cuda_start=cuda_start)
         self._prof: Any = None
+        self._filter: tuple[Any, ...] | None = None  # the warnings filter of NON_LEAF_GRAD, while the window is open
         self._mark: Any = None
         self._device = "cpu"
         self._reserved = 0
@@ -118,6 +124,7 @@ class MemoryWindowCollector(StepFollower):
             raise RuntimeError(why)
         self._prof = profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True,
                              with_stack=True)
+        self._quiet_non_leaf()
         made_before = torch.empty(1)  # freed while the profile runs: the allocator's one warning, here, swallowed
         with kineto_quiet(), inductor_left_unimported():  # (as torch_trace's window: no compiler imported)
             self._prof.start()
@@ -139,6 +146,7 @@ class MemoryWindowCollector(StepFollower):
         if self._prof is not None:
             with kineto_quiet(), inductor_left_unimported():
                 self._prof.stop()
+        self._loud_non_leaf()
         self._process = _rss()
         self._lines = UserLines()  # now, while the script's __main__ is loaded
         try:
@@ -154,8 +162,23 @@ class MemoryWindowCollector(StepFollower):
                 self._reserved = 0
 
     # -- after the run -------------------------------------------------------------------------------------
+    def _quiet_non_leaf(self) -> None:
+        """Drop torch's warning of ``NON_LEAF_GRAD`` while the window is open: an "ignore" filter at the front, put
+        in and taken out without bumping the filters' version (as ``syncs.SyncWarnings`` does), so that the script's
+        once-per-line warnings are not shown again; it leaves no registry entry."""
+        self._filter = ("ignore", re.compile(re.escape(NON_LEAF_GRAD), re.I), UserWarning, None, 0)
+        warnings.filters.insert(0, self._filter)
+
+    def _loud_non_leaf(self) -> None:
+        for i, f in enumerate(warnings.filters):
+            if f is self._filter:
+                del warnings.filters[i]
+                break
+        self._filter = None
+
     def stop(self) -> CollectorResult:
         window = self._window
+        self._loud_non_leaf()  # (the run ended inside the window)
         died = oom.census()
         if window.state == "open":  # the run ended inside the window: what it recorded is no whole step
             window.fail("the run ended inside the memory window")
