@@ -1,7 +1,7 @@
 """Jobs sharded or stepped another way than plain DDP (gloo, this CPU): FSDP2's ``fully_shard``, its all-gathers
 measured on each rank, run by two simulated nodes (two torchrun launchers, ``--nnodes 2``, a rendezvous on
 127.0.0.1) that write into one shared folder, which ``gpuscope report`` merges; DDP with gradient accumulation
-(``no_sync()``) and DDP around a ``torch.compile``'d model. (FSDP1 needs an accelerator.)"""
+(``no_sync()``), DDP around a ``torch.compile``'d model, and FSDP1's ``FullyShardedDataParallel`` on the CPU."""
 
 from __future__ import annotations
 
@@ -46,10 +46,12 @@ def test_an_fsdp2_job_on_two_nodes_writes_one_folder_that_report_merges(tmp_path
 
 
 
-def ddp_job(tmp_path: Path, mode: str) -> dict:
+def ddp_job(tmp_path: Path, mode: str, stderr: list[str] | None = None) -> dict:
     """A 2-rank job of ``sharded.py --mode MODE`` under ``gpuscope run --nproc-per-node 2``: its merged record."""
     record, result = run_job(tmp_path, SHARDED, "--mode", mode, "--steps", "16")
     assert result.returncode == 0, result.stderr[-2000:]
+    if stderr is not None:
+        stderr.append(result.stderr)
     job = record["_dir"]
     # every rank's 16 optimizer steps, and each figure of the same profiled steps
     for rank in record["ranks"]:
@@ -76,3 +78,15 @@ def test_a_ddp_job_around_a_compiled_model_is_measured_as_one_without_compile(tm
     assert all(rank["comm_s"] > 0 for rank in record["ranks"])
     sample = record["steps"]["sample"]
     assert sample["status"][0] == "warmup" and sample["wall_s"][0] > 10 * record["steps"]["median_s"]
+
+
+def test_an_fsdp1_job_is_measured_and_its_views_of_parameters_make_no_warning(tmp_path: Path) -> None:
+    # given: FSDP1 around each block and the model, its parameters views of each unit's flat parameter
+    stderr: list[str] = []
+    record = ddp_job(tmp_path, "fsdp1", stderr)
+    # then: its all-gathers (forward, and backward's again) and its gradients' reduce-scatters are found on each rank
+    comm = record["op_profile"]["communication"]
+    assert {"all_gather", "reduce_scatter"} <= {c["kind"] for c in comm["calls"]} and comm["calls_per_step"] >= 8
+    assert all(rank["comm_s"] > 0 for rank in record["ranks"])
+    # and the memory window's profiler, reading those views' gradients, left no warning on the user's stderr
+    assert "not a leaf Tensor" not in stderr[0]
