@@ -162,13 +162,19 @@ def _classify_steps(record: RunRecord, needed: int) -> Verdict:
             f"{comm.calls_per_step:.0f} collectives per step, in flight {comm.comm_s * 1e3:.1f} ms, "
             f"{comm.overlap:.0%} of it overlapped with compute",
             waiting))
+    waits = (waiting,)
+    if comm is not None and comm.calls_per_step:  # as the data wait: the job's other wait, under its bar
+        who = "the device" if comm.measured_on == "device" else "the training thread"
+        waits += (f"{who} waits on the collectives' own work {exposed:.0%} of each step ({comm.calls_per_step:.0f} "
+                  f"a step, in flight {comm.comm_s * 1e3:.1f} ms, {comm.overlap:.0%} of it overlapped with compute), "
+                  f"under the {th.COMM_BOUND:.0%} at which communication bounds the job",)
     unlike = unlike_window(record)
     if unlike is not None:
-        return Verdict("inconclusive", 0.2, (f"launch-bound or compute-bound cannot be told: {unlike}", waiting))
+        return Verdict("inconclusive", 0.2, (f"launch-bound or compute-bound cannot be told: {unlike}", *waits))
     verdict = _classify_cuda(record) if record.device == "cuda" else _classify_cpu(record)
     if verdict.bound == "data-loading":  # waiting on an iterator of the script's own (_waiting_iterator)
         return verdict
-    return Verdict(verdict.bound, verdict.confidence, (*verdict.evidence, waiting))
+    return Verdict(verdict.bound, verdict.confidence, (*verdict.evidence, *waits))
 
 
 def _why_no_step(record: RunRecord) -> str:

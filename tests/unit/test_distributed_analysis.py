@@ -155,6 +155,17 @@ def test_waiting_on_collectives_half_the_step_is_communication_bound() -> None:
     assert classify(rank_record(0, 2, exposed=0.02)).bound != "communication"
 
 
+def test_a_job_waiting_on_collectives_under_the_bar_says_how_much_beside_its_data_wait() -> None:
+    # given a rank idle 20 ms of its 100 ms step on the collectives' own work, 2 a step in flight for 30 ms
+    verdict = classify(rank_record(0, 2, exposed=0.02))
+    # then its verdict is another's, and its last line says how long the collectives took, as the data wait's does
+    assert verdict.bound != "communication"
+    assert verdict.evidence[-2].startswith("data wait is 2% of each step")
+    assert verdict.evidence[-1] == ("the training thread waits on the collectives' own work 20% of each step (2 a step, "
+                                    "in flight 30.0 ms, 10% of it overlapped with compute), under the 50% at which "
+                                    "communication bounds the job")
+
+
 def merge_ranks(records: list) -> object:
     """The job's record from its ranks', diagnosed, as ``gpuscope run --nproc-per-node`` writes it."""
     return analyze(combine(records))
