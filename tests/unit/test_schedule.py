@@ -8,7 +8,7 @@ from gpuscope.collect.collectors import CollectOptions, collector_classes, defau
 from gpuscope.collect.collectors.long_steps import LongStepsCollector
 from gpuscope.collect.collectors.torch_trace import TorchTraceCollector, trace_window
 from gpuscope.collect.framework.base import StepWindow, WindowRequest
-from gpuscope.collect.framework.schedule import Window, long_steps_plan, schedule
+from gpuscope.collect.framework.schedule import Window, compact_plan, long_steps_plan, schedule
 
 
 def test_windows_that_would_overlap_are_placed_one_after_another() -> None:
@@ -311,6 +311,39 @@ def test_the_collectors_of_a_run_of_few_measured_steps_own_one_step_each_and_say
     assert note == ("--profile-steps is fewer than the windows take at their full length: they were placed one step "
                     "each: cProfile steps 0-1, torch.profiler step 2, the FLOP count step 3 (on a CUDA run the sync "
                     "count step 3, the FLOPs after it)")
+
+
+def _run_compact(calls: list[int], first: int = 0) -> tuple[LongStepsCollector, dict[str, _Owner], list]:
+    """The long-steps collector of ``--profile-steps`` N small (after ``first`` skipped steps) told of each step
+    beginning it asks for up to the traced one, the closure calls so far at those it reads being ``calls``: the owners
+    it moved, and what it returned."""
+    collector = LongStepsCollector(_default_requests(), first, compact=True)
+    collector._events = _Closures(calls)  # type: ignore[assignment]
+    owners = {name: _Owner(name) for name in ("cprofile", "torch-trace", "syncs", "flops")}
+    collector.owners = list(owners.values())
+    index, returned = 0, []
+    while index <= first + 2:
+        returned.append(collector._on_step(index))
+        index += returned[-1] or 1
+    return collector, owners, returned
+
+
+def test_profile_steps_of_a_loop_calling_its_closure_count_flops_on_the_traced_steps_second_call() -> None:
+    # the compact plan, as long steps get it: the FLOP count shares the traced step where its closure is called
+    assert compact_plan(_default_requests(), share=True).cpu["flops"] == Window(2, 1, second_call=True)
+    # given --profile-steps N small, step 1 calling LBFGS's closure 4 times: the count moves as step 2 begins
+    collector, owners, _ = _run_compact([0, 4])
+    assert owners["flops"].moved == [(Window(2, 1, second_call=True), Window(2, 1, second_call=True))]
+    assert "the FLOP count step 2 (its second closure call)" in collector.stop().notes[0]
+    # one call a step (a plain optimizer): nothing moves
+    assert _run_compact([0, 1])[1]["flops"].moved == []
+
+
+def test_after_skipped_steps_the_compact_plans_collector_reads_only_the_steps_it_decides_on() -> None:
+    # given 10 skipped steps: the closure calls are read at steps 11 and 12 only, the steps before cost it nothing
+    collector, owners, returned = _run_compact([0, 4], first=10)
+    assert returned[0] == 11 and owners["flops"].moved == [(Window(12, 1, second_call=True),
+                                                            Window(12, 1, second_call=True))]
 
 
 def test_profile_steps_too_few_even_for_one_step_windows_are_refused_in_one_line() -> None:

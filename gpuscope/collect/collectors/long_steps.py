@@ -5,7 +5,8 @@ five 17-second steps then gets a trace and a speed of light where the plan in st
 0-4, the trace at 6-9) left it nothing. So does a loop whose DataLoader's epoch holds fewer steps than that plan
 needs (a run of one short epoch: ten batches of 10 ms). A run measured over fewer steps than that plan needs
 (``--profile-steps`` N small) has its windows placed so from the start (``collectors.default_collectors``); this
-collector then only says where.
+collector then says where, and moves the FLOP count onto the traced step's second closure call where the step before
+it called its closure several times.
 
 It runs at the step boundaries before every window's owner (``before_windows``), at each of the first
 ``DECIDED_AT`` + 1 boundaries only, and tells each owner its new window (``StepFollower.move_window``). Step 1's
@@ -21,7 +22,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collect.children import schedstat
 from gpuscope.collect.framework.base import CollectorResult, StepFollower, WindowRequest, register
-from gpuscope.collect.framework.schedule import DECIDED_AT, LONG_STEP_S, Plan, compact_plan, long_steps_plan
+from gpuscope.collect.framework.schedule import (DECIDED_AT, LONG_STEP_S, PER_CLOSURE_CALLS, Plan, compact_plan,
+                                                  long_steps_plan)
 from gpuscope.record import CollectorStatus
 
 if TYPE_CHECKING:
@@ -68,16 +70,16 @@ class LongStepsCollector(StepFollower):
     def start(self, run_dir: Path) -> None:
         pass
 
-    def _on_step(self, index: int) -> None:
+    def _on_step(self, index: int) -> int | None:
+        if self._compact:
+            return self._share_closure_step(index)
         self._began[index] = time.perf_counter()
         times = schedstat("thread-self")
         self._waited[index] = times[1] if times is not None else 0.0
         self._calls[index] = self._events.closure_calls()  # type: ignore[union-attr]
-        if index < DECIDED_AT and not self._compact:
+        if index < DECIDED_AT:
             return
         self._leave()
-        if self._compact:
-            return
         if index != DECIDED_AT or DECIDED_AT - 1 not in self._began:
             return  # (an epoch of fewer steps began again from 0: its indices say nothing of a step's time)
         # a busy machine's wait for a core is no part of the step's own length
@@ -88,6 +90,26 @@ class LongStepsCollector(StepFollower):
                                     closure_calls=self._calls[index] - self._calls[DECIDED_AT - 1],
                                     epoch_steps=self.epoch_steps,
                                     cuda=self._events.cuda_in_use())  # type: ignore[union-attr]
+        self._move_owners()
+
+    def _share_closure_step(self, index: int) -> int | None:
+        """The windows placed one step each from the start (``--profile-steps`` N small): where the step before the
+        trace's called the optimizer's closure several times, the FLOP count moves onto the traced step's second call,
+        as ``long_steps_plan`` places it. Returns the steps to the next one it reads (the skipped steps cost it
+        nothing)."""
+        at = self._first + DECIDED_AT
+        if index < at - 1:
+            return at - 1 - index
+        self._calls[index] = self._events.closure_calls()  # type: ignore[union-attr]
+        if index < at:
+            return None
+        self._leave()
+        if index == at and at - 1 in self._calls and self._calls[at] - self._calls[at - 1] >= PER_CLOSURE_CALLS:
+            self.plan = compact_plan(self._requests, self._first, share=True)
+            self._move_owners()
+        return None
+
+    def _move_owners(self) -> None:
         if self.plan is None:
             return
         for owner in self.owners:

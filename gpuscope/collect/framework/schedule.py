@@ -144,11 +144,12 @@ def long_steps_plan(requests: Sequence[tuple[str, WindowRequest | None]], step_s
     return _one_step_each(requests, at, share=closure_calls >= PER_CLOSURE_CALLS)
 
 
-def compact_plan(requests: Sequence[tuple[str, WindowRequest | None]], first: int = 0) -> Plan:
+def compact_plan(requests: Sequence[tuple[str, WindowRequest | None]], first: int = 0, share: bool = False) -> Plan:
     """The windows as ``long_steps_plan`` places them, from the start, for a run measured over fewer steps than the
     plan in step numbers needs (``--profile-steps`` N small): the start-up window covers ``DECIDED_AT`` steps from
-    ``first``, each other window its ``long_steps`` after it, with no clean step between."""
-    return _one_step_each(requests, first + DECIDED_AT, first)
+    ``first``, each other window its ``long_steps`` after it, with no clean step between; with ``share`` (the step
+    before the trace's called its closure several times), those that share another's step on it."""
+    return _one_step_each(requests, first + DECIDED_AT, first, share=share)
 
 
 def _one_step_each(requests: Sequence[tuple[str, WindowRequest | None]], at: int, first: int = 0,
