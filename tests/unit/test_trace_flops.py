@@ -175,3 +175,17 @@ def test_without_a_trace_of_shapes_a_run_ending_before_its_counted_step_has_no_c
     assert collector.stop().status == CollectorStatus(
         "unavailable", "the run ended before step 3, the one whose FLOPs are counted")
 
+
+
+def test_a_trace_recorded_on_an_mi250_has_its_flops_read_from_its_shapes(tmp_path: Path) -> None:
+    # given a toy loop's trace recorded with shapes on an AMD MI250 (ROCm 6.2), elsewhere: a Linear(128, 128) on a
+    # batch of 5, its forward's addmm and its weight gradient's mm
+    import gzip
+
+    trace = gzip.decompress((Path(__file__).parent.parent / "fixtures" / "gpu" / "mi250-rocm-toy.json.gz").read_bytes())
+    (tmp_path / "trace.json").write_bytes(trace)
+    read = trace_flops(tmp_path / "trace.json")
+    # then each is 2 x 5 x 128 x 128, in float32
+    assert read is not None and read.step == 1
+    assert read.flops_by_op == {"addmm": 2 * 5 * 128 * 128, "mm": 2 * 128 * 5 * 128}
+    assert read.flops_by_dtype == {"float32": 4 * 5 * 128 * 128} and not read.not_counted
