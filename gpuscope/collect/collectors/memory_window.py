@@ -161,21 +161,23 @@ class MemoryWindowCollector(StepFollower):
             except Exception:
                 self._reserved = 0
 
-    # -- after the run -------------------------------------------------------------------------------------
     def _quiet_non_leaf(self) -> None:
         """Drop torch's warning of ``NON_LEAF_GRAD`` while the window is open: an "ignore" filter at the front, put
         in and taken out without bumping the filters' version (as ``syncs.SyncWarnings`` does), so that the script's
         once-per-line warnings are not shown again; it leaves no registry entry."""
+        self._loud_non_leaf()
         self._filter = ("ignore", re.compile(re.escape(NON_LEAF_GRAD), re.I), UserWarning, None, 0)
         warnings.filters.insert(0, self._filter)
 
     def _loud_non_leaf(self) -> None:
+        """Take out that filter, and only it (the script may have added its own since)."""
         for i, f in enumerate(warnings.filters):
             if f is self._filter:
                 del warnings.filters[i]
                 break
         self._filter = None
 
+    # -- after the run -------------------------------------------------------------------------------------
     def stop(self) -> CollectorResult:
         window = self._window
         self._loud_non_leaf()  # (the run ended inside the window)
