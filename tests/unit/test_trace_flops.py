@@ -143,18 +143,24 @@ class EndedSteps:
         return 0
 
 
+def three_steps_counted_at_the_fourth(run_dir: Path) -> Any:
+    """The flops collector's result for a run of steps 0-2 whose FLOP count was placed on step 3, its trace.json (if
+    any) in ``run_dir``."""
+    collector = SpeedOfLightCollector(start=3)
+    collector.start(run_dir)
+    steps = EndedSteps()
+    collector.follow(steps)
+    for index in range(3):
+        steps.listener(index)
+    return collector.stop()
+
+
 def test_a_run_ending_before_its_counted_step_has_the_traced_steps_flops_from_its_shapes(tmp_path: Path) -> None:
     # given a run of three long steps: step 2 traced with its shapes, the FLOP count placed on step 3, never run
     model, x = models()["transformer layers (addmm, mm, bmm)"]
     one_step(model, x)
     traced(model, x, tmp_path / "trace.json")
-    collector = SpeedOfLightCollector(start=3)
-    collector.start(tmp_path)
-    steps = EndedSteps()
-    collector.follow(steps)
-    for index in range(3):
-        steps.listener(index)
-    result = collector.stop()
+    result = three_steps_counted_at_the_fourth(tmp_path)
     # then the count is step 2's, read from its trace, and says so
     assert result.status.status == "ok" and result.payload.step == 2
     assert result.payload.flops_per_step == sum(counted(model, x).values())
@@ -166,15 +172,8 @@ def test_a_run_ending_before_its_counted_step_has_the_traced_steps_flops_from_it
 def test_without_a_trace_of_shapes_a_run_ending_before_its_counted_step_has_no_count(tmp_path: Path) -> None:
     model, x = models()["an LSTM cell"]
     traced(model, x, tmp_path / "trace.json", shapes=False)
-    collector = SpeedOfLightCollector(start=3)
-    collector.start(tmp_path)
-    steps = EndedSteps()
-    collector.follow(steps)
-    for index in range(3):
-        steps.listener(index)
-    assert collector.stop().status == CollectorStatus(
+    assert three_steps_counted_at_the_fourth(tmp_path).status == CollectorStatus(
         "unavailable", "the run ended before step 3, the one whose FLOPs are counted")
-
 
 
 def test_a_trace_recorded_on_an_mi250_has_its_flops_read_from_its_shapes(tmp_path: Path) -> None:
