@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpuscope.collect.attention import CPU_FLASH
 
-CPU_FLASH = "aten::_scaled_dot_product_flash_attention_for_cpu"
+CPU_FLASH_OP = "aten::" + CPU_FLASH
 """The CPU's flash attention, which torch's formulas lack: counted as the GPU's is (``collect/attention.py``)."""
 NOT_TENSORS = frozenset({"", "Scalar", "ScalarList", "TensorList", "GenericList"})
 """``Input type`` values of arguments that are no tensor (a tensor's is its dtype's name)."""
@@ -58,8 +59,8 @@ def formulas() -> dict[str, Callable[..., int]]:
         name = str(op)
         if name.startswith("aten."):
             found["aten::" + name.removeprefix("aten.")] = _positional(formula)
-    found[CPU_FLASH] = lambda q, k, v, *args, **kwargs: int(flop_counter.sdpa_flop_count(q, k, v))
-    found[CPU_FLASH + "_backward"] = \
+    found[CPU_FLASH_OP] = lambda q, k, v, *args, **kwargs: int(flop_counter.sdpa_flop_count(q, k, v))
+    found[CPU_FLASH_OP + "_backward"] = \
         lambda g, q, k, v, *args, **kwargs: int(flop_counter.sdpa_backward_flop_count(g, q, k, v))
     return found
 
