@@ -17,16 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import re
 import sys
-import warnings
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpuscope.collect import oom
+from gpuscope.collect import oom, warning_filters
 from gpuscope.collect.callsites import is_user_file
 from gpuscope.collect.collectors.cprofile import profiler_in_use
 from gpuscope.collect.collectors.torch_trace import kineto_quiet, return_freed_heap
@@ -162,19 +160,13 @@ class MemoryWindowCollector(StepFollower):
                 self._reserved = 0
 
     def _quiet_non_leaf(self) -> None:
-        """Drop torch's warning of ``NON_LEAF_GRAD`` while the window is open: an "ignore" filter at the front, put
-        in and taken out without bumping the filters' version (as ``syncs.SyncWarnings`` does), so that the script's
-        once-per-line warnings are not shown again; it leaves no registry entry."""
+        """Drop torch's warning of ``NON_LEAF_GRAD`` while the window is open (an "ignore" filter in front:
+        ``collect/warning_filters.py``)."""
         self._loud_non_leaf()
-        self._filter = ("ignore", re.compile(re.escape(NON_LEAF_GRAD), re.I), UserWarning, None, 0)
-        warnings.filters.insert(0, self._filter)
+        self._filter = warning_filters.put_in_front("ignore", NON_LEAF_GRAD, UserWarning)
 
     def _loud_non_leaf(self) -> None:
-        """Take out that filter, and only it (the script may have added its own since)."""
-        for i, f in enumerate(warnings.filters):
-            if f is self._filter:
-                del warnings.filters[i]
-                break
+        warning_filters.take_out(self._filter)
         self._filter = None
 
     # -- after the run -------------------------------------------------------------------------------------

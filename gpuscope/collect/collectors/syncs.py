@@ -17,7 +17,6 @@ other threads are caught as well, since it was gpuscope that made them warn.
 
 from __future__ import annotations
 
-import re
 import sys
 import threading
 import warnings
@@ -26,6 +25,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from gpuscope.collect import warning_filters
 from gpuscope.collect.callsites import SiteCounter, user_frame
 from gpuscope.collect.collectors import torch_trace
 from gpuscope.collect.framework.base import (
@@ -65,10 +65,8 @@ class SyncWarnings:
 
     An "always" filter for the sync message goes to the front of ``warnings.filters``: without it, the default
     filters show a warning once per line, and a ``-W error`` or "ignore" filter would raise or drop it. It goes in
-    and out without bumping the filters' version (``filterwarnings`` would): a new version clears every module's
-    registry of warnings already shown, and the script's once-per-line warnings would show again. Keeping the
-    version is sound because the filter only ever matches the sync message, which leaves no registry entry under
-    "always" and had none before (the mode was off).
+    and out without bumping the filters' version (``collect/warning_filters.py``): the sync message had no registry
+    entry before (the mode was off) and leaves none under "always".
     """
 
     def __init__(self, on_sync: Callable[[FrameType | None], None]) -> None:
@@ -89,8 +87,7 @@ class SyncWarnings:
     def install(self) -> None:
         """Catch the sync warnings from now on."""
         self._original = warnings.showwarning
-        self._filter = ("always", re.compile(re.escape(SYNC_WARNING), re.I), Warning, None, 0)  # as filterwarnings
-        warnings.filters.insert(0, self._filter)
+        self._filter = warning_filters.put_in_front("always", SYNC_WARNING)
         warnings.showwarning = self._hook
         self._active = True
 
@@ -100,10 +97,7 @@ class SyncWarnings:
         self._active = False
         if warnings.showwarning is self._hook:
             warnings.showwarning = self._original
-        for i, f in enumerate(warnings.filters):
-            if f is self._filter:
-                del warnings.filters[i]
-                break
+        warning_filters.take_out(self._filter)
         self._filter = None
 
 
