@@ -42,8 +42,9 @@ if TYPE_CHECKING:
 STEPS = 2
 """Two steps: what the first makes and the second has not freed is what a step leaves behind."""
 MAX_EVENTS = 400_000
-"""Profiled events past which the memory profile is not built: its analysis runs in Python over every event (a
-few seconds for 100k); a step that large (an LBFGS step of 373k ops) says so in the notes instead."""
+"""Profiled events (ops, allocations and the calls above them: ``_TorchOnly``) past which the memory profile is not
+built: its analysis runs in Python over every event (a few seconds for 100k); a step that large (an LBFGS step of
+373k ops) says so in the notes instead."""
 TIMELINE_POINTS = 300
 """Points kept of the timeline for the page: each bucket's highest."""
 TOP_HOLDERS = 8
@@ -274,21 +275,15 @@ def extract(prof: Any, lines: UserLines | None = None) -> ProfileEvents:
     """The profile's allocations, categorised by torch's memory profile, each with the modules and the script's
     lines it was made under; the gpuscope step marks and the backward and optimizer spans."""
     from torch._C._profiler import _EventType
-    from torch.profiler._memory_profiler import Action, MemoryProfile, TensorKey
+    from torch.profiler._memory_profiler import Action, TensorKey
 
     result = prof.profiler.kineto_results
     out = ProfileEvents()
-    roots = result.experimental_event_tree()
-    count = 0
-    stack = list(roots)
-    while stack:
-        event = stack.pop()
-        count += 1
-        stack.extend(event.children)
-    if count > MAX_EVENTS:
-        out.too_many = count
+    tree = _TorchOnly(result.experimental_event_tree(), _EventType)
+    if tree.count > MAX_EVENTS:
+        out.too_many = tree.count
         return out
-    profile = MemoryProfile(result)
+    profile = _memory_profile(result, tree)
     lines = lines or UserLines()
     made: dict[int, tuple[tuple[str, ...], tuple[str, ...], bool, bool]] = {}
     for event in profile._op_tree.dfs():
@@ -329,6 +324,74 @@ def extract(prof: Any, lines: UserLines | None = None) -> ProfileEvents:
     out.allocations = found
     out.steps.sort()
     return out
+
+
+class _TorchOnly:
+    """The profile's event tree without the Python calls under which no op ran and nothing was allocated (but those of
+    a module or an optimizer, which name their tensors: ``zero_grad`` that sets gradients to None runs no op): with
+    ``with_stack`` every Python call of the window is an event (the data-bound sample's two steps: 86k of 87k events,
+    its dataset's Python), and the memory profile, which reads ops, allocations and the calls of modules and
+    optimizers, would walk them all (1.5 s of its 2 s there). ``count``: the events kept."""
+
+    def __init__(self, roots: Sequence[Any], event_type: Any) -> None:
+        python = (event_type.PyCall, event_type.PyCCall)
+        order: list[Any] = []  # parents before children; holding them keeps each event's Python object, and its id
+        stack = list(roots)
+        while stack:
+            event = stack.pop()
+            order.append(event)
+            stack.extend(event.children)
+        kept: dict[int, list[Any]] = {}
+        for event in reversed(order):  # children before parents
+            children = [child for child in event.children if id(child) in kept]
+            if children or event.tag not in python or _holds_tensors(event, event_type):
+                kept[id(event)] = children
+        self._kept = kept
+        self._roots = [root for root in roots if id(root) in kept]
+        self.count = len(kept)
+        self._sorted_nodes: tuple[Any, ...] = ()
+
+    def op_tree(self, result: Any) -> Any:
+        """Stands in for torch's ``OpTree(result)``: the same walks, over the kept events."""
+        self._sorted_nodes = tuple(sorted(self.dfs(), key=lambda event: event.start_time_ns))
+        return self
+
+    def dfs(self, *args: Any, children_fn: Any = None, **kwargs: Any) -> Any:
+        from torch.profiler import _utils
+
+        kept = self._kept
+        if children_fn is None:
+            def children(event: Any) -> list[Any]:
+                return kept[id(event)]
+        else:
+            def children(event: Any) -> list[Any]:
+                return [child for child in children_fn(event) if id(child) in kept]
+        yield from _utils.traverse_dfs(self._roots, *args, children_fn=children, **kwargs)
+
+    @property
+    def sorted_nodes(self) -> tuple[Any, ...]:
+        return self._sorted_nodes
+
+
+def _holds_tensors(event: Any, event_type: Any) -> bool:
+    """A call of a module or an optimizer, whose tensors the profiler names with it."""
+    if event.tag != event_type.PyCall:
+        return False
+    fields = event.typed[1]
+    return fields.module is not None or fields.optimizer is not None
+
+
+def _memory_profile(result: Any, tree: _TorchOnly) -> Any:
+    """torch's ``MemoryProfile`` of ``result``, over ``tree``'s events (its ``OpTree`` swapped for ``tree`` while it
+    is built)."""
+    from torch.profiler import _memory_profiler
+
+    op_tree = _memory_profiler.OpTree
+    _memory_profiler.OpTree = tree.op_tree  # type: ignore[assignment,misc]
+    try:
+        return _memory_profiler.MemoryProfile(result)
+    finally:
+        _memory_profiler.OpTree = op_tree  # type: ignore[misc]
 
 
 def _module_name(name: str) -> str:
