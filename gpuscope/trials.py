@@ -66,8 +66,8 @@ def run_trials(record: RunRecord, run_dir: Path, command: Sequence[str], options
     """Try each fix ``wanted`` (``auto``: the run's own recommendations that can be applied at run time, best first,
     while their estimated time fits ``budget_s``) on ``command``, ``TRIAL_ROUNDS`` runs each of ``steps`` steps
     (default: ``diagnose.trials.window``), in rounds: the fixes one after another beside the untouched run, then the
-    untouched script again and the fixes again. Return the record with the trials, written, and its report rendered
-    again."""
+    untouched script again and the fixes again, but a fix whose first run's loss was not finite (it is not credited,
+    whatever its speed). Return the record with the trials, written, and its report rendered again."""
     say = (lambda line: None) if quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     if record.exit_status != 0 or not record.steps.count:
         why = "the script failed" if record.exit_status != 0 else "no steady step was measured"
@@ -96,9 +96,12 @@ def run_trials(record: RunRecord, run_dir: Path, command: Sequence[str], options
             f"beside the script untouched (about {each_s:.0f} s a run): {', '.join(p.id for p in chosen)}")
     done: dict[str, list[plans.Round]] = {p.id: [] for p in chosen}
     failures: dict[str, Trial] = {}
+    settled: set[str] = set()  # fixes whose first run's loss was not finite: not credited whatever their speed
     notes_of: dict[str, list[str]] = {p.id: [] for p in chosen}
     bases = [record]
     for number in range(1, rounds + 1):
+        if number > 1 and all(p.id in failures or p.id in settled for p in chosen):
+            break  # (no fix is left to run again: the untouched script is not run again either)
         if number > 1:
             control = _run_once(None, run_dir / f"try-untouched-{number}", command, options, steps, each_s)
             if isinstance(control, str):
@@ -106,7 +109,7 @@ def run_trials(record: RunRecord, run_dir: Path, command: Sequence[str], options
                 break
             bases.append(control[0])
         for trial_plan in chosen:
-            if trial_plan.id in failures:
+            if trial_plan.id in failures or trial_plan.id in settled:
                 continue
             folder = f"try-{trial_plan.id}" + (f"-{number}" if number > 1 else "")
             outcome = _run_once(trial_plan, run_dir / folder, command, options, steps, each_s)
@@ -122,6 +125,9 @@ def run_trials(record: RunRecord, run_dir: Path, command: Sequence[str], options
             done[trial_plan.id].append(plans.Round(bases[-1], tried, applied_at))
             if notes:
                 notes_of[trial_plan.id].append(notes)
+            if plans.loss_check(bases[-1], tried, applied_at + 1, steps).status == "not finite" and number < rounds:
+                settled.add(trial_plan.id)
+                notes_of[trial_plan.id].append("run once: its loss was not finite, so it cannot be credited")
             if number == 1:
                 _compare_page(record, tried, run_dir / folder)
     natural = _natural_drift(bases, steps)

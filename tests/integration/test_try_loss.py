@@ -23,3 +23,6 @@ def test_a_trial_whose_loss_goes_to_nan_is_flagged_and_not_credited(tmp_path: Pa
     assert trial["status"] == "measured" and trial["loss"]["status"] == "not finite"
     assert not trial["credited"] and trial["measured_gain"] is None
     assert "loss NOT FINITE" in result.stderr and "apply: DataLoader" not in result.stderr
+    # and it was run once: a second run could not credit it
+    assert trial["runs"] == 1 and "run once: its loss was not finite" in trial["reason"]
+    assert not (tmp_path / "run" / "try-more-dataloader-workers-2").exists()
