@@ -13,6 +13,7 @@ from gpuscope.record import (
     Breakdown,
     Calibration,
     CollectorStatus,
+    Communication,
     FunctionStat,
     HostMemory,
     KernelTimeline,
@@ -291,6 +292,21 @@ def test_an_op_profile_of_steps_unlike_the_steady_ones_decides_nothing_and_says_
     _, checks = evaluate(record)
     launch = checks["larger-batch"]
     assert launch.status == "not-checked" and "17x longer" in (launch.reason or "")
+
+
+def test_a_communication_share_of_the_profiled_steps_own_time_gives_its_verdict_and_its_advice_alike() -> None:
+    # given a job whose profiled steps (7-9) took 43 ms, 17x its steady ones, 30 ms of each waiting on its collectives
+    record = two_phase_record(window_step_s=0.043)
+    comm = Communication(calls_per_step=97, comm_s=0.035, exposed_s=0.030, backend="gloo", step_s=0.043)
+    record = dataclasses.replace(record, op_profile=dataclasses.replace(record.op_profile, communication=comm))
+    # then the verdict and the advice read the same share, of those steps' own time (70%), and the advice says
+    # which steps it comes from
+    verdict = classify(record)
+    assert verdict.bound == "communication"
+    recommendations, _ = evaluate(record)
+    (advice,) = [r for r in recommendations if r.id == "reduce-communication"]
+    assert advice.expected_gain == pytest.approx(0.030 / 0.043 * 0.75, abs=0.001)
+    assert any("17x longer than the steady-state steps" in line for line in advice.evidence)
 
 
 def test_in_a_run_whose_steps_lengthen_as_it_goes_the_advice_skips_to_steps_like_the_median_one() -> None:

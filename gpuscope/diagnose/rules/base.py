@@ -120,6 +120,8 @@ def missing_input(record: RunRecord, needs: Needs) -> str | None:
             return why
         if need == "kernels" and (record.op_profile is None or record.op_profile.kernels is None):
             return "no CUDA kernel timeline" + _collector_reason(record, "op_profile")
+        if need == "collectives" and (record.op_profile is None or record.op_profile.communication is None):
+            return "no collectives were profiled" + _collector_reason(record, "op_profile")
         if need == "op_profile" and (record.op_profile is None or not record.op_profile.ops):
             return "no op-level profile" + _collector_reason(record, "op_profile")
         if need in ("op_profile", "kernels") and (unlike := unlike_window(record)) is not None:

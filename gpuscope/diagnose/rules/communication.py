@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.evidence import STEP, comm_share
 from gpuscope.diagnose.rules.base import Finding, Refused, rule
-from gpuscope.diagnose.words import comm_wait_text
+from gpuscope.diagnose.words import comm_wait_text, unlike_window
 from gpuscope.record import RunRecord
 
 ACCUMULATE = f"""for i, (x, y) in enumerate(loader):
@@ -20,7 +20,7 @@ ACCUMULATE = f"""for i, (x, y) in enumerate(loader):
 @rule(id="reduce-communication",
       title="Send gradients less often: larger batches or gradient accumulation",
       fix=ACCUMULATE,
-      needs=("op_profile",),
+      needs=("collectives",),
       resolved_by=(STEP,),
       trial=Refused("it changes the optimisation (more samples an update) or the job's launch"))
 def reduce_communication(run: RunRecord) -> Finding | None:
@@ -30,7 +30,9 @@ def reduce_communication(run: RunRecord) -> Finding | None:
     what DDP cannot hide behind backward (its buckets overlap with the remaining backward work) is exposed. A wait
     for a rank that arrives late is imbalance (``balance-ranks``): sending less often leaves its cause in place.
     Fix: a larger batch per rank, or gradient accumulation with ``model.no_sync()`` (one all-reduce per k
-    micro-batches); also DDP(bucket_cap_mb=...) to start all-reduces earlier, and ``gradient_as_bucket_view=True``."""
+    micro-batches); also DDP(bucket_cap_mb=...) to start all-reduces earlier, and ``gradient_as_bucket_view=True``.
+    The share is of the profiled steps' own time, as the communication verdict's: where those steps ran at another
+    pace than the steady ones, it stands as the verdict does, and says so."""
     comm = run.op_profile.communication  # type: ignore[union-attr]
     median = run.steps.median_s
     if comm is None or not median:
@@ -42,6 +44,7 @@ def reduce_communication(run: RunRecord) -> Finding | None:
         comm_wait_text(comm, median),
         f"{comm.calls_per_step:.0f} collectives per step are in flight {comm.comm_s * 1e3:.1f} ms; "
         f"{comm.overlap:.0%} of that overlaps with compute",
+        *((unlike,) if (unlike := unlike_window(run)) is not None else ()),
     )
     steps = th.ACCUMULATION_STEPS
     return Finding(share * (1 - 1 / steps), evidence)
