@@ -118,9 +118,12 @@ class RunOptions:
                 raise GpuscopeError(f"profile_steps must be a whole number, 1 or more: {self.profile_steps!r}")
             needed = self.fewest_profile_steps(compact=True)
             if self.profile_steps < needed:
+                untraced = dataclasses.replace(self, trace_steps=0, profile_steps=None).fewest_profile_steps(
+                    compact=True)
+                fewer = f" ({untraced} with --trace-steps 0)" if untraced < needed else ""
                 raise GpuscopeError(
                     f"--profile-steps {self.profile_steps} is too few: the profilers' windows take {needed} at one "
-                    f"step each (fewer with --trace-steps 0); "
+                    f"step each{fewer}; "
                     f"{self.fewest_profile_steps()} hold them at full length and the steady steps the figures need")
 
     def fewest_profile_steps(self, memory: bool = False, compact: bool = False) -> int:

@@ -37,11 +37,12 @@ def test_three_long_lbfgs_steps_get_a_trace_a_flop_count_and_a_verdict_from_the_
 
 
 def test_three_long_steps_without_a_closure_get_their_flops_from_the_traced_steps_shapes(runs: Runs) -> None:
-    # given three long steps of one forward and backward pass each: the FLOP count's step 3 never comes
+    # given three long steps of one forward and backward pass each: the FLOP count takes no step of its own
     run = runs.get(SCRIPTS / "long_steps_plain.py", options=("--no-probes",))
     record = run.record
     assert run.result.returncode == 0, run.result.stderr
-    assert any(n.startswith("long-steps: step 1 took") and "torch.profiler step 2, the FLOP count step 3" in n
+    assert any(n.startswith("long-steps: step 1 took")
+               and "torch.profiler step 2, the FLOPs read from the traced step's op shapes" in n
                for n in record["meta"]["notes"])
     assert record["op_profile"]["window"]["first_step"] == 2 and (run.run_dir / "trace.json").is_file()
     # then step 2's FLOPs are read from its trace's op shapes: its two matmuls forward, the first one's weight gradient

@@ -123,11 +123,11 @@ def test_long_steps_get_one_step_a_window_one_after_another_from_step_2(step_s: 
     plan = long_steps_plan(_default_requests(), step_s)
     assert plan is not None
     # cProfile's start-up window ends where the plan is made again: it covered the start-up, steps 0 and 1
-    # the memory window has none: one long step under its profiler (stacks, every allocation) costs as much again
-    assert plan.cpu == {"cprofile": Window(0, 2), "torch-trace": Window(2, 1), "flops": Window(3, 1),
-                        "memory-window": Window(4, 0)}
+    # the memory window has none: one long step under its profiler (stacks, every allocation) costs as much again;
+    # nor has the FLOP count: the traced step's FLOPs are read from its ops' shapes
+    assert plan.cpu == {"cprofile": Window(0, 2), "torch-trace": Window(2, 1), "memory-window": Window(3, 0)}
     assert plan.cuda == {"cprofile": Window(0, 2), "torch-trace": Window(2, 1), "syncs": Window(3, 1),
-                         "flops": Window(4, 1), "memory-window": Window(5, 0)}
+                         "memory-window": Window(4, 0)}
     assert plan.overlaps() == []
 
 
@@ -157,7 +157,7 @@ def test_windows_are_placed_again_for_long_steps_and_for_epochs_too_short_for_th
     # then long steps, or an epoch too short, get the windows one step each from step 2; short steps in a long or
     # unknown epoch keep the plan made at the start
     if step_s >= 2.0 or epoch_steps == 8:
-        assert plan is not None and plan.cpu["torch-trace"] == Window(2, 1) and plan.cpu["flops"] == Window(3, 1)
+        assert plan is not None and plan.cpu["torch-trace"] == Window(2, 1) and "flops" not in plan.cpu
         assert plan.end() <= 8 and plan.overlaps() == []
     else:
         assert plan is None
@@ -227,9 +227,11 @@ def test_a_step_1_of_twenty_seconds_moves_every_windows_owner_and_says_where(mon
     collector, owners = _run_long_steps(20.0, monkeypatch)
     assert owners["torch-trace"].moved == [(Window(2, 1), Window(2, 1))]
     assert owners["syncs"].moved == [(None, Window(3, 1))]
-    assert owners["flops"].moved == [(Window(3, 1), Window(4, 1))]
+    assert owners["flops"].moved == [(None, None)]  # it has no step: the traced step's FLOPs, from its shapes
     (note,) = collector.stop().notes
-    assert note.startswith("step 1 took 20.0 s of its own") and "torch.profiler step 2, the FLOP count step 3" in note
+    assert note.startswith("step 1 took 20.0 s of its own")
+    assert note.endswith("torch.profiler step 2, the FLOPs read from the traced step's op shapes (on a CUDA run the "
+                         "sync count step 3)")
 
 
 def test_a_step_1_calling_its_closure_four_times_moves_the_flop_count_onto_the_traced_step(monkeypatch) -> None:
@@ -245,11 +247,11 @@ def test_a_loop_of_short_steps_whose_epoch_is_too_short_for_the_windows_gets_the
     collector, owners = _run_long_steps(0.01, monkeypatch, epoch_steps=8)
     # then every window moves, and the note says why
     assert owners["torch-trace"].moved == [(Window(2, 1), Window(2, 1))]
-    assert owners["flops"].moved == [(Window(3, 1), Window(4, 1))]
+    assert owners["flops"].moved == [(None, None)]
     (note,) = collector.stop().notes
     assert note.startswith("an epoch holds 8 steps (its DataLoader's length), fewer than the profiling windows take "
                            "at their full length: they were placed again, one step each: cProfile steps 0-1, "
-                           "torch.profiler step 2, the FLOP count step 3"), note
+                           "torch.profiler step 2, the FLOPs read from the traced step's op shapes"), note
 
 
 def test_a_short_step_that_waited_seconds_for_a_core_is_no_long_step(monkeypatch) -> None:
@@ -288,13 +290,11 @@ def test_profile_steps_too_few_for_the_windows_at_full_length_get_them_one_step_
     plan = plan_windows(RunOptions(profile_steps=6).collect_options())
     # as long steps get them (cProfile's start-up window over steps 0-1, then one step each), without waiting to
     # see step 1: the number of steps is known from the start
-    assert plan.cpu == {"cprofile": Window(0, 2), "torch-trace": Window(2, 1), "flops": Window(3, 1)}
-    assert plan.cuda == {"cprofile": Window(0, 2), "torch-trace": Window(2, 1), "syncs": Window(3, 1),
-                         "flops": Window(4, 1)}
+    assert plan.cpu == {"cprofile": Window(0, 2), "torch-trace": Window(2, 1)}
+    assert plan.cuda == {"cprofile": Window(0, 2), "torch-trace": Window(2, 1), "syncs": Window(3, 1)}
     # after skipped steps, from the first measured step
     skipped = plan_windows(RunOptions(skip_steps=10, profile_steps=6).collect_options())
-    assert skipped.cuda == {"cprofile": Window(10, 2), "torch-trace": Window(12, 1), "syncs": Window(13, 1),
-                            "flops": Window(14, 1)}
+    assert skipped.cuda == {"cprofile": Window(10, 2), "torch-trace": Window(12, 1), "syncs": Window(13, 1)}
     # enough steps for the full plan keep it
     assert plan_windows(RunOptions(profile_steps=19).collect_options()).cpu["torch-trace"] == Window(6, 4)
 
@@ -306,11 +306,11 @@ def test_the_collectors_of_a_run_of_few_measured_steps_own_one_step_each_and_say
     trace = collectors["torch-trace"]
     assert (trace.start_step, trace.warmup, trace.active) == (2, 0, 1)  # recorded at once, as for long steps
     assert collectors["cprofile"].steps == 2
-    assert (collectors["flops"].start_step, collectors["flops"]._window.cuda_start) == (3, 4)
+    assert collectors["flops"]._traced_only  # no step of its own: the traced step's FLOPs, from its shapes
     (note,) = collectors["long-steps"].stop().notes
     assert note == ("--profile-steps is fewer than the windows take at their full length: they were placed one step "
-                    "each: cProfile steps 0-1, torch.profiler step 2, the FLOP count step 3 (on a CUDA run the sync "
-                    "count step 3, the FLOPs after it)")
+                    "each: cProfile steps 0-1, torch.profiler step 2, the FLOPs read from the traced step's op shapes "
+                    "(on a CUDA run the sync count step 3)")
 
 
 def _run_compact(calls: list[int], first: int = 0) -> tuple[LongStepsCollector, dict[str, _Owner], list]:
@@ -335,7 +335,7 @@ def test_profile_steps_of_a_loop_calling_its_closure_count_flops_on_the_traced_s
     collector, owners, _ = _run_compact([0, 4])
     assert owners["flops"].moved == [(Window(2, 1, second_call=True), Window(2, 1, second_call=True))]
     assert "the FLOP count step 2 (its second closure call)" in collector.stop().notes[0]
-    # one call a step (a plain optimizer): nothing moves
+    # one call a step (a plain optimizer): nothing moves (the FLOPs are the traced step's, from its shapes)
     assert _run_compact([0, 1])[1]["flops"].moved == []
 
 
@@ -350,9 +350,11 @@ def test_profile_steps_too_few_even_for_one_step_windows_are_refused_in_one_line
     from gpuscope.errors import GpuscopeError
     from gpuscope.options import RunOptions
 
-    with pytest.raises(GpuscopeError, match=r"--profile-steps 4 is too few: the profilers' windows take 5 at one "
-                                            r"step each .*; 19 hold them at full length"):
-        RunOptions(profile_steps=4)
+    # cProfile 2, the trace 1 and the sync count 1 (a CUDA run's); with no trace, the FLOP count takes its step
+    with pytest.raises(GpuscopeError, match=r"--profile-steps 3 is too few: the profilers' windows take 4 at one "
+                                            r"step each; 19 hold them at full length"):
+        RunOptions(profile_steps=3)
+    assert RunOptions(profile_steps=4).collect_options().compact_windows
     assert RunOptions(profile_steps=4, trace_steps=0).collect_options().compact_windows
 
 

@@ -142,6 +142,9 @@ class EndedSteps:
     def closure_calls(self) -> int:
         return 0
 
+    def step_evaluated(self, index: int) -> bool:
+        return False
+
 
 def three_steps_counted_at_the_fourth(run_dir: Path) -> Any:
     """The flops collector's result for a run of steps 0-2 whose FLOP count was placed on step 3, its trace.json (if
@@ -167,6 +170,28 @@ def test_a_run_ending_before_its_counted_step_has_the_traced_steps_flops_from_it
     assert result.payload.flops_by_dtype == {"float32": result.payload.flops_per_step}
     assert result.notes == ("step 2's FLOPs: read from the shapes of its traced ops, by torch's formulas (the run "
                             "ended before step 3, the one whose FLOPs are counted)",)
+
+
+def test_windows_placed_one_step_each_read_the_traced_steps_flops_from_its_shapes_and_count_no_step(
+        tmp_path: Path) -> None:
+    # given long steps of one pass each: the plan gives the FLOP count no step (schedule.WindowRequest.from_trace)
+    model, x = models()["transformer layers (addmm, mm, bmm)"]
+    one_step(model, x)
+    traced(model, x, tmp_path / "trace.json")
+    collector = SpeedOfLightCollector(start=10)
+    collector.move_window(None, None)
+    collector.start(tmp_path)
+    steps = EndedSteps()
+    collector.follow(steps)
+    for index in range(12):  # (past the step it would have counted)
+        steps.listener(index)
+    result = collector.stop()
+    # then no step ran under the FLOP counter, and the count is the traced step's, read from its shapes
+    assert collector._window.counted == [] and collector._mode is None
+    assert result.status.status == "ok" and result.payload.step == 2
+    assert result.payload.flops_per_step == sum(counted(model, x).values())
+    assert result.notes == ("step 2's FLOPs: read from the shapes of its traced ops, by torch's formulas (the windows "
+                            "placed one step each: no step of its own under the FLOP counter)",)
 
 
 def test_without_a_trace_of_shapes_a_run_ending_before_its_counted_step_has_no_count(tmp_path: Path) -> None:

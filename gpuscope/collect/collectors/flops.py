@@ -63,9 +63,11 @@ class SpeedOfLightCollector(StepFollower):
     name: ClassVar[str] = "flops"
     field: ClassVar[str | None] = "speed_of_light"
 
-    def __init__(self, start: int, cuda_start: int | None = None) -> None:
-        """Count step ``start`` on a CPU run, ``cuda_start`` (after the CUDA-only sync window) on a CUDA run."""
-        self.start_step = start
+    def __init__(self, start: int | None, cuda_start: int | None = None) -> None:
+        """Count step ``start`` on a CPU run, ``cuda_start`` (after the CUDA-only sync window) on a CUDA run; neither
+        (the windows placed one step each, a step one pass): read the traced step's FLOPs from its shapes."""
+        self._traced_only = start is None and cuda_start is None
+        self.start_step = start or 0
         self._window = StepWindow(start, 1, self._open, self._close,
                                   cuda_start=cuda_start if cuda_start is not None else start)
         self._mode: Any = None
@@ -91,11 +93,11 @@ class SpeedOfLightCollector(StepFollower):
     def wants(cls, options: CollectOptions) -> WindowRequest | None:
         """One step, after every other profiling window; where long steps call their closure several times, the
         traced step's second call."""
-        return WindowRequest(1, after="syncs", closure_share="torch-trace")
+        return WindowRequest(1, after="syncs", closure_share="torch-trace", from_trace="torch-trace")
 
     @classmethod
     def create(cls, options: CollectOptions, plan: Plan) -> SpeedOfLightCollector:
-        return cls(plan.start(cls.name) or 0, plan.start(cls.name, cuda=True))
+        return cls(plan.start(cls.name), plan.start(cls.name, cuda=True))
 
     def unavailable_reason(self) -> str | None:
         return None
@@ -106,6 +108,7 @@ class SpeedOfLightCollector(StepFollower):
     def move_window(self, cpu: Window | None, cuda: Window | None) -> None:
         if self._window.state == "waiting":
             self._second_call = {False: bool(cpu and cpu.second_call), True: bool(cuda and cuda.second_call)}
+            self._traced_only = cpu is None and cuda is None
         self._window.move(cpu, cuda)
         self.start_step = self._window.start if self._window.start is not None else self.start_step
 
@@ -211,6 +214,8 @@ class SpeedOfLightCollector(StepFollower):
                 window.fail(f"leaving the FLOP counter failed: {exc}")
         if window.state == "failed":
             return CollectorResult(CollectorStatus("failed", window.reason))
+        if self._traced_only and window.state == "waiting":
+            return self._from_trace("the windows placed one step each: no step of its own under the FLOP counter")
         if (ended_inside or window.state == "waiting") and self._kept is not None:
             flops, dtypes, counted = self._kept  # no step without an evaluation pass came: the last one with
             self._flops, self._dtypes = flops, dict(dtypes)
@@ -243,8 +248,9 @@ class SpeedOfLightCollector(StepFollower):
             tf32=tf32, note=note, flops_by_dtype=dict(dtypes), attention=None if cuda else attention))
 
     def _from_trace(self, reason: str) -> CollectorResult:
-        """The counted step never ran whole (a run of a few long steps): the traced step's FLOPs, from the shapes its
-        ops were recorded with (``collect/trace_flops.py``) where they were; else ``reason``, unavailable."""
+        """The counted step never ran whole (a run of a few long steps), or none was placed (``from_trace``): the
+        traced step's FLOPs, from the shapes its ops were recorded with (``collect/trace_flops.py``) where they were;
+        else ``reason``, unavailable."""
         path = self._run_dir / TRACE_FILE if self._run_dir is not None else None
         try:  # trace.json is there now only where its step was recorded whole (the trace stops after this)
             read = trace_flops(path) if path is not None and path.is_file() else None
@@ -254,6 +260,8 @@ class SpeedOfLightCollector(StepFollower):
             return CollectorResult(CollectorStatus("unavailable", reason))
         missed = "".join(f"; {name} ({calls} calls) not counted: its arguments could not be read"
                          for name, calls in sorted(read.not_counted.items()))
+        if self._events is not None and self._events.step_evaluated(read.step):
+            missed += "; the step held an evaluation pass, whose FLOPs are counted with it"
         torch = sys.modules["torch"]
         tf32 = bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False))
         return self._counted(read.flops_by_op, read.flops_by_dtype, read.step, tf32, (

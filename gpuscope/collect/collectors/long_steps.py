@@ -112,8 +112,9 @@ class LongStepsCollector(StepFollower):
     def _move_owners(self) -> None:
         if self.plan is None:
             return
-        for owner in self.owners:
-            if owner.name in self.plan.cpu or owner.name in self.plan.cuda:
+        requested = {name for name, request in self._requests if request is not None and request.steps > 0}
+        for owner in self.owners:  # (one requested and not placed reads its figures from the trace: from_trace)
+            if owner.name in requested:
                 owner.move_window(self.plan.window(owner.name), self.plan.window(owner.name, cuda=True))
 
     def _leave(self) -> None:
@@ -128,9 +129,12 @@ class LongStepsCollector(StepFollower):
         placed = sorted(((n, w) for n, w in self.plan.cpu.items() if w.steps), key=lambda item: item[1].start)
         windows = ", ".join(f"{WINDOW_NAMES.get(name, name)} {_steps(w.start, w.stop - 1)}"
                             f"{' (its second closure call)' if w.second_call else ''}" for name, w in placed)
+        if any(name == "flops" and request is not None for name, request in self._requests) \
+                and self.plan.window("flops") is None:
+            windows += ", the FLOPs read from the traced step's op shapes"
         syncs = self.plan.window("syncs", cuda=True)
         flops = self.plan.window("flops", cuda=True)
-        after = "" if flops is not None and flops.second_call else ", the FLOPs after it"
+        after = "" if flops is None or flops.second_call else ", the FLOPs after it"
         cuda = f" (on a CUDA run the sync count {_steps(syncs.start, syncs.stop - 1)}{after})" \
             if syncs is not None else ""
         if self._compact:

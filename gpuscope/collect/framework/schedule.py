@@ -16,6 +16,8 @@ follows the one before with no clean step between. A run measured over fewer ste
 needs (``--profile-steps`` N small) gets that placement from the start (``compact_plan``). Where step 1 also called
 the optimizer's closure several times (LBFGS), the trace records the traced step's first call and the FLOP count its
 second (``WindowRequest.closure_share``): every call runs the same passes, and a run of three such steps gets both.
+Where a step makes one pass, the FLOP count takes no step: the traced step's FLOPs are read from its ops' shapes
+(``WindowRequest.from_trace``).
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ class WindowRequest:
     """Where steps are long and call the optimizer's closure ``PER_CLOSURE_CALLS`` times or more: placed on the step
     of the window this names, on that step's second call (the first is that window's), rather than on a step of its
     own."""
+    from_trace: str | None = None
+    """Where the windows are placed one step each and a step makes one pass (no closure calls): not placed, its
+    figures read after the run from the ops' shapes in the one step the window this names records."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,7 +160,8 @@ def compact_plan(requests: Sequence[tuple[str, WindowRequest | None]], first: in
 def _one_step_each(requests: Sequence[tuple[str, WindowRequest | None]], at: int, first: int = 0,
                    share: bool = False) -> Plan:
     """The start-up window from ``first`` up to step ``at``; the others one after another from ``at``, each of its
-    ``long_steps``; with ``share``, one that names a placed window's step to share (``closure_share``) on it."""
+    ``long_steps``; with ``share``, one that names a placed window's step to share (``closure_share``) on it;
+    without, none that reads its figures from a placed window's one step (``from_trace``)."""
     plan = Plan()
     for cuda, placed in ((False, plan.cpu), (True, plan.cuda)):
         cursor = at
@@ -167,6 +173,9 @@ def _one_step_each(requests: Sequence[tuple[str, WindowRequest | None]], at: int
             if shared is not None and shared.steps == 1 and not shared.second_call:
                 placed[name] = Window(shared.start, 1, second_call=True)
                 continue
+            traced = placed.get(request.from_trace) if not share and request.from_trace else None
+            if traced is not None and traced.steps == 1:
+                continue  # (read from that step's trace)
             placed[name] = Window(cursor, min(request.steps, request.long_steps))
             cursor += placed[name].steps
     return plan
