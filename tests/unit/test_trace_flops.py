@@ -194,6 +194,18 @@ def test_windows_placed_one_step_each_read_the_traced_steps_flops_from_its_shape
                             "placed one step each: no step of its own under the FLOP counter)",)
 
 
+def test_windows_placed_one_step_each_with_no_trace_have_no_count_and_say_why(tmp_path: Path) -> None:
+    collector = SpeedOfLightCollector(start=None, cuda_start=None)  # (--profile-steps N small: no step of its own)
+    collector.start(tmp_path)
+    steps = EndedSteps()
+    collector.follow(steps)
+    for index in range(4):
+        steps.listener(index)
+    assert collector.stop().status == CollectorStatus(
+        "unavailable", "the windows placed one step each: no step of its own under the FLOP counter; no traced step "
+                       "with its op shapes to read them from")
+
+
 def test_without_a_trace_of_shapes_a_run_ending_before_its_counted_step_has_no_count(tmp_path: Path) -> None:
     model, x = models()["an LSTM cell"]
     traced(model, x, tmp_path / "trace.json", shapes=False)

@@ -257,6 +257,8 @@ class SpeedOfLightCollector(StepFollower):
         except Exception:
             read = None
         if read is None or read.step is None or not read.total:
+            if self._traced_only:
+                reason += "; no traced step with its op shapes to read them from"
             return CollectorResult(CollectorStatus("unavailable", reason))
         missed = "".join(f"; {name} ({calls} calls) not counted: its arguments could not be read"
                          for name, calls in sorted(read.not_counted.items()))
