@@ -209,6 +209,13 @@ def test_an_epoch_holds_the_loaders_length_over_the_batches_a_step_takes() -> No
     for _ in range(6):
         book.count_batch(iterator, next(iterator), wait_s=0.001)
     assert book.epoch_steps(2) == 5
+    # and the batches a loader took ahead of the steps (the next step's, and one more where it looks ahead: accelerate's
+    # under the Transformers Trainer) are no batches the steps took
+    book = LoaderBook()
+    iterator = iter(DataLoader(data, batch_size=2))
+    for _ in range(3):
+        book.count_batch(iterator, next(iterator), wait_s=0.001)
+    assert book.epoch_steps(2) == 20
 
 
 def test_a_stream_without_a_length_has_no_known_epoch() -> None:

@@ -163,12 +163,14 @@ class LoaderBook:
 
     def epoch_steps(self, steps: int) -> int | None:
         """The steps an epoch of the loader most batches came from holds, from its length and the batches the
-        first ``steps`` steps took of it, rounded (gradient accumulation's several a step; the next step's batch may
-        be counted already); None where it has no length (an IterableDataset's) or took no batch."""
+        first ``steps`` steps took of it, rounded down (gradient accumulation's several a step): the next step's batch
+        may be counted already, and another after it where the loader looks one batch ahead (accelerate's, under the
+        Transformers Trainer: 3 batches by 2 steps, rounded, made a 5-batch epoch 2 steps); None where it has no
+        length (an IterableDataset's) or took no batch."""
         entry = max(self._entries.values(), key=lambda e: e["batches"], default=None)
         if entry is None or entry["length"] is None or not entry["batches"] or steps <= 0:
             return None
-        return entry["length"] // max(1, round(entry["batches"] / steps))
+        return entry["length"] // max(1, entry["batches"] // steps)
 
     def _by_wait(self) -> list[dict[str, Any]]:
         """The loaders, the one the training steps waited on longest first (evaluation passes left out: a test set
