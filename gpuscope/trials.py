@@ -66,7 +66,7 @@ def run_trials(record: RunRecord, run_dir: Path, command: Sequence[str], options
     """Try each fix ``wanted`` (``auto``: the run's own recommendations that can be applied at run time, best first,
     while their estimated time fits ``budget_s``) on ``command``, ``TRIAL_ROUNDS`` runs each of ``steps`` steps
     (default: ``diagnose.trials.window``), in rounds: the fixes one after another beside the untouched run, then the
-    untouched script again and the fixes again, but a fix whose first run's loss was not finite (it is not credited,
+    untouched script again and the fixes again (not one whose first run's loss was not finite: it cannot be credited,
     whatever its speed). Return the record with the trials, written, and its report rendered again."""
     say = (lambda line: None) if quiet else (lambda line: print(line, file=sys.stderr, flush=True))
     if record.exit_status != 0 or not record.steps.count:
