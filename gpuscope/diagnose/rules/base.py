@@ -8,7 +8,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuscope.diagnose.evidence import Metric
+from gpuscope.diagnose.evidence import Metric, comm_share
+from gpuscope.diagnose.thresholds import COMM_BOUND
 from gpuscope.diagnose.words import unlike_window
 from gpuscope.record import RunRecord
 
@@ -120,8 +121,8 @@ def missing_input(record: RunRecord, needs: Needs) -> str | None:
             return why
         if need == "kernels" and (record.op_profile is None or record.op_profile.kernels is None):
             return "no CUDA kernel timeline" + _collector_reason(record, "op_profile")
-        if need == "collectives" and (record.op_profile is None or record.op_profile.communication is None):
-            return "no collectives were profiled" + _collector_reason(record, "op_profile")
+        if need == "collectives" and (why := _collectives_missing(record)) is not None:
+            return why
         if need == "op_profile" and (record.op_profile is None or not record.op_profile.ops):
             return "no op-level profile" + _collector_reason(record, "op_profile")
         if need in ("op_profile", "kernels") and (unlike := unlike_window(record)) is not None:
@@ -154,6 +155,20 @@ _ABSENT = {
     "memory": "memory was not measured",
 }
 """Record fields filled by one collector each, and what their absence means."""
+
+
+def _collectives_missing(record: RunRecord) -> str | None:
+    """Why the collectives' share of the step cannot be read: none were profiled; or the profiled steps ran at
+    another pace than the steady ones and the share stays under the bar at which the verdict calls the job
+    communication-bound (beside busy processes a balanced job's slowed window reached 20%; at the bar the verdict
+    stands on that share, and its advice with it)."""
+    comm = record.op_profile.communication if record.op_profile is not None else None
+    if comm is None:
+        return "no collectives were profiled" + _collector_reason(record, "op_profile")
+    unlike = unlike_window(record)
+    if unlike is not None and comm_share(comm, record.steps.median_s) < COMM_BOUND:
+        return unlike
+    return None
 
 
 def _rates_missing(record: RunRecord) -> str | None:

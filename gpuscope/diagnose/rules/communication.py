@@ -32,7 +32,7 @@ def reduce_communication(run: RunRecord) -> Finding | None:
     Fix: a larger batch per rank, or gradient accumulation with ``model.no_sync()`` (one all-reduce per k
     micro-batches); also DDP(bucket_cap_mb=...) to start all-reduces earlier, and ``gradient_as_bucket_view=True``.
     The share is of the profiled steps' own time, as the communication verdict's: where those steps ran at another
-    pace than the steady ones, it stands as the verdict does, and says so."""
+    pace than the steady ones, it stands where the verdict does (at its bar), and says so."""
     comm = run.op_profile.communication  # type: ignore[union-attr]
     median = run.steps.median_s
     if comm is None or not median:
