@@ -12,8 +12,9 @@ GPU one's (``collect/attention.py``). The counted step runs slower (every op goe
 profiled and left out of the step figures. Where the optimizer calls its closure several times a step (LBFGS), one
 call is counted and multiplied by the step's calls (``PER_CLOSURE_CALLS``); where such steps are also long, that
 call is the traced step's second (its first is the trace's: ``schedule.WindowRequest.closure_share``), so a run of
-three steps gets a trace and a count both. Where long steps make one pass each, a run that ends before the counted
-step has the traced step's FLOPs read from the shapes the trace recorded (``collect/trace_flops.py``).
+three steps gets a trace and a count both. Where the windows are placed one step each (long steps, a short run) and
+a step makes one pass, no step is counted: the traced step's FLOPs are read after the run from the shapes the trace
+recorded (``collect/trace_flops.py``), as where a run ends before its counted step.
 
 The peak: on CUDA, the detected GPU model's datasheet figure for the matmuls' dtype (looked up by the analysis,
 ``reduce/peaks.py``); on a CPU run, this machine measured after the run by the ``cpu-peak`` probe: the best of a
@@ -91,8 +92,8 @@ class SpeedOfLightCollector(StepFollower):
 
     @classmethod
     def wants(cls, options: CollectOptions) -> WindowRequest | None:
-        """One step, after every other profiling window; where long steps call their closure several times, the
-        traced step's second call."""
+        """One step, after every other profiling window; where the windows are placed one step each, the traced
+        step's second closure call where steps call it several times, else none (``from_trace``)."""
         return WindowRequest(1, after="syncs", closure_share="torch-trace", from_trace="torch-trace")
 
     @classmethod
