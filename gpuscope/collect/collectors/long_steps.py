@@ -1,6 +1,7 @@
 """Windows for long steps: once step 1 has shown that a step takes seconds (``schedule.LONG_STEP_S``), the profiling
-windows are placed again (``schedule.long_steps_plan``): cProfile's start-up window ends, and torch.profiler, the
-sync count and the FLOP count take one step each, one after another, from step ``schedule.DECIDED_AT``. A run of
+windows are placed again (``schedule.long_steps_plan``): cProfile's start-up window ends, and torch.profiler and the
+sync count take one step each, one after another, from step ``schedule.DECIDED_AT`` (the FLOP count none: the traced
+step's op shapes give its FLOPs, or, where the step calls its closure several times, its second call). A run of
 five 17-second steps then gets a trace and a speed of light where the plan in step numbers (cProfile over steps
 0-4, the trace at 6-9) left it nothing. So does a loop whose DataLoader's epoch holds fewer steps than that plan
 needs (a run of one short epoch: ten batches of 10 ms). A run measured over fewer steps than that plan needs
