@@ -67,7 +67,6 @@ class SpeedOfLightCollector(StepFollower):
     def __init__(self, start: int | None, cuda_start: int | None = None) -> None:
         """Count step ``start`` on a CPU run, ``cuda_start`` (after the CUDA-only sync window) on a CUDA run; neither
         (the windows placed one step each, a step one pass): read the traced step's FLOPs from its shapes."""
-        self._traced_only = start is None and cuda_start is None
         self.start_step = start or 0
         self._window = StepWindow(start, 1, self._open, self._close,
                                   cuda_start=cuda_start if cuda_start is not None else start)
@@ -103,13 +102,17 @@ class SpeedOfLightCollector(StepFollower):
     def unavailable_reason(self) -> str | None:
         return None
 
+    @property
+    def _traced_only(self) -> bool:
+        """No step is counted on either kind of run: the traced step's FLOPs are read from its shapes."""
+        return self._window.start is None and self._window.cuda_start is None
+
     def start(self, run_dir: Path) -> None:
         self._run_dir = run_dir
 
     def move_window(self, cpu: Window | None, cuda: Window | None) -> None:
         if self._window.state == "waiting":
             self._second_call = {False: bool(cpu and cpu.second_call), True: bool(cuda and cuda.second_call)}
-            self._traced_only = cpu is None and cuda is None
         self._window.move(cpu, cuda)
         self.start_step = self._window.start if self._window.start is not None else self.start_step
 

@@ -113,8 +113,8 @@ class TorchTraceCollector(StepFollower):
 
     def move_window(self, cpu: Window | None, cuda: Window | None) -> None:
         """Steps are long: one step recorded, with no warm-up step before it (the profiler's start-up is
-        milliseconds of a step of seconds), and the shapes of its ops: a run that ends before the FLOP counter's step
-        has its FLOPs read from them (``collect/trace_flops.py``)."""
+        milliseconds of a step of seconds), and the shapes of its ops: its FLOPs are read from them where the FLOP
+        counter has no step of its own, or the run ends before it (``collect/trace_flops.py``)."""
         if cpu is not None and self._prof is None and not self._finished and self.active > 0:
             self.start_step, self.warmup, self.active = cpu.start, 0, 1
             self._shapes = True
