@@ -146,16 +146,19 @@ class EndedSteps:
         return False
 
 
-def three_steps_counted_at_the_fourth(run_dir: Path) -> Any:
-    """The flops collector's result for a run of steps 0-2 whose FLOP count was placed on step 3, its trace.json (if
-    any) in ``run_dir``."""
-    collector = SpeedOfLightCollector(start=3)
+def run_steps(collector: SpeedOfLightCollector, run_dir: Path, steps: int) -> Any:
+    """``collector``'s result for a run of steps 0 to ``steps`` - 1, its trace.json (if any) in ``run_dir``."""
     collector.start(run_dir)
-    steps = EndedSteps()
-    collector.follow(steps)
-    for index in range(3):
-        steps.listener(index)
+    events = EndedSteps()
+    collector.follow(events)
+    for index in range(steps):
+        events.listener(index)
     return collector.stop()
+
+
+def three_steps_counted_at_the_fourth(run_dir: Path) -> Any:
+    """The flops collector's result for a run of steps 0-2 whose FLOP count was placed on step 3."""
+    return run_steps(SpeedOfLightCollector(start=3), run_dir, 3)
 
 
 def test_a_run_ending_before_its_counted_step_has_the_traced_steps_flops_from_its_shapes(tmp_path: Path) -> None:
@@ -180,12 +183,7 @@ def test_windows_placed_one_step_each_read_the_traced_steps_flops_from_its_shape
     traced(model, x, tmp_path / "trace.json")
     collector = SpeedOfLightCollector(start=10)
     collector.move_window(None, None)
-    collector.start(tmp_path)
-    steps = EndedSteps()
-    collector.follow(steps)
-    for index in range(12):  # (past the step it would have counted)
-        steps.listener(index)
-    result = collector.stop()
+    result = run_steps(collector, tmp_path, 12)  # (past the step it would have counted)
     # then no step ran under the FLOP counter, and the count is the traced step's, read from its shapes
     assert collector._window.counted == [] and collector._mode is None
     assert result.status.status == "ok" and result.payload.step == 2
@@ -196,12 +194,7 @@ def test_windows_placed_one_step_each_read_the_traced_steps_flops_from_its_shape
 
 def test_windows_placed_one_step_each_with_no_trace_have_no_count_and_say_why(tmp_path: Path) -> None:
     collector = SpeedOfLightCollector(start=None, cuda_start=None)  # (--profile-steps N small: no step of its own)
-    collector.start(tmp_path)
-    steps = EndedSteps()
-    collector.follow(steps)
-    for index in range(4):
-        steps.listener(index)
-    assert collector.stop().status == CollectorStatus(
+    assert run_steps(collector, tmp_path, 4).status == CollectorStatus(
         "unavailable", "the windows placed one step each: no step of its own under the FLOP counter; no traced step "
                        "with its op shapes to read them from")
 
