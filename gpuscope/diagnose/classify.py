@@ -27,8 +27,8 @@ from gpuscope.diagnose.gpu_step import GpuStep, gpu_step
 from gpuscope.diagnose.iterator_wait import iterator_wait
 from gpuscope.diagnose.loops import loops_line
 from gpuscope.diagnose.rules.base import missing_input
-from gpuscope.diagnose.words import (comm_wait_text, evaluation_line, gpu_busy, host_pace_text, left_out,
-                                     two_speeds_line, unlike_window)
+from gpuscope.diagnose.words import (comm_flight_text, comm_wait_text, evaluation_line, gpu_busy, host_pace_text,
+                                     left_out, two_speeds_line, unlike_window)
 from gpuscope.record import Breakdown, RunRecord, Steps, Verdict, Window
 
 
@@ -158,15 +158,11 @@ def _classify_steps(record: RunRecord, needed: int) -> Verdict:
     comm = record.op_profile.communication if record.op_profile is not None else None
     if comm is not None and (exposed := comm_share(comm, steps.median_s)) >= th.COMM_BOUND:
         return Verdict("communication", _rising(exposed, th.COMM_BOUND, 0.9), (
-            comm_wait_text(comm, steps.median_s),
-            f"{comm.calls_per_step:.0f} collectives per step, in flight {comm.comm_s * 1e3:.1f} ms, "
-            f"{comm.overlap:.0%} of it overlapped with compute",
-            waiting))
+            comm_wait_text(comm, steps.median_s), comm_flight_text(comm), waiting))
     waits = (waiting,)
     if comm is not None and comm.calls_per_step:  # as the data wait: the job's other wait, under its bar
         who = "the device" if comm.measured_on == "device" else "the training thread"
-        waits += (f"{who} waits on the collectives' own work {exposed:.0%} of each step ({comm.calls_per_step:.0f} "
-                  f"a step, in flight {comm.comm_s * 1e3:.1f} ms, {comm.overlap:.0%} of it overlapped with compute), "
+        waits += (f"{who} waits on the collectives' own work {exposed:.0%} of each step ({comm_flight_text(comm)}), "
                   f"under the {th.COMM_BOUND:.0%} at which communication bounds the job",)
     unlike = unlike_window(record)
     if unlike is not None:

@@ -161,8 +161,8 @@ def test_a_job_waiting_on_collectives_under_the_bar_says_how_much_beside_its_dat
     # then its verdict is another's, and its last line says how long the collectives took, as the data wait's does
     assert verdict.bound != "communication"
     assert verdict.evidence[-2].startswith("data wait is 2% of each step")
-    assert verdict.evidence[-1] == ("the training thread waits on the collectives' own work 20% of each step (2 a step, "
-                                    "in flight 30.0 ms, 10% of it overlapped with compute), under the 50% at which "
+    assert verdict.evidence[-1] == ("the training thread waits on the collectives' own work 20% of each step (2 "
+                                    "collectives a step, in flight 30.0 ms, 10% of it overlapped with compute), under the 50% at which "
                                     "communication bounds the job")
 
 

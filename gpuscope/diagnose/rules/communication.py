@@ -5,7 +5,7 @@ from __future__ import annotations
 from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.evidence import STEP, comm_share
 from gpuscope.diagnose.rules.base import Finding, Refused, rule
-from gpuscope.diagnose.words import comm_wait_text, unlike_window
+from gpuscope.diagnose.words import comm_flight_text, comm_wait_text, unlike_window
 from gpuscope.record import RunRecord
 
 ACCUMULATE = f"""for i, (x, y) in enumerate(loader):
@@ -42,8 +42,7 @@ def reduce_communication(run: RunRecord) -> Finding | None:
         return None
     evidence = (
         comm_wait_text(comm, median),
-        f"{comm.calls_per_step:.0f} collectives per step are in flight {comm.comm_s * 1e3:.1f} ms; "
-        f"{comm.overlap:.0%} of that overlaps with compute",
+        comm_flight_text(comm),
         *((unlike,) if (unlike := unlike_window(run)) is not None else ()),
     )
     steps = th.ACCUMULATION_STEPS
