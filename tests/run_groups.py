@@ -43,8 +43,21 @@ LONGEST_FIRST = (
 """The longest run groups, longest first (the others follow in the order they were collected)."""
 
 
+SHARES_RUNS_WITH = {
+    "tests/report/test_browser.py::test_the_report_of_a_fresh_run_works_in_a_browser":
+        "tests/integration/test_collectors.py",
+    "tests/report/test_browser.py::test_a_report_handed_over_while_the_script_ran_works_in_a_browser":
+        "tests/integration/test_profile_window.py",
+}
+"""Tests whose run another file's tests make too (the session's run of the data-loading sample, the long job that
+hands its report over mid-run): in that file's group, so that the run is made once (a worker that takes them starts
+its own browser, a second, against a run of 10-20 s made twice)."""
+
+
 def run_group(nodeid: str) -> str:
     """The run group of the test ``nodeid``."""
+    if nodeid in SHARES_RUNS_WITH:
+        return SHARES_RUNS_WITH[nodeid]
     path, _, name = nodeid.partition("::")
     if path in BY_PARAMETER and name.endswith("]") and "[" in name:
         return path + name[name.index("["):]

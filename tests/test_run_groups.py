@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from conftest import ROOT
-from run_groups import BY_PARAMETER, LONGEST_FIRST, rank, run_group
+from run_groups import BY_PARAMETER, LONGEST_FIRST, SHARES_RUNS_WITH, rank, run_group
 
 FRAMEWORKS = "tests/integration/test_frameworks.py"
 
@@ -31,3 +31,14 @@ def test_the_longest_groups_go_first_and_name_groups_that_exist() -> None:
         if parameter:
             assert path in BY_PARAMETER
             assert re.search(re.escape(parameter.rstrip("]")), (ROOT / path).read_text()), group
+
+
+def test_a_test_that_shares_another_files_run_is_in_that_files_group() -> None:
+    browser = "tests/report/test_browser.py"
+    assert run_group(f"{browser}::test_the_report_of_a_fresh_run_works_in_a_browser") == \
+        "tests/integration/test_collectors.py"
+    assert run_group(f"{browser}::test_hostile_names_stay_text_in_a_browser") == browser
+    for nodeid, group in SHARES_RUNS_WITH.items():  # a renamed test would silently make its run twice
+        path, _, name = nodeid.partition("::")
+        assert f"def {name}(" in (ROOT / path).read_text(), nodeid
+        assert (ROOT / group).is_file(), group
