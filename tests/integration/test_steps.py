@@ -17,9 +17,10 @@ START_METHODS = ("fork", "spawn", "forkserver")
 
 def loader_run(runs: Runs, start_method: str) -> Run:
     """A loader of two workers started afresh each of two epochs, as a DataLoader's are by default, with real work
-    per sample (about 0.6 s an epoch), so the memory sampler's child-process scans (every 0.5 s) see them; in a real
-    process, as a user's script gets its start method."""
-    return runs.get(LOADER, "--workers", "2", "--start-method", start_method, "--epochs", "2", "--sample-ms", "20",
+    per sample (about 1.6 s an epoch: a forked epoch of 0.6 s was seen by one of the memory sampler's child-process
+    scans, every 0.5 s, and its workers' time was watched between none); in a real process, as a user's script gets
+    its start method."""
+    return runs.get(LOADER, "--workers", "2", "--start-method", start_method, "--epochs", "2", "--sample-ms", "50",
                     options=(NO_PROBES,), preloaded=False)
 
 
