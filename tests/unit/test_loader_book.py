@@ -218,6 +218,27 @@ def test_an_epoch_holds_the_loaders_length_over_the_batches_a_step_takes() -> No
     assert book.epoch_steps(2) == 20
 
 
+def test_an_evaluation_passs_batches_are_not_taken_for_an_epoch_of_training_steps() -> None:
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import DataLoader, TensorDataset
+
+    # given: minGPT's trainer: a training loader of 500 batches, whose step 1 also evaluates the model on two
+    # loaders of its own, of 95 and 5 batches (its callback after the optimizer's step)
+    book = LoaderBook()
+    train = iter(DataLoader(TensorDataset(torch.zeros(1000, 2)), batch_size=2))
+    book.count_batch(train, next(train), wait_s=0.001)
+    book.step_closed(evaluated=False)
+    for batches in (95, 5):
+        evaluation = iter(DataLoader(TensorDataset(torch.zeros(batches * 100, 2)), batch_size=100))
+        for batch in evaluation:
+            book.count_batch(evaluation, batch, wait_s=0.001)
+    book.count_batch(train, next(train), wait_s=0.001)
+    book.step_closed(evaluated=True)
+    # then: an epoch is the training loader's 500 steps, not the 95-batch loader's 2 (which placed every profiling
+    # window one step each, and left the run without its memory window)
+    assert book.epoch_steps(2) == 500
+
+
 def test_a_stream_without_a_length_has_no_known_epoch() -> None:
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader, IterableDataset

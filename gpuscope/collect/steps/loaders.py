@@ -162,15 +162,18 @@ class LoaderBook:
                 entry["eval_wait_s"] += wait_s
 
     def epoch_steps(self, steps: int) -> int | None:
-        """The steps an epoch of the loader most batches came from holds, from its length and the batches the
-        first ``steps`` steps took of it, rounded down (gradient accumulation's several a step): the next step's batch
-        may be counted already, and another after it where the loader looks one batch ahead (accelerate's, under the
-        Transformers Trainer: 3 batches by 2 steps, rounded, made a 5-batch epoch 2 steps); None where it has no
-        length (an IterableDataset's) or took no batch."""
-        entry = max(self._entries.values(), key=lambda e: e["batches"], default=None)
-        if entry is None or entry["length"] is None or not entry["batches"] or steps <= 0:
+        """The steps an epoch of the loader most training batches came from holds, from its length and the batches
+        the first ``steps`` steps took of it, rounded down (gradient accumulation's several a step): the next step's
+        batch may be counted already, and another after it where the loader looks one batch ahead (accelerate's, under
+        the Transformers Trainer: 3 batches by 2 steps, rounded, made a 5-batch epoch 2 steps); None where it has no
+        length (an IterableDataset's) or took no training batch. An evaluation pass's batches are no training
+        batches: minGPT's evaluates 100 batches of its own loaders inside step 1, whose epochs of 95 and 5 batches
+        were taken for an epoch of 2 steps."""
+        entry = max(self._entries.values(), key=lambda e: e["batches"] - e["eval_batches"], default=None)
+        training = entry["batches"] - entry["eval_batches"] if entry is not None else 0
+        if entry is None or entry["length"] is None or training <= 0 or steps <= 0:
             return None
-        return entry["length"] // max(1, entry["batches"] // steps)
+        return entry["length"] // max(1, training // steps)
 
     def _by_wait(self) -> list[dict[str, Any]]:
         """The loaders, the one the training steps waited on longest first (evaluation passes left out: a test set
