@@ -196,6 +196,19 @@ def test_workers_started_again_each_epoch_are_told_to_persist_with_the_time_it_c
     assert "persistent-workers" not in fired(restarting_run(restart_wait_s=0.001))
 
 
+def test_an_evaluation_loader_built_again_for_each_pass_is_told_so() -> None:
+    # given: the Transformers Trainer's evaluation loader, its 2 workers started again for each pass, every
+    # batch of it an evaluation pass's
+    run = restarting_run()
+    evaluation = dataclasses.replace(run.loaders[0], eval_batches=run.loaders[0].batches)
+    finding = fired(dataclasses.replace(run, loaders=(evaluation,)))["persistent-workers"]
+    assert "(a new iterator each evaluation pass)" in finding.evidence[0]
+    # and a loader iterated for both says both
+    both = dataclasses.replace(run.loaders[0], eval_batches=40)
+    assert "(a new iterator each epoch or evaluation pass)" in \
+        fired(dataclasses.replace(run, loaders=(both,)))["persistent-workers"].evidence[0]
+
+
 def test_recommendations_come_most_valuable_first() -> None:
     recommendations, _ = evaluate(cpu_run(elementwise=0.5))
     gains = [r.expected_gain for r in recommendations]

@@ -354,7 +354,8 @@ def persistent_workers(run: RunRecord) -> Finding | None:
     method = f" {loader.start_method}" if loader.start_method else ""
     evidence = (
         f"the {loader.dataset} loader started its {loader.num_workers}{method} workers again {loader.restarts} "
-        f"time{'s' if loader.restarts != 1 else ''} after the first (a new iterator each epoch), and the loop waited "
+        f"time{'s' if loader.restarts != 1 else ''} after the first (a new iterator each {_iterated_for(loader)}), "
+        "and the loop waited "
         f"{loader.restart_wait_s:.2f} s in all for the first batch after each restart",
         f"that is {share:.0%} of the run's step time (the {run.steps.mean_s * 1e3:.1f} ms mean steady step over "
         f"the {run.steps.total} steps, and the restarts' waits)",
@@ -362,6 +363,14 @@ def persistent_workers(run: RunRecord) -> Finding | None:
     )
     settings = {"persistent_workers": True, **_site(loader)}
     return Finding(share, evidence, fix=loader_arguments(loader, settings) + site_comment(loader), settings=settings)
+
+
+def _iterated_for(loader: Loader) -> str:
+    """What each new iterator of ``loader`` was for: its batches all an evaluation pass's (the Transformers Trainer's
+    evaluation loader, built again for each pass), none, or some."""
+    if loader.eval_batches >= loader.batches:
+        return "evaluation pass"
+    return "epoch or evaluation pass" if loader.eval_batches else "epoch"
 
 
 FILE_SYSTEM_FIX = 'torch.multiprocessing.set_sharing_strategy("file_system")  # before the DataLoader starts its workers'
