@@ -85,9 +85,12 @@ def test_a_few_measured_steps_get_one_step_windows_a_trace_a_speed_of_light_and_
     assert (run.run_dir / "trace.json").is_file()
     assert record["speed_of_light"]["step"] == 2
     # and the verdict comes from the steps left (3 to 5), with the evidence saying how thin it is (whichever it is:
-    # under CI's three tests at a time it was once inconclusive, launch-bound and compute-bound not told apart)
-    assert record["steps"]["count"] == 3
-    assert record["verdict"]["evidence"][0].startswith("thin evidence: only 3 steady-state steps were measured")
+    # under CI's three tests at a time it was once inconclusive, launch-bound and compute-bound not told apart; and
+    # one of these 1 ms steps, preempted for 9 ms, was once an outlier)
+    steps = record["steps"]
+    assert steps["count"] + steps["outliers"] == 3 and steps["count"] >= 2, steps["sample"]
+    assert record["verdict"]["evidence"][0].startswith(
+        f"thin evidence: only {steps['count']} steady-state steps were measured")
 
 
 def test_a_job_killed_after_its_window_keeps_a_complete_record(tmp_path: Path) -> None:
