@@ -52,6 +52,23 @@ def test_each_lbfgs_step_is_one_step_whatever_its_closure_calls(tmp_path: Path) 
     assert all(record.phases_s["backward"] > 0 for record in capture.records)
 
 
+def test_a_closure_that_runs_no_backward_is_no_pass(tmp_path: Path) -> None:
+    # given: Lightning's manual optimisation of a GAN: each optimizer's backward runs before its step, which gets a
+    # closure that does nothing (the FLOP count took the first such call for a pass, and counted 79% of the step)
+    collector, _ = following(tmp_path)
+    torch.manual_seed(0)
+    generator, discriminator = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+    optimizers = [torch.optim.Adam(generator.parameters()), torch.optim.Adam(discriminator.parameters())]
+    for _ in range(4):
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+            discriminator(generator(torch.randn(8, 4))).mean().backward()
+            optimizer.step(lambda: None)
+    capture = collector.stop().payload
+    # then: four steps, and no closure call counted as a pass
+    assert (capture.source, capture.count, capture.closure_calls) == ("optimizer", 4, 0)
+
+
 def accumulate(tmp_path: Path, batches: int, updates: int, build_optimizer: bool = True,
                step: bool = True) -> tuple[StepsCollector, list[int]]:
     """``updates`` rounds of ``batches`` forward and backward passes, each round ending in an optimizer step (none

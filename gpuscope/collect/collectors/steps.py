@@ -88,7 +88,8 @@ class StepsCollector:
         self.probed_optimizer: Any = None  # kept alive for the post-run optimizer probe: the first, or the windows'
         self.loaders = LoaderBook()  # the DataLoaders iterated (the post-run probes load the slowest one again)
         self._loader_depth = 0
-        self._closure_calls = 0  # calls of the closures passed to optimizer.step, counted to the end
+        self._closure_calls = 0  # calls of the closures passed to optimizer.step that ran a backward, to the end
+        self._backwards = 0  # backward() and autograd.grad() calls begun, to the end
         self._closure_end: list[Callable[[], None]] = []
         self._backward_depth = 0  # backward() in backward() (a gradient penalty) or in a closure marks no step
         self._in_backward = 0  # backward() calls open: the outermost one's tensor is the step's loss
@@ -288,14 +289,18 @@ class StepsCollector:
             tracker = collector.tracker
             tracker.enter(OTHER, collector._clock())  # type: ignore[union-attr]
             collector._backward_depth += 1  # its backward() is the optimizer step's, no step of its own
-            collector._closure_calls += 1
+            backwards = collector._backwards
             try:
                 return closure(*args, **kwargs)
             finally:
                 collector._backward_depth -= 1
                 tracker.exit(OTHER, collector._clock())  # type: ignore[union-attr]
-                for listener in tuple(collector._closure_end):  # a listener may take itself off
-                    listener()
+                # a call is a pass where it ran a backward: Lightning's manual optimisation hands each optimizer a
+                # closure that does nothing (its backward ran before), and a GAN's two were taken for 2 passes a step
+                if collector._backwards > backwards:
+                    collector._closure_calls += 1
+                    for listener in tuple(collector._closure_end):  # a listener may take itself off
+                        listener()
 
         return timed_closure
 
@@ -367,6 +372,7 @@ class StepsCollector:
         def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
             def timed(*args: Any, **kwargs: Any) -> Any:
                 # (the methods are called only when the thread is new or an action waits: this is the hot path)
+                collector._backwards += 1  # (a closure call that ran one is a pass: _timed_closure)
                 loop = collector._loop
                 if (not (loop.stepped and get_ident() == loop.ident) and not collector._defines_step()) \
                         or (collector._at_safe_point and collector._safe_point()):
