@@ -143,8 +143,9 @@ class Steps:
     before one backward (a policy's rollout, a decoder called token by token). None without a backward."""
     closure_calls_per_step: float | None = None
     """Where the optimizer steps with a closure (LBFGS calls its closure, a forward and backward pass, up to
-    ``max_iter`` times a step; Lightning runs its whole training step in one): its calls per step over the run,
-    every step counted; None without a closure."""
+    ``max_iter`` times a step; Lightning runs its whole training step in one): its calls that ran a backward per step
+    over the run, every step counted; None without one (a closure that runs no backward, as Lightning's manual
+    optimisation hands the optimizer, is no pass)."""
     sampled: bool = False
     """True when the run had more steps than are kept one by one; figures then rest on an even sample."""
     sample: StepSample = field(default_factory=StepSample)
