@@ -355,8 +355,7 @@ def persistent_workers(run: RunRecord) -> Finding | None:
     evidence = (
         f"the {loader.dataset} loader started its {loader.num_workers}{method} workers again {loader.restarts} "
         f"time{'s' if loader.restarts != 1 else ''} after the first (a new iterator each {_iterated_for(loader)}), "
-        "and the loop waited "
-        f"{loader.restart_wait_s:.2f} s in all for the first batch after each restart",
+        f"and the loop waited {loader.restart_wait_s:.2f} s in all for the first batch after each restart",
         f"that is {share:.0%} of the run's step time (the {run.steps.mean_s * 1e3:.1f} ms mean steady step over "
         f"the {run.steps.total} steps, and the restarts' waits)",
         *built_at(loader),
