@@ -186,8 +186,9 @@ def comm_wait_text(comm: Communication, median_s: float) -> str:
 def comm_flight_text(comm: Communication) -> str:
     """How many collectives a step issues, how long they are in flight and how much of that overlaps compute: the
     one wording of the verdict, its wait line and the advice to send less."""
-    return (f"{comm.calls_per_step:.0f} collectives a step, in flight {comm.comm_s * 1e3:.1f} ms, {comm.overlap:.0%} "
-            "of it overlapped with compute")
+    calls = f"{comm.calls_per_step:.0f}"
+    return (f"{calls} collective{'' if calls == '1' else 's'} a step, in flight {comm.comm_s * 1e3:.1f} ms, "
+            f"{comm.overlap:.0%} of it overlapped with compute")
 
 
 # -- steps unlike the steady ones ----------------------------------------------------------------------------------

@@ -166,6 +166,15 @@ def test_a_job_waiting_on_collectives_under_the_bar_says_how_much_beside_its_dat
                                     "communication bounds the job")
 
 
+def test_one_collective_a_step_is_said_in_the_singular() -> None:
+    # (pytorch/examples' DDP tutorial, a Linear(20, 1): "1 collectives a step")
+    record = rank_record(0, 2, exposed=0.02)
+    one = dataclasses.replace(record.op_profile.communication, calls_per_step=1.0)
+    verdict = classify(dataclasses.replace(record, op_profile=dataclasses.replace(record.op_profile,
+                                                                                   communication=one)))
+    assert "(1 collective a step, in flight 30.0 ms" in verdict.evidence[-1]
+
+
 def merge_ranks(records: list) -> object:
     """The job's record from its ranks', diagnosed, as ``gpuscope run --nproc-per-node`` writes it."""
     return analyze(combine(records))
