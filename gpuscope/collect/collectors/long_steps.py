@@ -130,8 +130,8 @@ class LongStepsCollector(StepFollower):
         placed = sorted(((n, w) for n, w in self.plan.cpu.items() if w.steps), key=lambda item: item[1].start)
         windows = ", ".join(f"{WINDOW_NAMES.get(name, name)} {_steps(w.start, w.stop - 1)}"
                             f"{' (its second closure call)' if w.second_call else ''}" for name, w in placed)
-        if any(name == "flops" and request is not None for name, request in self._requests) \
-                and self.plan.window("flops") is None:
+        if any(request is not None and request.steps > 0 and request.from_trace and self.plan.window(name) is None
+               for name, request in self._requests):  # (the FLOP count's: the one request that reads a trace)
             windows += ", the FLOPs read from the traced step's op shapes"
         syncs = self.plan.window("syncs", cuda=True)
         flops = self.plan.window("flops", cuda=True)
