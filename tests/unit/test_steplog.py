@@ -138,6 +138,14 @@ class TestStepLog:
         assert len(kept) == 2 + 4 and all(log.find(i).wall_s == float(i) for i in kept)
         assert sum(log.find(i) is not None for i in range(1_000)) == 6
 
+    def test_the_last_step_extended_keeps_its_index_and_adds_the_time(self) -> None:
+        log = StepLog(head=4, capacity=8)
+        log.add(1.0, {"forward": 0.5, "backward": 0.0}, profiled=False)
+        log.extend_last(0.5, {"backward": 0.25}, profiled=True)
+        [record] = log.records()
+        assert (record.index, record.wall_s, record.profiled) == (0, 1.5, True)
+        assert record.phases_s == {"forward": 0.5, "backward": 0.25}
+
     def test_the_sample_is_the_same_on_every_run(self) -> None:
         def kept() -> list[int]:
             log = StepLog(head=2, capacity=10)
@@ -320,6 +328,68 @@ class TestStepTracker:
             tracker.optimizer_stepped(10, 2.0 * i + 1.0)  # e.g. a GAN's discriminator, then its generator
             tracker.optimizer_stepped(20, 2.0 * i + 1.5)
         assert tracker.log.count == 4
+
+    @staticmethod
+    def gan_iterations(tracker: StepTracker, count: int, generator_every: int = 1) -> None:
+        """A GAN's loop, one iteration every 3 s from t = 0: a batch (at +0.1 s), its discriminator's step (10, at
+        +1 s: a forward and backward before it), then its generator's (20, at +2 s, every ``generator_every``-th
+        iteration: a forward and backward from +1.5 s)."""
+        for i in range(count):
+            t = 3.0 * i
+            tracker.batch_requested(t + 0.1)
+            tracker.enter("forward", t + 0.2)
+            tracker.exit("forward", t + 0.5)
+            tracker.optimizer_stepped(10, t + 1.0)
+            if i % generator_every == generator_every - 1:
+                tracker.enter("backward", t + 1.5)
+                tracker.exit("backward", t + 1.9)
+                tracker.optimizer_stepped(20, t + 2.0)
+
+    def test_a_gans_steps_come_to_end_at_its_generators_step_the_last_before_each_batch(self) -> None:
+        # given a GAN's loop: a batch, the discriminator's step, the generator's
+        tracker = StepTracker(now=0.0)
+        self.gan_iterations(tracker, 6)
+        # then once two iterations ended with the generator's step before the next batch, the step that ended at
+        # the discriminator's is extended to the generator's (1 -> 5 s), and every step from then on is one
+        # iteration from generator to generator, its forward and backward whole
+        records = tracker.log.records()
+        assert tracker.anchor_optimizer == 20
+        assert [r.wall_s for r in records] == pytest.approx([1.0, 4.0, 3.0, 3.0, 3.0, 3.0])
+        assert [r.phases_s["backward"] for r in records] == pytest.approx([0.0, 0.8, 0.4, 0.4, 0.4, 0.4])
+        assert [r.phases_s["forward"] for r in records] == pytest.approx([0.3, 0.3, 0.3, 0.3, 0.3, 0.3])
+        assert sum(r.wall_s for r in records) == pytest.approx(17.0)  # nothing lost or counted twice
+
+    def test_a_critic_stepping_each_batch_and_a_generator_every_fifth_keeps_the_critics_steps(self) -> None:
+        # a WGAN: the generator's step comes before the next batch only every 5th iteration, never two running
+        tracker = StepTracker(now=0.0)
+        self.gan_iterations(tracker, 20, generator_every=5)
+        assert tracker.anchor_optimizer == 10
+        assert tracker.log.count == 20
+        assert [r.wall_s for r in tracker.log.records()][1:] == pytest.approx([3.0] * 19)
+
+    def test_two_optimizers_over_one_models_parameters_end_the_step_at_the_second(self) -> None:
+        # e.g. Muon for the matrices and AdamW for the rest, stepped one after the other, each batch
+        tracker = StepTracker(now=0.0)
+        for i in range(6):
+            tracker.batch_requested(2.0 * i + 0.1)
+            tracker.optimizer_stepped(10, 2.0 * i + 1.0)
+            tracker.enter("optimizer", 2.0 * i + 1.0)
+            tracker.exit("optimizer", 2.0 * i + 1.25)
+            tracker.optimizer_stepped(20, 2.0 * i + 1.25)
+        records = tracker.log.records()
+        assert tracker.anchor_optimizer == 20
+        assert [r.wall_s for r in records][2:] == pytest.approx([2.0] * 4)
+        assert [r.phases_s["optimizer"] for r in records][2:] == pytest.approx([0.25] * 4)
+
+    def test_explicit_steps_stay_where_the_script_marks_them_whatever_its_optimizers_do(self) -> None:
+        tracker = StepTracker(now=0.0)
+        for i in range(6):
+            tracker.explicit(3.0 * i)
+            tracker.batch_requested(3.0 * i + 0.1)
+            tracker.optimizer_stepped(10, 3.0 * i + 1.0)
+            tracker.optimizer_stepped(20, 3.0 * i + 2.0)
+        assert tracker.source == "explicit"
+        assert [r.wall_s for r in tracker.log.records()][1:] == pytest.approx([3.0] * 5)
 
     def test_an_optimizer_that_steps_on_its_own_in_a_later_phase_ends_the_steps_from_then_on(self) -> None:
         # phase 1 trains an encoder (optimizer 10), phase 2 a head with its own optimizer (20)

@@ -192,6 +192,29 @@ def test_a_gans_two_optimizers_stepping_in_turn_make_one_loop(tmp_path: Path) ->
     assert capture.count == 6 and capture.loops == ()
 
 
+def test_a_gans_steps_end_at_its_generators_update_the_last_before_each_batch(tmp_path: Path) -> None:
+    # given: pytorch/examples' dcgan loop: a batch, the discriminator's update, then the generator's
+    collector = StepsCollector()
+    collector.start(tmp_path)
+    generator, discriminator = torch.nn.Linear(4, 4), torch.nn.Linear(4, 1)
+    g_opt, d_opt = torch.optim.Adam(generator.parameters()), torch.optim.Adam(discriminator.parameters())
+    for i, real in enumerate(torch.utils.data.DataLoader(torch.randn(48, 4), batch_size=8)):
+        if i == 4:
+            collector.window_opened()  # a profiler's window on the last two
+        fake = generator(torch.randn(8, 4))
+        (discriminator(real).mean() - discriminator(fake.detach()).mean()).backward()
+        d_opt.step()
+        d_opt.zero_grad()
+        discriminator(fake).mean().backward()
+        g_opt.step()
+        g_opt.zero_grad()
+    collector.window_closed()
+    capture = collector.stop().payload
+    # then: one loop of 6 steps, ended by the generator's updates (its optimizer is the one the post-run probe times)
+    assert capture.count == 6 and capture.loops == ()
+    assert collector.probed_optimizer is g_opt
+
+
 def test_the_record_keeps_the_loops(record: RunRecord) -> None:
     loops = RunRecord.from_json(record.to_json()).steps.loops
     assert loops == record.steps.loops and all(isinstance(loop, TrainingLoop) for loop in loops)

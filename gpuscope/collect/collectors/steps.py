@@ -309,8 +309,13 @@ class StepsCollector:
             now = self._clock()
             self.tracker.exit("optimizer", now)  # type: ignore[union-attr]
             replaces = self._optimizer_watch.replaces_anchor(optimizer)
-            if self.tracker.optimizer_stepped(id(optimizer), now, replaces):  # type: ignore[union-attr]
-                self._optimizer_watch.anchored(optimizer, self.tracker.log.count - 1)  # type: ignore[union-attr]
+            tracker = self.tracker
+            if tracker.optimizer_stepped(id(optimizer), now, replaces):  # type: ignore[union-attr]
+                anchor_id = tracker.anchor_optimizer  # type: ignore[union-attr]
+                # (another where the steps now end at the optimizer that stepped last before this one)
+                anchor = optimizer if anchor_id == id(optimizer) else self._optimizer_watch.stepped(anchor_id)
+                if anchor is not None:
+                    self._optimizer_watch.anchored(anchor, tracker.log.count - 1)  # type: ignore[union-attr]
 
     def _wrap_next(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
         collector = self

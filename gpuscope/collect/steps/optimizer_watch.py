@@ -77,6 +77,12 @@ class OptimizerWatch:
             known = self._same[id(optimizer)] = (weakref.ref(optimizer), trains == self.loops.trains)
         return known[1]
 
+    def stepped(self, optimizer_id: int | None) -> Any:
+        """The optimizer of id ``optimizer_id`` that stepped since the anchor last changed, while it is alive (the
+        steps may come to end at its step: ``StepTracker.optimizer_stepped``); None if none."""
+        known = self._same.get(optimizer_id) if optimizer_id is not None else None
+        return known[0]() if known is not None else None
+
     def install(self, torch: Any) -> Callable[[], None]:
         """Hook ``torch.optim``; returns the undo."""
         return patch(torch.optim.Optimizer, "__init__", self._wrap_init)

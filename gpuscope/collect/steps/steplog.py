@@ -88,6 +88,20 @@ class StepLog:
         self._weight = self._shrink(self._weight)
         self._jump(index)
 
+    def extend_last(self, wall_s: float, phases_s: dict[str, float], profiled: bool = False) -> None:
+        """Add ``wall_s`` and ``phases_s`` to the last step counted, where it was kept (a step found to end later
+        than where it was closed: ``StepTracker``'s anchor moving to the optimizer that steps last)."""
+        index = self.count - 1
+        rows = self._head if self._head and self._head[-1][0] == index else self._body
+        if not rows or rows[-1][0] != index:  # not kept, or the sample's rows are no longer in step order
+            return
+        _, wall, phases, was_profiled, evaluated = rows[-1]
+        phases = {phase: phases.get(phase, 0.0) + phases_s.get(phase, 0.0) for phase in {*phases, *phases_s}}
+        rows[-1] = (index, wall + wall_s, phases, was_profiled or profiled, evaluated)
+        if self._by_index is not None:
+            self._by_index[index] = rows[-1]
+        self._made.pop(index, None)
+
     def _shrink(self, weight: float) -> float:
         """Algorithm L's weight times the largest of ``capacity`` uniform draws."""
         return weight * math.exp(math.log(self._uniform()) / self.capacity)
@@ -214,6 +228,11 @@ class StepTracker:
         self._open_t: float | None = now
         self._anchor_optimizer: int | None = None
         self._others_stepped: set[int] = set()  # other optimizers stepped since the anchor last did
+        self._batches = 0  # batches requested so far (under any kind of step)
+        self._last_other: tuple[int, int] | None = None  # the last other optimizer stepped since the anchor did,
+        # and the batches requested by then
+        self._ended_by: int | None = None  # the other optimizer after which the anchor's last cycle took a batch
+        self._held_other: tuple[float, dict[str, float], bool] | None = None  # the phases split at its step
         self._held: tuple[float, dict[str, float]] | None = None  # the first backward's end, and the phases to it
         self._windows = 0
         self._profiled = False
@@ -264,23 +283,76 @@ class StepTracker:
         return self._windows > 0
 
     # -- markers -----------------------------------------------------------------------------------------
+    @property
+    def anchor_optimizer(self) -> int | None:
+        """The id of the optimizer ending the steps (None before one stepped)."""
+        return self._anchor_optimizer
+
     def optimizer_stepped(self, optimizer_id: int, now: float, replaces: bool = False) -> bool:
-        """``optimizer.step()`` returned. With several optimizers, one ends the step: the first one stepped, until
-        another steps twice with no step of it in between (a later phase of the script trains another model; a GAN's
-        generator steps once between two of its discriminator's). True where it has just become that one.
-        ``replaces``: it replaces the one ending the steps at once (``OptimizerWatch.replaces_anchor``: that one was
-        freed, or this one was built again over its parameters), even where its id is the freed one's."""
+        """``optimizer.step()`` returned. With several optimizers, one ends the step (the *anchor*): the first one
+        stepped, until another steps twice with no step of it in between (a later phase of the script trains another
+        model; a GAN's generator steps once between two of its discriminator's). Where, two cycles running, another
+        was the last to step before the next batch was asked for (a GAN's generator; a second optimizer over other
+        parameters of one model), the iteration ends with it, and so do the steps from then on: the last step is
+        extended to that one's step (``_move_anchor``). True where the anchor has just changed
+        (``anchor_optimizer``). ``replaces``: this one replaces the anchor at once (``OptimizerWatch.replaces_anchor``:
+        that one was freed, or this one was built again over its parameters), even where its id is the freed one's."""
         if replaces:
             self._anchor_optimizer = None
             self._others_stepped.clear()
-        if self._anchor_optimizer is not None and optimizer_id != self._anchor_optimizer:
+            self._ended_by = None
+        anchor = self._anchor_optimizer
+        if anchor is not None and optimizer_id != anchor:
             if optimizer_id not in self._others_stepped:
                 self._others_stepped.add(optimizer_id)
+                self._other_stepped(optimizer_id, now)
                 return False
-        changed, self._anchor_optimizer = optimizer_id != self._anchor_optimizer, optimizer_id
+        elif anchor is not None:  # the anchor again: which other, if any, ended the cycle before a batch
+            last = self._last_other
+            ended = last[0] if last is not None and self._batches > last[1] else None
+            if ended is not None and ended == self._ended_by and self._held_other is not None:
+                self._move_anchor(ended, optimizer_id)
+                return True
+            self._ended_by = ended
+        self._release_held()
+        self._last_other = None
+        changed, self._anchor_optimizer = optimizer_id != anchor, optimizer_id
+        if changed:  # (the cycles seen were another anchor's)
+            self._ended_by = None
         self._others_stepped.clear()
         self._boundary("optimizer", now)
         return changed
+
+    def _other_stepped(self, optimizer_id: int, now: float) -> None:
+        """An optimizer other than the anchor stepped: where the anchor's last cycle ended with it, the phases are
+        split here, for the step to end here if this cycle does too."""
+        self._last_other = (optimizer_id, self._batches)
+        self._release_held()
+        if optimizer_id == self._ended_by and self.source == "optimizer":
+            self._held_other = (now, self.clock.split(now), self._profiled)
+
+    def _release_held(self) -> None:
+        """The phases split at another optimizer's step go back to the open step (it ended no step)."""
+        if self._held_other is not None:
+            for phase, seconds in self._held_other[1].items():
+                self.clock.totals[phase] += seconds
+            self._held_other = None
+
+    def _move_anchor(self, optimizer_id: int, stepping: int) -> None:
+        """``optimizer_id`` ends the steps from now (``stepping``, the anchor until now, has just stepped): the open
+        step's time up to its last step (held) goes to the step before, and the open step begins there. The
+        device's markers start again at the next step."""
+        held_t, held_phases, held_profiled = self._held_other  # type: ignore[misc]
+        self._held_other = None
+        if self._open_t is not None:
+            self.log.extend_last(max(0.0, held_t - self._open_t), held_phases, held_profiled)
+        self._open_t = held_t
+        self._anchor_optimizer, self._ended_by = optimizer_id, None
+        self._others_stepped = {stepping}
+        self._last_other = (stepping, self._batches)
+        if self.device is not None:
+            self.device.reset()
+            self.device.mark(None, self.clock.current)
 
     def backward_ended(self, now: float) -> None:
         """A top-level ``backward()`` (or ``autograd.grad``) returned: under the ``backward`` kind, a step ends."""
@@ -307,7 +379,8 @@ class StepTracker:
     def batch_requested(self, now: float) -> None:
         """A DataLoader iterator's ``__next__`` was called: under the ``dataloader`` kind, a step ends and the
         next begins (cancelled by ``batch_exhausted`` if no batch comes)."""
-        # (a set lookup first: under an optimizer's steps, every batch's case, that is all)
+        # (a count and a set lookup first: under an optimizer's steps, every batch's case, that is all)
+        self._batches += 1
         if self.source in ABOVE_DATALOADER or not self._takes("dataloader"):
             return
         if self._open_t is not None:
@@ -367,6 +440,7 @@ class StepTracker:
             return False
         self.dropped += self.log.count
         self.log.clear()
+        self._release_held()
         self.log.losses.restart(merged=source != "dataloader")
         if self._held is not None:  # the first backward's end was no boundary after all
             for phase, seconds in self._held[1].items():
