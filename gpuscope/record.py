@@ -824,7 +824,8 @@ class MemoryGrowth:
     """The growth over those steps at that rate, bytes."""
     leak: bool = False
     """Whether it is a leak: growth over the steps read of at least ``diagnose/thresholds.py``'s LEAK_MIN_SHARE of the
-    memory at their start (and LEAK_MIN_BYTES), in both halves of them."""
+    memory at their start (and LEAK_MIN_BYTES), in both halves of them; resident memory's growth only where the
+    memory window, if it read its steps, saw tensors outlive their step."""
     kept_per_step_bytes: int = 0
     """The leak's own rate, bytes a step: what the memory window saw a step leave alive (``Memory.kept_bytes_per_step``)
     where the growth is a leak at about that pace (``diagnose/thresholds.py``'s LEAK_KEPT_AGREES); 0 elsewhere. The
