@@ -161,7 +161,12 @@ def _run_script(args: list[str]) -> None:
                          __loader__=importlib.machinery.SourceFileLoader("__main__", path))
     sys.modules["__main__"] = main
     code = compile(Path(path).read_bytes(), path, "exec", dont_inherit=True)  # not this file's __future__ flags
-    exec(code, main.__dict__)
+    try:
+        exec(code, main.__dict__)
+    except Exception as error:  # its traceback from the script's own frame on, as python prints it
+        error.with_traceback(error.__traceback__.tb_next if error.__traceback__ else None)
+        sys.excepthook(type(error), error, error.__traceback__)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

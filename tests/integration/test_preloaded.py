@@ -61,6 +61,8 @@ def test_a_script_ends_with_the_status_a_real_python_gives(tmp_path: Path, endin
     real, preloaded = both(["end.py"], tmp_path)
     assert preloaded.returncode == real.returncode
     assert preloaded.stderr.splitlines()[-1:] == real.stderr.splitlines()[-1:]
+    if ending == "raise":  # the whole traceback, from the script's frame: none of the harness's
+        assert preloaded.stderr == real.stderr
     if ending == "signal":
         assert real.returncode == -signal.SIGTERM
 

@@ -47,11 +47,12 @@ Exit = tuple[subprocess.CompletedProcess[str], subprocess.CompletedProcess[str],
 def exit_with(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, ...], Exit]:
     """``tools/exit_with.py ARGS`` under python and under gpuscope run, for each way of ending, each command once
     per module (two tests read the uncaught exception's) and two at a time (none checks timing): by ARGS, both
-    processes and the run's folder."""
+    processes and the run's folder. Python's own run starts from the preloaded python, whose endings are a real
+    python's (tests/integration/test_preloaded.py); gpuscope's is a real process, whose ending is under test."""
     project = make_project(tmp_path_factory.mktemp("exit_with"))
 
     def plain(args: list[str]) -> subprocess.CompletedProcess[str]:
-        return run_python(["tools/exit_with.py", *args], project)
+        return run_python(["tools/exit_with.py", *args], project, preloaded=True)
 
     def profiled(args: list[str]) -> subprocess.CompletedProcess[str]:
         run_dir = project / ("run-" + "-".join(args))
