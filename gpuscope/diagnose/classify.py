@@ -152,7 +152,8 @@ def _classify_steps(record: RunRecord, needed: int) -> Verdict:
         evidence = [f"{share:.0%} {basis} waits for the next batch (median step {steps.median_s * 1e3:.1f} ms, "
                     f"{steps.count} steady-state steps)"]
         if (top := slowest_loader(record)) is not None:
-            evidence.append(f"the {top.dataset} loader has {top.num_workers} worker processes")
+            evidence.append(f"the {top.dataset} loader has {top.num_workers} worker process"
+                            f"{'es' if top.num_workers != 1 else ''}")
         return Verdict("data-loading", _rising(share, th.DATA_WAIT_BOUND, 0.5), tuple(evidence))
     waiting = f"data wait is {share:.0%} {basis}, under the {th.DATA_WAIT_BOUND:.0%} at which loading bounds the run"
     comm = record.op_profile.communication if record.op_profile is not None else None

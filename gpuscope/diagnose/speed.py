@@ -13,7 +13,7 @@ from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.evidence import (accumulation_saving, batches_per_step, cpu_overhead, launch_wait,
                                         median_compute_s, slowest_loader, training_batches)
 from gpuscope.diagnose.iterator_wait import iterator_wait
-from gpuscope.diagnose.words import counted_step_unlike
+from gpuscope.diagnose.words import counted_step_unlike, workers_text
 from gpuscope.reduce.peaks import gpu_peak_flops
 from gpuscope.diagnose.waiting_workers import waiting_workers
 from gpuscope.record import LoaderRate, RunRecord, SpeedOfLight, Verdict, WhatIf
@@ -354,20 +354,20 @@ def _without_data_wait(record: RunRecord) -> tuple[float, str]:
         shared_by = " handing batches over by file_system" if plan is sharing else ""
         received = (f" + receiving them {plan.handover_s * 1e3:.1f} ms" if plan.handover_s >= 0.0005 else "") + (
             f" + the sampler drawing their indices {plan.sampler_s * 1e3:.1f} ms" if plan.sampler_s else "")
-        explanation = (f"with {plan.workers} DataLoader workers{shared_by}, {how} "
+        explanation = (f"with {workers_text(plan.workers)}{shared_by}, {how} "
                        f"{plan.rate.batches_per_s:.1f} batches/s: max(compute {plan.compute_s * 1e3:.1f} ms"
                        f"{received}, {plan.batches_text} {delivery_s * 1e3:.1f} ms)")
         explanation += _shared_text(record, plan.workers, plan.shared_cpu_s, plan.threads)
     elif (estimate := loader_estimate(record)) is not None and estimate.spread_s is not None:
         step_s = estimate.step_s
-        explanation = (f"with {estimate.workers} DataLoader workers, from the run's batch time: max(compute "
+        explanation = (f"with {workers_text(estimate.workers)}, from the run's batch time: max(compute "
                        f"{estimate.compute_s * 1e3:.1f} ms, {batches_text(estimate.batches_per_step)} "
                        f"{estimate.batch_s * 1e3:.1f} ms / "
                        f"{estimate.workers})" +
                        _shared_text(record, estimate.workers, estimate.spread_s, estimate.threads))
     elif (waiting := waiting_workers(record)) is not None:
         step_s = waiting.step_s
-        explanation = (f"with {waiting.workers} DataLoader workers, more than the cores (they were blocked "
+        explanation = (f"with {workers_text(waiting.workers)}, more than the cores (they were blocked "
                        f"{1 - waiting.busy:.0%} of their time): max(compute {waiting.compute_s * 1e3:.1f} ms, "
                        f"{batches_text(waiting.batches_per_step)} {waiting.batch_s * 1e3:.1f} ms / "
                        f"{waiting.workers})" + (f"; a step's CPU work over all cores takes at least "

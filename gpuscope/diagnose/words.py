@@ -33,6 +33,11 @@ def flop_text(value: float) -> str:
     return f"{value:.0f} FLOP"
 
 
+def workers_text(workers: int) -> str:
+    """``2 DataLoader workers``; ``1 DataLoader worker``."""
+    return f"{workers} DataLoader worker{'s' if workers != 1 else ''}"
+
+
 def speedup_text(speedup: float) -> str:
     """A predicted speed-up in words: "1.64x faster", or "1.30x slower" where the remedy would cost time."""
     return f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"

@@ -433,7 +433,7 @@ def test_where_handing_batches_over_waits_on_the_workers_the_file_system_strateg
     # and the what-if is that step
     estimate = what_if(record, Verdict("data-loading", 0.9, ("50%",)))
     assert estimate is not None and estimate.step_s == pytest.approx(step)
-    assert estimate.explanation.startswith("with 1 DataLoader workers handing batches over by file_system, measured")
+    assert estimate.explanation.startswith("with 1 DataLoader worker handing batches over by file_system, measured")
     # where the strategy hands batches over no faster, it is not advised
     assert file_system_sharing(trainer_fed(file_system_receive_s=0.009)) is None
 
