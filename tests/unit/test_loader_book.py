@@ -147,14 +147,34 @@ def test_batches_taken_in_a_step_that_held_an_evaluation_pass_count_apart_and_th
     book.count_batch(test, batch=[4], wait_s=0.5)
     book.count_batch(test, batch=[5], wait_s=0.5)
     book.step_closed(evaluated=True)
-    # then: the test loader's whole wait is evaluation, the training loader's but one batch's is not
+    # then: the test loader's whole wait is evaluation; the training loader's is not, the batch its iterator gave
+    # in the step that also evaluated included (it fed training: Lightning's val_check_interval validates inside a
+    # step of 4 accumulated batches, and those were taken for 3.28 a step)
     first, second = book.records()
-    assert (first.batches, first.eval_batches, first.wait_s, first.eval_wait_s) == pytest.approx((4, 1, 0.04, 0.01))
+    assert (first.batches, first.eval_batches, first.wait_s, first.eval_wait_s) == pytest.approx((4, 0, 0.04, 0.0))
     assert (second.batches, second.eval_batches, second.eval_wait_s) == pytest.approx((2, 2, 1.0))
     # and the probes are given the training loader, with its training batches
     probed = book.probe_loader()
     assert probed is not None and probed["dataset"] == [1, 2, 3]
-    assert (probed["batches"], probed["wait_s"]) == pytest.approx((3, 0.03))
+    assert (probed["batches"], probed["wait_s"]) == pytest.approx((4, 0.04))
+
+
+def test_an_evaluation_pass_over_the_training_loader_itself_counts_as_evaluation() -> None:
+    # given: a loop that evaluates on its training loader, through a new iterator of it, inside a step
+    book = LoaderBook()
+    dataset = [1, 2, 3, 4, 5]
+    train = EpochIterator(dataset, 0)
+    for _ in range(2):
+        book.count_batch(train, batch=[1], wait_s=0.01)
+        book.step_closed(evaluated=False)
+    book.count_batch(train, batch=[1], wait_s=0.01)
+    again = EpochIterator(dataset, 0)  # the evaluation's pass over the same loader
+    book.count_batch(again, batch=[1], wait_s=0.2)
+    book.count_batch(again, batch=[2], wait_s=0.2)
+    book.step_closed(evaluated=True)
+    # then: the evaluation's two batches count apart, the training iterator's three do not
+    (record,) = book.records()
+    assert (record.batches, record.eval_batches, record.eval_wait_s) == pytest.approx((5, 2, 0.4))
 
 
 def test_the_book_hears_of_the_spans_that_counted_batches_and_a_loop_without_batches_tells_it_nothing() -> None:

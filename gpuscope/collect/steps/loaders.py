@@ -36,7 +36,8 @@ class LoaderBook:
         """By the dataset's id: the dataset (a weak reference), the line, the library and the batch sampler passed."""
         self.fed_by_thread = False
         """Whether a thread other than the loop's has taken DataLoader batches (a prefetching thread)."""
-        self._open: dict[int, list[Any]] = {}  # the open step's [loader entry, batches, wait], by the entry's id
+        self._open: dict[tuple[int, bool], list[Any]] = {}  # the open span's [loader entry, batches, wait, its
+        # iterator (weakly, or None)], by the entry's id and whether the iterator is the one that fed training spans
         self._tracker: Any = None  # the StepTracker whose spans the batches are counted in (``follow``)
         self._last: tuple[weakref.ref[Any], dict[str, Any]] | None = None  # the last batch's iterator, and its entry
 
@@ -103,7 +104,9 @@ class LoaderBook:
         entry["wait_s"] += wait_s
         if not self._open and self._tracker is not None:
             self._tracker.on_span_end = self.step_closed
-        opened = self._open.setdefault(id(entry), [entry, 0, 0.0])
+        ref = last[0] if (last := self._last) is not None and last[1] is entry else None
+        training = ref is not None and (fed := entry["training"]) is not None and fed() is iterator
+        opened = self._open.setdefault((id(entry), training), [entry, 0, 0.0, ref])
         opened[1] += 1
         opened[2] += wait_s
         if requested is not None:
@@ -130,6 +133,7 @@ class LoaderBook:
                                           "loading": _loading(iterator), "iterators": weakref.WeakSet(),
                                           "restarts": 0, "restart_wait_s": 0.0, "back_to_back": 0,
                                           "arrived": None, "eval_batches": 0, "eval_wait_s": 0.0, "firsts": [],
+                                          "training": None,  # the iterator that fed a span with no evaluation
                                           "repeated": 0, "length": _length(iterator)}
         if _first_from(entry["iterators"], iterator) and entry["batches"] and getattr(iterator, "_num_workers", 0):
             entry["restarts"] += 1  # a new iterator's workers started for this batch
@@ -148,16 +152,20 @@ class LoaderBook:
 
     def step_closed(self, evaluated: bool) -> None:
         """A span ended (a step, or the time between epochs or after the last one): where it held an evaluation
-        pass, its batches count for the loaders' evaluation. (A thread taking batches may note one meanwhile: the open
-        loaders are swapped out and copied, never iterated live.)"""
+        pass, its batches count for the loaders' evaluation, but for those of an iterator that fed a span with none
+        (the training loop's, in a step that accumulates 4 batches and also validates: Lightning's
+        ``val_check_interval``). (A thread taking batches may note one meanwhile: the open loaders are swapped out and
+        copied, never iterated live.)"""
         opened = self._open
         if not self.fed_by_thread and self._tracker is not None:
             self._tracker.on_span_end = None
         if not opened:
             return
         self._open = {}
-        if evaluated:
-            for entry, batches, wait_s in list(opened.values()):
+        for (_, training), (entry, batches, wait_s, ref) in list(opened.items()):
+            if not evaluated:
+                entry["training"] = ref
+            elif not training:
                 entry["eval_batches"] += batches
                 entry["eval_wait_s"] += wait_s
 
