@@ -101,6 +101,46 @@ def test_a_gan_loop_times_the_forward_of_both_models_though_its_second_optimizer
     assert all(r.wall_s - sum(r.phases_s.values()) < 0.01 for r in timed), [r.phases_s for r in timed]  # "other"
 
 
+class Wrapper(nn.Module):
+    """A data-parallel wrapper as DistributedDataParallel is one: the model as its one child ``module``, no parameters
+    of its own."""
+
+    def __init__(self, module: nn.Module) -> None:
+        super().__init__()
+        self.module = module
+
+    def forward(self, *args: torch.Tensor) -> torch.Tensor:
+        return self.module(*args)
+
+
+def test_an_evaluation_that_calls_the_wrapped_model_past_its_wrapper_is_seen_and_the_forward_counted_once() -> None:
+    # given: a DDP-style script that trains through the wrapper and, every 4th step, evaluates with model.module
+    # under no_grad (on rank 0 alone, in a real job): 50 ms of evaluation
+    collector = StepsCollector()
+    torch.manual_seed(0)
+    model = Wrapper(Slow(0.002))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    collector.start(Path("."))
+    try:
+        for step in range(12):
+            model(torch.randn(8, 4)).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            if step % 4 == 3:
+                with torch.no_grad():
+                    for _ in range(5):
+                        model.module(torch.randn(8, 4))
+    finally:
+        result = collector.stop()
+    capture = result.payload
+    # then: the steps that held the evaluation are marked so (they were "other" time, and the run inconclusive),
+    # the training forward through the wrapper is one forward a step, and the note names the wrapper as the root
+    assert [r.index for r in capture.records if r.evaluated] == [4, 8]
+    assert any(note.startswith("forward timed on root modules: Wrapper ") for note in result.notes), result.notes
+    forwards, backwards = capture.passes
+    assert capture.no_grad_modes == (0, 15) and forwards - 15 == backwards  # 3 evaluations of 5; one a step besides
+
+
 def test_batches_fetched_ahead_for_gradient_accumulation_do_not_hide_the_models_forward() -> None:
     # given: the transformers Trainer's way with 8 accumulated batches: all of a step's batches fetched first, then a
     # forward and backward on each, then the optimizer step (the fetches define the first steps: no optimizer yet)

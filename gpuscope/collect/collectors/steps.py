@@ -440,8 +440,9 @@ class StepsCollector:
         if self.forward.checking:
             self.forward.ran(module)
         tracker = self.tracker
+        nested = tracker.clock.current == "forward"  # type: ignore[union-attr]  # a wrapped module in its wrapper's
         tracker.enter("forward", self._clock())  # type: ignore[union-attr]
-        if not (module.training and self._torch.is_grad_enabled()):  # eval(), no_grad: an evaluation pass
+        if not nested and not (module.training and self._torch.is_grad_enabled()):  # eval(), no_grad: evaluation
             self.forward.evaluation_pass(module, tracker)
         return True
 

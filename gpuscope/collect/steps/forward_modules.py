@@ -72,7 +72,7 @@ class ForwardModules:
         them; whether their forward ran is checked at the next boundary (``check``)."""
         self._trained = trained or None
         roots = self._outermost(nn)[:MAX_ROOT_MODULES]
-        self._hook(roots)
+        self._hook(_with_wrapped(roots)[:MAX_ROOT_MODULES])
         self.roots = sorted(type(m).__name__ for m in roots)
         self._root_refs = [weakref.ref(m) for m in roots]
 
@@ -88,7 +88,7 @@ class ForwardModules:
         roots = roots[:MAX_ROOT_MODULES - len(self._hooked)]
         if not roots:
             return False
-        self._hook(roots)
+        self._hook(_with_wrapped(roots)[:MAX_ROOT_MODULES - len(self._hooked)])
         self.roots = sorted([*self.roots, *(type(m).__name__ for m in roots)])
         self._root_refs += [weakref.ref(m) for m in roots]
         self.left_out += 1
@@ -148,7 +148,9 @@ class ForwardModules:
         """What the record says of the forward timing (None before the roots were found)."""
         if not self.roots:
             return None
-        timed = sorted(name for name, _ in self._hooked.values())
+        inner = {id(child) for ref in self._root_refs if (root := ref()) is not None
+                 and (child := wrapped(root)) is not None}
+        timed = sorted(name for key, (name, _) in self._hooked.items() if key not in inner)
         partial = (f"; {self.left_out} " + ("step that timed" if self.left_out == 1 else "steps that timed")
                    + " only part of the forward pass left out of the figures") if self.left_out else ""
         if not self._silent:
@@ -195,3 +197,24 @@ class ForwardModules:
         __call__.__wrapped__ = original  # type: ignore[attr-defined]
         self._wrapped.append((cls, vars(cls).get("__call__")))
         cls.__call__ = __call__  # type: ignore[method-assign]
+
+
+WRAPPED = ("module", "_orig_mod", "_fsdp_wrapped_module")
+"""The one child of a wrapper module, by its name: DistributedDataParallel's and DataParallel's ``module``,
+torch.compile's ``_orig_mod``, FSDP's ``_fsdp_wrapped_module``."""
+
+
+def wrapped(module: Any) -> Any:
+    """The module ``module`` wraps (``WRAPPED``), or None where it is no wrapper."""
+    children = getattr(module, "_modules", None) or {}
+    if len(children) != 1 or next(module.parameters(recurse=False), None) is not None:
+        return None
+    name, child = next(iter(children.items()))
+    return child if name in WRAPPED else None
+
+
+def _with_wrapped(roots: list[Any]) -> list[Any]:
+    """``roots``, each followed by the module it wraps, if any (``wrapped``): a script may call that one directly,
+    bypassing the wrapper (``model.module(x)`` to evaluate on rank 0 alone), and the call is then timed and seen for
+    an evaluation pass. Called through its wrapper, it runs inside the wrapper's timed call: one forward, not two."""
+    return [module for root in roots for module in (root, wrapped(root)) if module is not None]
