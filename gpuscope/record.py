@@ -227,7 +227,8 @@ class Loader:
     """The tensors of its first batch, as ``dtype[shape] device`` (``float16[64, 3, 96, 96] cpu``), at most eight."""
     created_at: CallSite | None = None
     """The line of the user's code that built the first DataLoader over its dataset (the line a fix changes), or
-    the user's call into the library that built it (``created_by``); null when not seen."""
+    the user's call into the library that built it (``created_by``); null when not seen. Its ``calls``: the
+    DataLoaders that line built over the dataset (more than 1: a new one each epoch)."""
     created_by: str = ""
     """The library whose code constructed the DataLoader (``transformers`` for the Trainer's), or "" for the user's
     own code."""

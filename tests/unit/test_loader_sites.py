@@ -57,6 +57,25 @@ def test_a_framework_building_the_loader_again_over_the_same_dataset_keeps_the_u
     assert site is not None and site.code == "users = DataLoader(data, batch_size=4)  # the user's line"
 
 
+def test_a_line_that_builds_a_loader_each_epoch_counts_the_loaders_it_built() -> None:
+    data = TensorDataset(torch.arange(12.0))
+
+    def build_each_epoch() -> list[Any]:
+        batches = []
+        for _ in range(3):
+            batches += list(DataLoader(data, batch_size=4))  # a new DataLoader each epoch
+        return batches
+
+    site = iterate_in_a_session(build_each_epoch)[0].created_at
+    assert site is not None and site.code.endswith("# a new DataLoader each epoch") and site.calls == 3
+    # a framework building it again over the same dataset, from its own line, is no second one of the user's
+    def build() -> DataLoader:
+        users = DataLoader(data, batch_size=4)
+        return DataLoader(users.dataset, batch_size=4, shuffle=False)
+
+    assert iterate_in_a_session(build)[0].created_at.calls == 1  # type: ignore[union-attr]
+
+
 LIBRARY = '''
 import sys
 def get_train_dataloader(book, dataset):

@@ -196,6 +196,18 @@ def test_workers_started_again_each_epoch_are_told_to_persist_with_the_time_it_c
     assert "persistent-workers" not in fired(restarting_run(restart_wait_s=0.001))
 
 
+def test_a_loader_the_script_builds_again_each_epoch_is_told_to_be_built_once_as_well() -> None:
+    # given: the same workers' restarts, from a DataLoader the script's line builds anew each of 3 epochs (a
+    # semi-supervised loop zipping two loaders built inside its `for` statement): persistent_workers alone keeps
+    # nothing, the loader being new each time
+    run = restarting_run()
+    rebuilt = dataclasses.replace(run.loaders[0], created_at=dataclasses.replace(run.loaders[0].created_at, calls=3))
+    finding = fired(dataclasses.replace(run, loaders=(rebuilt,)))["persistent-workers"]
+    assert finding.fix == "DataLoader(..., persistent_workers=True), built once before the loop over epochs  # iterable.py:71"
+    assert finding.evidence[-1] == ("that line built 3 DataLoaders over it, a new one each epoch: each starts its "
+                                    "workers afresh, persistent_workers or not")
+
+
 def test_an_evaluation_loader_built_again_for_each_pass_is_told_so() -> None:
     # given: the Transformers Trainer's evaluation loader, its 2 workers started again for each pass, every
     # batch of it an evaluation pass's

@@ -4,6 +4,7 @@ post-run probes need to build it again. Kept strongly: the script's loader may b
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing
 import sys
 import weakref
@@ -71,13 +72,18 @@ class LoaderBook:
         if len(self._created) >= MAX_CREATED:
             return
         known = self._created_for(dataset)
+        site = call_site(user_frame(frame) if frame is not None else None)
+        if known is not None and site.file and (site.file, site.line) == (known[1].file, known[1].line):
+            # the same line again: a new DataLoader each epoch, say (``calls`` counts them)
+            self._created[id(dataset)] = (known[0], dataclasses.replace(known[1], calls=known[1].calls + 1),
+                                          *known[2:])
+            return
         if known is not None and known[0] is not None:
             return
         try:
             ref: Any = weakref.ref(dataset)
         except TypeError:  # no weak references (``__slots__``): the id alone, and the latest DataLoader's line
             ref = None
-        site = call_site(user_frame(frame) if frame is not None else None)
         self._created[id(dataset)] = (ref, site, calling_library(frame), batch_sampler)
 
     def _created_for(self, dataset: Any) -> tuple[Any, CallSite, str, str] | None:
@@ -212,8 +218,14 @@ class LoaderBook:
         return tuple(Loader(batches=e["batches"], wait_s=e["wait_s"], restarts=e["restarts"],
                             restart_wait_s=e["restart_wait_s"], back_to_back=e["back_to_back"],
                             eval_batches=e["eval_batches"], eval_wait_s=e["eval_wait_s"],
-                            repeated_first_batches=e["repeated"], **e["info"])
+                            repeated_first_batches=e["repeated"], **self._info(e))
                      for e in self._by_wait())
+
+    def _info(self, entry: dict[str, Any]) -> dict[str, Any]:
+        """The entry's description, with its line's count of the loaders it built as of now (taken at its first
+        batch, it would miss those built for later epochs)."""
+        created = self._created_for(entry["dataset"]) if "created_at" in entry["info"] else None
+        return {**entry["info"], "created_at": created[1]} if created is not None else entry["info"]
 
 
 def _length(iterator: Any) -> int | None:

@@ -344,7 +344,8 @@ def persistent_workers(run: RunRecord) -> Finding | None:
     (each epoch, each validation pass), and the loop waited for each restart's first batch.
     Why it matters: each new iterator starts every worker again (under spawn, a fresh Python that imports torch and
     unpickles the dataset: seconds) and waits for the first batch; persistent workers are started once.
-    Fix: DataLoader(..., persistent_workers=True) (the Trainer's dataloader_persistent_workers).
+    Fix: DataLoader(..., persistent_workers=True) (the Trainer's dataloader_persistent_workers); where the script's
+    line built a new DataLoader each epoch, built once, before the loop over epochs, as well.
     Gain: the measured restart waits' share of the run's step time (the mean steady step over the other steps)."""
     restarted = [l for l in run.loaders if l.restarts and not l.persistent_workers]
     share = _restart_share(run)
@@ -361,7 +362,13 @@ def persistent_workers(run: RunRecord) -> Finding | None:
         *built_at(loader),
     )
     settings = {"persistent_workers": True, **_site(loader)}
-    return Finding(share, evidence, fix=loader_arguments(loader, settings) + site_comment(loader), settings=settings)
+    fix = loader_arguments(loader, settings)
+    site = loader.created_at
+    if site is not None and site.calls > 1 and not loader.created_by:  # the script's line builds a loader each epoch
+        evidence = (*evidence, f"that line built {site.calls} DataLoaders over it, a new one each epoch: each starts "
+                               f"its workers afresh, persistent_workers or not")
+        fix = f"{fix}, built once before the loop over epochs"
+    return Finding(share, evidence, fix=fix + site_comment(loader), settings=settings)
 
 
 def _iterated_for(loader: Loader) -> str:
