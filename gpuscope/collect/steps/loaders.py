@@ -73,8 +73,10 @@ class LoaderBook:
             return
         known = self._created_for(dataset)
         site = call_site(user_frame(frame) if frame is not None else None)
-        if known is not None and site.file and (site.file, site.line) == (known[1].file, known[1].line):
-            # the same line again: a new DataLoader each epoch, say (``calls`` counts them)
+        if known is not None and site.file and (site.file, site.line) == (known[1].file, known[1].line) \
+                and not calling_library(frame):
+            # the user's line again, itself: a new DataLoader each epoch, say (``calls`` counts them; a library's
+            # that the line called, as Lightning's trainer.fit(model, DataLoader(...)) builds one again, is none)
             self._created[id(dataset)] = (known[0], dataclasses.replace(known[1], calls=known[1].calls + 1),
                                           *known[2:])
             return

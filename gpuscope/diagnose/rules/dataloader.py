@@ -365,9 +365,11 @@ def persistent_workers(run: RunRecord) -> Finding | None:
     fix = loader_arguments(loader, settings)
     site = loader.created_at
     if site is not None and site.calls > 1 and not loader.created_by:  # the script's line builds a loader each epoch
-        evidence = (*evidence, f"that line built {site.calls} DataLoaders over it, a new one each epoch: each starts "
+        each = _iterated_for(loader)
+        evidence = (*evidence, f"that line built {site.calls} DataLoaders over it, a new one each {each}: each starts "
                                f"its workers afresh, persistent_workers or not")
-        fix = f"{fix}, built once before the loop over epochs"
+        fix = f"{fix}, built once, before the loop" if "evaluation" in each else \
+            f"{fix}, built once before the loop over epochs"
     return Finding(share, evidence, fix=fix + site_comment(loader), settings=settings)
 
 
