@@ -1397,6 +1397,10 @@ class RankSummary:
     memory_headroom_bytes: int | None = None
     """Its room under its memory limit (its ``memory.headroom_bytes``), bytes; null where unknown. Ranks can differ
     (rank 0 logging or evaluating, uneven batches): the one with the least is the first to run out."""
+    waited_for_evaluation_s: float = 0.0
+    """Seconds its steps took beyond its median step in the steps where another rank held an evaluation pass and it
+    held none (rank 0 evaluating alone, the others waiting for it at the next collective); those steps are left out
+    of its ``steps``, ``median_s``, ``breakdown`` and ``spread_s`` here, as that rank's are of its own. 0 where none."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,7 +22,8 @@ from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.arrival import Arrivals, RankArrival, arrivals
 from gpuscope.diagnose.memory import mb
 from gpuscope.errors import GpuscopeError
-from gpuscope.record import PHASES, Communication, Distributed, RankSummary, RunRecord, Straggler, Verdict
+from gpuscope.record import (PHASES, Breakdown, Communication, Distributed, RankSummary, RunRecord, Straggler,
+                             Verdict)
 
 
 # -- the job from its ranks --------------------------------------------------------------------------------
@@ -39,7 +40,10 @@ def combine(records: Sequence[RunRecord]) -> RunRecord:
     comms = {rank: c for rank, r in zip(ranks, records) if (c := _communication(r)) is not None}
     found = arrivals(comms, {rank: (r.distributed or Distributed()).host for rank, r in zip(ranks, records)})
     waits = {a.rank: a.waiting_s for a in found.ranks} if found is not None else {}
-    summaries = tuple(summarise(r, waits.get(rank)) for rank, r in zip(ranks, records))
+    evaluated = {rank: _evaluated_steps(r) for rank, r in zip(ranks, records)}
+    summaries = tuple(_without_steps(summarise(r, waits.get(rank)), r,
+                                     set().union(*(e for other, e in evaluated.items() if other != rank)))
+                      for rank, r in zip(ranks, records))
     slower: list[str] = []
     late = straggler(summaries, found, rank_ops(dict(zip(ranks, records))), slower)
     shown = late.rank if late else summaries[0].rank
@@ -115,6 +119,33 @@ def summarise(record: RunRecord, waiting_s: float | None = None) -> RankSummary:
         memory_peak_bytes=memory.peak_bytes if memory is not None and memory.peak_bytes else None,
         memory_headroom_bytes=memory.headroom_bytes if memory is not None else None,
     )
+
+
+def _evaluated_steps(record: RunRecord) -> set[int]:
+    """The steps of ``record``'s sample that held an evaluation pass."""
+    sample = record.steps.sample
+    return {index for index, status in zip(sample.index, sample.status) if status == "eval"}
+
+
+def _without_steps(summary: RankSummary, record: RunRecord, others: set[int]) -> RankSummary:
+    """``summary`` with the steady steps in ``others`` (steps where another rank held an evaluation pass) left out
+    of its figures, and the time they took beyond its median step kept as ``waited_for_evaluation_s``: that rank's
+    evaluation, which this one waited out at the next collective, is no part of its training steps."""
+    sample = record.steps.sample
+    steady = [i for i, status in enumerate(sample.status) if status == "steady"]
+    kept = [i for i in steady if sample.index[i] not in others]
+    if len(kept) == len(steady) or len(kept) < 2:
+        return summary
+    walls = sorted(sample.wall_s[i] for i in kept)
+    median, wall = statistics.median(walls), sum(walls)
+    phases = {phase: times for phase, times in sample.phases_s.items() if phase in PHASES and phase != "other"}
+    shares = {phase: sum(times[i] for i in kept) / wall for phase, times in phases.items()} if wall > 0 else {}
+    breakdown = Breakdown(**shares, other=max(0.0, 1.0 - sum(shares.values()))) if shares else summary.breakdown
+    waited = sum(max(0.0, sample.wall_s[i] - median) for i in steady if sample.index[i] in others)
+    return dataclasses.replace(  # (the steady rows of a sampled run stand for more steps each: its count scaled)
+        summary, steps=round(summary.steps * len(kept) / len(steady)), median_s=median, breakdown=breakdown,
+        spread_s=walls[int(0.9 * (len(walls) - 1))] - walls[int(0.1 * (len(walls) - 1))],
+        waited_for_evaluation_s=waited)
 
 
 # -- who the others wait for ------------------------------------------------------------------------------

@@ -167,7 +167,20 @@ def evaluation_line(record: RunRecord) -> str | None:
         if steps.rollouts else
         ("an evaluation pass (the trained model ran forward in eval mode or without gradients)", "the training steps"))
     return (f"{held.strip()} held {held_what}: {time.evaluated_s:.1f} s in all, {than} the {time.steady_s:.1f} s of "
-            f"the {steps.count} steady steps; the step figures leave them out and describe {described}{waited}")
+            f"the {steps.count} steady steps; the step figures leave them out and describe {described}{waited}"
+            f"{_waited_out(record)}")
+
+
+def _waited_out(record: RunRecord) -> str:
+    """In a job's record, the ranks that held no evaluation pass and waited for this one's (rank 0 evaluating alone):
+    ``; the other ranks held none and waited for it in those steps: rank 1 0.85 s, ...``; "" where none did."""
+    waited = [r for r in record.ranks if r.waited_for_evaluation_s > 0]
+    if not waited:
+        return ""
+    shown = ", ".join(f"rank {r.rank} {r.waited_for_evaluation_s:.2f} s" for r in waited[:3])
+    more = f" and {len(waited) - 3} more" if len(waited) > 3 else ""
+    return (f"; the other ranks held none and waited for it at the next collective, beyond their median step: "
+            f"{shown}{more} (left out of their figures too)")
 
 
 # -- a job's collectives -------------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ from gpuscope.diagnose import analyze
 from gpuscope.diagnose.classify import classify
 from gpuscope.diagnose.ranks import straggler
 from gpuscope.diagnose.ranks import combine
-from gpuscope.record import Breakdown, Communication, Distributed, Memory, OpProfile, RankSummary, Steps, Verdict
+from gpuscope.record import (Breakdown, Communication, Distributed, Memory, OpProfile, RankSummary, StepSample, Steps,
+                             Verdict)
 from gpuscope.reduce.comms import communication
 
 
@@ -173,6 +174,45 @@ def test_one_collective_a_step_is_said_in_the_singular() -> None:
     verdict = classify(dataclasses.replace(record, op_profile=dataclasses.replace(record.op_profile,
                                                                                    communication=one)))
     assert "(1 collective a step, in flight 30.0 ms" in verdict.evidence[-1]
+
+
+def with_sample(record, walls: list[float], statuses: list[str], backward: list[float]):
+    """``record`` with a step sample: each step's wall time, status and backward time (the rest forward)."""
+    sample = StepSample(index=tuple(range(len(walls))), wall_s=tuple(walls), status=tuple(statuses),
+                        phases_s={"data_wait": (0.0,) * len(walls), "forward": tuple(w - b for w, b in zip(walls, backward)),
+                                  "backward": tuple(backward), "optimizer": (0.0,) * len(walls)})
+    return dataclasses.replace(record, steps=dataclasses.replace(record.steps, sample=sample,
+                                                                 count=statuses.count("steady")))
+
+
+def test_steps_where_another_rank_evaluated_alone_are_left_out_of_a_ranks_figures_and_its_wait_kept() -> None:
+    # given: pytorch-style DDP where rank 0 alone evaluates after steps 4 and 8 (its steps 5 and 9 hold the pass,
+    # 210 ms each against 7 ms steps), and rank 1 waits for it inside backward at the next all-reduce
+    walls0 = [0.007] * 12
+    walls0[5] = walls0[9] = 0.210
+    status0 = ["steady"] * 12
+    status0[5] = status0[9] = "eval"
+    walls1 = list(walls0)
+    backward1 = [0.004] * 12
+    backward1[5] = backward1[9] = 0.207  # the wait, inside backward
+    rank0 = with_sample(rank_record(0, 2, 0.001, median_s=0.007), walls0, status0, [0.004] * 12)
+    rank0 = dataclasses.replace(rank0, steps=dataclasses.replace(rank0.steps, mean_s=0.007, evaluated=2,
+                                                                 evaluated_s=0.42))
+    rank1 = with_sample(rank_record(1, 2, 0.001, median_s=0.007), walls1, ["steady"] * 12, backward1)
+    merged = merge_ranks([rank0, rank1])
+    # then: rank 1's figures are its 10 training steps (backward 4 of their 7 ms, not 70% of its time), and the
+    # 2 x 203 ms it waited beyond its median step is its own figure, and the verdict's evaluation line names it
+    one = merged.ranks[1]
+    assert one.steps == 10 and one.median_s == pytest.approx(0.007)
+    assert one.breakdown.backward == pytest.approx(4 / 7)
+    assert one.waited_for_evaluation_s == pytest.approx(2 * 0.203)
+    assert merged.ranks[0].waited_for_evaluation_s == 0.0
+    line = next(e for e in merged.verdict.evidence if "held an evaluation pass" in e)
+    assert line.endswith("; the other ranks held none and waited for it at the next collective, beyond their median "
+                         "step: rank 1 0.41 s (left out of their figures too)")
+    # a rank that evaluated in the same steps waited for nobody's
+    both = merge_ranks([rank0, with_sample(rank_record(1, 2, 0.001), walls0, status0, [0.004] * 12)])
+    assert both.ranks[1].waited_for_evaluation_s == 0.0
 
 
 def merge_ranks(records: list) -> object:
