@@ -68,12 +68,19 @@ def test_a_line_that_builds_a_loader_each_epoch_counts_the_loaders_it_built() ->
 
     site = iterate_in_a_session(build_each_epoch)[0].created_at
     assert site is not None and site.code.endswith("# a new DataLoader each epoch") and site.calls == 3
-    # a framework building it again over the same dataset, from its own line, is no second one of the user's
-    def build() -> DataLoader:
-        users = DataLoader(data, batch_size=4)
-        return DataLoader(users.dataset, batch_size=4, shuffle=False)
 
-    assert iterate_in_a_session(build)[0].created_at.calls == 1  # type: ignore[union-attr]
+
+def test_a_library_building_the_loader_again_from_the_users_line_is_no_second_loader_of_the_users() -> None:
+    # given: Lightning's way with trainer.fit(model, DataLoader(...)) on one line: the user's DataLoader, then the
+    # library's own, built over the same dataset in its code, called from that same line
+    namespace: dict[str, Any] = {"__name__": "pytorch_lightning.trainer"}
+    exec(compile(LIBRARY, sysconfig.get_paths()["purelib"] + "/pytorch_lightning/trainer.py", "exec"), namespace)
+    book, data = LoaderBook(), TensorDataset(torch.arange(4.0))
+    book.loader_created(data, sys._getframe()); namespace["get_train_dataloader"](book, data)  # noqa: E702
+    book.count_batch(iter(DataLoader(data, batch_size=2)), (torch.zeros(2),), 0.01)
+    # then: the user's line built one
+    site = book.records()[0].created_at
+    assert site is not None and site.calls == 1
 
 
 LIBRARY = '''
