@@ -172,9 +172,34 @@ def test_an_evaluation_pass_over_the_training_loader_itself_counts_as_evaluation
     book.count_batch(again, batch=[1], wait_s=0.2)
     book.count_batch(again, batch=[2], wait_s=0.2)
     book.step_closed(evaluated=True)
-    # then: the evaluation's two batches count apart, the training iterator's three do not
+    book.count_batch(train, batch=[1], wait_s=0.01)  # training goes on with its own iterator
+    book.step_closed(evaluated=False)
+    # then: the evaluation's two batches count apart, the training iterator's four do not
     (record,) = book.records()
-    assert (record.batches, record.eval_batches, record.eval_wait_s) == pytest.approx((5, 2, 0.4))
+    assert (record.batches, record.eval_batches, record.eval_wait_s) == pytest.approx((6, 2, 0.4))
+
+
+def test_a_new_epochs_first_batches_taken_in_the_step_that_evaluated_count_as_training() -> None:
+    # given: the Transformers Trainer's epoch end: the step after the epoch's last update evaluates (8 batches of
+    # the evaluation loader), then takes the next epoch's first 2 batches through a new iterator, which goes on
+    # feeding the steps after it
+    book = LoaderBook()
+    dataset, held_out = [1, 2, 3, 4], [5, 6]
+    first = EpochIterator(dataset, 0)
+    for _ in range(3):
+        book.count_batch(first, batch=[1], wait_s=0.01)
+        book.step_closed(evaluated=False)
+    evaluation, second = EpochIterator(held_out, 0), EpochIterator(dataset, 0)
+    for _ in range(8):
+        book.count_batch(evaluation, batch=[5], wait_s=0.05)
+    for _ in range(2):
+        book.count_batch(second, batch=[1], wait_s=0.01)
+    book.step_closed(evaluated=True)
+    book.count_batch(second, batch=[1], wait_s=0.01)
+    book.step_closed(evaluated=False)
+    # then: the training loader's 6 batches are training, the evaluation loader's 8 are evaluation
+    by_size = {record.batches: record for record in book.records()}
+    assert by_size[6].eval_batches == 0 and by_size[8].eval_batches == 8
 
 
 def test_the_book_hears_of_the_spans_that_counted_batches_and_a_loop_without_batches_tells_it_nothing() -> None:

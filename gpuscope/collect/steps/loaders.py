@@ -40,6 +40,8 @@ class LoaderBook:
         self._open: dict[tuple[int, bool], list[Any]] = {}  # the open span's [loader entry, batches, wait, its
         # iterator (weakly, or None)], by the entry's id and whether the iterator is the one that fed training spans
         self._tracker: Any = None  # the StepTracker whose spans the batches are counted in (``follow``)
+        self._pending: list[list[Any]] = []  # an evaluated span's [entry, batches, wait, iterator (weakly)] from
+        # iterators that had fed no training: evaluation's, unless the iterator feeds the next span (``step_closed``)
         self._last: tuple[weakref.ref[Any], dict[str, Any]] | None = None  # the last batch's iterator, and its entry
 
     def wrap_init(self, original: Callable[..., None]) -> Callable[..., None]:
@@ -162,20 +164,34 @@ class LoaderBook:
         """A span ended (a step, or the time between epochs or after the last one): where it held an evaluation
         pass, its batches count for the loaders' evaluation, but for those of an iterator that fed a span with none
         (the training loop's, in a step that accumulates 4 batches and also validates: Lightning's
-        ``val_check_interval``). (A thread taking batches may note one meanwhile: the open loaders are swapped out and
-        copied, never iterated live.)"""
+        ``val_check_interval``) or goes on to feed the next span that holds batches (a new epoch's, whose first
+        batches came in the span that evaluated after the last epoch: the Trainer's, zipped loaders built each
+        epoch). (A thread taking batches may note one meanwhile: the open loaders are swapped out and copied, never
+        iterated live.)"""
         opened = self._open
         if not self.fed_by_thread and self._tracker is not None:
             self._tracker.on_span_end = None
         if not opened:
             return
         self._open = {}
+        fed = [iterator for *_, ref in opened.values() if ref is not None and (iterator := ref()) is not None]
+        pending, self._pending = self._pending, []
+        for entry, batches, wait_s, ref in pending:  # the last evaluated span's: training where the iterator goes on
+            if evaluated or ref is None or not any(ref() is iterator for iterator in fed):
+                entry["eval_batches"] += batches
+                entry["eval_wait_s"] += wait_s
         for (_, training), (entry, batches, wait_s, ref) in list(opened.items()):
             if not evaluated:
                 entry["training"] = ref
             elif not training:
-                entry["eval_batches"] += batches
-                entry["eval_wait_s"] += wait_s
+                self._pending.append([entry, batches, wait_s, ref])
+
+    def _settle(self) -> None:
+        """The run is over: the last evaluated span's batches still pending are evaluation's."""
+        for entry, batches, wait_s, _ in self._pending:
+            entry["eval_batches"] += batches
+            entry["eval_wait_s"] += wait_s
+        self._pending = []
 
     def epoch_steps(self, steps: int) -> int | None:
         """The steps an epoch of the loader most training batches came from holds, from its length and the batches
@@ -185,8 +201,12 @@ class LoaderBook:
         length (an IterableDataset's) or took no training batch. An evaluation pass's batches are no training
         batches: minGPT's evaluates 100 batches of its own loaders inside step 1, whose epochs of 95 and 5 batches
         were taken for an epoch of 2 steps."""
-        entry = max(self._entries.values(), key=lambda e: e["batches"] - e["eval_batches"], default=None)
-        training = entry["batches"] - entry["eval_batches"] if entry is not None else 0
+        pending: dict[int, int] = {}  # (batches of the last evaluated span still pending: evaluation's for now)
+        for held, batches, *_ in self._pending:
+            pending[id(held)] = pending.get(id(held), 0) + batches
+        entry = max(self._entries.values(), key=lambda e: e["batches"] - e["eval_batches"] - pending.get(id(e), 0),
+                    default=None)
+        training = entry["batches"] - entry["eval_batches"] - pending.get(id(entry), 0) if entry is not None else 0
         if entry is None or entry["length"] is None or training <= 0 or steps <= 0:
             return None
         return entry["length"] // max(1, training // steps)
@@ -209,6 +229,7 @@ class LoaderBook:
         (``info``), ``batches`` and ``wait_s`` as measured (evaluation passes left out), and the ``dataset``,
         ``collate_fn``, ``drop_last``, ``worker_init_fn`` and ``fetch`` it loaded with; None when no DataLoader was
         iterated."""
+        self._settle()
         for entry in self._by_wait():
             return {"info": entry["info"], "batches": entry["batches"] - entry["eval_batches"],
                     "wait_s": entry["wait_s"] - entry["eval_wait_s"], "dataset": entry["dataset"],
@@ -217,6 +238,7 @@ class LoaderBook:
 
     def records(self) -> tuple[Loader, ...]:
         """The loaders for the record, the longest waited on first."""
+        self._settle()
         return tuple(Loader(batches=e["batches"], wait_s=e["wait_s"], restarts=e["restarts"],
                             restart_wait_s=e["restart_wait_s"], back_to_back=e["back_to_back"],
                             eval_batches=e["eval_batches"], eval_wait_s=e["eval_wait_s"],
