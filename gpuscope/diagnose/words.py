@@ -33,6 +33,11 @@ def flop_text(value: float) -> str:
     return f"{value:.0f} FLOP"
 
 
+def duration_text(seconds: float) -> str:
+    """A short duration: ``23 us`` under a millisecond (where ``0.0 ms`` would say nothing), else ``1.2 ms``."""
+    return f"{seconds * 1e6:.0f} us" if seconds < 1e-3 else f"{seconds * 1e3:.1f} ms"
+
+
 def workers_text(workers: int) -> str:
     """``2 DataLoader workers``; ``1 DataLoader worker``."""
     return f"{workers} DataLoader worker{'s' if workers != 1 else ''}"

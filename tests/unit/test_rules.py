@@ -208,6 +208,21 @@ def test_a_loader_the_script_builds_again_each_epoch_is_told_to_be_built_once_as
                                     "workers afresh, persistent_workers or not")
 
 
+def test_every_loader_that_started_its_workers_again_is_named_where_the_gain_counts_them_all() -> None:
+    # given: a training loader and a validation loader (train.py:23, :24), each starting its 2 workers again for
+    # each epoch's iterator; the gain is both loaders' restart waits
+    run = restarting_run()
+    training = dataclasses.replace(run.loaders[0], restart_wait_s=3.0,
+                                   created_at=CallSite(file="train.py", line=23, code="train_loader = DataLoader(...)"))
+    validation = dataclasses.replace(run.loaders[0], dataset="Held", restart_wait_s=6.0,
+                                     created_at=CallSite(file="train.py", line=24, code="val_loader = DataLoader(...)"))
+    finding = fired(dataclasses.replace(run, loaders=(training, validation)))["persistent-workers"]
+    # then: the fix goes on both lines, the larger wait's first, and the evidence says the other restarted too
+    assert finding.fix == "DataLoader(..., persistent_workers=True)  # train.py:24, train.py:23"
+    assert finding.evidence[-1] == ("the SignalStream loader built at train.py:23 started its workers again 2 times "
+                                    "too (3.00 s)")
+
+
 def test_an_evaluation_loader_built_again_for_each_pass_is_told_so() -> None:
     # given: the Transformers Trainer's evaluation loader, its 2 workers started again for each pass, every
     # batch of it an evaluation pass's

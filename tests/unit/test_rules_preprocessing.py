@@ -61,7 +61,7 @@ def test_float16_preprocessing_on_a_data_bound_run_is_named_with_its_numbers() -
         "62% of each step waits for the next batch (median step 250.0 ms)",
         ("78% of fetching one Images item (12.3 ms of 15.8 ms, under a line tracer) is on lines producing float16 "
          "data: dataset.py:42 `img = img * 0.5 + noise` (9.1 ms), dataset.py:47 `img = (img - MEAN) / STD` (3.2 ms), "
-         "dataset.py:39 `img = self.images[index]` (0.1 ms)"),
+         "dataset.py:39 `img = self.images[index]` (100 us)"),
         "NumPy float16 arithmetic ran 9.4x slower than float32 on this machine",
         "the Images loader's batches hold float16[64, 3, 96, 96] cpu",
     )

@@ -361,6 +361,13 @@ def persistent_workers(run: RunRecord) -> Finding | None:
         f"the {run.steps.total} steps, and the restarts' waits)",
         *built_at(loader),
     )
+    # the other loaders that started their workers again (a validation loader beside the training one): theirs
+    # count in the gain, and their lines take the same change
+    others = [other for other in restarted if other is not loader and _site(other) and not other.created_by
+              and _site(other) != _site(loader)]
+    evidence = (*evidence, *(f"the {other.dataset} loader built at {_site(other)['site']} started its workers again "
+                             f"{other.restarts} time{'s' if other.restarts != 1 else ''} too "
+                             f"({other.restart_wait_s:.2f} s)" for other in others))
     settings = {"persistent_workers": True, **_site(loader)}
     fix = loader_arguments(loader, settings)
     site = loader.created_at
@@ -370,7 +377,8 @@ def persistent_workers(run: RunRecord) -> Finding | None:
                                f"its workers afresh, persistent_workers or not")
         fix = f"{fix}, built once, before the loop" if "evaluation" in each else \
             f"{fix}, built once before the loop over epochs"
-    return Finding(share, evidence, fix=fix + site_comment(loader), settings=settings)
+    comment = site_comment(loader) + "".join(f", {_site(other)['site']}" for other in others)
+    return Finding(share, evidence, fix=fix + comment, settings=settings)
 
 
 def _iterated_for(loader: Loader) -> str:

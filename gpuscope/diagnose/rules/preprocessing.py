@@ -10,6 +10,7 @@ from gpuscope.diagnose.evidence import DATA_WAIT, batches_per_step, slowest_load
 from gpuscope.diagnose.rules.base import Finding, Refused, rule
 from gpuscope.diagnose.speed import loader_estimate, loader_plan
 from gpuscope.diagnose.waiting_workers import waiting_workers
+from gpuscope.diagnose.words import duration_text
 from gpuscope.record import DataProbe, LineCost, Loader, RunRecord
 
 SHOWN_LINES = 3
@@ -44,9 +45,9 @@ def fp32_preprocessing(run: RunRecord) -> Finding | None:
     heavy = [line for line in probe.lines if line.float16][:SHOWN_LINES]
     evidence = [
         _waits_fact(run),
-        f"{float16_share:.0%} of fetching one {probe.dataset} {_fetched(probe)} ({probe.float16_s * 1e3:.1f} ms of "
-        f"{probe.item_s * 1e3:.1f} ms, under a line tracer) is on lines producing float16 data"
-        + (": " + ", ".join(f"{_where(line)} `{line.code}` ({line.own_s * 1e3:.1f} ms)" for line in heavy)
+        f"{float16_share:.0%} of fetching one {probe.dataset} {_fetched(probe)} ({duration_text(probe.float16_s)} of "
+        f"{duration_text(probe.item_s)}, under a line tracer) is on lines producing float16 data"
+        + (": " + ", ".join(f"{_where(line)} `{line.code}` ({duration_text(line.own_s)})" for line in heavy)
            if heavy else ""),
     ]
     if slowdown is not None:
@@ -114,11 +115,11 @@ def cheaper_batches(run: RunRecord) -> Finding | None:
     evidence = (
         f"{_waits_fact(run)}; {built}",
         _no_workers_fact(run, loader),
-        ", ".join(f"{_where(line)} `{line.code}` ({line.own_s * 1e3:.1f} ms)" for line in heavy)
+        ", ".join(f"{_where(line)} `{line.code}` ({duration_text(line.own_s)})" for line in heavy)
         + f" take{'s' if len(heavy) == 1 else ''} {lines_share:.0%} of fetching one {probe.dataset} {_fetched(probe)}"
-        + (f" (of the {whole_s * 1e3:.1f} ms on the dataset's own lines, as the data probe timed them without its "
-           f"tracer's own work; {probe.item_s * 1e3:.1f} ms traced)" if probe.lines_s else
-           f" ({probe.item_s * 1e3:.1f} ms under a line tracer)"),
+        + (f" (of the {duration_text(whole_s)} on the dataset's own lines, as the data probe timed them without its "
+           f"tracer's own work; {duration_text(probe.item_s)} traced)" if probe.lines_s else
+           f" ({duration_text(probe.item_s)} under a line tracer)"),
     ) + ((items[1],) if items is not None else ())
     lines_share *= items[0] if items is not None else 1.0
     gain = share * lines_share if not loader.num_workers else min(share, lines_share)
@@ -261,8 +262,8 @@ def _collate_finding(run: RunRecord, loader: Loader, probe: DataProbe, items_fac
         items_fact,
         f"its collate function, {name}, collating one batch again after the run, untraced, took "
         f"{probe.collate_s * 1e3:.2f} ms ({collate_share:.0%} of that wait)",
-        ", ".join(f"{_where(line)} `{line.code}` ({line.own_s * 1e3:.1f} ms)" for line in heavy)
-        + f" take{'s' if len(heavy) == 1 else ''} {lines_share:.0%} of it (of the {lines_s * 1e3:.1f} ms on its "
+        ", ".join(f"{_where(line)} `{line.code}` ({duration_text(line.own_s)})" for line in heavy)
+        + f" take{'s' if len(heavy) == 1 else ''} {lines_share:.0%} of it (of the {duration_text(lines_s)} on its "
         "lines, as the data probe timed them without its tracer's own work)",
     )
     fix = f"{_places(heavy)}: build the batch with less Python in {name}: vectorise it over the batch (" \
