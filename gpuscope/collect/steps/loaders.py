@@ -174,12 +174,11 @@ class LoaderBook:
         if not opened:
             return
         self._open = {}
-        fed = [iterator for *_, ref in opened.values() if ref is not None and (iterator := ref()) is not None]
-        pending, self._pending = self._pending, []
-        for entry, batches, wait_s, ref in pending:  # the last evaluated span's: training where the iterator goes on
-            if evaluated or ref is None or not any(ref() is iterator for iterator in fed):
-                entry["eval_batches"] += batches
-                entry["eval_wait_s"] += wait_s
+        if not evaluated:  # the last evaluated span's batches are training's where their iterator goes on here
+            fed = [iterator for *_, ref in opened.values() if ref is not None and (iterator := ref()) is not None]
+            self._pending = [held for held in self._pending
+                             if held[3] is None or not any(held[3]() is iterator for iterator in fed)]
+        self._settle()
         for (_, training), (entry, batches, wait_s, ref) in list(opened.items()):
             if not evaluated:
                 entry["training"] = ref
@@ -187,7 +186,8 @@ class LoaderBook:
                 self._pending.append([entry, batches, wait_s, ref])
 
     def _settle(self) -> None:
-        """The run is over: the last evaluated span's batches still pending are evaluation's."""
+        """The batches still pending are evaluation's (the next span did not take them for training, or the run is
+        over)."""
         for entry, batches, wait_s, _ in self._pending:
             entry["eval_batches"] += batches
             entry["eval_wait_s"] += wait_s
