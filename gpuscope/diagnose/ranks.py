@@ -22,8 +22,8 @@ from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.arrival import Arrivals, RankArrival, arrivals
 from gpuscope.diagnose.memory import mb
 from gpuscope.errors import GpuscopeError
-from gpuscope.record import (PHASES, Breakdown, Communication, Distributed, RankSummary, RunRecord, Straggler,
-                             Verdict)
+from gpuscope.record import PHASES, Communication, Distributed, RankSummary, RunRecord, Straggler, Verdict
+from gpuscope.reduce.steady import normalised
 
 
 # -- the job from its ranks --------------------------------------------------------------------------------
@@ -140,7 +140,7 @@ def _without_steps(summary: RankSummary, record: RunRecord, others: set[int]) ->
     median, wall = statistics.median(walls), sum(walls)
     phases = {phase: times for phase, times in sample.phases_s.items() if phase in PHASES and phase != "other"}
     shares = {phase: sum(times[i] for i in kept) / wall for phase, times in phases.items()} if wall > 0 else {}
-    breakdown = Breakdown(**shares, other=max(0.0, 1.0 - sum(shares.values()))) if shares else summary.breakdown
+    breakdown = normalised(shares) if shares else summary.breakdown
     waited = sum(max(0.0, sample.wall_s[i] - median) for i in steady if sample.index[i] in others)
     return dataclasses.replace(  # (the steady rows of a sampled run stand for more steps each: its count scaled)
         summary, steps=round(summary.steps * len(kept) / len(steady)), median_s=median, breakdown=breakdown,

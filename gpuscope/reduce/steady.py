@@ -208,7 +208,7 @@ def _host_breakdown(records: Sequence[StepRecord], weights: Sequence[float]) -> 
     if wall <= 0:
         return Breakdown()
     shares = {p: sum(r.phases_s.get(p, 0.0) * k for r, k in zip(records, weights)) / wall for p in TIMED_PHASES}
-    return _normalised(shares)
+    return normalised(shares)
 
 
 def _device_breakdown(records: Sequence[StepRecord], weights: Sequence[float]) -> Breakdown | None:
@@ -223,10 +223,10 @@ def _device_breakdown(records: Sequence[StepRecord], weights: Sequence[float]) -
     if wall <= 0:
         return None
     shares = {p: sum(r.device_phases_s.get(p, 0.0) * k for r, k in timed) / wall for p in TIMED_PHASES}  # type: ignore[union-attr]
-    return _normalised(shares)
+    return normalised(shares)
 
 
-def _normalised(shares: dict[str, float]) -> Breakdown:
+def normalised(shares: dict[str, float]) -> Breakdown:
     """Phase shares plus "other", the rest; float error never makes "other" negative."""
     timed = sum(shares.values())
     if timed > 1.0:
