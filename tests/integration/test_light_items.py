@@ -51,6 +51,7 @@ def test_light_items_fetched_one_by_one_are_advised_sliced_from_the_loaders_line
         # rightly keeps clear (its rule: workers predicted to do as well), and there is nothing here to check
         pytest.skip("the loader probe predicted workers would shorten the step here: "
                     f"{found['more-dataloader-workers']['evidence']}")
+    assert record["data_probe"]["batch_built_s"] is not None, record["data_probe"]  # the items timed light
     per_item_s = record["data_probe"]["batch_built_s"] / 512
     if dataset == "list" and per_item_s > 10e-6:
         # a dataset of the user's own has light items only as timed (CHEAPER_ONE_CALL_ITEM_S, 10 us; a TensorDataset's

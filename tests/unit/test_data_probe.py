@@ -174,6 +174,29 @@ def test_fetching_stops_once_over_the_time_budget() -> None:
     assert probe_dataset(HalfImages(), budget_s=0.0).items == 1
 
 
+class OneFetchDescheduled:
+    """Items of 0.2 ms of CPU each, but for one whose fetch loses the core for 50 ms (a busy machine's time slice)."""
+
+    def __len__(self) -> int:
+        return 30
+
+    def __getitem__(self, index: int) -> int:
+        if index == 15:  # one of the untraced fetches (items 5, 15 and 25)
+            time.sleep(0.05)
+            return index
+        end = time.thread_time() + 2e-4
+        while time.thread_time() < end:
+            pass
+        return index
+
+
+def test_an_untraced_fetch_that_lost_its_core_does_not_set_the_items_time_or_cpu_share() -> None:
+    data = probe_dataset(OneFetchDescheduled())
+    # the median fetch's: 0.2 ms on the CPU, not the mean's 17 ms at 1% CPU
+    assert data.untraced_s is not None and data.untraced_s < 5e-3
+    assert data.cpu_share is not None and data.cpu_share > 0.5
+
+
 def test_the_global_random_states_are_as_before() -> None:
     # given
     random.seed(1), np.random.seed(2), torch.manual_seed(3)

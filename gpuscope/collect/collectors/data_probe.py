@@ -270,20 +270,21 @@ def _cpu_share(dataset: Any, keys: list[Any], deadline: float,
                clock: Callable[[], float]) -> tuple[float | None, float | None]:
     """The share of fetching ``keys`` (other items than the traced ones, whose reads the page cache now holds)
     spent on the main thread's CPU, and the time a fetch took, untraced, as far as ``deadline`` allows; None and
-    None where none was fetched."""
-    wall_s = cpu_s = 0.0
-    fetched = 0
+    None where none was fetched. Each the median fetch's: a fetch of a few microseconds that the thread lost its core
+    in (a busy machine) would otherwise count the other process's time slice as the item's."""
+    walls: list[float] = []
+    shares: list[float] = []
     for item in keys:
         if clock() > deadline:
             break
         before, cpu_before = clock(), time.thread_time()
         dataset[item]
-        wall_s += clock() - before
-        cpu_s += time.thread_time() - cpu_before
-        fetched += 1
-    if not fetched or wall_s <= 0:
+        wall_s, cpu_s = clock() - before, time.thread_time() - cpu_before
+        walls.append(wall_s)
+        shares.append(min(1.0, cpu_s / wall_s) if wall_s > 0 else 1.0)
+    if not walls or max(walls) <= 0:
         return None, None
-    return min(1.0, cpu_s / wall_s), wall_s / fetched
+    return statistics.median(shares), statistics.median(walls)
 
 
 @dataclass(slots=True)
