@@ -101,6 +101,17 @@ def test_biases_feeding_batchnorm_are_named() -> None:
                                       "features.0 (Conv2d) -> features.1 (BatchNorm2d); ")
     assert rec.evidence[0].endswith("; and 2 more")
     assert rec.evidence[1] == "384 bias parameters are computed, reduced in backward and updated for nothing"
+    assert rec.fix == "nn.Conv2d(..., bias=False)  # directly before nn.BatchNorm2d"
+
+
+def test_the_bias_fix_names_the_kinds_of_layer_found() -> None:
+    # an MLP's Linear layers before BatchNorm1d are told so, not to change a convolution
+    mlp = ("3 (Linear) -> 4 (BatchNorm1d)", "6 (Linear) -> 7 (BatchNorm1d)")
+    rec = outcome(run_with(habits(bias_before_norm=mlp, wasted_bias_params=512)), "bias-before-batchnorm")[1]
+    assert rec.fix == "nn.Linear(..., bias=False)  # directly before nn.BatchNorm1d"
+    both = ("stem.0 (Conv2d) -> stem.1 (BatchNorm2d)", "head.0 (Linear) -> head.1 (BatchNorm1d)")
+    rec = outcome(run_with(habits(bias_before_norm=both, wasted_bias_params=512)), "bias-before-batchnorm")[1]
+    assert rec.fix == "nn.Conv2d(..., bias=False), nn.Linear(..., bias=False)  # each directly before its BatchNorm"
 
 
 def test_data_parallel_is_named() -> None:

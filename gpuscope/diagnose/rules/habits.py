@@ -3,6 +3,7 @@ that BatchNorm cancels, DataParallel."""
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections.abc import Callable
 
@@ -162,7 +163,23 @@ def bias_before_batchnorm(run: RunRecord) -> Finding | None:
     return Finding(None, (
         f"{len(p.bias_before_norm)} layers with a bias feed a BatchNorm, which cancels it: {shown}",
         f"{p.wasted_bias_params} bias parameters are computed, reduced in backward and updated for nothing",
-    ))
+    ), fix=_bias_fix(p.bias_before_norm))
+
+
+_PAIR = re.compile(r"\((\w+)\) -> .*\((\w+)\)$")
+"""A pair as ``inspect_modules`` writes it: ``features.0 (Conv2d) -> features.1 (BatchNorm2d)``."""
+
+
+def _bias_fix(pairs: tuple[str, ...]) -> str | None:
+    """The fix for the kinds of layer seen (``nn.Linear(..., bias=False)  # directly before nn.BatchNorm1d``), rather
+    than the rule's general one, which names a convolution; None where no pair reads as expected."""
+    kinds = list(dict.fromkeys(m.groups() for pair in pairs if (m := _PAIR.search(pair))))
+    if not kinds:
+        return None
+    if len({layer for layer, _ in kinds}) == 1 and len({norm for _, norm in kinds}) == 1:
+        return f"nn.{kinds[0][0]}(..., bias=False)  # directly before nn.{kinds[0][1]}"
+    layers = ", ".join(dict.fromkeys(f"nn.{layer}(..., bias=False)" for layer, _ in kinds))
+    return f"{layers}  # each directly before its BatchNorm"
 
 
 @rule(id="distributed-data-parallel",
