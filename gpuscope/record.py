@@ -160,11 +160,42 @@ class Steps:
     evaluation pass), the share run in train mode with gradients off: a rollout collecting the next batch runs so
     in most reinforcement-learning loops (CleanRL's), a test pass after ``model.eval()`` does not. None without any."""
 
+    frozen_models: tuple[FrozenModel, ...] = ()
+    """Models the optimizers do not train (a distillation's teacher, a frozen encoder) whose forward ran in the steps,
+    outside the trained model's: the largest first, at most 4. Their time is in the step's ``other`` share (or in
+    ``forward`` where the trained model calls one)."""
+
     @property
     def rollouts(self) -> bool:
         """Whether the passes that mark steps as holding an evaluation pass ran mostly in train mode: a rollout
         collecting the next batch, most likely (how the verdict and the summary name them)."""
         return (self.evaluated_in_train_mode or 0.0) >= 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class FrozenModel:
+    """A model with parameters, none of them trained by the optimizers, whose forward ran during the steps."""
+
+    module: str = ""
+    """Its class name."""
+    parameters: int = 0
+    """Elements in its parameters."""
+    calls: int = 0
+    """Its forward calls on the training loop's thread, over the run."""
+    calls_per_step: float = 0.0
+    """Its calls per steady step (0 where no steady step was kept)."""
+    call_s: float | None = None
+    """Its mean call in the steady steps on the host's clock, seconds (on a GPU, the time to queue its work); None
+    where it ran in none of them."""
+    step_share: float | None = None
+    """Its time in the steady steps over their wall time, as ``breakdown`` is read: its share of a step; None on a
+    CUDA run (the host's time to queue it is not the device's) or where it ran in no steady step."""
+    without_gradients: bool = False
+    """Every call ran with gradients off (``torch.no_grad``, ``torch.inference_mode``)."""
+    eval_mode: bool = False
+    """Every call ran in eval mode (``model.eval()``)."""
+    called_at: CallSite | None = None
+    """The user's line that called it most."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuscope.record import CallSite, Loader
+from gpuscope.record import CallSite, FrozenModel, Loader
 
 TIMED_PHASES = ("data_wait", "forward", "backward", "optimizer")
 """Phases timed by hooks; a step's remaining time is "other"."""
@@ -75,6 +75,9 @@ class StepCapture:
     """Calls of the closures passed to ``optimizer.step`` (LBFGS calls its own many times a step)."""
     losses: tuple[tuple[int, float], ...] = ()
     """(step index, loss) for the steps whose loss was kept (``steplog.LossLog``), NaN where it was not finite."""
+    frozen_models: tuple[tuple[FrozenModel, dict[int, tuple[float, int]]], ...] = ()
+    """Models no optimizer trains whose forward ran in the steps, each without its figures, which the summary reads
+    from its seconds and calls by step index over the steady steps."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,8 +27,8 @@ from gpuscope.diagnose.gpu_step import GpuStep, gpu_step
 from gpuscope.diagnose.iterator_wait import iterator_wait
 from gpuscope.diagnose.loops import loops_line
 from gpuscope.diagnose.rules.base import missing_input
-from gpuscope.diagnose.words import (comm_flight_text, comm_wait_text, evaluation_line, gpu_busy, host_pace_text,
-                                     left_out, two_speeds_line, unlike_window)
+from gpuscope.diagnose.words import (comm_flight_text, comm_wait_text, evaluation_line, frozen_model_text, gpu_busy,
+                                     host_pace_text, left_out, two_speeds_line, unlike_window)
 from gpuscope.record import Breakdown, RunRecord, Steps, Verdict, Window
 
 
@@ -251,8 +251,11 @@ def _classify_cpu(record: RunRecord) -> Verdict:
             return _waiting_iterator(record, outside, facts) or Verdict(
                 "inconclusive", 0.3, (outside, *_outside_ops(record), *facts))
         # the arithmetic is in torch ops all the same, outside the trained model (a frozen teacher under no_grad)
+        frozen = [f for f in steps.frozen_models if (f.step_share or 0.0) >= th.FROZEN_MODEL_NOTABLE]
         facts.insert(0, f"{outside}, yet {_ops_ran(covered, steps.median_s)}: computing outside the trained model's "
-                        "forward and backward (a model run without gradients, a loss)")
+                        "forward and backward " + ("in a model it does not train: " + "; ".join(
+                            frozen_model_text(f) for f in frozen) if frozen
+                            else "(a model run without gradients, a loss)"))
     if share <= th.COMPUTE_BOUND_MAX_OVERHEAD:
         facts.extend(_top_ops(record))
         confidence = _rising(1 - share, 1 - th.COMPUTE_BOUND_MAX_OVERHEAD, 0.99)

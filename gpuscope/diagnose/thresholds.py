@@ -176,6 +176,11 @@ OUTSIDE_MODEL_DOMINANT = 0.5
 the optimizer and loader waits: a generator building batches, logging, an environment) with ops under 60% of it: numpy
 crops in a generator had "other" 70%, ops 33%, and read CPU-compute-bound at 0.92. Compute-bound runs here had "other"
 at most 7%, launch-bound tiny models 6-27%; a distillation loop's frozen teacher (no_grad) "other" 79%, ops 81%."""
+
+FROZEN_MODEL_NOTABLE = 0.1
+"""A model no optimizer trains (a frozen teacher, an encoder) is named in the verdict's evidence where its forward
+takes a tenth of the step or more: the distillation loop's teacher took 61% of it (19.7 ms a call, a 29.1 ms step)."""
+
 OPS_COVER_OUTSIDE_MODEL = 0.6
 """...the share of such a step its torch ops must cover for the step to count as computing (above)."""
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from gpuscope.reduce import loops as loops_of
 from gpuscope.reduce import thresholds as th
 from gpuscope.collect.captures import TIMED_PHASES, LoopStart, StepCapture, StepRecord
-from gpuscope.record import PHASES, Breakdown, Steps, StepSample, TimeBasis
+from gpuscope.record import PHASES, Breakdown, FrozenModel, Steps, StepSample, TimeBasis
 
 
 @dataclass(frozen=True, slots=True)
@@ -288,4 +288,22 @@ def summarize_capture(capture: StepCapture) -> StepSummary:
         steps = dataclasses.replace(steps, forwards_per_backward=forwards / backwards)
     if capture.closure_calls and capture.count:
         steps = dataclasses.replace(steps, closure_calls_per_step=capture.closure_calls / capture.count)
+    if capture.frozen_models:
+        models = [_frozen_figures(model, by_step, steps.sample, capture.device) for model, by_step in
+                  capture.frozen_models]
+        steps = dataclasses.replace(steps, frozen_models=tuple(sorted(models, key=lambda f: -(f.step_share or 0.0))))
     return dataclasses.replace(summary, steps=steps)
+
+
+def _frozen_figures(model: FrozenModel, by_step: dict[int, tuple[float, int]], sample: StepSample,
+                    device: str) -> FrozenModel:
+    """``model``'s calls and time over the steady steps of ``sample``, the steps the breakdown is read from."""
+    steady = [(i, wall) for i, wall, status in zip(sample.index, sample.wall_s, sample.status) if status == "steady"]
+    if not steady:
+        return model
+    seconds = sum(by_step.get(i, (0.0, 0))[0] for i, _ in steady)
+    calls = sum(by_step.get(i, (0.0, 0))[1] for i, _ in steady)
+    wall = sum(w for _, w in steady)
+    return dataclasses.replace(
+        model, calls_per_step=calls / len(steady), call_s=seconds / calls if calls else None,
+        step_share=min(1.0, seconds / wall) if calls and wall > 0 and device != "cuda" else None)

@@ -46,6 +46,7 @@ from gpuscope.collect.framework.base import CollectorResult, ProbeInputs, Stage,
 from gpuscope.collect.importwatch import ImportWatch
 from gpuscope.collect.steps.device_timeline import timing_event
 from gpuscope.collect.steps.forward_modules import ForwardModules
+from gpuscope.collect.steps.frozen_models import FrozenModels
 from gpuscope.collect.steps.loaders import LoaderBook
 from gpuscope.collect.steps.loopthread import LoopThread
 from gpuscope.collect.steps.optimizer_watch import OptimizerWatch
@@ -96,7 +97,8 @@ class StepsCollector:
         self._roots_found = False
         self._rooted: set[int] = set()  # ids of the optimizers whose modules were looked for
         self._discovery_s = 0.0
-        self.forward = ForwardModules(self._forward_pre, self._forward_post)  # the modules whose forward is timed
+        # the modules whose forward is timed, and the models no optimizer trains, timed apart
+        self.forward = ForwardModules(self._forward_pre, self._forward_post, FrozenModels(self._clock, self._frozen_step))
         self._optimizer_watch = OptimizerWatch()  # the steps are provisional while an optimizer built has not stepped
         self._device_failed = False
         self._cuda_built = True  # False for a torch built without CUDA (or ROCm): no step asks whether CUDA is up
@@ -221,7 +223,8 @@ class StepsCollector:
             passes=(tracker.passes[0], tracker.passes[1]), final_evaluation_s=tracker.final_evaluation_s,
             loops=self._optimizer_watch.loops.starts(), no_grad_modes=(*self.forward.no_grad_modes,),
             device_markers=tracker.device.marked if tracker.device is not None else 0, losses=losses,
-            closure_calls=self._closure_calls),
+            closure_calls=self._closure_calls,
+            frozen_models=self.forward.frozen.records()),
             notes=tuple(notes))
 
     def probe_inputs(self) -> ProbeInputs:
@@ -445,6 +448,12 @@ class StepsCollector:
         if not nested and not (module.training and self._torch.is_grad_enabled()):  # eval(), no_grad: evaluation
             self.forward.evaluation_pass(module, tracker)
         return True
+
+    def _frozen_step(self) -> int | None:
+        """The open step's index, where a frozen model's call is the loop's (None: another thread's)."""
+        if get_ident() != self._loop.ident or self.tracker is None:
+            return None
+        return self.tracker.log.count
 
     def _forward_post(self) -> None:
         """The forward timed (``_forward_pre`` said so) ended."""

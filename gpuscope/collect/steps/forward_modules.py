@@ -24,6 +24,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from gpuscope.collect.steps.frozen_models import FrozenModels
+
 MAX_ROOT_MODULES = 32
 """Forward hooks go on at most this many modules."""
 MAX_DESCENT = 3
@@ -35,8 +37,11 @@ class ForwardModules:
     """The modules whose forward is timed: ``pre(module)`` as a call of one begins, which says whether the call is
     timed (False: another thread's), and then ``post()`` as it ends."""
 
-    def __init__(self, pre: Callable[[Any], bool], post: Callable[[], None]) -> None:
+    def __init__(self, pre: Callable[[Any], bool], post: Callable[[], None],
+                 frozen: FrozenModels | None = None) -> None:
         self._pre, self._post = pre, post
+        self.frozen = frozen if frozen is not None else FrozenModels(lambda: 0.0, lambda: None)
+        """The models no optimizer trains whose forward is timed apart (found with the roots)."""
         self._trained: set[int] | None = None  # ids of the parameters the optimizers train (None: no optimizer)
         self._hooked: dict[int, tuple[str, weakref.ref[Any]]] = {}  # the timed modules: id -> class name, module
         self._wrapped: list[tuple[type, Callable[..., Any] | None]] = []  # classes whose __call__ is wrapped, and
@@ -71,8 +76,13 @@ class ForwardModules:
         """Find the root modules (``trained``: the ids of the optimizers' parameters, empty without one) and hook
         them; whether their forward ran is checked at the next boundary (``check``)."""
         self._trained = trained or None
-        roots = self._outermost(nn)[:MAX_ROOT_MODULES]
+        modules = _modules(nn)
+        roots = self._outermost(modules)[:MAX_ROOT_MODULES]
         self._hook(_with_wrapped(roots)[:MAX_ROOT_MODULES])
+        if self._trained is not None:  # (without an optimizer every model is the trained one)
+            frozen = self.frozen.candidates(modules, roots, self._holds_trained)
+            self.frozen.add(frozen)
+            self._wrap_classes(frozen)
         self.roots = sorted(type(m).__name__ for m in roots)
         self._root_refs = [weakref.ref(m) for m in roots]
 
@@ -83,7 +93,8 @@ class ForwardModules:
         if self._trained is None or trained <= self._covered:
             return False  # every module held parameters already, or a hooked module holds these
         self._trained |= trained
-        roots = [m for m in self._outermost(nn) if id(m) not in self._hooked
+        self.frozen.forget(self._holds_trained)
+        roots = [m for m in self._outermost(_modules(nn)) if id(m) not in self._hooked
                  and not any(id(p) in self._covered for p in m.parameters())]
         roots = roots[:MAX_ROOT_MODULES - len(self._hooked)]
         if not roots:
@@ -94,10 +105,8 @@ class ForwardModules:
         self.left_out += 1
         return True
 
-    def _outermost(self, nn: Any) -> list[Any]:
-        """The modules holding trained parameters that no other such module contains."""
-        # type() rather than isinstance(): isinstance reads __class__, which some lazy objects answer with a warning
-        modules = [m for m in gc.get_objects() if issubclass(type(m), nn.Module)]
+    def _outermost(self, modules: list[Any]) -> list[Any]:
+        """Of ``modules``, those holding trained parameters that no other such module contains."""
         owners = [m for m in modules if self._holds_trained(m)]
         inner = {id(c) for m in owners for c in m.modules() if c is not m}
         return [m for m in owners if id(m) not in inner]
@@ -170,14 +179,19 @@ class ForwardModules:
         for module in modules:
             self._hooked[id(module)] = (type(module).__name__, weakref.ref(module))
             self._covered.update(id(p) for p in module.parameters())
+        self._wrap_classes(modules)
+        self.checking = [weakref.ref(m) for m in modules]
+
+    def _wrap_classes(self, modules: list[Any]) -> None:
+        for module in modules:
             if not getattr(type(module).__call__, "_gpuscope_timed", False):  # its class (or a base) not yet wrapped
                 self._wrap_call(type(module))
-        self.checking = [weakref.ref(m) for m in modules]
 
     def _wrap_call(self, cls: type) -> None:
         """Wrap ``cls.__call__``: a call of a timed module runs between the pre and post hooks."""
         original = cls.__call__
         hooked, pre, post = self._hooked, self._pre, self._post
+        frozen, frozen_call = self.frozen.timed, self.frozen.call
         compiler = getattr(sys.modules.get("torch"), "compiler", None)
         # is_dynamo_compiling: True as torch.compile traces the call (dynamo folds it), else a call less than
         # is_compiling (which asks torch.jit.is_scripting first)
@@ -186,7 +200,12 @@ class ForwardModules:
 
         def __call__(module: Any, *args: Any, **kwargs: Any) -> Any:
             timed = hooked.get(id(module))
-            if timed is None or timed[1]() is not module or compiling() or not pre(module):
+            if timed is None:
+                entry = frozen.get(id(module))
+                if entry is None or entry.ref() is not module or compiling():
+                    return original(module, *args, **kwargs)
+                return frozen_call(entry, module, original, args, kwargs)
+            if timed[1]() is not module or compiling() or not pre(module):
                 return original(module, *args, **kwargs)
             try:
                 return original(module, *args, **kwargs)
@@ -197,6 +216,12 @@ class ForwardModules:
         __call__.__wrapped__ = original  # type: ignore[attr-defined]
         self._wrapped.append((cls, vars(cls).get("__call__")))
         cls.__call__ = __call__  # type: ignore[method-assign]
+
+
+def _modules(nn: Any) -> list[Any]:
+    """Every module alive."""
+    # type() rather than isinstance(): isinstance reads __class__, which some lazy objects answer with a warning
+    return [m for m in gc.get_objects() if issubclass(type(m), nn.Module)]
 
 
 WRAPPED = ("module", "_orig_mod", "_fsdp_wrapped_module")

@@ -1,0 +1,136 @@
+"""Models the optimizers do not train, whose forward runs in every step (a distillation's teacher, a frozen
+encoder): the steps collector finds them with the trained model, times each call on the loop's thread, and names the
+line that calls them; the verdict names the one that takes the step's time."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from gpuscope.collect.collectors.steps import StepsCollector
+from gpuscope.collect.steps.frozen_models import FrozenModels
+from gpuscope.diagnose.classify import classify
+from gpuscope.record import RunRecord
+from gpuscope.reduce.steady import summarize_capture
+
+HERE = Path(__file__).name
+RECORDS = Path(__file__).resolve().parent.parent / "fixtures" / "records"
+
+
+class SlowTeacher(nn.Module):
+    """A frozen model whose forward takes 4 ms of the step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.004)
+        return self.layer(x)
+
+
+def distil(steps: int, teacher_under_no_grad: bool = True):
+    """A student trained against a frozen teacher (and an EMA copy of the student that no step calls)."""
+    collector = StepsCollector()
+    torch.manual_seed(0)
+    teacher, student = SlowTeacher().eval(), nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    ema = copy.deepcopy(student)
+    optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+    collector.start(Path("."))
+    try:
+        for _ in range(steps):
+            if teacher_under_no_grad:
+                with torch.no_grad():
+                    target = teacher(x)
+            else:
+                target = teacher(x).detach()
+            loss = nn.functional.mse_loss(student(x), target)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            with torch.no_grad():
+                for e, s in zip(ema.parameters(), student.parameters()):
+                    e.lerp_(s, 0.01)
+    finally:
+        result = collector.stop()
+    return result
+
+
+def test_a_frozen_teacher_is_timed_apart_with_the_line_that_calls_it() -> None:
+    capture = distil(steps=12).payload
+    # the teacher alone: the EMA copy, frozen too, never ran in a step; the student is the trained model
+    ((teacher, by_step),) = capture.frozen_models
+    assert teacher.module == "SlowTeacher" and teacher.parameters == 36
+    assert teacher.calls == capture.count - 1  # found at the first step's end
+    assert sorted(by_step) == list(range(1, capture.count)) and all(calls == 1 for _, calls in by_step.values())
+    assert all(seconds >= 0.004 for seconds, _ in by_step.values())
+    assert teacher.without_gradients and teacher.eval_mode
+    assert teacher.called_at is not None and teacher.called_at.file.endswith(HERE)
+    assert teacher.called_at.code == "target = teacher(x)"
+    # and its figures are those of the steady steps, as the breakdown's are
+    steps = summarize_capture(capture).steps
+    (shared,) = steps.frozen_models
+    steady = [(i, w) for i, w, s in zip(steps.sample.index, steps.sample.wall_s, steps.sample.status)
+              if s == "steady"]
+    assert shared.calls_per_step == 1.0
+    assert shared.call_s == sum(by_step[i][0] for i, _ in steady) / len(steady)
+    assert shared.step_share == sum(by_step[i][0] for i, _ in steady) / sum(w for _, w in steady)
+    assert 0.3 < shared.step_share <= 1.0  # type: ignore[operator]
+
+
+def test_calls_outside_the_steady_steps_are_not_counted_in_its_figures() -> None:
+    # given: the teacher also ran three times in the warm-up step (say, an evaluation)
+    capture = distil(steps=12).payload
+    ((teacher, by_step),) = capture.frozen_models
+    by_step = {**by_step, 0: (0.5, 3)}
+    steps = summarize_capture(dataclasses.replace(capture, frozen_models=((teacher, by_step),))).steps
+    assert steps.sample.index[0] == 0 and steps.sample.status[0] != "steady"
+    # then: one call a steady step, its time theirs
+    assert steps.frozen_models[0].calls_per_step == 1.0 and steps.frozen_models[0].call_s < 0.05
+
+
+def test_a_teacher_called_with_gradients_on_says_so() -> None:
+    ((teacher, _),) = distil(steps=6, teacher_under_no_grad=False).payload.frozen_models
+    assert not teacher.without_gradients and teacher.eval_mode
+
+
+def test_a_model_an_optimizer_is_later_seen_training_is_no_longer_timed_as_frozen() -> None:
+    generator, critic = nn.Linear(4, 4), nn.Linear(4, 1)
+    frozen = FrozenModels(time.perf_counter, lambda: 0)
+    found = frozen.candidates([generator, critic], [critic], lambda m: m is critic)
+    assert found == [generator]
+    frozen.add(found)
+    frozen.forget(lambda m: m is generator)  # its optimizer stepped for the first time
+    assert frozen.timed == {}
+
+
+def test_frozen_parts_of_the_trained_model_run_in_its_forward_and_are_not_timed_apart() -> None:
+    model = nn.Sequential(nn.Embedding(10, 4), nn.Linear(4, 2))
+    model[0].weight.requires_grad_(False)
+    trained = {id(p) for p in model[1].parameters()}
+    assert FrozenModels.candidates(list(model.modules()), [model],
+                                   lambda m: any(id(p) in trained for p in m.parameters())) == []
+
+
+def test_the_verdict_names_the_frozen_model_that_takes_the_step() -> None:
+    # given: a student distilled from a frozen teacher (tests/fixtures/records/README.md), its teacher 61% of the step
+    record = RunRecord.from_json(json.loads((RECORDS / "distill_frozen_teacher.json").read_text()))
+    verdict = classify(record)
+    assert verdict.bound == "compute"
+    assert ("computing outside the trained model's forward and backward in a model it does not train: Sequential "
+            "(9.5M parameters, none trained), called at distill_frozen_teacher.py:49 `t_logits = teacher(x)` under "
+            "no_grad in eval mode: 19.7 ms a call, 1 a step, 61% of the step") in verdict.evidence[0], verdict.evidence
+    # a teacher under a tenth of the step is left to the general words
+    small = dataclasses.replace(record.steps, frozen_models=tuple(
+        dataclasses.replace(f, step_share=0.05) for f in record.steps.frozen_models))
+    verdict = classify(dataclasses.replace(record, steps=small))
+    assert "(a model run without gradients, a loss)" in verdict.evidence[0], verdict.evidence
