@@ -55,6 +55,42 @@ def cpu_formulas(torch: Any, flop_counter: Any, seen: list[AttentionCall]) -> di
     return {forward_op: forward, backward_op: backward}
 
 
+def fast_path_formulas(torch: Any) -> dict[Any, Callable[..., int]]:
+    """FLOP formulas for the fused ops that ``nn.TransformerEncoderLayer`` and ``nn.MultiheadAttention`` run in eval
+    mode without gradients (their "fast path": a frozen encoder, an evaluation), which torch's counter has none for
+    and whose inner matmuls it does not see: a frozen TransformerEncoder counted 0 FLOPs. The same terms as its
+    formulas give the layers in train mode: 2 x M x N x K for each projection and the feed-forward's two matmuls, and
+    the attention's two products per sequence (a nested tensor's sequences each at their own length). Empty where
+    this torch has neither op."""
+    aten = torch.ops.aten
+    found: dict[Any, Callable[..., int]] = {}
+
+    def lengths(x: Any) -> list[int]:
+        """The sequence lengths of a batch-first ``(batch, length, embedding)`` tensor, or of a nested one's."""
+        if getattr(x, "is_nested", False):
+            return [int(t.shape[-2]) for t in x.unbind()]
+        return [int(x.shape[-2])] * int(math.prod(x.shape[:-2]))
+
+    if (encoder := getattr(aten, "_transformer_encoder_layer_fwd", None)) is not None:
+        def encoder_layer(src: Any, embed_dim: int, num_heads: int, qkv_weight: Any, *args: Any, **kwargs: Any) -> int:
+            ffn = kwargs.get("ffn_weight_1", args[10] if len(args) > 10 else None)
+            width = int(ffn.shape[0]) if ffn is not None else 0
+            e = int(embed_dim)
+            return sum(2 * n * (4 * e * e + 2 * e * width) + 4 * n * n * e for n in lengths(src))
+
+        encoder_layer._get_raw = True  # type: ignore[attr-defined]
+        found[encoder] = encoder_layer
+    if (attention := getattr(aten, "_native_multi_head_attention", None)) is not None:
+        def multi_head(query: Any, key: Any, value: Any, embed_dim: int, *args: Any, **kwargs: Any) -> int:
+            e = int(embed_dim)
+            return sum(2 * e * e * (q + 2 * k) + 4 * q * k * e + 2 * q * e * e
+                       for q, k in zip(lengths(query), lengths(key)))
+
+        multi_head._get_raw = True  # type: ignore[attr-defined]
+        found[attention] = multi_head
+    return found
+
+
 def time_attention(torch: Any, call: AttentionCall, dtype: str, budget_s: float = ATTENTION_BUDGET_S,
                    clock: Callable[[], float] = time.perf_counter) -> float | None:
     """Seconds of the fastest forward and backward of ``call``'s attention in ``dtype`` (one warm-up first), within

@@ -40,14 +40,14 @@ def duration_text(seconds: float) -> str:
 
 def frozen_model_text(model: FrozenModel) -> str:
     """A frozen model's share of the step and where it is called: "Sequential (9.5M parameters, none trained), called
-    at distill.py:49 `t_logits = teacher(x)` under no_grad in eval mode: 18.4 ms a call, 1 a step, 62% of the step"."""
+    at distill.py:49 `t_logits = teacher(x)` with gradients off, in eval mode: 18.4 ms a call, 1 a step, 62% of the step"."""
     size = f"{model.parameters / 1e6:.1f}M" if model.parameters >= 1e5 else f"{model.parameters:,}"
     site = model.called_at
     where = f", called at {site.file}:{site.line} `{site.code}`" if site is not None else ""
-    modes = [m for m, on in (("under no_grad", model.without_gradients), ("in eval mode", model.eval_mode)) if on]
+    modes = [m for m, on in (("with gradients off", model.without_gradients), ("in eval mode", model.eval_mode)) if on]
     calls = f"{model.calls_per_step:.0f}" if abs(model.calls_per_step - round(model.calls_per_step)) < 0.05 \
         else f"{model.calls_per_step:.1f}"
-    return (f"{model.module} ({size} parameters, none trained){where}{' ' + ' '.join(modes) if modes else ''}: "
+    return (f"{model.module} ({size} parameters, none trained){where}{' ' + ', '.join(modes) if modes else ''}: "
             f"{duration_text(model.call_s or 0.0)} a call, {calls} a step, {model.step_share:.0%} of the step")
 
 

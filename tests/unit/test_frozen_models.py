@@ -127,8 +127,8 @@ def test_the_verdict_names_the_frozen_model_that_takes_the_step() -> None:
     verdict = classify(record)
     assert verdict.bound == "compute"
     assert ("computing outside the trained model's forward and backward in a model it does not train: Sequential "
-            "(9.5M parameters, none trained), called at distill_frozen_teacher.py:49 `t_logits = teacher(x)` under "
-            "no_grad in eval mode: 19.7 ms a call, 1 a step, 61% of the step") in verdict.evidence[0], verdict.evidence
+            "(9.5M parameters, none trained), called at distill_frozen_teacher.py:49 `t_logits = teacher(x)` with "
+            "gradients off, in eval mode: 19.7 ms a call, 1 a step, 61% of the step") in verdict.evidence[0], verdict.evidence
     # a teacher under a tenth of the step is left to the general words
     small = dataclasses.replace(record.steps, frozen_models=tuple(
         dataclasses.replace(f, step_share=0.05) for f in record.steps.frozen_models))

@@ -8,7 +8,8 @@ modes to its threads), and counts matrix multiplies, convolutions and attention 
 for a matmul (a multiply and an add per term). Element-wise ops and the optimizer's update are not counted, as in
 every MFU figure. A matmul of a sparse matrix counts the elements it stores (``stored_share``), where torch's
 formulas count it as dense; a CPU's flash attention, which torch's counter has no formula for, is counted with the
-GPU one's (``collect/attention.py``). The counted step runs slower (every op goes through Python), so it is marked
+GPU one's, and so are the fused ops a TransformerEncoderLayer and a MultiheadAttention run in eval mode without
+gradients, whose inner matmuls the mode does not see (``collect/attention.py``). The counted step runs slower (every op goes through Python), so it is marked
 profiled and left out of the step figures. Where the optimizer calls its closure several times a step (LBFGS), one
 call is counted and multiplied by the step's calls (``PER_CLOSURE_CALLS``); where such steps are also long, that
 call is the traced step's second (its first is the trace's: ``schedule.WindowRequest.closure_share``), so a run of
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collect import lean_flops
-from gpuscope.collect.attention import cpu_formulas
+from gpuscope.collect.attention import cpu_formulas, fast_path_formulas
 from gpuscope.collect.captures import AttentionCall, FlopCount
 from gpuscope.collect.collectors.torch_trace import TRACE_FILE
 from gpuscope.collect.framework.base import CollectorResult, StepFollower, StepWindow, WindowRequest, register
@@ -146,7 +147,8 @@ class SpeedOfLightCollector(StepFollower):
 
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            formulas = {**flop_counter.flop_registry, **cpu_formulas(torch, flop_counter, self._attention)}
+            formulas = {**flop_counter.flop_registry, **cpu_formulas(torch, flop_counter, self._attention),
+                        **fast_path_formulas(torch)}
             mode = lean_flops.counter(display=False, custom_mapping={k: tracking(v) for k, v in formulas.items()})
         if hasattr(mode, "mod_tracker"):
             mode.mod_tracker = _GlobalOnly()  # no global module hooks: see _GlobalOnly
