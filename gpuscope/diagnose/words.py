@@ -40,7 +40,8 @@ def duration_text(seconds: float) -> str:
 
 def frozen_model_text(model: FrozenModel) -> str:
     """A frozen model's share of the step and where it is called: "Sequential (9.5M parameters, none trained), called
-    at distill.py:49 `t_logits = teacher(x)` with gradients off, in eval mode: 18.4 ms a call, 1 a step, 62% of the step"."""
+    at distill.py:49 `t_logits = teacher(x)` with gradients off, in eval mode: 18.4 ms a call, 1 a step, 62% of the
+    step"."""
     size = f"{model.parameters / 1e6:.1f}M" if model.parameters >= 1e5 else f"{model.parameters:,}"
     site = model.called_at
     where = f", called at {site.file}:{site.line} `{site.code}`" if site is not None else ""

@@ -10,8 +10,8 @@ every MFU figure. A matmul of a sparse matrix counts the elements it stores (``s
 formulas count it as dense; a CPU's flash attention, which torch's counter has no formula for, is counted with the
 GPU one's, and so are the fused ops a TransformerEncoderLayer and a MultiheadAttention run in eval mode without
 gradients, whose inner matmuls the mode does not see (``collect/attention.py``). The counted step runs slower (every
-op goes through Python), so it is marked profiled and left out of the step figures. Where the optimizer calls its closure several times a step (LBFGS), one
-call is counted and multiplied by the step's calls (``PER_CLOSURE_CALLS``); where such steps are also long, that
+op goes through Python), so it is marked profiled and left out of the step figures. Where the optimizer calls its
+closure several times a step (LBFGS), one call is counted and multiplied by the step's calls (``PER_CLOSURE_CALLS``); where such steps are also long, that
 call is the traced step's second (its first is the trace's: ``schedule.WindowRequest.closure_share``), so a run of
 three steps gets a trace and a count both. Where the windows are placed one step each (long steps, a short run) and
 a step makes one pass, no step is counted: the traced step's FLOPs are read after the run from the shapes the trace

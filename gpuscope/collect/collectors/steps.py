@@ -98,7 +98,8 @@ class StepsCollector:
         self._rooted: set[int] = set()  # ids of the optimizers whose modules were looked for
         self._discovery_s = 0.0
         # the modules whose forward is timed, and the models no optimizer trains, timed apart
-        self.forward = ForwardModules(self._forward_pre, self._forward_post, FrozenModels(self._clock, self._frozen_step))
+        self.forward = ForwardModules(self._forward_pre, self._forward_post,
+                                      FrozenModels(self._clock, self._frozen_step))
         self._optimizer_watch = OptimizerWatch()  # the steps are provisional while an optimizer built has not stepped
         self._device_failed = False
         self._cuda_built = True  # False for a torch built without CUDA (or ROCm): no step asks whether CUDA is up
