@@ -1,31 +1,31 @@
 """Speed of light: the FLOPs of one training step, and the device's peak to hold them against.
 
 One steady step, after every other profiling window (cProfile, torch.profiler, the sync count), runs under
-``torch.utils.flop_counter.FlopCounterMode`` (at half its cost per op: ``collect/lean_flops.py``), entered as the
-step begins and left as the next one begins (at the step boundaries, which are outside any op). The mode is a
-TorchDispatchMode, so it sees every aten op of the step, backward included (the autograd engine carries dispatch
-modes to its threads), and counts matrix multiplies, convolutions and attention with torch's formulas: 2 x M x N x K
-for a matmul (a multiply and an add per term). Element-wise ops and the optimizer's update are not counted, as in
-every MFU figure. A matmul of a sparse matrix counts the elements it stores (``stored_share``), where torch's
-formulas count it as dense; a CPU's flash attention, which torch's counter has no formula for, is counted with the
-GPU one's, and so are the fused ops a TransformerEncoderLayer and a MultiheadAttention run in eval mode without
-gradients, whose inner matmuls the mode does not see (``collect/attention.py``). The counted step runs slower (every
-op goes through Python), so it is marked profiled and left out of the step figures. Where the optimizer calls its
-closure several times a step (LBFGS), one call is counted and multiplied by the step's calls (``PER_CLOSURE_CALLS``); where such steps are also long, that
-call is the traced step's second (its first is the trace's: ``schedule.WindowRequest.closure_share``), so a run of
-three steps gets a trace and a count both. Where the windows are placed one step each (long steps, a short run) and
-a step makes one pass, no step is counted: the traced step's FLOPs are read after the run from the shapes the trace
-recorded (``collect/trace_flops.py``), as where a run ends before its counted step.
+``torch.utils.flop_counter.FlopCounterMode`` (at half its cost per op: ``collect/lean_flops.py``), entered as the step
+begins and left as the next one begins (at the step boundaries, which are outside any op). The mode is a
+TorchDispatchMode, so it sees every aten op of the step, backward included (the autograd engine carries dispatch modes
+to its threads), and counts matrix multiplies, convolutions and attention with torch's formulas: 2 x M x N x K for a
+matmul (a multiply and an add per term). Element-wise ops and the optimizer's update are not counted, as in every MFU
+figure. A matmul of a sparse matrix counts the elements it stores (``stored_share``), where torch's formulas count it as
+dense; a CPU's flash attention, which torch's counter has no formula for, is counted with the GPU one's, and so are the
+fused ops a TransformerEncoderLayer and a MultiheadAttention run in eval mode without gradients, whose inner matmuls the
+mode does not see (``collect/attention.py``). The counted step runs slower (every op goes through Python), so it is
+marked profiled and left out of the step figures. Where the optimizer calls its closure several times a step (LBFGS),
+one call is counted and multiplied by the step's calls (``PER_CLOSURE_CALLS``); where such steps are also long, that
+call is the traced step's second (its first is the trace's: ``schedule.WindowRequest.closure_share``), so a run of three
+steps gets a trace and a count both. Where the windows are placed one step each (long steps, a short run) and a step
+makes one pass, no step is counted: the traced step's FLOPs are read after the run from the shapes the trace recorded
+(``collect/trace_flops.py``), as where a run ends before its counted step.
 
 The peak: on CUDA, the detected GPU model's datasheet figure for the matmuls' dtype (looked up by the analysis,
-``reduce/peaks.py``); on a CPU run, this machine measured after the run by the ``cpu-peak`` probe: the best of a
-few square matmuls in the step's dtype with the run's own thread count, which is what the step's matmuls could
-reach at most; where that dtype is not float32, float32 as well, so that the analysis can tell a CPU whose bfloat16
-or float16 matmuls are slower than its float32 ones (no matrix instructions for them: emulated). Where the step ran
-convolutions and some of its FLOPs in bfloat16 or float16 (a model under ``torch.autocast``, beside others in
-float32), one convolution in that dtype and in float32 too: without instructions for the dtype, torch runs its
-convolutions on a slow reference kernel (``aten::_slow_conv2d_forward``), as it runs float64 ones on any CPU (as
-an unfolding and a float64 matmul: the matmul rates hold for those).
+``reduce/peaks.py``); on a CPU run, this machine measured after the run by the ``cpu-peak`` probe: the best of a few
+square matmuls in the step's dtype with the run's own thread count, which is what the step's matmuls could reach at
+most; where that dtype is not float32, float32 as well, so that the analysis can tell a CPU whose bfloat16 or float16
+matmuls are slower than its float32 ones (no matrix instructions for them: emulated). Where the step ran convolutions
+and some of its FLOPs in bfloat16 or float16 (a model under ``torch.autocast``, beside others in float32), one
+convolution in that dtype and in float32 too: without instructions for the dtype, torch runs its convolutions on a slow
+reference kernel (``aten::_slow_conv2d_forward``), as it runs float64 ones on any CPU (as an unfolding and a float64
+matmul: the matmul rates hold for those).
 """
 
 from __future__ import annotations
