@@ -30,26 +30,43 @@ LAUNCH_CODES: set[CodeType] = set()
 is gpuscope's launch (the console script, ``cli.main``), none of the script's."""
 
 
+_USER_FILES: dict[str, bool] = {}
+"""``is_user_file``'s answers by file name: a hook that looks for the user's line walks a few frames at each call it
+sees, and resolving a path takes a system call per folder in it (100 us a frame where torch.distributions built a
+policy's distribution at every action)."""
+_FRAMEWORK_DIRS: tuple[tuple[int, int], tuple[str, ...]] = ((0, 0), ())
+
+
 def is_user_file(file: str) -> bool:
     """Whether ``file`` is the user's code: a real file outside the stdlib, site-packages, gpuscope, and torch's
     and NumPy's own folders (which a source checkout puts outside site-packages)."""
     if not file or file.startswith("<"):
         return False  # <frozen importlib._bootstrap>, <string>: nobody's line to change
-    path = os.path.realpath(file)
-    if path.startswith(_GPUSCOPE_ROOT) or path.startswith(_LIBRARY_ROOTS) or path.startswith(framework_dirs()):
-        return False
-    return os.sep + "site-packages" + os.sep not in path and os.sep + "dist-packages" + os.sep not in path
+    frameworks = framework_dirs()  # (first: where it changes, the answers so far are forgotten)
+    known = _USER_FILES.get(file)
+    if known is None:
+        path = os.path.realpath(file)
+        known = _USER_FILES[file] = not (
+            path.startswith(_GPUSCOPE_ROOT) or path.startswith(_LIBRARY_ROOTS) or path.startswith(frameworks)
+            or os.sep + "site-packages" + os.sep in path or os.sep + "dist-packages" + os.sep in path)
+    return known
 
 
 def framework_dirs() -> tuple[str, ...]:
     """torch's and NumPy's folders, wherever they are installed; only those already imported (gpuscope never
     imports them itself)."""
-    dirs = []
-    for name in ("numpy", "torch"):
-        file = getattr(sys.modules.get(name), "__file__", None)
-        if file:
-            dirs.append(os.path.dirname(os.path.realpath(file)) + os.sep)
-    return tuple(dirs)
+    global _FRAMEWORK_DIRS
+    modules = (sys.modules.get("numpy"), sys.modules.get("torch"))
+    key = (id(modules[0]), id(modules[1]))
+    if key != _FRAMEWORK_DIRS[0]:
+        dirs = []
+        for module in modules:
+            file = getattr(module, "__file__", None)
+            if file:
+                dirs.append(os.path.dirname(os.path.realpath(file)) + os.sep)
+        _FRAMEWORK_DIRS = (key, tuple(dirs))
+        _USER_FILES.clear()
+    return _FRAMEWORK_DIRS[1]
 
 
 def user_frame(start: FrameType | None = None) -> FrameType | None:
