@@ -75,9 +75,10 @@ class StepCapture:
     """Calls of the closures passed to ``optimizer.step`` (LBFGS calls its own many times a step)."""
     losses: tuple[tuple[int, float], ...] = ()
     """(step index, loss) for the steps whose loss was kept (``steplog.LossLog``), NaN where it was not finite."""
-    frozen_models: tuple[tuple[FrozenModel, dict[int, tuple[float, int]]], ...] = ()
+    frozen_models: tuple[tuple[FrozenModel, dict[int, tuple[float, int]], tuple[int, int]], ...] = ()
     """Models no optimizer trains whose forward ran in the steps, each without its figures, which the summary reads
-    from its seconds and calls by step index over the steady steps."""
+    from its seconds and calls by step index over the steady steps, of those its calls were kept for (from, to; -1:
+    to the end)."""
 
 
 @dataclass(frozen=True, slots=True)

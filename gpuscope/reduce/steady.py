@@ -289,16 +289,19 @@ def summarize_capture(capture: StepCapture) -> StepSummary:
     if capture.closure_calls and capture.count:
         steps = dataclasses.replace(steps, closure_calls_per_step=capture.closure_calls / capture.count)
     if capture.frozen_models:
-        models = [_frozen_figures(model, by_step, steps.sample, capture.device) for model, by_step in
+        models = [_frozen_figures(model, by_step, kept, steps.sample, capture.device) for model, by_step, kept in
                   capture.frozen_models]
         steps = dataclasses.replace(steps, frozen_models=tuple(sorted(models, key=lambda f: -(f.step_share or 0.0))))
     return dataclasses.replace(summary, steps=steps)
 
 
-def _frozen_figures(model: FrozenModel, by_step: dict[int, tuple[float, int]], sample: StepSample,
-                    device: str) -> FrozenModel:
-    """``model``'s calls and time over the steady steps of ``sample``, the steps the breakdown is read from."""
-    steady = [(i, wall) for i, wall, status in zip(sample.index, sample.wall_s, sample.status) if status == "steady"]
+def _frozen_figures(model: FrozenModel, by_step: dict[int, tuple[float, int]], kept: tuple[int, int],
+                    sample: StepSample, device: str) -> FrozenModel:
+    """``model``'s calls and time over the steady steps of ``sample`` (the steps the breakdown is read from) that its
+    calls were kept for (``kept``: from, to; -1: to the end)."""
+    first, end = kept
+    steady = [(i, wall) for i, wall, status in zip(sample.index, sample.wall_s, sample.status)
+              if status == "steady" and i >= first and (end < 0 or i < end)]
     if not steady:
         return model
     seconds = sum(by_step.get(i, (0.0, 0))[0] for i, _ in steady)

@@ -10,14 +10,15 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn as nn
 
 from gpuscope.collect.collectors.steps import StepsCollector
 from gpuscope.collect.steps.frozen_models import FrozenModels
 from gpuscope.diagnose.classify import classify
-from gpuscope.record import RunRecord
-from gpuscope.reduce.steady import summarize_capture
+from gpuscope.record import FrozenModel, RunRecord, StepSample
+from gpuscope.reduce.steady import _frozen_figures, summarize_capture
 
 HERE = Path(__file__).name
 RECORDS = Path(__file__).resolve().parent.parent / "fixtures" / "records"
@@ -68,10 +69,11 @@ def distil(steps: int, teacher_under_no_grad: bool = True):
 def test_a_frozen_teacher_is_timed_apart_with_the_line_that_calls_it() -> None:
     capture = distil(steps=12).payload
     # the teacher alone: the EMA copy, frozen too, never ran in a step; the student is the trained model
-    ((teacher, by_step),) = capture.frozen_models
+    ((teacher, by_step, kept),) = capture.frozen_models
     assert teacher.module == "SlowTeacher" and teacher.parameters == 36
     assert teacher.calls == capture.count - 1  # found at the first step's end
     assert sorted(by_step) == list(range(1, capture.count)) and all(calls == 1 for _, calls in by_step.values())
+    assert kept == (1, -1)  # from the step it was found in, to the end
     assert all(seconds >= 0.004 for seconds, _ in by_step.values())
     assert teacher.without_gradients and teacher.eval_mode
     assert teacher.called_at is not None and teacher.called_at.file.endswith(HERE)
@@ -90,16 +92,28 @@ def test_a_frozen_teacher_is_timed_apart_with_the_line_that_calls_it() -> None:
 def test_calls_outside_the_steady_steps_are_not_counted_in_its_figures() -> None:
     # given: the teacher also ran three times in the warm-up step (say, an evaluation)
     capture = distil(steps=12).payload
-    ((teacher, by_step),) = capture.frozen_models
+    ((teacher, by_step, kept),) = capture.frozen_models
     by_step = {**by_step, 0: (0.5, 3)}
-    steps = summarize_capture(dataclasses.replace(capture, frozen_models=((teacher, by_step),))).steps
+    steps = summarize_capture(dataclasses.replace(capture, frozen_models=((teacher, by_step, kept),))).steps
     assert steps.sample.index[0] == 0 and steps.sample.status[0] != "steady"
     # then: one call a steady step, its time theirs
     assert steps.frozen_models[0].calls_per_step == 1.0 and steps.frozen_models[0].call_s < 0.05
 
 
+def test_steps_past_those_its_calls_were_kept_for_are_not_read_as_steps_without_a_call() -> None:
+    # given: ten steady steps of 10 ms, the teacher's 4 ms calls kept for steps 1-5 only (a long run's cap)
+    sample = StepSample(index=tuple(range(11)), wall_s=(0.05,) + (0.01,) * 10,
+                        status=("warmup",) + ("steady",) * 10)
+    by_step = {i: (0.004, 1) for i in range(1, 6)}
+    teacher = _frozen_figures(FrozenModel(module="Teacher", calls=10), by_step, (1, 6), sample, "cpu")
+    # then: one call a step, 40% of it, over the steps 1-5
+    assert teacher.calls_per_step == 1.0 and teacher.step_share == pytest.approx(0.4)
+    # and on a GPU the host's time is no share of the device's step
+    assert _frozen_figures(FrozenModel(module="Teacher"), by_step, (1, 6), sample, "cuda").step_share is None
+
+
 def test_a_teacher_called_with_gradients_on_says_so() -> None:
-    ((teacher, _),) = distil(steps=6, teacher_under_no_grad=False).payload.frozen_models
+    ((teacher, _, _),) = distil(steps=6, teacher_under_no_grad=False).payload.frozen_models
     assert not teacher.without_gradients and teacher.eval_mode
 
 
@@ -108,7 +122,7 @@ def test_a_model_an_optimizer_is_later_seen_training_is_no_longer_timed_as_froze
     frozen = FrozenModels(time.perf_counter, lambda: 0)
     found = frozen.candidates([generator, critic], [critic], lambda m: m is critic)
     assert found == [generator]
-    frozen.add(found)
+    frozen.add(found, since=1)
     frozen.forget(lambda m: m is generator)  # its optimizer stepped for the first time
     assert frozen.timed == {}
 

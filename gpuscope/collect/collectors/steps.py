@@ -478,7 +478,7 @@ class StepsCollector:
             try:
                 if not self._roots_found:
                     self._roots_found = True
-                    self.forward.hook_roots(self._torch.nn, self._trained_parameters())
+                    self.forward.hook_roots(self._torch.nn, self._trained_parameters(), tracker.log.count)
                     self._rooted = set(self._optimizers)
                 else:  # the step that just ended timed only part of the forward pass: keep it out of the figures
                     ended = tracker.log.find(index - 1)

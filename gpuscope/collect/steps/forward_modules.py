@@ -72,16 +72,17 @@ class ForwardModules:
         """``module``'s forward began (called from the pre-hook while ``checking``)."""
         self._ran.add(id(module))
 
-    def hook_roots(self, nn: Any, trained: set[int]) -> None:
+    def hook_roots(self, nn: Any, trained: set[int], step: int = 0) -> None:
         """Find the root modules (``trained``: the ids of the optimizers' parameters, empty without one) and hook
-        them; whether their forward ran is checked at the next boundary (``check``)."""
+        them; whether their forward ran is checked at the next boundary (``check``). The models no optimizer trains
+        are timed from ``step`` on (``frozen``)."""
         self._trained = trained or None
         modules = _modules(nn)
         roots = self._outermost(modules)[:MAX_ROOT_MODULES]
         self._hook(_with_wrapped(roots)[:MAX_ROOT_MODULES])
         if self._trained is not None:  # (without an optimizer every model is the trained one)
             frozen = self.frozen.candidates(modules, roots, self._holds_trained)
-            self.frozen.add(frozen)
+            self.frozen.add(frozen, step)
             self._wrap_classes(frozen)
         self.roots = sorted(type(m).__name__ for m in roots)
         self._root_refs = [weakref.ref(m) for m in roots]

@@ -18,21 +18,24 @@ MAX_FROZEN = 8
 """Frozen models timed at most, the largest first (an EMA copy of the model, which no step calls, takes a place)."""
 SITE_CALLS = 64
 """Calls whose user line is looked up (a model called many times a step is called from the same few lines)."""
-MAX_STEPS = 1 << 17
-"""Steps whose calls are kept per step, at most (the summary reads those of the steady steps it keeps)."""
+MAX_STEPS = 1 << 15
+"""Steps whose calls are kept per step, at most: the summary reads the steady steps it keeps up to the last of them
+(a few MB a model)."""
 
 
 class _Frozen:
     """One frozen model's calls so far."""
 
-    __slots__ = ("name", "parameters", "ref", "calls", "by_step", "with_gradients", "training", "sites", "depth")
+    __slots__ = ("name", "parameters", "ref", "calls", "by_step", "steps", "with_gradients", "training", "sites",
+                 "depth")
 
-    def __init__(self, module: Any) -> None:
+    def __init__(self, module: Any, since: int) -> None:
         self.name = type(module).__name__
         self.parameters = sum(p.numel() for p in module.parameters())
         self.ref = weakref.ref(module)
         self.calls = 0
         self.by_step: dict[int, list[float]] = {}  # step index -> [seconds, calls]
+        self.steps = [since, -1]  # the steps its calls are kept for: from when it was found, to (-1: to the end)
         self.with_gradients = self.training = False  # any call so
         self.sites = SiteCounter()
         self.depth = 0  # calls of it running now (a model calling itself)
@@ -58,9 +61,10 @@ class FrozenModels:
         outer = [m for m in frozen if id(m) not in inner]
         return sorted(outer, key=lambda m: -sum(p.numel() for p in m.parameters()))[:MAX_FROZEN]
 
-    def add(self, modules: list[Any]) -> None:
+    def add(self, modules: list[Any], since: int) -> None:
+        """Time ``modules`` from step ``since`` (the open one) on."""
         for module in modules:
-            self.timed.setdefault(id(module), _Frozen(module))
+            self.timed.setdefault(id(module), _Frozen(module, since))
 
     def forget(self, trained: Callable[[Any], bool]) -> None:
         """Stop timing the models an optimizer has since been seen training (a GAN's generator, stepped late)."""
@@ -91,10 +95,12 @@ class FrozenModels:
                 kept[1] += 1
             elif len(entry.by_step) < MAX_STEPS:
                 entry.by_step[step] = [spent, 1]
+            elif entry.steps[1] < 0:
+                entry.steps[1] = step  # kept no more: its figures are read from the steps before
 
-    def records(self) -> tuple[tuple[FrozenModel, dict[int, tuple[float, int]]], ...]:
-        """The models called, for the record, each with its seconds and calls by step index: the summary adds the
-        figures of the steady steps (``reduce.steady``)."""
+    def records(self) -> tuple[tuple[FrozenModel, dict[int, tuple[float, int]], tuple[int, int]], ...]:
+        """The models called, for the record, each with its seconds and calls by step index and the steps those
+        cover (from, to; -1: to the end): the summary adds the figures of the steady steps (``reduce.steady``)."""
         found = []
         for entry in self.timed.values():
             if not entry.calls:
@@ -104,5 +110,6 @@ class FrozenModels:
                 module=entry.name, parameters=entry.parameters, calls=entry.calls,
                 without_gradients=not entry.with_gradients, eval_mode=not entry.training,
                 called_at=sites[0] if sites and sites[0].file else None),
-                {step: (seconds, calls) for step, (seconds, calls) in entry.by_step.items()}))
+                {step: (seconds, calls) for step, (seconds, calls) in entry.by_step.items()},
+                (entry.steps[0], entry.steps[1])))
         return tuple(found)
