@@ -117,6 +117,44 @@ def test_a_teacher_called_with_gradients_on_says_so() -> None:
     assert not teacher.without_gradients and teacher.eval_mode
 
 
+class LitDistiller(nn.Module):
+    """A LightningModule's shape: its forward never runs; its training step calls the frozen teacher it holds and
+    the student it trains, and its optimizer was handed all its parameters, the teacher's among them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.teacher = SlowTeacher().eval().requires_grad_(False)
+        self.student = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+
+    def training_step(self, x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            target = self.teacher(x)
+        return nn.functional.mse_loss(self.student(x), target)
+
+
+def test_a_frozen_teacher_inside_a_module_whose_forward_never_runs_is_found_as_the_roots_go_down() -> None:
+    collector = StepsCollector()
+    torch.manual_seed(0)
+    module = LitDistiller()
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    x = torch.randn(4, 8)
+    collector.start(Path("."))
+    try:
+        for _ in range(12):
+            loss = module.training_step(x)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    finally:
+        capture = collector.stop().payload
+    # the student is timed as the forward, the teacher apart, from the step after the roots went down a level
+    ((teacher, by_step, kept),) = capture.frozen_models
+    assert teacher.module == "SlowTeacher" and teacher.called_at.code == "target = self.teacher(x)"  # type: ignore[union-attr]
+    assert kept[0] >= 2 and sorted(by_step) == list(range(kept[0], capture.count))
+    steps = summarize_capture(capture).steps
+    assert steps.frozen_models[0].calls_per_step == 1.0
+
+
 def test_a_model_an_optimizer_is_later_seen_training_is_no_longer_timed_as_frozen() -> None:
     generator, critic = nn.Linear(4, 4), nn.Linear(4, 1)
     frozen = FrozenModels(time.perf_counter, lambda: 0)

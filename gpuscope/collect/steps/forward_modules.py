@@ -24,7 +24,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from gpuscope.collect.steps.frozen_models import FrozenModels
+from gpuscope.collect.steps.frozen_models import MAX_FROZEN, FrozenModels
 
 MAX_ROOT_MODULES = 32
 """Forward hooks go on at most this many modules."""
@@ -81,7 +81,7 @@ class ForwardModules:
         roots = self._outermost(modules)[:MAX_ROOT_MODULES]
         self._hook(_with_wrapped(roots)[:MAX_ROOT_MODULES])
         if self._trained is not None:  # (without an optimizer every model is the trained one)
-            frozen = self.frozen.candidates(modules, roots, self._holds_trained)
+            frozen = self.frozen.candidates(modules, roots, self._updates)
             self.frozen.add(frozen, step)
             self._wrap_classes(frozen)
         self.roots = sorted(type(m).__name__ for m in roots)
@@ -94,7 +94,7 @@ class ForwardModules:
         if self._trained is None or trained <= self._covered:
             return False  # every module held parameters already, or a hooked module holds these
         self._trained |= trained
-        self.frozen.forget(self._holds_trained)
+        self.frozen.forget(self._updates)
         roots = [m for m in self._outermost(_modules(nn)) if id(m) not in self._hooked
                  and not any(id(p) in self._covered for p in m.parameters())]
         roots = roots[:MAX_ROOT_MODULES - len(self._hooked)]
@@ -115,7 +115,8 @@ class ForwardModules:
     def check(self, tracker: Any = None, index: int = 0) -> bool:
         """The step that just ended (``index - 1`` of ``tracker``'s) ran with the modules hooked at its start: those
         whose forward did not run are replaced by their children that hold trained parameters (checked in turn at
-        the next boundary). True when that step timed only part of the forward pass (it is to be left out of the
+        the next boundary), and their children that hold parameters, none trained, are timed as frozen models (a
+        LightningModule's teacher, beside the student it trains). True when that step timed only part of the forward pass (it is to be left out of the
         figures). Steps counted by DataLoader batches before any ``backward()`` may only be batches fetched ahead
         (the transformers Trainer fetches a step's accumulated batches first: 8 of them took its model for one whose
         forward never runs, down to its leaves), so the modules are checked once one ran or at ``FETCH_AHEAD``."""
@@ -133,11 +134,18 @@ class ForwardModules:
         if self._descended < MAX_DESCENT:
             self._descended += 1
             children: dict[int, Any] = {}
+            frozen: dict[int, Any] = {}
             for module in silent:
                 for child in module.children():
-                    if id(child) not in self._hooked and self._holds_trained(child):
+                    if self._trained is not None and next(child.parameters(), None) is not None \
+                            and not self._updates(child):
+                        frozen.setdefault(id(child), child)
+                    elif id(child) not in self._hooked and self._holds_trained(child):
                         children.setdefault(id(child), child)
             self._hook(list(children.values())[: MAX_ROOT_MODULES - len(self._hooked)])
+            if frozen:
+                self.frozen.add(list(frozen.values())[:MAX_FROZEN], index)
+                self._wrap_classes(list(frozen.values())[:MAX_FROZEN])
         return True
 
     def remove(self) -> None:
@@ -175,6 +183,12 @@ class ForwardModules:
         if self._trained is None:
             return next(module.parameters(), None) is not None
         return any(id(p) in self._trained for p in module.parameters())
+
+    def _updates(self, module: Any) -> bool:
+        """Whether ``module`` holds parameters the optimizers update: theirs, and not frozen (``requires_grad``
+        off: a teacher whose parameters the optimizer was handed with the student's, ``self.parameters()``)."""
+        trained = self._trained or set()
+        return any(id(p) in trained and p.requires_grad for p in module.parameters())
 
     def _hook(self, modules: list[Any]) -> None:
         for module in modules:
