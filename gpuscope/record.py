@@ -194,6 +194,12 @@ class FrozenModel:
     """Every call ran with gradients off (``torch.no_grad``, ``torch.inference_mode``)."""
     eval_mode: bool = False
     """Every call ran in eval mode (``model.eval()``)."""
+    fed_batch: bool = False
+    """Every call was given a tensor of the DataLoader's last batch itself, as the loader delivered it (not a copy,
+    not an augmented one)."""
+    fixed_items: bool = False
+    """``fed_batch``, and every such batch came from a dataset that gives the same items each time they are read
+    (torch's ``TensorDataset``, or a ``Subset`` of one): its outputs for an item are the same each epoch."""
     called_at: CallSite | None = None
     """The user's line that called it most."""
 

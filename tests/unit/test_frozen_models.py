@@ -8,14 +8,18 @@ import copy
 import dataclasses
 import json
 import time
+import weakref
 from pathlib import Path
 
 import pytest
 import torch
 import torch.nn as nn
+from torch.utils.data import Dataset, Subset, TensorDataset
 
 from gpuscope.collect.collectors.steps import StepsCollector
-from gpuscope.collect.steps.frozen_models import FrozenModels
+from gpuscope.collect.steps.frozen_models import FrozenModels, _fed
+from gpuscope.collect.steps.loaders import fixed_items
+from gpuscope.diagnose.rules import evaluate
 from gpuscope.diagnose.classify import classify
 from gpuscope.record import FrozenModel, RunRecord, StepSample
 from gpuscope.reduce.steady import _frozen_figures, summarize_capture
@@ -174,15 +178,65 @@ def test_frozen_parts_of_the_trained_model_run_in_its_forward_and_are_not_timed_
 
 
 def test_the_verdict_names_the_frozen_model_that_takes_the_step() -> None:
-    # given: a student distilled from a frozen teacher (tests/fixtures/records/README.md), its teacher 61% of the step
+    # given: a student distilled from a frozen teacher (tests/fixtures/records/README.md), its teacher 63% of the step
     record = RunRecord.from_json(json.loads((RECORDS / "distill_frozen_teacher.json").read_text()))
     verdict = classify(record)
     assert verdict.bound == "compute"
     assert ("computing outside the trained model's forward and backward in a model it does not train: Sequential "
             "(9.5M parameters, none trained), called at distill_frozen_teacher.py:49 `t_logits = teacher(x)` with "
-            "gradients off, in eval mode: 19.7 ms a call, 1 a step, 61% of the step") in verdict.evidence[0], verdict.evidence
+            "gradients off, in eval mode: 22.2 ms a call, 1 a step, 63% of the step") in verdict.evidence[0], verdict.evidence
     # a teacher under a tenth of the step is left to the general words
     small = dataclasses.replace(record.steps, frozen_models=tuple(
         dataclasses.replace(f, step_share=0.05) for f in record.steps.frozen_models))
     verdict = classify(dataclasses.replace(record, steps=small))
     assert "(a model run without gradients, a loss)" in verdict.evidence[0], verdict.evidence
+
+
+def test_a_frozen_models_input_is_the_batch_only_where_every_tensor_it_is_given_is_the_batchs() -> None:
+    x, y = torch.randn(4, 8), torch.randn(4, 8)
+    refs = (weakref.ref(x), weakref.ref(y))
+    assert _fed(refs, (x,)) and _fed(refs, (x, 0.5, "mean"))
+    assert not _fed(refs, (x.clone(),))  # a copy, an augmented batch
+    assert not _fed(refs, (x * 2, y))  # a perceptual loss: the reconstruction beside the target
+    assert not _fed(refs, ())
+
+
+def test_only_a_tensor_dataset_or_a_subset_of_one_gives_fixed_items() -> None:
+    data = TensorDataset(torch.randn(8, 2))
+    assert fixed_items(data) and fixed_items(Subset(Subset(data, [1, 2, 3]), [0]))
+
+    class Augmented(Dataset):  # any dataset of one's own may draw at random
+        def __len__(self) -> int:
+            return 8
+
+        def __getitem__(self, index: int) -> torch.Tensor:
+            return torch.randn(2)
+
+    assert not fixed_items(Augmented())
+
+
+def test_a_teacher_on_fixed_items_is_told_to_compute_its_outputs_once() -> None:
+    # given: the distillation loop's frozen teacher, 63% of the step, on the TensorDataset's batches as loaded
+    record = RunRecord.from_json(json.loads((RECORDS / "distill_frozen_teacher.json").read_text()))
+    found, checks = evaluate(record)
+    # then: its share is the gain, and the fix names the line that calls it
+    (advice,) = [r for r in found if r.id == "cache-frozen-outputs"]
+    teacher = record.steps.frozen_models[0]
+    assert advice.expected_gain == round(teacher.step_share, 3)  # type: ignore[arg-type]
+    assert advice.fix.startswith("distill_frozen_teacher.py:49: compute Sequential's outputs for every item once, "
+                                 "before the training loop (under torch.no_grad())")
+    assert "its input is the DataLoader's batch as loaded, from a TensorDataset" in advice.why
+
+
+@pytest.mark.parametrize("change", [
+    {"fixed_items": False},  # a dataset of its own, or an augmented batch
+    {"eval_mode": False},  # dropout in train mode: outputs drawn at random
+    {"without_gradients": False},  # gradients flow through it
+    {"step_share": None},  # a CUDA run: the host's time is not the step's
+])
+def test_outputs_that_may_differ_each_epoch_are_not_told_to_be_computed_once(change: dict[str, object]) -> None:
+    record = RunRecord.from_json(json.loads((RECORDS / "distill_frozen_teacher.json").read_text()))
+    steps = dataclasses.replace(record.steps, frozen_models=tuple(
+        dataclasses.replace(f, **change) for f in record.steps.frozen_models))
+    found, checks = evaluate(dataclasses.replace(record, steps=steps))
+    assert checks["cache-frozen-outputs"].status == "clear"

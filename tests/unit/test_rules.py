@@ -269,13 +269,13 @@ def test_every_contract_id_has_exactly_one_rule() -> None:
     assert len(ids) == len(set(ids))
     # the contract's 15, reduce-communication, cpu-fp32-over-low-precision, persistent-workers,
     # file-system-sharing, fused-optimizer, float32-over-float64, cheaper-batches, split-iterable-stream,
-    # skip-distribution-checks, tune-host-allocator, cpu-float32-attention, balance-ranks, fix-memory-leak and
-    # reduce-memory (docs/contract-additions.md)
-    assert len(contract_ids()) == 29
+    # skip-distribution-checks, tune-host-allocator, cpu-float32-attention, balance-ranks, fix-memory-leak,
+    # reduce-memory and cache-frozen-outputs (docs/contract-additions.md)
+    assert len(contract_ids()) == 30
     assert {"reduce-communication", "cpu-fp32-over-low-precision", "persistent-workers", "file-system-sharing",
             "fused-optimizer", "float32-over-float64", "cheaper-batches", "split-iterable-stream",
             "skip-distribution-checks", "tune-host-allocator", "cpu-float32-attention",
-            "balance-ranks", "fix-memory-leak", "reduce-memory"} <= contract_ids()
+            "balance-ranks", "fix-memory-leak", "reduce-memory", "cache-frozen-outputs"} <= contract_ids()
     assert set(ids) == contract_ids()
 
 

@@ -27,7 +27,7 @@ class _Frozen:
     """One frozen model's calls so far."""
 
     __slots__ = ("name", "parameters", "ref", "calls", "by_step", "steps", "with_gradients", "training", "sites",
-                 "depth")
+                 "depth", "fed", "fixed")
 
     def __init__(self, module: Any, since: int) -> None:
         self.name = type(module).__name__
@@ -39,14 +39,27 @@ class _Frozen:
         self.with_gradients = self.training = False  # any call so
         self.sites = SiteCounter()
         self.depth = 0  # calls of it running now (a model calling itself)
+        self.fed = self.fixed = 0  # calls given a tensor of the last DataLoader batch; of those, one of fixed items
+
+
+def _fed(refs: tuple[Any, ...], values: tuple[Any, ...]) -> bool:
+    """Whether the tensors among ``values`` (at least one) are all tensors of the batch (``refs``, weakly): the
+    model's outputs depend on the batch alone (a perceptual loss given the reconstruction beside it does not)."""
+    batch = [ref() for ref in refs]
+    tensors = [v for v in values if getattr(v, "shape", None) is not None and getattr(v, "dtype", None) is not None]
+    return bool(tensors) and all(any(t is b for b in batch) for t in tensors)
 
 
 class FrozenModels:
     """The frozen models found, by id, and their calls' timing (``call``, from the wrapped ``__call__``), step by
     step: the summary reads them over the steady steps, as it reads the phases."""
 
-    def __init__(self, clock: Callable[[], float], step: Callable[[], int | None]) -> None:
+    def __init__(self, clock: Callable[[], float], step: Callable[[], int | None],
+                 batch: Callable[[], tuple[tuple[Any, ...], bool]] = lambda: ((), False),
+                 watch: Callable[[], None] = lambda: None) -> None:
         self._clock, self._step = clock, step  # step: the open step's index, None off the loop's thread
+        self._batch, self._watch = batch, watch  # the last batch's tensors (weakly) and whether its items are
+        # fixed (``LoaderBook.last_batch``); watch: start keeping them
         self.timed: dict[int, _Frozen] = {}
         """The frozen models timed, by id (read by the wrapped ``__call__`` on every call of their classes)."""
 
@@ -65,6 +78,8 @@ class FrozenModels:
         """Time ``modules`` from step ``since`` (the open one) on."""
         for module in modules:
             self.timed.setdefault(id(module), _Frozen(module, since))
+        if modules:
+            self._watch()
 
     def forget(self, trained: Callable[[Any], bool]) -> None:
         """Stop timing the models an optimizer has since been seen training (a GAN's generator, stepped late)."""
@@ -83,6 +98,10 @@ class FrozenModels:
         entry.training |= bool(module.training)
         if entry.calls <= SITE_CALLS:
             entry.sites.count(user_frame(sys._getframe(2)))
+        refs, fixed = self._batch()
+        if refs and _fed(refs, (*args, *kwargs.values())):
+            entry.fed += 1
+            entry.fixed += fixed
         entry.depth += 1
         started = self._clock()
         try:
@@ -109,6 +128,7 @@ class FrozenModels:
             found.append((FrozenModel(
                 module=entry.name, parameters=entry.parameters, calls=entry.calls,
                 without_gradients=not entry.with_gradients, eval_mode=not entry.training,
+                fed_batch=entry.fed == entry.calls, fixed_items=entry.fed == entry.calls and entry.fixed == entry.fed,
                 called_at=sites[0] if sites and sites[0].file else None),
                 {step: (seconds, calls) for step, (seconds, calls) in entry.by_step.items()},
                 (entry.steps[0], entry.steps[1])))

@@ -43,6 +43,11 @@ class LoaderBook:
         self._pending: list[list[Any]] = []  # an evaluated span's [entry, batches, wait, iterator (weakly)] from
         # iterators that had fed no training: evaluation's, unless the iterator feeds the next span (``step_closed``)
         self._last: tuple[weakref.ref[Any], dict[str, Any]] | None = None  # the last batch's iterator, and its entry
+        self.watch_batches = False
+        """Whether ``last_batch`` is kept (while a frozen model is timed: ``frozen_models``)."""
+        self.last_batch: tuple[tuple[weakref.ref[Any], ...], bool] = ((), False)
+        """The last batch's tensors, weakly, and whether its dataset gives the same items every time it is read (a
+        TensorDataset's, or a Subset's of one), while ``watch_batches``."""
 
     def wrap_init(self, original: Callable[..., None]) -> Callable[..., None]:
         """``DataLoader.__init__``, noting the line that built each loader."""
@@ -112,6 +117,8 @@ class LoaderBook:
             _note_first(entry, batch)  # one batch from each worker, the first time the loader is iterated
         entry["batches"] += 1
         entry["wait_s"] += wait_s
+        if self.watch_batches:
+            self.last_batch = (_tensor_refs(batch), fixed_items(entry["dataset"]))
         if not self._open and self._tracker is not None:
             self._tracker.on_span_end = self.step_closed
         ref = last[0] if (last := self._last) is not None and last[1] is entry else None
@@ -308,6 +315,29 @@ def _batch_size(iterator: Any) -> int | None:
     size = getattr(sampler, "batch_size", None)
     return size if isinstance(size, int) else None
 
+
+
+def _tensor_refs(batch: Any) -> tuple[weakref.ref[Any], ...]:
+    """Weak references to the batch's tensors (an identity check that a freed tensor's address, reused, cannot pass)."""
+    refs = []
+    for array in batch_arrays(batch):
+        try:
+            refs.append(weakref.ref(array))
+        except TypeError:
+            pass
+    return tuple(refs)
+
+
+def fixed_items(dataset: Any) -> bool:
+    """Whether ``dataset`` gives the same items every time it is read, by what it is: torch's ``TensorDataset``
+    (indexing tensors), or a ``Subset`` of one. Any other dataset may transform its items at random."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return False
+    data = torch.utils.data
+    while type(dataset) is data.Subset:
+        dataset = dataset.dataset
+    return type(dataset) is data.TensorDataset
 
 
 def describe_tensors(batch: Any) -> list[str]:
