@@ -199,7 +199,8 @@ class FrozenModel:
     not an augmented one)."""
     fixed_items: bool = False
     """``fed_batch``, and every such batch came from a dataset that gives the same items each time they are read
-    (torch's ``TensorDataset``, or a ``Subset`` of one): its outputs for an item are the same each epoch."""
+    (torch's ``TensorDataset``, or a ``Subset`` of one), collated by torch's own function: its outputs for an item
+    are the same each epoch."""
     called_at: CallSite | None = None
     """The user's line that called it most."""
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
-from torch.utils.data import Dataset, Subset, TensorDataset
+from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset, default_collate
 
 from gpuscope.collect.collectors.steps import StepsCollector
 from gpuscope.collect.steps.frozen_models import FrozenModels, _fed
@@ -240,3 +240,37 @@ def test_outputs_that_may_differ_each_epoch_are_not_told_to_be_computed_once(cha
         dataclasses.replace(f, **change) for f in record.steps.frozen_models))
     found, checks = evaluate(dataclasses.replace(record, steps=steps))
     assert checks["cache-frozen-outputs"].status == "clear"
+
+
+def distil_from_loader(collate_fn: object = None, augment: bool = False) -> FrozenModel:
+    """The teacher of a distillation loop over a DataLoader of a TensorDataset, as the steps collector records it."""
+    collector = StepsCollector()
+    torch.manual_seed(0)
+    teacher, student = SlowTeacher().eval().requires_grad_(False), nn.Linear(8, 4)
+    optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
+    loader = DataLoader(TensorDataset(torch.randn(32, 8)), batch_size=4,
+                        **({"collate_fn": collate_fn} if collate_fn is not None else {}))
+    collector.start(Path("."))
+    try:
+        for (x,) in loader:
+            with torch.no_grad():
+                target = teacher(x + 0.1 * torch.randn_like(x) if augment else x)
+            loss = nn.functional.mse_loss(student(x), target)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    finally:
+        capture = collector.stop().payload
+    return capture.frozen_models[0][0]
+
+
+def test_a_teacher_given_the_loaders_batch_of_fixed_items_is_recorded_so() -> None:
+    teacher = distil_from_loader()
+    assert teacher.fed_batch and teacher.fixed_items
+
+
+def test_an_augmented_batch_or_a_collate_function_of_ones_own_is_no_batch_of_fixed_items() -> None:
+    augmented = distil_from_loader(augment=True)
+    assert not augmented.fed_batch and not augmented.fixed_items
+    mixed = distil_from_loader(collate_fn=lambda items: default_collate(items))  # (mixup would go here)
+    assert mixed.fed_batch and not mixed.fixed_items

@@ -118,7 +118,8 @@ class LoaderBook:
         entry["batches"] += 1
         entry["wait_s"] += wait_s
         if self.watch_batches:
-            self.last_batch = (_tensor_refs(batch), fixed_items(entry["dataset"]))
+            collate = entry.get("loading", {}).get("collate_fn")
+            self.last_batch = (_tensor_refs(batch), fixed_items(entry["dataset"]) and _plain_collate(collate))
         if not self._open and self._tracker is not None:
             self._tracker.on_span_end = self.step_closed
         ref = last[0] if (last := self._last) is not None and last[1] is entry else None
@@ -338,6 +339,14 @@ def fixed_items(dataset: Any) -> bool:
     while type(dataset) is data.Subset:
         dataset = dataset.dataset
     return type(dataset) is data.TensorDataset
+
+
+def _plain_collate(collate_fn: Any) -> bool:
+    """Whether a loader's batches are its items as they are: torch's ``default_collate`` or ``default_convert`` (a
+    collate function of one's own may draw at random: mixup, a random crop of the batch)."""
+    data = getattr(sys.modules.get("torch"), "utils", None)
+    data = getattr(data, "data", None)
+    return data is not None and collate_fn in (data.default_collate, data.default_convert)
 
 
 def describe_tensors(batch: Any) -> list[str]:
