@@ -28,6 +28,9 @@ from gpuscope.collect.steps.frozen_models import MAX_FROZEN, FrozenModels
 
 MAX_ROOT_MODULES = 32
 """Forward hooks go on at most this many modules."""
+MAX_INNER_CALLS = 8
+"""A frozen model is timed only where the trained model holds at most this many instances of its class (or its class
+is wrapped already): each of those calls pays the wrapper's half microsecond."""
 MAX_DESCENT = 3
 """Levels below the roots the hooks may move down to (a LightningModule's model is one level down)."""
 FETCH_AHEAD = 16
@@ -81,9 +84,7 @@ class ForwardModules:
         roots = self._outermost(modules)[:MAX_ROOT_MODULES]
         self._hook(_with_wrapped(roots)[:MAX_ROOT_MODULES])
         if self._trained is not None:  # (without an optimizer every model is the trained one)
-            frozen = self.frozen.candidates(modules, roots, self._updates)
-            self.frozen.add(frozen, step)
-            self._wrap_classes(frozen)
+            self._time_frozen(self.frozen.candidates(modules, roots, self._updates), roots, step)
         self.roots = sorted(type(m).__name__ for m in roots)
         self._root_refs = [weakref.ref(m) for m in roots]
 
@@ -144,8 +145,7 @@ class ForwardModules:
                         children.setdefault(id(child), child)
             self._hook(list(children.values())[: MAX_ROOT_MODULES - len(self._hooked)])
             if frozen:
-                self.frozen.add(list(frozen.values())[:MAX_FROZEN], index)
-                self._wrap_classes(list(frozen.values())[:MAX_FROZEN])
+                self._time_frozen(list(frozen.values())[:MAX_FROZEN], self.root_modules(), index)
         return True
 
     def remove(self) -> None:
@@ -183,6 +183,20 @@ class ForwardModules:
         if self._trained is None:
             return next(module.parameters(), None) is not None
         return any(id(p) in self._trained for p in module.parameters())
+
+    def _time_frozen(self, frozen: list[Any], roots: list[Any], step: int) -> None:
+        """Time the ``frozen`` models from ``step`` on, but those whose class the trained model (``roots``) holds more
+        than ``MAX_INNER_CALLS`` instances of, unless it is wrapped already: every call of an instance of a wrapped
+        class goes through the wrapper (0.5 us on this VM), and a frozen ``nn.Linear`` of the script's own would put
+        every Linear of the model there."""
+        inside: dict[type, int] = {}
+        for root in roots:
+            for module in root.modules():
+                inside[type(module)] = inside.get(type(module), 0) + 1
+        timed = [m for m in frozen if getattr(type(m).__call__, "_gpuscope_timed", False)
+                 or inside.get(type(m), 0) <= MAX_INNER_CALLS]
+        self.frozen.add(timed, step)
+        self._wrap_classes(timed)
 
     def _updates(self, module: Any) -> bool:
         """Whether ``module`` holds parameters the optimizers update: theirs, and not frozen (``requires_grad``
