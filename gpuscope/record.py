@@ -195,14 +195,20 @@ class FrozenModel:
     eval_mode: bool = False
     """Every call ran in eval mode (``model.eval()``)."""
     fed_batch: bool = False
-    """Every call was given a tensor of the DataLoader's last batch itself, as the loader delivered it (not a copy,
-    not an augmented one)."""
+    """Every call was given tensors of the DataLoader's last batch only, as the loader delivered it (not a copy, not
+    an augmented one), collated by torch's own function (not one of the script's, which may draw at random)."""
     fixed_items: bool = False
-    """``fed_batch``, and every such batch came from a dataset that gives the same items each time they are read
-    (torch's ``TensorDataset``, or a ``Subset`` of one), collated by torch's own function: its outputs for an item
-    are the same each epoch."""
+    """``fed_batch``, and every such batch came from a dataset that gives the same items each time they are read by
+    what it is (torch's ``TensorDataset``, or a ``Subset`` of one): its outputs for an item are the same each epoch.
+    Other datasets are read twice after the run (``item_repeat``)."""
     called_at: CallSite | None = None
     """The user's line that called it most."""
+
+    @property
+    def reads_batches(self) -> bool:
+        """Whether its outputs depend on the loader's items alone: run on its batches as loaded, in eval mode with
+        gradients off (the same every epoch where the items are)."""
+        return self.fed_batch and self.without_gradients and self.eval_mode
 
 
 @dataclass(frozen=True, slots=True)
@@ -1260,6 +1266,19 @@ class LoaderProbe:
 
 
 @dataclass(frozen=True, slots=True)
+class ItemRepeat:
+    """Whether the training dataset gave the same item when read twice after the run (``repeat-probe``)."""
+
+    dataset: str = ""
+    """The dataset's class name."""
+    indices: tuple[int, ...] = ()
+    """The items read twice (the first, the middle and the last, as far as the budget allowed)."""
+    same: bool = False
+    """Every one of them read the same twice (tensors and arrays element by element): the dataset draws nothing at
+    random, or seeds its draws by the item."""
+
+
+@dataclass(frozen=True, slots=True)
 class OptimizerProbe:
     """The loop's optimizer's update timed again after the run, on copies of its parameters and gradients, as the
     run ran it and with ``fused=True``: what a fused update would save."""
@@ -1669,6 +1688,9 @@ class RunRecord:
     optimizer_probe: OptimizerProbe | None = None
     """The loop's optimizer's update timed again on copies of its parameters, as run and with fused=True (post-run
     probe); null when not run."""
+    item_repeat: ItemRepeat | None = None
+    """A few of the training dataset's items read twice after the run and compared (post-run probe, only where a
+    frozen model runs on the DataLoader's batches as loaded); null when not run."""
     speed_of_light: SpeedOfLight | None = None
     """FLOPs of one step against the device's peak; null when not counted."""
     what_if: WhatIf | None = None

@@ -279,7 +279,9 @@ class Session:
                 steps, breakdown, _ = profiled  # a few long steps, all profiled: the verdict will be theirs
             figures = {"data_wait": breakdown.data_wait, "median_s": steps.median_s,
                        "steps": steps.count, "cuda": capture.device == "cuda",
-                       "optimizer_share": breakdown.optimizer}
+                       "optimizer_share": breakdown.optimizer,
+                       "frozen_fed": any(f.reads_batches and not f.fixed_items for f in steps.frozen_models
+                                         if (f.step_share or 0.0) >= thresholds.FROZEN_MODEL_NOTABLE)}
             if loader is not None:
                 figures["batches_per_step"] = batches_per_step(loader["batches"], capture.count)
         return post_run_facts(**figures, loader=loader, dataset=inputs.dataset, dataset_fetch=inputs.dataset_fetch,
@@ -347,7 +349,7 @@ def post_run_facts(*, data_wait: float = 0.0, median_s: float | None = None, ste
                    batches_per_step: float = 1.0, loader: dict[str, object] | None = None,
                    dataset: object | None = None, dataset_fetch: int | None = None,
                    payloads: dict[str, object] | None = None, optimizer: object | None = None,
-                   optimizer_share: float | None = None) -> PostRunFacts:
+                   optimizer_share: float | None = None, frozen_fed: bool = False) -> PostRunFacts:
     """The facts the probes get from the run's steady steps (``data_wait`` share, ``median_s``, ``steps``): whether
     data wait was notable, and the rate the step consumes batches (``batches_per_step`` of the slowest loader)."""
     compute_s = compute_time_s(median_s, data_wait) if steps and median_s else None
@@ -358,6 +360,7 @@ def post_run_facts(*, data_wait: float = 0.0, median_s: float | None = None, ste
         keeps_up_margin=thresholds.LOADER_KEEPS_UP_MARGIN,
         loader=loader, dataset=dataset, dataset_fetch=dataset_fetch, payloads=payloads or {}, optimizer=optimizer,
         optimizer_notable=optimizer_share is None or optimizer_share >= thresholds.OPTIMIZER_SHARE_NOTABLE,
+        frozen_fed=frozen_fed,
     )
 
 

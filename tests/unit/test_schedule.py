@@ -104,7 +104,7 @@ def test_the_steps_collector_starts_first_and_probes_run_after_every_live_collec
     assert collectors[0].name == "steps"
     assert stages == sorted(stages, key=lambda s: s == "post-run")
     assert {c.name for c in collectors if c.stage == "post-run"} == {
-        "calibration", "cpu-peak", "data-probe", "loader-probe", "optimizer-probe"}
+        "calibration", "cpu-peak", "data-probe", "loader-probe", "optimizer-probe", "repeat-probe"}
 
 
 # -- long steps: the windows placed again once step 1 has shown how long a step is -------------------------------

@@ -46,8 +46,9 @@ class LoaderBook:
         self.watch_batches = False
         """Whether ``last_batch`` is kept (while a frozen model is timed: ``frozen_models``)."""
         self.last_batch: tuple[tuple[weakref.ref[Any], ...], bool] = ((), False)
-        """The last batch's tensors, weakly, and whether its dataset gives the same items every time it is read (a
-        TensorDataset's, or a Subset's of one), while ``watch_batches``."""
+        """The last batch's tensors, weakly (none where a collate function of the script's own built it), and whether
+        its dataset gives the same items every time it is read (a TensorDataset's, or a Subset's of one), while
+        ``watch_batches``."""
 
     def wrap_init(self, original: Callable[..., None]) -> Callable[..., None]:
         """``DataLoader.__init__``, noting the line that built each loader."""
@@ -118,8 +119,8 @@ class LoaderBook:
         entry["batches"] += 1
         entry["wait_s"] += wait_s
         if self.watch_batches:
-            collate = entry.get("loading", {}).get("collate_fn")
-            self.last_batch = (_tensor_refs(batch), fixed_items(entry["dataset"]) and _plain_collate(collate))
+            plain = _plain_collate(entry.get("loading", {}).get("collate_fn"))
+            self.last_batch = (_tensor_refs(batch) if plain else (), fixed_items(entry["dataset"]))
         if not self._open and self._tracker is not None:
             self._tracker.on_span_end = self.step_closed
         ref = last[0] if (last := self._last) is not None and last[1] is entry else None

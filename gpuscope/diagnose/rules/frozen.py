@@ -16,10 +16,15 @@ def _frozen_share(run: RunRecord) -> float | None:
     return max((f.step_share or 0.0 for f in run.steps.frozen_models), default=0.0)
 
 
-def cacheable(model: FrozenModel) -> bool:
+def cacheable(model: FrozenModel, run: RunRecord) -> bool:
     """Whether ``model``'s outputs for an item are the same every epoch: run in eval mode with gradients off, on the
-    DataLoader's batch itself, from a dataset that gives the same items each time."""
-    return model.step_share is not None and model.fixed_items and model.without_gradients and model.eval_mode
+    DataLoader's batch as loaded, from a dataset that gives the same items each time (a TensorDataset, or one whose
+    items read the same twice after the run)."""
+    return model.step_share is not None and model.reads_batches and (model.fixed_items or _items_repeat(run))
+
+
+def _items_repeat(run: RunRecord) -> bool:
+    return run.item_repeat is not None and run.item_repeat.same
 
 
 @rule(id="cache-frozen-outputs",
@@ -39,15 +44,19 @@ def cache_frozen_outputs(run: RunRecord) -> Finding | None:
     and outputs), at the line that calls the model.
     Gain: its share of the steady steps' time, which the steps no longer spend; the pass costs about one epoch of
     its calls, once."""
-    found = [f for f in run.steps.frozen_models if cacheable(f)]
+    found = [f for f in run.steps.frozen_models if cacheable(f, run)]
     if not found:
         return None
     model = max(found, key=lambda f: f.step_share or 0.0)
     site = model.called_at
+    repeat = run.item_repeat
+    source = "from a TensorDataset" if model.fixed_items or repeat is None else (
+        f"from a dataset ({repeat.dataset}) whose items {', '.join(map(str, repeat.indices))} read the same twice "
+        "after the run")
     evidence = (
         frozen_model_text(model),
-        "its input is the DataLoader's batch as loaded, from a TensorDataset, and it runs in eval mode with "
-        "gradients off: its outputs for an item are the same every epoch",
+        f"its input is the DataLoader's batch as loaded, {source}, and it runs in eval mode with gradients off: its "
+        "outputs for an item are the same every epoch",
         "computed once (one pass over the dataset, about an epoch of its calls), no step after that would run it",
     )
     fix = None

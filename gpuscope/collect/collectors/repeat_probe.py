@@ -1,0 +1,90 @@
+"""Whether the training dataset gives the same item each time it is read: a few of its items fetched twice after the
+run and compared. Asked only where a frozen model (``steps.frozen_models``) runs on the DataLoader's batches as
+loaded and the dataset is not one whose items are the same by what it is (a TensorDataset): then its outputs for an
+item are the same every epoch exactly where the items are (``cache-frozen-outputs``). A dataset that draws an
+augmentation at random gives two different fetches; one that seeds its draws by the item's index, or draws none,
+gives the same one twice."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from gpuscope.collect.framework.base import CollectorResult, PostRunProbe, register
+from gpuscope.collect.framework.probing import unseen
+from gpuscope.record import CollectorStatus, ItemRepeat
+
+if TYPE_CHECKING:
+    from gpuscope.collect.captures import PostRunFacts
+
+ITEMS = 3
+"""Items fetched twice: the first, the middle and the last."""
+BUDGET_S = 1.0
+
+
+@register
+class RepeatProbeCollector(PostRunProbe):
+    """Fetches a few items of the training dataset twice after the run and compares them."""
+
+    name: ClassVar[str] = "repeat-probe"
+    field: ClassVar[str | None] = "item_repeat"
+    budget_s: ClassVar[float] = BUDGET_S
+    doing: ClassVar[str] = "reading a few of the dataset's items twice"
+    runs_user_code: ClassVar[bool] = True
+
+    def run(self, run_dir: Path, facts: PostRunFacts) -> CollectorResult:
+        if not facts.frozen_fed:
+            return CollectorResult(CollectorStatus("unavailable", "no frozen model ran on the DataLoader's batches "
+                                                                  "as loaded"))
+        dataset = facts.dataset
+        if dataset is None or facts.dataset_fetch:
+            return CollectorResult(CollectorStatus("unavailable", "no map-style dataset read one item at a time"))
+        try:
+            with unseen():
+                found = read_twice(dataset, time.perf_counter() + self.budget_s)
+        except Exception as exc:  # the user's code failing is not gpuscope's failure
+            return CollectorResult(CollectorStatus("unavailable", f"the dataset raised when read again after the run: "
+                                                                  f"{type(exc).__name__}: {exc}"))
+        if found is None:
+            return CollectorResult(CollectorStatus("unavailable", "the dataset was empty after the run"))
+        return CollectorResult(CollectorStatus("ok"), found)
+
+
+def read_twice(dataset: Any, deadline: float) -> ItemRepeat | None:
+    """The first, middle and last items of ``dataset`` (as far as ``deadline`` allows, at least one), each read twice
+    and compared; None where the dataset is empty."""
+    length = len(dataset)
+    if length < 1:
+        return None
+    indices = sorted({0, length // 2, length - 1})[:ITEMS]
+    compared: list[int] = []
+    for index in indices:
+        if compared and time.perf_counter() > deadline:
+            break
+        first, second = dataset[index], dataset[index]
+        compared.append(index)
+        if not same(first, second):
+            return ItemRepeat(dataset=type(dataset).__name__, indices=tuple(compared), same=False)
+    return ItemRepeat(dataset=type(dataset).__name__, indices=tuple(compared), same=True)
+
+
+def same(a: Any, b: Any) -> bool:
+    """Whether two fetches of an item are equal: tensors and arrays element by element (NaN equal to NaN), tuples,
+    lists and dicts member by member, anything else by ``==``."""
+    if hasattr(a, "shape") and hasattr(a, "dtype") and hasattr(b, "shape"):
+        if type(a) is not type(b) or tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
+            return False
+        if hasattr(a, "equal"):  # a torch tensor
+            return bool(a.equal(b)) or bool(((a == b) | (a.isnan() & b.isnan())).all()) \
+                if a.is_floating_point() else bool(a.equal(b))
+        import numpy
+        return bool(numpy.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
+    if isinstance(a, (tuple, list)):
+        return isinstance(b, (tuple, list)) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    try:
+        return bool(a == b)
+    except Exception:
+        return False
