@@ -311,6 +311,9 @@ class Session:
                     continue
                 if not self._available(probe):
                     continue
+                if (why := getattr(probe, "not_wanted", lambda _: None)(facts)) is not None:
+                    results[probe.name] = CollectorResult(CollectorStatus("unavailable", why))
+                    continue
                 told = dataclasses.replace(facts, payloads={name: payload for name, payload in facts.payloads.items()
                                                             if name in probe.reads})
                 with _said_after(PROGRESS_AFTER_S, say, f"gpuscope: {probe.doing} (up to {probe.budget_s:.0f} s; "

@@ -54,7 +54,9 @@ def test_equal_means_element_by_element_nan_included() -> None:
 def test_the_probe_reads_only_where_a_frozen_model_reads_the_batches() -> None:
     state = torch.get_rng_state(), random.getstate()
     probe = RepeatProbeCollector()
-    quiet = probe.run(Path("."), post_run_facts(steps=10, median_s=0.1, dataset=Augmented()))
+    facts = post_run_facts(steps=10, median_s=0.1, dataset=Augmented())
+    assert probe.not_wanted(facts) is not None  # (the session then forks no process for it)
+    quiet = probe.run(Path("."), facts)
     assert quiet.status.status == "unavailable" and quiet.payload is None
     found = probe.run(Path("."), post_run_facts(steps=10, median_s=0.1, dataset=Augmented(), frozen_fed=True))
     assert found.status.status == "ok" and found.payload == ItemRepeat("Augmented", (0,), False)

@@ -33,10 +33,13 @@ class RepeatProbeCollector(PostRunProbe):
     doing: ClassVar[str] = "reading a few of the dataset's items twice"
     runs_user_code: ClassVar[bool] = True
 
+    def not_wanted(self, facts: PostRunFacts) -> str | None:
+        return None if facts.frozen_fed else ("not run: no frozen model took a notable share of the step on the "
+                                              "DataLoader's batches as loaded from a dataset other than a TensorDataset")
+
     def run(self, run_dir: Path, facts: PostRunFacts) -> CollectorResult:
-        if not facts.frozen_fed:
-            return CollectorResult(CollectorStatus("unavailable", "no frozen model ran on the DataLoader's batches "
-                                                                  "as loaded"))
+        if (why := self.not_wanted(facts)) is not None:
+            return CollectorResult(CollectorStatus("unavailable", why))
         dataset = facts.dataset
         if dataset is None or facts.dataset_fetch:
             return CollectorResult(CollectorStatus("unavailable", "no map-style dataset read one item at a time"))

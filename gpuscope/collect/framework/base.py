@@ -245,6 +245,11 @@ class PostRunProbe:
     def unavailable_reason(self) -> str | None:
         return None if self.enabled else "turned off (--no-probes)"
 
+    def not_wanted(self, facts: PostRunFacts) -> str | None:
+        """Why the finished run needs nothing of this probe (it is then not run, nor a process forked for it), or
+        None."""
+        return None
+
 
 class Watcher:
     """Base of live collectors that own no window of steps: built with their defaults."""
