@@ -200,7 +200,7 @@ class FrozenModel:
     fixed_items: bool = False
     """``fed_batch``, and every such batch came from a dataset that gives the same items each time they are read by
     what it is (torch's ``TensorDataset``, or a ``Subset`` of one): its outputs for an item are the same each epoch.
-    Other datasets are read twice after the run (``item_repeat``)."""
+    Other datasets are read again after the run (``item_repeat``)."""
     called_at: CallSite | None = None
     """The user's line that called it most."""
 
@@ -1267,15 +1267,17 @@ class LoaderProbe:
 
 @dataclass(frozen=True, slots=True)
 class ItemRepeat:
-    """Whether the training dataset gave the same item when read twice after the run (``repeat-probe``)."""
+    """Whether the training dataset gave the same item each time it was read after the run (``repeat-probe``)."""
 
     dataset: str = ""
     """The dataset's class name."""
     indices: tuple[int, ...] = ()
-    """The items read twice (the first, the middle and the last, as far as the budget allowed)."""
+    """The items read (up to 8 spread over the dataset, as far as the budget allowed)."""
+    reads: int = 0
+    """Reads of each (of the last, where one differed)."""
     same: bool = False
-    """Every one of them read the same twice (tensors and arrays element by element): the dataset draws nothing at
-    random, or seeds its draws by the item."""
+    """Every one of them read the same each time (tensors and arrays element by element): the dataset draws nothing
+    at random, or seeds its draws by the item."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1689,8 +1691,8 @@ class RunRecord:
     """The loop's optimizer's update timed again on copies of its parameters, as run and with fused=True (post-run
     probe); null when not run."""
     item_repeat: ItemRepeat | None = None
-    """A few of the training dataset's items read twice after the run and compared (post-run probe, only where a
-    frozen model runs on the DataLoader's batches as loaded); null when not run."""
+    """A few of the training dataset's items read again and again after the run and compared (post-run probe, only
+    where a frozen model runs on the DataLoader's batches as loaded); null when not run."""
     speed_of_light: SpeedOfLight | None = None
     """FLOPs of one step against the device's peak; null when not counted."""
     what_if: WhatIf | None = None

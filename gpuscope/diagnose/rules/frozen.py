@@ -19,7 +19,7 @@ def _frozen_share(run: RunRecord) -> float | None:
 def cacheable(model: FrozenModel, run: RunRecord) -> bool:
     """Whether ``model``'s outputs for an item are the same every epoch: run in eval mode with gradients off, on the
     DataLoader's batch as loaded, from a dataset that gives the same items each time (a TensorDataset, or one whose
-    items read the same twice after the run)."""
+    items read the same each time after the run)."""
     return model.step_share is not None and model.reads_batches and (model.fixed_items or _items_repeat(run))
 
 
@@ -51,8 +51,8 @@ def cache_frozen_outputs(run: RunRecord) -> Finding | None:
     site = model.called_at
     repeat = run.item_repeat
     source = "from a TensorDataset" if model.fixed_items or repeat is None else (
-        f"from a dataset ({repeat.dataset}) whose items {', '.join(map(str, repeat.indices))} read the same twice "
-        "after the run")
+        f"from a dataset ({repeat.dataset}) whose items {', '.join(map(str, repeat.indices))} read the same "
+        f"{repeat.reads} times each after the run")
     evidence = (
         frozen_model_text(model),
         f"its input is the DataLoader's batch as loaded, {source}, and it runs in eval mode with gradients off: its "
