@@ -198,7 +198,7 @@ class PostRunFacts:
     times again on copies of its parameters."""
     frozen_fed: bool = False
     """Whether a frozen model took a notable share of the step, in eval mode with gradients off, on the DataLoader's
-    batches as loaded from a dataset not known to give the same items (the repeat probe reads two of its items)."""
+    batches as loaded from a dataset not known to give the same items (the repeat probe reads a few of them again)."""
     optimizer_notable: bool = True
     """Whether the optimizer's update reached ``thresholds.OPTIMIZER_SHARE_NOTABLE`` of the step (True where the
     share is unknown)."""
