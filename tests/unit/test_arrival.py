@@ -498,3 +498,28 @@ def test_a_straggler_by_its_calls_is_late_in_the_phase_its_calls_ran_in() -> Non
     # without the phases of calls, where its step reads longer
     unplaced = straggler(ranks, found, dataclasses.replace(ops, phase_calls={}))
     assert unplaced is not None and unplaced.cause == "backward"
+
+
+def test_extra_work_outside_the_named_phases_must_show_in_the_steady_steps_where_no_one_waits_there() -> None:
+    # given rank 1 arriving last in every profiled step with 12 ms more of its own work outside the named phases (a
+    # frozen teacher's forward, say) on a core 15% faster, while the other ranks wait for it in backward (DDP), not there
+    def rank(r: int, pace: float, other_s: float) -> RankArrival:
+        own = {p: v * pace for p, v in {"data_wait": 0.002, "forward": 0.020, "backward": 0.030, "optimizer": 0.010,
+                                        "other": 0.010 + other_s}.items()}
+        return RankArrival(rank=r, late_s=(0.004 if r else -0.004,) * 3, own_steps_s=(sum(own.values()),) * 3,
+                           waiting_s=0.0, waiting_by_phase=dict.fromkeys(own, 0.0), own_phases_s=own,
+                           cpu_wait_s=None, exposed_s=0.0, step_s=0.080, own_phase_steps_s=(own,) * 3)
+
+    def summary(r: int, other_s: float) -> RankSummary:
+        rest = (0.08 - other_s) / 4
+        return RankSummary(rank=r, steps=20, median_s=0.08, breakdown=Breakdown(
+            data_wait=rest / 0.08, forward=rest / 0.08, backward=rest / 0.08, optimizer=rest / 0.08,
+            other=other_s / 0.08))
+
+    found = Arrivals((rank(0, 1.0, 0.0), rank(1, 0.85, 0.012)), steps=3, collectives=6, own_s=0.002, clock="shared")
+    # then where the run's steady steps give both ranks the same time there (a balanced job: three profiled steps
+    # of a busy machine's luck, arriving last in all three half the time on two ranks), no straggler is named
+    assert straggler([summary(0, 0.010), summary(1, 0.010)], found) is None
+    # and where they bear it out (10 ms more there, 12.5% of the step) it is, by that phase
+    late = straggler([summary(0, 0.010), summary(1, 0.020)], found)
+    assert late is not None and (late.rank, late.cause) == (1, "other")
