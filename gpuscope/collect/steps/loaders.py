@@ -12,6 +12,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any
 
+from gpuscope.collect.batch_fetch import is_default_collate
 from gpuscope.collect.callsites import call_site, calling_library, is_user_file, user_frame
 from gpuscope.record import CallSite, Loader
 
@@ -119,8 +120,7 @@ class LoaderBook:
         entry["batches"] += 1
         entry["wait_s"] += wait_s
         if self.watch_batches:
-            plain = _plain_collate(entry.get("loading", {}).get("collate_fn"))
-            self.last_batch = (_tensor_refs(batch) if plain else (), fixed_items(entry["dataset"]))
+            self.last_batch = (_tensor_refs(batch) if entry["as_loaded"] else (), entry["fixed_items"])
         if not self._open and self._tracker is not None:
             self._tracker.on_span_end = self.step_closed
         ref = last[0] if (last := self._last) is not None and last[1] is entry else None
@@ -148,12 +148,18 @@ class LoaderBook:
             created = self._created_for(dataset)
             if created is not None:
                 info["created_at"], info["created_by"], info["batch_sampler"] = created[1:]
+            loading = _loading(iterator)
             entry = self._entries[key] = {"info": info, "batches": 0, "wait_s": 0.0, "dataset": dataset,
-                                          "loading": _loading(iterator), "iterators": weakref.WeakSet(),
+                                          "loading": loading, "iterators": weakref.WeakSet(),
                                           "restarts": 0, "restart_wait_s": 0.0, "back_to_back": 0,
                                           "arrived": None, "eval_batches": 0, "eval_wait_s": 0.0, "firsts": [],
                                           "training": None,  # the iterator that fed a span with no evaluation
-                                          "repeated": 0, "length": _length(iterator)}
+                                          "repeated": 0, "length": _length(iterator),
+                                          # (for ``last_batch``): its batches are its items as they are, collated by
+                                          # torch (a collate function of one's own may draw at random: mixup), and
+                                          # those items are the same each epoch by what the dataset is
+                                          "as_loaded": _plain_collate(loading["collate_fn"]),
+                                          "fixed_items": fixed_items(dataset)}
         if _first_from(entry["iterators"], iterator) and entry["batches"] and getattr(iterator, "_num_workers", 0):
             entry["restarts"] += 1  # a new iterator's workers started for this batch
             entry["restart_wait_s"] += wait_s
@@ -343,11 +349,8 @@ def fixed_items(dataset: Any) -> bool:
 
 
 def _plain_collate(collate_fn: Any) -> bool:
-    """Whether a loader's batches are its items as they are: torch's ``default_collate`` or ``default_convert`` (a
-    collate function of one's own may draw at random: mixup, a random crop of the batch)."""
-    data = getattr(sys.modules.get("torch"), "utils", None)
-    data = getattr(data, "data", None)
-    return data is not None and collate_fn in (data.default_collate, data.default_convert)
+    """Whether ``collate_fn`` is torch's own: ``default_collate`` (``batch_size`` set) or ``default_convert`` (not)."""
+    return is_default_collate(collate_fn) or collate_fn is sys.modules["torch"].utils.data.default_convert
 
 
 def describe_tensors(batch: Any) -> list[str]:
