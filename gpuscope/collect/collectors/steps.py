@@ -99,8 +99,7 @@ class StepsCollector:
         self._discovery_s = 0.0
         # the modules whose forward is timed, and the models no optimizer trains, timed apart
         self.forward = ForwardModules(self._forward_pre, self._forward_post,
-                                      FrozenModels(self._clock, self._frozen_step, self._last_batch,
-                                                   self._watch_batches))
+                                      FrozenModels(self._clock, self._frozen_step, self.loaders))
         self._optimizer_watch = OptimizerWatch()  # the steps are provisional while an optimizer built has not stepped
         self._device_failed = False
         self._cuda_built = True  # False for a torch built without CUDA (or ROCm): no step asks whether CUDA is up
@@ -450,12 +449,6 @@ class StepsCollector:
         if not nested and not (module.training and self._torch.is_grad_enabled()):  # eval(), no_grad: evaluation
             self.forward.evaluation_pass(module, tracker)
         return True
-
-    def _last_batch(self) -> tuple[tuple[Any, ...], bool]:
-        return self.loaders.last_batch
-
-    def _watch_batches(self) -> None:
-        self.loaders.watch_batches = True
 
     def _frozen_step(self) -> int | None:
         """The open step's index, where a frozen model's call is the loop's (None: another thread's)."""

@@ -9,10 +9,13 @@ from __future__ import annotations
 import sys
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpuscope.collect.callsites import SiteCounter, user_frame
 from gpuscope.record import FrozenModel
+
+if TYPE_CHECKING:
+    from gpuscope.collect.steps.loaders import LoaderBook
 
 MAX_FROZEN = 8
 """Frozen models timed at most, the largest first (an EMA copy of the model, which no step calls, takes a place)."""
@@ -55,11 +58,9 @@ class FrozenModels:
     step: the summary reads them over the steady steps, as it reads the phases."""
 
     def __init__(self, clock: Callable[[], float], step: Callable[[], int | None],
-                 batch: Callable[[], tuple[tuple[Any, ...], bool]] = lambda: ((), False),
-                 watch: Callable[[], None] = lambda: None) -> None:
+                 loaders: LoaderBook | None = None) -> None:
         self._clock, self._step = clock, step  # step: the open step's index, None off the loop's thread
-        self._batch, self._watch = batch, watch  # the last batch's tensors (weakly) and whether its items are
-        # fixed (``LoaderBook.last_batch``); watch: start keeping them
+        self._loaders = loaders  # whose ``last_batch`` tells whether a call was given the batch as loaded
         self.timed: dict[int, _Frozen] = {}
         """The frozen models timed, by id (read by the wrapped ``__call__`` on every call of their classes)."""
 
@@ -78,8 +79,8 @@ class FrozenModels:
         """Time ``modules`` from step ``since`` (the open one) on."""
         for module in modules:
             self.timed.setdefault(id(module), _Frozen(module, since))
-        if modules:
-            self._watch()
+        if modules and self._loaders is not None:
+            self._loaders.watch_batches = True
 
     def forget(self, trained: Callable[[Any], bool]) -> None:
         """Stop timing the models an optimizer has since been seen training (a GAN's generator, stepped late)."""
@@ -98,7 +99,7 @@ class FrozenModels:
         entry.training |= bool(module.training)
         if entry.calls <= SITE_CALLS:
             entry.sites.count(user_frame(sys._getframe(2)))
-        refs, fixed = self._batch()
+        refs, fixed = self._loaders.last_batch if self._loaders is not None else ((), False)
         if refs and _fed(refs, (*args, *kwargs.values())):
             entry.fed += 1
             entry.fixed += fixed
