@@ -80,4 +80,5 @@ for epoch in range(args.epochs):
         ST.append(time.perf_counter() - a)
     print(f"epoch {epoch} loss {loss.item():.4f} {time.perf_counter() - t0:.1f}s")
 import statistics
-print("median step", statistics.median(STEP[5:]), "median body", statistics.median(ST[5:]), "total", time.perf_counter() - t0)
+print("median step", statistics.median(STEP[5:]), "median body", statistics.median(ST[5:]),
+      "total", time.perf_counter() - t0)

@@ -354,10 +354,10 @@ def _borne_out(slow: RankArrival, others: Sequence[RankArrival], cause: str, exc
     every phase alike, the whole run long). Where it does, their phase and its come out alike and cannot tell: DDP's
     backward (the steps' hooks time ``loss.backward()``, which returns once the last bucket is reduced), a phase with
     collectives inside (FSDP's forward, whose all-gathers the others wait in; work outside the named phases that
-    reduces gradients by hand). Then
-    the profiled steps must bear it out each one: it arrives last at the collectives in every one, as extra work
-    before them makes it, and its whole step's excess (``each_step_s``, where found by it) is in every one at least
-    ``STRAGGLER_EVERY_STEP`` of the step (a slow core's lateness comes and goes)."""
+    reduces gradients by hand). Then the profiled steps must bear it out each one: it arrives last at the
+    collectives in every one, as extra work before them makes it, and its whole step's excess (``each_step_s``, where
+    found by it) is in every one at least ``STRAGGLER_EVERY_STEP`` of the step (a slow core's lateness comes and
+    goes)."""
     waits = statistics.median(a.waiting_by_phase.get(cause, 0.0) for a in others)
     if cause == "backward" or waits >= max(excess_s, 0.0) / 2:
         last = sum(x > 0 for x in slow.late_s)

@@ -502,7 +502,8 @@ def test_a_straggler_by_its_calls_is_late_in_the_phase_its_calls_ran_in() -> Non
 
 def test_extra_work_outside_the_named_phases_must_show_in_the_steady_steps_where_no_one_waits_there() -> None:
     # given rank 1 arriving last in every profiled step with 12 ms more of its own work outside the named phases (a
-    # frozen teacher's forward, say) on a core 15% faster, while the other ranks wait for it in backward (DDP), not there
+    # frozen teacher's forward, say) on a core 15% faster, while the other ranks wait for it in backward (DDP), not
+    # there
     def rank(r: int, pace: float, other_s: float) -> RankArrival:
         own = {p: v * pace for p, v in {"data_wait": 0.002, "forward": 0.020, "backward": 0.030, "optimizer": 0.010,
                                         "other": 0.010 + other_s}.items()}

@@ -89,9 +89,8 @@ def same(a: Any, b: Any) -> bool:
     if hasattr(a, "shape") and hasattr(a, "dtype") and hasattr(b, "shape"):
         if type(a) is not type(b) or tuple(a.shape) != tuple(b.shape) or a.dtype != b.dtype:
             return False
-        if hasattr(a, "equal"):  # a torch tensor
-            return bool(a.equal(b)) or bool(((a == b) | (a.isnan() & b.isnan())).all()) \
-                if a.is_floating_point() else bool(a.equal(b))
+        if hasattr(a, "equal"):  # a torch tensor (NaN is not equal to itself: compared apart where it may be there)
+            return bool(a.equal(b) or (a.is_floating_point() and ((a == b) | (a.isnan() & b.isnan())).all()))
         import numpy
         return bool(numpy.array_equal(a, b, equal_nan=a.dtype.kind in "fc"))
     if isinstance(a, (tuple, list)):

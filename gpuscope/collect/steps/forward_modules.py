@@ -118,9 +118,10 @@ class ForwardModules:
         whose forward did not run are replaced by their children that hold trained parameters (checked in turn at
         the next boundary), and their children that hold parameters, none trained, are timed as frozen models (a
         LightningModule's teacher, beside the student it trains). True when that step timed only part of the forward
-        pass (it is to be left out of the figures). Steps counted by DataLoader batches before any ``backward()`` may only be batches fetched ahead
-        (the transformers Trainer fetches a step's accumulated batches first: 8 of them took its model for one whose
-        forward never runs, down to its leaves), so the modules are checked once one ran or at ``FETCH_AHEAD``."""
+        pass (it is to be left out of the figures). Steps counted by DataLoader batches before any ``backward()`` may
+        only be batches fetched ahead (the transformers Trainer fetches a step's accumulated batches first: 8 of them
+        took its model for one whose forward never runs, down to its leaves), so the modules are checked once one ran
+        or at ``FETCH_AHEAD``."""
         if tracker is not None and tracker.source == "dataloader" and not tracker.passes[1] and index < FETCH_AHEAD:
             return False
         silent = [m for ref in self.checking if (m := ref()) is not None and id(m) not in self._ran]

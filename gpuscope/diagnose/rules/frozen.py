@@ -36,8 +36,9 @@ def _items_repeat(run: RunRecord) -> bool:
 def cache_frozen_outputs(run: RunRecord) -> Finding | None:
     """Signal: a model no optimizer trains runs in every step in eval mode with gradients off, on the DataLoader's
     batch as loaded (no augmentation in between), from a dataset whose items are the same each time they are read
-    (a TensorDataset): its outputs for an item are the same every epoch (a distillation's teacher logits, a frozen
-    encoder's features under a linear probe).
+    (a TensorDataset, or one whose items the repeat probe read the same each time after the run): its outputs for an
+    item are the same every epoch (a distillation's teacher logits, a frozen encoder's features under a linear
+    probe).
     Why it matters: every epoch after the first recomputes what the first already computed; feature caching and
     precomputed teacher logits are how linear probes and offline distillation avoid it.
     Fix: one pass over the dataset computing the outputs, kept beside the inputs (a TensorDataset of inputs, labels
