@@ -9,7 +9,9 @@ import dataclasses
 import json
 import time
 import weakref
+from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ import torch.nn as nn
 from torch.utils.data import DataLoader, Dataset, Subset, TensorDataset, default_collate
 
 from gpuscope.collect.collectors.steps import StepsCollector
+from gpuscope.collect.framework.base import CollectorResult
 from gpuscope.collect.steps.frozen_models import FrozenModels, _fed
 from gpuscope.collect.steps.loaders import fixed_items
 from gpuscope.diagnose.rules import evaluate
@@ -40,34 +43,47 @@ class SlowTeacher(nn.Module):
         return self.layer(x)
 
 
-def distil(steps: int, teacher_under_no_grad: bool = True):
-    """A student trained against a frozen teacher (and an EMA copy of the student that no step calls)."""
+def collected(batches: Iterable[Any], loss_of: Callable[[Any], torch.Tensor], optimizer: torch.optim.Optimizer,
+              after: Callable[[], None] = lambda: None) -> CollectorResult:
+    """What the steps collector records of a loop taking an optimizer step on ``loss_of(batch)`` for each of
+    ``batches`` (then ``after()``)."""
     collector = StepsCollector()
+    collector.start(Path("."))
+    try:
+        for batch in batches:
+            loss = loss_of(batch)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            after()
+    finally:
+        result = collector.stop()
+    return result
+
+
+def distil(steps: int, teacher_under_no_grad: bool = True) -> CollectorResult:
+    """A student trained against a frozen teacher (and an EMA copy of the student that no step calls)."""
     torch.manual_seed(0)
     teacher, student = SlowTeacher().eval(), nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
     for p in teacher.parameters():
         p.requires_grad_(False)
     ema = copy.deepcopy(student)
-    optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
     x = torch.randn(4, 8)
-    collector.start(Path("."))
-    try:
-        for _ in range(steps):
-            if teacher_under_no_grad:
-                with torch.no_grad():
-                    target = teacher(x)
-            else:
-                target = teacher(x).detach()
-            loss = nn.functional.mse_loss(student(x), target)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
+
+    def loss_of(_: int) -> torch.Tensor:
+        if teacher_under_no_grad:
             with torch.no_grad():
-                for e, s in zip(ema.parameters(), student.parameters()):
-                    e.lerp_(s, 0.01)
-    finally:
-        result = collector.stop()
-    return result
+                target = teacher(x)
+        else:
+            target = teacher(x).detach()
+        return nn.functional.mse_loss(student(x), target)
+
+    @torch.no_grad()
+    def update_ema() -> None:
+        for e, s in zip(ema.parameters(), student.parameters()):
+            e.lerp_(s, 0.01)
+
+    return collected(range(steps), loss_of, torch.optim.SGD(student.parameters(), lr=0.1), update_ema)
 
 
 def test_a_frozen_teacher_is_timed_apart_with_the_line_that_calls_it() -> None:
@@ -137,20 +153,11 @@ class LitDistiller(nn.Module):
 
 
 def test_a_frozen_teacher_inside_a_module_whose_forward_never_runs_is_found_as_the_roots_go_down() -> None:
-    collector = StepsCollector()
     torch.manual_seed(0)
     module = LitDistiller()
-    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
     x = torch.randn(4, 8)
-    collector.start(Path("."))
-    try:
-        for _ in range(12):
-            loss = module.training_step(x)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-    finally:
-        capture = collector.stop().payload
+    capture = collected(range(12), lambda _: module.training_step(x),
+                        torch.optim.SGD(module.parameters(), lr=0.1)).payload
     # the student is timed as the forward, the teacher apart, from the step after the roots went down a level
     ((teacher, by_step, kept),) = capture.frozen_models
     assert teacher.called_at is not None and teacher.called_at.code == "target = self.teacher(x)"
@@ -246,23 +253,18 @@ def test_outputs_that_may_differ_each_epoch_are_not_told_to_be_computed_once(cha
 
 def distil_from_loader(collate_fn: object = None, augment: bool = False) -> FrozenModel:
     """The teacher of a distillation loop over a DataLoader of a TensorDataset, as the steps collector records it."""
-    collector = StepsCollector()
     torch.manual_seed(0)
     teacher, student = SlowTeacher().eval().requires_grad_(False), nn.Linear(8, 4)
-    optimizer = torch.optim.SGD(student.parameters(), lr=0.1)
     loader = DataLoader(TensorDataset(torch.randn(32, 8)), batch_size=4,
                         **({"collate_fn": collate_fn} if collate_fn is not None else {}))
-    collector.start(Path("."))
-    try:
-        for (x,) in loader:
-            with torch.no_grad():
-                target = teacher(x + 0.1 * torch.randn_like(x) if augment else x)
-            loss = nn.functional.mse_loss(student(x), target)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-    finally:
-        capture = collector.stop().payload
+
+    def loss_of(batch: list[torch.Tensor]) -> torch.Tensor:
+        (x,) = batch
+        with torch.no_grad():
+            target = teacher(x + 0.1 * torch.randn_like(x) if augment else x)
+        return nn.functional.mse_loss(student(x), target)
+
+    capture = collected(loader, loss_of, torch.optim.SGD(student.parameters(), lr=0.1)).payload
     return capture.frozen_models[0][0]
 
 
@@ -280,23 +282,16 @@ def test_an_augmented_batch_or_a_collate_function_of_ones_own_is_no_batch_of_fix
 
 def frozen_layer_beside(layers: int) -> tuple:
     """The frozen models recorded where a standalone frozen nn.Linear runs beside a model of ``layers`` Linears."""
-    collector = StepsCollector()
     model = nn.Sequential(*[nn.Linear(8, 8) for _ in range(layers)])
     projection = nn.Linear(8, 8).requires_grad_(False)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(4, 8)
-    collector.start(Path("."))
-    try:
-        for _ in range(6):
-            with torch.no_grad():
-                target = projection(x)
-            loss = nn.functional.mse_loss(model(x), target)
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-    finally:
-        capture = collector.stop().payload
-    return capture.frozen_models
+
+    def loss_of(_: int) -> torch.Tensor:
+        with torch.no_grad():
+            target = projection(x)
+        return nn.functional.mse_loss(model(x), target)
+
+    return collected(range(6), loss_of, torch.optim.SGD(model.parameters(), lr=0.01)).payload.frozen_models
 
 
 def test_a_frozen_model_whose_class_fills_the_trained_model_is_not_timed() -> None:
