@@ -44,7 +44,8 @@ class Breakdown:
     """
 
     data_wait: float = 0.0
-    """Waiting for the next batch (inside a DataLoader iterator's __next__)."""
+    """Waiting for the next batch (inside a DataLoader iterator's __next__; or, on the loop's thread between its
+    passes, in a queue's get: a thread or process handing batches over, ``steps.queue_waits``)."""
     forward: float = 0.0
     """Forward of the root modules."""
     backward: float = 0.0
@@ -164,6 +165,10 @@ class Steps:
     """Models the optimizers do not train (a distillation's teacher, a frozen encoder) whose forward ran in the steps,
     outside the trained model's: the largest first, at most 4. Their time is in the step's ``other`` share (or in
     ``forward`` where the trained model calls one)."""
+    queue_waits: tuple[CallSite, ...] = ()
+    """The lines where the loop's thread waited on a queue (``queue.Queue``, ``multiprocessing.Queue``) between its
+    passes, for batches a thread or process of the script's own hands over: those waits are the data wait (of the
+    first 64, the most frequent first, at most 3). Empty where the batches came from a DataLoader's ``__next__``."""
 
     @property
     def rollouts(self) -> bool:

@@ -121,6 +121,11 @@ def script_format_stack(fx_traceback: Any) -> Callable[[], list[str]]:
     return format_stack
 
 
+SITE_CALLS = 64
+"""Calls whose user line is looked up, at most, where each lookup walks the stack (a model called many times a step,
+a queue waited on at every step, is called from the same few lines)."""
+
+
 class SiteCounter:
     """Calls counted per user line; ``sites()`` turns them into record entries, most frequent first."""
 

@@ -79,6 +79,8 @@ class StepCapture:
     """Models no optimizer trains whose forward ran in the steps, each without its figures, which the summary reads
     from its seconds and calls by step index over the steady steps, of those its calls were kept for (from, to; -1:
     to the end)."""
+    queue_waits: tuple[CallSite, ...] = ()
+    """The lines whose waits on a queue between the loop's passes were its data wait (``steps.queue_waits``)."""
 
 
 @dataclass(frozen=True, slots=True)

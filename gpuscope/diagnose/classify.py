@@ -29,7 +29,7 @@ from gpuscope.diagnose.loops import loops_line
 from gpuscope.diagnose.rules.base import missing_input
 from gpuscope.diagnose.words import (comm_flight_text, comm_wait_text, evaluation_line, frozen_model_text, gpu_busy,
                                      host_pace_text, left_out, two_speeds_line, unlike_window)
-from gpuscope.record import Breakdown, RunRecord, Steps, Verdict, Window
+from gpuscope.record import Breakdown, CallSite, RunRecord, Steps, Verdict, Window
 
 
 HOW_TO_MARK_STEPS = (
@@ -154,6 +154,8 @@ def _classify_steps(record: RunRecord, needed: int) -> Verdict:
         if (top := slowest_loader(record)) is not None:
             evidence.append(f"the {top.dataset} loader has {top.num_workers} worker process"
                             f"{'es' if top.num_workers != 1 else ''}")
+        if steps.queue_waits:
+            evidence.append(queue_wait_text(steps.queue_waits[0], top is not None))
         return Verdict("data-loading", _rising(share, th.DATA_WAIT_BOUND, 0.5), tuple(evidence))
     waiting = f"data wait is {share:.0%} {basis}, under the {th.DATA_WAIT_BOUND:.0%} at which loading bounds the run"
     comm = record.op_profile.communication if record.op_profile is not None else None
@@ -409,6 +411,15 @@ def _outside_ops(record: RunRecord) -> list[str]:
                if f.file != "~" and f.cumulative_s >= th.OPS_COVER_CALLER * lead.own_s
                and (f.file, f.line, f.function) != (lead.file, lead.line, lead.function)][:th.OPS_COVER_CALLERS]
     return [f"{fact}, under {', '.join(callers)}" if callers else fact]
+
+
+def queue_wait_text(site: CallSite, loader: bool) -> str:
+    """Where a loop fed through a queue waited for its batches (``steps.queue_waits``), and what would shorten it."""
+    fed = ("a thread taking the loader's batches hands them over" if loader else
+           "a thread or process of the script's own hands the batches over, no DataLoader")
+    return (f"the wait is at {site.file}:{site.line} `{site.code}`, on a queue: {fed}; they come slower than the "
+            "steps use them: build them cheaper, or several at once in a DataLoader's worker processes where cores "
+            "are spare (threads building them in Python share one interpreter lock)")
 
 
 def _waiting_iterator(record: RunRecord, outside: str, facts: list[str]) -> Verdict | None:

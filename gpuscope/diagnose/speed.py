@@ -309,6 +309,11 @@ def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
         explanation = (f"with the batches ready when the step asks for them: without the {wait.share:.0%} of the "
                        f"profiled steps spent waiting under {wait.feeder.function} ({wait.feeder.file}:"
                        f"{wait.feeder.line})")
+    elif verdict.bound == "data-loading" and record.steps.queue_waits and not record.loaders:
+        site, share = record.steps.queue_waits[0], record.breakdown.data_wait  # fed through a queue: how fast more
+        step_s = median * (1 - share)  # producers would deliver is unmeasured
+        explanation = (f"with the batches ready when the step asks for them: without the {share:.0%} of each step "
+                       f"spent waiting at {site.file}:{site.line} `{site.code}`")
     elif verdict.bound == "data-loading":
         step_s, explanation = _without_data_wait(record)
     elif verdict.bound == "cpu-launch":

@@ -288,6 +288,8 @@ def summarize_capture(capture: StepCapture) -> StepSummary:
         steps = dataclasses.replace(steps, forwards_per_backward=forwards / backwards)
     if capture.closure_calls and capture.count:
         steps = dataclasses.replace(steps, closure_calls_per_step=capture.closure_calls / capture.count)
+    if capture.queue_waits:
+        steps = dataclasses.replace(steps, queue_waits=capture.queue_waits)
     if capture.frozen_models:
         models = [_frozen_figures(model, by_step, kept, steps.sample, capture.device) for model, by_step, kept in
                   capture.frozen_models]

@@ -32,6 +32,7 @@ at the next *safe point*: the next DataLoader ``__next__``, forward of a timed m
 
 from __future__ import annotations
 
+import multiprocessing.queues
 import queue
 import sys
 import time
@@ -41,6 +42,7 @@ from pathlib import Path
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from gpuscope.collect.callsites import SITE_CALLS, SiteCounter, user_frame
 from gpuscope.collect.captures import StepCapture
 from gpuscope.collect.framework.base import CollectorResult, ProbeInputs, Stage, WindowRequest, patch, register
 from gpuscope.collect.importwatch import ImportWatch
@@ -89,6 +91,7 @@ class StepsCollector:
         self.probed_optimizer: Any = None  # kept alive for the post-run optimizer probe: the first, or the windows'
         self.loaders = LoaderBook()  # the DataLoaders iterated (the post-run probes load the slowest one again)
         self._loader_depth = 0
+        self._queue_sites = SiteCounter()  # the lines whose waits on a queue were data wait (the first SITE_CALLS)
         self._closure_calls = 0  # calls of the closures passed to optimizer.step that ran a backward, to the end
         self._backwards = 0  # backward() and autograd.grad() calls begun, to the end
         self._closure_end: list[Callable[[], None]] = []
@@ -225,7 +228,7 @@ class StepsCollector:
             loops=self._optimizer_watch.loops.starts(), no_grad_modes=(*self.forward.no_grad_modes,),
             device_markers=tracker.device.marked if tracker.device is not None else 0, losses=losses,
             closure_calls=self._closure_calls,
-            frozen_models=self.forward.frozen.records()),
+            frozen_models=self.forward.frozen.records(), queue_waits=self._queue_sites.sites(limit=3)),
             notes=tuple(notes))
 
     def probe_inputs(self) -> ProbeInputs:
@@ -251,6 +254,7 @@ class StepsCollector:
         self._undo.append(patch(dataloader._BaseDataLoaderIter, "__next__", self._wrap_next))
         self._undo.append(patch(dataloader.DataLoader, "__init__", self.loaders.wrap_init))
         self._undo.append(patch(queue.Queue, "get", self._wrap_handoff))
+        self._undo.append(patch(multiprocessing.queues.Queue, "get", self._wrap_handoff))
         self._undo.append(patch(torch.autograd, "backward", self._wrap_phase("backward")))
         self._undo.append(patch(torch.autograd, "grad", self._wrap_phase("backward", by_grad=True)))
 
@@ -359,13 +363,19 @@ class StepsCollector:
         return __next__
 
     def _wrap_handoff(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        """``queue.Queue.get``: once a thread takes DataLoader batches, the loop waiting on a queue waits for a batch
-        (unless inside a DataLoader's ``__next__``: its pin-memory thread hands batches over through a queue too)."""
+        """``queue.Queue.get`` and ``multiprocessing.Queue.get`` on the loop's thread (not inside a DataLoader's
+        ``__next__``: its pin-memory thread and workers hand batches over through queues too): the loop waits for a
+        batch once a thread takes DataLoader batches, and wherever it waits on a queue between its passes (a thread
+        or process of the script's own building the batches, a BackgroundGenerator); the line is kept."""
         collector = self
 
         def get(handoff: Any, *args: Any, **kwargs: Any) -> Any:
-            if not collector.loaders.fed_by_thread or collector._loader_depth or not collector._loop.mine():
+            loop = collector._loop
+            if collector._loader_depth or not loop.mine() or loop.forked() or not (
+                    collector.loaders.fed_by_thread or collector.tracker.clock.current == OTHER):  # type: ignore
                 return original(handoff, *args, **kwargs)
+            if collector._queue_sites.total() < SITE_CALLS:
+                collector._queue_sites.count(user_frame(sys._getframe(1)))
             tracker = collector.tracker
             tracker.enter("data_wait", collector._clock())  # type: ignore[union-attr]
             try:

@@ -11,7 +11,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from gpuscope.collect.callsites import SiteCounter, user_frame
+from gpuscope.collect.callsites import SITE_CALLS, SiteCounter, user_frame
 from gpuscope.record import FrozenModel
 
 if TYPE_CHECKING:
@@ -19,8 +19,6 @@ if TYPE_CHECKING:
 
 MAX_FROZEN = 8
 """Frozen models timed at most, the largest first (an EMA copy of the model, which no step calls, takes a place)."""
-SITE_CALLS = 64
-"""Calls whose user line is looked up (a model called many times a step is called from the same few lines)."""
 MAX_STEPS = 1 << 15
 """Steps whose calls are kept per step, at most: the summary reads the steady steps it keeps up to the last of them
 (a few MB a model)."""
