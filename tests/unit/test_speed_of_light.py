@@ -405,6 +405,32 @@ def test_a_measured_peak_below_what_the_run_itself_did_is_raised_to_the_runs_rat
     assert "would be 120% of the" in above.note
 
 
+def test_a_measured_peak_below_the_runs_own_matmuls_rate_is_raised_to_it() -> None:
+    # given: a CPU bfloat16-autocast MLP (tests/fixtures/records/amp_cpu.py) whose 2.16 GFLOP step took 9.14 ms,
+    # its matmuls 5.86 ms of it in the trace (aten::mm 3.54, aten::addmm 2.31 ms a step), and the benchmark after the
+    # run measuring 217.7 GFLOP/s: this 2-vCPU VM ran it at half its rate (1024x1024 bfloat16 matmuls measure 410-440
+    # GFLOP/s here, and 213-222 in some processes)
+    import json
+
+    from gpuscope.record import RunRecord
+
+    record = RunRecord.from_json(json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "records" /
+                                             "amp_cpu.json").read_text()))
+    benchmark = dataclasses.replace(record.speed_of_light, peak_flops_per_s=217.7e9, achieved_flops_per_s=None,
+                                    mfu=None, peak_source="measured here after the run: the fastest of 5 1024x1024 "
+                                    "bfloat16 matmuls on 2 threads")
+    sol = complete_speed_of_light(dataclasses.replace(record, speed_of_light=benchmark))
+    # then the peak is the run's own matmuls' rate, 2.16 GFLOP over 5.86 ms, not the step's 236.6 GFLOP/s: MFU 64%,
+    # where raising it to the step's own rate said 100%
+    assert sol.peak_flops_per_s == pytest.approx(369.3e9, rel=1e-3)
+    assert sol.mfu == pytest.approx(0.64, abs=0.005)
+    assert sol.peak_source.endswith("; raised to the run's own matmuls' 369.3 GFLOP/s (their counted FLOPs over "
+                                    "their time in trace.json), above the 217.7 GFLOP/s the benchmark measured")
+    # and a run whose matmuls ran slower than the benchmark keeps the benchmark's peak
+    slow = dataclasses.replace(benchmark, peak_flops_per_s=400e9)
+    assert complete_speed_of_light(dataclasses.replace(record, speed_of_light=slow)).peak_flops_per_s == 400e9
+
+
 @pytest.mark.parametrize("factor", [1.2, 1.45])
 def test_a_measured_peak_below_the_runs_rate_within_the_noise_factor_is_raised(factor: float) -> None:
     # given: the benchmark after the run measured the run's 30 GFLOP/s over ``factor``: within the 1.5x a loaded
