@@ -165,6 +165,8 @@ class Steps:
     """Models the optimizers do not train (a distillation's teacher, a frozen encoder) whose forward ran in the steps,
     outside the trained model's: the largest first, at most 4. Their time is in the step's ``other`` share (or in
     ``forward`` where the trained model calls one)."""
+    checkpointing: Checkpointing | None = None
+    """Activation checkpointing in the steps, or null where no call was checkpointed."""
     queue_waits: tuple[CallSite, ...] = ()
     """The lines where the loop's thread waited on a queue (``queue.Queue``, ``multiprocessing.Queue``) between its
     passes, for batches a thread or process of the script's own hands over: those waits are the data wait (of the
@@ -175,6 +177,31 @@ class Steps:
         """Whether the passes that mark steps as holding an evaluation pass ran mostly in train mode: a rollout
         collecting the next batch, most likely (how the verdict and the summary name them)."""
         return (self.evaluated_in_train_mode or 0.0) >= 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class Checkpointing:
+    """Activation checkpointing (``torch.utils.checkpoint``) in the steps: the checkpointed calls, whose forward runs
+    again in backward, and what running it again cost."""
+
+    calls: int = 0
+    """Checkpointed calls over the run."""
+    recomputed: int = 0
+    """Their forwards run again in backward, over the run."""
+    calls_per_step: float = 0.0
+    """Checkpointed calls per steady step (0 where no steady step was kept)."""
+    recompute_s: float | None = None
+    """Seconds a steady step spent running checkpointed forwards again, on the host's clock (a CPU run's backward
+    runs on the loop's thread); None on a CUDA run, whose backward runs them on autograd's device threads."""
+    step_share: float | None = None
+    """``recompute_s`` over the steady steps' wall time, as ``breakdown`` is read; None where it is."""
+    reentrant: bool = False
+    """Some call used the reentrant implementation (``use_reentrant=True``)."""
+    called_at: CallSite | None = None
+    """The user's line under which checkpoint was called most (where a library called it, the line that called
+    into the library)."""
+    called_by: str = ""
+    """The library that called checkpoint (``transformers``), or "" where the user's code did."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuscope.record import CallSite, FrozenModel, Loader
+from gpuscope.record import CallSite, Checkpointing, FrozenModel, Loader
 
 TIMED_PHASES = ("data_wait", "forward", "backward", "optimizer")
 """Phases timed by hooks; a step's remaining time is "other"."""
@@ -79,6 +79,9 @@ class StepCapture:
     """Models no optimizer trains whose forward ran in the steps, each without its figures, which the summary reads
     from its seconds and calls by step index over the steady steps, of those its calls were kept for (from, to; -1:
     to the end)."""
+    checkpointing: tuple[Checkpointing, dict[int, tuple[float, int]], int] | None = None
+    """Activation checkpointing without its figures, which the summary reads from its seconds recomputing and
+    checkpointed calls by step index over the steady steps (before the step from which none were kept; -1: all)."""
     queue_waits: tuple[CallSite, ...] = ()
     """The lines whose waits on a queue between the loop's passes were its data wait (``steps.queue_waits``)."""
 

@@ -136,6 +136,22 @@ def _zero_grad_to_none(torch: Any, settings: dict[str, Any], applied: Applied, s
     return True
 
 
+def _no_checkpointing(torch: Any, settings: dict[str, Any], applied: Applied, steps: StepSource) -> bool:
+    """``torch.utils.checkpoint.checkpoint`` calls the function directly (a library that imports it after torch, as
+    transformers does, binds this one; ``checkpoint_sequential`` calls it through the module)."""
+    import torch.utils.checkpoint
+
+    def wrap(original: Callable[..., Any]) -> Callable[..., Any]:
+        def checkpoint(function: Callable[..., Any], *args: Any, use_reentrant: bool | None = None,
+                       context_fn: Any = None, determinism_check: Any = None, debug: Any = None,
+                       preserve_rng_state: bool = True, early_stop: Any = None, **kwargs: Any) -> Any:
+            return function(*args, **kwargs)
+        return checkpoint
+
+    applied.undo.append(patch(torch.utils.checkpoint, "checkpoint", wrap))
+    return True
+
+
 FUSED_OPTIMIZERS = ("Adam", "AdamW", "SGD", "Adagrad")
 """torch's optimizers that take ``fused=True`` (on the CPU since torch 2.4)."""
 
@@ -337,6 +353,7 @@ INSTALLERS: dict[str, Installer] = {
     "channels-last": _on_roots(_channels_last),
     "cpu-fp32-over-low-precision": _cpu_float32,
     "reduce-memory": _on_roots(_checkpoint_blocks),
+    "skip-activation-checkpointing": _no_checkpointing,
 }
 """How each fix whose rule is tried at run time (``AtRunTime``, ``diagnose.trials.APPLIED_AT_RUN_TIME``) is applied:
 one installer an id, tied to the rules by tests/unit/test_trials.py."""

@@ -181,6 +181,15 @@ FROZEN_MODEL_NOTABLE = 0.1
 """A model no optimizer trains (a frozen teacher, an encoder) is named in the verdict's evidence where its forward
 takes a tenth of the step or more: the distillation loop's teacher took 63% of it (22.2 ms a call, a 32.6 ms step)."""
 
+RECOMPUTE_NOTABLE = 0.1
+"""Activation checkpointing's recomputation is worth turning off from a tenth of the step: a tiny GPT-2 under HF's
+Trainer with ``gradient_checkpointing=True`` spent 33% of its 144 ms step running its 4 blocks' forwards again, and
+ran 36% faster without it (docs/diagnosis.md)."""
+CHECKPOINT_HEADROOM_SHARE = 0.5
+"""Turning checkpointing off is advised where the activations it would keep, at most, fit in half the memory the
+run left free: each checkpointed call's recomputed activations were all live at once in backward, so they are at
+most the peak less the parameters and the optimizer's state, and the calls keep at most that many times it."""
+
 OPS_COVER_OUTSIDE_MODEL = 0.6
 """...the share of such a step its torch ops must cover for the step to count as computing (above)."""
 

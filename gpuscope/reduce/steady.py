@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from gpuscope.reduce import loops as loops_of
 from gpuscope.reduce import thresholds as th
 from gpuscope.collect.captures import TIMED_PHASES, LoopStart, StepCapture, StepRecord
-from gpuscope.record import PHASES, Breakdown, FrozenModel, Steps, StepSample, TimeBasis
+from gpuscope.record import PHASES, Breakdown, Checkpointing, FrozenModel, Steps, StepSample, TimeBasis
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,11 +290,30 @@ def summarize_capture(capture: StepCapture) -> StepSummary:
         steps = dataclasses.replace(steps, closure_calls_per_step=capture.closure_calls / capture.count)
     if capture.queue_waits:
         steps = dataclasses.replace(steps, queue_waits=capture.queue_waits)
+    if capture.checkpointing is not None:
+        steps = dataclasses.replace(steps, checkpointing=_checkpointing_figures(*capture.checkpointing, steps.sample,
+                                                                               capture.device))
     if capture.frozen_models:
         models = [_frozen_figures(model, by_step, kept, steps.sample, capture.device) for model, by_step, kept in
                   capture.frozen_models]
         steps = dataclasses.replace(steps, frozen_models=tuple(sorted(models, key=lambda f: -(f.step_share or 0.0))))
     return dataclasses.replace(summary, steps=steps)
+
+
+def _checkpointing_figures(checkpointing: Checkpointing, by_step: dict[int, tuple[float, int]], kept_to: int,
+                           sample: StepSample, device: str) -> Checkpointing:
+    """``checkpointing``'s calls and recomputation over the steady steps of ``sample`` kept (before ``kept_to``)."""
+    steady = [(i, wall) for i, wall, status in zip(sample.index, sample.wall_s, sample.status)
+              if status == "steady" and (kept_to < 0 or i < kept_to)]
+    if not steady:
+        return checkpointing
+    seconds = sum(by_step.get(i, (0.0, 0))[0] for i, _ in steady)
+    calls = sum(by_step.get(i, (0.0, 0))[1] for i, _ in steady)
+    wall = sum(w for _, w in steady)
+    timed = device != "cuda" and calls > 0
+    return dataclasses.replace(checkpointing, calls_per_step=calls / len(steady),
+                               recompute_s=seconds / len(steady) if timed else None,
+                               step_share=min(1.0, seconds / wall) if timed and wall > 0 else None)
 
 
 def _frozen_figures(model: FrozenModel, by_step: dict[int, tuple[float, int]], kept: tuple[int, int],

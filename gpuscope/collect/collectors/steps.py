@@ -53,6 +53,7 @@ from gpuscope.collect.steps.loaders import LoaderBook
 from gpuscope.collect.steps.loopthread import LoopThread
 from gpuscope.collect.steps.optimizer_watch import OptimizerWatch
 from gpuscope.collect.steps.phase_clock import OTHER
+from gpuscope.collect.steps.recompute import Recompute
 from gpuscope.collect.steps.step_listeners import QUIET
 from gpuscope.collect.steps.steplog import DeviceTimeline, StepLog, StepTracker
 from gpuscope.record import CollectorStatus
@@ -103,6 +104,7 @@ class StepsCollector:
         # the modules whose forward is timed, and the models no optimizer trains, timed apart
         self.forward = ForwardModules(self._forward_pre, self._forward_post,
                                       FrozenModels(self._clock, self._frozen_step, self.loaders))
+        self.recompute = Recompute(self._clock, self._frozen_step)  # activation checkpointing's recomputation
         self._optimizer_watch = OptimizerWatch()  # the steps are provisional while an optimizer built has not stepped
         self._device_failed = False
         self._cuda_built = True  # False for a torch built without CUDA (or ROCm): no step asks whether CUDA is up
@@ -228,7 +230,8 @@ class StepsCollector:
             loops=self._optimizer_watch.loops.starts(), no_grad_modes=(*self.forward.no_grad_modes,),
             device_markers=tracker.device.marked if tracker.device is not None else 0, losses=losses,
             closure_calls=self._closure_calls,
-            frozen_models=self.forward.frozen.records(), queue_waits=self._queue_sites.sites(limit=3)),
+            frozen_models=self.forward.frozen.records(), queue_waits=self._queue_sites.sites(limit=3),
+            checkpointing=self.recompute.record()),
             notes=tuple(notes))
 
     def probe_inputs(self) -> ProbeInputs:
@@ -241,6 +244,7 @@ class StepsCollector:
         try:
             import torch
             import torch.autograd
+            import torch.utils.checkpoint
             from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
             from torch.utils.data import dataloader
         except Exception as exc:  # torch too old or broken: explicit markers still work
@@ -255,6 +259,7 @@ class StepsCollector:
         self._undo.append(patch(dataloader.DataLoader, "__init__", self.loaders.wrap_init))
         self._undo.append(patch(queue.Queue, "get", self._wrap_handoff))
         self._undo.append(patch(multiprocessing.queues.Queue, "get", self._wrap_handoff))
+        self._undo.append(self.recompute.install(torch.utils.checkpoint))
         self._undo.append(patch(torch.autograd, "backward", self._wrap_phase("backward")))
         self._undo.append(patch(torch.autograd, "grad", self._wrap_phase("backward", by_grad=True)))
 
