@@ -28,14 +28,48 @@ def complete_speed_of_light(record: RunRecord) -> SpeedOfLight | None:
     left unset and ``peak_source`` says why. A datasheet (GPU) peak is never changed."""
     sol, steps = record.speed_of_light, record.steps
     if sol is not None and sol.flops_per_step and not steps.count and steps.total:
-        why = "no step ran unprofiled (a run of a few long steps): the achieved rate and MFU need one"
-        return dataclasses.replace(sol, note=_joined(sol.note, why))
+        return _from_profiled_step(record, sol)
     if sol is None or not steps.count or not steps.median_s or not sol.flops_per_step:
         return sol
     unlike = counted_step_unlike(record, sol.step) if sol.step is not None else None
     if unlike is not None:  # its FLOPs are not a steady step's: no achieved rate, no MFU
         return dataclasses.replace(sol, note=f"{sol.note}; {unlike}" if sol.note else unlike)
-    achieved = sol.flops_per_step / steps.median_s
+    return _rates(record, sol, steps.median_s)
+
+
+def _from_profiled_step(record: RunRecord, sol: SpeedOfLight) -> SpeedOfLight:
+    """Where no step ran unprofiled (a run of a few long steps), the achieved rate and MFU over the step(s) the
+    verdict reads instead (``classify.profiled_steps``): lower bounds, the profiler slowing those steps."""
+    from gpuscope.diagnose.classify import profiled_steps
+
+    ops = record.op_profile
+    call = (ops.closure_calls, ops.closure_call_s) if ops is not None and ops.closure_call_s > 0 else None
+    profiled = profiled_steps(record.steps, ops.window if ops is not None else None, call)  # (profiled_median_s's)
+    if profiled is None or not profiled[0].median_s:
+        why = "no step ran unprofiled (a run of a few long steps): the achieved rate and MFU need one"
+        return dataclasses.replace(sol, note=_joined(sol.note, why))
+    thin, _, which = profiled
+    completed = _rates(dataclasses.replace(record, steps=thin), sol, thin.median_s)
+    return dataclasses.replace(completed, note=_joined(completed.note, (
+        f"no step ran unprofiled (a run of a few long steps): the achieved rate and MFU are over {which}, slowed by "
+        "the profiler: at least these")))
+
+
+def profiled_median_s(record: RunRecord) -> float | None:
+    """Where no step ran unprofiled, the step time the verdict reads from the profiled steps (None elsewhere)."""
+    from gpuscope.diagnose.classify import profiled_steps
+
+    ops = record.op_profile
+    call = (ops.closure_calls, ops.closure_call_s) if ops is not None and ops.closure_call_s > 0 else None
+    if record.steps.count or not record.steps.total:
+        return None
+    profiled = profiled_steps(record.steps, ops.window if ops is not None else None, call)
+    return profiled[0].median_s if profiled is not None and profiled[0].median_s else None
+
+
+def _rates(record: RunRecord, sol: SpeedOfLight, median_s: float) -> SpeedOfLight:
+    """``sol`` with its achieved rate over a ``median_s`` step and its MFU (the peak checked against the run's)."""
+    achieved = sol.flops_per_step / median_s
     measured = sol.peak_flops_per_s
     own = run_matmul_rate(record, sol) if sol.peak_measured and measured else None
     if own is not None and own > measured:  # type: ignore[operator]
@@ -65,7 +99,7 @@ def complete_speed_of_light(record: RunRecord) -> SpeedOfLight | None:
         mfu = achieved / tf32[0]
     if mfu is not None and mfu > 1:  # above a datasheet peak: the step time or the FLOP count is not the run's
         return dataclasses.replace(sol, achieved_flops_per_s=achieved, mfu=None, note=_joined(sol.note, (
-            f"{sol.flops_per_step / 1e9:.2f} GFLOP in a {steps.median_s * 1e3:.2f} ms step would be {mfu:.0%} of "
+            f"{sol.flops_per_step / 1e9:.2f} GFLOP in a {median_s * 1e3:.2f} ms step would be {mfu:.0%} of "
             f"the {sol.peak_source.split(',')[0] or 'peak'}: no step runs above its GPU's peak, so the step time or "
             "the FLOP count does not describe the run, and no MFU is given")))
     return dataclasses.replace(sol, achieved_flops_per_s=achieved, mfu=mfu)
@@ -101,7 +135,8 @@ def _tf32_peak(record: RunRecord, sol: SpeedOfLight) -> tuple[float, str] | None
 
 
 def _joined(note: str, more: str) -> str:
-    return f"{note}; {more}" if note else more
+    """``note`` and ``more`` (once: a record completed before keeps its note)."""
+    return note if more in note else f"{note}; {more}" if note else more
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,8 +359,17 @@ def _completed(rate: LoaderRate, batch_s: float | None, cores: int) -> LoaderRat
 
 
 def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
-    """An estimate of the median step with the verdict's bottleneck removed; None where none is sound."""
+    """An estimate of the median step with the verdict's bottleneck removed; None where none is sound. Where no step
+    ran unprofiled, a compute-bound one's at the speed of light, against the profiled step the verdict reads."""
     median = record.steps.median_s
+    if not record.steps.count and verdict.bound == "compute" and (thin := profiled_median_s(record)) is not None:
+        sol = complete_speed_of_light(record)
+        if sol is None or not sol.peak_flops_per_s or not sol.flops_per_step or sol.mfu is None:
+            return None
+        step_s = sol.flops_per_step / sol.peak_flops_per_s
+        return WhatIf(step_s=step_s, speedup=thin / step_s, explanation=(
+            f"at the speed of light: {sol.flops_per_step / 1e9:.2f} GFLOP a step at the {_peak_name(sol)} peak of "
+            f"{_rate_text(sol.peak_flops_per_s)}, against the profiled step's {thin:.2f} s (slowed by the profiler)"))
     if not record.steps.count or not median:
         return None
     step_s, explanation = None, ""

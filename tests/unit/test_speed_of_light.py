@@ -354,6 +354,27 @@ def test_flops_of_a_run_with_no_unprofiled_step_give_no_achieved_rate_and_say_wh
     assert sol.note == "no step ran unprofiled (a run of a few long steps): the achieved rate and MFU need one"
 
 
+def test_flops_of_three_long_lbfgs_steps_are_held_against_the_traced_step_as_the_verdict_reads_it() -> None:
+    # given three LBFGS steps, every one past the warm-up profiled: step 2 traced up to the end of its first closure
+    # call (1.2 s, of 4 calls), its wall 9.3 s with the trace's export and the FLOP count of its second call
+    from gpuscope.record import OpProfile, Window
+
+    sample = StepSample(index=(0, 1, 2), wall_s=(4.1, 5.0, 9.3), status=("warmup", "profiled", "profiled"),
+                        phases_s={"forward": (1.0, 1.2, 1.3), "backward": (2.5, 3.0, 3.2)})
+    steps = Steps(count=0, total=3, warmup=1, profiled=2, source="optimizer", sample=sample)
+    ops = OpProfile(window=Window(2, 2), steps=1, closure_calls=4, closure_call_s=1.2)
+    record = dataclasses.replace(compute_bound_record(), steps=steps, op_profile=ops)
+    # then its 6 GFLOP are over the 4 x 1.2 s the verdict takes the step as: 1.25 GFLOP/s, at least
+    sol = complete_speed_of_light(record)
+    assert sol.achieved_flops_per_s == pytest.approx(6e9 / 4.8) and sol.mfu == pytest.approx(1.25e9 / 100e9)
+    assert sol.note.startswith("no step ran unprofiled (a run of a few long steps): the achieved rate and MFU are "
+                               "over the profiled step 2 (its time taken as its first call of the optimizer's closure")
+    assert sol.note.endswith("slowed by the profiler: at least these")
+    # and a compute-bound verdict's what-if is the step at the peak against that step
+    estimate = what_if(dataclasses.replace(record, speed_of_light=sol), record.verdict)
+    assert estimate is not None and estimate.step_s == pytest.approx(0.06) and estimate.speedup == pytest.approx(80)
+
+
 def test_flops_counted_on_a_step_unlike_the_steady_ones_give_no_achieved_rate_and_say_why() -> None:
     # given: a first phase of 200 ms steps (an encoder) and a steady phase of 5 ms ones; the FLOPs of step 12 counted
     base = compute_bound_record()
