@@ -75,10 +75,7 @@ def _classify(record: RunRecord) -> Verdict:
     the steps there are, its confidence cut in proportion and the evidence saying so (``_thin``)."""
     steps = record.steps
     needed = th.MIN_TRACE_STEPS if steps.source == "profiler" else th.MIN_STEADY_STEPS
-    ops = record.op_profile
-    window = ops.window if ops is not None else None
-    call = (ops.closure_calls, ops.closure_call_s) if ops is not None and ops.closure_call_s > 0 else None
-    if steps.count == 0 and (profiled := profiled_steps(steps, window, call)) is not None:
+    if (profiled := profiled_figures(record)) is not None:
         thin_steps, breakdown, which = profiled
         thin = dataclasses.replace(record, steps=thin_steps, breakdown=breakdown)
         measured = _classify_steps(thin, needed)  # (inconclusive too: its evidence says why, "0 steps" would not)
@@ -92,6 +89,16 @@ def _classify(record: RunRecord) -> Verdict:
     if 0 < steps.count < needed:  # an inconclusive one too: its evidence says from how few steps
         return _thin(record, verdict, needed)
     return verdict
+
+
+def profiled_figures(record: RunRecord) -> tuple[Steps, Breakdown, str] | None:
+    """Where no step ran unprofiled, ``profiled_steps`` of the record's steps, as torch.profiler recorded them (its
+    window, and the one closure call it traced); None elsewhere."""
+    ops = record.op_profile
+    if record.steps.count:
+        return None
+    call = (ops.closure_calls, ops.closure_call_s) if ops is not None and ops.closure_call_s > 0 else None
+    return profiled_steps(record.steps, ops.window if ops is not None else None, call)
 
 
 def profiled_steps(steps: Steps, window: Window | None = None,

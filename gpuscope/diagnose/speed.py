@@ -39,12 +39,10 @@ def complete_speed_of_light(record: RunRecord) -> SpeedOfLight | None:
 
 def _from_profiled_step(record: RunRecord, sol: SpeedOfLight) -> SpeedOfLight:
     """Where no step ran unprofiled (a run of a few long steps), the achieved rate and MFU over the step(s) the
-    verdict reads instead (``classify.profiled_steps``): lower bounds, the profiler slowing those steps."""
-    from gpuscope.diagnose.classify import profiled_steps
+    verdict reads instead (``classify.profiled_figures``): lower bounds, the profiler slowing those steps."""
+    from gpuscope.diagnose.classify import profiled_figures
 
-    ops = record.op_profile
-    call = (ops.closure_calls, ops.closure_call_s) if ops is not None and ops.closure_call_s > 0 else None
-    profiled = profiled_steps(record.steps, ops.window if ops is not None else None, call)  # (profiled_median_s's)
+    profiled = profiled_figures(record)
     if profiled is None or not profiled[0].median_s:
         why = "no step ran unprofiled (a run of a few long steps): the achieved rate and MFU need one"
         return dataclasses.replace(sol, note=_joined(sol.note, why))
@@ -53,18 +51,6 @@ def _from_profiled_step(record: RunRecord, sol: SpeedOfLight) -> SpeedOfLight:
     return dataclasses.replace(completed, note=_joined(completed.note, (
         f"no step ran unprofiled (a run of a few long steps): the achieved rate and MFU are over {which}, slowed by "
         "the profiler: at least these")))
-
-
-def profiled_median_s(record: RunRecord) -> float | None:
-    """Where no step ran unprofiled, the step time the verdict reads from the profiled steps (None elsewhere)."""
-    from gpuscope.diagnose.classify import profiled_steps
-
-    ops = record.op_profile
-    call = (ops.closure_calls, ops.closure_call_s) if ops is not None and ops.closure_call_s > 0 else None
-    if record.steps.count or not record.steps.total:
-        return None
-    profiled = profiled_steps(record.steps, ops.window if ops is not None else None, call)
-    return profiled[0].median_s if profiled is not None and profiled[0].median_s else None
 
 
 def _rates(record: RunRecord, sol: SpeedOfLight, median_s: float) -> SpeedOfLight:
@@ -361,9 +347,11 @@ def _completed(rate: LoaderRate, batch_s: float | None, cores: int) -> LoaderRat
 def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
     """An estimate of the median step with the verdict's bottleneck removed; None where none is sound. Where no step
     ran unprofiled, a compute-bound one's at the speed of light, against the profiled step the verdict reads."""
+    from gpuscope.diagnose.classify import profiled_figures
+
     median = record.steps.median_s
-    if not record.steps.count and verdict.bound == "compute" and (thin := profiled_median_s(record)) is not None:
-        sol = complete_speed_of_light(record)
+    if verdict.bound == "compute" and (profiled := profiled_figures(record)) is not None and profiled[0].median_s:
+        thin, sol = profiled[0].median_s, complete_speed_of_light(record)
         if sol is None or not sol.peak_flops_per_s or not sol.flops_per_step or sol.mfu is None:
             return None
         step_s = sol.flops_per_step / sol.peak_flops_per_s

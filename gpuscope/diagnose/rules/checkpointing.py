@@ -23,7 +23,7 @@ def _recompute_share(run: RunRecord) -> float | None:
     checkpointing = run.steps.checkpointing
     if not run.steps.count:
         return None
-    return checkpointing.step_share or 0.0 if checkpointing is not None else 0.0
+    return (checkpointing.step_share or 0.0) if checkpointing is not None else 0.0
 
 
 def kept_bytes_at_most(run: RunRecord, checkpointing: Checkpointing) -> int | None:
