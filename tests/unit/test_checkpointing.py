@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -27,8 +26,19 @@ from gpuscope.record import Checkpointing, Memory, RunRecord, Steps
 from gpuscope.reduce.steady import summarize_capture
 
 RECORDS = Path(__file__).resolve().parents[1] / "fixtures" / "records"
-BLOCK_S = 0.004
 STEPS = 6
+
+
+class Clock:
+    """The collector's clock: it moves only while a block works, a second a call (the figures exact under any load)."""
+
+    now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+CLOCK = Clock()
 
 
 class SlowBlock(nn.Module):
@@ -37,7 +47,7 @@ class SlowBlock(nn.Module):
         self.linear = nn.Linear(8, 8)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(BLOCK_S)  # the block's work: 4 ms, once in forward and once more when backward recomputes it
+        CLOCK.now += 1.0  # the block's work: a second, once in forward and once more when backward recomputes it
         return torch.tanh(self.linear(x))
 
 
@@ -58,7 +68,7 @@ def train(reentrant: bool) -> StepCapture:
     model = Checkpointed(reentrant)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     x = torch.randn(4, 8, requires_grad=reentrant)  # (the reentrant one recomputes only for inputs needing grads)
-    collector = StepsCollector()
+    collector = StepsCollector(clock=CLOCK)
     collector.start(Path("."))
     try:
         for _ in range(STEPS):
@@ -80,19 +90,17 @@ def test_each_checkpointed_call_and_its_recomputation_in_backward_are_counted_an
     assert found.called_at is not None
     assert found.called_at.code == "x = checkpoint(block, x, use_reentrant=self.reentrant)"
     assert found.called_by == ""
-    # each step checkpointed 2 calls and ran both again in backward: 8 ms of sleeping at least, not the forward's too
+    # each step checkpointed 2 calls and ran both again in backward: 2 seconds of the blocks' work, not the forward's
     assert sorted(by_step) == list(range(STEPS))
-    for seconds, calls in by_step.values():
-        assert calls == 2 and 2 * BLOCK_S <= seconds < 4 * BLOCK_S
+    assert set(by_step.values()) == {(2.0, 2)}
 
 
 def test_the_summary_reads_the_recomputation_over_the_steady_steps() -> None:
     steps = summarize_capture(train(reentrant=False)).steps
     checkpointing = steps.checkpointing
-    assert checkpointing is not None and checkpointing.calls_per_step == 2
-    assert 2 * BLOCK_S <= checkpointing.recompute_s < 4 * BLOCK_S  # type: ignore[operator]
-    # each step: 2 blocks forward and 2 again in backward, 16 ms of sleeping: the recomputation is about half of it
-    assert 0.3 < checkpointing.step_share < 0.6  # type: ignore[operator]
+    assert checkpointing is not None and checkpointing.calls_per_step == 2 and checkpointing.recompute_s == 2.0
+    # each step: 2 blocks forward and 2 again in backward, 4 seconds: the recomputation is half of it
+    assert checkpointing.step_share == 0.5
 
 
 def test_torch_checkpoint_is_its_own_again_after_the_session() -> None:
