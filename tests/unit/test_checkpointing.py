@@ -159,6 +159,21 @@ def test_no_advice_where_the_recomputation_is_small_or_untimed(record: RunRecord
     assert skip_activation_checkpointing(with_checkpointing(record, step_share=None, recompute_s=None)) is None
 
 
+def test_a_gpu_run_is_not_checked_and_says_why(record: RunRecord) -> None:
+    from gpuscope.diagnose.rules import evaluate
+
+    _, checks = evaluate(dataclasses.replace(record, device="cuda"))
+    assert checks["skip-activation-checkpointing"].status == "not-checked"
+    assert checks["skip-activation-checkpointing"].reason.startswith("a GPU run: activation checkpointing's "
+                                                                     "recomputation runs on autograd's device threads")
+    _, checks = evaluate(dataclasses.replace(record, memory=None))
+    assert checks["skip-activation-checkpointing"].reason.startswith("memory was not measured")
+    # a GPU run that checkpointed nothing is clear of it
+    steps = dataclasses.replace(record.steps, checkpointing=None)
+    _, checks = evaluate(dataclasses.replace(record, device="cuda", steps=steps))
+    assert checks["skip-activation-checkpointing"].status == "clear"
+
+
 def test_a_run_without_checkpointing_is_clear() -> None:
     record = make_record(steps=Steps(count=50, median_s=0.1, total=60, source="optimizer"),
                          memory=Memory(peak_bytes=10**8, headroom_bytes=10**10))

@@ -22,7 +22,8 @@ CPU step's attention in bfloat16 / float16, timed again after the run in that dt
 (the data probe, or the loader probe's timing of a sampler of the user's own: some part of building a batch timed),
 "host_memory" (the host memory samples), "memory" (the memory window's breakdown, or the census of a run that died
 of memory), "glibc_malloc" (glibc's malloc served the process), "job" (a data-parallel
-job's merged record, its ranks set side by side)."""
+job's merged record, its ranks set side by side), "host_recompute" (where the steps checkpointed, a CPU run:
+checkpointing's recomputation timed on the loop's thread)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,6 +116,9 @@ def missing_input(record: RunRecord, needs: Needs) -> str | None:
             return "a CPU-only run: this is about GPU work"
         if need == "cpu" and record.device != "cpu":
             return "a GPU run: this is about a CPU's own arithmetic"
+        if need == "host_recompute" and record.device != "cpu" and record.steps.checkpointing is not None:
+            return ("a GPU run: activation checkpointing's recomputation runs on autograd's device threads, and its "
+                    "device time is not told apart from the rest of backward's")
         if need == "matmul_rates" and (why := _rates_missing(record)) is not None:
             return why
         if need == "attention_timing" and (why := _attention_missing(record)) is not None:

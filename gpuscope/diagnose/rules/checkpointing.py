@@ -39,6 +39,7 @@ def kept_bytes_at_most(run: RunRecord, checkpointing: Checkpointing) -> int | No
 @rule(id="skip-activation-checkpointing",
       title="Turn activation checkpointing off: memory has room for the activations it recomputes",
       fix="call the checkpointed function directly: fn(*args) instead of torch.utils.checkpoint.checkpoint(fn, *args)",
+      needs=("host_recompute", "memory"),
       resolved_by=(Metric("recomputation's share of the step", "share", _recompute_share), STEP),
       trial=AtRunTime())
 def skip_activation_checkpointing(run: RunRecord) -> Finding | None:
