@@ -164,7 +164,10 @@ def _classify_steps(record: RunRecord, needed: int) -> Verdict:
         if steps.queue_waits:
             evidence.append(queue_wait_text(steps.queue_waits[0], top is not None))
         return Verdict("data-loading", _rising(share, th.DATA_WAIT_BOUND, 0.5), tuple(evidence))
-    waiting = f"data wait is {share:.0%} {basis}, under the {th.DATA_WAIT_BOUND:.0%} at which loading bounds the run"
+    site = steps.queue_waits[0] if steps.queue_waits and share >= th.DATA_WAIT_NOTABLE else None
+    where = f" (at {site.file}:{site.line} `{site.code}`, on a queue)" if site is not None else ""
+    waiting = (f"data wait is {share:.0%} {basis}{where}, under the {th.DATA_WAIT_BOUND:.0%} at which loading bounds "
+               "the run")
     comm = record.op_profile.communication if record.op_profile is not None else None
     if comm is not None and (exposed := comm_share(comm, steps.median_s)) >= th.COMM_BOUND:
         return Verdict("communication", _rising(exposed, th.COMM_BOUND, 0.9), (
