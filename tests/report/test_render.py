@@ -147,6 +147,20 @@ def test_a_dataset_probed_a_batch_at_a_time_is_described_by_the_batch() -> None:
     assert "per batch" in text and "per item" not in text
 
 
+def test_a_loop_fed_through_a_queue_names_the_line_it_waited_at_in_the_data_pipeline() -> None:
+    import json
+    from pathlib import Path
+
+    from gpuscope.record import RunRecord
+
+    records = Path(__file__).resolve().parents[1] / "fixtures" / "records"
+    html = render_report(RunRecord.from_json(json.loads((records / "queue_fed.json").read_text())))
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", html.split('id="steps"')[1].split("</section>")[0]))
+    assert "No DataLoader was seen: the script fed its batches some other way." in text
+    assert "The loop waited for its batches on a queue, handed over by a thread or process of its own; those waits " \
+           "are the step's data wait: queue_fed.py:30 item = q.get() (64 of the waits looked at)." in text, text
+
+
 @pytest.mark.parametrize("name", SAMPLE_RECORDS)
 def test_each_sample_workloads_record_renders_its_verdict(name) -> None:
     from gpuscope.diagnose.words import bound_label
