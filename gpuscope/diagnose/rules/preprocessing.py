@@ -99,6 +99,11 @@ def cheaper_batches(run: RunRecord) -> Finding | None:
         return None
     if _workers_help(run, loader, median):  # only light items built in one go, measured, may shorten it more
         return _one_call_finding(run, loader, probe)
+    if not loader.num_workers and probe.batch_built_s and loader.batch_size \
+            and probe.batch_built_s / loader.batch_size <= th.CHEAPER_ONE_CALL_ITEM_S:
+        # items built untraced in that long each hold no line of CHEAPER_LINE_MIN_S: a line timed so is the probe's
+        # noise (a list's `return self.items[index]` at 23.7 us, its batch built at 0.8 us an item, three runs beside)
+        return _one_call_finding(run, loader, probe)
     items = _items_share(loader, probe)
     whole_s = probe.lines_s or probe.item_s  # untraced, about (older records: the traced time)
     heavy = [line for line in probe.lines if not line.float16
