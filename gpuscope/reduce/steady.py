@@ -303,31 +303,38 @@ def summarize_capture(capture: StepCapture) -> StepSummary:
 def _checkpointing_figures(checkpointing: Checkpointing, by_step: dict[int, tuple[float, int]], kept_to: int,
                            sample: StepSample, device: str) -> Checkpointing:
     """``checkpointing``'s calls and recomputation over the steady steps of ``sample`` kept (before ``kept_to``)."""
-    steady = [(i, wall) for i, wall, status in zip(sample.index, sample.wall_s, sample.status)
-              if status == "steady" and (kept_to < 0 or i < kept_to)]
-    if not steady:
+    summed = _over_steady(by_step, sample, 0, kept_to)
+    if summed is None:
         return checkpointing
+    seconds, calls, wall, steps = summed
+    timed = device != "cuda" and calls > 0
+    return dataclasses.replace(checkpointing, calls_per_step=calls / steps,
+                               recompute_s=seconds / steps if timed else None,
+                               step_share=min(1.0, seconds / wall) if timed and wall > 0 else None)
+
+
+def _over_steady(by_step: dict[int, tuple[float, int]], sample: StepSample, first: int,
+                 end: int) -> tuple[float, int, float, int] | None:
+    """``by_step``'s seconds and calls summed over the steady steps of ``sample`` (the steps the breakdown is read
+    from) from ``first`` to before ``end`` (-1: to the end), with those steps' wall time and number; None without
+    any."""
+    steady = [(i, wall) for i, wall, status in zip(sample.index, sample.wall_s, sample.status)
+              if status == "steady" and i >= first and (end < 0 or i < end)]
+    if not steady:
+        return None
     seconds = sum(by_step.get(i, (0.0, 0))[0] for i, _ in steady)
     calls = sum(by_step.get(i, (0.0, 0))[1] for i, _ in steady)
-    wall = sum(w for _, w in steady)
-    timed = device != "cuda" and calls > 0
-    return dataclasses.replace(checkpointing, calls_per_step=calls / len(steady),
-                               recompute_s=seconds / len(steady) if timed else None,
-                               step_share=min(1.0, seconds / wall) if timed and wall > 0 else None)
+    return seconds, calls, sum(w for _, w in steady), len(steady)
 
 
 def _frozen_figures(model: FrozenModel, by_step: dict[int, tuple[float, int]], kept: tuple[int, int],
                     sample: StepSample, device: str) -> FrozenModel:
     """``model``'s calls and time over the steady steps of ``sample`` (the steps the breakdown is read from) that its
     calls were kept for (``kept``: from, to; -1: to the end)."""
-    first, end = kept
-    steady = [(i, wall) for i, wall, status in zip(sample.index, sample.wall_s, sample.status)
-              if status == "steady" and i >= first and (end < 0 or i < end)]
-    if not steady:
+    summed = _over_steady(by_step, sample, *kept)
+    if summed is None:
         return model
-    seconds = sum(by_step.get(i, (0.0, 0))[0] for i, _ in steady)
-    calls = sum(by_step.get(i, (0.0, 0))[1] for i, _ in steady)
-    wall = sum(w for _, w in steady)
+    seconds, calls, wall, steps = summed
     return dataclasses.replace(
-        model, calls_per_step=calls / len(steady), call_s=seconds / calls if calls else None,
+        model, calls_per_step=calls / steps, call_s=seconds / calls if calls else None,
         step_share=min(1.0, seconds / wall) if calls and wall > 0 and device != "cuda" else None)

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from gpuscope.collect.callsites import SITE_CALLS, SiteCounter, user_frame
+from gpuscope.collect.steps.tally import StepTally
 from gpuscope.record import FrozenModel
 
 if TYPE_CHECKING:
@@ -19,15 +20,12 @@ if TYPE_CHECKING:
 
 MAX_FROZEN = 8
 """Frozen models timed at most, the largest first (an EMA copy of the model, which no step calls, takes a place)."""
-MAX_STEPS = 1 << 15
-"""Steps whose calls are kept per step, at most: the summary reads the steady steps it keeps up to the last of them
-(a few MB a model)."""
 
 
 class _Frozen:
     """One frozen model's calls so far."""
 
-    __slots__ = ("name", "parameters", "ref", "calls", "by_step", "steps", "with_gradients", "training", "sites",
+    __slots__ = ("name", "parameters", "ref", "calls", "tally", "since", "with_gradients", "training", "sites",
                  "depth", "fed", "fixed")
 
     def __init__(self, module: Any, since: int) -> None:
@@ -35,8 +33,8 @@ class _Frozen:
         self.parameters = sum(p.numel() for p in module.parameters())
         self.ref = weakref.ref(module)
         self.calls = 0
-        self.by_step: dict[int, list[float]] = {}  # step index -> [seconds, calls]
-        self.steps = [since, -1]  # the steps its calls are kept for: from when it was found, to (-1: to the end)
+        self.tally = StepTally()  # its seconds and calls by step
+        self.since = since  # the step it was found in: its calls are kept from then on
         self.with_gradients = self.training = False  # any call so
         self.sites = SiteCounter()
         self.depth = 0  # calls of it running now (a model calling itself)
@@ -107,14 +105,7 @@ class FrozenModels:
             return original(module, *args, **kwargs)
         finally:
             entry.depth -= 1
-            spent = self._clock() - started
-            if (kept := entry.by_step.get(step)) is not None:
-                kept[0] += spent
-                kept[1] += 1
-            elif len(entry.by_step) < MAX_STEPS:
-                entry.by_step[step] = [spent, 1]
-            elif entry.steps[1] < 0:
-                entry.steps[1] = step  # kept no more: its figures are read from the steps before
+            entry.tally.add(step, self._clock() - started, 1)
 
     def records(self) -> tuple[tuple[FrozenModel, dict[int, tuple[float, int]], tuple[int, int]], ...]:
         """The models called, for the record, each with its seconds and calls by step index and the steps those
@@ -129,6 +120,5 @@ class FrozenModels:
                 without_gradients=not entry.with_gradients, eval_mode=not entry.training,
                 fed_batch=entry.fed == entry.calls, fixed_items=entry.fed == entry.calls and entry.fixed == entry.fed,
                 called_at=sites[0] if sites and sites[0].file else None),
-                {step: (seconds, calls) for step, (seconds, calls) in entry.by_step.items()},
-                (entry.steps[0], entry.steps[1])))
+                entry.tally.figures(), (entry.since, entry.tally.kept_to)))
         return tuple(found)

@@ -13,10 +13,8 @@ from collections.abc import Callable
 from typing import Any
 
 from gpuscope.collect.callsites import SITE_CALLS, SiteCounter, calling_library, user_frame
+from gpuscope.collect.steps.tally import StepTally
 from gpuscope.record import Checkpointing
-
-MAX_STEPS = 1 << 15
-"""Steps whose recomputations are kept, at most (as a frozen model's calls are)."""
 
 
 class Recompute:
@@ -27,8 +25,7 @@ class Recompute:
         self.calls = 0  # checkpointed calls (forward)
         self.recomputed = 0  # their recomputations, on any thread
         self.reentrant = False
-        self.by_step: dict[int, list[float]] = {}  # step index -> [seconds recomputing, checkpointed calls]
-        self.kept_to = -1  # the step from which no more are kept (-1: kept to the end)
+        self.tally = StepTally()  # seconds recomputing and checkpointed calls, by step
         self.sites = SiteCounter()
         self.library = ""
 
@@ -61,7 +58,7 @@ class Recompute:
             self.sites.count(user_frame(frame))
             self.library = self.library or calling_library(frame, outermost=True)
         if (step := self._step()) is not None:
-            self._kept(step)[1] += 1
+            self.tally.add(step, 0.0, 1)
 
     def _recomputing(self, fn: Any) -> Callable[..., Any]:
         """``fn``, whose every call is a recomputation, timed."""
@@ -74,19 +71,9 @@ class Recompute:
             try:
                 return fn(*args, **kwargs)
             finally:
-                self._kept(step)[0] += self._clock() - started
+                self.tally.add(step, self._clock() - started, 0)
 
         return recompute
-
-    def _kept(self, step: int) -> list[float]:
-        kept = self.by_step.get(step)
-        if kept is None:
-            kept = [0.0, 0]
-            if len(self.by_step) < MAX_STEPS:
-                self.by_step[step] = kept
-            elif self.kept_to < 0:
-                self.kept_to = step
-        return kept
 
     def record(self) -> tuple[Checkpointing, dict[int, tuple[float, int]], int] | None:
         """What was checkpointed, with the seconds recomputing and checkpointed calls by step index and the step from
@@ -96,7 +83,7 @@ class Recompute:
         sites = self.sites.sites(limit=1)
         return (Checkpointing(calls=self.calls, recomputed=self.recomputed, reentrant=self.reentrant,
                               called_at=sites[0] if sites and sites[0].file else None, called_by=self.library),
-                {step: (seconds, int(calls)) for step, (seconds, calls) in self.by_step.items()}, self.kept_to)
+                self.tally.figures(), self.tally.kept_to)
 
 
 class _Reentrant:
