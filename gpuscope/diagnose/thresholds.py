@@ -422,6 +422,11 @@ FUSED_SPEEDUP_NOTABLE = 1.2
 that, two timings of a few bursts after the run cannot tell it from noise."""
 
 # -- speed of light and number formats on a CPU (diagnose/speed.py, diagnose/rules/precision.py) ------------------
+TIMED_FLOPS_SHARE = 0.9
+"""A compute-bound CPU step's what-if puts only its matmuls and attention at the peak, its other ops and Python kept
+as they are, where those ops hold this share of its counted FLOPs or more (their time is their op table rows'); the
+rest of the counted FLOPs (a ViT's patch convolution: 0.2%) stay in the kept time. With less, the whole step at the
+peak, as before: a convolution's time is spread over the ops it calls."""
 MEASURED_PEAK_NOISE = 1.5
 """A CPU run's own FLOP/s above the matmul rate measured after it, by at most this factor, is the benchmark slowed
 by a shared machine's load, and the peak is raised to the run's rate; beyond it the benchmark does not describe the

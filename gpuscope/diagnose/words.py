@@ -33,6 +33,11 @@ def flop_text(value: float) -> str:
     return f"{value:.0f} FLOP"
 
 
+def utilisation_text(share: float) -> str:
+    """A share of a peak: ``31%``, with a decimal under 1% (``0.2%``, where ``0%`` would read as nothing done)."""
+    return f"{share:.1%}" if 0 < share < 0.01 else f"{share:.0%}"
+
+
 def duration_text(seconds: float) -> str:
     """A short duration: ``23 us`` under a millisecond (where ``0.0 ms`` would say nothing), else ``1.2 ms``."""
     return f"{seconds * 1e6:.0f} us" if seconds < 1e-3 else f"{seconds * 1e3:.1f} ms"

@@ -500,6 +500,82 @@ def test_what_if_of_a_compute_bound_run_is_the_step_at_the_peak() -> None:
     assert "speed of light" in estimate.explanation
 
 
+def matmul_part_record(flops_by_op: dict[str, int], device: str = "cpu") -> Any:
+    """A compute-bound CPU run of 0.2 s steps whose 6 GFLOP a step (at a 100 GFLOP/s peak: 0.06 s) are counted in
+    ``flops_by_op``, its op table over 2 profiled steps: aten::mm 0.16 s and aten::addmm 0.04 s (0.1 s a step), the
+    step's other ops 0.12 s."""
+    from gpuscope.record import OpProfile, OpStat, Window
+
+    rows = (OpStat("aten::mm", 40, 0.16), OpStat("aten::addmm", 20, 0.04), OpStat("aten::add", 400, 0.12))
+    record = compute_bound_record(op_profile=OpProfile(window=Window(7, 8), steps=2, host_ops=rows, top_host=rows),
+                                  device=device)
+    return dataclasses.replace(record, speed_of_light=dataclasses.replace(record.speed_of_light,
+                                                                          flops_by_op=flops_by_op))
+
+
+def test_what_if_of_a_compute_bound_cpu_step_puts_its_matmuls_at_the_peak_and_keeps_the_rest() -> None:
+    # given a 0.2 s step whose counted FLOPs are all matmuls', in 0.1 s of it
+    record = matmul_part_record({"mm": 5_000_000_000, "addmm": 1_000_000_000})
+    # when
+    estimate = what_if(record, record.verdict)
+    # then the matmuls' 0.1 s become 6 GFLOP at 100 GFLOP/s, 0.06 s; the other 0.1 s stays
+    assert estimate.step_s == pytest.approx(0.16) and estimate.speedup == pytest.approx(0.2 / 0.16)
+    assert estimate.explanation == (
+        "with its matmuls at the measured float32 matmul peak of 100.0 GFLOP/s: their 6.00 GFLOP a step in 60.0 ms, "
+        "against 100.0 ms in the profiled steps (60% of the peak); the step's other 100.0 ms, its other ops and "
+        "Python, as they are")
+
+
+def test_what_if_of_a_compute_bound_cpu_step_puts_its_attention_at_the_peak_and_its_rare_convolution_in_the_rest(
+        ) -> None:
+    # given a ViT-like step: 5.94 GFLOP in mm and the CPU's flash attention's backward (0.1 s a step, rows of their
+    # own; the matmuls at 80% of the peak), a patch convolution's 0.06 GFLOP, whose time is spread over the ops it
+    # calls
+    from gpuscope.record import OpProfile, OpStat, Window
+
+    rows = (OpStat("aten::mm", 40, 0.1), OpStat("aten::_scaled_dot_product_flash_attention_for_cpu_backward", 4, 0.1),
+            OpStat("aten::convolution", 2, 0.001), OpStat("aten::add", 400, 0.12))
+    record = compute_bound_record(op_profile=OpProfile(window=Window(7, 8), steps=2, host_ops=rows))
+    record = dataclasses.replace(record, speed_of_light=dataclasses.replace(record.speed_of_light, flops_by_op={
+        "mm": 4_000_000_000, "_scaled_dot_product_flash_attention_for_cpu_backward": 1_940_000_000,
+        "convolution": 60_000_000}))
+    # when
+    estimate = what_if(record, record.verdict)
+    # then the matmuls' and attention's 0.1 s become 5.94 GFLOP at 100 GFLOP/s; the convolution's time stays
+    assert estimate.step_s == pytest.approx(0.1 + 0.0594)
+    assert estimate.explanation.startswith("with its matmuls and attention at the measured float32 matmul peak of "
+                                           "100.0 GFLOP/s: their 5.94 GFLOP a step in 59.4 ms, against 100.0 ms")
+
+
+def test_a_recorded_embedding_models_what_if_keeps_the_time_its_matmuls_do_not_take() -> None:
+    # given a recorded skip-gram model (tests/fixtures/records/README.md): sparse embeddings, SparseAdam, its only
+    # counted FLOPs a bmm's 3.9 MFLOP
+    import json
+
+    from gpuscope.record import RunRecord
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "records" / "sparse_skipgram.json"
+    record = analyze(RunRecord.from_json(json.loads(path.read_text())))
+    # then it is compute-bound at a fifth of a percent of the peak, said as such, not "at 0%"
+    assert record.verdict.bound == "compute" and record.speed_of_light.mfu == pytest.approx(0.0018, abs=5e-4)
+    assert headroom_text(record) == "at 0.2% of this machine's measured float32 matmul peak"
+    # and its what-if is the step without its bmm's time beyond the peak's, not the 3.9 MFLOP alone at the peak
+    assert 1.08 < record.what_if.speedup < 1.12, record.what_if
+    assert "the step's other 11.7 ms, its other ops and Python, as they are" in record.what_if.explanation
+
+
+@pytest.mark.parametrize("flops_by_op, device", [
+    ({"mm": 5_000_000_000, "convolution": 1_000_000_000}, "cpu"),  # a convolution's time is no one row's
+    ({"mm": 5_000_000_000, "bmm": 1_000_000_000}, "cpu"),  # bmm has no row in the op table
+    ({"mm": 6_000_000_000}, "cuda"),  # host time is no kernel's
+], ids=["convolution-counted", "matmul-without-a-row", "cuda"])
+def test_what_if_of_a_compute_bound_step_is_the_whole_step_at_the_peak_where_its_matmuls_time_is_unknown(
+        flops_by_op: dict[str, int], device: str) -> None:
+    record = matmul_part_record(flops_by_op, device)
+    estimate = what_if(record, record.verdict)
+    assert estimate.step_s == pytest.approx(0.06) and estimate.explanation.startswith("at the speed of light: 6.00")
+
+
 def test_what_if_of_a_data_bound_run_without_a_probe_hides_the_wait_behind_compute() -> None:
     record = make_record(breakdown=Breakdown(data_wait=0.6, forward=0.2, backward=0.2), meta=RunMeta(cpu_count=4))
     estimate = what_if(record, Verdict("data-loading", 0.9, ("x 1",)))
