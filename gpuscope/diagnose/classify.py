@@ -29,7 +29,7 @@ from gpuscope.diagnose.loops import loops_line
 from gpuscope.diagnose.rules.base import missing_input
 from gpuscope.diagnose.words import (comm_flight_text, comm_wait_text, evaluation_line, frozen_model_text, gpu_busy,
                                      host_pace_text, left_out, two_speeds_line, unlike_window)
-from gpuscope.record import Breakdown, CallSite, RunRecord, Steps, Verdict, Window
+from gpuscope.record import Breakdown, CallSite, FunctionStat, RunRecord, Steps, Verdict, Window
 
 
 HOW_TO_MARK_STEPS = (
@@ -406,21 +406,38 @@ def _top_ops(record: RunRecord, device: bool = False) -> list[str]:
 
 def _outside_ops(record: RunRecord) -> list[str]:
     """Where the Python profile says the steps' time went: the function with the most time of its own (a sleep, a
-    lock's wait under ``queue.Queue.get``), and the functions it was called under, by cumulative time."""
+    lock's wait under ``queue.Queue.get``), and the functions it was called under, by cumulative time. torch's own
+    calls into its ops (``run_backward``, ``torch._C._nn.linear``) are passed over: their time is the ops' own, which
+    the trace timed, and the time sought is outside them (an RL loop's distribution checks and environment)."""
     profile = record.python_profile
     profiled_s = profile.total_s - profile.startup_s if profile is not None else 0.0
-    if profile is None or not profile.top_own or profiled_s <= 0:
+    outside = [f for f in profile.top_own if not _torch_call(f)] if profile is not None else []
+    if profile is None or not outside or profiled_s <= 0:
         return []
-    lead = profile.top_own[0]
+    lead = outside[0]
     window = profile.window
     steps = "the whole run" if profile.whole_run else f"steps {window.first_step}-{window.last_step}"
     where = f" ({lead.file}:{lead.line})" if lead.file != "~" else ""
-    fact = (f"the Python profile ({steps}) spends {lead.own_s:.2f} s of its {profiled_s:.2f} s "
+    fact = (f"the Python profile ({steps}) spends {_seconds(lead.own_s)} of its {_seconds(profiled_s)} "
             f"({lead.own_s / profiled_s:.0%}) in {lead.function}{where}")
+    # (a function whose time is mostly one torch call's wraps that call: autograd's backward over run_backward)
+    wrapped = [f.own_s for f in profile.top_own if _torch_call(f)]
     callers = [f"{f.function} ({f.file}:{f.line})" for f in profile.top_cumulative
                if f.file != "~" and f.cumulative_s >= th.OPS_COVER_CALLER * lead.own_s
+               and not any(th.OPS_COVER_CALLER * f.cumulative_s <= own <= f.cumulative_s for own in wrapped)
                and (f.file, f.line, f.function) != (lead.file, lead.line, lead.function)][:th.OPS_COVER_CALLERS]
     return [f"{fact}, under {', '.join(callers)}" if callers else fact]
+
+
+def _seconds(value: float) -> str:
+    """``2.00 s``; under a tenth of a second in milliseconds (``3.4 ms``, where ``0.00 s`` would say nothing)."""
+    return f"{value:.2f} s" if value >= 0.1 else f"{value * 1e3:.1f} ms"
+
+
+def _torch_call(function: FunctionStat) -> bool:
+    """A built-in of torch's in the Python profile (``<built-in method torch.multinomial>``, ``<method 'run_backward'
+    of 'torch._C._EngineBase' objects>``): a call into its ops."""
+    return function.file == "~" and "torch" in function.function
 
 
 def queue_wait_text(site: CallSite, loader: bool) -> str:
