@@ -1100,6 +1100,15 @@ class Practices:
     """Convolution layers in the model."""
     channels_last_convs: int = 0
     """Convolution layers whose weights are in channels_last memory format."""
+    dropout_layers: int = 0
+    """Dropout layers of the trained models that drop (``nn.Dropout`` and its kin with p > 0, and
+    ``nn.MultiheadAttention``'s dropout of its attention weights), in train mode as the model was read."""
+    dropout_rates: tuple[float, ...] = ()
+    """Their distinct probabilities, highest first."""
+    dropout_owners: tuple[str, ...] = ()
+    """The classes that hold them, qualified (``torch.nn.modules.transformer.TransformerEncoderLayer``,
+    ``transformers.models.gpt2.modeling_gpt2.GPT2Attention``, ``__main__.Block``), those holding most first, at most
+    4."""
     cudnn_benchmark: bool | None = None
     """torch.backends.cudnn.benchmark (null: not read)."""
     matmul_allow_tf32: bool | None = None

@@ -342,12 +342,21 @@ def inspect_modules(torch: Any, roots: list[Any]) -> dict[str, Any]:
     wasted = 0
     parallel: list[str] = []
     convs = channels_last = 0
+    dropouts: dict[str, int] = {}  # the class holding dropout layers -> how many
+    rates: set[float] = set()
     seen: set[int] = set()
     for root in roots:
+        by_name: dict[str, Any] = {}
         for prefix, module in root.named_modules():
+            by_name[prefix] = module  # (parents come before their children)
             if id(module) in seen:
                 continue
             seen.add(id(module))
+            if (rate := _dropout_rate(nn, module)) is not None:
+                owner = type(by_name.get(prefix.rpartition(".")[0], root) if prefix else module)
+                name = f"{owner.__module__}.{owner.__qualname__}"
+                dropouts[name] = dropouts.get(name, 0) + 1
+                rates.add(rate)
             if isinstance(module, nn.DataParallel):
                 devices = len(getattr(module, "device_ids", None) or ())
                 where = f"{prefix}: " if prefix else ""
@@ -364,8 +373,25 @@ def inspect_modules(torch: Any, roots: list[Any]) -> dict[str, Any]:
                     where = f"{prefix}." if prefix else ""
                     pairs.append(f"{where}{first} ({type(layer).__name__}) -> {where}{second} ({type(norm).__name__})")
                     wasted += layer.bias.numel()
+    owners = sorted(dropouts, key=lambda name: -dropouts[name])[:4]
     return {"modules_inspected": True, "bias_before_norm": tuple(pairs), "wasted_bias_params": wasted,
-            "data_parallel": tuple(parallel), "conv_layers": convs, "channels_last_convs": channels_last}
+            "data_parallel": tuple(parallel), "conv_layers": convs, "channels_last_convs": channels_last,
+            "dropout_layers": sum(dropouts.values()), "dropout_rates": tuple(sorted(rates, reverse=True)),
+            "dropout_owners": tuple(owners)}
+
+
+def _dropout_rate(nn: Any, module: Any) -> float | None:
+    """The probability a dropout layer in train mode drops with (``nn.Dropout`` and its kin, or
+    ``nn.MultiheadAttention``'s attention dropout); None for any other module, or one that drops nothing."""
+    if not module.training:
+        return None
+    if isinstance(module, nn.modules.dropout._DropoutNd):
+        rate = module.p
+    elif isinstance(module, nn.MultiheadAttention):
+        rate = module.dropout
+    else:
+        return None
+    return float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
 
 
 def _out_features(layer: Any) -> int | None:
