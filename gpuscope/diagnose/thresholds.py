@@ -187,10 +187,10 @@ Trainer with ``gradient_checkpointing=True`` spent 33% of its 144 ms step runnin
 ran 36% faster without it (docs/diagnosis.md)."""
 DROPOUT_NOTABLE = 0.1
 """Dropout is worth turning off, where the model does not need it, from a tenth of the step: a TransformerEncoder
-text classifier's (p = 0.1) on the 2-core CPU took 31% of its 107 ms step, most of it drawing the masks
+text classifier's (p = 0.1) on the 2-core CPU took 34-38% of its 102-122 ms step, most of it drawing the masks
 (``aten::bernoulli_``, about 6 ns an element: a mask of 786k elements 4.6 ms, the matmul beside it 3.2 ms), and
-its step ran 32-49% faster with dropout at 0; a tiny GPT-2's, 27%. On a GPU the masks are drawn in the fused
-kernel and cost little."""
+its step ran 32-49% faster with dropout at 0; a tiny GPT-2's, 24% (32-43% faster without). On a GPU the masks are
+drawn in the fused kernel and cost little."""
 CHECKPOINT_HEADROOM_SHARE = 0.5
 """Turning checkpointing off is advised where the activations it would keep, at most, fit in half the memory the
 run left free: each checkpointed call's recomputed activations were all live at once in backward, so they are at

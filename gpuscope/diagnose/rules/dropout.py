@@ -78,7 +78,7 @@ def _fix(owners: tuple[str, ...]) -> str | None:
 def skip_dropout(run: RunRecord) -> Finding | None:
     """Signal: dropout's ops (``dropout_time``) take ``DROPOUT_NOTABLE`` of the step or more: on a CPU its masks,
     one random number an element of every activation it drops from, cost more than the matmuls around them (a
-    TransformerEncoder classifier: 31% of its step; a tiny GPT-2: 27%).
+    TransformerEncoder classifier: 34-38% of its step; a tiny GPT-2: 24%).
     Why it matters: dropout regularises; a model trained on plenty of data for few epochs (pretraining, most large
     models since) overfits little without it, and each step pays for its masks.
     Fix: dropout at 0 where the model does not overfit without it (its validation loss says so); kept where it does
