@@ -1143,6 +1143,17 @@ class Practices:
     """The checks made in each of those steps (a distribution built, a sample checked)."""
     distribution_sites: tuple[CallSite, ...] = ()
     """Lines of the user's code that built distributions which checked their arguments (the first 256 built)."""
+    checkpoint_save_steps: tuple[int, ...] = ()
+    """The step under way at each call saving a checkpoint (``torch.save``, ``safetensors.torch.save_file``), the
+    first 4096 calls: the steps completed before it (0: before the first step ended)."""
+    checkpoint_save_s: tuple[float, ...] = ()
+    """Each of those calls' seconds, in the same order."""
+    checkpoint_save_sites: tuple[CallSite, ...] = ()
+    """Lines of the user's code under those calls (a library's, such as Lightning's ``save_checkpoint``, is named by
+    the user's line that called into it)."""
+    checkpoint_save_by: str = ""
+    """The libraries whose code made those calls for the user's (``transformers`` for a Trainer saving every
+    ``save_steps``), comma-separated; "" where the user's code called them itself."""
 
 
 @dataclass(frozen=True, slots=True)

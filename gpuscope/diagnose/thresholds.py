@@ -185,6 +185,10 @@ RECOMPUTE_NOTABLE = 0.1
 """Activation checkpointing's recomputation is worth turning off from a tenth of the step: a tiny GPT-2 under HF's
 Trainer with ``gradient_checkpointing=True`` spent 33% of its 144 ms step running its 4 blocks' forwards again, and
 ran 36% faster without it (docs/diagnosis.md)."""
+SAVES_NOTABLE = 0.05
+"""Checkpoint saves made while the loop trains are worth making less often from a twentieth of the training steps'
+time: a 60 MB MLP and its Adam state saved every 25 steps of 44 ms took 65 ms a save, 5.5% of the steps' time, all of
+it in steps the median leaves out; saving half as often gives back half of it."""
 DROPOUT_NOTABLE = 0.1
 """Dropout is worth turning off, where the model does not need it, from a tenth of the step: a TransformerEncoder
 text classifier's (p = 0.1) on the 2-core CPU took 34-38% of its 102-122 ms step, most of it drawing the masks

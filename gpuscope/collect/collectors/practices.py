@@ -46,6 +46,8 @@ CHECKED_STEPS = 512
 """Steps whose distribution checks are kept, from the first step with one (a float and an int each)."""
 SITED_CHECKS = 256
 """Distributions whose building line is looked up (a walk up the stack each): the first ones built."""
+SAVES_KEPT = 4096
+"""Checkpoint saves kept one by one (a step index and a float each): the first ones made."""
 READ_EACH = 64
 READ_EVERY = 8
 """The debug APIs' state is read at each of the first ``READ_EACH`` step boundaries, then at every ``READ_EVERY``th
@@ -78,6 +80,10 @@ class PracticesCollector(StepFollower):
         self._half_sites = SiteCounter()
         self._inspected: dict[str, Any] = {}
         self._checks = _Checks(first=self._checked)
+        self._save_steps: list[int] = []
+        self._save_s: list[float] = []
+        self._save_sites = SiteCounter()
+        self._save_libraries: dict[Any, str] = {}  # the library each user line saved through ("": its own call)
         self.notes: list[str] = []
 
     def unavailable_reason(self) -> str | None:
@@ -116,6 +122,10 @@ class PracticesCollector(StepFollower):
             distribution_check_s=tuple(self._checks.seconds),
             distribution_check_counts=tuple(self._checks.counts),
             distribution_sites=self._checks.sites.sites(),
+            checkpoint_save_steps=tuple(self._save_steps),
+            checkpoint_save_s=tuple(self._save_s),
+            checkpoint_save_sites=self._save_sites.sites(),
+            checkpoint_save_by=",".join(sorted(set(self._save_libraries.values()) - {""})),
             **self._inspected,
         ), notes=tuple(self.notes))
 
@@ -158,6 +168,38 @@ class PracticesCollector(StepFollower):
         for name in ("__init__", "_validate_sample"):
             if callable(getattr(distribution, name, None)):
                 self._undo.append(patch(distribution, name, self._checks.wrap(built=name == "__init__")))
+        # checkpoint saves: torch's, and safetensors' (transformers saves a model's weights with it)
+        self._undo.append(patch(torch, "save", self._wrap_save))
+        watch = ImportWatch("safetensors.torch", self._install_safetensors)
+        self._undo.append(watch.remove)
+        watch.install()
+
+    def _install_safetensors(self) -> None:
+        saving = sys.modules.get("safetensors.torch")
+        if saving is not None and callable(getattr(saving, "save_file", None)):
+            self._undo.append(patch(saving, "save_file", self._wrap_save))
+
+    def _wrap_save(self, original: Callable[..., Any]) -> Callable[..., Any]:
+        """A wrapper timing each checkpoint save, with the step under way and the user's line under it."""
+        collector, clock = self, time.perf_counter
+
+        def save(*args: Any, **kwargs: Any) -> Any:
+            start = clock()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                if len(collector._save_s) < SAVES_KEPT:
+                    events = collector._events
+                    collector._save_steps.append(events.steps_seen() if events is not None else 0)
+                    collector._save_s.append(clock() - start)
+                    caller = sys._getframe(1)
+                    frame = user_frame(caller)
+                    collector._save_sites.count(frame)
+                    where = (frame.f_code, frame.f_lineno) if frame is not None else None
+                    if where not in collector._save_libraries:  # once a line: a path lookup a frame
+                        collector._save_libraries[where] = calling_library(caller, outermost=True)
+
+        return save
 
     def _wrap_autocast_enter(self, original: Callable[..., Any]) -> Callable[..., Any]:
         sites, libraries = self._autocast_sites, self._autocast_libraries
