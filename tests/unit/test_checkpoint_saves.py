@@ -75,6 +75,8 @@ def test_saves_while_training_are_told_with_their_share_and_half_of_it_for_savin
 
 def test_a_save_now_and_then_is_not_worth_a_recommendation() -> None:
     assert save_checkpoints_less_often(run_saving((50,), (0.1,))) is None  # 0.1 s of 4.1 s: 2%
+    # one checkpoint, however long, is no habit: the trained model's, saved as the last step ended
+    assert save_checkpoints_less_often(run_saving((99,), (2.0,))) is None
     assert save_checkpoints_less_often(run_saving((), ())) is None
 
 

@@ -59,9 +59,9 @@ def _median_without_saves(run: RunRecord, saved_in: set[int]) -> float:
       resolved_by=(Metric("checkpoint saves' share of the training time", "share", save_share), STEP),
       trial=Refused("it changes how much training a crash loses, not only the speed"))
 def save_checkpoints_less_often(run: RunRecord) -> Finding | None:
-    """Signal: checkpoint saves (``torch.save``, ``safetensors.torch.save_file``, timed call by call) made while the
-    loop trained take ``SAVES_NOTABLE`` of the training steps' time or more (``save_share``): the median step leaves
-    them out, as the steps that save are few, and the run pays them all the same.
+    """Signal: checkpoint saves (``torch.save``, ``safetensors.torch.save_file``, timed call by call) made in two steps
+    or more while the loop trained take ``SAVES_NOTABLE`` of the training steps' time or more (``save_share``): the
+    median step leaves them out, as the steps that save are few, and the run pays them all the same.
     Why it matters: each save stops training while the state is serialised and written (a 60 MB model and its Adam
     state every 25 steps of 44 ms: 65 ms a save, 6% of the run).
     Fix: save half as often (the gain: half their time), or in the background (``async_save``, or a thread writing
@@ -69,9 +69,9 @@ def save_checkpoints_less_often(run: RunRecord) -> Finding | None:
     Gain: half the saves' share, for saving half as often."""
     saves, share = training_saves(run), save_share(run)
     p = run.practices
-    if not saves or share is None or share < th.SAVES_NOTABLE or p is None:
-        return None
     steps = [step for step, _ in saves]
+    if len(set(steps)) < 2 or share is None or share < th.SAVES_NOTABLE or p is None:
+        return None  # (one checkpoint is no habit to save less often: the trained model's, saved as it ended)
     gaps = [b - a for a, b in zip(steps, steps[1:]) if b > a]
     every = round(statistics.median(gaps)) if gaps else None
     site = p.checkpoint_save_sites[0] if p.checkpoint_save_sites else None
