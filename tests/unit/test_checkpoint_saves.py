@@ -50,6 +50,22 @@ def test_each_save_is_timed_with_the_step_under_way_and_the_line_that_made_it() 
     assert site.calls == 2 and site.file.endswith("test_checkpoint_saves.py")
 
 
+def test_a_save_into_a_buffer_by_the_scripts_own_code_is_no_checkpoint(tmp_path: Path) -> None:
+    import io
+
+    torch = pytest.importorskip("torch")
+    collector = PracticesCollector()
+    collector._events = Counted()  # type: ignore[assignment]
+    save = collector._wrap_save(torch.save)
+    save({"x": 1}, io.BytesIO())  # a tensor serialised to be sent somewhere
+    assert collector._save_s == []
+    save({"x": 1}, tmp_path / "a.pt")  # a path
+    save({"x": 1}, str(tmp_path / "b.pt"))
+    with open(tmp_path / "c.pt", "wb") as file:  # an open file
+        save({"x": 1}, file)
+    assert len(collector._save_s) == 3 and (tmp_path / "c.pt").stat().st_size > 0
+
+
 def run_saving(steps: tuple[int, ...], seconds: tuple[float, ...], total: int = 100) -> RunRecord:
     """A run of ``total`` steps at 40 ms (the sample: every one, steady) that saved in ``steps``."""
     sample = StepSample(index=tuple(range(total)), wall_s=(0.04,) * total, status=("steady",) * total)

@@ -180,7 +180,10 @@ class PracticesCollector(StepFollower):
             self._undo.append(patch(saving, "save_file", self._wrap_save))
 
     def _wrap_save(self, original: Callable[..., Any]) -> Callable[..., Any]:
-        """A wrapper timing each checkpoint save, with the step under way and the user's line under it."""
+        """A wrapper timing each checkpoint save, with the step under way and the user's line under it. A save is a
+        checkpoint where it goes to a file (a path, or an open file) or a library made it (Lightning serialises into
+        a buffer, then writes it): the script's own ``torch.save`` into a buffer (a tensor serialised to be sent
+        somewhere) is no checkpoint."""
         collector, clock = self, time.perf_counter
 
         def save(*args: Any, **kwargs: Any) -> Any:
@@ -189,15 +192,19 @@ class PracticesCollector(StepFollower):
                 return original(*args, **kwargs)
             finally:
                 if len(collector._save_s) < SAVES_KEPT:
-                    events = collector._events
-                    collector._save_steps.append(events.steps_seen() if events is not None else 0)
-                    collector._save_s.append(clock() - start)
+                    seconds = clock() - start
                     caller = sys._getframe(1)
                     frame = user_frame(caller)
-                    collector._save_sites.count(frame)
                     where = (frame.f_code, frame.f_lineno) if frame is not None else None
                     if where not in collector._save_libraries:  # once a line: a path lookup a frame
                         collector._save_libraries[where] = calling_library(caller, outermost=True)
+                    target = args[1] if len(args) > 1 else kwargs.get("f", kwargs.get("filename"))
+                    if isinstance(target, (str, os.PathLike)) or isinstance(getattr(target, "name", None), str) \
+                            or collector._save_libraries[where]:
+                        events = collector._events
+                        collector._save_steps.append(events.steps_seen() if events is not None else 0)
+                        collector._save_s.append(seconds)
+                        collector._save_sites.count(frame)
 
         return save
 
