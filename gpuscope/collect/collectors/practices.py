@@ -10,7 +10,7 @@
 - How gradients are cleared: ``Optimizer.zero_grad`` and ``Module.zero_grad`` are wrapped to count the calls that
   zero-fill gradients (``set_to_none=False``) and name their lines.
 - The model, once, at the first steps: layers with a bias feeding BatchNorm, ``DataParallel`` wrappers,
-  convolutions and their memory format.
+  convolutions and their memory format, dropout layers that drop in train mode and the classes holding them.
 - Backend flags, once: ``cudnn.benchmark``, TF32 for matmuls and cuDNN, float32 matmul precision, and the GPU's
   compute capability on CUDA runs.
 - Mixed precision on the CPU: ``torch.autocast.__enter__`` is wrapped to name the lines that enter it on the CPU,
@@ -19,8 +19,11 @@
 - ``torch.distributions``' checks (``validate_args``, on by default): ``Distribution.__init__`` and
   ``Distribution._validate_sample`` are wrapped to time the checks, step by step, and name the lines that built
   the distributions.
+- Checkpoint saves: ``torch.save`` and ``safetensors.torch.save_file`` are wrapped to time each save to a file (or
+  by a library), with the step under way, the user's line and the library that saved.
 
-Every wrapper is one Python call and a counter; the reads at a boundary are a few C calls.
+Every wrapper is one Python call and a counter (a save's, a walk up the stack too: saves are few); the reads at a
+boundary are a few C calls.
 """
 
 from __future__ import annotations
