@@ -10,6 +10,7 @@ the steady-state figures. It never sees the steps collector itself.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -398,7 +399,9 @@ class StepWindow:
 
 def patch(owner: Any, attr: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> Callable[[], None]:
     """Replace ``owner.attr`` with ``wrap(original)``, looking like the original (name, docstring, ``__wrapped__``);
-    returns the undo."""
+    returns the undo. A function re-exported from the module that defines it (``torch.save``, defined in
+    ``torch.serialization``) is replaced there too: pickle finds a function by its module and name and checks it is
+    the same object, so ``pickle.dumps(torch.save)`` works as under python (and loads as torch's own elsewhere)."""
     original = getattr(owner, attr)
     replacement = wrap(original)
     replacement.__wrapped__ = original  # type: ignore[attr-defined]
@@ -408,4 +411,15 @@ def patch(owner: Any, attr: str, wrap: Callable[[Callable[..., Any]], Callable[.
         except (AttributeError, TypeError):
             pass
     setattr(owner, attr, replacement)
-    return lambda: setattr(owner, attr, original)
+    home = sys.modules.get(getattr(original, "__module__", None) or "")
+    name = getattr(original, "__qualname__", None)
+    if home is None or home is owner or not isinstance(name, str) or "." in name \
+            or getattr(home, name, None) is not original:
+        return lambda: setattr(owner, attr, original)
+    setattr(home, name, replacement)
+
+    def undo() -> None:
+        setattr(owner, attr, original)
+        setattr(home, name, original)
+
+    return undo
