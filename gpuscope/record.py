@@ -1101,8 +1101,9 @@ class Practices:
     channels_last_convs: int = 0
     """Convolution layers whose weights are in channels_last memory format."""
     dropout_layers: int = 0
-    """Dropout layers of the trained models that drop (``nn.Dropout`` and its kin with p > 0, and
-    ``nn.MultiheadAttention``'s dropout of its attention weights), in train mode as the model was read."""
+    """Dropout layers of the trained models that drop (``nn.Dropout`` and its kin with p > 0,
+    ``nn.MultiheadAttention``'s dropout of its attention weights, and a recurrent layer's between its layers), in
+    train mode as the model was read."""
     dropout_rates: tuple[float, ...] = ()
     """Their distinct probabilities, highest first."""
     dropout_owners: tuple[str, ...] = ()

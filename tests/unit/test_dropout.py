@@ -76,6 +76,7 @@ def test_on_a_gpu_the_fused_kernels_time_is_dropouts() -> None:
     ("transformers.models.gpt2.modeling_gpt2.GPT2Attention", "build the model from a config with its dropout "
      "probabilities at 0.0 (GPT-2: resid_pdrop"),
     ("torch.nn.modules.transformer.TransformerDecoderLayer", "nn.TransformerDecoderLayer(..., dropout=0.0)"),
+    ("torch.nn.modules.rnn.LSTM", "nn.LSTM(..., dropout=0.0)"),
     ("__main__.Block", "nn.Dropout(p=0.0), or no dropout layer, in Block (__main__)"),
 ])
 def test_the_fix_goes_where_the_dropout_layers_are_made(owner: str, fix: str) -> None:
@@ -100,6 +101,10 @@ def test_the_model_is_read_for_the_dropout_layers_that_drop_in_train_mode() -> N
     # each layer's three nn.Dropout and its attention's dropout
     assert (read["dropout_layers"], read["dropout_rates"]) == (8, (0.1,))
     assert read["dropout_owners"] == ("torch.nn.modules.transformer.TransformerEncoderLayer",)
+    # a recurrent layer of several layers drops out between them: it holds that dropout itself
+    read = inspect_modules(torch, [nn.Sequential(nn.Embedding(10, 4), nn.LSTM(4, 8, num_layers=2, dropout=0.3),
+                                                 nn.GRU(8, 8, dropout=0.0))])
+    assert (read["dropout_layers"], read["dropout_owners"]) == (1, ("torch.nn.modules.rnn.LSTM",))
     # a layer that drops nothing, or one in eval mode, is not counted
     model = nn.Sequential(Block(0.3), Block(0.0), Block(0.5).eval(), nn.Dropout(0.2))
     read = inspect_modules(torch, [model])

@@ -405,7 +405,9 @@ def inspect_modules(torch: Any, roots: list[Any]) -> dict[str, Any]:
                 continue
             seen.add(id(module))
             if (rate := _dropout_rate(nn, module)) is not None:
-                owner = type(by_name.get(prefix.rpartition(".")[0], root) if prefix else module)
+                # (a recurrent layer drops out between its own layers: it holds its dropout itself)
+                inside = isinstance(module, nn.RNNBase) or not prefix
+                owner = type(module if inside else by_name.get(prefix.rpartition(".")[0], root))
                 name = f"{owner.__module__}.{owner.__qualname__}"
                 dropouts[name] = dropouts.get(name, 0) + 1
                 rates.add(rate)
@@ -433,13 +435,14 @@ def inspect_modules(torch: Any, roots: list[Any]) -> dict[str, Any]:
 
 
 def _dropout_rate(nn: Any, module: Any) -> float | None:
-    """The probability a dropout layer in train mode drops with (``nn.Dropout`` and its kin, or
-    ``nn.MultiheadAttention``'s attention dropout); None for any other module, or one that drops nothing."""
+    """The probability a dropout layer in train mode drops with (``nn.Dropout`` and its kin,
+    ``nn.MultiheadAttention``'s attention dropout, or a recurrent layer's between its layers); None for any other
+    module, or one that drops nothing."""
     if not module.training:
         return None
     if isinstance(module, nn.modules.dropout._DropoutNd):
         rate = module.p
-    elif isinstance(module, nn.MultiheadAttention):
+    elif isinstance(module, nn.MultiheadAttention) or (isinstance(module, nn.RNNBase) and module.num_layers > 1):
         rate = module.dropout
     else:
         return None

@@ -21,8 +21,9 @@ MATH_ATTENTION = "aten::_scaled_dot_product_attention_math"
 """The attention a CPU runs where attention drops out in training: its flash attention takes no dropout."""
 
 TORCH_LAYERS = {"TransformerEncoderLayer", "TransformerDecoderLayer", "Transformer", "MultiheadAttention",
-                "TransformerEncoder", "TransformerDecoder"}
-"""torch.nn's layers that take a ``dropout`` argument and hold dropout layers of their own."""
+                "TransformerEncoder", "TransformerDecoder", "LSTM", "GRU", "RNN"}
+"""torch.nn's layers that take a ``dropout`` argument and drop out inside (their own dropout layers, or a recurrent
+layer's between its layers)."""
 
 
 def dropout_time(run: RunRecord) -> tuple[float, int] | None:
