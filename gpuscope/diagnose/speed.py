@@ -103,14 +103,8 @@ a convolution's is ``aten::mkldnn_convolution``'s or ``aten::_slow_conv2d_forwar
 def run_matmul_rate(record: RunRecord, sol: SpeedOfLight) -> float | None:
     """On a CPU run, the step's matmuls' own rate: their counted FLOPs a step over their self time a step in the op
     table (trace.json); None where a counted matmul op has no row there, or on CUDA (host time is no kernel's)."""
-    matmuls = matmul_time(record, sol)
+    matmuls = _ops_time(record, sol, MATMUL_FLOP_OPS)
     return matmuls[0] / matmuls[1] if matmuls is not None and matmuls[1] > 0 else None
-
-
-def matmul_time(record: RunRecord, sol: SpeedOfLight) -> tuple[int, float] | None:
-    """On a CPU run, the step's counted matmul FLOPs and their ops' self time a step in the op table (trace.json);
-    None where a counted matmul op has no row there, or on CUDA (host time is no kernel's)."""
-    return _ops_time(record, sol, MATMUL_FLOP_OPS)
 
 
 def _ops_time(record: RunRecord, sol: SpeedOfLight, ops: tuple[str, ...]) -> tuple[int, float] | None:

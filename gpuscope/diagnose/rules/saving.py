@@ -32,13 +32,13 @@ def training_saves(run: RunRecord) -> list[tuple[int, float]]:
             if 1 <= step < run.steps.total]
 
 
-def save_share(run: RunRecord) -> float | None:
+def save_share(run: RunRecord, saves: list[tuple[int, float]] | None = None) -> float | None:
     """The saves' share of the training steps' time: their seconds over the steps at their median without a save
     plus the saves (the median of all leaves out the few steps that saved, or is raised by them where one step in a
-    few saves); None without steps."""
+    few saves); None without steps. ``saves``: ``training_saves(run)``, where already read."""
     if not run.steps.count or not run.steps.median_s:
         return None
-    saves = training_saves(run)
+    saves = training_saves(run) if saves is None else saves
     saved = sum(seconds for _, seconds in saves)
     return saved / (_median_without_saves(run, {step for step, _ in saves}) * run.steps.total + saved)
 
@@ -67,7 +67,8 @@ def save_checkpoints_less_often(run: RunRecord) -> Finding | None:
     Fix: save half as often (the gain: half their time), or in the background (``async_save``, or a thread writing
     a CPU copy of the state dict: most of it).
     Gain: half the saves' share, for saving half as often."""
-    saves, share = training_saves(run), save_share(run)
+    saves = training_saves(run)
+    share = save_share(run, saves)
     p = run.practices
     steps = [step for step, _ in saves]
     if len(set(steps)) < 2 or share is None or share < th.SAVES_NOTABLE or p is None:
