@@ -63,7 +63,10 @@ def workers_text(workers: int) -> str:
 
 
 def speedup_text(speedup: float) -> str:
-    """A predicted speed-up in words: "1.64x faster", or "1.30x slower" where the remedy would cost time."""
+    """A predicted speed-up in words: "1.64x faster", "1.30x slower" where the remedy would cost time, "no
+    faster" where it rounds to 1.00x either way."""
+    if round(speedup, 2) == 1 or round(1 / speedup, 2) == 1:
+        return "no faster"
     return f"{speedup:.2f}x faster" if speedup >= 1 else f"{1 / speedup:.2f}x slower"
 
 

@@ -4,6 +4,7 @@ outermost module holding the parameters, whichever marker defines the steps), an
 from __future__ import annotations
 
 import copy
+import inspect
 import os
 import threading
 import time
@@ -99,6 +100,61 @@ def test_a_gan_loop_times_the_forward_of_both_models_though_its_second_optimizer
     timed = [r for r in capture.records if not r.profiled and r.index >= 3]
     assert timed and all(r.phases_s["forward"] >= 0.035 for r in timed), [r.phases_s for r in timed]
     assert all(r.wall_s - sum(r.phases_s.values()) < 0.01 for r in timed), [r.phases_s for r in timed]  # "other"
+
+
+class SelfTrainedLayer(nn.Linear):
+    """A layer that trains itself, calling its own ``forward`` (pytorch/examples' forward-forward ``Layer``): its
+    forward takes a known time (a sleep)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.01)
+        return torch.relu(x @ self.weight.T + self.bias)
+
+
+def test_a_forward_called_directly_is_timed_as_the_forward_and_its_method_restored_after() -> None:
+    # given: forward-forward's loop: two forward() calls a step, called directly, not as module calls
+    collector = StepsCollector()
+    layer = SelfTrainedLayer(4, 4)
+    own = SelfTrainedLayer.forward
+    optimizer = torch.optim.Adam(layer.parameters())
+    x = torch.randn(8, 4)
+    collector.start(Path("."))
+    try:
+        for _ in range(8):
+            loss = layer.forward(x).pow(2).mean() - layer.forward(-x).pow(2).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        # (the wrapper keeps the method's name and signature: transformers reads forward's parameters)
+        assert SelfTrainedLayer.forward.__name__ == "forward"
+        assert list(inspect.signature(layer.forward).parameters) == ["x"]
+    finally:
+        result = collector.stop()
+    capture = result.payload
+    # then: once its module call is found never to run, its forward is timed where it is called: its 20 ms a step
+    # are forward, not "other"
+    assert any("SelfTrainedLayer (forward called directly, not as a module call)" in note
+               for note in result.notes), result.notes
+    timed = [r for r in capture.records if not r.profiled and r.index >= 4]
+    assert timed and all(r.phases_s["forward"] >= 0.02 for r in timed), [r.phases_s for r in timed]
+    # and the class's own forward is back once the collector stops
+    assert SelfTrainedLayer.forward is own and not getattr(nn.Linear.forward, "_gpuscope_timed", False)
+
+
+def test_a_module_called_as_usual_keeps_its_forward_method_unwrapped() -> None:
+    collector = StepsCollector()
+    layer = SelfTrainedLayer(4, 4)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.01)
+    collector.start(Path("."))
+    try:
+        for _ in range(4):
+            optimizer.zero_grad()
+            layer(torch.randn(8, 4)).sum().backward()
+            optimizer.step()
+        assert not getattr(SelfTrainedLayer.forward, "_gpuscope_timed", False)  # torch.jit.script would see it
+    finally:
+        result = collector.stop()
+    assert all(r.phases_s["forward"] >= 0.01 for r in result.payload.records[2:] if not r.profiled)
 
 
 class Wrapper(nn.Module):

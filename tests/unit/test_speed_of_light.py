@@ -603,6 +603,8 @@ def test_a_what_if_slower_than_the_run_reads_slower_in_the_summary_and_the_repor
         what_if=WhatIf(step_s=0.085, speedup=0.065 / 0.085, explanation="with 1 DataLoader workers"))
     # then: the estimate says how much slower, not "0.76x faster"
     assert speedup_text(0.065 / 0.085) == "1.31x slower" and speedup_text(1.64) == "1.64x faster"
+    # and one that rounds to 1.00x either way is no faster, not "1.00x slower"
+    assert speedup_text(0.9999999999999999) == speedup_text(1.004) == speedup_text(0.996) == "no faster"
     summary = "\n".join(summary_lines(record, Path("run")))
     assert "1.31x slower" in summary and "x faster" not in summary
     html = render_report(record, inline_plotly=False)

@@ -14,10 +14,16 @@ when it is one of the timed modules (any other instance, or a call inside ``torc
 through). A module hook would be part of the module: ``copy.deepcopy(model)`` (an EMA, the best model so far) and
 ``torch.save(model)`` would copy it with the collector it holds, which neither copies nor pickles, and
 ``torch.jit.script(model)`` would try to compile it; and a hook puts the module's own call on torch's slow path.
+
+A script may call a module's ``forward`` directly (``self.forward(x)``, as pytorch/examples' forward-forward layers
+train themselves), bypassing ``__call__``: a silent module of the script's own class that holds trained parameters
+of its own gets its class's ``forward`` wrapped the same way (only then, and never torch's own classes:
+``torch.jit.script`` compiles a class's ``forward`` from its source, and the wrapper has none of the module's).
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import sys
 import weakref
@@ -47,8 +53,10 @@ class ForwardModules:
         """The models no optimizer trains whose forward is timed apart (found with the roots)."""
         self._trained: set[int] | None = None  # ids of the parameters the optimizers train (None: no optimizer)
         self._hooked: dict[int, tuple[str, weakref.ref[Any]]] = {}  # the timed modules: id -> class name, module
-        self._wrapped: list[tuple[type, Callable[..., Any] | None]] = []  # classes whose __call__ is wrapped, and
-        # the __call__ of their own that it replaced (None: it was inherited)
+        self._wrapped: list[tuple[type, str, Callable[..., Any] | None]] = []  # classes whose __call__ (or forward)
+        # is wrapped, the attribute, and the one of their own that it replaced (None: it was inherited)
+        self._direct: set[int] = set()  # ids of the silent modules whose forward was wrapped for direct calls
+        self._direct_classes: set[type] = set()  # the classes whose forward is wrapped
         self.checking: list[weakref.ref[Any]] = []
         """The modules hooked at the last boundary, still to be checked for having run (a list, not a property:
         the forward hook reads it on every call)."""
@@ -130,6 +138,14 @@ class ForwardModules:
         if not silent:
             return False
         self.left_out += 1
+        direct = [m for m in silent if id(m) not in self._direct and self._holds_trained(m, recurse=False)
+                  and not type(m).__module__.startswith("torch.")]
+        for module in direct:  # its forward may be called directly: timed from the next step, checked again then
+            self._direct.add(id(module))
+            if not getattr(type(module).forward, "_gpuscope_timed", False):
+                self._wrap(type(module), "forward")
+                self._direct_classes.add(type(module))
+        silent = [m for m in silent if not any(m is d for d in direct)]
         for module in silent:
             del self._hooked[id(module)]
             self._silent.append(type(module).__name__)
@@ -147,16 +163,17 @@ class ForwardModules:
             self._hook(list(children.values())[: MAX_ROOT_MODULES - len(self._hooked)])
             if frozen:
                 self._time_frozen(list(frozen.values())[:MAX_FROZEN], self.root_modules(), index)
+        self.checking += [weakref.ref(m) for m in direct]
         return True
 
     def remove(self) -> None:
-        """Stop timing: every wrapped ``__call__`` is its class's own again."""
+        """Stop timing: every wrapped ``__call__`` and ``forward`` is its class's own again."""
         self.checking = []
-        for cls, own in reversed(self._wrapped):
+        for cls, name, own in reversed(self._wrapped):
             if own is None:
-                delattr(cls, "__call__")
+                delattr(cls, name)
             else:
-                cls.__call__ = own  # type: ignore[method-assign]
+                setattr(cls, name, own)
         self._wrapped = []
 
     def root_modules(self) -> list[Any]:
@@ -169,7 +186,12 @@ class ForwardModules:
             return None
         inner = {id(child) for ref in self._root_refs if (root := ref()) is not None
                  and (child := wrapped(root)) is not None}
-        timed = sorted(name for key, (name, _) in self._hooked.items() if key not in inner)
+        modules = [(name, module) for key, (name, ref) in self._hooked.items()
+                   if key not in inner and (module := ref()) is not None]
+        direct = sorted(name for name, m in modules if type(m) in self._direct_classes)
+        timed = sorted(name for name, m in modules if name not in direct)
+        if direct:
+            timed.append(", ".join(direct) + " (forward called directly, not as a module call)")
         partial = (f"; {self.left_out} " + ("step that timed" if self.left_out == 1 else "steps that timed")
                    + " only part of the forward pass left out of the figures") if self.left_out else ""
         if not self._silent:
@@ -179,11 +201,12 @@ class ForwardModules:
                 + f" (the forward of {', '.join(self._silent)} never ran; finding them took"
                 f" {discovery_s * 1e3:.0f} ms, left out of the steps{partial})")
 
-    def _holds_trained(self, module: Any) -> bool:
-        """Whether ``module`` holds parameters the optimizers train (with no optimizer: any parameters)."""
+    def _holds_trained(self, module: Any, recurse: bool = True) -> bool:
+        """Whether ``module`` holds parameters the optimizers train (with no optimizer: any parameters);
+        ``recurse=False``: as its own, not its children's."""
         if self._trained is None:
-            return next(module.parameters(), None) is not None
-        return any(id(p) in self._trained for p in module.parameters())
+            return next(module.parameters(recurse), None) is not None
+        return any(id(p) in self._trained for p in module.parameters(recurse))
 
     def _time_frozen(self, frozen: list[Any], roots: list[Any], step: int) -> None:
         """Time the ``frozen`` models from ``step`` on, but those whose class the trained model (``roots``) holds more
@@ -215,13 +238,15 @@ class ForwardModules:
     def _wrap_classes(self, modules: list[Any]) -> None:
         for module in modules:
             if not getattr(type(module).__call__, "_gpuscope_timed", False):  # its class (or a base) not yet wrapped
-                self._wrap_call(type(module))
+                self._wrap(type(module), "__call__")
 
-    def _wrap_call(self, cls: type) -> None:
-        """Wrap ``cls.__call__``: a call of a timed module runs between the pre and post hooks."""
-        original = cls.__call__
+    def _wrap(self, cls: type, name: str) -> None:
+        """Wrap ``cls.__call__`` (or ``cls.forward``): a call of a timed module runs between the pre and post
+        hooks (a forward called by the timed ``__call__`` is nested in it: one pass). Frozen models are timed at
+        their ``__call__`` only."""
+        original = getattr(cls, name)
         hooked, pre, post = self._hooked, self._pre, self._post
-        frozen, frozen_call = self.frozen.timed, self.frozen.call
+        frozen, frozen_call = self.frozen.timed if name == "__call__" else {}, self.frozen.call
         compiler = getattr(sys.modules.get("torch"), "compiler", None)
         # is_dynamo_compiling: True as torch.compile traces the call (dynamo folds it), else a call less than
         # is_compiling (which asks torch.jit.is_scripting first)
@@ -242,10 +267,12 @@ class ForwardModules:
             finally:
                 post()
 
+        if name == "forward":  # its name, doc and signature are the method's (transformers reads forward's)
+            functools.update_wrapper(__call__, original)
         __call__._gpuscope_timed = True  # type: ignore[attr-defined]
         __call__.__wrapped__ = original  # type: ignore[attr-defined]
-        self._wrapped.append((cls, vars(cls).get("__call__")))
-        cls.__call__ = __call__  # type: ignore[method-assign]
+        self._wrapped.append((cls, name, vars(cls).get(name)))
+        setattr(cls, name, __call__)
 
 
 def _modules(nn: Any) -> list[Any]:
