@@ -84,6 +84,10 @@ class StepCapture:
     checkpointed calls by step index over the steady steps (before the step from which none were kept; -1: all)."""
     queue_waits: tuple[CallSite, ...] = ()
     """The lines whose waits on a queue between the loop's passes were its data wait (``steps.queue_waits``)."""
+    no_grad_s: float = 0.0
+    """The trained model's forward passes without gradients (eval mode, ``torch.no_grad()``) in the steps, seconds."""
+    no_grad_sites: tuple[CallSite, ...] = ()
+    """The lines of the step's own code that ran them (``steps.no_grad_sites``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -189,6 +189,13 @@ SAVES_NOTABLE = 0.05
 """Checkpoint saves made while the loop trains are worth making less often from a twentieth of the training steps'
 time: a 60 MB MLP and its Adam state saved every 25 steps of 44 ms took 65 ms a save, 5.5% of the steps' time, all of
 it in steps the median leaves out; saving half as often gives back half of it."""
+NO_GRAD_NOTABLE = 0.1
+"""Forward passes without gradients in every step (an evaluation after each update) are worth running less often
+from a tenth of the steps' time: pytorch/examples' GCN evaluates on its train and validation nodes after every
+update, two passes of 2.5 ms each in its 12 ms step (40%), its printout every 20 epochs the only reader."""
+EVALUATE_EVERY = 10
+"""The steps between evaluations ``evaluate-less-often`` suggests, where the loop evaluates at every one: the gain it
+promises is the passes' share less a tenth of it."""
 DROPOUT_NOTABLE = 0.1
 """Dropout is worth turning off, where the model does not need it, from a tenth of the step: a TransformerEncoder
 text classifier's (p = 0.1) on the 2-core CPU took 34-38% of its 102-122 ms step, most of it drawing the masks

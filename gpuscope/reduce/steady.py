@@ -290,6 +290,12 @@ def summarize_capture(capture: StepCapture) -> StepSummary:
         steps = dataclasses.replace(steps, closure_calls_per_step=capture.closure_calls / capture.count)
     if capture.queue_waits:
         steps = dataclasses.replace(steps, queue_waits=capture.queue_waits)
+    if capture.no_grad_s:
+        # over every step but the first, as the passes' seconds are (NoGradPasses.seconds)
+        total = sum(r.wall_s * (1.0 if r.index < capture.head else capture.body_weight) for r in capture.records
+                    if r.index >= 1)
+        steps = dataclasses.replace(steps, no_grad_share=min(1.0, capture.no_grad_s / total) if total else None,
+                                    no_grad_sites=capture.no_grad_sites)
     if capture.checkpointing is not None:
         steps = dataclasses.replace(steps, checkpointing=_checkpointing_figures(*capture.checkpointing, steps.sample,
                                                                                capture.device))

@@ -270,14 +270,15 @@ def test_every_contract_id_has_exactly_one_rule() -> None:
     # the contract's 15, reduce-communication, cpu-fp32-over-low-precision, persistent-workers,
     # file-system-sharing, fused-optimizer, float32-over-float64, cheaper-batches, split-iterable-stream,
     # skip-distribution-checks, tune-host-allocator, cpu-float32-attention, balance-ranks, fix-memory-leak,
-    # reduce-memory, cache-frozen-outputs, skip-activation-checkpointing, skip-dropout and
-    # save-checkpoints-less-often (docs/contract-additions.md)
-    assert len(contract_ids()) == 33
+    # reduce-memory, cache-frozen-outputs, skip-activation-checkpointing, skip-dropout,
+    # save-checkpoints-less-often and evaluate-less-often (docs/contract-additions.md)
+    assert len(contract_ids()) == 34
     assert {"reduce-communication", "cpu-fp32-over-low-precision", "persistent-workers", "file-system-sharing",
             "fused-optimizer", "float32-over-float64", "cheaper-batches", "split-iterable-stream",
             "skip-distribution-checks", "tune-host-allocator", "cpu-float32-attention",
             "balance-ranks", "fix-memory-leak", "reduce-memory", "cache-frozen-outputs",
-            "skip-activation-checkpointing", "skip-dropout", "save-checkpoints-less-often"} <= contract_ids()
+            "skip-activation-checkpointing", "skip-dropout", "save-checkpoints-less-often",
+            "evaluate-less-often"} <= contract_ids()
     assert set(ids) == contract_ids()
 
 

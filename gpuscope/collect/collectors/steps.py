@@ -51,6 +51,7 @@ from gpuscope.collect.steps.forward_modules import ForwardModules
 from gpuscope.collect.steps.frozen_models import FrozenModels
 from gpuscope.collect.steps.loaders import LoaderBook
 from gpuscope.collect.steps.loopthread import LoopThread
+from gpuscope.collect.steps.no_grad_passes import NoGradPasses
 from gpuscope.collect.steps.optimizer_watch import OptimizerWatch
 from gpuscope.collect.steps.phase_clock import OTHER
 from gpuscope.collect.steps.recompute import Recompute
@@ -105,6 +106,7 @@ class StepsCollector:
         self.forward = ForwardModules(self._forward_pre, self._forward_post,
                                       FrozenModels(self._clock, self._frozen_step, self.loaders))
         self.recompute = Recompute(self._clock, self._frozen_step)  # activation checkpointing's recomputation
+        self.no_grad = NoGradPasses()  # the trained model's passes without gradients in the steps (an evaluation)
         self._optimizer_watch = OptimizerWatch()  # the steps are provisional while an optimizer built has not stepped
         self._device_failed = False
         self._cuda_built = True  # False for a torch built without CUDA (or ROCm): no step asks whether CUDA is up
@@ -229,8 +231,9 @@ class StepsCollector:
             passes=(tracker.passes[0], tracker.passes[1]), final_evaluation_s=tracker.final_evaluation_s,
             loops=self._optimizer_watch.loops.starts(), no_grad_modes=(*self.forward.no_grad_modes,),
             device_markers=tracker.device.marked if tracker.device is not None else 0, losses=losses,
-            closure_calls=self._closure_calls,
-            frozen_models=self.forward.frozen.records(), queue_waits=self._queue_sites.sites(limit=3),
+            closure_calls=self._closure_calls, no_grad_s=self.no_grad.seconds(log.count),
+            no_grad_sites=self.no_grad.sites.sites(limit=3), frozen_models=self.forward.frozen.records(),
+            queue_waits=self._queue_sites.sites(limit=3),
             checkpointing=self.recompute.record()),
             notes=tuple(notes))
 
@@ -285,6 +288,7 @@ class StepsCollector:
             self._optimizers[id(optimizer)] = weakref.ref(optimizer)  # found at the next boundary
             self._rooted.discard(id(optimizer))
             self.tracker.schedule.wake(self._after_boundary)  # type: ignore[union-attr]
+            self.no_grad.stepper(sys._getframe(1))
         if self.probed_optimizer is None:
             self.probed_optimizer = optimizer
         self.tracker.enter("optimizer", self._clock())  # type: ignore[union-attr]
@@ -460,9 +464,11 @@ class StepsCollector:
             self.forward.ran(module)
         tracker = self.tracker
         nested = tracker.clock.current == "forward"  # type: ignore[union-attr]  # a wrapped module in its wrapper's
-        tracker.enter("forward", self._clock())  # type: ignore[union-attr]
+        now = self._clock()
+        tracker.enter("forward", now)  # type: ignore[union-attr]
         if not nested and not (module.training and self._torch.is_grad_enabled()):  # eval(), no_grad: evaluation
             self.forward.evaluation_pass(module, tracker)
+            self.no_grad.began(tracker.log.count, now, sys._getframe(1))  # type: ignore[union-attr]
         return True
 
     def _frozen_step(self) -> int | None:
@@ -473,7 +479,10 @@ class StepsCollector:
 
     def _forward_post(self) -> None:
         """The forward timed (``_forward_pre`` said so) ended."""
-        self.tracker.exit("forward", self._clock())  # type: ignore[union-attr]
+        now = self._clock()
+        self.tracker.exit("forward", now)  # type: ignore[union-attr]
+        if self.no_grad.open and self.tracker.clock.current != "forward":  # type: ignore[union-attr]
+            self.no_grad.ended(now)
 
     # -- after each step boundary ------------------------------------------------------------------------
     def _after_boundary(self, index: int) -> int | None:

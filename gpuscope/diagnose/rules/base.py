@@ -23,7 +23,8 @@ CPU step's attention in bfloat16 / float16, timed again after the run in that dt
 "host_memory" (the host memory samples), "memory" (the memory window's breakdown, or the census of a run that died
 of memory), "glibc_malloc" (glibc's malloc served the process), "job" (a data-parallel
 job's merged record, its ranks set side by side), "host_recompute" (where the steps checkpointed, a CPU run:
-checkpointing's recomputation timed on the loop's thread)."""
+checkpointing's recomputation timed on the loop's thread), "host_passes" (a CPU run: the trained model's forward
+passes timed on the host's clock are their time)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +120,9 @@ def missing_input(record: RunRecord, needs: Needs) -> str | None:
         if need == "host_recompute" and record.device != "cpu" and record.steps.checkpointing is not None:
             return ("a GPU run: activation checkpointing's recomputation runs on autograd's device threads, and its "
                     "device time is not told apart from the rest of backward's")
+        if need == "host_passes" and record.device != "cpu":
+            return ("a GPU run: its forward passes are timed on the host, which queues the GPU's work ahead of it, "
+                    "not on the GPU")
         if need == "matmul_rates" and (why := _rates_missing(record)) is not None:
             return why
         if need == "attention_timing" and (why := _attention_missing(record)) is not None:

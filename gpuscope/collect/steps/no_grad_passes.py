@@ -1,0 +1,63 @@
+"""The trained model's forward passes without gradients (in eval mode, or under ``torch.no_grad()``) inside the
+steps: their time, and the line of the step's own code that ran them. A full-batch graph network evaluating on its
+train and validation nodes after every update (pytorch/examples' GCN) runs three forward passes a step, two of them
+evaluation; no step is left out for them, since every step holds them (``reduce.steady``)."""
+
+from __future__ import annotations
+
+from types import CodeType, FrameType
+
+from gpuscope.collect.callsites import SITE_CALLS, SiteCounter, user_frame
+
+
+class NoGradPasses:
+    """``began`` and ``ended`` around each such pass (the outermost timed forward only); ``stepper`` where an
+    optimizer first steps, whose code is then the step's own."""
+
+    def __init__(self) -> None:
+        self.sites = SiteCounter()
+        """The lines of the step's own code (the function that steps the optimizer) that ran the passes, or the
+        user's innermost line where no such function called them (the first ``SITE_CALLS`` passes)."""
+        self._step_codes: set[CodeType] = set()
+        self._began: float | None = None
+        self._step = -1  # the step the last pass began in
+        self._open_s = 0.0  # that step's seconds so far
+        self._closed_s = 0.0  # the earlier steps' seconds
+
+    @property
+    def open(self) -> bool:
+        return self._began is not None
+
+    def stepper(self, frame: FrameType | None) -> None:
+        """An optimizer stepped for the first time, called from ``frame`` (or a frame outside it)."""
+        found = user_frame(frame) if frame is not None else None
+        if found is not None:
+            self._step_codes.add(found.f_code)
+
+    def began(self, step: int, now: float, frame: FrameType | None) -> None:
+        """A pass begins in the open step ``step``, called from ``frame`` (or a frame outside it)."""
+        if step != self._step:
+            self._closed_s += self._open_s if self._step >= 1 else 0.0
+            self._step, self._open_s = step, 0.0
+        self._began = now
+        if self.sites.total() < SITE_CALLS:
+            self.sites.count(self._site(frame))
+
+    def ended(self, now: float) -> None:
+        if self._began is not None:
+            self._open_s += now - self._began
+            self._began = None
+
+    def seconds(self, ended: int) -> float:
+        """The passes' seconds in steps 1 to ``ended - 1``: step 0's are left out, as its time is (the first step
+        pays imports and allocations: 3 s against 12 ms for a GCN), and those after the last step ended (a test pass
+        once the loop is done) are no step's."""
+        return self._closed_s + (self._open_s if 1 <= self._step < ended else 0.0)
+
+    def _site(self, frame: FrameType | None) -> FrameType | None:
+        inner = found = user_frame(frame) if frame is not None else None
+        while found is not None:
+            if found.f_code in self._step_codes:
+                return found
+            found = user_frame(found.f_back) if found.f_back is not None else None
+        return inner
