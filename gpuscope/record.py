@@ -1425,11 +1425,12 @@ class SpeedOfLight:
     under `torch.autocast` beside a float32 teacher)."""
     attention: AttentionTiming | None = None
     """On a CPU run, the step's first scaled dot-product attention and its time in its dtype and in float32."""
-    """The counted step's FLOPs by the dtype they ran in (``float32``, ``bfloat16``...): a step may mix them (a
-    student under ``torch.autocast`` beside a float32 teacher)."""
     conv_flops_per_s: dict[str, float] = field(default_factory=dict)
     """On a CPU run whose counted step ran convolutions and FLOPs in bfloat16 or float16: this machine's rate for one
     3x3 convolution in that dtype and in float32, by dtype, measured after the run (empty otherwise)."""
+    sparse_flops: int = 0
+    """Of ``flops_per_step``, those of matmuls with a sparse operand (a graph network's adjacency), counted by the
+    elements it stores: such a matmul gathers and scatters, and no dense matmul peak describes its speed."""
 
 
 @dataclass(frozen=True, slots=True)

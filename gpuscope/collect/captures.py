@@ -157,6 +157,8 @@ class FlopCount:
     flops_by_dtype: dict[str, int] = field(default_factory=dict)
     attention: AttentionCall | None = None
     """The step's first attention on a CPU (``collect/attention.py``), None without one."""
+    sparse_flops: int = 0
+    """Of ``flops_per_step``, those of matmuls with a sparse operand (``speed_of_light.sparse_flops``)."""
 
 
 @dataclass(frozen=True, slots=True)

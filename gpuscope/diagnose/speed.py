@@ -14,8 +14,8 @@ from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.evidence import (accumulation_saving, batches_per_step, cpu_overhead, launch_wait,
                                         median_compute_s, slowest_loader, training_batches)
 from gpuscope.diagnose.iterator_wait import iterator_wait
-from gpuscope.diagnose.words import (counted_step_unlike, duration_text, flop_text, utilisation_text,
-                                     workers_text)
+from gpuscope.diagnose.words import (counted_step_unlike, duration_text, flop_text, sparse_flops_text,
+                                     utilisation_text, workers_text)
 from gpuscope.reduce.peaks import gpu_peak_flops
 from gpuscope.diagnose.waiting_workers import waiting_workers
 from gpuscope.record import LoaderRate, RunRecord, SpeedOfLight, Verdict, WhatIf
@@ -363,7 +363,8 @@ def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
     median = record.steps.median_s
     if verdict.bound == "compute" and (profiled := profiled_figures(record)) is not None and profiled[0].median_s:
         thin, sol = profiled[0].median_s, complete_speed_of_light(record)
-        if sol is None or not sol.peak_flops_per_s or not sol.flops_per_step or sol.mfu is None:
+        if sol is None or not sol.peak_flops_per_s or not sol.flops_per_step or sol.mfu is None \
+                or sparse_flops_text(sol):
             return None
         step_s, explanation = _at_peak(record, sol, thin)
         return WhatIf(step_s=step_s, speedup=thin / step_s, explanation=(
@@ -404,7 +405,9 @@ def what_if(record: RunRecord, verdict: Verdict) -> WhatIf | None:
     elif verdict.bound == "compute":
         sol = complete_speed_of_light(record)
         # no MFU: the measured peak does not describe the run's matmuls, and a step "at" it would mean nothing
-        if sol is not None and sol.peak_flops_per_s and sol.flops_per_step and sol.mfu is not None:
+        # sparse matmuls: their gathers are no dense peak's (sparse_flops_text says so where the speed of light is)
+        if sol is not None and sol.peak_flops_per_s and sol.flops_per_step and sol.mfu is not None \
+                and not sparse_flops_text(sol):
             step_s, explanation = _at_peak(record, sol, median)
     if step_s is None or step_s <= 0:
         return None

@@ -189,6 +189,11 @@ SAVES_NOTABLE = 0.05
 """Checkpoint saves made while the loop trains are worth making less often from a twentieth of the training steps'
 time: a 60 MB MLP and its Adam state saved every 25 steps of 44 ms took 65 ms a save, 5.5% of the steps' time, all of
 it in steps the median leaves out; saving half as often gives back half of it."""
+SPARSE_FLOPS_NOTABLE = 0.05
+"""A compute-bound step gets no what-if at the peak where a twentieth or more of its counted FLOPs are sparse matmuls'
+(counted by the elements they store): their op-table rows are the dense ones' (``aten::addmm``), and their gathers
+run far below any dense peak. A graph network's sparse feature and adjacency matmuls, 60% of its counted FLOPs, read
+"3.05x faster at the peak" for what no dense kernel would do."""
 NO_GRAD_NOTABLE = 0.1
 """Forward passes without gradients in every step (an evaluation after each update) are worth running less often
 from a tenth of the steps' time: pytorch/examples' GCN evaluates on its train and validation nodes after every

@@ -10,7 +10,7 @@ from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.evidence import (UnlikeSteps, among_steady_steps, comm_share, evaluation_time, profile_window,
                                         two_speeds, unlike_steps)
 from gpuscope.diagnose.loops import other_loop
-from gpuscope.record import Communication, FrozenModel, RunRecord
+from gpuscope.record import Communication, FrozenModel, RunRecord, SpeedOfLight
 
 if TYPE_CHECKING:
     from gpuscope.diagnose.clock import HostPace
@@ -55,6 +55,15 @@ def frozen_model_text(model: FrozenModel) -> str:
         else f"{model.calls_per_step:.1f}"
     return (f"{model.module} ({size} parameters, none trained){where}{' ' + ', '.join(modes) if modes else ''}: "
             f"{duration_text(model.call_s or 0.0)} a call, {calls} a step, {model.step_share:.0%} of the step")
+
+
+def sparse_flops_text(sol: SpeedOfLight) -> str:
+    """Where a notable share of the counted FLOPs are sparse matmuls' (``SPARSE_FLOPS_NOTABLE``), what that means for
+    the step's speed of light; else ""."""
+    if not sol.flops_per_step or sol.sparse_flops < th.SPARSE_FLOPS_NOTABLE * sol.flops_per_step:
+        return ""
+    return (f"{sol.sparse_flops / sol.flops_per_step:.0%} of them in matmuls with a sparse operand (counted by the "
+            "elements it stores), whose gathers no dense matmul peak describes: no what-if at the peak")
 
 
 def workers_text(workers: int) -> str:

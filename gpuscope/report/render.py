@@ -23,8 +23,8 @@ from gpuscope.diagnose.compare import Comparison, compare
 from gpuscope.errors import GpuscopeError
 from gpuscope.record import PHASES, RunRecord
 from gpuscope.report import charts, compare_charts, facts
-from gpuscope.diagnose.words import (bound_label, flop_text, left_out, own_cost_text, speedup_text,
-                                     utilisation_text)
+from gpuscope.diagnose.words import (bound_label, flop_text, left_out, own_cost_text, sparse_flops_text,
+                                     speedup_text, utilisation_text)
 from gpuscope.diagnose.trials import slower, unchanged
 from gpuscope.report.trials_text import estimate_words, loss_words, speedup_words
 
@@ -79,7 +79,7 @@ def environment() -> Environment:
         keep_trailing_newline=True,
     )
     env.policies["json.dumps_kwargs"] = {"sort_keys": True, "allow_nan": False}
-    env.filters.update(seconds=facts.seconds, speedup=speedup_text, percent=facts.percent, size=facts.size,
+    env.filters.update(seconds=facts.seconds, speedup=speedup_text, sparse_flops=sparse_flops_text, percent=facts.percent, size=facts.size,
                        flops=flop_text, ranges=rank_ranges, utilisation=utilisation_text)
     return env
 

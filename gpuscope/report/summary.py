@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuscope.diagnose.words import bound_label, flop_text, left_out, speedup_text
+from gpuscope.diagnose.words import bound_label, flop_text, left_out, sparse_flops_text, speedup_text
 from gpuscope.record import RunRecord
 
 PEAK_PHASES = {"forward": " in forward", "backward": " in backward", "optimizer": " at the optimizer"}
@@ -76,8 +76,9 @@ def summary_lines(record: RunRecord, run_dir: Path, report_path: Path | None = N
                     f"{sol.peak_flops_per_s / 1e9:.2f} GFLOP/s, not this run's peak: no MFU")
         elif sol.peak_flops_per_s and sol.mfu is None:  # above a datasheet peak: the note says why
             peak = f"; no MFU: {sol.note}"
+        sparse = sparse_flops_text(sol)
         lines.append(f"  speed of light: {flop_text(sol.flops_per_step)} a step, achieved {flop_text(sol.achieved_flops_per_s)}/s"
-                     f"{peak}")
+                     f"{peak}{'; ' + sparse if sparse else ''}")
     if record.what_if is not None:
         lines.append(f"  what if (estimate): step {record.what_if.step_s * 1e3:.1f} ms, "
                      f"{speedup_text(record.what_if.speedup)}, {record.what_if.explanation}")

@@ -106,15 +106,15 @@ def recorded() -> RunRecord:
 
 def test_the_gcn_evaluating_after_every_update_is_told_to_evaluate_every_tenth_step_at_its_lines() -> None:
     # given: pytorch/examples' GCN loop (full_batch_gcn.py), which evaluates on its train and validation nodes
-    # after every update: 42% of its steps' time in those passes
+    # after every update: 41% of its steps' time in those passes
     record = analyze(recorded())
     (found,) = [r for r in record.recommendations if r.id == "evaluate-less-often"]
     assert found.evidence[0].startswith("the trained model runs forward in eval mode or without gradients in every "
                                         "step, 2 forward passes a step besides training's at full_batch_gcn.py:37 "
                                         "`loss_train, acc_train = test(model, idx_train)`, full_batch_gcn.py:38 ")
-    assert "42% of the steps' time" in found.evidence[0]
+    assert "41% of the steps' time" in found.evidence[0]
     # then: evaluating every 10th step gives back nine tenths of it (39-41% measured: benchmarks/README.md)
-    assert found.expected_gain == round(0.9 * record.steps.no_grad_share, 3) == 0.378  # type: ignore[operator]
+    assert found.expected_gain == round(0.9 * record.steps.no_grad_share, 3) == 0.372  # type: ignore[operator]
     assert found.fix.startswith("full_batch_gcn.py:37: evaluate every 10 steps, not at every one")
 
 

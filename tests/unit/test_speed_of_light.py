@@ -4,6 +4,7 @@ verdict's what-if estimate."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +20,12 @@ from gpuscope.collect.collectors import cpu_peak, flops
 from gpuscope.collect.collectors.cpu_peak import CpuPeakProbe, MatmulTiming, fitting_size, time_conv, time_matmuls
 from gpuscope.collect.collectors.flops import SpeedOfLightCollector
 from gpuscope.collect.framework.schedule import Window
-from gpuscope.record import Breakdown, CollectorStatus, RunMeta, SpeedOfLight, StepSample, Steps, Verdict
+from gpuscope.record import Breakdown, CollectorStatus, RunMeta, RunRecord, SpeedOfLight, StepSample, Steps, Verdict
+from gpuscope.report.render import render_report
 from gpuscope.session import post_run_facts
 from gpuscope.diagnose.words import flop_text
+
+RECORDS = Path(__file__).resolve().parents[1] / "fixtures" / "records"
 
 torch = pytest.importorskip("torch")
 
@@ -131,6 +135,28 @@ def test_a_sparse_matmul_counts_the_elements_its_matrix_stores_not_every_element
     sparse = 2 * (2 * stored * d_out)
     assert result.status.status == "ok", result.status
     assert result.payload.flops_per_step == dense + sparse
+    # and the sparse ones are told apart: no dense matmul peak describes them
+    assert result.payload.sparse_flops == sparse and result.payload.flops_by_dtype == {"float32": dense + sparse}
+
+
+def test_a_step_of_sparse_matmuls_gets_no_what_if_at_the_dense_peak() -> None:
+    # given: the full-batch GCN fixture, compute-bound, 72% of its counted FLOPs in sparse matmuls whose op-table rows
+    # (aten::addmm, aten::mm) are the dense ones': at the dense peak they read "3.05x faster"
+    from gpuscope.report.summary import summary_lines
+
+    record = RunRecord.from_json(json.loads((RECORDS / "full_batch_gcn.json").read_text()))
+    sol = record.speed_of_light
+    assert sol is not None and sol.sparse_flops > 0.7 * sol.flops_per_step
+    analyzed = analyze(record)
+    # then: none is given, and the speed of light says why
+    assert analyzed.verdict.bound == "compute" and analyzed.what_if is None
+    summary = "\n".join(summary_lines(analyzed, Path("run")))
+    assert "72% of them in matmuls with a sparse operand (counted by the elements it stores), whose gathers no dense " \
+           "matmul peak describes: no what-if at the peak" in summary
+    assert "Of those FLOPs, 72% of them in matmuls with a sparse operand" in render_report(analyzed, inline_plotly=False)
+    # and with the same FLOPs dense, the what-if at the peak is back
+    dense = dataclasses.replace(record, speed_of_light=dataclasses.replace(sol, sparse_flops=0))
+    assert analyze(dense).what_if is not None
 
 
 def count_flops(indices: range, test_pass_at: set[int]) -> tuple[FakeSteps, Any]:

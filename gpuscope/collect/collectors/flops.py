@@ -133,13 +133,16 @@ class SpeedOfLightCollector(StepFollower):
         def tracking(formula: Any) -> Any:
             def count(*args: Any, **kwargs: Any) -> int:
                 flops = formula(*args, **kwargs)
+                sparse = False
                 for arg in args:
                     if isinstance(arg, torch.Tensor) and arg.layout != torch.strided:
-                        flops = round(flops * stored_share(arg))
+                        flops, sparse = round(flops * stored_share(arg)), True
                 tensor = next((a for a in args if isinstance(a, torch.Tensor)), None)
                 if tensor is not None:
                     name = str(tensor.dtype).removeprefix("torch.")
                     dtypes[name] = dtypes.get(name, 0) + int(flops)
+                if sparse:  # (kept with the dtypes, which are multiplied and cleared with the count: popped after)
+                    dtypes[SPARSE] = dtypes.get(SPARSE, 0) + int(flops)
                 return flops
 
             count._get_raw = True  # type: ignore[attr-defined]  # FlopCounterMode passes the tensors themselves
@@ -245,13 +248,15 @@ class SpeedOfLightCollector(StepFollower):
 
     def _counted(self, flops: dict[str, int], dtypes: dict[str, int], step: int, tf32: bool, notes: tuple[str, ...],
                  attention: AttentionCall | None = None) -> CollectorResult:
+        dtypes = dict(dtypes)
+        sparse = dtypes.pop(SPARSE, 0)
         dtype = max(dtypes, key=lambda d: dtypes[d]) if dtypes else None
         top = dict(sorted(flops.items(), key=lambda kv: (-kv[1], kv[0]))[:TOP_OPS])
         cuda = self._events is not None and self._events.cuda_in_use()
         name, note = _gpu_name() if cuda else (None, "")
         return CollectorResult(CollectorStatus("ok"), notes=notes, payload=FlopCount(
             flops_per_step=sum(flops.values()), flops_by_op=top, step=step, dtype=dtype, cuda=cuda, device_name=name,
-            tf32=tf32, note=note, flops_by_dtype=dict(dtypes), attention=None if cuda else attention))
+            tf32=tf32, note=note, flops_by_dtype=dtypes, attention=None if cuda else attention, sparse_flops=sparse))
 
     def _from_trace(self, reason: str) -> CollectorResult:
         """The counted step never ran whole (a run of a few long steps), or none was placed (``from_trace``): the
@@ -274,6 +279,10 @@ class SpeedOfLightCollector(StepFollower):
         tf32 = bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False))
         return self._counted(read.flops_by_op, read.flops_by_dtype, read.step, tf32, (
             f"step {read.step}'s FLOPs: read from the shapes of its traced ops, by torch's formulas ({reason}){missed}",))
+
+
+SPARSE = "sparse"
+"""The key the counted FLOPs of matmuls with a sparse operand go under, beside the dtypes', while the step is counted."""
 
 
 def stored_share(tensor: Any) -> float:
