@@ -671,6 +671,23 @@ class OpProfile:
     """That recorded call's time on the host from the step's start (the profiler on), seconds: times
     ``closure_calls``, the step's time as the trace stands for it (the step's own wall also holds the trace's
     export and the FLOP count of its second call). 0 elsewhere."""
+    data_ops: int = 0
+    """Of ``ops``, those inside a DataLoader iterator's ``__next__`` (a loader without workers building the batch item
+    by item in the loop's process): the data wait's work, not the step's compute, which the CPU verdict's op figures
+    leave out (``compute_ops_per_step``). 0 in records made before it was kept."""
+    data_ops_self_s: float = 0.0
+    """Their self host time in the window, seconds."""
+
+    @property
+    def compute_ops_per_step(self) -> float:
+        """Torch ops per step outside the DataLoader's ``__next__`` (``data_ops``)."""
+        return (self.ops - self.data_ops) / self.ops * self.ops_per_step if self.ops else 0.0
+
+    @property
+    def compute_mean_op_s(self) -> float:
+        """Their mean host (self) time, seconds."""
+        compute = self.ops - self.data_ops
+        return max(0.0, self.mean_op_s * self.ops - self.data_ops_self_s) / compute if compute > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -209,11 +209,15 @@ def _why_no_step(record: RunRecord) -> str:
             "there is nothing to measure until it gets that far")
 
 
-def _ops_ran(covered: float, median_s: float) -> str:
-    """How long the traced steps' torch ops ran against the median step; where the traced steps ran slower than
-    the median (early steps, still growing their memory), more than the step, which is said."""
-    text = f"torch ops ran {covered * 1e3:.2f} ms of the {median_s * 1e3:.2f} ms step ({min(covered / median_s, 1):.0%}"
-    return text + (": the traced steps ran slower than the median)" if covered > median_s else ")")
+def _ops_ran(covered: float, median_s: float, data_wait: float = 0.0) -> str:
+    """How long the traced steps' torch ops ran against the median step (less its ``data_wait`` share, where the
+    ops that built batches in the DataLoader's ``__next__`` are left out of ``covered``); where the traced steps ran
+    slower than the median (early steps, still growing their memory), more than the step, which is said."""
+    step = median_s * (1 - data_wait)
+    of = (f"of the {step * 1e3:.2f} ms of the step outside its data wait" if data_wait else
+          f"of the {median_s * 1e3:.2f} ms step")
+    text = f"torch ops ran {covered * 1e3:.2f} ms {of} ({min(covered / step, 1):.0%}"
+    return text + (": the traced steps ran slower than the median)" if covered > step else ")")
 
 
 def _classify_cpu(record: RunRecord) -> Verdict:
@@ -223,18 +227,26 @@ def _classify_cpu(record: RunRecord) -> Verdict:
         missing = missing_input(record, ("op_profile", "calibration")) or "no step time"
         return Verdict("inconclusive", 0.0, (f"launch-bound or compute-bound cannot be told: {missing}",))
     share = overhead.share
-    ratio = ops.mean_op_s / overhead.op_cost_s  # type: ignore[union-attr]
+    mean_op_s = ops.compute_mean_op_s  # type: ignore[union-attr]  # (the DataLoader's own ops are the data wait's)
+    ratio = mean_op_s / overhead.op_cost_s
+    loading = ops.ops_per_step - overhead.ops_per_step  # type: ignore[union-attr]
+    loading = loading if loading >= th.LOADER_OPS_NOTABLE * ops.ops_per_step else 0.0  # type: ignore[union-attr]
+    besides = (f" (besides {loading:.0f} a step building its batches in the DataLoader's __next__, the data wait's "
+               "work)") if loading else ""
     facts = [
-        f"{overhead.ops_per_step:.0f} torch ops per step at {overhead.op_cost_s * 1e6:.2f} us of fixed cost each "
-        f"(measured here on tiny tensors) make {overhead.seconds * 1e3:.2f} ms: {share:.0%} of the "
+        f"{overhead.ops_per_step:.0f} torch ops per step{besides} at {overhead.op_cost_s * 1e6:.2f} us of fixed cost "
+        f"each (measured here on tiny tensors) make {overhead.seconds * 1e3:.2f} ms: {share:.0%} of the "
         f"{steps.median_s * 1e3:.2f} ms step",
-        f"mean op self time {ops.mean_op_s * 1e6:.1f} us, {ratio:.1f}x the fixed cost of an op",  # type: ignore[union-attr]
+        f"mean op self time {mean_op_s * 1e6:.1f} us, {ratio:.1f}x the fixed cost of an op",
     ]
+    data_wait = record.breakdown.data_wait if loading else 0.0
+    compute_s = steps.median_s * (1 - data_wait)  # what the ops counted can explain
     if share >= th.LAUNCH_BOUND_OVERHEAD:
         return Verdict("cpu-launch", _rising(share, th.LAUNCH_BOUND_OVERHEAD, 0.9), tuple(facts))
-    covered = ops.ops_per_step * ops.mean_op_s  # type: ignore[union-attr]
-    if share <= th.COMPUTE_BOUND_MAX_OVERHEAD and covered < th.OPS_COVER_STEP * steps.median_s:
-        outside = f"{_ops_ran(covered, steps.median_s)}: most of the step is spent outside torch ops, neither " \
+    covered = overhead.ops_per_step * mean_op_s
+    if share <= th.COMPUTE_BOUND_MAX_OVERHEAD and covered < th.OPS_COVER_STEP * compute_s:
+        ran = _ops_ran(covered, steps.median_s, data_wait)
+        outside = f"{ran}: most of the step is spent outside torch ops, neither " \
                   "computing nor waiting for a DataLoader"
         return _waiting_iterator(record, outside, facts) or Verdict(
             "inconclusive", 0.3, (outside, *_outside_ops(record), *facts))
@@ -243,7 +255,7 @@ def _classify_cpu(record: RunRecord) -> Verdict:
                      "is made of per-op overhead, not arithmetic")
         return Verdict("cpu-launch", _rising(th.TINY_OP_RATIO / max(ratio, 1e-9), 1.0, th.TINY_OP_RATIO), tuple(facts))
     if share <= th.COMPUTE_BOUND_MAX_OVERHEAD and ratio <= th.TINY_OP_RATIO:
-        spent = covered / steps.median_s
+        spent = covered / compute_s
         facts.append(f"the ops are tiny yet their fixed cost explains only {share:.0%} of the step, their own time "
                      f"{spent:.0%} of it" + (": most of the step is spent outside torch ops" if spent < 0.5 else ""))
         if (passes := accumulated_passes(record)) is not None:  # the rest is each pass's Python, paid k times
@@ -257,14 +269,15 @@ def _classify_cpu(record: RunRecord) -> Verdict:
     if share <= th.COMPUTE_BOUND_MAX_OVERHEAD and other >= th.OUTSIDE_MODEL_DOMINANT:
         outside = f"{other:.0%} of each step is spent outside the model's forward and backward, the optimizer and " \
                   "DataLoader waits"
-        if covered < th.OPS_COVER_OUTSIDE_MODEL * steps.median_s:
+        if covered < th.OPS_COVER_OUTSIDE_MODEL * compute_s:
             outside += ": in the script's own code between them (batches built without a DataLoader, logging, an " \
                        "environment's steps)"
             return _waiting_iterator(record, outside, facts) or Verdict(
                 "inconclusive", 0.3, (outside, *_outside_ops(record), *facts))
         # the arithmetic is in torch ops all the same, outside the trained model (a frozen teacher under no_grad)
         frozen = [f for f in steps.frozen_models if (f.step_share or 0.0) >= th.FROZEN_MODEL_NOTABLE]
-        facts.insert(0, f"{outside}, yet {_ops_ran(covered, steps.median_s)}: computing outside the trained model's "
+        ran = _ops_ran(covered, steps.median_s, data_wait)
+        facts.insert(0, f"{outside}, yet {ran}: computing outside the trained model's "
                         "forward and backward " + ("in a model it does not train: " + "; ".join(
                             frozen_model_text(f) for f in frozen) if frozen
                             else "(a model run without gradients, a loss)"))

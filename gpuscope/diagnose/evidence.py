@@ -35,8 +35,9 @@ def cpu_overhead(record: RunRecord) -> Overhead | None:
     ops, calibration, median = record.op_profile, record.calibration, record.steps.median_s
     if ops is None or not ops.ops or calibration is None or not calibration.op_overhead_s or not median:
         return None
-    seconds = ops.ops_per_step * calibration.op_overhead_s
-    return Overhead(ops.ops_per_step, calibration.op_overhead_s, seconds, min(1.0, seconds / median))
+    per_step = ops.compute_ops_per_step  # (the DataLoader's own ops build batches: the data wait's, not the step's)
+    seconds = per_step * calibration.op_overhead_s
+    return Overhead(per_step, calibration.op_overhead_s, seconds, min(1.0, seconds / median))
 
 
 def profile_window(record: RunRecord) -> tuple[int, int] | None:

@@ -189,6 +189,12 @@ SAVES_NOTABLE = 0.05
 """Checkpoint saves made while the loop trains are worth making less often from a twentieth of the training steps'
 time: a 60 MB MLP and its Adam state saved every 25 steps of 44 ms took 65 ms a save, 5.5% of the steps' time, all of
 it in steps the median leaves out; saving half as often gives back half of it."""
+LOADER_OPS_NOTABLE = 0.1
+"""The CPU verdict says how many of a step's torch ops built its batches in the DataLoader's ``__next__`` (a loader
+without workers: each item's conversions, the collate), and holds the other ops against the step less its data wait,
+from a tenth of the ops: a VAE's MNIST-style items made 1,547 of its 2,166 ops a step, and the verdict read their fixed
+cost, paid per item, as launch overhead ("CPU-launch-bound, 36% of the step"). Those ops are left out of the fixed
+cost whatever their share."""
 SPARSE_FLOPS_NOTABLE = 0.05
 """A compute-bound step gets no what-if at the peak where a twentieth or more of its counted FLOPs are sparse matmuls'
 (counted by the elements they store): their op-table rows are the dense ones' (``aten::addmm``), and their gathers

@@ -166,7 +166,7 @@ def op_profile(table: OpTable, window: Window, steps: int, figures: TraceFigures
         kernels=figures.kernels if cuda else None, devices=figures.devices if cuda else (),
         communication=figures.communication,
         host_ops=tuple(sorted(table.ops, key=lambda o: (-o.self_host_s, o.name))[:HOST_OPS]),
-        phase_calls=figures.phase_calls,
+        phase_calls=figures.phase_calls, data_ops=table.data_calls, data_ops_self_s=table.data_self_s,
     )
 
 

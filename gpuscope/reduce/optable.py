@@ -12,6 +12,8 @@ What torch does, and this module repeats over the trace's events:
   the op whose ``External id`` they carry (the op that launched them; not the runtime call: torch also credits a
   runtime call whose CUDA correlation id happens to equal some op's id, a mix-up of two id spaces not repeated here);
 - a few utility names are dropped (``_filter_name``); user annotations are ranges, not rows.
+Beyond torch's table: the ops inside a DataLoader's ``__next__`` range (a main-process loader building the batch item
+by item: the data wait's, not the step's compute) are counted apart as well (``OpTable.data_calls``).
 Of the rows, only torch ops (``cpu_op`` events) are ops: runtime calls (``cudaLaunchKernel``) and device events
 are rows of the table, never counted as ops (``OpTable.op_calls``): on a CUDA run they would double the count.
 
@@ -23,7 +25,7 @@ already in the nesting order, merged rather than sorted.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from itertools import compress
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -43,8 +45,17 @@ UNLISTED = frozenset({"[memory]", "[OutOfMemory]", "profiler::_record_function_e
 _NUMBERS = (int, float)
 
 
-RowKind = Literal["op", "call", "device"]
-"""A row of the table: a torch op, a runtime or driver call, or a device event (kernel, copy, memset, sync)."""
+RowKind = Literal["op", "call", "device", "data"]
+"""A row of the table: a torch op, a runtime or driver call, or a device event (kernel, copy, memset, sync); and the
+one tally of the ops inside DataLoader ``__next__`` ranges (``DATA``)."""
+DATA = (-1, "data")
+"""The key of that tally among the rows (no name's: names are strings, or indices from 0)."""
+
+
+def data_range(name: str) -> bool:
+    """Whether a user annotation is a DataLoader iterator's ``__next__``
+    (``enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__``)."""
+    return "DataLoader" in name and "__next__" in name
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +66,10 @@ class OpTable:
     ops: tuple[OpStat, ...]
     calls: tuple[OpStat, ...] = ()
     device: tuple[OpStat, ...] = ()
+    data_calls: int = 0
+    """Of the op calls, those inside a DataLoader ``__next__`` range (building the batch in the main process)."""
+    data_self_s: float = 0.0
+    """Their self host time."""
 
     @property
     def rows(self) -> tuple[OpStat, ...]:
@@ -76,7 +91,8 @@ class OpTable:
         times ``k`` times."""
         def scaled(rows: tuple[OpStat, ...]) -> tuple[OpStat, ...]:
             return tuple(OpStat(o.name, o.calls * k, o.self_host_s * k, o.device_s * k) for o in rows)
-        return OpTable(scaled(self.ops), scaled(self.calls), scaled(self.device))
+        return OpTable(scaled(self.ops), scaled(self.calls), scaled(self.device), self.data_calls * k,
+                       self.data_self_s * k)
 
 
 def op_table(events: Iterable[Mapping[str, Any]]) -> OpTable:
@@ -117,15 +133,16 @@ def op_table(events: Iterable[Mapping[str, Any]]) -> OpTable:
             thread.append((start, -start - dur_ns, index, name, kind, ext))
     for items in threads.values():
         items.sort()  # by start, outer before inner, then in trace order: (start, -end, index) is unique
-        _nest(items, device_ns, rows)
+        _nest(items, device_ns, rows, data_range)
     return _table(rows)
 
 
-def _table(rows: Mapping[tuple[str, RowKind], list[int]]) -> OpTable:
+def _table(rows: dict[tuple[Any, RowKind], list[int]]) -> OpTable:
+    data = rows.pop(DATA, [0, 0, 0])  # type: ignore[call-overload]
     stats = {key: OpStat(key[0], calls, host_ns / 1e9, dev_ns / 1e9)
              for key, (calls, host_ns, dev_ns) in sorted(rows.items())}
     return OpTable(*(tuple(s for (_, kind), s in stats.items() if kind == wanted)
-                     for wanted in ("op", "call", "device")))
+                     for wanted in ("op", "call", "device")), data_calls=data[0], data_self_s=data[1] / 1e9)
 
 
 def indexed_table(host: Mapping[Any, HostEvents], device: DeviceEvents, names: Sequence[str], start_us: float,
@@ -155,8 +172,13 @@ def indexed_table(host: Mapping[Any, HostEvents], device: DeviceEvents, names: S
     for events in host.values():
         runs = [_run(events, first, last, start_us, end_us)
                 for first, last in zip(events.runs, [*events.runs[1:], len(events)])]
-        _nest(runs[0] if len(runs) == 1 else heapq.merge(*runs), device_ns, rows)
-    return _table({(names[name], kind): row for (name, kind), row in rows.items()})
+        _nest(runs[0] if len(runs) == 1 else heapq.merge(*runs), device_ns, rows,
+              lambda name: data_range(names[name]))
+    data = rows.pop(DATA, None)  # type: ignore[call-overload]
+    named: dict[tuple[Any, RowKind], list[int]] = {(names[name], kind): row for (name, kind), row in rows.items()}
+    if data is not None:
+        named[DATA] = data  # type: ignore[index]
+    return _table(named)
 
 
 def _run(events: HostEvents, first: int, last: int, start_us: float, end_us: float) -> Iterator[tuple[Any, ...]]:
@@ -197,21 +219,26 @@ def window_events(events: Iterable[Mapping[str, Any]], start_us: float, end_us: 
 
 Frame = list[Any]
 """An open host event: [end ns, name, duration ns, device ns, row kind (None: not a row), children, children's ns,
-its only child]."""
+its only child, inside a DataLoader ``__next__`` range (itself one, or within one)]."""
 
 
 def _nest(items: Iterable[tuple[Any, ...]], device_ns: Mapping[int, int] | IdMap,
-          rows: dict[tuple[Any, RowKind], list[int]]) -> None:
+          rows: dict[tuple[Any, RowKind], list[int]], data: Callable[[Any], bool]) -> None:
     """One thread's host events nested as torch nests them (``EventList._populate_cpu_children``): an event is a
     child of the innermost open one it fits in; then, as ``_remove_dup_nodes``, an event whose only child has its
     name absorbs it (one call, the child's children and device time). Each event is tallied once its parent closes,
     when that is known."""
     stack: list[Frame] = []
+    ranges: dict[Any, bool] = {}  # name -> whether it is a DataLoader __next__ range (annotations only)
     for start, minus_end, _, name, kind, ext in items:
         end = -minus_end
         while stack and (start >= stack[-1][0] or end > stack[-1][0]):
             _close(stack, rows)
-        stack.append([end, name, end - start, device_ns.get(ext, 0) if ext is not None else 0, kind, 0, 0, None])
+        inside = bool(stack) and stack[-1][8]
+        if kind is None and not inside:
+            inside = ranges[name] if name in ranges else ranges.setdefault(name, data(name))
+        stack.append([end, name, end - start, device_ns.get(ext, 0) if ext is not None else 0, kind, 0, 0, None,
+                      inside])
     while stack:
         _close(stack, rows)
 
@@ -244,6 +271,10 @@ def _tally(frame: Frame, rows: dict[tuple[Any, RowKind], list[int]]) -> None:
         row[0] += 1
         row[1] += frame[2] - frame[6]
         row[2] += frame[3]
+        if frame[8] and frame[4] == "op":
+            data = rows.setdefault(DATA, [0, 0, 0])  # type: ignore[arg-type]
+            data[0] += 1
+            data[1] += frame[2] - frame[6]
 
 
 def events_before(events: Iterable[Mapping[str, Any]], end_us: float) -> list[Mapping[str, Any]]:

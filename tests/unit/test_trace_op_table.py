@@ -174,6 +174,29 @@ def test_self_time_nesting_and_device_time_as_torch_reckons_them() -> None:
     assert table.device_s == pytest.approx(128e-6)
 
 
+def test_ops_building_a_batch_inside_the_dataloaders_next_are_counted_apart() -> None:
+    # given a step whose DataLoader (no workers) converts two items and collates them inside its __next__ range, and
+    # then runs a matmul; and a second thread's op at the same time (never inside the range)
+    t = 1000.0
+    events = [
+        op("enumerate(DataLoader)#_SingleProcessDataLoaderIter.__next__", t, 100.0, cat="user_annotation"),
+        op("aten::to", t + 10, 20.0),
+        op("aten::_to_copy", t + 12, 15.0),  # inside aten::to, inside the range
+        op("aten::to", t + 40, 20.0),
+        op("aten::stack", t + 70, 20.0),
+        op("aten::relu", t + 50, 5.0, tid=2),
+        op("aten::mm", t + 150, 50.0),
+    ]
+    table = op_table(events)
+    # then the four ops inside the range are the data wait's, with their own self time; the others are not
+    assert table.op_calls == 6 and table.data_calls == 4
+    assert round(table.data_self_s * 1e9) == 5_000 + 15_000 + 20_000 + 20_000
+    # and the index of a streamed trace counts them alike
+    from gpuscope.reduce.optable import indexed_table
+    index = index_trace(events)
+    assert indexed_table(index.host, index.device, index.names, -float("inf"), float("inf")) == table
+
+
 @pytest.mark.parametrize("name", ["compute", "data", "launch"])
 def test_analyze_counts_a_recordings_ops_as_the_run_did(name: str) -> None:
     # given a run recorded on an H100 and the trace.json it wrote

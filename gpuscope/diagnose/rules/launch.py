@@ -86,7 +86,7 @@ def _accumulation_finding(run: RunRecord) -> Finding | None:
     passes, gain = accumulated
     overhead = cpu_overhead(run) if run.device != "cuda" else None
     if run.device != "cuda" and (overhead is None or run.op_profile is None
-                                 or run.op_profile.mean_op_s > th.TINY_OP_RATIO * overhead.op_cost_s):
+                                 or run.op_profile.compute_mean_op_s > th.TINY_OP_RATIO * overhead.op_cost_s):
         return None
     model = run.breakdown.forward + run.breakdown.backward
     evidence = (
