@@ -79,8 +79,9 @@ def environment() -> Environment:
         keep_trailing_newline=True,
     )
     env.policies["json.dumps_kwargs"] = {"sort_keys": True, "allow_nan": False}
-    env.filters.update(seconds=facts.seconds, speedup=speedup_text, sparse_flops=sparse_flops_text, percent=facts.percent, size=facts.size,
-                       flops=flop_text, ranges=rank_ranges, utilisation=utilisation_text)
+    env.filters.update(seconds=facts.seconds, speedup=speedup_text, sparse_flops=sparse_flops_text,
+                       percent=facts.percent, size=facts.size, flops=flop_text, ranges=rank_ranges,
+                       utilisation=utilisation_text)
     return env
 
 

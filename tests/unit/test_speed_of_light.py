@@ -153,7 +153,8 @@ def test_a_step_of_sparse_matmuls_gets_no_what_if_at_the_dense_peak() -> None:
     summary = "\n".join(summary_lines(analyzed, Path("run")))
     assert "72% of them in matmuls with a sparse operand (counted by the elements it stores), whose gathers no dense " \
            "matmul peak describes: no what-if at the peak" in summary
-    assert "Of those FLOPs, 72% of them in matmuls with a sparse operand" in render_report(analyzed, inline_plotly=False)
+    page = render_report(analyzed, inline_plotly=False)
+    assert "Of those FLOPs, 72% of them in matmuls with a sparse operand" in page
     # and with the same FLOPs dense, the what-if at the peak is back
     dense = dataclasses.replace(record, speed_of_light=dataclasses.replace(sol, sparse_flops=0))
     assert analyze(dense).what_if is not None

@@ -282,7 +282,8 @@ class SpeedOfLightCollector(StepFollower):
 
 
 SPARSE = "sparse"
-"""The key the counted FLOPs of matmuls with a sparse operand go under, beside the dtypes', while the step is counted."""
+"""The key the counted FLOPs of matmuls with a sparse operand go under, beside the dtypes', while the step is
+counted."""
 
 
 def stored_share(tensor: Any) -> float:

@@ -189,7 +189,7 @@ class ForwardModules:
         modules = [(name, module) for key, (name, ref) in self._hooked.items()
                    if key not in inner and (module := ref()) is not None]
         direct = sorted(name for name, m in modules if type(m) in self._direct_classes)
-        timed = sorted(name for name, m in modules if name not in direct)
+        timed = sorted(name for name, m in modules if type(m) not in self._direct_classes)
         if direct:
             timed.append(", ".join(direct) + " (forward called directly, not as a module call)")
         partial = (f"; {self.left_out} " + ("step that timed" if self.left_out == 1 else "steps that timed")
