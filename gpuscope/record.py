@@ -179,6 +179,9 @@ class Steps:
     """The lines that ran those passes: in the function that steps the optimizer where it called them (through a
     function of the user's own, as pytorch/examples' GCN calls ``test()``), else the user's innermost line (of the
     first 64, the most frequent first, at most 3)."""
+    no_grad_by: str = ""
+    """The library whose code ran them, the outermost below the user's line (``transformers``, its Trainer
+    evaluating; ``lightning``, its validation loop), or "" where the script's own code did."""
 
     @property
     def rollouts(self) -> bool:

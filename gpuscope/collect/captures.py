@@ -88,6 +88,8 @@ class StepCapture:
     """The trained model's forward passes without gradients (eval mode, ``torch.no_grad()``) in the steps, seconds."""
     no_grad_sites: tuple[CallSite, ...] = ()
     """The lines of the step's own code that ran them (``steps.no_grad_sites``)."""
+    no_grad_by: str = ""
+    """The library that ran them (``steps.no_grad_by``), or ""."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -295,7 +295,7 @@ def summarize_capture(capture: StepCapture) -> StepSummary:
         total = sum(r.wall_s * (1.0 if r.index < capture.head else capture.body_weight) for r in capture.records
                     if r.index >= 1)
         steps = dataclasses.replace(steps, no_grad_share=min(1.0, capture.no_grad_s / total) if total else None,
-                                    no_grad_sites=capture.no_grad_sites)
+                                    no_grad_sites=capture.no_grad_sites, no_grad_by=capture.no_grad_by)
     if capture.checkpointing is not None:
         steps = dataclasses.replace(steps, checkpointing=_checkpointing_figures(*capture.checkpointing, steps.sample,
                                                                                capture.device))

@@ -232,7 +232,8 @@ class StepsCollector:
             loops=self._optimizer_watch.loops.starts(), no_grad_modes=(*self.forward.no_grad_modes,),
             device_markers=tracker.device.marked if tracker.device is not None else 0, losses=losses,
             closure_calls=self._closure_calls, no_grad_s=self.no_grad.seconds(log.count),
-            no_grad_sites=self.no_grad.sites.sites(limit=3), frozen_models=self.forward.frozen.records(),
+            no_grad_sites=self.no_grad.sites.sites(limit=3), no_grad_by=self.no_grad.by,
+            frozen_models=self.forward.frozen.records(),
             queue_waits=self._queue_sites.sites(limit=3),
             checkpointing=self.recompute.record()),
             notes=tuple(notes))
@@ -468,7 +469,8 @@ class StepsCollector:
         tracker.enter("forward", now)  # type: ignore[union-attr]
         if not nested and not (module.training and self._torch.is_grad_enabled()):  # eval(), no_grad: evaluation
             self.forward.evaluation_pass(module, tracker)
-            self.no_grad.began(tracker.log.count, now, sys._getframe(1))  # type: ignore[union-attr]
+            self.no_grad.began(tracker.log.count, now, sys._getframe(2))  # type: ignore[union-attr]  # (the timed
+            # call's caller: this is called by forward_modules' wrapper)
         return True
 
     def _frozen_step(self) -> int | None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from types import CodeType, FrameType
 
-from gpuscope.collect.callsites import SITE_CALLS, SiteCounter, user_frame
+from gpuscope.collect.callsites import SITE_CALLS, SiteCounter, calling_library, user_frame
 
 
 class NoGradPasses:
@@ -18,6 +18,9 @@ class NoGradPasses:
         self.sites = SiteCounter()
         """The lines of the step's own code (the function that steps the optimizer) that ran the passes, or the
         user's innermost line where no such function called them (the first ``SITE_CALLS`` passes)."""
+        self.by = ""
+        """The library whose code ran the first passes (``transformers``' Trainer evaluating, Lightning's
+        validation loop), the outermost below the user's line; "" where the script's own code ran them."""
         self._step_codes: set[CodeType] = set()
         self._began: float | None = None
         self._step = -1  # the step the last pass began in
@@ -35,12 +38,15 @@ class NoGradPasses:
             self._step_codes.add(found.f_code)
 
     def began(self, step: int, now: float, frame: FrameType | None) -> None:
-        """A pass begins in the open step ``step``, called from ``frame`` (or a frame outside it)."""
+        """A pass begins in the open step ``step``, called from ``frame`` (the caller of the timed call: the
+        library's or the user's, never gpuscope's)."""
         if step != self._step:
             self._closed_s += self._open_s if self._step >= 1 else 0.0
             self._step, self._open_s = step, 0.0
         self._began = now
         if self.sites.total() < SITE_CALLS:
+            if not self.sites.total() and frame is not None:
+                self.by = calling_library(frame, outermost=True)
             self.sites.count(self._site(frame))
 
     def ended(self, now: float) -> None:

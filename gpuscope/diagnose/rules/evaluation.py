@@ -9,6 +9,15 @@ from gpuscope.diagnose.rules.base import Finding, Refused, rule
 from gpuscope.record import RunRecord
 
 
+LIBRARY_FIX = {
+    "transformers": "TrainingArguments(..., eval_strategy=\"steps\", eval_steps={every})  # evaluates at every step "
+                    "now",
+    "lightning": "Trainer(..., val_check_interval={every})  # validates at every step now",
+    "pytorch_lightning": "Trainer(..., val_check_interval={every})  # validates at every step now",
+}
+"""The fix where a library evaluates for the user, by the library whose code ran the passes."""
+
+
 def _no_grad_share(run: RunRecord) -> float | None:
     return run.steps.no_grad_share
 
@@ -25,7 +34,8 @@ def evaluate_less_often(run: RunRecord) -> Finding | None:
     ``NO_GRAD_NOTABLE`` of the steps' time or more (``steps.no_grad_share``, a CPU run's host clock).
     Why it matters: an evaluation after every update (pytorch/examples' GCN: on its train and validation nodes,
     printed every 20 epochs) costs a forward pass or more a step, as much as training's own.
-    Fix: evaluate every ``EVALUATE_EVERY`` steps, at the lines that run it.
+    Fix: evaluate every ``EVALUATE_EVERY`` steps, at the lines that run it, or at the library's setting
+    (``LIBRARY_FIX``: transformers' ``eval_steps``, Lightning's ``val_check_interval``).
     Gain: the passes' share less a tenth of it."""
     steps = run.steps
     share = steps.no_grad_share
@@ -39,6 +49,11 @@ def evaluate_less_often(run: RunRecord) -> Finding | None:
     evidence = (f"the trained model runs forward in eval mode or without gradients in every step{counted}{where}: "
                 f"{share:.0%} of the steps' time (an evaluation after each update)",)
     every = th.EVALUATE_EVERY
-    fix = (f"{lines[0].file}:{lines[0].line}: evaluate every {every} steps, not at every one: "
-           f"`if step % {every} == 0:` around " + ("these lines" if len(lines) > 1 else "it")) if lines else None
+    if steps.no_grad_by in LIBRARY_FIX:
+        fix: str | None = LIBRARY_FIX[steps.no_grad_by].format(every=every)
+    elif lines and not steps.no_grad_by:
+        fix = (f"{lines[0].file}:{lines[0].line}: evaluate every {every} steps, not at every one: "
+               f"`if step % {every} == 0:` around " + ("these lines" if len(lines) > 1 else "it"))
+    else:
+        fix = None  # (another library's evaluation: the generic fix)
     return Finding(share * (1 - 1 / every), evidence, fix=fix)
