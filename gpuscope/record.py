@@ -173,8 +173,9 @@ class Steps:
     first 64, the most frequent first, at most 3). Empty where the batches came from a DataLoader's ``__next__``."""
     no_grad_share: float | None = None
     """Of the time of every step the run made but the first (profiled and left-out steps too), the share the trained
-    model's forward passes in eval mode or with gradients off took (an evaluation inside the step, a rollout; not one
-    after the last step); None without any."""
+    model's forward passes in eval mode or with gradients off took, each step's from its first such pass's start to
+    its last one's end (an evaluation inside the step with its batches and metrics between the passes, a rollout;
+    not one after the last step); None without any."""
     no_grad_sites: tuple[CallSite, ...] = ()
     """The lines that ran those passes: in the function that steps the optimizer where it called them (through a
     function of the user's own, as pytorch/examples' GCN calls ``test()``), else the user's innermost line (of the

@@ -7,7 +7,11 @@ from __future__ import annotations
 
 from types import CodeType, FrameType
 
-from gpuscope.collect.callsites import SITE_CALLS, SiteCounter, calling_library, user_frame
+from gpuscope.collect.callsites import SITE_CALLS, SiteCounter, is_user_file, user_frame
+
+OWN_PACKAGES = ("gpuscope", "torch", "numpy")
+"""Packages whose frames between a pass and the step's code say nothing of who evaluates (the timing's wrapper,
+``Module.__call__``)."""
 
 
 class NoGradPasses:
@@ -19,13 +23,15 @@ class NoGradPasses:
         """The lines of the step's own code (the function that steps the optimizer) that ran the passes, or the
         user's innermost line where no such function called them (the first ``SITE_CALLS`` passes)."""
         self.by = ""
-        """The library whose code ran the first passes (``transformers``' Trainer evaluating, Lightning's
-        validation loop), the outermost below the user's line; "" where the script's own code ran them."""
+        """The library whose code ran the first pass (``transformers``' Trainer evaluating, Lightning's validation
+        loop calling the script's ``validation_step``): the outermost between the pass and the function that steps
+        the optimizer; "" where none is (the script's own code ran it) or that function is not on the stack."""
         self._step_codes: set[CodeType] = set()
         self._began: float | None = None
         self._step = -1  # the step the last pass began in
-        self._open_s = 0.0  # that step's seconds so far
-        self._closed_s = 0.0  # the earlier steps' seconds
+        self._first = 0.0  # when that step's first pass began
+        self._open_s = 0.0  # that step's span so far: from its first pass's start to its last one's end
+        self._closed_s = 0.0  # the earlier steps' spans
 
     @property
     def open(self) -> bool:
@@ -42,23 +48,35 @@ class NoGradPasses:
         library's or the user's, never gpuscope's)."""
         if step != self._step:
             self._closed_s += self._open_s if self._step >= 1 else 0.0
-            self._step, self._open_s = step, 0.0
+            self._step, self._open_s, self._first = step, 0.0, now
         self._began = now
         if self.sites.total() < SITE_CALLS:
-            if not self.sites.total() and frame is not None:
-                self.by = calling_library(frame, outermost=True)
+            if not self.sites.total():
+                self.by = self._library(frame)
             self.sites.count(self._site(frame))
 
     def ended(self, now: float) -> None:
         if self._began is not None:
-            self._open_s += now - self._began
+            self._open_s = now - self._first
             self._began = None
 
     def seconds(self, ended: int) -> float:
-        """The passes' seconds in steps 1 to ``ended - 1``: step 0's are left out, as its time is (the first step
-        pays imports and allocations: 3 s against 12 ms for a GCN), and those after the last step ended (a test pass
-        once the loop is done) are no step's."""
+        """The passes' time in steps 1 to ``ended - 1``, each step's from its first pass's start to its last one's
+        end (what the evaluation does between its passes, its next batch and its metrics, with them): step 0's are
+        left out, as its time is (the first step pays imports and allocations: 3 s against 12 ms for a GCN), and
+        those after the last step ended (a test pass once the loop is done) are no step's."""
         return self._closed_s + (self._open_s if 1 <= self._step < ended else 0.0)
+
+    def _library(self, frame: FrameType | None) -> str:
+        library = ""
+        while frame is not None:
+            if frame.f_code in self._step_codes:
+                return library
+            name = str(frame.f_globals.get("__name__", "")).split(".", 1)[0]
+            if name not in OWN_PACKAGES and not is_user_file(frame.f_code.co_filename):
+                library = name
+            frame = frame.f_back
+        return ""
 
     def _site(self, frame: FrameType | None) -> FrameType | None:
         inner = found = user_frame(frame) if frame is not None else None
