@@ -181,8 +181,9 @@ class Steps:
     function of the user's own, as pytorch/examples' GCN calls ``test()``), else the user's innermost line (of the
     first 64, the most frequent first, at most 3)."""
     no_grad_by: str = ""
-    """The library whose code ran them, the outermost below the user's line (``transformers``, its Trainer
-    evaluating; ``lightning``, its validation loop), or "" where the script's own code did."""
+    """The library whose code ran the first of them, the outermost between the pass and the function that steps the
+    optimizer (``transformers``, its Trainer evaluating; ``pytorch_lightning``, its validation loop calling the
+    script's ``validation_step``), or "" where the script's own code did."""
 
     @property
     def rollouts(self) -> bool:
