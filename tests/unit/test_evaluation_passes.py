@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 import torch.nn as nn
 
@@ -176,3 +177,17 @@ def test_the_library_whose_code_ran_the_first_pass_is_kept() -> None:
     mine.stepper(sys._getframe(0))
     training_step(mine, 1)
     assert mine.by == ""
+
+
+def test_a_training_pass_between_two_evaluations_of_a_step_is_no_part_of_their_time() -> None:
+    passes = NoGradPasses()
+    passes.began(1, 10.0, None)  # a pass without gradients (pseudo-labels), then a training pass, then another
+    passes.ended(10.5)
+    passes.training()
+    passes.began(1, 12.0, None)
+    passes.ended(12.25)
+    passes.began(1, 12.5, None)  # (two passes in a row: one run, the time between them included)
+    passes.ended(13.0)
+    passes.began(2, 20.0, None)
+    passes.ended(20.1)
+    assert passes.seconds(ended=3) == pytest.approx(0.5 + 1.0 + 0.1)

@@ -409,6 +409,7 @@ class StepsCollector:
                 tracker = collector.tracker
                 if not collector._in_backward:
                     collector._keep_loss(args[0] if args else kwargs.get("tensors", kwargs.get("outputs")), by_grad)
+                    collector.no_grad.training()  # (a backward between two evaluations: no part of them)
                 tracker.enter(phase, collector._clock())  # type: ignore[union-attr]
                 collector._backward_depth += 1
                 collector._in_backward += 1
@@ -471,6 +472,8 @@ class StepsCollector:
             self.forward.evaluation_pass(module, tracker)
             self.no_grad.began(tracker.log.count, now, sys._getframe(2))  # type: ignore[union-attr]  # (the timed
             # call's caller: this is called by forward_modules' wrapper)
+        elif not nested:
+            self.no_grad.training()
         return True
 
     def _frozen_step(self) -> int | None:

@@ -29,9 +29,11 @@ class NoGradPasses:
         self._step_codes: set[CodeType] = set()
         self._began: float | None = None
         self._step = -1  # the step the last pass began in
-        self._first = 0.0  # when that step's first pass began
-        self._open_s = 0.0  # that step's span so far: from its first pass's start to its last one's end
-        self._closed_s = 0.0  # the earlier steps' spans
+        self._first = 0.0  # when that step's current run of passes began (no training pass between them)
+        self._open_s = 0.0  # that step's time so far: its earlier runs of passes, and the current one to its end
+        self._done_s = 0.0  # its earlier runs of passes (closed by a training pass)
+        self._closed_s = 0.0  # the earlier steps' time
+        self._run_open = False  # a run of passes is open in the step (no training pass since its last pass)
 
     @property
     def open(self) -> bool:
@@ -48,7 +50,10 @@ class NoGradPasses:
         library's or the user's, never gpuscope's)."""
         if step != self._step:
             self._closed_s += self._open_s if self._step >= 1 else 0.0
-            self._step, self._open_s, self._first = step, 0.0, now
+            self._step, self._open_s, self._done_s = step, 0.0, 0.0
+            self._run_open = False
+        if not self._run_open:
+            self._first, self._run_open = now, True
         self._began = now
         if self.sites.total() < SITE_CALLS:
             if not self.sites.total():
@@ -57,12 +62,19 @@ class NoGradPasses:
 
     def ended(self, now: float) -> None:
         if self._began is not None:
-            self._open_s = now - self._first
+            self._open_s = self._done_s + now - self._first
             self._began = None
+
+    def training(self) -> None:
+        """A training pass began (a forward with gradients on in train mode, or a backward): the passes before it
+        and after it in the step are two runs, the training pass between them no part of either."""
+        if self._run_open and self._began is None:
+            self._done_s, self._run_open = self._open_s, False
 
     def seconds(self, ended: int) -> float:
         """The passes' time in steps 1 to ``ended - 1``, each step's from its first pass's start to its last one's
-        end (what the evaluation does between its passes, its next batch and its metrics, with them): step 0's are
+        end (what the evaluation does between its passes, its next batch and its metrics, with them), less any
+        training pass between them (from its start to the next pass's): step 0's are
         left out, as its time is (the first step pays imports and allocations: 3 s against 12 ms for a GCN), and
         those after the last step ended (a test pass once the loop is done) are no step's."""
         return self._closed_s + (self._open_s if 1 <= self._step < ended else 0.0)
