@@ -74,9 +74,9 @@ class NoGradPasses:
     def seconds(self, ended: int) -> float:
         """The passes' time in steps 1 to ``ended - 1``, each step's from its first pass's start to its last one's
         end (what the evaluation does between its passes, its next batch and its metrics, with them), less any
-        training pass between them (from its start to the next pass's): step 0's are
-        left out, as its time is (the first step pays imports and allocations: 3 s against 12 ms for a GCN), and
-        those after the last step ended (a test pass once the loop is done) are no step's."""
+        training pass between them (from its start to the next pass's): step 0's are left out, as its time is (the
+        first step pays imports and allocations: 3 s against 12 ms for a GCN), and those after the last step ended
+        (a test pass once the loop is done) are no step's."""
         return self._closed_s + (self._open_s if 1 <= self._step < ended else 0.0)
 
     def _library(self, frame: FrameType | None) -> str:
