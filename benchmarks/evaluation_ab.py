@@ -12,6 +12,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 SCRIPT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "records" / "full_batch_gcn.py"
 TIMED = re.compile(r"(\d+) epochs in ([\d.]+) s")
@@ -25,12 +26,16 @@ def epoch_s(every: int, epochs: int) -> float:
     return float(seconds) / int(count)
 
 
-def promised(epochs: int) -> float:
-    """The gain ``gpuscope run`` promises for the script evaluating every epoch."""
+def fresh_record(epochs: int) -> dict[str, Any]:
+    """The record of a ``gpuscope run`` of the script evaluating every epoch."""
     with tempfile.TemporaryDirectory() as folder:
         subprocess.run([sys.executable, "-m", "gpuscope", "run", "-o", folder, str(SCRIPT), "--epochs", str(epochs)],
                        capture_output=True, check=True)
-        record = json.loads((Path(folder) / "run.json").read_text())
+        return json.loads((Path(folder) / "run.json").read_text())
+
+
+def promised(record: dict[str, Any]) -> float:
+    """The gain ``record`` promises for evaluating less often."""
     return next(r["expected_gain"] for r in record["recommendations"] if r["id"] == "evaluate-less-often")
 
 
@@ -40,11 +45,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=300)
     parser.add_argument("--gpuscope", action="store_true", help="a fresh run's promise (else the recorded one's)")
     args = parser.parse_args()
-    if args.gpuscope:
-        gain = promised(args.epochs)
-    else:
-        record = json.loads(SCRIPT.with_suffix(".json").read_text())
-        gain = next(r["expected_gain"] for r in record["recommendations"] if r["id"] == "evaluate-less-often")
+    gain = promised(fresh_record(args.epochs) if args.gpuscope else json.loads(SCRIPT.with_suffix(".json").read_text()))
     for round_ in range(args.rounds):
         every_1, every_10 = epoch_s(1, args.epochs), epoch_s(10, args.epochs)
         print(f"round {round_ + 1}: epoch {every_1 * 1e3:.2f} ms evaluating every epoch, {every_10 * 1e3:.2f} ms "

@@ -198,7 +198,7 @@ cost whatever their share."""
 SPARSE_FLOPS_NOTABLE = 0.05
 """A compute-bound step gets no what-if at the peak where a twentieth or more of its counted FLOPs are sparse matmuls'
 (counted by the elements they store): their op-table rows are the dense ones' (``aten::addmm``), and their gathers
-run far below any dense peak. A graph network's sparse feature and adjacency matmuls, 60% of its counted FLOPs, read
+run far below any dense peak. A graph network's sparse feature and adjacency matmuls, 72% of its counted FLOPs, read
 "3.05x faster at the peak" for what no dense kernel would do."""
 NO_GRAD_NOTABLE = 0.1
 """Forward passes without gradients in every step (an evaluation after each update) are worth running less often

@@ -6,12 +6,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-import torch.nn as nn
 
 from conftest import make_record
 from gpuscope.collect.collectors.steps import StepsCollector
@@ -20,6 +18,7 @@ from gpuscope.diagnose import analyze
 from gpuscope.diagnose.rules import evaluate
 from gpuscope.diagnose.rules.evaluation import evaluate_less_often
 from gpuscope.record import CallSite, RunRecord
+from timed_modules import Slow
 
 RECORDS = Path(__file__).resolve().parents[1] / "fixtures" / "records"
 
@@ -55,19 +54,6 @@ def test_a_pass_is_placed_at_the_line_of_the_function_that_steps_the_optimizer()
     evaluate_model(alone, 1)
     (site,) = alone.sites.sites()
     assert site.function == "evaluate_model"
-
-
-class Slow(nn.Module):
-    """A model whose forward takes a known time (a sleep)."""
-
-    def __init__(self, seconds: float) -> None:
-        super().__init__()
-        self.seconds = seconds
-        self.layer = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(self.seconds)
-        return self.layer(x)
 
 
 def test_an_evaluation_after_every_update_is_timed_and_a_test_pass_after_the_loop_is_not() -> None:

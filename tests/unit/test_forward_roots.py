@@ -17,6 +17,7 @@ import torch.nn as nn
 from gpuscope.collect.collectors.steps import StepsCollector
 from gpuscope.collect.framework.base import CollectorResult
 from gpuscope.collect.steps.forward_modules import FETCH_AHEAD
+from timed_modules import Slow
 
 
 class Net(nn.Module):
@@ -58,19 +59,6 @@ def test_a_loop_with_no_optimizer_times_the_forward_on_the_model_itself() -> Non
     # no step was lost to a search for the forward: the hooked module's forward ran in every step
     assert not any(r.profiled for r in capture.records)
     assert all(r.phases_s["forward"] > 0 for r in capture.records[2:])
-
-
-class Slow(nn.Module):
-    """A module whose forward takes a known time (a sleep), so the phase it is charged to shows."""
-
-    def __init__(self, seconds: float) -> None:
-        super().__init__()
-        self.seconds = seconds
-        self.layer = nn.Linear(4, 4)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        time.sleep(self.seconds)
-        return self.layer(x)
 
 
 def test_a_gan_loop_times_the_forward_of_both_models_though_its_second_optimizer_steps_later() -> None:
