@@ -15,6 +15,7 @@ import socket
 import subprocess
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -175,6 +176,23 @@ def load_run(run_dir: Path) -> dict[str, Any]:
 def scripts() -> Path:
     """The folder of small test scripts."""
     return SCRIPTS
+
+
+@pytest.fixture
+def shown() -> Any:
+    """The warnings that reach the user: a ``showwarning`` in place before the run, under Python's own filters (a
+    warning shown once per line that warns)."""
+    seen: list[str] = []
+    with warnings.catch_warnings():
+        warnings.resetwarnings()
+        warnings.simplefilter("default")
+
+        def showwarning(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
+                        line: Any = None) -> None:
+            seen.append(str(message))
+
+        warnings.showwarning = showwarning
+        yield seen
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

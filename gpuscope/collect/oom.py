@@ -18,9 +18,9 @@ import gc
 import re
 import sys
 import traceback
-import warnings
 from typing import Any
 
+from gpuscope.collect import warning_filters
 from gpuscope.record import OutOfMemory
 
 _LAST: OutOfMemory | None = None
@@ -61,8 +61,7 @@ def note(exc: BaseException, steps: int = 0, release: bool = True) -> None:
     message = _ENFORCE.sub("", message)  # "[enforce fail at alloc_cpu.cpp:127] err == 0. ": the C++ check, not the news
     device = "cuda" if "cuda" in message.lower() or type(exc).__name__ == "OutOfMemoryError" else "cpu"
     try:
-        with warnings.catch_warnings():  # isinstance on every object wakes deprecated aliases' warnings
-            warnings.simplefilter("ignore")
+        with warning_filters.ignored():  # isinstance on every object wakes deprecated aliases' warnings
             counts = live_tensors(device)
     except Exception:  # MemoryError among them: the failure is still recorded, without the count
         counts = {}

@@ -27,7 +27,7 @@ def make_project(where: Path) -> Path:
     sub = where / "proj" / "tools"
     sub.mkdir(parents=True)
     (sub / "__init__.py").write_text("")
-    for name in ("show_context.py", "exit_with.py", "stdin_and_warnings.py"):
+    for name in ("show_context.py", "exit_with.py", "stdin_and_warnings.py", "warns_each_step.py"):
         shutil.copy(SCRIPTS / name, sub / name)
     return where / "proj"
 
@@ -97,6 +97,18 @@ def test_stdin_stdout_stderr_and_warnings_pass_through(project: Path) -> None:
     assert "DeprecationWarning: an old API" in plain.stderr
     assert profiled.stderr == plain.stderr
 
+
+
+def test_a_warning_from_every_step_shows_once_as_under_python(project: Path) -> None:
+    # given a loop that warns from one line each step, through every profiler's window
+    script = ["tools/warns_each_step.py"]
+    plain, profiled = side_by_side(
+        lambda: run_python(script, project),
+        lambda: run_gpuscope(["run", "-q", "-o", str(project / "run-warns"), NO_PROBES, *script], project))
+    # then its stderr is python's: the warning once (the trace window's profiler calls showed it again each step)
+    assert plain.returncode == profiled.returncode == 0, profiled.stderr
+    assert plain.stderr.count("UserWarning: a 2-D input to dropout2d is deprecated") == 1
+    assert profiled.stderr == plain.stderr
 
 @pytest.mark.parametrize(
     ("args", "status", "stderr_has"),

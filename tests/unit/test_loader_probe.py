@@ -8,6 +8,7 @@ import gc
 import random
 import threading
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from gpuscope.collect.collectors.loader_probe import (
     probe_loader,
     worker_counts,
 )
+from gpuscope.collect.framework.probing import unseen
 from gpuscope.collect.loader_timing import MIN_TIMED_S, close_workers, remove_shared_files, time_sampler
 from gpuscope.record import Breakdown, CallSite, Loader, LoaderProbe, LoaderRate, RunMeta, Steps, Verdict
 from gpuscope.session import post_run_facts
@@ -96,6 +98,26 @@ def test_the_probe_draws_enough_items_from_a_dataset_of_one_batch_and_never_mate
     assert len(list(huge)) == 256 and all(0 <= i < 10**12 for i in huge)
     assert list(huge) == list(huge)
     assert not isinstance(iter(huge), list)
+
+
+def item_warning(text: str) -> None:
+    """A dataset's item warning from one line, as Python's default filter shows it: once for each text."""
+    warnings.warn(text, UserWarning)
+
+
+def test_a_probe_shows_none_of_the_scripts_warnings_and_shows_none_again_after_it(shown: list[str]) -> None:
+    # given a warning the script has shown
+    item_warning("shown before the probe")
+    # when a probe calls the script's dataset, which warns that again and one more
+    with unseen():
+        item_warning("shown before the probe")
+        item_warning("first met in the probe")
+    # and the script goes on, warning both
+    item_warning("shown before the probe")
+    item_warning("first met in the probe")
+    # then the probe showed neither, the one shown before is not shown again, the other is shown the first time the
+    # script itself meets it
+    assert shown == ["shown before the probe", "first met in the probe"]
 
 
 @pytest.mark.slow  # starts real DataLoader workers

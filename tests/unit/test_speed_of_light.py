@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -101,6 +102,21 @@ def test_flops_of_an_mlp_training_step_match_a_hand_count() -> None:
     assert sol.step == 3 and sol.dtype == "float32"
     assert steps.windows == ["open", "closed"]  # the counted step is left out of the figures
     assert sol.peak_measured and sol.peak_flops_per_s > 0
+
+
+def test_a_warning_the_script_shows_once_per_line_shows_once_over_the_counted_step(shown: list[str]) -> None:
+    # given steps that each warn from the same line, as a deprecated call does, the FLOPs counted on step 2
+    model, x = torch.nn.Linear(4, 2), torch.randn(3, 4)
+    steps, collector = FakeSteps(), SpeedOfLightCollector(start=2)
+    collector.follow(steps)
+    # when steps 1-3 run
+    for index in (1, 2, 3):
+        steps.listener(index)
+        model(x).sum().backward()
+        warnings.warn("the script's own deprecation", UserWarning)
+    assert collector.stop().status.status == "ok"
+    # then the user saw it once, as under python: the counter's opening forgot no warning already shown
+    assert shown == ["the script's own deprecation"]
 
 
 @pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")

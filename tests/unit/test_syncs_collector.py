@@ -11,8 +11,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from gpuscope.collect.collectors import CollectOptions, default_collectors, plan_windows
 from gpuscope.collect.collectors.syncs import DEFAULT_START, SyncCollector
 from gpuscope.record import SyncProfile, Window
@@ -120,22 +118,6 @@ def collector_for(steps: FakeSteps, cuda: FakeCuda, start: int = 2, count: int =
     collector.follow(steps)
     collector.start(Path("."))
     return collector
-
-
-@pytest.fixture
-def shown() -> Any:
-    """The warnings that reach the user: a ``showwarning`` in place before the run, under clean filters."""
-    seen: list[str] = []
-    with warnings.catch_warnings():
-        warnings.resetwarnings()
-        warnings.simplefilter("default")
-
-        def showwarning(message: Any, category: Any, filename: str, lineno: int, file: Any = None,
-                        line: Any = None) -> None:
-            seen.append(str(message))
-
-        warnings.showwarning = showwarning
-        yield seen
 
 
 # -- counting ------------------------------------------------------------------------------------------------------

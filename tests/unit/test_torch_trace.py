@@ -99,6 +99,23 @@ def test_torchs_note_on_schedule_cycles_does_not_reach_the_users_stderr() -> Non
     assert [str(w.message) for w in seen] == ["the user's own warning"]
 
 
+def dropout_warning() -> None:
+    """The script's call of a deprecated torch function, which warns once per line (Python's default filter)."""
+    warnings.warn("dropout2d: Received a 2-D input to dropout2d, which is deprecated", UserWarning)
+
+
+def test_a_warning_the_script_has_shown_is_not_shown_again_after_the_profilers_calls(shown: list[str]) -> None:
+    # given a warning the script has shown once (pytorch/examples' mnist_rnn: dropout2d on a 2-D input each step)
+    dropout_warning()
+    # when the trace window calls the profiler each step, quieted, and the script warns again in each step
+    for _ in range(3):
+        with kineto_quiet():
+            pass
+        dropout_warning()
+    # then the user saw it once, as under python (it was shown 8 times in a run of 188 steps)
+    assert shown == ["dropout2d: Received a 2-D input to dropout2d, which is deprecated"]
+
+
 def test_kinetos_lines_about_gpuscopes_profiler_are_kept_from_the_users_stderr(
         capfd: pytest.CaptureFixture[str]) -> None:
     with kineto_quiet():

@@ -14,10 +14,10 @@ import dataclasses
 import functools
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from gpuscope.collect import warning_filters
 from gpuscope.collect.framework.base import CollectorResult, PostRunProbe, register
 from gpuscope.record import Calibration, CollectorStatus, Practices
 
@@ -57,8 +57,8 @@ class CalibrationCollector(PostRunProbe):
             return CollectorResult(CollectorStatus("unavailable", "the script did not use torch"))
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             return CollectorResult(CollectorStatus("unavailable", "a CUDA run: the kernel timeline is the evidence"))
-        with torch.random.fork_rng(devices=[]), torch.enable_grad(), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # torch.profiler's and anomaly mode's warnings are not the user's business
+        # (torch.profiler's and anomaly mode's warnings are not the user's business)
+        with torch.random.fork_rng(devices=[]), torch.enable_grad(), warning_filters.ignored():
             calibration = measure_op_overhead(torch)
             practices = facts.payloads.get("practices")
             if isinstance(practices, Practices) and practices.anomaly_steps > 0:

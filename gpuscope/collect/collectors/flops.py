@@ -32,11 +32,10 @@ from __future__ import annotations
 
 import sys
 import time
-import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpuscope.collect import lean_flops
+from gpuscope.collect import lean_flops, warning_filters
 from gpuscope.collect.attention import cpu_formulas, fast_path_formulas
 from gpuscope.collect.captures import AttentionCall, FlopCount
 from gpuscope.collect.collectors.torch_trace import TRACE_FILE
@@ -148,8 +147,7 @@ class SpeedOfLightCollector(StepFollower):
             count._get_raw = True  # type: ignore[attr-defined]  # FlopCounterMode passes the tensors themselves
             return count
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with warning_filters.ignored():
             formulas = {**flop_counter.flop_registry, **cpu_formulas(torch, flop_counter, self._attention),
                         **fast_path_formulas(torch)}
             mode = lean_flops.counter(display=False, custom_mapping={k: tracking(v) for k, v in formulas.items()})

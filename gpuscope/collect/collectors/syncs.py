@@ -164,8 +164,7 @@ class SyncCollector(StepFollower):
             self._left_alone = f"the script set torch.cuda.set_sync_debug_mode({previous}) itself: left as it was"
             raise _LeftAlone(self._left_alone)
         self._previous_mode = previous
-        with warnings.catch_warnings():  # "a prototype feature": torch's note, not the user's output
-            warnings.filterwarnings("ignore", message="Synchronization debug mode is a prototype")
+        with warning_filters.ignored("Synchronization debug mode is a prototype"):  # torch's note, not the user's
             cuda.set_sync_debug_mode(WARN_MODE)
         self._mode_set = True  # from here on, closing the window restores the mode
         self._thread = threading.get_ident()

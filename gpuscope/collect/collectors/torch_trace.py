@@ -15,12 +15,12 @@ import os
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
+from gpuscope.collect import warning_filters
 from gpuscope.collect.captures import TraceCapture
 from gpuscope.collect.children import schedstat
 from gpuscope.collect.framework.base import CollectorResult, StepFollower, WindowRequest, register
@@ -414,8 +414,7 @@ def _write_trace(path: Path, trace: dict[str, Any], events: list[dict[str, Any]]
 def _no_cycle_warning() -> Iterator[None]:
     """torch 2.6+ warns on the user's stderr that a schedule's cycle clears its events: gpuscope records one
     cycle, and the user's stderr must read as it would without gpuscope."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*Profiler clears events", category=UserWarning)
+    with warning_filters.ignored("Warning: Profiler clears events", UserWarning):
         yield
 
 

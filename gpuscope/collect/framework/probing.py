@@ -15,10 +15,10 @@ import select
 import signal
 import sys
 import time
-import warnings
 from collections.abc import Callable, Iterator
 from typing import Any, NoReturn
 
+from gpuscope.collect import warning_filters
 from gpuscope.collect.framework.base import CollectorResult
 from gpuscope.record import CollectorStatus
 
@@ -64,8 +64,7 @@ def rng_kept() -> Iterator[None]:
 def unseen() -> Iterator[None]:
     """RNG states kept, and what the user's code prints or warns while probed swallowed: it is not the run's."""
     with rng_kept(), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
-            warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+            warning_filters.ignored():
         yield
 
 
