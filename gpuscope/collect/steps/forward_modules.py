@@ -52,7 +52,8 @@ class ForwardModules:
         self.frozen = frozen if frozen is not None else FrozenModels(lambda: 0.0, lambda: None)
         """The models no optimizer trains whose forward is timed apart (found with the roots)."""
         self._trained: set[int] | None = None  # ids of the parameters the optimizers train (None: no optimizer)
-        self._hooked: dict[int, tuple[str, weakref.ref[Any]]] = {}  # the timed modules: id -> class name, module
+        self._hooked: dict[int, tuple[type, weakref.ref[Any]]] = {}  # the timed modules: id -> class, module
+        self._inner: set[int] = set()  # ids of the hooked modules a root wraps (``wrapped``): timed inside it
         self._wrapped: list[tuple[type, str, Callable[..., Any] | None]] = []  # classes whose __call__ (or forward)
         # is wrapped, the attribute, and the one of their own that it replaced (None: it was inherited)
         self._direct: set[int] = set()  # ids of the silent modules whose forward was wrapped for direct calls
@@ -95,6 +96,7 @@ class ForwardModules:
             self._time_frozen(self.frozen.candidates(modules, roots, self._updates), roots, step)
         self.roots = sorted(type(m).__name__ for m in roots)
         self._root_refs = [weakref.ref(m) for m in roots]
+        self._inner = {id(child) for m in roots if (child := wrapped(m)) is not None}
 
     def add_roots(self, nn: Any, trained: set[int]) -> bool:
         """An optimizer first stepped after the roots were found (a GAN's generator, stepped after its
@@ -112,6 +114,7 @@ class ForwardModules:
         self._hook(_with_wrapped(roots)[:MAX_ROOT_MODULES - len(self._hooked)])
         self.roots = sorted([*self.roots, *(type(m).__name__ for m in roots)])
         self._root_refs += [weakref.ref(m) for m in roots]
+        self._inner |= {id(child) for m in roots if (child := wrapped(m)) is not None}
         self.left_out += 1
         return True
 
@@ -184,12 +187,10 @@ class ForwardModules:
         """What the record says of the forward timing (None before the roots were found)."""
         if not self.roots:
             return None
-        inner = {id(child) for ref in self._root_refs if (root := ref()) is not None
-                 and (child := wrapped(root)) is not None}
-        modules = [(name, module) for key, (name, ref) in self._hooked.items()
-                   if key not in inner and (module := ref()) is not None]
-        direct = sorted(name for name, m in modules if type(m) in self._direct_classes)
-        timed = sorted(name for name, m in modules if type(m) not in self._direct_classes)
+        # (from the classes kept at hooking: a model made inside the script's train() is gone by the run's end)
+        classes = [cls for key, (cls, _) in self._hooked.items() if key not in self._inner]
+        direct = sorted(cls.__name__ for cls in classes if cls in self._direct_classes)
+        timed = sorted(cls.__name__ for cls in classes if cls not in self._direct_classes)
         if direct:
             timed.append(", ".join(direct) + " (forward called directly, not as a module call)")
         partial = (f"; {self.left_out} " + ("step that timed" if self.left_out == 1 else "steps that timed")
@@ -230,7 +231,7 @@ class ForwardModules:
 
     def _hook(self, modules: list[Any]) -> None:
         for module in modules:
-            self._hooked[id(module)] = (type(module).__name__, weakref.ref(module))
+            self._hooked[id(module)] = (type(module), weakref.ref(module))
             self._covered.update(id(p) for p in module.parameters())
         self._wrap_classes(modules)
         self.checking = [weakref.ref(m) for m in modules]
