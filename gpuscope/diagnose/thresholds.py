@@ -181,6 +181,11 @@ FROZEN_MODEL_NOTABLE = 0.1
 """A model no optimizer trains (a frozen teacher, an encoder) is named in the verdict's evidence where its forward
 takes a tenth of the step or more: the distillation loop's teacher took 63% of it (22.2 ms a call, a 32.6 ms step)."""
 
+FROZEN_IN_OTHER_SLACK = 0.02
+"""A frozen model's forward is told as part of the step's "other" phase where its share is at most that phase's and
+this much: the two are medians over the same steps, taken apart (fast_neural_style's frozen VGG16: 34% of the step,
+"other" 36%)."""
+
 RECOMPUTE_NOTABLE = 0.1
 """Activation checkpointing's recomputation is worth turning off from a tenth of the step: a tiny GPT-2 under HF's
 Trainer with ``gradient_checkpointing=True`` spent 33% of its 144 ms step running its 4 blocks' forwards again, and

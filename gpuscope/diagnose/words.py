@@ -57,6 +57,16 @@ def frozen_model_text(model: FrozenModel) -> str:
             f"{duration_text(model.call_s or 0.0)} a call, {calls} a step, {model.step_share:.0%} of the step")
 
 
+def other_text(record: RunRecord) -> str:
+    """What the step's "other" phase holds, where gpuscope timed it: the models the script runs but does not train
+    (a perceptual loss's VGG, a distillation's teacher: their forward is neither the trained model's forward nor its
+    backward), each a notable share of the step (``frozen_model_text``); else "". A model whose share the "other"
+    phase cannot hold ran elsewhere (inside the trained model's forward, in a collate function): left out."""
+    other = record.breakdown.other
+    return "; ".join(frozen_model_text(f) for f in record.steps.frozen_models
+                     if th.FROZEN_MODEL_NOTABLE <= (f.step_share or 0.0) <= other + th.FROZEN_IN_OTHER_SLACK)
+
+
 def sparse_flops_text(sol: SpeedOfLight) -> str:
     """Where a notable share of the counted FLOPs are sparse matmuls' (``SPARSE_FLOPS_NOTABLE``), what that means for
     the step's speed of light; else ""."""

@@ -23,8 +23,8 @@ from gpuscope.diagnose.compare import Comparison, compare
 from gpuscope.errors import GpuscopeError
 from gpuscope.record import PHASES, RunRecord
 from gpuscope.report import charts, compare_charts, facts
-from gpuscope.diagnose.words import (bound_label, flop_text, left_out, own_cost_text, sparse_flops_text,
-                                     speedup_text, utilisation_text)
+from gpuscope.diagnose.words import (bound_label, flop_text, left_out, other_text, own_cost_text,
+                                     sparse_flops_text, speedup_text, utilisation_text)
 from gpuscope.diagnose.trials import slower, unchanged
 from gpuscope.report.trials_text import estimate_words, loss_words, speedup_words
 
@@ -122,6 +122,7 @@ def context(record: RunRecord) -> dict[str, Any]:
         "label": bound_label(record),
         "headroom": headroom_text(record),
         "left_out": left_out(record),
+        "other": other_text(record),
         "own_cost": own_cost_text(own_cost, record.steps.median_s) if (own_cost := own_cuda_cost(record)) else None,
         "command": facts.mask_command(record.command),
         "fixes": {i: facts.fix_lines(rec.fix) for i, rec in enumerate(record.recommendations)},

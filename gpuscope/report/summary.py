@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuscope.diagnose.words import bound_label, flop_text, left_out, sparse_flops_text, speedup_text
+from gpuscope.diagnose.words import bound_label, flop_text, left_out, other_text, sparse_flops_text, speedup_text
 from gpuscope.record import RunRecord
 
 PEAK_PHASES = {"forward": " in forward", "backward": " in backward", "optimizer": " at the optimizer"}
@@ -90,6 +90,8 @@ def summary_lines(record: RunRecord, run_dir: Path, report_path: Path | None = N
             if steps.closure_calls_per_step and steps.closure_calls_per_step >= 1.5 else ""
         lines.append(f"  steps: {steps.count} steady of {steps.total} ({left_out(record)}), "
                      f"median {steps.median_s * 1e3:.1f} ms{clock}{closure}; {shares}")
+        if other := other_text(record):
+            lines.append(f"    other {record.breakdown.other:.0%}: {other}")
     measured = window_line(record)
     if measured is not None:
         lines.append(measured)

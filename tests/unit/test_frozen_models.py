@@ -26,6 +26,8 @@ from gpuscope.diagnose.rules import evaluate
 from gpuscope.diagnose.classify import classify
 from gpuscope.record import FrozenModel, RunRecord, StepSample
 from gpuscope.reduce.steady import _frozen_figures, summarize_capture
+from gpuscope.report.render import render_report
+from gpuscope.report.summary import summary_lines
 
 HERE = Path(__file__).name
 RECORDS = Path(__file__).resolve().parent.parent / "fixtures" / "records"
@@ -200,6 +202,34 @@ def test_the_verdict_names_the_frozen_model_that_takes_the_step() -> None:
     verdict = classify(dataclasses.replace(record, steps=small))
     assert "(a model run without gradients, a loss)" in verdict.evidence[0], verdict.evidence
 
+
+
+def with_frozen_share(record: RunRecord, other: float, share: float) -> RunRecord:
+    """``record`` with its "other" phase at ``other`` of the step and its frozen model's forward at ``share``."""
+    frozen = tuple(dataclasses.replace(f, step_share=share) for f in record.steps.frozen_models)
+    breakdown = dataclasses.replace(record.breakdown, backward=record.breakdown.backward + record.breakdown.other
+                                    - other, other=other)
+    steps = dataclasses.replace(record.steps, frozen_models=frozen)
+    return dataclasses.replace(record, breakdown=breakdown, steps=steps)
+
+
+def test_the_step_figures_say_which_model_the_other_phase_holds_though_it_is_not_most_of_the_step(
+        tmp_path: Path) -> None:
+    # given: a perceptual loss's frozen network, 34% of the step, its forward between the trained model's forward and
+    # backward: the "other" phase, 36% (pytorch/examples' fast_neural_style: its VGG16 called twice a step)
+    record = with_frozen_share(RunRecord.from_json(json.loads((RECORDS / "distill_frozen_teacher.json").read_text())),
+                               other=0.36, share=0.34)
+    # then: the terminal's step figures and the report's say so under the "other" share
+    named = ("other 36%: Sequential (9.5M parameters, none trained), called at distill_frozen_teacher.py:49 "
+             "`t_logits = teacher(x)` with gradients off, in eval mode: 22.2 ms a call, 1 a step, 34% of the step")
+    lines = summary_lines(record, tmp_path)
+    assert f"    {named}" in lines, lines
+    report = render_report(record)
+    assert "Other, 36% of the step: Sequential (9.5M parameters, none trained)" in report
+    # a model whose share the "other" phase cannot hold ran elsewhere, and one under a tenth of the step is not named
+    for other, share in ((0.36, 0.5), (0.36, 0.05)):
+        assert not any(line.lstrip().startswith("other ") for line in summary_lines(
+            with_frozen_share(record, other, share), tmp_path))
 
 def test_a_frozen_models_input_is_the_batch_only_where_every_tensor_it_is_given_is_the_batchs() -> None:
     x, y = torch.randn(4, 8), torch.randn(4, 8)
