@@ -682,17 +682,29 @@ class OpProfile:
     leave out (``compute_ops_per_step``). 0 in records made before it was kept."""
     data_ops_self_s: float = 0.0
     """Their self host time in the window, seconds."""
+    comm_ops: int = 0
+    """Of ``ops``, the calls of torch.distributed's collectives (``c10d::allreduce_``...): on a CPU (gloo) their self
+    time is the collective's own work and its wait for the other ranks, communication, which the verdict weighs
+    apart (``communication``) and the CPU verdict's op figures leave out. 0 in records made before it was kept."""
+    comm_ops_self_s: float = 0.0
+    """Their self host time in the window, seconds."""
 
     @property
     def compute_ops_per_step(self) -> float:
-        """Torch ops per step outside the DataLoader's ``__next__`` (``data_ops``)."""
-        return (self.ops - self.data_ops) / self.ops * self.ops_per_step if self.ops else 0.0
+        """Torch ops per step outside the DataLoader's ``__next__`` (``data_ops``) and the collectives
+        (``comm_ops``)."""
+        return (self.ops - self.data_ops - self.comm_ops) / self.ops * self.ops_per_step if self.ops else 0.0
+
+    @property
+    def compute_self_s(self) -> float:
+        """Their self host time in the window, seconds."""
+        return max(0.0, self.mean_op_s * self.ops - self.data_ops_self_s - self.comm_ops_self_s)
 
     @property
     def compute_mean_op_s(self) -> float:
         """Their mean host (self) time, seconds."""
-        compute = self.ops - self.data_ops
-        return max(0.0, self.mean_op_s * self.ops - self.data_ops_self_s) / compute if compute > 0 else 0.0
+        compute = self.ops - self.data_ops - self.comm_ops
+        return self.compute_self_s / compute if compute > 0 else 0.0
 
 
 @dataclass(frozen=True, slots=True)

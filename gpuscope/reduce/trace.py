@@ -328,7 +328,7 @@ class Indexer:
             self.collectives.append((start, end))
             self.collective_names.append(name)
         elif role & _CPU_OP:
-            if name[:6] == "c10d::" and is_collective_name(name):
+            if is_collective_call(name):
                 self.issued.append((start, end, name))
             elif name[:16] == "autograd::engine":
                 columns = self.autograd.get(pid := e.get("pid"))
@@ -456,6 +456,11 @@ class Indexer:
 
 COLLECTIVES = ("all_reduce", "allreduce", "all_gather", "allgather", "reduce_scatter", "reducescatter", "broadcast",
                "all_to_all", "alltoall")
+
+
+def is_collective_call(name: str) -> bool:
+    """Whether a torch op is a call of a torch.distributed collective (``c10d::allreduce_``)."""
+    return name[:6] == "c10d::" and is_collective_name(name)
 
 
 def is_collective_name(name: str) -> bool:

@@ -4,6 +4,8 @@ missing ranks."""
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import pytest
 
@@ -12,14 +14,48 @@ from gpuscope.diagnose import analyze
 from gpuscope.diagnose.classify import classify
 from gpuscope.diagnose.ranks import straggler
 from gpuscope.diagnose.ranks import combine
-from gpuscope.record import (Breakdown, Communication, Distributed, Memory, OpProfile, RankSummary, StepSample, Steps,
-                             Verdict)
+from gpuscope.record import (Breakdown, Communication, Distributed, Memory, OpProfile, RankSummary, RunRecord,
+                             StepSample, Steps, Verdict, Window)
 from gpuscope.reduce.comms import communication
+from gpuscope.reduce.fields import op_profile
+from gpuscope.reduce.figures import trace_figures
+from gpuscope.reduce.optable import op_table
+
+RECORDS = Path(__file__).resolve().parents[1] / "fixtures" / "records"
 
 
 def op(name: str, ts: float, dur: float, tid: int = 1, cat: str = "cpu_op") -> dict:
     return {"ph": "X", "name": name, "ts": ts, "dur": dur, "tid": tid, "cat": cat}
 
+
+
+def test_the_collectives_calls_are_counted_apart_from_the_steps_arithmetic() -> None:
+    # given: a gloo job's step: 40 us of arithmetic and a 300 us all-reduce call on the training thread, waiting
+    events = [op("aten::mm", 0, 30), op("aten::add_", 30, 10), op("c10d::allreduce_", 50, 300),
+              op("gloo:all_reduce", 60, 280, tid=7, cat="user_annotation")]
+    profile = op_profile(op_table(events), Window(7, 7), 1, trace_figures(events), cuda=False, trace_bytes=1)
+    # then: the call is one of the step's ops, its self time the collective's, not the arithmetic's
+    assert (profile.ops, profile.comm_ops) == (3, 1)
+    assert profile.comm_ops_self_s == pytest.approx(300e-6)
+    assert profile.compute_ops_per_step == 2
+    assert profile.compute_mean_op_s == pytest.approx(20e-6)
+
+
+def test_a_rank_waiting_in_its_all_reduce_calls_is_not_called_compute_bound_for_it() -> None:
+    # given: rank 0 of pytorch/examples' DDP tutorial on two CPU ranks (tests/fixtures/records/README.md): a
+    # Linear(20, 1), one all-reduce of 21 floats a step, whose c10d::allreduce_ calls held 2.96 of the 3.58 ms of op
+    # self time in the profiled steps
+    record = RunRecord.from_json(json.loads((RECORDS / "ddp_tutorial_rank0.json").read_text()))
+    ops = record.op_profile
+    assert ops is not None and (ops.comm_ops, round(ops.comm_ops_self_s * 1e3, 2)) == (3, 2.96)
+    verdict = analyze(record).verdict
+    # then: the step's own ops are tiny, and the collective is no op of its arithmetic
+    assert verdict.bound != "compute", verdict.evidence
+    assert "mean op self time 1.8 us, 2.1x the fixed cost of an op" in verdict.evidence
+    assert not any("c10d::" in fact for fact in verdict.evidence), verdict.evidence
+    # where the calls counted as the step's arithmetic, it read compute-bound at 0.86: "mean op self time 11.9 us"
+    before = dataclasses.replace(record, op_profile=dataclasses.replace(ops, comm_ops=0, comm_ops_self_s=0.0))
+    assert analyze(before).verdict.bound == "compute"
 
 def test_collective_time_is_split_into_overlapped_and_exposed() -> None:
     events = [
