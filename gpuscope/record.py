@@ -1403,6 +1403,24 @@ class OptimizerProbe:
 
 
 @dataclass(frozen=True, slots=True)
+class AutocastTiming:
+    """One of a float32 CPU step's heaviest matmul or convolution shapes, timed again after the run in float32 and
+    under ``torch.autocast('cpu', dtype=torch.bfloat16)``: what bfloat16 mixed precision would gain on this machine
+    (``cpu-mixed-precision``)."""
+
+    kind: str = ""
+    """``conv`` or ``matmul``: its forward timed, and its backward where an operand needed a gradient in the step."""
+    shape: str = ""
+    """What was timed, in words (``a 3x3 convolution, 64 to 128 channels, 8 images of 32x32``)."""
+    flops_share: float = 0.0
+    """Its share of the counted step's FLOPs of its kind, 0..1."""
+    float32_s: float = 0.0
+    """Its time in float32, seconds (the fastest of a few)."""
+    bfloat16_s: float = 0.0
+    """...and under bfloat16 autocast from float32 tensors, its casts included (made once a forward), seconds."""
+
+
+@dataclass(frozen=True, slots=True)
 class AttentionTiming:
     """The first scaled dot-product attention of a CPU run's counted step, and one forward and backward of it at its
     shapes timed after the run, in its dtype and in float32, where that dtype is bfloat16 or float16."""
@@ -1465,6 +1483,10 @@ class SpeedOfLight:
     sparse_flops: int = 0
     """Of ``flops_per_step``, those of matmuls with a sparse operand (a graph network's adjacency), counted by the
     elements it stores: such a matmul gathers and scatters, and no dense matmul peak describes its speed."""
+    autocast: tuple[AutocastTiming, ...] = ()
+    """On a CPU run in float32, where this machine's bfloat16 matmuls measured faster than its float32 ones: the
+    counted step's heaviest matmul and convolution shapes (two of each kind at most), each timed after the run in
+    float32 and under bfloat16 autocast. Empty otherwise, and in records made before it was kept."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -141,6 +141,29 @@ class AttentionCall:
 
 
 @dataclass(frozen=True, slots=True)
+class HeavyOp:
+    """One shape of the counted step's matmuls or 2-d convolutions, among those with the most FLOPs: what the
+    cpu-peak probe times again in float32 and under bfloat16 autocast (``collect/autocast_timing.py``)."""
+
+    kind: str
+    """``conv`` or ``matmul``."""
+    shapes: tuple[tuple[int, ...], ...]
+    """A convolution's input and weight; a matmul's two matrices (batched: 3-d)."""
+    stride: tuple[int, ...] = ()
+    padding: tuple[int, ...] = ()
+    dilation: tuple[int, ...] = ()
+    groups: int = 1
+    transposed: bool = False
+    output_padding: tuple[int, ...] = ()
+    grads: tuple[bool, ...] = (False, False)
+    """Whether each of ``shapes`` needed a gradient in the step (its backward is timed where one did)."""
+    flops: int = 0
+    """The counted step's forward FLOPs at this shape."""
+    kind_flops: int = 0
+    """...and at every shape of its kind."""
+
+
+@dataclass(frozen=True, slots=True)
 class FlopCount:
     """The FLOPs of one steady step, as ``FlopCounterMode`` counted them (the flops collector's payload).
 
@@ -161,6 +184,8 @@ class FlopCount:
     """The step's first attention on a CPU (``collect/attention.py``), None without one."""
     sparse_flops: int = 0
     """Of ``flops_per_step``, those of matmuls with a sparse operand (``speed_of_light.sparse_flops``)."""
+    heavy_ops: tuple[HeavyOp, ...] = ()
+    """On a CPU run, the shapes of its matmuls and convolutions with the most FLOPs (``HeavyOps.top``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,6 +204,9 @@ class CpuPeak:
     attention_s: dict[str, float] = field(default_factory=dict)
     """Where the step's attention ran in bfloat16 or float16: one forward and backward at its shapes, in that dtype
     and in float32, seconds."""
+    autocast: tuple[tuple[HeavyOp, float, float], ...] = ()
+    """Where the step ran in float32: its heaviest matmul and convolution shapes, each timed in float32 and under
+    bfloat16 autocast, seconds (``autocast_timing.time_autocast``)."""
 
 
 @dataclass(frozen=True, slots=True)

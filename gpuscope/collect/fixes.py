@@ -241,9 +241,10 @@ RootChange = Callable[[Any, Any, dict[str, Any]], None]
 """A change to one trained module: ``(torch, module, settings)``."""
 
 
-def _on_roots(change: RootChange) -> Installer:
+def _on_roots(change: RootChange, frozen: bool = False) -> Installer:
     """A fix made to the trained modules once the steps collector has found them (after the first step or two:
-    those run without it, and fall in warm-up)."""
+    those run without it, and fall in warm-up); ``frozen``: to the models the step runs without training them too
+    (a perceptual loss's network, a teacher), found with them."""
 
     def install(torch: Any, settings: dict[str, Any], applied: Applied, steps: StepSource) -> bool:
         def listener(index: int) -> int | None:
@@ -251,7 +252,7 @@ def _on_roots(change: RootChange) -> Installer:
             if not roots:
                 return None
             try:
-                for module in roots:
+                for module in [*roots, *steps.frozen_modules()] if frozen else roots:
                     change(torch, module, settings)
             except Exception as exc:  # the fix is not in effect: the trial says why
                 applied.notes.append(f"{applied.id} could not be applied: {type(exc).__name__}: {exc}")
@@ -271,13 +272,24 @@ def _compile(torch: Any, module: Any, settings: dict[str, Any]) -> None:
 
 
 def _autocast_bf16(torch: Any, module: Any, settings: dict[str, Any]) -> None:
-    device = next((p.device.type for p in module.parameters()), "cuda")
+    """The module's forward under bfloat16 autocast, its floating outputs given back in its parameters' dtype: the
+    script's code after it (a loss, a frozen network's call outside the autocast) sees the dtypes it was written for,
+    where a bfloat16 output fed to a float32 module fails ("Input type (BFloat16) and bias type (float) should be the
+    same")."""
+    parameter = next(module.parameters(), None)
+    device = parameter.device.type if parameter is not None else "cuda"
+    dtype = parameter.dtype if parameter is not None else torch.float32
     forward = module.forward
+    from torch.utils._pytree import tree_map
+
+    def back(value: Any) -> Any:
+        return value.to(dtype) if isinstance(value, torch.Tensor) and value.dtype == torch.bfloat16 else value
 
     @functools.wraps(forward)
     def autocast_forward(*args: Any, **kwargs: Any) -> Any:
         with torch.autocast(device, dtype=torch.bfloat16):
-            return forward(*args, **kwargs)
+            out = forward(*args, **kwargs)
+        return tree_map(back, out) if dtype != torch.bfloat16 else out
 
     module.forward = autocast_forward
 
@@ -350,6 +362,7 @@ INSTALLERS: dict[str, Installer] = {
     "jit-fusion": _on_roots(_compile),
     "static-graph": _on_roots(_compile),
     "mixed-precision": _on_roots(_autocast_bf16),
+    "cpu-mixed-precision": _on_roots(_autocast_bf16, frozen=True),
     "channels-last": _on_roots(_channels_last),
     "cpu-fp32-over-low-precision": _cpu_float32,
     "reduce-memory": _on_roots(_checkpoint_blocks),

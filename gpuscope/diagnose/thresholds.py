@@ -177,6 +177,11 @@ the optimizer and loader waits: a generator building batches, logging, an enviro
 crops in a generator had "other" 70%, ops 33%, and read CPU-compute-bound at 0.92. Compute-bound runs here had "other"
 at most 7%, launch-bound tiny models 6-27%; a distillation loop's frozen teacher (no_grad) "other" 79%, ops 81%."""
 
+CPU_MIXED_PRECISION_NOTABLE = 0.1
+"""bfloat16 autocast on a CPU is advised from a tenth of the step saved: autocast casts each weight and some
+activations at every step, which the timed shapes hold but a gain smaller than this would not rise above the noise
+between two runs here (4.5% a run)."""
+
 FROZEN_MODEL_NOTABLE = 0.1
 """A model no optimizer trains (a frozen teacher, an encoder) is named in the verdict's evidence where its forward
 takes a tenth of the step or more: the distillation loop's teacher took 63% of it (22.2 ms a call, a 32.6 ms step)."""

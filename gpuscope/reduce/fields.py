@@ -15,8 +15,9 @@ from gpuscope.reduce.optable import OpTable, events_before, indexed_table, op_ki
 from gpuscope.reduce.peaks import gpu_peak_flops
 from gpuscope.reduce.steady import StepSummary, evaluation_passes, summarize_capture
 from gpuscope.reduce.trace import index_file, is_collective_call, read_trace
+from gpuscope.collect.autocast_timing import describe
 from gpuscope.collect.captures import CpuPeak, FlopCount, StepCapture, TraceCapture
-from gpuscope.record import AttentionTiming, Losses, OpProfile, SpeedOfLight, Window
+from gpuscope.record import AttentionTiming, AutocastTiming, Losses, OpProfile, SpeedOfLight, Window
 
 TOP_OPS = 15
 """Ops listed by host and by device time."""
@@ -195,5 +196,7 @@ def speed_of_light(count: FlopCount, cpu_peak: CpuPeak | None) -> SpeedOfLight:
         return replace(result, device_name=cpu_peak.device_name, peak_flops_per_s=cpu_peak.flops_per_s,
                        peak_measured=True, peak_source=cpu_peak.source,
                        float32_flops_per_s=cpu_peak.float32_flops_per_s,
-                       conv_flops_per_s=dict(cpu_peak.conv_flops_per_s))
+                       conv_flops_per_s=dict(cpu_peak.conv_flops_per_s), autocast=tuple(
+                           AutocastTiming(op.kind, describe(op), op.flops / op.kind_flops if op.kind_flops else 0.0,
+                                          float32_s, bfloat16_s) for op, float32_s, bfloat16_s in cpu_peak.autocast))
     return result

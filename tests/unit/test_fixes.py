@@ -3,6 +3,7 @@ a CPU shows them: the settings they make, the autocast they enter, the layout th
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,9 +21,9 @@ from gpuscope.collect.fixes import Applied, StopAfter, TrialStop, apply
 class Steps:
     """A stand-in for the steps collector: the listeners told of each step, the roots found after the first."""
 
-    def __init__(self, roots: list[nn.Module] | None = None) -> None:
+    def __init__(self, roots: list[nn.Module] | None = None, frozen: list[nn.Module] | None = None) -> None:
         self.listeners: list[Callable[[int], int | None]] = []
-        self.roots = roots or []
+        self.roots, self.frozen = roots or [], frozen or []
         self.seen = 0
         self.at_safe_point: Callable[[], None] | None = None
 
@@ -34,6 +35,9 @@ class Steps:
 
     def root_modules(self) -> list[nn.Module]:
         return self.roots if self.seen >= 1 else []
+
+    def frozen_modules(self) -> list[nn.Module]:
+        return self.frozen if self.seen >= 1 else []
 
     def stop_at_safe_point(self, action: Callable[[], None]) -> None:
         self.at_safe_point = action
@@ -157,9 +161,11 @@ def test_cpu_autocast_is_entered_disabled(applied: list[Applied]) -> None:
         assert nn.Linear(4, 4)(torch.randn(2, 4)).dtype == torch.float32
 
 
-def root_fix(fix_id: str, module: nn.Module, settings: dict[str, Any] | None = None) -> Applied:
-    """``fix_id`` applied to ``module`` as the steps collector finds it, after the first step."""
-    steps = Steps([module])
+def root_fix(fix_id: str, module: nn.Module, settings: dict[str, Any] | None = None,
+             frozen: list[nn.Module] | None = None) -> Applied:
+    """``fix_id`` applied to ``module`` as the steps collector finds it (and ``frozen``, the models the step runs
+    without training them), after the first step."""
+    steps = Steps([module], frozen)
     fix = apply(fix_id, settings or {}, steps)
     steps.begin(0)
     assert fix.step is None  # the roots are not known yet
@@ -168,10 +174,53 @@ def root_fix(fix_id: str, module: nn.Module, settings: dict[str, Any] | None = N
     return fix
 
 
+def output_dtypes(module: nn.Module) -> list[torch.dtype]:
+    """The dtypes ``module``'s calls give out, as they run (inside any autocast around them)."""
+    seen: list[torch.dtype] = []
+    module.register_forward_hook(lambda m, args, out: seen.append(out.dtype))
+    return seen
+
+
 def test_mixed_precision_runs_the_trained_modules_forward_under_bfloat16_autocast(applied: list[Applied]) -> None:
     model = nn.Sequential(nn.Linear(4, 4), nn.ReLU(), nn.Linear(4, 1))
+    inside = output_dtypes(model[2])
     applied.append(root_fix("mixed-precision", model))
-    assert model(torch.randn(2, 4)).dtype == torch.bfloat16
+    out = model(torch.randn(2, 4))
+    assert inside == [torch.bfloat16]  # its Linear ran in bfloat16
+    # given back in its parameters' dtype: the script's code after it sees the dtype it was written for
+    assert out.dtype == torch.float32
+
+
+Features = collections.namedtuple("Features", ["relu1"])
+
+
+class Vgg(nn.Module):
+    """A perceptual loss's frozen network, its features a named tuple (pytorch/examples' fast_neural_style)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> Any:
+        return Features(torch.relu(self.conv(x)))
+
+
+def test_cpu_mixed_precision_runs_the_frozen_models_under_autocast_too_and_the_script_reads_float32(
+        applied: list[Applied]) -> None:
+    # given: a trained network whose output goes through a frozen one, called again on the batch
+    trained, vgg = nn.Conv2d(3, 3, 3, padding=1), Vgg()
+    seen = output_dtypes(vgg.conv)
+    applied.append(root_fix("cpu-mixed-precision", trained, frozen=[vgg]))
+    x = torch.randn(2, 3, 8, 8)
+    y = trained(x)
+    features_y, features_x = vgg(y), vgg(x)
+    # then: both ran their convolutions in bfloat16, and give back float32, the named tuple kept: the loss runs as
+    # the script wrote it
+    assert seen == [torch.bfloat16, torch.bfloat16]
+    assert y.dtype == features_y.relu1.dtype == torch.float32 and isinstance(features_y, Features)
+    torch.nn.functional.mse_loss(features_y.relu1, features_x.relu1).backward()
+    assert trained.weight.grad is not None and trained.weight.grad.dtype == torch.float32
 
 
 class Block(nn.Module):

@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collect import lean_flops, warning_filters
 from gpuscope.collect.attention import cpu_formulas, fast_path_formulas
-from gpuscope.collect.captures import AttentionCall, FlopCount
+from gpuscope.collect.autocast_timing import HeavyOps
+from gpuscope.collect.captures import AttentionCall, FlopCount, HeavyOp
 from gpuscope.collect.collectors.torch_trace import TRACE_FILE
 from gpuscope.collect.framework.base import CollectorResult, StepFollower, StepWindow, WindowRequest, register
 from gpuscope.collect.framework.schedule import PER_CLOSURE_CALLS
@@ -72,12 +73,14 @@ class SpeedOfLightCollector(StepFollower):
                                   cuda_start=cuda_start if cuda_start is not None else start)
         self._mode: Any = None
         self._dtypes: dict[str, int] = {}
+        self._heavy = HeavyOps()  # on a CPU run, the counted step's matmul and convolution FLOPs by shape
         self._flops: dict[str, int] = {}
         self._attention: list[AttentionCall] = []  # the step's first attention on a CPU
         self._tf32 = False
         self._recounts = 0  # counted steps that held an evaluation pass, counted again
         self._opened_at = 0.0  # when the count began
         self._kept: tuple[dict[str, int], dict[str, int], int] | None = None  # the last of them: flops, dtypes, step
+        self._kept_heavy: tuple[HeavyOp, ...] = ()  # ... and its heaviest shapes
         self._calls_seen = 0  # closure calls counted by the step boundary before
         self._calls_before = 0  # ... in the step before the one beginning
         self._closure_base: int | None = None  # counting one closure call: the calls before the counted step's
@@ -128,10 +131,13 @@ class SpeedOfLightCollector(StepFollower):
 
         torch = sys.modules["torch"]
         dtypes = self._dtypes
+        heavy = None if self._events.cuda_in_use() else self._heavy  # type: ignore[union-attr]
 
-        def tracking(formula: Any) -> Any:
+        def tracking(op: str, formula: Any) -> Any:
             def count(*args: Any, **kwargs: Any) -> int:
                 flops = formula(*args, **kwargs)
+                if heavy is not None:
+                    heavy.add(op, args, flops)
                 sparse = False
                 for arg in args:
                     if isinstance(arg, torch.Tensor) and arg.layout != torch.strided:
@@ -150,7 +156,7 @@ class SpeedOfLightCollector(StepFollower):
         with warning_filters.ignored():
             formulas = {**flop_counter.flop_registry, **cpu_formulas(torch, flop_counter, self._attention),
                         **fast_path_formulas(torch)}
-            mode = lean_flops.counter(display=False, custom_mapping={k: tracking(v) for k, v in formulas.items()})
+            mode = lean_flops.counter(display=False, custom_mapping={k: tracking(str(k), v) for k, v in formulas.items()})
         if hasattr(mode, "mod_tracker"):
             mode.mod_tracker = _GlobalOnly()  # no global module hooks: see _GlobalOnly
         self._tf32 = bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False))
@@ -191,6 +197,7 @@ class SpeedOfLightCollector(StepFollower):
         if self._enter_after and not self._exited:  # the step's second call never returned: the next but one's
             self._second_call = {False: False, True: False}  # ... first call, counted as where steps are short
             self._dtypes.clear()
+            self._heavy.clear()
             if step is not None:
                 self._window.again(step + 2)
             return
@@ -206,7 +213,8 @@ class SpeedOfLightCollector(StepFollower):
                 and not self._enter_after \
                 and self._recounts < EVALUATED_RETRIES and time.perf_counter() - self._opened_at < RECOUNT_MAX_S:
             self._recounts += 1
-            self._kept = (self._flops, dict(self._dtypes), step)
+            self._kept, self._kept_heavy = (self._flops, dict(self._dtypes), step), self._heavy.top()
+            self._heavy.clear()
             self._flops = {}
             self._dtypes.clear()
             self._window.again(step + 2)  # the step beginning now is under way: the one after it
@@ -225,7 +233,7 @@ class SpeedOfLightCollector(StepFollower):
             return self._from_trace("the windows placed one step each: no step of its own under the FLOP counter")
         if (ended_inside or window.state == "waiting") and self._kept is not None:
             flops, dtypes, counted = self._kept  # no step without an evaluation pass came: the last one with
-            self._flops, self._dtypes = flops, dict(dtypes)
+            self._flops, self._dtypes, heavy = flops, dict(dtypes), self._kept_heavy
         elif ended_inside and not (self._closure_base is not None and self._exited):
             # (a closure call counted whole stands; where the run's last step was the one before the counted one, the
             # step that began as it ended never ran)
@@ -234,7 +242,7 @@ class SpeedOfLightCollector(StepFollower):
         elif window.state == "waiting":
             return self._from_trace(f"the run ended before step {self.start_step}, the one whose FLOPs are counted")
         else:
-            counted = window.counted[0] if window.counted else window.current
+            counted, heavy = (window.counted[0] if window.counted else window.current), self._heavy.top()
         if not sum(self._flops.values()):
             return CollectorResult(CollectorStatus(
                 "unavailable", f"step {counted} ran no matmul, convolution or attention that torch counts"))
@@ -242,10 +250,10 @@ class SpeedOfLightCollector(StepFollower):
             else "first call of the optimizer's closure counted"
         notes = (f"step {counted}'s FLOPs: its {which}, times its {self.scaled_by} calls",) if self.scaled_by else ()
         return self._counted(self._flops, self._dtypes, counted, self._tf32, notes,
-                             self._attention[0] if self._attention else None)
+                             self._attention[0] if self._attention else None, heavy)
 
     def _counted(self, flops: dict[str, int], dtypes: dict[str, int], step: int, tf32: bool, notes: tuple[str, ...],
-                 attention: AttentionCall | None = None) -> CollectorResult:
+                 attention: AttentionCall | None = None, heavy: tuple[HeavyOp, ...] = ()) -> CollectorResult:
         dtypes = dict(dtypes)
         sparse = dtypes.pop(SPARSE, 0)
         dtype = max(dtypes, key=lambda d: dtypes[d]) if dtypes else None
@@ -254,7 +262,8 @@ class SpeedOfLightCollector(StepFollower):
         name, note = _gpu_name() if cuda else (None, "")
         return CollectorResult(CollectorStatus("ok"), notes=notes, payload=FlopCount(
             flops_per_step=sum(flops.values()), flops_by_op=top, step=step, dtype=dtype, cuda=cuda, device_name=name,
-            tf32=tf32, note=note, flops_by_dtype=dtypes, attention=None if cuda else attention, sparse_flops=sparse))
+            tf32=tf32, note=note, flops_by_dtype=dtypes, attention=None if cuda else attention, sparse_flops=sparse,
+            heavy_ops=() if cuda else heavy))
 
     def _from_trace(self, reason: str) -> CollectorResult:
         """The counted step never ran whole (a run of a few long steps), or none was placed (``from_trace``): the

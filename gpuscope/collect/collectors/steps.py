@@ -555,3 +555,7 @@ class StepsCollector:
         """The root modules, while they are alive (found at the first steps)."""
         return self.forward.root_modules()
 
+    def frozen_modules(self) -> list[Any]:
+        """The models the step runs without training them, timed apart (found with the roots), while alive."""
+        return [m for entry in self.forward.frozen.timed.values() if (m := entry.ref()) is not None]
+

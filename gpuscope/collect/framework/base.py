@@ -110,6 +110,11 @@ class StepEvents(Protocol):
         """The outermost trained modules, once found (at the first steps)."""
         ...
 
+    def frozen_modules(self) -> list[Any]:
+        """The models the step runs without training them (a perceptual loss's network, a teacher), found with the
+        roots."""
+        ...
+
 
 class Collector(Protocol):
     """One source of measurements, declared by its class attributes."""

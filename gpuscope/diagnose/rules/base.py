@@ -18,7 +18,9 @@ Needs = tuple[str, ...]
 "cuda" (a CUDA run), "cpu" (a CPU-only run), "practices", "data_probe", "syncs", "model" (the model's layers,
 inspected), "optimizer_probe" (the optimizer's update timed again, as run and fused), "matmul_rates" (this
 machine's measured matmul rate in the step's dtype, and in float32 where that is another), "attention_timing" (a
-CPU step's attention in bfloat16 / float16, timed again after the run in that dtype and in float32), "batch_build"
+CPU step's attention in bfloat16 / float16, timed again after the run in that dtype and in float32),
+"autocast_timing" (a float32 CPU step's heaviest matmul and convolution shapes, timed again after the run in float32
+and under bfloat16 autocast), "batch_build"
 (the data probe, or the loader probe's timing of a sampler of the user's own: some part of building a batch timed),
 "host_memory" (the host memory samples), "memory" (the memory window's breakdown, or the census of a run that died
 of memory), "glibc_malloc" (glibc's malloc served the process), "job" (a data-parallel
@@ -127,6 +129,8 @@ def missing_input(record: RunRecord, needs: Needs) -> str | None:
             return why
         if need == "attention_timing" and (why := _attention_missing(record)) is not None:
             return why
+        if need == "autocast_timing" and (why := _autocast_missing(record)) is not None:
+            return why
         if need == "kernels" and (record.op_profile is None or record.op_profile.kernels is None):
             return "no CUDA kernel timeline" + _collector_reason(record, "op_profile")
         if need == "collectives" and (why := _collectives_missing(record)) is not None:
@@ -213,6 +217,23 @@ def _attention_missing(record: RunRecord) -> str | None:
         return "the step's attention was not timed after the run" + (
             f" (cpu-peak: {probe.reason})" if probe is not None and probe.reason else " (or its query was too large)")
     return None
+
+
+def _autocast_missing(record: RunRecord) -> str | None:
+    """Why the step's heaviest shapes were not timed under bfloat16 autocast after the run: the step did not run in
+    float32, or this machine's bfloat16 is no faster (the probe's own words); None where they were."""
+    sol = record.speed_of_light
+    if sol is None or not sol.dtype:
+        return "no step's FLOPs were counted" + _collector_reason(record, "speed_of_light")
+    if sol.dtype != "float32":
+        return f"the step's matmuls ran in {sol.dtype}, not float32"
+    if sol.autocast:
+        return None
+    probe = record.collectors.get("cpu-peak")
+    if probe is not None and "no faster than float32" in sol.peak_source:
+        return "this machine's bfloat16 matmuls measured no faster than its float32 ones"
+    return "the step's heaviest matmuls and convolutions were not timed in bfloat16" + (
+        f" (cpu-peak: {probe.reason})" if probe is not None and probe.reason else "")
 
 
 def _collector_reason(record: RunRecord, field: str) -> str:

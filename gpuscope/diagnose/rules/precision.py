@@ -1,6 +1,7 @@
-"""Rules about number formats: mixed precision on Tensor Cores; float32 on a CPU whose bfloat16 / float16 matmuls
-or convolutions are slower than its float32 ones, or whose step ran in float64; and attention in float32 where its
-bfloat16 / float16 forward and backward are."""
+"""Rules about number formats: mixed precision on Tensor Cores, and on a CPU whose bfloat16 matmuls and convolutions
+measured faster than its float32 ones; float32 on a CPU whose bfloat16 / float16 matmuls or convolutions are slower
+than its float32 ones, or whose step ran in float64; and attention in float32 where its bfloat16 / float16 forward
+and backward are."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from gpuscope.diagnose.gpu_step import GpuStep, gpu_name, gpu_step
 from gpuscope.diagnose.words import datasheet_rates, gpu_busy, step_after
 from gpuscope.diagnose.rules.base import AtRunTime, Finding, Refused, rule
 from gpuscope.collect.captures import LOW_PRECISION
-from gpuscope.record import CallSite, KernelTimeline, RunRecord
+from gpuscope.record import AutocastTiming, CallSite, KernelTimeline, RunRecord
 
 MIXED_PRECISION_OFF = {
     "pytorch_lightning": 'Trainer(..., precision="32-true")',
@@ -321,6 +322,94 @@ def _matmuls_in_float32(run: RunRecord, slower: float) -> Float32Matmuls | None:
     flops = sum(n for op, n in sol.flops_by_op.items() if op_kind(op) == "matmul")
     fp32_s = max(flops / fp32, matmul_s * rate / fp32)
     return Float32Matmuls(share, matmul_s, fp32_s, flops, rate, fp32, median) if fp32_s < matmul_s else None
+
+
+def conv_share(run: RunRecord) -> float | None:
+    """Share of the profiled steps' op time in convolution ops (oneDNN's, torch's reference ones, their backward)."""
+    return op_share(run, lambda name: op_kind(name) == "conv")
+
+
+def bfloat16_share(run: RunRecord) -> float | None:
+    """Share of the counted step's FLOPs that ran in bfloat16; None where none were counted."""
+    sol = run.speed_of_light
+    total = sum(sol.flops_by_dtype.values()) if sol is not None else 0
+    return sol.flops_by_dtype.get("bfloat16", 0) / total if sol is not None and total else None
+
+
+@dataclass(frozen=True, slots=True)
+class Autocast:
+    """One kind of the step's ops (convolutions, matmuls) under bfloat16 autocast, from its timed shapes."""
+
+    kind: str
+    share: float
+    """The kind's share of the profiled op time."""
+    seconds: float
+    """Its time in the median step."""
+    ratio: float
+    """Its timed shapes' time under autocast over their float32 time, weighted by their FLOPs."""
+    shapes: tuple[AutocastTiming, ...]
+
+    @property
+    def saved_s(self) -> float:
+        return self.seconds * (1 - self.ratio)
+
+    def evidence(self, median_s: float) -> str:
+        name = {"conv": "convolution ops", "matmul": "matmul ops"}[self.kind]
+        timed = "; ".join(f"{t.shape} ({t.flops_share:.0%} of their FLOPs): float32 {t.float32_s * 1e3:.2f} ms, "
+                          f"bfloat16 autocast {t.bfloat16_s * 1e3:.2f} ms" for t in self.shapes)
+        return (f"{name} take {self.share:.0%} of the step's op time, about {self.seconds * 1e3:.1f} ms of the "
+                f"{median_s * 1e3:.1f} ms step; their heaviest shapes, forward and backward as the step ran them, "
+                f"timed after the run: {timed}: "
+                f"{1 / self.ratio:.1f}x faster in bfloat16, about {self.seconds * self.ratio * 1e3:.1f} ms")
+
+
+def _under_autocast(run: RunRecord) -> list[Autocast]:
+    """Each kind of the step's ops whose timed shapes ran faster under bfloat16 autocast than in float32."""
+    sol, compute_s = run.speed_of_light, median_compute_s(run)
+    found = []
+    for kind, share in (("conv", conv_share(run)), ("matmul", matmul_share(run))):
+        timed = tuple(t for t in (sol.autocast if sol is not None else ()) if t.kind == kind and t.float32_s > 0)
+        weight = sum(t.flops_share for t in timed)
+        if not share or not timed or weight <= 0:
+            continue
+        ratio = sum(t.flops_share * t.bfloat16_s / t.float32_s for t in timed) / weight
+        if ratio < 1:
+            found.append(Autocast(kind, share, share * compute_s, ratio, timed))
+    return found
+
+
+@rule(id="cpu-mixed-precision",
+      title="Train in bfloat16 mixed precision on this CPU: its bfloat16 matmuls and convolutions measured faster",
+      fix="with torch.autocast('cpu', dtype=torch.bfloat16): output = model(x); loss = loss_fn(output, y)  # the "
+          "forward and the loss only; backward and the optimizer's step outside it; bfloat16 needs no GradScaler "
+          "(Lightning: Trainer(precision=\"bf16-mixed\"); transformers: TrainingArguments(bf16=True); accelerate: "
+          "Accelerator(mixed_precision=\"bf16\"))",
+      needs=("cpu", "op_profile", "autocast_timing"),
+      resolved_by=(Metric("counted FLOPs in bfloat16", "share", bfloat16_share), STEP),
+      trial=AtRunTime())
+def cpu_mixed_precision(run: RunRecord) -> Finding | None:
+    """Signal: a CPU run in float32 whose convolutions or matmuls take much of the step, on a machine where the
+    step's heaviest shapes of them, timed after the run, ran faster under ``torch.autocast('cpu',
+    dtype=torch.bfloat16)`` than in float32 (a CPU with AVX512-BF16 or AMX).
+    Why it matters: such a CPU does bfloat16 matrix math at twice float32's rate or more (on this project's VM
+    431 against 180 GFLOP/s for a 1024x1024 matmul), and autocast runs only the matmuls and convolutions in it,
+    keeping float32 weights and the optimizer's update: bfloat16's range needs no loss scaling.
+    Fix: autocast around the forward and the loss.
+    Gain: each kind's share of the step's op time, at the ratio of its timed shapes' autocast and float32 times
+    (weighted by their FLOPs, the casts included); the rest of the step as it is. pytorch/examples'
+    fast_neural_style (convolutions 82% of the op time, its shapes 1.8x faster under autocast): promised 38%,
+    measured 37% (294 -> 184 ms a step); more in docs/diagnosis.md."""
+    sol = run.speed_of_light
+    practices = run.practices
+    if sol is None or sol.dtype != "float32" or not run.steps.median_s or not run.steps.count:
+        return None
+    if practices is not None and (practices.cpu_autocast_sites or practices.half_precision_sites):
+        return None  # in bfloat16 already, in part: the low-precision rules weigh it
+    found = _under_autocast(run)
+    gain = sum(kind.saved_s for kind in found) / run.steps.median_s
+    if gain < th.CPU_MIXED_PRECISION_NOTABLE:
+        return None
+    return Finding(gain, tuple(kind.evidence(run.steps.median_s) for kind in found))
 
 
 @rule(id="float32-over-float64",

@@ -1,0 +1,164 @@
+"""``cpu-mixed-precision``: a float32 CPU run whose convolutions and matmuls take the step, on a machine where its
+heaviest shapes of them measured faster under bfloat16 autocast, is told to train in mixed precision, with a gain
+worked out from those timings and the op profile. The FLOP counter keeps the shapes; the cpu-peak probe times them
+in both, only where this machine's bfloat16 matmuls are faster at all."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import make_record
+from gpuscope.collect.autocast_timing import describe, time_one
+from gpuscope.collect.captures import FlopCount, HeavyOp
+from gpuscope.collect.collectors import cpu_peak
+from gpuscope.collect.collectors.cpu_peak import CpuPeakProbe
+from gpuscope.collect.collectors.flops import SpeedOfLightCollector
+from gpuscope.diagnose import analyze
+from gpuscope.diagnose.rules import evaluate
+from gpuscope.record import (AutocastTiming, Breakdown, CallSite, CollectorStatus, OpProfile, OpStat, Practices,
+                             RunRecord, SpeedOfLight, Steps)
+from gpuscope.session import post_run_facts
+from test_speed_of_light import FakeSteps
+
+torch = pytest.importorskip("torch")
+
+RULE = "cpu-mixed-precision"
+RECORDS = Path(__file__).resolve().parents[1] / "fixtures" / "records"
+
+
+def conv_net_run(conv_ratio: float = 0.5, matmul_ratio: float = 0.6, **overrides: object) -> RunRecord:
+    """A float32 CPU step of 300 ms, 10% of it data wait: of the profiled ops' 1.0 s, 0.8 s in convolutions and 0.05 s
+    in matmuls; their heaviest shapes timed after the run, under autocast at ``conv_ratio`` and ``matmul_ratio`` of
+    their float32 time."""
+    record = make_record(
+        device="cpu",
+        steps=Steps(count=40, median_s=0.3, total=52, warmup=1, profiled=11, source="optimizer"),
+        breakdown=Breakdown(data_wait=0.1, forward=0.3, backward=0.55, optimizer=0.03, other=0.02),
+        op_profile=OpProfile(steps=3, ops=10_000, ops_per_step=3333, mean_op_s=1e-4, top_host=(
+            OpStat("aten::convolution_backward", 60, 0.5), OpStat("aten::mkldnn_convolution", 90, 0.3),
+            OpStat("aten::addmm", 9, 0.05), OpStat("aten::native_batch_norm", 90, 0.1),
+            OpStat("aten::add_", 2000, 0.05))),
+        speed_of_light=SpeedOfLight(
+            flops_per_step=10**11, flops_by_op={"convolution": 3 * 10**10, "convolution_backward": 6 * 10**10},
+            step=10, dtype="float32", flops_by_dtype={"float32": 10**11}, peak_flops_per_s=2e11, peak_measured=True,
+            peak_source="measured here after the run", autocast=(
+                AutocastTiming("conv", "a 3x3 convolution, 64 to 64 channels, 8 images of 32x32", 0.3, 0.02,
+                               0.02 * conv_ratio),
+                AutocastTiming("conv", "a 3x3 convolution, 128 to 128 channels, 8 images of 16x16", 0.1, 0.01,
+                               0.01 * conv_ratio),
+                AutocastTiming("matmul", "a 64x512 by 512x10 matmul", 1.0, 1e-4, 1e-4 * matmul_ratio))),
+        practices=Practices(torch_version="2.13.0", steps_checked=52),
+        collectors={"cpu-peak": CollectorStatus("ok")},
+    )
+    return dataclasses.replace(record, **overrides)  # type: ignore[arg-type]
+
+
+def test_a_float32_conv_net_on_a_cpu_whose_bfloat16_measured_faster_is_told_to_train_in_mixed_precision() -> None:
+    found = {r.id: r for r in evaluate(conv_net_run())[0]}
+    rec = found[RULE]
+    # the step computes 270 ms (300 less its 10% data wait): convolutions 80% of it, 216 ms, at half their time under
+    # autocast (their shapes' ratio, weighted by their FLOPs); matmuls 5%, 13.5 ms, at 0.6: 108 + 5.4 ms saved
+    assert rec.expected_gain == pytest.approx((0.216 * 0.5 + 0.0135 * 0.4) / 0.3)
+    assert rec.evidence[0].startswith("convolution ops take 80% of the step's op time, about 216.0 ms of the 300.0 ms "
+                                      "step; their heaviest shapes, forward and backward as the step ran them, timed "
+                                      "after the run: a 3x3 convolution, 64 to 64 channels, 8 images of 32x32 (30% of "
+                                      "their FLOPs): float32 20.00 ms, bfloat16 autocast 10.00 ms")
+    assert rec.evidence[0].endswith(": 2.0x faster in bfloat16, about 108.0 ms")
+    assert rec.evidence[1].startswith("matmul ops take 5% of the step's op time, about 13.5 ms")
+    assert "torch.autocast('cpu', dtype=torch.bfloat16)" in rec.fix
+
+
+def test_a_run_in_bfloat16_already_or_under_an_autocast_is_left_to_the_low_precision_rules() -> None:
+    autocast = CallSite(file="train.py", line=40, function="main", calls=50,
+                        code="with torch.autocast('cpu', dtype=torch.bfloat16):")
+    under = conv_net_run(practices=Practices(torch_version="2.13.0", steps_checked=52, cpu_autocast_sites=(autocast,)))
+    assert RULE not in {r.id for r in evaluate(under)[0]}
+    run = conv_net_run()
+    in_bf16 = dataclasses.replace(run, speed_of_light=dataclasses.replace(run.speed_of_light, dtype="bfloat16"))
+    assert analyze(in_bf16).checks[RULE].reason == "the step's matmuls ran in bfloat16, not float32"
+
+
+def test_where_bfloat16_measured_no_faster_the_rule_is_not_checked_and_says_why() -> None:
+    run = conv_net_run()
+    slow = dataclasses.replace(run, speed_of_light=dataclasses.replace(
+        run.speed_of_light, autocast=(), peak_source="measured here after the run; bfloat16 matmuls no faster than "
+                                                    "float32 ones here: the step's shapes not timed in it"))
+    assert analyze(slow).checks[RULE].reason == (
+        "this machine's bfloat16 matmuls measured no faster than its float32 ones")
+
+
+@pytest.mark.parametrize(("conv_ratio", "matmul_ratio"), [(0.95, 0.95), (1.3, 0.6)])
+def test_shapes_no_faster_or_a_gain_under_a_tenth_are_not_advised(conv_ratio: float, matmul_ratio: float) -> None:
+    # 5% off the convolutions saves 3.6% of the step; convolutions slower under autocast save nothing, the matmuls'
+    # 5.4 ms are 1.8% of it
+    assert RULE not in {r.id for r in evaluate(conv_net_run(conv_ratio, matmul_ratio))[0]}
+
+
+def test_pytorch_examples_dcgan_on_this_cpu_is_promised_what_autocast_measured() -> None:
+    # given: pytorch/examples' DCGAN on a CPU with AVX512-BF16 (tests/fixtures/records/README.md), its convolutions
+    # 1.6-2.0x faster under autocast at its own shapes
+    record = RunRecord.from_json(json.loads((RECORDS / "dcgan_cpu.json").read_text()))
+    rec = {r.id: r for r in analyze(record).recommendations}[RULE]
+    # then: a third off the step, where the same script under autocast ran 41% faster a step (983 -> 579 ms)
+    assert rec.expected_gain == pytest.approx(0.35, abs=0.01)
+    assert rec.evidence[0].startswith("convolution ops take 89% of the step's op time, about 844.4 ms of the 959.8 ms "
+                                      "step")
+    assert rec.evidence[0].endswith(": 1.7x faster in bfloat16, about 509.1 ms")
+
+
+def test_the_flop_counter_keeps_the_steps_heaviest_convolution_and_matmul_shapes() -> None:
+    # given: a small conv net (a convolution, a transposed one, a linear head) trained in float32, counted at step 2
+    conv, up, head = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ConvTranspose2d(8, 4, 4, 2, 1), torch.nn.Linear(4, 2)
+    x = torch.randn(2, 3, 8, 8)
+    steps, collector = FakeSteps(), SpeedOfLightCollector(start=2)
+    collector.follow(steps)
+    for index in (1, 2, 3):
+        steps.listener(index)
+        head(up(torch.relu(conv(x))).mean((2, 3))).sum().backward()
+    count = collector.stop().payload
+    # then: both convolutions' forward shapes, which of their operands needed a gradient (not the batch), the
+    # transposed one's settings; and the head's forward matmul alone (the backward's are timed with it)
+    assert isinstance(count, FlopCount)
+    convs = [op for op in count.heavy_ops if op.kind == "conv"]
+    assert {(op.shapes, op.transposed, op.grads) for op in convs} == {
+        (((2, 3, 8, 8), (8, 3, 3, 3)), False, (False, True)), (((2, 8, 8, 8), (8, 4, 4, 4)), True, (True, True))}
+    transposed = next(op for op in convs if op.transposed)
+    assert (transposed.stride, transposed.padding, transposed.output_padding) == ((2, 2), (1, 1), (0, 0))
+    assert sum(op.flops for op in convs) == convs[0].kind_flops
+    assert describe(transposed) == "a 4x4 transposed convolution, 8 to 4 channels, 2 images of 8x8"
+    assert [(op.shapes, op.grads) for op in count.heavy_ops if op.kind == "matmul"] == [(((2, 4), (4, 2)), (True, True))]
+
+
+def test_the_cpu_peak_probe_times_the_heavy_shapes_in_both_only_where_bfloat16_is_faster(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    shapes = (HeavyOp("conv", ((2, 4, 8, 8), (8, 4, 3, 3)), (1, 1), (1, 1), (1, 1), 1, grads=(False, True), flops=3,
+                      kind_flops=4),
+              HeavyOp("conv", ((2, 8, 8, 8), (8, 4, 4, 4)), (2, 2), (1, 1), (1, 1), 1, True, (0, 0), (True, True), 1,
+                      4),
+              HeavyOp("matmul", ((3, 4, 5), (3, 5, 6)), flops=1, kind_flops=1))
+    count = FlopCount(flops_per_step=10**6, flops_by_op={"convolution": 10**6}, step=10, dtype="float32", cuda=False,
+                      flops_by_dtype={"float32": 10**6}, heavy_ops=shapes)
+    monkeypatch.setattr(cpu_peak, "time_matmuls", lambda *a, **k: cpu_peak.MatmulTiming(1e11, 1024, 5))
+    monkeypatch.setattr(cpu_peak, "bfloat16_faster", lambda torch, clock: True)
+    peak = CpuPeakProbe().run(Path("."), post_run_facts(payloads={"flops": count})).payload
+    assert [op for op, _, _ in peak.autocast] == list(shapes)
+    assert all(float32 > 0 and low > 0 for _, float32, low in peak.autocast)
+    assert "the step's heaviest shapes, float32 against bfloat16 autocast: a 3x3 convolution" in peak.source
+    # on a CPU whose bfloat16 is slower, nothing is timed in it (there, many times slower: too long to time)
+    monkeypatch.setattr(cpu_peak, "bfloat16_faster", lambda torch, clock: False)
+    slow = CpuPeakProbe().run(Path("."), post_run_facts(payloads={"flops": count})).payload
+    assert slow.autocast == () and "bfloat16 matmuls no faster than float32 ones here" in slow.source
+
+
+def test_a_timed_shape_runs_as_the_step_ran_it() -> None:
+    # a convolution whose weight needed a gradient, forward and backward; a batched matmul of tensors that needed
+    # none, forward only; each from float32 tensors, in float32 or under autocast
+    conv = HeavyOp("conv", ((2, 4, 8, 8), (8, 4, 3, 3)), (1, 1), (1, 1), (1, 1), 1, grads=(False, True))
+    bmm = HeavyOp("matmul", ((3, 4, 5), (3, 5, 6)))
+    for op in (conv, bmm):
+        for autocast in (False, True):
+            assert time_one(torch, op, autocast, repeats=1, budget_s=0.01) > 0
