@@ -130,7 +130,8 @@ def test_the_flop_counter_keeps_the_steps_heaviest_convolution_and_matmul_shapes
     assert (transposed.stride, transposed.padding, transposed.output_padding) == ((2, 2), (1, 1), (0, 0))
     assert sum(op.flops for op in convs) == convs[0].kind_flops
     assert describe(transposed) == "a 4x4 transposed convolution, 8 to 4 channels, 2 images of 8x8"
-    assert [(op.shapes, op.grads) for op in count.heavy_ops if op.kind == "matmul"] == [(((2, 4), (4, 2)), (True, True))]
+    matmuls = [(op.shapes, op.grads) for op in count.heavy_ops if op.kind == "matmul"]
+    assert matmuls == [(((2, 4), (4, 2)), (True, True))]
 
 
 def test_the_cpu_peak_probe_times_the_heavy_shapes_in_both_only_where_bfloat16_is_faster(

@@ -156,7 +156,8 @@ class SpeedOfLightCollector(StepFollower):
         with warning_filters.ignored():
             formulas = {**flop_counter.flop_registry, **cpu_formulas(torch, flop_counter, self._attention),
                         **fast_path_formulas(torch)}
-            mode = lean_flops.counter(display=False, custom_mapping={k: tracking(str(k), v) for k, v in formulas.items()})
+            mapping = {k: tracking(str(k), v) for k, v in formulas.items()}
+            mode = lean_flops.counter(display=False, custom_mapping=mapping)
         if hasattr(mode, "mod_tracker"):
             mode.mod_tracker = _GlobalOnly()  # no global module hooks: see _GlobalOnly
         self._tf32 = bool(getattr(torch.backends.cuda.matmul, "allow_tf32", False))
