@@ -184,6 +184,11 @@ class Steps:
     """The library whose code ran the first of them, the outermost between the pass and the function that steps the
     optimizer (``transformers``, its Trainer evaluating; ``pytorch_lightning``, its validation loop calling the
     script's ``validation_step``), or "" where the script's own code did."""
+    optimizer_by: str = ""
+    """The library whose code stepped the first optimizer, the one the script's line called into (``transformers``
+    for its Trainer, ``pytorch_lightning`` or ``lightning`` for ``Trainer.fit``, ``accelerate`` for an optimizer it
+    prepared), or "" where the script's own code called ``optimizer.step()``: where a fix is a setting of that
+    library's. "" in records made before it was kept."""
 
     @property
     def rollouts(self) -> bool:
@@ -1418,6 +1423,12 @@ class AutocastTiming:
     """Its time in float32, seconds (the fastest of a few)."""
     bfloat16_s: float = 0.0
     """...and under bfloat16 autocast from float32 tensors, its casts included (made once a forward), seconds."""
+    float32_fresh_s: float = 0.0
+    """Its time in float32 with the pages it allocates faulted in afresh at each run (the C heap's free memory
+    handed back to the system before it), seconds; 0 where not measured."""
+    bfloat16_fresh_s: float = 0.0
+    """...and under bfloat16 autocast so, seconds: where glibc hands freed blocks back at once, autocast's
+    bfloat16 copies of the weights are faulted in afresh each step."""
 
 
 @dataclass(frozen=True, slots=True)

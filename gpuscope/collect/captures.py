@@ -90,6 +90,8 @@ class StepCapture:
     """The lines of the step's own code that ran them (``steps.no_grad_sites``)."""
     no_grad_by: str = ""
     """The library that ran them (``steps.no_grad_by``), or ""."""
+    optimizer_by: str = ""
+    """The library whose code stepped the first optimizer (``steps.optimizer_by``), or ""."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -204,9 +206,9 @@ class CpuPeak:
     attention_s: dict[str, float] = field(default_factory=dict)
     """Where the step's attention ran in bfloat16 or float16: one forward and backward at its shapes, in that dtype
     and in float32, seconds."""
-    autocast: tuple[tuple[HeavyOp, float, float], ...] = ()
+    autocast: tuple[tuple[HeavyOp, float, float, float, float], ...] = ()
     """Where the step ran in float32: its heaviest matmul and convolution shapes, each timed in float32 and under
-    bfloat16 autocast, seconds (``autocast_timing.time_autocast``)."""
+    bfloat16 autocast, with their pages kept and faulted in afresh, seconds (``autocast_timing.time_autocast``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -177,6 +177,10 @@ the optimizer and loader waits: a generator building batches, logging, an enviro
 crops in a generator had "other" 70%, ops 33%, and read CPU-compute-bound at 0.92. Compute-bound runs here had "other"
 at most 7%, launch-bound tiny models 6-27%; a distillation loop's frozen teacher (no_grad) "other" 79%, ops 81%."""
 
+AUTOCAST_KIND_NOTABLE = 0.05
+"""``cpu-mixed-precision`` counts a kind of op (convolutions, matmuls) from a twentieth of the step's op time: a
+conv net's linear head (0.4% of it) would save a fraction of a millisecond, and its line would only crowd the
+evidence."""
 CPU_MIXED_PRECISION_NOTABLE = 0.1
 """bfloat16 autocast on a CPU is advised from a tenth of the step saved: autocast casts each weight and some
 activations at every step, which the timed shapes hold but a gain smaller than this would not rise above the noise

@@ -198,5 +198,5 @@ def speed_of_light(count: FlopCount, cpu_peak: CpuPeak | None) -> SpeedOfLight:
                        float32_flops_per_s=cpu_peak.float32_flops_per_s,
                        conv_flops_per_s=dict(cpu_peak.conv_flops_per_s), autocast=tuple(
                            AutocastTiming(op.kind, describe(op), op.flops / op.kind_flops if op.kind_flops else 0.0,
-                                          float32_s, bfloat16_s) for op, float32_s, bfloat16_s in cpu_peak.autocast))
+                                          *seconds) for op, *seconds in cpu_peak.autocast))
     return result

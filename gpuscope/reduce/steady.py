@@ -290,6 +290,8 @@ def summarize_capture(capture: StepCapture) -> StepSummary:
         steps = dataclasses.replace(steps, closure_calls_per_step=capture.closure_calls / capture.count)
     if capture.queue_waits:
         steps = dataclasses.replace(steps, queue_waits=capture.queue_waits)
+    if capture.optimizer_by:
+        steps = dataclasses.replace(steps, optimizer_by=capture.optimizer_by)
     if capture.no_grad_s:
         # over every step but the first, as the passes' seconds are (NoGradPasses.seconds)
         total = sum(r.wall_s * (1.0 if r.index < capture.head else capture.body_weight) for r in capture.records

@@ -13,9 +13,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collect.attention import ATTENTION_BUDGET_S, time_attention
-from gpuscope.collect.autocast_timing import (AUTOCAST_BUDGET_S, SHAPES_KEPT, bfloat16_faster, describe,
+from gpuscope.collect.autocast_timing import (AUTOCAST_BUDGET_S, SHAPES_KEPT, Timed, bfloat16_faster, describe,
                                               time_autocast)
-from gpuscope.collect.captures import LOW_PRECISION, CpuPeak, FlopCount, HeavyOp
+from gpuscope.collect.captures import LOW_PRECISION, CpuPeak, FlopCount
 from gpuscope.collect.framework.base import CollectorResult, PostRunProbe, register
 from gpuscope.collect.framework.probing import fastest
 from gpuscope.record import CollectorStatus
@@ -60,7 +60,7 @@ class CpuPeakProbe(PostRunProbe):
     reads: ClassVar[tuple[str, ...]] = ("flops",)  # the counted step: its dtype, convolutions and attention
     field: ClassVar[str | None] = None  # read by the speed-of-light reduction, with the flops collector's count
     budget_s: ClassVar[float] = (BENCH_BUDGET_S + FLOAT32_BUDGET_S + 2 * CONV_BUDGET_S + 2 * ATTENTION_BUDGET_S
-                                 + 2 * SHAPES_KEPT * 2 * AUTOCAST_BUDGET_S)
+                                 + 2 * SHAPES_KEPT * 4 * AUTOCAST_BUDGET_S)
     doing: ClassVar[str] = "timing this machine's matmul peak"
 
     def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
@@ -97,12 +97,12 @@ class CpuPeakProbe(PostRunProbe):
             if len(attention) == 2:
                 source += ("; the step's attention, forward and backward: "
                            + ", ".join(f"{d} {t * 1e3:.1f} ms" for d, t in attention.items()))
-        autocast: tuple[tuple[HeavyOp, float, float], ...] = ()
+        autocast: tuple[Timed, ...] = ()
         if dtype == "float32" and count.heavy_ops:
             if bfloat16_faster(torch, self._clock):
                 autocast = time_autocast(torch, count.heavy_ops, clock=self._clock)
                 source += "; the step's heaviest shapes, float32 against bfloat16 autocast: " + ", ".join(
-                    f"{describe(op)} {f32 * 1e3:.1f} against {low * 1e3:.1f} ms" for op, f32, low in autocast)
+                    f"{describe(op)} {f32 * 1e3:.1f} against {low * 1e3:.1f} ms" for op, f32, low, _, _ in autocast)
             else:
                 source += "; bfloat16 matmuls no faster than float32 ones here: the step's shapes not timed in it"
         return CollectorResult(CollectorStatus("ok"), CpuPeak(

@@ -42,7 +42,7 @@ from pathlib import Path
 from threading import get_ident
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from gpuscope.collect.callsites import SITE_CALLS, SiteCounter, user_frame
+from gpuscope.collect.callsites import SITE_CALLS, SiteCounter, calling_library, user_frame
 from gpuscope.collect.captures import StepCapture
 from gpuscope.collect.framework.base import CollectorResult, ProbeInputs, Stage, WindowRequest, patch, register
 from gpuscope.collect.importwatch import ImportWatch
@@ -90,6 +90,7 @@ class StepsCollector:
         self._at_safe_point: Callable[[], None] | None = None
         self._undo: list[Callable[[], None]] = []
         self._optimizers: dict[int, weakref.ref[Any]] = {}  # stepped in the loop's thread, by id, in order
+        self._optimizer_by: str | None = None  # the library that stepped the first optimizer ("": the script)
         self.probed_optimizer: Any = None  # kept alive for the post-run optimizer probe: the first, or the windows'
         self.loaders = LoaderBook()  # the DataLoaders iterated (the post-run probes load the slowest one again)
         self._loader_depth = 0
@@ -233,6 +234,7 @@ class StepsCollector:
             device_markers=tracker.device.marked if tracker.device is not None else 0, losses=losses,
             closure_calls=self._closure_calls, no_grad_s=self.no_grad.seconds(log.count),
             no_grad_sites=self.no_grad.sites.sites(limit=3), no_grad_by=self.no_grad.by,
+            optimizer_by=self._optimizer_by or "",
             frozen_models=self.forward.frozen.records(),
             queue_waits=self._queue_sites.sites(limit=3),
             checkpointing=self.recompute.record()),
@@ -290,6 +292,9 @@ class StepsCollector:
             self._rooted.discard(id(optimizer))
             self.tracker.schedule.wake(self._after_boundary)  # type: ignore[union-attr]
             self.no_grad.stepper(sys._getframe(1))
+            if self._optimizer_by is None:
+                by = calling_library(sys._getframe(1), outermost=True)
+                self._optimizer_by = "" if by == "gpuscope" else by
         if self.probed_optimizer is None:
             self.probed_optimizer = optimizer
         self.tracker.enter("optimizer", self._clock())  # type: ignore[union-attr]

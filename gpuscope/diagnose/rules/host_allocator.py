@@ -86,7 +86,7 @@ def keep_bytes(peak_bytes: int) -> int:
     return 1 << max(28, (max(peak_bytes, 1) - 1).bit_length())
 
 
-def _command(run: RunRecord) -> str:
+def command_text(run: RunRecord) -> str:
     """The run's command as a user types it after ``python``, shortened where long."""
     whole = shlex.join(run.command)
     if len(whole) <= 60:
@@ -133,7 +133,8 @@ def tune_host_allocator(run: RunRecord) -> Finding | None:
                                     if m.malloc_settings else "")]
     keep = keep_bytes(m.peak_process_bytes)
     env = dict.fromkeys(THRESHOLDS, str(keep))
-    fix = (f"{' '.join(f'{name}={value}' for name, value in env.items())} python {_command(run)}  # glibc then keeps "
+    settings = " ".join(f"{name}={value}" for name, value in env.items())
+    fix = (f"{settings} python {command_text(run)}  # glibc then keeps "
            f"freed blocks up to {keep // MIB} MiB (the run's peak was {m.peak_process_bytes / MIB:,.0f} MiB) for the "
            f"next step; or preload jemalloc or tcmalloc (LD_PRELOAD=.../libjemalloc.so.2), as PyTorch's CPU "
            f"performance tuning guide advises")

@@ -14,6 +14,7 @@ from gpuscope.reduce.optable import op_kind
 from gpuscope.diagnose.gpu_step import GpuStep, gpu_name, gpu_step
 from gpuscope.diagnose.words import datasheet_rates, gpu_busy, step_after
 from gpuscope.diagnose.rules.base import AtRunTime, Finding, Refused, rule
+from gpuscope.diagnose.rules.host_allocator import THRESHOLDS, command_text, keep_bytes
 from gpuscope.collect.captures import LOW_PRECISION
 from gpuscope.record import AutocastTiming, CallSite, KernelTimeline, RunRecord
 
@@ -24,6 +25,14 @@ MIXED_PRECISION_OFF = {
     "transformers": "TrainingArguments(..., bf16=False, fp16=False)",
 }
 """Where a library entered the CPU autocast, the setting of that library that trains in float32."""
+MIXED_PRECISION_ON = {
+    "pytorch_lightning": 'Trainer(..., precision="bf16-mixed")',
+    "lightning": 'Trainer(..., precision="bf16-mixed")',
+    "accelerate": 'Accelerator(mixed_precision="bf16")',
+    "transformers": "TrainingArguments(..., bf16=True)",
+}
+"""Where a library steps the optimizer (``steps.optimizer_by``), its setting that trains in bfloat16 mixed
+precision (a CPU autocast around the forward and the loss)."""
 SLOW_CONVS = ("_slow_conv2d_forward", "_slow_conv2d_backward", "slow_conv3d_forward", "slow_conv_dilated2d",
               "slow_conv_dilated3d", "slow_conv_transpose2d", "slow_conv_transpose3d")
 """torch's reference convolution kernels (``aten::_slow_conv2d_forward``...): a CPU runs its convolutions on them
@@ -347,11 +356,17 @@ class Autocast:
     """Its time in the median step."""
     ratio: float
     """Its timed shapes' time under autocast over their float32 time, weighted by their FLOPs."""
+    fresh_ratio: float | None
+    """...the same with the pages they allocate faulted in afresh at each run (None where not measured)."""
     shapes: tuple[AutocastTiming, ...]
 
     @property
     def saved_s(self) -> float:
         return self.seconds * (1 - self.ratio)
+
+    @property
+    def fresh_saved_s(self) -> float:
+        return self.seconds * (1 - self.fresh_ratio) if self.fresh_ratio is not None else self.saved_s
 
     def evidence(self, median_s: float) -> str:
         name = {"conv": "convolution ops", "matmul": "matmul ops"}[self.kind]
@@ -370,20 +385,45 @@ def _under_autocast(run: RunRecord) -> list[Autocast]:
     for kind, share in (("conv", conv_share(run)), ("matmul", matmul_share(run))):
         timed = tuple(t for t in (sol.autocast if sol is not None else ()) if t.kind == kind and t.float32_s > 0)
         weight = sum(t.flops_share for t in timed)
-        if not share or not timed or weight <= 0:
+        if not share or share < th.AUTOCAST_KIND_NOTABLE or not timed or weight <= 0:
             continue
         ratio = sum(t.flops_share * t.bfloat16_s / t.float32_s for t in timed) / weight
+        fresh = sum(t.flops_share * t.bfloat16_fresh_s / t.float32_fresh_s for t in timed) / weight \
+            if all(t.float32_fresh_s > 0 and t.bfloat16_fresh_s > 0 for t in timed) else None
         if ratio < 1:
-            found.append(Autocast(kind, share, share * compute_s, ratio, timed))
+            found.append(Autocast(kind, share, share * compute_s, ratio, fresh, timed))
     return found
+
+
+def _fresh_pages(found: list[Autocast], gain: float, run: RunRecord) -> tuple[str, dict[str, str]]:
+    """Where the gain shrinks to under half with the shapes' pages faulted in afresh at each run (glibc handing
+    autocast's bfloat16 copies of the weights back to the system each step), what that costs, and glibc's
+    thresholds that keep them; else "" and none."""
+    median = run.steps.median_s
+    fresh = sum(kind.fresh_saved_s for kind in found) / median
+    if all(kind.fresh_ratio is None for kind in found) or fresh >= gain / 2:
+        return "", {}
+    peak = run.host_memory.peak_process_bytes if run.host_memory is not None else 0
+    keep = keep_bytes(peak)
+    env = dict.fromkeys(THRESHOLDS, str(keep))
+    return ("with the pages they allocate faulted in afresh at each run, as where glibc hands freed blocks back to "
+            "the kernel at once (autocast's bfloat16 copies of the weights are made every step), the same shapes "
+            "measured " + "; ".join(f"{kind.kind} {1 / kind.fresh_ratio:.2f}x" if kind.fresh_ratio else kind.kind
+                                       for kind in found) + f" float32's speed: {max(fresh, 0.0):.0%} of the step "
+            f"saved, not {gain:.0%}: the gain needs glibc to keep what it frees ({keep >> 20} MiB, "
+            f"{THRESHOLDS[0]} and {THRESHOLDS[1]})"), env
+
+
+CPU_MIXED_PRECISION_FIX = (
+    "with torch.autocast('cpu', dtype=torch.bfloat16): output = model(x); loss = loss_fn(output, y)  # the forward "
+    "and the loss only; backward and the optimizer's step outside it; bfloat16 needs no GradScaler (Lightning: "
+    "Trainer(precision=\"bf16-mixed\"); transformers: TrainingArguments(bf16=True); accelerate: "
+    "Accelerator(mixed_precision=\"bf16\"))")
 
 
 @rule(id="cpu-mixed-precision",
       title="Train in bfloat16 mixed precision on this CPU: its bfloat16 matmuls and convolutions measured faster",
-      fix="with torch.autocast('cpu', dtype=torch.bfloat16): output = model(x); loss = loss_fn(output, y)  # the "
-          "forward and the loss only; backward and the optimizer's step outside it; bfloat16 needs no GradScaler "
-          "(Lightning: Trainer(precision=\"bf16-mixed\"); transformers: TrainingArguments(bf16=True); accelerate: "
-          "Accelerator(mixed_precision=\"bf16\"))",
+      fix=CPU_MIXED_PRECISION_FIX,
       needs=("cpu", "op_profile", "autocast_timing"),
       resolved_by=(Metric("counted FLOPs in bfloat16", "share", bfloat16_share), STEP),
       trial=AtRunTime())
@@ -409,7 +449,16 @@ def cpu_mixed_precision(run: RunRecord) -> Finding | None:
     gain = sum(kind.saved_s for kind in found) / run.steps.median_s
     if gain < th.CPU_MIXED_PRECISION_NOTABLE:
         return None
-    return Finding(gain, tuple(kind.evidence(run.steps.median_s) for kind in found))
+    by = run.steps.optimizer_by
+    fix = (f"{MIXED_PRECISION_ON[by]}  # {by} steps the optimizer: its bfloat16 mixed precision runs the forward and "
+           "the loss under torch.autocast('cpu', dtype=torch.bfloat16)") if by in MIXED_PRECISION_ON else None
+    pages, env = _fresh_pages(found, gain, run)
+    if env:
+        fix = (f"{fix or CPU_MIXED_PRECISION_FIX}\n{' '.join(f'{k}={v}' for k, v in env.items())} python "
+               f"{command_text(run)}  # glibc keeps freed blocks up to {int(next(iter(env.values()))) >> 20} MiB for "
+               "the next step: autocast's bfloat16 copies of the weights, made every step, not faulted in afresh")
+    evidence = tuple(kind.evidence(run.steps.median_s) for kind in found) + ((pages,) if pages else ())
+    return Finding(gain, evidence, fix=fix, env=env)
 
 
 @rule(id="float32-over-float64",
