@@ -42,18 +42,20 @@ class Framework:
     phases: tuple[str, ...]  # the phases the loop has
     loads_data: bool = True  # whether ``args`` make it wait for its data (``--slow-data``)
     full_speed_args: tuple[str, ...] | None = None  # a run at full speed too, where the script times itself
+    stepped_by: str = ""  # the library whose code steps the optimizer ("": the script's own)
 
 
 MATRIX = {
     "transformers-trainer": Framework(
-        FRAMEWORKS / "hf_trainer.py", "transformers", ("--steps", "20", "--slow-data"), 20, "optimizer", ALL_PHASES),
+        FRAMEWORKS / "hf_trainer.py", "transformers", ("--steps", "20", "--slow-data"), 20, "optimizer", ALL_PHASES,
+        stepped_by="transformers"),
     # 4 batches to an optimizer step: the steps are the optimizer's
     "accelerate-accumulation": Framework(
         FRAMEWORKS / "accelerate_accumulation.py", "accelerate", ("--steps", "16", "--slow-data"), 16, "optimizer",
-        ALL_PHASES),
+        ALL_PHASES, stepped_by="accelerate"),
     "lightning-trainer": Framework(
         FRAMEWORKS / "lightning_trainer.py", "pytorch_lightning", ("--steps", "20", "--slow-data"), 20, "optimizer",
-        ALL_PHASES, full_speed_args=("--steps", "40")),
+        ALL_PHASES, full_speed_args=("--steps", "40"), stepped_by="pytorch_lightning"),
     "torch-compile": Framework(
         FRAMEWORKS / "compiled_model.py", "torch", ("--steps", "20", "--slow-data"), 20, "optimizer", ALL_PHASES),
     # parameters updated by hand, batches sliced from a tensor: each backward() is a step
@@ -138,6 +140,12 @@ def test_a_framework_script_runs_as_under_python(runs: Runs) -> None:
 def test_steps_are_the_optimizer_steps_or_the_iterations(runs: Runs) -> None:
     steps = runs.record["steps"]
     assert (steps["total"], steps["source"]) == (runs.framework.steps, runs.framework.source)
+
+
+@pytest.mark.parametrize("runs", list(MATRIX), indirect=True)
+def test_the_library_that_steps_the_optimizer_is_named(runs: Runs) -> None:
+    # (where a fix is that library's setting: its bfloat16 mixed precision, for one)
+    assert runs.record["steps"]["optimizer_by"] == runs.framework.stepped_by
 
 
 @pytest.mark.parametrize("runs", list(MATRIX), indirect=True)
