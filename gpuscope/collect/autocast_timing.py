@@ -26,6 +26,8 @@ AUTOCAST_REPEATS = 3
 AUTOCAST_BUDGET_S = 0.15
 """Each shape's timings in each dtype stop once they have taken this long (after a warm-up): the compute-bound
 sample's largest shape takes 0.18 s in float32, timed once after its warm-up."""
+NO_FASTER = "bfloat16 matmuls no faster than float32 ones here"
+"""What the probe's source says where ``bfloat16_faster`` found none (``autocast_timing``'s reason not to check)."""
 CHECK_SIZE = 256
 """The square matmul timed in both dtypes first: a CPU without bfloat16 instructions runs the step's shapes many
 times slower in it (about 70x on one of the project's VMs), too long to time them."""

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collect.attention import ATTENTION_BUDGET_S, time_attention
-from gpuscope.collect.autocast_timing import (AUTOCAST_BUDGET_S, SHAPES_KEPT, Timed, bfloat16_faster, describe,
-                                              time_autocast)
+from gpuscope.collect.autocast_timing import (AUTOCAST_BUDGET_S, NO_FASTER, SHAPES_KEPT, Timed, bfloat16_faster,
+                                              describe, time_autocast)
 from gpuscope.collect.captures import LOW_PRECISION, CpuPeak, FlopCount
 from gpuscope.collect.framework.base import CollectorResult, PostRunProbe, register
 from gpuscope.collect.framework.probing import fastest
@@ -104,7 +104,7 @@ class CpuPeakProbe(PostRunProbe):
                 source += "; the step's heaviest shapes, float32 against bfloat16 autocast: " + ", ".join(
                     f"{describe(op)} {f32 * 1e3:.1f} against {low * 1e3:.1f} ms" for op, f32, low, _, _ in autocast)
             else:
-                source += "; bfloat16 matmuls no faster than float32 ones here: the step's shapes not timed in it"
+                source += f"; {NO_FASTER}: the step's shapes not timed in it"
         return CollectorResult(CollectorStatus("ok"), CpuPeak(
             flops_per_s=peak.flops_per_s, dtype=dtype, device_name=platform.processor() or platform.machine() or "CPU",
             source=source, float32_flops_per_s=float32, conv_flops_per_s=conv, attention_s=attention,

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpuscope.collect.autocast_timing import NO_FASTER
 from gpuscope.diagnose.evidence import Metric, comm_share
 from gpuscope.diagnose.thresholds import COMM_BOUND
 from gpuscope.diagnose.words import unlike_window
@@ -230,7 +231,7 @@ def _autocast_missing(record: RunRecord) -> str | None:
     if sol.autocast:
         return None
     probe = record.collectors.get("cpu-peak")
-    if probe is not None and "no faster than float32" in sol.peak_source:
+    if probe is not None and NO_FASTER in sol.peak_source:
         return "this machine's bfloat16 matmuls measured no faster than its float32 ones"
     return "the step's heaviest matmuls and convolutions were not timed in bfloat16" + (
         f" (cpu-peak: {probe.reason})" if probe is not None and probe.reason else "")

@@ -395,23 +395,21 @@ def _under_autocast(run: RunRecord) -> list[Autocast]:
     return found
 
 
-def _fresh_pages(found: list[Autocast], gain: float, run: RunRecord) -> tuple[str, dict[str, str]]:
+def _fresh_pages(found: list[Autocast], gain: float, run: RunRecord) -> tuple[str, int]:
     """Where the gain shrinks to under half with the shapes' pages faulted in afresh at each run (glibc handing
-    autocast's bfloat16 copies of the weights back to the system each step), what that costs, and glibc's
-    thresholds that keep them; else "" and none."""
+    autocast's bfloat16 copies of the weights back to the system each step), what that costs, and what glibc's
+    thresholds must keep (bytes, ``keep_bytes``); else "" and 0."""
     median = run.steps.median_s
     fresh = sum(kind.fresh_saved_s for kind in found) / median
     if all(kind.fresh_ratio is None for kind in found) or fresh >= gain / 2:
-        return "", {}
-    peak = run.host_memory.peak_process_bytes if run.host_memory is not None else 0
-    keep = keep_bytes(peak)
-    env = dict.fromkeys(THRESHOLDS, str(keep))
+        return "", 0
+    keep = keep_bytes(run.host_memory.peak_process_bytes if run.host_memory is not None else 0)
     return ("with the pages they allocate faulted in afresh at each run, as where glibc hands freed blocks back to "
             "the kernel at once (autocast's bfloat16 copies of the weights are made every step), the same shapes "
             "measured " + "; ".join(f"{kind.kind} {1 / kind.fresh_ratio:.2f}x" if kind.fresh_ratio else kind.kind
                                        for kind in found) + f" float32's speed: {max(fresh, 0.0):.0%} of the step "
             f"saved, not {gain:.0%}: the gain needs glibc to keep what it frees ({keep >> 20} MiB, "
-            f"{THRESHOLDS[0]} and {THRESHOLDS[1]})"), env
+            f"{THRESHOLDS[0]} and {THRESHOLDS[1]})"), keep
 
 
 CPU_MIXED_PRECISION_FIX = (
@@ -434,9 +432,11 @@ def cpu_mixed_precision(run: RunRecord) -> Finding | None:
     Why it matters: such a CPU does bfloat16 matrix math at twice float32's rate or more (on this project's VM
     431 against 180 GFLOP/s for a 1024x1024 matmul), and autocast runs only the matmuls and convolutions in it,
     keeping float32 weights and the optimizer's update: bfloat16's range needs no loss scaling.
-    Fix: autocast around the forward and the loss.
+    Fix: autocast around the forward and the loss (where a library steps the optimizer, its setting); and where the
+    shapes timed with their pages faulted in afresh keep under half the gain, glibc's thresholds raised, so that
+    autocast's bfloat16 copies of the weights, made every step, are not faulted in again each time.
     Gain: each kind's share of the step's op time, at the ratio of its timed shapes' autocast and float32 times
-    (weighted by their FLOPs, the casts included); the rest of the step as it is. pytorch/examples'
+    (weighted by their FLOPs, the casts included, the pages kept); the rest of the step as it is. pytorch/examples'
     fast_neural_style (convolutions 82% of the op time, its shapes 1.8x faster under autocast): promised 38%,
     measured 37% (294 -> 184 ms a step); more in docs/diagnosis.md."""
     sol = run.speed_of_light
@@ -452,11 +452,12 @@ def cpu_mixed_precision(run: RunRecord) -> Finding | None:
     by = run.steps.optimizer_by
     fix = (f"{MIXED_PRECISION_ON[by]}  # {by} steps the optimizer: its bfloat16 mixed precision runs the forward and "
            "the loss under torch.autocast('cpu', dtype=torch.bfloat16)") if by in MIXED_PRECISION_ON else None
-    pages, env = _fresh_pages(found, gain, run)
+    pages, keep = _fresh_pages(found, gain, run)
+    env = dict.fromkeys(THRESHOLDS, str(keep)) if keep else {}
     if env:
         fix = (f"{fix or CPU_MIXED_PRECISION_FIX}\n{' '.join(f'{k}={v}' for k, v in env.items())} python "
-               f"{command_text(run)}  # glibc keeps freed blocks up to {int(next(iter(env.values()))) >> 20} MiB for "
-               "the next step: autocast's bfloat16 copies of the weights, made every step, not faulted in afresh")
+               f"{command_text(run)}  # glibc keeps freed blocks up to {keep >> 20} MiB for the next step: autocast's "
+               "bfloat16 copies of the weights, made every step, not faulted in afresh")
     evidence = tuple(kind.evidence(run.steps.median_s) for kind in found) + ((pages,) if pages else ())
     return Finding(gain, evidence, fix=fix, env=env)
 
