@@ -89,17 +89,21 @@ class CpuPeakProbe(PostRunProbe):
             batch, channels, size = CONV_SHAPE
             source += (f"; a 3x3 convolution of {channels} channels on {batch} images of {size}x{size}: "
                        + ", ".join(f"{d} {rate / 1e9:.2f} GFLOP/s" for d, rate in conv.items()))
+        # (a float32 step whose shapes are timed under bfloat16 autocast: its attention too, which autocast would run
+        # in bfloat16, and torch's CPU flash attention runs slower so)
+        faster = dtype == "float32" and bool(count.heavy_ops) and bfloat16_faster(torch, self._clock)
         attention = {}
-        if count.attention is not None and count.attention.dtype in LOW_PRECISION:
+        attention_dtype = count.attention.dtype if count.attention is not None else ""
+        if count.attention is not None and (attention_dtype in LOW_PRECISION or faster):
             timed_s = {d: time_attention(torch, count.attention, d, clock=self._clock)
-                       for d in (count.attention.dtype, "float32")}
+                       for d in (attention_dtype if attention_dtype in LOW_PRECISION else "bfloat16", "float32")}
             attention = {d: t for d, t in timed_s.items() if t is not None}
             if len(attention) == 2:
                 source += ("; the step's attention, forward and backward: "
                            + ", ".join(f"{d} {t * 1e3:.1f} ms" for d, t in attention.items()))
         autocast: tuple[Timed, ...] = ()
         if dtype == "float32" and count.heavy_ops:
-            if bfloat16_faster(torch, self._clock):
+            if faster:
                 autocast = time_autocast(torch, count.heavy_ops, clock=self._clock)
                 source += "; the step's heaviest shapes, float32 against bfloat16 autocast: " + ", ".join(
                     f"{describe(op)} {f32 * 1e3:.1f} against {low * 1e3:.1f} ms" for op, f32, low, _, _ in autocast)

@@ -16,7 +16,7 @@ from gpuscope.diagnose.words import datasheet_rates, gpu_busy, step_after
 from gpuscope.diagnose.rules.base import AtRunTime, Finding, Refused, rule
 from gpuscope.diagnose.rules.host_allocator import THRESHOLDS, command_text, keep_bytes
 from gpuscope.collect.captures import LOW_PRECISION
-from gpuscope.record import AutocastTiming, CallSite, KernelTimeline, RunRecord
+from gpuscope.record import AttentionTiming, AutocastTiming, CallSite, KernelTimeline, RunRecord
 
 MIXED_PRECISION_OFF = {
     "pytorch_lightning": 'Trainer(..., precision="32-true")',
@@ -395,6 +395,36 @@ def _under_autocast(run: RunRecord) -> list[Autocast]:
     return found
 
 
+@dataclass(frozen=True, slots=True)
+class AttentionUnderAutocast:
+    """The float32 step's attention, which autocast would run in bfloat16: its time in the median step and the ratio
+    of one forward and backward at its shapes in bfloat16 and in float32, timed after the run."""
+
+    seconds: float
+    ratio: float
+    timing: AttentionTiming
+
+    def evidence(self, median_s: float) -> str:
+        shape = " x ".join(map(str, self.timing.query))
+        seconds = self.timing.seconds
+        return (f"the step's attention (query {shape}) takes about {self.seconds * 1e3:.1f} ms of the "
+                f"{median_s * 1e3:.1f} ms step; one forward and backward of it, timed after the run: float32 "
+                f"{seconds['float32'] * 1e3:.1f} ms, bfloat16 {seconds['bfloat16'] * 1e3:.1f} ms "
+                + (f"({self.ratio:.1f}x slower)" if self.ratio > 1 else f"({1 / self.ratio:.1f}x faster)"))
+
+
+def _attention_under_autocast(run: RunRecord) -> AttentionUnderAutocast | None:
+    """The float32 step's attention timed in bfloat16 and float32 after the run; None where it was not."""
+    sol = run.speed_of_light
+    timing = sol.attention if sol is not None else None
+    share = attention_share(run)
+    if timing is None or timing.dtype != "float32" or not share or not timing.seconds.get("float32") \
+            or not timing.seconds.get("bfloat16"):
+        return None
+    return AttentionUnderAutocast(share * median_compute_s(run),
+                                  timing.seconds["bfloat16"] / timing.seconds["float32"], timing)
+
+
 def _fresh_pages(found: list[Autocast], gain: float, run: RunRecord) -> tuple[str, int]:
     """Where the gain shrinks to under half with the shapes' pages faulted in afresh at each run (glibc handing
     autocast's bfloat16 copies of the weights back to the system each step), what that costs, and what glibc's
@@ -436,7 +466,9 @@ def cpu_mixed_precision(run: RunRecord) -> Finding | None:
     shapes timed with their pages faulted in afresh keep under half the gain, glibc's thresholds raised, so that
     autocast's bfloat16 copies of the weights, made every step, are not faulted in again each time.
     Gain: each kind's share of the step's op time, at the ratio of its timed shapes' autocast and float32 times
-    (weighted by their FLOPs, the casts included, the pages kept); the rest of the step as it is. pytorch/examples'
+    (weighted by their FLOPs, the casts included, the pages kept); the rest of the step as it is, its attention
+    too: where one forward and backward of it measured 1.5x slower in bfloat16 or more (torch's CPU flash attention
+    can be), the fix keeps it in float32 inside the autocast. pytorch/examples'
     fast_neural_style (convolutions 82% of the op time, its shapes 1.8x faster under autocast): promised 38%,
     measured 37% (294 -> 184 ms a step); more in docs/diagnosis.md."""
     sol = run.speed_of_light
@@ -445,20 +477,32 @@ def cpu_mixed_precision(run: RunRecord) -> Finding | None:
         return None
     if practices is not None and (practices.cpu_autocast_sites or practices.half_precision_sites):
         return None  # in bfloat16 already, in part: the low-precision rules weigh it
-    found = _under_autocast(run)
-    gain = sum(kind.saved_s for kind in found) / run.steps.median_s
+    found, attention = _under_autocast(run), _attention_under_autocast(run)
+    median = run.steps.median_s
+    gain = sum(kind.saved_s for kind in found) / median
     if gain < th.CPU_MIXED_PRECISION_NOTABLE:
         return None
+    # the attention as it is: where it measured clearly slower in bfloat16, the fix keeps it in float32 inside the
+    # autocast (cpu-float32-attention's fix); its timing alone is too noisy here to move the gain by (a GPT-2's
+    # measured 1.9x slower after one run, 1.0-1.3x in three more, and the step under autocast ran 35-45% faster)
+    keep_attention = attention is not None and attention.ratio >= th.CPU_LOW_PRECISION_SLOWER
     by = run.steps.optimizer_by
     fix = (f"{MIXED_PRECISION_ON[by]}  # {by} steps the optimizer: its bfloat16 mixed precision runs the forward and "
            "the loss under torch.autocast('cpu', dtype=torch.bfloat16)") if by in MIXED_PRECISION_ON else None
+    if keep_attention:
+        site = attention.timing.called_at  # type: ignore[union-attr]
+        where = f"{_site(site)}: " if site is not None and site.file else ""
+        fix = (f"{fix or CPU_MIXED_PRECISION_FIX}\n{where}keep the attention in float32 inside it, where it measured "
+               "slower in bfloat16: with torch.autocast('cpu', enabled=False): out = F.scaled_dot_product_attention("
+               "q.float(), k.float(), v.float()).to(q.dtype)")
     pages, keep = _fresh_pages(found, gain, run)
     env = dict.fromkeys(THRESHOLDS, str(keep)) if keep else {}
     if env:
         fix = (f"{fix or CPU_MIXED_PRECISION_FIX}\n{' '.join(f'{k}={v}' for k, v in env.items())} python "
                f"{command_text(run)}  # glibc keeps freed blocks up to {keep >> 20} MiB for the next step: autocast's "
                "bfloat16 copies of the weights, made every step, not faulted in afresh")
-    evidence = tuple(kind.evidence(run.steps.median_s) for kind in found) + ((pages,) if pages else ())
+    evidence = tuple(kind.evidence(median) for kind in found) + (
+        (attention.evidence(median),) if attention is not None else ()) + ((pages,) if pages else ())
     return Finding(gain, evidence, fix=fix, env=env)
 
 
