@@ -1,6 +1,8 @@
 """After the run, on a CPU run whose step FLOPs were counted (``flops.py``): this machine's matmul rate in the
 step's dtype, and in float32 beside it; a convolution and the step's attention in low precision and in float32 where
-the step ran them so. The speed-of-light reduction holds the count against it."""
+the step ran them so; and, on a float32 step where this machine's bfloat16 matmuls are faster, the step's heaviest
+matmul and convolution shapes and its attention in float32 and in bfloat16 (``autocast_timing``). The speed-of-light
+reduction holds the count against it."""
 
 from __future__ import annotations
 
@@ -90,7 +92,7 @@ class CpuPeakProbe(PostRunProbe):
             source += (f"; a 3x3 convolution of {channels} channels on {batch} images of {size}x{size}: "
                        + ", ".join(f"{d} {rate / 1e9:.2f} GFLOP/s" for d, rate in conv.items()))
         # (a float32 step whose shapes are timed under bfloat16 autocast: its attention too, which autocast would run
-        # in bfloat16, and torch's CPU flash attention runs slower so)
+        # in bfloat16, where torch's CPU flash attention can run slower)
         faster = dtype == "float32" and bool(count.heavy_ops) and bfloat16_faster(torch, self._clock)
         attention = {}
         attention_dtype = count.attention.dtype if count.attention is not None else ""
