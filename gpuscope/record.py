@@ -1449,7 +1449,8 @@ class AttentionTiming:
     called_at: CallSite | None = None
     """The user's line that made it (that called the module running it, where torch's code did)."""
     seconds: dict[str, float] = field(default_factory=dict)
-    """One forward and backward at those shapes, by dtype (its own and float32), seconds; empty where not timed."""
+    """One forward and backward at those shapes, by dtype (its own and float32; a float32 step's in bfloat16 and
+    float32, where ``cpu-mixed-precision`` timed its shapes), seconds; empty where not timed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -1487,7 +1488,8 @@ class SpeedOfLight:
     """The counted step's FLOPs by the dtype they ran in (`float32`, `bfloat16`...): a step may mix them (a student
     under `torch.autocast` beside a float32 teacher)."""
     attention: AttentionTiming | None = None
-    """On a CPU run, the step's first scaled dot-product attention and its time in its dtype and in float32."""
+    """On a CPU run, the step's first scaled dot-product attention and its time in its dtype and in float32 (a
+    float32 step's, where its shapes were timed under autocast: in bfloat16 and float32)."""
     conv_flops_per_s: dict[str, float] = field(default_factory=dict)
     """On a CPU run whose counted step ran convolutions and FLOPs in bfloat16 or float16: this machine's rate for one
     3x3 convolution in that dtype and in float32, by dtype, measured after the run (empty otherwise)."""
