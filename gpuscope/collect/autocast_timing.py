@@ -6,13 +6,13 @@ step's own shapes (a small 3x3 convolution gained 1.2x here where a DCGAN's disc
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
 
+from gpuscope.collect.allocator import return_freed_heap
 from gpuscope.collect.captures import HeavyOp
 from gpuscope.collect.framework.probing import fastest
 
@@ -104,7 +104,7 @@ def time_one(torch: Any, op: HeavyOp, autocast: bool, fresh: bool = False, repea
     """The fastest of up to ``repeats`` runs of ``op`` at its shapes from float32 tensors, as the step ran it or
     under bfloat16 autocast (``autocast``; its casts included, as autocast makes them once a forward): the forward
     and, where an operand needed a gradient in the step, the backward that makes it. ``fresh``: before each run
-    the C heap's free memory goes back to the system (``release_free_memory``), so that what the run allocates
+    the C heap's free memory goes back to the system (``return_freed_heap``), so that what the run allocates
     (autocast's bfloat16 copy of the weight, the gradients) is faulted in afresh, as glibc has it where it hands
     freed blocks back at once: an MLP's 2048x2048 layer at batch 64 ran 1.8x faster under autocast with its
     pages kept, 1.05x faulted in afresh, and its training step, in bfloat16 from the process's start, ran slower
@@ -131,34 +131,10 @@ def time_one(torch: Any, op: HeavyOp, autocast: bool, fresh: bool = False, repea
                 out_grad.append(torch.ones_like(out))
             out.backward(out_grad[0])
 
-    if not fresh:  # (timed with their pages kept first: the kernels are made by then)
-        run()  # a warm-up: oneDNN's kernels for the shape made
-    started, best = clock(), float("inf")
-    for _ in range(repeats):
-        if fresh:
-            release_free_memory()
-        before = clock()
-        run()
-        best = min(best, clock() - before)
-        if clock() - started > budget_s:
-            break
+    # (fresh: timed after the pages-kept timings, whose warm-up made oneDNN's kernels for the shape)
+    best, _ = fastest(run, repeats, budget_s, clock, before_each=return_freed_heap if fresh else None,
+                      warm_up=not fresh)
     return best
-
-
-def release_free_memory() -> None:
-    """glibc's ``malloc_trim(0)``: the heap's free pages handed back to the system (nothing elsewhere)."""
-    global _TRIM
-    if _TRIM is None:
-        try:
-            _TRIM = ctypes.CDLL(None).malloc_trim
-        except (AttributeError, OSError):  # not glibc
-            _TRIM = False
-    if _TRIM:
-        _TRIM(0)
-
-
-_TRIM: Any = None
-"""glibc's ``malloc_trim``, once looked up (False: none)."""
 
 
 def bfloat16_faster(torch: Any, clock: Callable[[], float] = time.perf_counter) -> bool:

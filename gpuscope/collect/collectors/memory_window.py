@@ -27,7 +27,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from gpuscope.collect import oom, warning_filters
 from gpuscope.collect.callsites import is_user_file
 from gpuscope.collect.collectors.cprofile import profiler_in_use
-from gpuscope.collect.collectors.torch_trace import kineto_quiet, return_freed_heap
+from gpuscope.collect.allocator import return_freed_heap
+from gpuscope.collect.collectors.torch_trace import kineto_quiet
 from gpuscope.collect.framework.base import CollectorResult, StepFollower, StepWindow, WindowRequest, register
 from gpuscope.collect.last_reading import statm_bytes
 from gpuscope.collect.lazy_dynamo import inductor_left_unimported

@@ -8,7 +8,6 @@ after the cProfile window and a clean step, one warm-up step (the profiler runs,
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import json
 import os
@@ -21,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 from gpuscope.collect import warning_filters
+from gpuscope.collect.allocator import return_freed_heap
 from gpuscope.collect.captures import TraceCapture
 from gpuscope.collect.children import schedstat
 from gpuscope.collect.framework.base import CollectorResult, StepFollower, WindowRequest, register
@@ -298,17 +298,6 @@ class TorchTraceCollector(StepFollower):
             capture, cpu_s={a[0]: round(b[1] - a[1], 9) for a, b in pairs},
             cpu_wait_s={a[0]: round(b[2] - a[2], 9) for a, b in pairs}, scaled_by=part,
             call_s=round(call_s, 9)), notes=notes)
-
-
-
-def return_freed_heap() -> None:
-    """Give the heap the recorded events took back to the system: glibc keeps freed memory for reuse, and after
-    166k events (a loop of 55k ops a step) the rest of the run kept 200 MB more (``malloc_trim``: 20 ms). Elsewhere
-    (no glibc), nothing."""
-    try:
-        ctypes.CDLL(None).malloc_trim(0)
-    except (AttributeError, OSError, TypeError):
-        pass
 
 
 CUPTI_TEARDOWN_ENV = "TEARDOWN_CUPTI"

@@ -192,13 +192,16 @@ def _read_until(fd: int, deadline: float) -> bytes | None:
         chunks.append(chunk)
 
 
-def fastest(action: Callable[[], object], repeats: int, budget_s: float,
-            clock: Callable[[], float]) -> tuple[float, int]:
-    """The fastest of up to ``repeats`` timings of ``action`` after a warm-up, stopping once they have taken
-    ``budget_s``, and how many were timed."""
-    action()
+def fastest(action: Callable[[], object], repeats: int, budget_s: float, clock: Callable[[], float],
+            before_each: Callable[[], object] | None = None, warm_up: bool = True) -> tuple[float, int]:
+    """The fastest of up to ``repeats`` timings of ``action`` after a warm-up (unless not ``warm_up``), stopping
+    once they have taken ``budget_s``, and how many were timed; ``before_each`` runs untimed before each timing."""
+    if warm_up:
+        action()
     started, best, timed = clock(), float("inf"), 0
     for _ in range(repeats):
+        if before_each is not None:
+            before_each()
         before = clock()
         action()
         best = min(best, clock() - before)
