@@ -442,6 +442,10 @@ def _fresh_pages(found: list[Autocast], gain: float, run: RunRecord) -> tuple[st
             f"{THRESHOLDS[0]} and {THRESHOLDS[1]})"), keep
 
 
+FLOAT32_ATTENTION = ("with torch.autocast('cpu', enabled=False): out = F.scaled_dot_product_attention(q.float(), "
+                     "k.float(), v.float()).to(q.dtype)")
+"""Attention in float32 inside a CPU autocast: ``cpu-float32-attention``'s fix, and ``cpu-mixed-precision``'s where
+the step's attention measured slower in bfloat16."""
 CPU_MIXED_PRECISION_FIX = (
     "with torch.autocast('cpu', dtype=torch.bfloat16): output = model(x); loss = loss_fn(output, y)  # the forward "
     "and the loss only; backward and the optimizer's step outside it; bfloat16 needs no GradScaler (Lightning: "
@@ -493,8 +497,7 @@ def cpu_mixed_precision(run: RunRecord) -> Finding | None:
         site = attention.timing.called_at  # type: ignore[union-attr]
         where = f"{_site(site)}: " if site is not None and site.file else ""
         fix = (f"{fix or CPU_MIXED_PRECISION_FIX}\n{where}keep the attention in float32 inside it, where it measured "
-               "slower in bfloat16: with torch.autocast('cpu', enabled=False): out = F.scaled_dot_product_attention("
-               "q.float(), k.float(), v.float()).to(q.dtype)")
+               f"slower in bfloat16: {FLOAT32_ATTENTION}")
     pages, keep = _fresh_pages(found, gain, run)
     env = dict.fromkeys(THRESHOLDS, str(keep)) if keep else {}
     if env:
@@ -553,8 +556,7 @@ def attention_share(run: RunRecord) -> float | None:
 
 @rule(id="cpu-float32-attention",
       title="Run attention in float32 on this CPU: its bfloat16 / float16 attention is slower",
-      fix="with torch.autocast('cpu', enabled=False): out = F.scaled_dot_product_attention(q.float(), k.float(), "
-          "v.float()).to(q.dtype)",
+      fix=FLOAT32_ATTENTION,
       needs=("cpu", "op_profile", "attention_timing"),
       resolved_by=(Metric("op time in attention", "share", attention_share), STEP),
       trial=Refused("it is a change to your attention code"))
@@ -587,8 +589,7 @@ def cpu_float32_attention(run: RunRecord) -> Finding | None:
     keep = f" (keep the rest in {timing.dtype}: its matmuls measured {faster:.1f}x float32's rate here)" \
         if faster is not None and faster > 1 else ""
     site = timing.called_at
-    fix = (f"{_site(site)}: run the attention in float32{keep}: with torch.autocast('cpu', enabled=False): out = "
-           "F.scaled_dot_product_attention(q.float(), k.float(), v.float()).to(q.dtype)") \
+    fix = f"{_site(site)}: run the attention in float32{keep}: {FLOAT32_ATTENTION}" \
         if site is not None and site.file else None
     return Finding(attention_s * (1 - fp32 / low) / run.steps.median_s, evidence, fix=fix)
 
