@@ -1454,6 +1454,18 @@ class AttentionTiming:
 
 
 @dataclass(frozen=True, slots=True)
+class ProbabilityLoss:
+    """The counted step's first binary cross-entropy on probabilities (``nn.BCELoss``, ``F.binary_cross_entropy``,
+    most often after a sigmoid), which autocast cannot run safely: CUDA's autocast refuses it ("unsafe to
+    autocast"), and on a CPU the sigmoid before it, in bfloat16, rounds probabilities near 0 and 1 away."""
+
+    dtype: str = ""
+    """Its input's dtype."""
+    called_at: CallSite | None = None
+    """The user's line that computed it (that called the module or function that did, where torch's code did)."""
+
+
+@dataclass(frozen=True, slots=True)
 class SpeedOfLight:
     """FLOPs of one training step (torch's FLOP counter, on one step outside the figures) against the device's
     peak. ``achieved_flops_per_s`` and ``mfu`` (0..1) are filled in by the analysis from the median step."""
@@ -1500,6 +1512,9 @@ class SpeedOfLight:
     """On a CPU run in float32, where this machine's bfloat16 matmuls measured faster than its float32 ones: the
     counted step's heaviest matmul and convolution shapes (two of each kind at most), each timed after the run in
     float32 and under bfloat16 autocast. Empty otherwise, and in records made before it was kept."""
+    probability_loss: ProbabilityLoss | None = None
+    """The counted step's binary cross-entropy on probabilities, where it computed one: what the mixed-precision
+    advice has to change first. None without one, and in records made before it was kept."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpuscope.record import CallSite, Checkpointing, FrozenModel, Loader
+from gpuscope.record import CallSite, Checkpointing, FrozenModel, Loader, ProbabilityLoss
 
 TIMED_PHASES = ("data_wait", "forward", "backward", "optimizer")
 """Phases timed by hooks; a step's remaining time is "other"."""
@@ -188,6 +188,8 @@ class FlopCount:
     """Of ``flops_per_step``, those of matmuls with a sparse operand (``speed_of_light.sparse_flops``)."""
     heavy_ops: tuple[HeavyOp, ...] = ()
     """On a CPU run, the shapes of its matmuls and convolutions with the most FLOPs (``HeavyOps.top``)."""
+    probability_loss: ProbabilityLoss | None = None
+    """The step's first binary cross-entropy on probabilities (``nn.BCELoss``), None without one."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -185,7 +185,7 @@ def speed_of_light(count: FlopCount, cpu_peak: CpuPeak | None) -> SpeedOfLight:
     result = SpeedOfLight(flops_per_step=count.flops_per_step, flops_by_op=dict(count.flops_by_op), step=count.step,
                           dtype=count.dtype, device_name=count.device_name, note=count.note,
                           flops_by_dtype=dict(count.flops_by_dtype), attention=attention,
-                          sparse_flops=count.sparse_flops)
+                          sparse_flops=count.sparse_flops, probability_loss=count.probability_loss)
     if count.cuda and count.device_name is not None:
         dtype = count.dtype or "float32"
         table_dtype = "tfloat32" if dtype == "float32" and count.tf32 else dtype

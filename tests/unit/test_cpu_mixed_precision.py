@@ -20,7 +20,7 @@ from gpuscope.collect.collectors.flops import SpeedOfLightCollector
 from gpuscope.diagnose import analyze
 from gpuscope.diagnose.rules import evaluate
 from gpuscope.record import (AttentionTiming, AutocastTiming, Breakdown, CallSite, CollectorStatus, OpProfile,
-                             OpStat, Practices, RunRecord, SpeedOfLight, Steps)
+                             OpStat, Practices, ProbabilityLoss, RunRecord, SpeedOfLight, Steps)
 from gpuscope.session import post_run_facts
 from test_speed_of_light import FakeSteps
 
@@ -135,6 +135,27 @@ def test_attention_clearly_slower_in_bfloat16_is_kept_in_float32_inside_the_auto
         assert left.expected_gain == pytest.approx(0.1134 / 0.3, abs=1e-3) and "\n" not in left.fix
 
 
+def test_a_loss_on_probabilities_is_named_at_its_line_and_the_fix_computes_it_on_the_logits() -> None:
+    # given: the conv net's step, its loss a BCELoss on a sigmoid's output at train.py:42
+    site = CallSite("train.py", 42, "train", "loss = criterion(torch.sigmoid(model(x)), y)", 1)
+    plain = conv_net_run()
+    run = dataclasses.replace(plain, speed_of_light=dataclasses.replace(
+        plain.speed_of_light, probability_loss=ProbabilityLoss("float32", site)))  # type: ignore[type-var]
+    # when
+    rec = {r.id: r for r in evaluate(run)[0]}[RULE]
+    # then: autocast's gain as without it; the evidence says what bfloat16 does to that loss, the fix moves it onto
+    # the logits at its line
+    assert rec.expected_gain == {r.id: r for r in evaluate(plain)[0]}[RULE].expected_gain
+    assert rec.evidence[-1] == ("the step computes BCELoss on probabilities at train.py:42 `loss = criterion("
+                                "torch.sigmoid(model(x)), y)`: under bfloat16 autocast the sigmoid before it rounds "
+                                "probabilities near 0 and 1, and the loss comes out wrong")
+    first, last = rec.fix.splitlines()[0], rec.fix.splitlines()[-1]
+    assert first.startswith("with torch.autocast('cpu', dtype=torch.bfloat16)")
+    assert last == ("train.py:42 `loss = criterion(torch.sigmoid(model(x)), y)`: compute the loss on the logits before "
+                    "autocasting: nn.BCEWithLogitsLoss() (F.binary_cross_entropy_with_logits) in place of the sigmoid "
+                    "and nn.BCELoss")
+
+
 def test_a_run_in_bfloat16_already_or_under_an_autocast_is_left_to_the_low_precision_rules() -> None:
     autocast = CallSite(file="train.py", line=40, function="main", calls=50,
                         code="with torch.autocast('cpu', dtype=torch.bfloat16):")
@@ -195,6 +216,32 @@ def test_the_flop_counter_keeps_the_steps_heaviest_convolution_and_matmul_shapes
     assert describe(transposed) == "a 4x4 transposed convolution, 8 to 4 channels, 2 images of 8x8"
     matmuls = [(op.shapes, op.grads) for op in count.heavy_ops if op.kind == "matmul"]
     assert matmuls == [(((2, 4), (4, 2)), (True, True))]
+
+
+@pytest.mark.parametrize("on_logits", [False, True], ids=["on-probabilities", "on-logits"])
+def test_the_flop_counter_notes_a_loss_on_probabilities_and_its_line(on_logits: bool) -> None:
+    # given: a linear model's steps, the loss BCELoss on its sigmoid's output or BCEWithLogitsLoss on its logits
+    model, x, y = torch.nn.Linear(4, 1), torch.randn(8, 4), torch.rand(8, 1).round()
+    functional = torch.nn.functional
+    steps, collector = FakeSteps(), SpeedOfLightCollector(start=2)
+    collector.follow(steps)
+    for index in (1, 2, 3):
+        steps.listener(index)
+        out = model(x)
+        loss = functional.binary_cross_entropy_with_logits(out, y) if on_logits else \
+            functional.binary_cross_entropy(torch.sigmoid(out), y)
+        loss.backward()
+    count = collector.stop().payload
+    # then: the one on probabilities is noted with its dtype and this file's line; it counts no FLOPs
+    assert isinstance(count, FlopCount)
+    assert "binary_cross_entropy" not in count.flops_by_op
+    if on_logits:
+        assert count.probability_loss is None
+        return
+    loss_site = count.probability_loss.called_at  # type: ignore[union-attr]
+    assert count.probability_loss.dtype == "float32"  # type: ignore[union-attr]
+    assert loss_site is not None and loss_site.file.endswith("test_cpu_mixed_precision.py")
+    assert loss_site.code == "functional.binary_cross_entropy(torch.sigmoid(out), y)"
 
 
 def test_the_cpu_peak_probe_times_the_heavy_shapes_in_both_only_where_bfloat16_is_faster(

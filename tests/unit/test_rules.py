@@ -19,7 +19,9 @@ from gpuscope.record import (
     KernelTimeline,
     Loader,
     OpProfile,
+    ProbabilityLoss,
     RunMeta,
+    SpeedOfLight,
     Steps,
     Verdict,
 )
@@ -88,6 +90,25 @@ def test_each_rule_fires_on_its_signal_and_only_then(rule_id, positive, negative
     assert recommendation.expected_gain is None or 0 < recommendation.expected_gain <= 1
     assert rule_id not in fired(negative)
     assert evaluate(negative)[1][rule_id].status == "clear"
+
+
+def test_mixed_precision_on_a_loss_on_probabilities_says_autocast_refuses_it_and_moves_it_onto_the_logits() -> None:
+    # given: a busy GPU off its Tensor Cores whose step computes F.binary_cross_entropy at train.py:7
+    site = CallSite("train.py", 7, "main", "loss = F.binary_cross_entropy(model(x), y)", 1)
+    plain = cuda_run(busy=0.9, host_wait=0.05, tensor_core=0.1)
+    run = dataclasses.replace(plain, speed_of_light=SpeedOfLight(
+        flops_per_step=10**9, probability_loss=ProbabilityLoss("float32", site)))
+    # when
+    recommendation = fired(run)["mixed-precision"]
+    # then: the autocast the fix adds would raise on that line: the fix says to compute the loss on the logits there
+    assert recommendation.evidence[-1] == ("the step computes BCELoss on probabilities at train.py:7 `loss = "
+                                           "F.binary_cross_entropy(model(x), y)`: torch.autocast('cuda') refuses it "
+                                           "(RuntimeError: unsafe to autocast)")
+    assert recommendation.fix.splitlines() == [
+        fired(plain)["mixed-precision"].fix,
+        "train.py:7 `loss = F.binary_cross_entropy(model(x), y)`: compute the loss on the logits before autocasting: "
+        "nn.BCEWithLogitsLoss() (F.binary_cross_entropy_with_logits) in place of the sigmoid and nn.BCELoss"]
+    assert recommendation.expected_gain == fired(plain)["mixed-precision"].expected_gain
 
 
 def test_the_worker_count_suggested_is_measured_and_capped_by_the_cores() -> None:

@@ -38,12 +38,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from gpuscope.collect import lean_flops, warning_filters
 from gpuscope.collect.attention import cpu_formulas, fast_path_formulas
 from gpuscope.collect.autocast_timing import HeavyOps
+from gpuscope.collect.callsites import call_site, user_frame
 from gpuscope.collect.captures import AttentionCall, FlopCount, HeavyOp
 from gpuscope.collect.collectors.torch_trace import TRACE_FILE
 from gpuscope.collect.framework.base import CollectorResult, StepFollower, StepWindow, WindowRequest, register
 from gpuscope.collect.framework.schedule import PER_CLOSURE_CALLS
 from gpuscope.collect.trace_flops import trace_flops
-from gpuscope.record import CollectorStatus
+from gpuscope.record import CollectorStatus, ProbabilityLoss
 
 if TYPE_CHECKING:
     from gpuscope.collect.framework.options import CollectOptions
@@ -76,6 +77,7 @@ class SpeedOfLightCollector(StepFollower):
         self._heavy = HeavyOps()  # on a CPU run, the counted step's matmul and convolution FLOPs by shape
         self._flops: dict[str, int] = {}
         self._attention: list[AttentionCall] = []  # the step's first attention on a CPU
+        self._probability_loss: list[ProbabilityLoss] = []  # the step's first BCELoss
         self._tf32 = False
         self._recounts = 0  # counted steps that held an evaluation pass, counted again
         self._opened_at = 0.0  # when the count began
@@ -157,6 +159,7 @@ class SpeedOfLightCollector(StepFollower):
             formulas = {**flop_counter.flop_registry, **cpu_formulas(torch, flop_counter, self._attention),
                         **fast_path_formulas(torch)}
             mapping = {k: tracking(str(k), v) for k, v in formulas.items()}
+            mapping.update(probability_loss(torch, self._probability_loss))
             mode = lean_flops.counter(display=False, custom_mapping=mapping)
         if hasattr(mode, "mod_tracker"):
             mode.mod_tracker = _GlobalOnly()  # no global module hooks: see _GlobalOnly
@@ -251,10 +254,12 @@ class SpeedOfLightCollector(StepFollower):
             else "first call of the optimizer's closure counted"
         notes = (f"step {counted}'s FLOPs: its {which}, times its {self.scaled_by} calls",) if self.scaled_by else ()
         return self._counted(self._flops, self._dtypes, counted, self._tf32, notes,
-                             self._attention[0] if self._attention else None, heavy)
+                             self._attention[0] if self._attention else None, heavy,
+                             self._probability_loss[0] if self._probability_loss else None)
 
     def _counted(self, flops: dict[str, int], dtypes: dict[str, int], step: int, tf32: bool, notes: tuple[str, ...],
-                 attention: AttentionCall | None = None, heavy: tuple[HeavyOp, ...] = ()) -> CollectorResult:
+                 attention: AttentionCall | None = None, heavy: tuple[HeavyOp, ...] = (),
+                 probability_loss: ProbabilityLoss | None = None) -> CollectorResult:
         dtypes = dict(dtypes)
         sparse = dtypes.pop(SPARSE, 0)
         dtype = max(dtypes, key=lambda d: dtypes[d]) if dtypes else None
@@ -264,7 +269,7 @@ class SpeedOfLightCollector(StepFollower):
         return CollectorResult(CollectorStatus("ok"), notes=notes, payload=FlopCount(
             flops_per_step=sum(flops.values()), flops_by_op=top, step=step, dtype=dtype, cuda=cuda, device_name=name,
             tf32=tf32, note=note, flops_by_dtype=dtypes, attention=None if cuda else attention, sparse_flops=sparse,
-            heavy_ops=() if cuda else heavy))
+            heavy_ops=() if cuda else heavy, probability_loss=probability_loss))
 
     def _from_trace(self, reason: str) -> CollectorResult:
         """The counted step never ran whole (a run of a few long steps), or none was placed (``from_trace``): the
@@ -326,3 +331,21 @@ def _gpu_name() -> tuple[str | None, str]:
         return torch.cuda.get_device_name(torch.cuda.current_device()), ""
     except Exception as exc:
         return None, f"the GPU's name could not be read: {exc}"
+
+
+def probability_loss(torch: Any, seen: list[ProbabilityLoss]) -> dict[Any, Any]:
+    """A formula of no FLOPs for ``binary_cross_entropy`` (``nn.BCELoss``) that notes its first call in ``seen``: its
+    input's dtype and the user's line. (Its backward is another op: the forward alone is the loss's line.)"""
+    op = getattr(torch.ops.aten, "binary_cross_entropy", None)
+    if op is None:
+        return {}
+
+    def noted(probabilities: Any, *args: Any, **kwargs: Any) -> int:
+        if not seen:
+            seen.append(ProbabilityLoss(str(probabilities.dtype).removeprefix("torch."),
+                                        call_site(user_frame(sys._getframe(1)))))
+        return 0
+
+    noted._get_raw = True  # type: ignore[attr-defined]  # the tensors themselves, not their shapes
+    return {op: noted}
+

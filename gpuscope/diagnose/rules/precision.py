@@ -6,6 +6,7 @@ and backward are."""
 from __future__ import annotations
 
 from collections.abc import Callable
+import dataclasses
 from dataclasses import dataclass
 
 from gpuscope.diagnose import thresholds as th
@@ -45,9 +46,13 @@ def compute_busy(kernels: KernelTimeline) -> float:
     return kernels.compute_busy_fraction if kernels.compute_busy_fraction is not None else kernels.busy_fraction
 
 
+MIXED_PRECISION_FIX = ("with torch.autocast('cuda', dtype=torch.bfloat16): loss = model(x)  # fp16: add "
+                       "torch.amp.GradScaler")
+
+
 @rule(id="mixed-precision",
       title="Train in mixed precision (autocast + GradScaler)",
-      fix="with torch.autocast('cuda', dtype=torch.bfloat16): loss = model(x)  # fp16: add torch.amp.GradScaler",
+      fix=MIXED_PRECISION_FIX,
       needs=("cuda", "kernels"),
       resolved_by=(Metric("kernel time on Tensor Cores", "share", kernel_share("tensor_core_share")), STEP),
       trial=AtRunTime(cuda_only="its low-precision advice is cpu-fp32-over-low-precision's"))
@@ -81,7 +86,7 @@ def mixed_precision(run: RunRecord) -> Finding | None:
             return None  # no estimate, and a GPU this idle gains little from faster kernels
         evidence.append(f"no datasheet 16-bit Tensor Core rate for {gpu_name(run) or 'this GPU'} in gpuscope's "
                         "table: the gain is not estimated")
-        return Finding(None, tuple(evidence))
+        return _with_logits(Finding(None, tuple(evidence)), run, MIXED_PRECISION_FIX, cuda=True)
     kinds, tf32 = step.kinds, step.peak_ratio("tfloat32", low)
     on_cores = kinds.fp32_gemm + kinds.conv
     tensor = kinds.tc_conv + (kinds.tc_gemm if _float32_run(run) else 0.0)
@@ -96,7 +101,27 @@ def mixed_precision(run: RunRecord) -> Finding | None:
         f"the kernels streaming activations (element-wise, normalisation, attention, layout conversions) "
         f"{streamed * 1e3:.1f} ms at half their time (half the bytes); the optimizer's {kinds.optimizer * 1e3:.1f} ms "
         "stays in float32"]) + f"; {step_after(step, saved)}")
-    return Finding(step.saving(saved), tuple(evidence))
+    return _with_logits(Finding(step.saving(saved), tuple(evidence)), run, MIXED_PRECISION_FIX, cuda=True)
+
+
+def _with_logits(finding: Finding, run: RunRecord, fix: str, cuda: bool) -> Finding:
+    """``finding`` with, where the step computed a binary cross-entropy on probabilities (``nn.BCELoss``), what the
+    autocast of its fix would do to it, and the loss on the logits in its fix: CUDA's autocast refuses that loss
+    ("unsafe to autocast"), and a CPU's bfloat16 sigmoid before it rounds probabilities near 0 and 1 away (a sigmoid
+    over a Linear's outputs: BCELoss 1.44 against 1.07 in float32; docs/diagnosis.md)."""
+    loss = run.speed_of_light.probability_loss if run.speed_of_light is not None else None
+    if loss is None:
+        return finding
+    site = loss.called_at
+    where = _site(site) if site is not None else "a line of library code"
+    why = ("torch.autocast('cuda') refuses it (RuntimeError: unsafe to autocast)" if cuda else
+           "under bfloat16 autocast the sigmoid before it rounds probabilities near 0 and 1, and the loss comes out "
+           "wrong")
+    evidence = f"the step computes BCELoss on probabilities at {where}: {why}"
+    line = (f"{where + ': ' if site is not None and site.file else ''}compute the loss on the logits before "
+            "autocasting: nn.BCEWithLogitsLoss() (F.binary_cross_entropy_with_logits) in place of the sigmoid and "
+            "nn.BCELoss")
+    return dataclasses.replace(finding, evidence=(*finding.evidence, evidence), fix=f"{finding.fix or fix}\n{line}")
 
 
 def _sixteen_bit(step: GpuStep) -> str | None:
@@ -506,7 +531,7 @@ def cpu_mixed_precision(run: RunRecord) -> Finding | None:
                "bfloat16 copies of the weights, made every step, not faulted in afresh")
     evidence = tuple(kind.evidence(median) for kind in found) + (
         (attention.evidence(median),) if attention is not None else ()) + ((pages,) if pages else ())
-    return Finding(gain, evidence, fix=fix, env=env)
+    return _with_logits(Finding(gain, evidence, fix=fix, env=env), run, CPU_MIXED_PRECISION_FIX, cuda=False)
 
 
 @rule(id="float32-over-float64",
