@@ -1457,7 +1457,7 @@ class AttentionTiming:
 class ProbabilityLoss:
     """The counted step's first binary cross-entropy on probabilities (``nn.BCELoss``, ``F.binary_cross_entropy``,
     most often after a sigmoid), which autocast cannot run safely: CUDA's autocast refuses it ("unsafe to
-    autocast"), and on a CPU the sigmoid before it, in bfloat16, rounds probabilities near 0 and 1 away."""
+    autocast"), and on a CPU the sigmoid before it, in bfloat16, rounds probabilities near 1 to 1."""
 
     dtype: str = ""
     """Its input's dtype."""
@@ -1716,6 +1716,9 @@ class LossCheck:
     an unseeded script, whose runs differ anyway, is not flagged), with a floor."""
     note: str = ""
     """What the check rests on, in words."""
+    cause: str = ""
+    """Where the loss left the untouched run's, what of the run may have moved it (an autocast trial over a loss on
+    probabilities: ``speed_of_light.probability_loss``); empty otherwise."""
 
 
 Effect = Literal["faster", "slower", "no measurable change"]

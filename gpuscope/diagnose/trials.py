@@ -125,6 +125,8 @@ def measure(rounds: Sequence[Round], trial_plan: TrialPlan, steps: int, natural_
         if len(common) >= th.MIN_STEADY_STEPS:
             pairs.append(([before[i] for i in common], [after[i] for i in common]))
     loss = max(checks, key=lambda c: (LOSS_SEVERITY[c.status], c.drift or 0.0)) if checks else LossCheck()
+    if loss.status in ("drifted", "not finite") and trial.id in AUTOCAST_TRIALS and rounds:
+        loss = dataclasses.replace(loss, cause=probability_loss_cause(rounds[0].base))
     tensors = bool(rounds) and all(_window_peak(r.base) and _window_peak(r.tried) for r in rounds)
     trial = dataclasses.replace(trial, loss=loss, losses=rounds[0].tried.loss if rounds else None,
                                 peak_memory_before_bytes=_highest(peak_memory(r.base, tensors) for r in rounds),
@@ -207,6 +209,22 @@ def _steady(record: RunRecord, start: int, end: int) -> dict[int, float]:
     status = sample.status or ("steady",) * len(sample.index)
     return {i: t for i, t, s in zip(sample.index, step_times(record.steps), status)
             if start <= i < end and s == "steady" and t > 0 and math.isfinite(t)}
+
+
+AUTOCAST_TRIALS = ("mixed-precision", "cpu-mixed-precision")
+"""The trials that run the model under autocast."""
+
+
+def probability_loss_cause(base: RunRecord) -> str:
+    """What an autocast trial's loss left the untouched run's by, where the step computes a binary cross-entropy on
+    probabilities (``nn.BCELoss``): under autocast the sigmoid before it runs in 16 bits and rounds them."""
+    loss = base.speed_of_light.probability_loss if base.speed_of_light is not None else None
+    if loss is None:
+        return ""
+    site = loss.called_at
+    where = f" at {site.file}:{site.line}" if site is not None and site.file else ""
+    return (f"the step computes BCELoss on probabilities{where}, which autocast's 16-bit sigmoid rounds near 1: "
+            "nn.BCEWithLogitsLoss on the logits keeps the loss")
 
 
 def loss_check(base: RunRecord, tried: RunRecord, start: int, end: int, natural_drift: float = 0.0) -> LossCheck:

@@ -32,11 +32,12 @@ def loss_words(trial: Trial) -> str:
     if check is None or check.status == "not compared":
         return "loss not compared"
     span = f"steps {check.first_step}-{check.last_step}"
+    cause = f" ({check.cause})" if check.cause else ""
     if check.status == "not finite":
-        return f"loss NOT FINITE from step {check.first_step}: speed not credited"
+        return f"loss NOT FINITE from step {check.first_step}: speed not credited{cause}"
     if check.status == "drifted":
         return f"loss drifted {check.drift:.1%} over {span} (within {check.tolerance:.1%} is the same): speed not " \
-               "credited"
+               f"credited{cause}"
     return f"loss {span} within {check.drift:.1%}"
 
 

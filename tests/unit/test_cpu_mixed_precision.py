@@ -148,7 +148,8 @@ def test_a_loss_on_probabilities_is_named_at_its_line_and_the_fix_computes_it_on
     assert rec.expected_gain == {r.id: r for r in evaluate(plain)[0]}[RULE].expected_gain
     assert rec.evidence[-1] == ("the step computes BCELoss on probabilities at train.py:42 `loss = criterion("
                                 "torch.sigmoid(model(x)), y)`: under bfloat16 autocast the sigmoid before it rounds "
-                                "probabilities near 0 and 1, and the loss comes out wrong")
+                                "probabilities near 1 to 1 (the closest below is 0.996), and the loss over outputs that "
+                                "near comes out wrong")
     first, last = rec.fix.splitlines()[0], rec.fix.splitlines()[-1]
     assert first.startswith("with torch.autocast('cpu', dtype=torch.bfloat16)")
     assert last == ("train.py:42 `loss = criterion(torch.sigmoid(model(x)), y)`: compute the loss on the logits before "

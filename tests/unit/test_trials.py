@@ -19,7 +19,8 @@ from gpuscope.diagnose.rules import RULES, AtRunTime, Refused, by_id, finding
 from gpuscope.diagnose.rules.base import rule
 from gpuscope.diagnose.trials import TrialPlan
 from gpuscope.errors import GpuscopeError
-from gpuscope.record import Losses, Recommendation, RunMeta, RunRecord, StepSample, Steps, Trial
+from gpuscope.record import (CallSite, Losses, ProbabilityLoss, Recommendation, RunMeta, RunRecord, SpeedOfLight,
+                             StepSample, Steps, Trial)
 
 from gpuscope.report.render import render_report
 from gpuscope.report.trials_text import applied_lines, trial_line
@@ -326,6 +327,22 @@ def test_a_loss_that_drifts_beyond_the_runs_own_spread_is_flagged() -> None:
                            PLAN, steps=61)
     assert trial.loss.status == "drifted" and trial.loss.drift == pytest.approx(0.3, abs=0.01)
     assert not trial.credited
+
+
+@pytest.mark.parametrize("trial_id", ["cpu-mixed-precision", "fused-optimizer"])
+def test_an_autocast_trial_whose_loss_drifted_over_a_loss_on_probabilities_says_so(trial_id: str) -> None:
+    # given: a run whose step computes BCELoss on a sigmoid's output at train.py:30, and a trial whose loss drifted
+    site = CallSite("train.py", 30, "main", "loss = criterion(model(x), y)", 1)
+    base = dataclasses.replace(run(0.010, losses=falling()), speed_of_light=SpeedOfLight(
+        flops_per_step=10**9, probability_loss=ProbabilityLoss("float32", site)))
+    plan = TrialPlan(trial_id, "with torch.autocast('cpu', dtype=torch.bfloat16): ...", estimated_gain=0.3)
+    trial = trials.measure([trials.Round(base, run(0.007, losses=falling(scale=1.3)), 1)], plan, steps=61)
+    # then: not credited; an autocast trial names the loss as what moved it, another trial names nothing
+    assert trial.loss.status == "drifted" and not trial.credited
+    cause = ("the step computes BCELoss on probabilities at train.py:30, which autocast's 16-bit sigmoid rounds near "
+             "1: nn.BCEWithLogitsLoss on the logits keeps the loss")
+    assert trial.loss.cause == (cause if trial_id == "cpu-mixed-precision" else "")
+    assert trial_line(trial).endswith(f"speed not credited ({cause})" if trial.loss.cause else "speed not credited")
 
 
 def test_an_unseeded_scripts_noisy_loss_is_not_flagged_for_its_noise() -> None:

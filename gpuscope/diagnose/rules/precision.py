@@ -107,7 +107,7 @@ def mixed_precision(run: RunRecord) -> Finding | None:
 def _with_logits(finding: Finding, run: RunRecord, fix: str, cuda: bool) -> Finding:
     """``finding`` with, where the step computed a binary cross-entropy on probabilities (``nn.BCELoss``), what the
     autocast of its fix would do to it, and the loss on the logits in its fix: CUDA's autocast refuses that loss
-    ("unsafe to autocast"), and a CPU's bfloat16 sigmoid before it rounds probabilities near 0 and 1 away (a sigmoid
+    ("unsafe to autocast"), and a CPU's bfloat16 sigmoid before it rounds probabilities near 1 to 1 (a sigmoid
     over a Linear's outputs: BCELoss 1.44 against 1.07 in float32; docs/diagnosis.md)."""
     loss = run.speed_of_light.probability_loss if run.speed_of_light is not None else None
     if loss is None:
@@ -115,8 +115,8 @@ def _with_logits(finding: Finding, run: RunRecord, fix: str, cuda: bool) -> Find
     site = loss.called_at
     where = _site(site) if site is not None else "a line of library code"
     why = ("torch.autocast('cuda') refuses it (RuntimeError: unsafe to autocast)" if cuda else
-           "under bfloat16 autocast the sigmoid before it rounds probabilities near 0 and 1, and the loss comes out "
-           "wrong")
+           "under bfloat16 autocast the sigmoid before it rounds probabilities near 1 to 1 (the closest below is "
+           "0.996), and the loss over outputs that near comes out wrong")
     evidence = f"the step computes BCELoss on probabilities at {where}: {why}"
     line = (f"{where + ': ' if site is not None and site.file else ''}compute the loss on the logits before "
             "autocasting: nn.BCEWithLogitsLoss() (F.binary_cross_entropy_with_logits) in place of the sigmoid and "
