@@ -12,6 +12,7 @@ import pytest
 from gpuscope import profile
 from gpuscope.collect.collectors import CollectOptions, default_collectors, plan_windows
 from gpuscope.collect.collectors.steps import StepsCollector
+from gpuscope.collect.collectors.torch_trace import PACE_STEPS
 from gpuscope.collect.framework.base import CollectorResult, StepFollower, WindowRequest
 from gpuscope.collect.framework.schedule import Window, schedule
 from gpuscope.collect.steps.steplog import StepLog, StepRecord
@@ -159,10 +160,16 @@ def test_collectors_done_with_their_windows_leave_the_step_boundary(tmp_path: Pa
             session.mark_step()
         # then the profilers whose windows closed (or, for the sync count, never open on a CPU run) are called at no
         # later step, nor, on a torch built without CUDA, the collectors waiting for CUDA: what is left is what
-        # every step needs
+        # every step needs, and the trace's look at the steps' pace (to take it again where the pace moves)
         left = {listener.__self__.__class__.__name__ for listener in tracker.listeners}
         waiting_for_cuda = {"NvtxCollector", "CudaMemoryCollector"} if session._steps.cuda_possible() else set()
-        assert left == {"StepsCollector", "PracticesCollector", *waiting_for_cuda}
+        assert left == {"StepsCollector", "PracticesCollector", "TorchTraceCollector", *waiting_for_cuda}
+        # which is called every 13 steps or more
+        trace = next(c for c in session.collectors if c.name == "torch-trace")
+        looked = len(trace._paces)  # type: ignore[attr-defined]
+        for _ in range(40):
+            session.mark_step()
+        assert 1 <= len(trace._paces) - looked <= 40 // min(PACE_STEPS)  # type: ignore[attr-defined]
     finally:
         record = session.stop(0)
     assert record.collectors["cprofile"].status == "ok" and record.python_profile is not None

@@ -228,6 +228,12 @@ class StepEvents:
     def window_closed(self) -> None:
         pass
 
+    def cuda_in_use(self) -> bool:
+        return False
+
+    def in_window(self) -> bool:
+        return False
+
 
 def test_the_window_ends_without_key_averages_and_lets_the_recorded_events_go(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -273,6 +279,82 @@ def started(run_dir: Path, active: int) -> TorchTraceCollector:
     collector._events = StepEvents()  # type: ignore[assignment]
     collector.start(run_dir)
     return collector
+
+
+def first_traced(path: Path) -> int:
+    """The first ProfilerStep# of the trace at ``path``."""
+    return min(int(e["name"].removeprefix("ProfilerStep#")) for e in json.loads(path.read_text())["traceEvents"]
+               if e.get("name", "").startswith("ProfilerStep#"))
+
+
+def run_paced(collector: TorchTraceCollector, steps: int, step_ms: Any) -> None:
+    """``steps`` steps of one small matmul each, ``step_ms(index)`` ms apart on the collector's clock; the collector
+    called at the steps it asks for, as the steps collector calls it."""
+    torch = pytest.importorskip("torch")
+    now, x, due = [0.0], torch.randn(16, 16), 0
+    collector._clock = lambda: now[0]
+    for index in range(steps):
+        if index >= due:
+            due = index + (collector._on_step(index) or 1)
+        (x @ x).relu().sum()
+        now[0] += step_ms(index) / 1e3
+
+
+@pytest.mark.parametrize(("step_ms", "traced_again"), [
+    (lambda i: 1.0 if i < 100 else 3.0, True),  # (episodes lengthening as a policy learns)
+    (lambda i: 1.0 if i < 100 else 0.3, True),
+    (lambda i: 1.0 + 0.8 * (i % 7 == 0), False),  # a slow step every 7: the same pace throughout
+    (lambda i: 1.0 if i < 100 else 1.8, False),
+], ids=["three times slower", "three times faster", "a slow step every seventh", "1.8x slower"])
+def test_steps_whose_pace_moves_after_the_window_are_traced_again(tmp_path: Path, step_ms: Any,
+                                                                   traced_again: bool) -> None:
+    # given: a window of steps 2-4 (1 its warm-up), no other window after step 5, and steps whose pace changes
+    # from step 100, or not
+    collector = started(tmp_path, active=3)
+    collector._quiet_from = {False: 5, True: 5}
+    # when 400 steps run
+    run_paced(collector, 400, step_ms)
+    result = collector.stop()
+    capture = result.payload
+    assert isinstance(capture, TraceCapture)
+    # then: where the pace moved twice or more, trace.json holds 3 steps at the new pace, and says so; else steps 2-4
+    if not traced_again:
+        assert capture.recorded == (2, 3, 4) and not result.notes
+        return
+    first = capture.recorded[0]
+    assert 100 < first < 250 and capture.recorded == (first, first + 1, first + 2)
+    assert first_traced(tmp_path / TRACE_FILE) == first
+    assert result.notes[-1].startswith(f"trace.json holds steps {first}-{first + 2}, taken again there: the steps "
+                                       f"had become 3.")
+    longer = "longer" if step_ms(300) > 1 else "shorter"
+    assert result.notes[-1].endswith(f"x {longer} than just after the trace before")
+    assert not (tmp_path / (TRACE_FILE + ".part")).exists()
+
+
+def test_a_run_ending_before_the_trace_taken_again_is_whole_keeps_the_first(tmp_path: Path) -> None:
+    # given: the pace triples from step 100, and the run ends as the trace is taken again (its warm-up step begun)
+    collector = started(tmp_path, active=3)
+    collector._quiet_from = {False: 5, True: 5}
+    run_paced(collector, 400, lambda i: 1.0 if i < 100 else 3.0)
+    again = collector.start_step
+    (tmp_path / "second").mkdir()
+    collector = started(tmp_path / "second", active=3)
+    collector._quiet_from = {False: 5, True: 5}
+    run_paced(collector, again + 2, lambda i: 1.0 if i < 100 else 3.0)
+    # then: the first trace stands, whole, with no note
+    result = collector.stop()
+    assert isinstance(result.payload, TraceCapture) and result.status.status == "ok"
+    assert result.payload.recorded == (2, 3, 4) and not result.notes
+    assert first_traced(tmp_path / "second" / TRACE_FILE) == 2
+
+
+def test_a_rank_of_a_job_is_traced_once_whatever_its_pace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # (the ranks' traces must hold the same steps, side by side)
+    monkeypatch.setattr(torch_trace, "_several_ranks", lambda: True)
+    collector = started(tmp_path, active=3)
+    collector._quiet_from = {False: 5, True: 5}
+    run_paced(collector, 400, lambda i: 1.0 if i < 100 else 3.0)
+    assert collector.stop().payload.recorded == (2, 3, 4)  # type: ignore[union-attr]
 
 
 def test_steps_counted_anew_start_the_window_again(tmp_path: Path) -> None:

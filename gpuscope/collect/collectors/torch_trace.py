@@ -4,6 +4,7 @@ top ops by host and device time, op counts per step, and on CUDA the kernel time
 The window is placed by ``trace_window``, a pure function of the step index (like ``torch.profiler.schedule``):
 after the cProfile window and a clean step, one warm-up step (the profiler runs, nothing is kept) and
 ``active`` recorded steps. Steps in the window are marked profiled and left out of the steady-state figures.
+Where the steps' pace moves afterwards (``RETRACE_PACE``), the window is placed again, at the new pace.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -46,6 +48,18 @@ its events' processing at the window's end (three LBFGS steps of 1.4-2.4 s and 6
 step holds ops enough for the table; the trace's cap would keep only the first step of several anyway. (The
 samples' steps, loading included, take at most 0.55 s alone, 0.7 s three runs to two cores.)"""
 DEFAULT_MAX_BYTES = TRACE_MAX_BYTES
+RETRACE_PACE = 2.0
+"""After every window has closed, the steps' pace (the median of the last ``PACE_LOOKS`` looks' mean step times) this
+many times the pace just after the windows (the first looks'), or this fraction of it: the trace is taken again,
+over steps at the new pace. A reinforcement-learning loop's episodes lengthen as its policy learns (pytorch/examples'
+REINFORCE: steps 7-9 13 ms, the median step 54 ms), and a trace of its first steps left the verdict inconclusive
+(``evidence.unlike_steps``)."""
+RETRACES = 2
+"""Traces taken again at most, in a run."""
+PACE_LOOKS = 3
+"""Looks whose median is a pace: one slow step among them (an evaluation, a checkpoint) is no change of pace."""
+PACE_STEPS = (13, 17, 19)
+"""Steps between two looks at the pace (each a clock read), in turn: no loop's period lines up with them all."""
 TOP_OPS = 15
 SHORT_OP_US = 10.0
 """When a trace must shrink, CPU ops shorter than this (microseconds) go first: they are the most numerous."""
@@ -75,6 +89,7 @@ class TorchTraceCollector(StepFollower):
                  max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.start_step = start
         self.active = active
+        self._asked_active = active  # the steps asked for: fewer where steps turned out long
         self.warmup = WARMUP_STEPS
         self.max_bytes = max_bytes
         self._prof: Any = None
@@ -94,6 +109,15 @@ class TorchTraceCollector(StepFollower):
         self._closure_base: int | None = None  # recording one closure call: the calls before the recorded step's
         self._scaled_by = 0  # ...and the recorded step's calls, once known
         self._shapes = False  # the ops' shapes recorded: the one step traced may be the run's last profiled one
+        self._quiet_from = {False: start + WARMUP_STEPS + active, True: start + WARMUP_STEPS + active}  # no window
+        # after this step (CPU, CUDA runs): where the pace is watched from
+        self._pace_mark: tuple[int, float] | None = None  # (step, clock) of the last look at the pace
+        self._clock: Callable[[], float] = time.perf_counter
+        self._paces: list[float] = []  # each look's mean step time since the one before, after the windows
+        self._retraces: list[tuple[int, int, float]] = []  # (first step, last step, the pace's ratio) of the traces
+        # taken again, the last one under way until saved
+        self._previous: tuple[list[int], list[tuple[int, float]], list[tuple[int, float, float]]] | None = None
+        # the saved trace's recorded steps, marks and waits, while one is taken again
 
     @classmethod
     def wants(cls, options: CollectOptions) -> WindowRequest:
@@ -104,7 +128,9 @@ class TorchTraceCollector(StepFollower):
     @classmethod
     def create(cls, options: CollectOptions, plan: Plan) -> TorchTraceCollector:
         start = plan.start(cls.name)
-        return cls(start if start is not None else DEFAULT_START, options.trace_steps, options.trace_max_bytes)
+        collector = cls(start if start is not None else DEFAULT_START, options.trace_steps, options.trace_max_bytes)
+        collector._quiet_from = {cuda: plan.end(cuda) for cuda in (False, True)}
+        return collector
 
     def unavailable_reason(self) -> str | None:
         if self.active <= 0:
@@ -124,14 +150,16 @@ class TorchTraceCollector(StepFollower):
         self._run_dir = run_dir
 
     # -- at each step boundary -----------------------------------------------------------------------------
-    def _on_step(self, index: int) -> None:
+    def _on_step(self, index: int) -> int | None:
         calls = self._events.closure_calls()  # type: ignore[union-attr]
         self._calls_before, self._calls_seen = calls - self._calls_seen, calls
         if self._closure_base is not None and not self._scaled_by:
             self._scaled_by = max(1, calls - self._closure_base)  # the recorded step's closure calls, all of them
-        if self._error is not None or self._finished:
+        if self._error is not None:
             self._unfollow()
-            return
+            return None
+        if self._finished:
+            return self._watch(index)
         if "torch" not in sys.modules:
             return
         if index == self.start_step + self.warmup and self._began_at is not None and self.active > 1 \
@@ -162,6 +190,43 @@ class TorchTraceCollector(StepFollower):
         except Exception as exc:  # the user's step goes on; this collector reports failed
             self._error = f"torch.profiler failed: {exc}"
             self._abandon()
+
+    def _watch(self, index: int) -> int | None:
+        """After the trace: a look at the steps' pace every few steps, once every window has closed; where it has moved
+        ``RETRACE_PACE`` times from the pace just after the windows, the trace is taken again from the next step
+        (``RETRACES`` times at most). None on a job of several ranks, whose traces must hold the same steps, on a run
+        of long steps (one step traced, a few in all) and after an optimizer closure's call was recorded."""
+        events = self._events
+        if len(self._retraces) >= RETRACES or self.active != self._asked_active or self._shapes \
+                or self._closure_base is not None or _several_ranks():
+            self._unfollow()
+            return None
+        now = self._clock()
+        mark = self._pace_mark
+        if index < self._quiet_from[events.cuda_in_use()] or events.in_window() \
+                or (mark is not None and index <= mark[0]):  # (a window open, or the steps counted anew)
+            self._pace_mark = None
+            return None
+        self._pace_mark = (index, now)
+        if mark is None:
+            return PACE_STEPS[len(self._paces) % len(PACE_STEPS)]
+        self._paces.append((now - mark[1]) / (index - mark[0]))
+        if len(self._paces) >= 2 * PACE_LOOKS:
+            ratio = statistics.median(self._paces[-PACE_LOOKS:]) / statistics.median(self._paces[:PACE_LOOKS])
+            if not 1 / RETRACE_PACE < ratio < RETRACE_PACE:
+                self._trace_again(index + 1, ratio)
+                return None
+        return PACE_STEPS[len(self._paces) % len(PACE_STEPS)]
+
+    def _trace_again(self, start: int, ratio: float) -> None:
+        """Take the trace again from step ``start`` (its warm-up step), the saved one kept until the new one is."""
+        self._previous = (self._recorded, self._marks, self._waits)
+        self._recorded, self._marks, self._waits = [], [], []
+        self._finished, self._saved, self._began_at = False, False, None
+        self.start_step, self.warmup = start, WARMUP_STEPS
+        self._retraces.append((start + WARMUP_STEPS, start + WARMUP_STEPS + self.active - 1, ratio))
+        self._quiet_from = {cuda: start + WARMUP_STEPS + self.active for cuda in (False, True)}
+        self._pace_mark, self._paces = None, []
 
     def _one_closure_call(self) -> None:
         """A single recorded step whose optimizer called its closure ``PER_CLOSURE_CALLS`` times or more the step
@@ -231,8 +296,11 @@ class TorchTraceCollector(StepFollower):
         """The recorded steps are done: save the trace, nothing more. The op table is read from its events after
         the run (``reduce.optable``): torch's ``key_averages()`` took 12 s and kept 1.8M objects alive on a loop of
         55k ops a step."""
-        prof.export_chrome_trace(str(self._run_dir / TRACE_FILE))
-        self._saved = True
+        path = self._run_dir / TRACE_FILE
+        part = path.with_name(path.name + ".part")  # a trace taken again replaces the saved one only once whole
+        prof.export_chrome_trace(str(part))
+        os.replace(part, path)
+        self._saved, self._previous = True, None
 
     def _end(self) -> None:
         prof, self._prof = self._prof, None
@@ -267,6 +335,15 @@ class TorchTraceCollector(StepFollower):
     # -- end of the run ------------------------------------------------------------------------------------
     def stop(self) -> CollectorResult:
         unfinished = None
+        if self._previous is not None:  # the run ended before the trace taken again was whole: the saved one stays
+            if self._prof is not None:
+                self._prof.on_trace_ready = None
+                self._abandon()
+            (self._run_dir / (TRACE_FILE + ".part")).unlink(missing_ok=True)
+            self._recorded, self._marks, self._waits = self._previous
+            self._finished, self._saved, self._previous = True, True, None
+            self._retraces.pop()
+            self._error = None  # (one taken again that failed leaves the saved trace as it was)
         if self._prof is not None:
             # the run ended inside the window: the span the last boundary opened ended with the script, not a step
             unfinished = self._recorded[-1] if self._recorded else None
@@ -293,11 +370,25 @@ class TorchTraceCollector(StepFollower):
         part = self._scaled_by if self._closure_base is not None else 1
         notes = (f"trace.json holds step {self._recorded[0]} up to the end of its first call of the optimizer's "
                  f"closure, of {part}: the op figures are that call's, times {part}",) if part > 1 else ()
+        if self._retraces:
+            first, last, ratio = self._retraces[-1]
+            how = f"{ratio:.1f}x longer" if ratio > 1 else f"{1 / ratio:.1f}x shorter"
+            notes += (f"trace.json holds steps {first}-{last}, taken again there: the steps had become {how} than "
+                      "just after the trace before",)
         call_s = self._marks[1][1] - self._marks[0][1] if part > 1 and len(self._marks) > 1 else 0.0
         return CollectorResult(CollectorStatus("ok"), dataclasses.replace(
             capture, cpu_s={a[0]: round(b[1] - a[1], 9) for a, b in pairs},
             cpu_wait_s={a[0]: round(b[2] - a[2], 9) for a, b in pairs}, scaled_by=part,
             call_s=round(call_s, 9)), notes=notes)
+
+
+def _several_ranks() -> bool:
+    """Whether the run is one rank of a job of several (torch.distributed initialised, world size above 1)."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        return dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    except Exception:
+        return True
 
 
 CUPTI_TEARDOWN_ENV = "TEARDOWN_CUPTI"
