@@ -348,4 +348,3 @@ def probability_loss(torch: Any, seen: list[ProbabilityLoss]) -> dict[Any, Any]:
 
     noted._get_raw = True  # type: ignore[attr-defined]  # the tensors themselves, not their shapes
     return {op: noted}
-
