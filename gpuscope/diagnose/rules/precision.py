@@ -5,8 +5,8 @@ and backward are."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from gpuscope.diagnose import thresholds as th
