@@ -23,12 +23,13 @@ TRACE_CAP = (SAMPLES / "cpu_launch_bound.py", ("--steps", "60"), ("--trace-max-m
 TOO_SHORT = (SCRIPTS / "exit_with.py", ("ok",), NO_PROBES)  # 6 steps
 WHOLE_RUN = (SCRIPTS / "loader_workers.py", ("--workers", "0"), ("--cprofile-all", *NO_PROBES))
 FORKED_WORKERS = (SCRIPTS / "profiled_workers.py", (), NO_PROBES)
+LENGTHENING = (SCRIPTS / "lengthening_steps.py", (), NO_PROBES)  # steps 8x the passes from step 80
 
 
 @pytest.fixture(scope="module")
 def own_runs(runs: Runs) -> Runs:
     """The module's own runs, made two at a time (they check no timing, so sharing the cores costs nothing)."""
-    runs.prefetch(TRACE_CAP, TOO_SHORT, WHOLE_RUN, FORKED_WORKERS)
+    runs.prefetch(TRACE_CAP, TOO_SHORT, WHOLE_RUN, FORKED_WORKERS, LENGTHENING)
     return runs
 
 
@@ -99,6 +100,26 @@ def test_trace_json_stays_under_its_cap(own_runs: Runs) -> None:
     assert size <= 0.05 * 1024 * 1024
     assert record["op_profile"]["trace_detail"] != "full"
     json.loads((run_dir / "trace.json").read_text())
+
+
+@pytest.mark.slow
+def test_steps_that_lengthen_after_the_trace_are_traced_again_and_read_from_it(own_runs: Runs) -> None:
+    # given: a loop whose steps run 8x the passes from step 80 on, as a reinforcement-learning loop's episodes lengthen
+    run_dir, record = profile(own_runs, LENGTHENING)
+    # then: trace.json holds three of the longer steps, taken again there, and says so
+    (note,) = [n for n in record["meta"]["notes"] if "taken again" in n]
+    first = int(note.split("holds steps ")[1].split("-")[0])
+    assert first > 80 and note.endswith("x longer than just after the trace before")
+    steps = sorted({int(e["name"].removeprefix("ProfilerStep#")) for e in json.loads(
+        (run_dir / "trace.json").read_text())["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")})
+    assert steps[:3] == [first, first + 1, first + 2]
+    # the op figures are theirs (32 passes a step: eight times the first steps' ops), and both windows' steps are
+    # left out of the step figures
+    assert record["op_profile"]["ops_per_step"] > 1500
+    sample = record["steps"]["sample"]
+    profiled = {i for i, status in zip(sample["index"], sample["status"]) if status == "profiled"}
+    assert {7, 8, 9, first, first + 1, first + 2} <= profiled
+    assert not any("changed pace" in fact for fact in record["verdict"]["evidence"])
 
 
 @pytest.mark.slow
