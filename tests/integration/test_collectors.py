@@ -114,12 +114,12 @@ def test_steps_that_lengthen_after_the_trace_are_traced_again_and_read_from_it(o
         (run_dir / "trace.json").read_text())["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")})
     assert steps[:3] == [first, first + 1, first + 2]
     # the op figures are theirs (32 passes a step: eight times the first steps' ops), and both windows' steps are
-    # left out of the step figures
+    # left out of the step figures (whether those steps' times are like the median's is the machine's: this run is
+    # made beside four others, and a step of 3 ms took 0.4 s once in CI)
     assert record["op_profile"]["ops_per_step"] > 1500
     sample = record["steps"]["sample"]
     profiled = {i for i, status in zip(sample["index"], sample["status"]) if status == "profiled"}
     assert {7, 8, 9, first, first + 1, first + 2} <= profiled
-    assert not any("changed pace" in fact for fact in record["verdict"]["evidence"])
 
 
 @pytest.mark.slow

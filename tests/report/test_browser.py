@@ -96,7 +96,9 @@ def assert_report_works(browser: Any, path: Path, name: str, label: str) -> Any:
     assert page.locator("[data-chart] svg.main-svg").count() >= charts.count()
     for i in range(charts.count()):
         assert charts.nth(i).locator("svg.main-svg").count() >= 1, charts.nth(i).get_attribute("id")
-    assert page.inner_text("#verdict-label").strip() == label
+    # the label, and after it the distance to the peak where the record has one (a compute-bound run with an MFU)
+    shown = page.inner_text("#verdict-label").strip()
+    assert shown == label or shown.startswith(f"{label} at "), shown
     return page
 
 
@@ -159,7 +161,8 @@ def test_a_report_handed_over_while_the_script_ran_works_in_a_browser(browser, r
                    options=("--profile-steps", "30"))
     during = run.run_dir / "report-during.html"
     assert during.is_file(), run.result.stderr
-    # then that page works, and says the script was still running
+    # then that page works, and says the script was still running (the page of the record written at the hand-over,
+    # or of the one written again once the probes ran: which of them the script copied depends on when its probes end)
     page = assert_report_works(browser, during, "handed-over", bound_label(load_record(run.run_dir)))
     assert "not known yet" in page.locator("#run").inner_text()
     page.context.close()
