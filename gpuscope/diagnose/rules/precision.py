@@ -516,22 +516,24 @@ def cpu_mixed_precision(run: RunRecord) -> Finding | None:
     # measured 1.9x slower after one run, 1.0-1.3x in three more, and the step under autocast ran 35-45% faster)
     keep_attention = attention is not None and attention.ratio >= th.CPU_LOW_PRECISION_SLOWER
     by = run.steps.optimizer_by
-    fix = (f"{MIXED_PRECISION_ON[by]}  # {by} steps the optimizer: its bfloat16 mixed precision runs the forward and "
-           "the loss under torch.autocast('cpu', dtype=torch.bfloat16)") if by in MIXED_PRECISION_ON else None
+    fix = [f"{MIXED_PRECISION_ON[by]}  # {by} steps the optimizer: its bfloat16 mixed precision runs the forward and "
+           "the loss under torch.autocast('cpu', dtype=torch.bfloat16)" if by in MIXED_PRECISION_ON
+           else CPU_MIXED_PRECISION_FIX]
     if keep_attention:
         site = attention.timing.called_at  # type: ignore[union-attr]
         where = f"{_site(site)}: " if site is not None and site.file else ""
-        fix = (f"{fix or CPU_MIXED_PRECISION_FIX}\n{where}keep the attention in float32 inside it, where it measured "
-               f"slower in bfloat16: {FLOAT32_ATTENTION}")
+        fix.append(f"{where}keep the attention in float32 inside it, where it measured slower in bfloat16: "
+                   f"{FLOAT32_ATTENTION}")
     pages, keep = _fresh_pages(found, gain, run)
     env = dict.fromkeys(THRESHOLDS, str(keep)) if keep else {}
     if env:
-        fix = (f"{fix or CPU_MIXED_PRECISION_FIX}\n{' '.join(f'{k}={v}' for k, v in env.items())} python "
-               f"{command_text(run)}  # glibc keeps freed blocks up to {keep >> 20} MiB for the next step: autocast's "
-               "bfloat16 copies of the weights, made every step, not faulted in afresh")
+        fix.append(f"{' '.join(f'{k}={v}' for k, v in env.items())} python {command_text(run)}  # glibc keeps freed "
+                   f"blocks up to {keep >> 20} MiB for the next step: autocast's bfloat16 copies of the weights, made "
+                   "every step, not faulted in afresh")
     evidence = tuple(kind.evidence(median) for kind in found) + (
         (attention.evidence(median),) if attention is not None else ()) + ((pages,) if pages else ())
-    return _with_logits(Finding(gain, evidence, fix=fix, env=env), run, CPU_MIXED_PRECISION_FIX, cuda=False)
+    return _with_logits(Finding(gain, evidence, fix="\n".join(fix), env=env), run, CPU_MIXED_PRECISION_FIX,
+                        cuda=False)
 
 
 @rule(id="float32-over-float64",
