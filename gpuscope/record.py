@@ -552,6 +552,9 @@ class CollectiveCall:
     """The spans of [arrival, end] in which the training thread ran no op (on a device: no compute kernel), each
     with the step phase it fell in (``""`` on a device): start, end, phase. Spans under 20 us (the gaps between
     one op and the next) are left out."""
+    issued_in: str = ""
+    """The step phase its rank issued it in, where known (gloo): ``backward`` for DDP's gradient buckets,
+    ``forward`` for tensor parallelism's activations; ``""`` on a device and in older records."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -688,9 +691,10 @@ class OpProfile:
     data_ops_self_s: float = 0.0
     """Their self host time in the window, seconds."""
     comm_ops: int = 0
-    """Of ``ops``, the calls of torch.distributed's collectives (``c10d::allreduce_``...): on a CPU (gloo) their self
-    time is the collective's own work and its wait for the other ranks, communication, which the verdict weighs
-    apart (``communication``) and the CPU verdict's op figures leave out. 0 in records made before it was kept."""
+    """Of ``ops``, the calls of torch.distributed's collectives (``c10d::allreduce_``...) and the functional
+    collectives' ops (``_c10d_functional::wait_tensor``...): on a CPU (gloo) their self time is the collective's own
+    work and its wait for the other ranks, communication, which the verdict weighs apart (``communication``) and the
+    CPU verdict's op figures leave out. 0 in records made before it was kept."""
     comm_ops_self_s: float = 0.0
     """Their self host time in the window, seconds."""
 

@@ -30,7 +30,7 @@ from gpuscope.diagnose.rules.base import missing_input
 from gpuscope.diagnose.words import (comm_flight_text, comm_wait_text, evaluation_line, frozen_model_text, gpu_busy,
                                      host_pace_text, left_out, two_speeds_line, unlike_window)
 from gpuscope.record import Breakdown, CallSite, FunctionStat, RunRecord, Steps, Verdict, Window
-from gpuscope.reduce.trace import is_collective_call
+from gpuscope.reduce.trace import is_communication_op
 
 
 HOW_TO_MARK_STEPS = (
@@ -409,7 +409,7 @@ def _top_ops(record: RunRecord, device: bool = False) -> list[str]:
     if ops is None:
         return []
     # (on the host, the collectives' calls are communication, weighed apart: not the arithmetic's lead)
-    top = ops.top_device if device else [o for o in ops.top_host if not is_collective_call(o.name)]
+    top = ops.top_device if device else [o for o in ops.top_host if not is_communication_op(o.name)]
     total = (ops.device_s or sum(o.device_s for o in top)) if device else ops.mean_op_s * ops.ops - ops.comm_ops_self_s
     if not top or total <= 0:
         return []

@@ -310,6 +310,17 @@ LAUNCH_WAIT = Metric("GPU idle waiting for launches", "share", launch_wait)
 OPTIMIZER = Metric("optimizer phase", "share", lambda r: r.breakdown.optimizer if r.steps.count else None)
 
 
+def forward_comm_share(comm: Communication) -> float:
+    """Of the time the training thread sat idle inside collectives whose issuing phase is known, the share inside
+    those issued in forward (tensor parallelism's activations, sharded parameters' gathers: no gradients'), 0..1."""
+    idle = {True: 0.0, False: 0.0}
+    for call in comm.calls:
+        if call.issued_in:
+            idle[call.issued_in == "forward"] += sum(end - start for start, end, _ in call.idle)
+    total = idle[True] + idle[False]
+    return idle[True] / total if total else 0.0
+
+
 def comm_share(comm: Communication, median_s: float) -> float:
     """The share of a step the training thread (device) sat idle on the collectives' own work, not waiting for a
     later rank: of the profiled steps the figures come from (of the median step in records without them), 0..1."""

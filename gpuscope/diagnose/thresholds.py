@@ -252,6 +252,10 @@ COMM_NOTABLE = 0.2
 """Waiting on collectives for a fifth of the step is worth cutting (the 20% at which TensorFlow's profiler calls
 input highly bound, applied to the other thing a data-parallel step waits on)."""
 
+FORWARD_COMM_NOTABLE = 0.05
+"""The share of the collectives' wait in those issued in forward from which ``reduce-communication`` says it left
+them out of its gain (under it, the gain is the same to within its rounding)."""
+
 ACCUMULATION_STEPS = 4
 """Micro-batches per all-reduce in the suggested gradient accumulation: communication falls to a quarter per
 sample; the expected gain is that share of the exposed wait."""

@@ -125,6 +125,8 @@ def host_communication(index: TraceIndex, steps: Sequence[StepSpan], count: int)
     else:
         thread = max(index.ops, key=lambda t: len(index.ops[t])) if index.ops else None
     ops = union_in_order(lambda: index.ops.get(thread, []))
+    if index.waits.get(thread):  # an op that waits for a collective leaves the thread idle
+        ops = difference(ops, union(index.waits[thread]))
     if within is not None:
         ops = intersect(ops, within)
     comm_us = length(in_flight)
@@ -159,8 +161,13 @@ def host_calls(index: TraceIndex, steps: Sequence[StepSpan], ops: list[Span] | N
         assert step is not None  # runs are within the steps
         idle = () if ops is None else tuple(_by_phase(_gaps(ops, arrival, end), phases[step.number]))
         kind = collective_kind(issued[k][2] if paired else name)  # gloo runs a reduce-scatter as an all-reduce
-        found.append(CollectiveCall(step.number, kind, arrival, end, idle))
+        found.append(CollectiveCall(step.number, kind, arrival, end, idle, _phase_at(phases[step.number], arrival)))
     return found
+
+
+def _phase_at(phases: Mapping[str, list[Span]], t: float) -> str:
+    """The phase of ``phases`` (each one's disjoint spans) that holds the time ``t``; ``other`` where none does."""
+    return next((phase for phase, spans in phases.items() if any(s <= t < e for s, e in spans)), "other")
 
 
 def collective_kind(name: str) -> str:

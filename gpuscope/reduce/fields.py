@@ -14,7 +14,7 @@ from gpuscope.reduce.figures import TraceFigures, trace_figures
 from gpuscope.reduce.optable import OpTable, events_before, indexed_table, op_kind, op_table, window_events
 from gpuscope.reduce.peaks import gpu_peak_flops
 from gpuscope.reduce.steady import StepSummary, evaluation_passes, summarize_capture
-from gpuscope.reduce.trace import index_file, is_collective_call, read_trace
+from gpuscope.reduce.trace import index_file, is_communication_op, read_trace
 from gpuscope.collect.autocast_timing import describe
 from gpuscope.collect.captures import CpuPeak, FlopCount, StepCapture, TraceCapture
 from gpuscope.record import AttentionTiming, AutocastTiming, Losses, OpProfile, SpeedOfLight, Window
@@ -153,7 +153,7 @@ def op_profile(table: OpTable, window: Window, steps: int, figures: TraceFigures
     are no ops), and the trace's figures (kernels only on a CUDA run)."""
     ops = table.op_calls
     self_host_s = sum(s.self_host_s for s in table.ops)
-    comm = [o for o in table.ops if is_collective_call(o.name)]
+    comm = [o for o in table.ops if is_communication_op(o.name)]
     kinds: dict[str, int] = {}
     for op in table.ops:
         kinds[op_kind(op.name)] = kinds.get(op_kind(op.name), 0) + op.calls

@@ -124,6 +124,9 @@ class TraceIndex:
     """Their names, in the same order."""
     issued: list[tuple[float, float, str]] = field(default_factory=list)
     """The ``c10d::`` calls that issued a collective (``c10d::allreduce_``...), on whatever thread: start, end, name."""
+    waits: dict[Thread, list[tuple[float, float]]] = field(default_factory=dict)
+    """By host thread: the ops that only wait for a collective to finish (``is_collective_wait``): start, end. The
+    thread is idle there, though inside an op."""
     autograd: dict[Any, tuple[Column, Column]] = field(default_factory=dict)
     """By pid: the starts and ends of autograd's ``evaluate_function`` ops, by start, on any of its threads (where
     backward ran when no range says so)."""
@@ -198,6 +201,7 @@ class Indexer:
         self.collectives: list[tuple[float, float]] = []
         self.collective_names: list[str] = []
         self.issued: list[tuple[float, float, str]] = []
+        self.waits: dict[Thread, list[tuple[float, float]]] = {}
         self.autograd: dict[Any, tuple[Column, Column]] = {}
         self.copies: dict[int, Copies] = {}
         self.syncs: list[Sync] = []
@@ -330,6 +334,8 @@ class Indexer:
         elif role & _CPU_OP:
             if is_collective_call(name):
                 self.issued.append((start, end, name))
+            elif is_collective_wait(name):
+                self.waits.setdefault((e.get("pid"), e.get("tid")), []).append((start, end))
             elif name[:16] == "autograd::engine":
                 columns = self.autograd.get(pid := e.get("pid"))
                 if columns is None:
@@ -398,7 +404,7 @@ class Indexer:
         return TraceIndex(steps=self.steps, kernels=self._kernels(), ops={t: OpIntervals(self.host[t])
                                                                           for t in self.op_threads},
                           annotations=self.annotations, collectives=self.collectives,
-                          collective_names=self.collective_names, issued=self.issued,
+                          collective_names=self.collective_names, issued=self.issued, waits=self.waits,
                           autograd={pid: (*sorted_by(c, c[0]),)  # type: ignore[misc]
                                     for pid, c in self.autograd.items()},
                           copies=self.copies,
@@ -458,9 +464,26 @@ COLLECTIVES = ("all_reduce", "allreduce", "all_gather", "allgather", "reduce_sca
                "all_to_all", "alltoall")
 
 
+FUNCTIONAL_COLLECTIVES = ("_c10d_functional::", "c10d_functional::")
+"""The namespaces of torch's functional collectives (DTensor's, tensor parallelism's, compiled code's): an op that
+issues the collective (``_c10d_functional::all_reduce``, which calls ``c10d::allreduce_``) and ``wait_tensor``, where
+the thread blocks until it is done."""
+
+
 def is_collective_call(name: str) -> bool:
     """Whether a torch op is a call of a torch.distributed collective (``c10d::allreduce_``)."""
     return name[:6] == "c10d::" and is_collective_name(name)
+
+
+def is_communication_op(name: str) -> bool:
+    """Whether a torch op's time is communication, not arithmetic: a collective's call, or a functional
+    collective's op (its ``wait_tensor`` among them)."""
+    return is_collective_call(name) or name.startswith(FUNCTIONAL_COLLECTIVES)
+
+
+def is_collective_wait(name: str) -> bool:
+    """Whether a torch op only waits for a collective to finish (``_c10d_functional::wait_tensor``)."""
+    return name.endswith("::wait_tensor") and name.startswith(FUNCTIONAL_COLLECTIVES)
 
 
 def is_collective_name(name: str) -> bool:

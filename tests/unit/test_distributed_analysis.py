@@ -4,6 +4,7 @@ missing ranks."""
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import json
 from pathlib import Path
 
@@ -12,9 +13,10 @@ import pytest
 from conftest import make_record
 from gpuscope.diagnose import analyze
 from gpuscope.diagnose.classify import classify
+from gpuscope.diagnose.rules import evaluate
 from gpuscope.diagnose.ranks import straggler
 from gpuscope.diagnose.ranks import combine
-from gpuscope.record import (Breakdown, Communication, Distributed, Memory, OpProfile, RankSummary, RunRecord,
+from gpuscope.record import (Breakdown, CollectiveCall, Communication, Distributed, Memory, OpProfile, RankSummary, RunRecord,
                              StepSample, Steps, Verdict, Window)
 from gpuscope.reduce.comms import communication
 from gpuscope.reduce.fields import op_profile
@@ -72,6 +74,89 @@ def test_collective_time_is_split_into_overlapped_and_exposed() -> None:
     assert comm.comm_s == pytest.approx(600e-6)  # 400 to 1000, the union
     assert comm.exposed_s == pytest.approx(400e-6)  # 600 to 1000: no op on the training thread
     assert comm.overlap == pytest.approx(200 / 600)
+
+
+def tensor_parallel_step(wait_us: float) -> list[dict]:
+    """One step of a tensor-parallel MLP on gloo as torch.profiler records DTensor's functional collectives
+    (pytorch/examples' tensor-parallel example on two CPU ranks): forward issues the all-reduce of the row-parallel
+    layer's output (``_c10d_functional::all_reduce``, which calls ``c10d::allreduce_``) and returns at once; the
+    output's first use (``aten::sum``, through the async tensor's dispatch) waits for it in ``wait_tensor``."""
+    return [
+        op("ProfilerStep#7", 0, 1000 + wait_us, cat="user_annotation"),
+        op("## forward ##", 0, 372, cat="user_annotation"),
+        op("aten::addmm", 0, 300),
+        op("_c10d_functional::all_reduce", 310, 60), op("c10d::allreduce_", 330, 30),
+        op("aten::sum", 370, wait_us + 20), op("_c10d_functional::wait_tensor", 380, wait_us),
+        op("gloo:all_reduce", 340, 40 + wait_us, tid=7, cat="user_annotation"),
+        op("aten::mm", 400 + wait_us, 300),  # backward's arithmetic
+    ]
+
+
+def test_a_functional_collectives_wait_is_the_training_threads_wait_not_its_arithmetic() -> None:
+    # given a step whose training thread waits 10 ms in wait_tensor, while gloo runs the all-reduce (340-10380 us)
+    events = tensor_parallel_step(wait_us=10_000)
+    # then the wait counts as time idle inside the collective, none of it overlapped with compute
+    comm = communication(events, steps=1)
+    assert comm is not None and comm.calls_per_step == 1
+    assert comm.comm_s == pytest.approx(10_040e-6)
+    assert comm.exposed_s == pytest.approx(10_000e-6)  # 380 to 10380: inside wait_tensor, the thread ran nothing
+    assert comm.overlap == pytest.approx(40 / 10_040)
+    # the call arrived as forward issued it (c10d::allreduce_ at 330 us), and was waited for outside forward
+    (call,) = comm.calls
+    assert (call.arrival_us, call.issued_in) == (330, "forward")
+    assert call.idle == ((380, 10_380, "other"),)
+    # and the functional collectives' ops are communication, not the step's arithmetic
+    profile = op_profile(op_table(events), Window(7, 7), 1, trace_figures(events), cuda=False, trace_bytes=1)
+    assert (profile.ops, profile.comm_ops) == (6, 3)
+    assert profile.comm_ops_self_s == pytest.approx((60 - 30 + 30 + 10_000) * 1e-6)
+    assert profile.compute_mean_op_s == pytest.approx((300 + 20 + 300) / 3 * 1e-6)
+
+
+def test_a_tensor_parallel_rank_waiting_for_a_late_rank_waits_in_wait_tensor_as_its_trace_shows() -> None:
+    # given rank 0 of a tensor-parallel job whose rank 1 is 10 ms late a step (tests/fixtures/traces/README.md)
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "traces" / "tensor_parallel" / "straggler-rank0.json.gz"
+    events = json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    steps = [e for e in events if e.get("name", "").startswith("ProfilerStep#")]
+    waits = [e for e in events if e.get("name") == "_c10d_functional::wait_tensor"]
+    assert len(steps) == len(waits) == 3
+    # then the time it sat idle inside the collectives is its time in wait_tensor (besides a few short gaps)
+    comm = communication(events, steps=3)
+    assert comm is not None and comm.calls_per_step == 1
+    waited = sum(e["dur"] for e in waits) / 3 * 1e-6
+    assert waited > 0.008
+    assert comm.exposed_s == pytest.approx(waited, rel=0.05)
+    assert comm.overlap < 0.2
+    # each all-reduce was issued in forward (the row-parallel layer's output), and waited for after it
+    assert [c.issued_in for c in comm.calls] == ["forward"] * 3
+    idle = {}
+    for call in comm.calls:
+        for start, end, phase in call.idle:
+            idle[phase] = idle.get(phase, 0.0) + end - start
+    assert idle["other"] > 0.95 * sum(idle.values())
+    # and the wait is no arithmetic of the step's
+    profile = op_profile(op_table(events), Window(7, 9), 3, trace_figures(events), cuda=False, trace_bytes=1)
+    assert profile.comm_ops_self_s >= sum(e["dur"] for e in waits) * 1e-6
+
+
+def test_sending_gradients_less_often_leaves_out_the_wait_in_collectives_issued_in_forward() -> None:
+    # given a job waiting on its collectives' own work 30 ms of a 43 ms profiled step
+    record = rank_record(0, 2, exposed=0.030)
+    calls = (CollectiveCall(7, "all_reduce", 0, 100, ((10, 30, "other"),), "forward"),
+             CollectiveCall(7, "all_reduce", 200, 300, ((220, 280, "backward"),), "backward"))
+    comm = Communication(calls_per_step=2, comm_s=0.035, exposed_s=0.030, backend="gloo", step_s=0.043)
+    gain = {}
+    for name, made in (("unknown", ()), ("a quarter in forward", calls)):
+        job = dataclasses.replace(record, op_profile=dataclasses.replace(
+            record.op_profile, communication=dataclasses.replace(comm, calls=made)))
+        (advice,) = [r for r in evaluate(job)[0] if r.id == "reduce-communication"]
+        gain[name] = advice.expected_gain
+    # then the gain counts the backward's all-reduce alone: 60 of the 80 us idle inside the calls
+    assert gain["unknown"] == pytest.approx(0.030 / 0.043 * 0.75, abs=0.001)
+    assert gain["a quarter in forward"] == pytest.approx(0.030 / 0.043 * 0.75 * 60 / 80, abs=0.001)
+    # and where every call is issued in forward (tensor parallelism alone) it advises nothing
+    only_forward = dataclasses.replace(comm, calls=calls[:1])
+    job = dataclasses.replace(record, op_profile=dataclasses.replace(record.op_profile, communication=only_forward))
+    assert "reduce-communication" not in [r.id for r in evaluate(job)[0]]
 
 
 def test_nccl_kernels_count_as_collectives_and_no_collective_is_none() -> None:

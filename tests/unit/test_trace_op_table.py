@@ -234,6 +234,17 @@ class StepEvents:
     def in_window(self) -> bool:
         return False
 
+    def add_phase_listener(self, listener: Any) -> None:
+        self.__dict__.setdefault("phase_listeners", []).append(listener)
+
+    def remove_phase_listener(self, listener: Any) -> None:
+        self.__dict__.setdefault("phase_listeners", []).remove(listener)
+
+    def phase(self, phase: str) -> None:
+        """The loop's phase changes (the steps collector tells its phase listeners)."""
+        for listener in self.__dict__.get("phase_listeners", []):
+            listener(phase)
+
 
 def test_the_window_ends_without_key_averages_and_lets_the_recorded_events_go(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -271,6 +282,36 @@ def test_the_window_ends_without_key_averages_and_lets_the_recorded_events_go(
     assert (tmp_path / TRACE_FILE).exists()
     stats = by_name(list(trace_op_profile(result.payload).top_host))
     assert stats["aten::mm"].calls == 2 and stats["aten::relu"].calls == 2
+
+
+def test_the_forward_passes_gpuscope_times_are_ranges_of_the_trace_and_its_steps_phases(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from gpuscope.reduce.phases import step_phases
+
+    # given a loop whose forward passes gpuscope times (the steps collector tells its phase listeners), no range of
+    # the script's own saying where they are
+    collector = started(tmp_path, active=2)
+    events = collector._events
+    x = torch.randn(64, 64)
+    for index in range(6):
+        collector._on_step(index)
+        events.phase("forward")
+        (x @ x @ x).relu()
+        events.phase("other")
+        (x + 1).sum()
+    result = collector.stop()
+    assert result.status.status == "ok", result.status
+    # then each recorded step holds one ``## forward ##`` range around its forward's ops, which the step's phases read
+    trace = json.loads((tmp_path / TRACE_FILE).read_text())["traceEvents"]
+    ranges = [e for e in trace if e.get("name") == "## forward ##"]
+    assert len(ranges) == 2 and all(e["cat"] == "user_annotation" for e in ranges)
+    mms = [e for e in trace if e.get("name") == "aten::mm"]
+    assert all(any(r["ts"] <= m["ts"] <= m["ts"] + m["dur"] <= r["ts"] + r["dur"] for r in ranges) for m in mms)
+    index = index_trace(trace)
+    for step in recorded_steps(index):
+        assert step_phases(index, step)["forward"] > 0
+    # and once the window is over the loop's phase changes reach the collector no more
+    assert events.phase_listeners == []
 
 
 def started(run_dir: Path, active: int) -> TorchTraceCollector:

@@ -164,6 +164,11 @@ class StepsCollector:
         """``listener(phase)`` on each phase change ("other" between phases), on the hot path: microseconds."""
         self.tracker.phase_listeners.append(listener)  # type: ignore[union-attr]
 
+    def remove_phase_listener(self, listener: Callable[[str], None]) -> None:
+        listeners = self.tracker.phase_listeners  # type: ignore[union-attr]
+        if listener in listeners:
+            listeners.remove(listener)
+
     def closure_calls(self) -> int:
         return self._closure_calls
 

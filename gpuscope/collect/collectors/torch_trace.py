@@ -117,6 +117,7 @@ class TorchTraceCollector(StepFollower):
         self._retraces: list[tuple[int, int, float]] = []  # (first step, last step, the pace's ratio) of the traces
         # taken again, the last one under way until saved
         self._previous: tuple[list[int], list[tuple[int, float]], list[tuple[int, float, float]]] | None = None
+        self._forward_range: Any = None  # the open ``## forward ##`` range (``_mark_forward``)
         # the saved trace's recorded steps, marks and waits, while one is taken again
 
     @classmethod
@@ -283,6 +284,20 @@ class TorchTraceCollector(StepFollower):
             self._prof.start()
         self._began_at = time.perf_counter() if index == self.start_step else None
         self._events.window_opened()  # type: ignore[union-attr]
+        self._events.add_phase_listener(self._mark_forward)  # type: ignore[union-attr]
+
+    def _mark_forward(self, phase: str) -> None:
+        """While the profiler runs: the forward passes gpuscope times (the step figures' forward) as ``## forward ##``
+        ranges, so that the trace's phases hold them where the script marks none (a collective issued in forward
+        tells a tensor-parallel all-reduce from a gradient's)."""
+        import torch
+
+        if phase == "forward":
+            if self._forward_range is None:
+                self._forward_range = torch.ops.profiler._record_function_enter_new("## forward ##", None)
+        elif self._forward_range is not None:
+            record, self._forward_range = self._forward_range, None
+            torch.ops.profiler._record_function_exit._RecordFunction(record)
 
     def _note_wait(self, index: int) -> None:
         """As step ``index`` begins: how long the loop's thread has waited for a CPU so far (the kernel's schedstat),
@@ -305,6 +320,9 @@ class TorchTraceCollector(StepFollower):
     def _end(self) -> None:
         prof, self._prof = self._prof, None
         self._finished = True
+        self._events.remove_phase_listener(self._mark_forward)  # type: ignore[union-attr]
+        if self._forward_range is not None:  # (the profiler stops at a step's boundary, outside forward)
+            self._mark_forward("other")
         try:
             with kineto_quiet():
                 prof.stop()

@@ -77,6 +77,10 @@ class StepEvents(Protocol):
         """Call ``listener(phase)`` on each phase change (on the loop's hot path: microseconds at most)."""
         ...
 
+    def remove_phase_listener(self, listener: Callable[[str], None]) -> None:
+        """No more calls of ``listener`` (``add_phase_listener``)."""
+        ...
+
     def cuda_in_use(self) -> bool:
         """Whether the script has initialised CUDA (gpuscope never does it first)."""
         ...

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpuscope.diagnose import thresholds as th
-from gpuscope.diagnose.evidence import STEP, comm_share
+from gpuscope.diagnose.evidence import STEP, comm_share, forward_comm_share
 from gpuscope.diagnose.rules.base import Finding, Refused, rule
 from gpuscope.diagnose.words import comm_flight_text, comm_wait_text, unlike_window
 from gpuscope.record import RunRecord
@@ -32,17 +32,23 @@ def reduce_communication(run: RunRecord) -> Finding | None:
     Fix: a larger batch per rank, or gradient accumulation with ``model.no_sync()`` (one all-reduce per k
     micro-batches); also DDP(bucket_cap_mb=...) to start all-reduces earlier, and ``gradient_as_bucket_view=True``.
     The share is of the profiled steps' own time, as the communication verdict's: where those steps ran at another
-    pace than the steady ones, it stands where the verdict does (at its bar), and says so."""
+    pace than the steady ones, it stands where the verdict does (at its bar), and says so. Collectives issued in
+    forward (tensor parallelism's all-reduces of activations) come with every forward pass, however often gradients
+    are sent: their part of the wait is left out of the gain."""
     comm = run.op_profile.communication  # type: ignore[union-attr]
     median = run.steps.median_s
     if comm is None or not median:
         return None
-    share = comm_share(comm, median)
+    forward = forward_comm_share(comm)
+    share = comm_share(comm, median) * (1 - forward)
     if share < th.COMM_NOTABLE:
         return None
+    in_forward = (f"{forward:.0%} of that wait is in collectives issued in forward (tensor parallelism's "
+                  "activations, sharded parameters' gathers), which come with every forward pass: left out of the gain")
     evidence = (
         comm_wait_text(comm, median),
         comm_flight_text(comm),
+        *((in_forward,) if forward >= th.FORWARD_COMM_NOTABLE else ()),
         *((unlike,) if (unlike := unlike_window(run)) is not None else ()),
     )
     steps = th.ACCUMULATION_STEPS
