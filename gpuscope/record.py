@@ -184,6 +184,10 @@ class Steps:
     """The library whose code ran the first of them, the outermost between the pass and the function that steps the
     optimizer (``transformers``, its Trainer evaluating; ``pytorch_lightning``, its validation loop calling the
     script's ``validation_step``), or "" where the script's own code did."""
+    forward_sites: tuple[CallSite, ...] = ()
+    """The user's lines that called the trained model's forward in train mode with gradients on (the root modules
+    gpuscope times; where a library called it, the user's innermost line above: its ``training_step``), of the first
+    64, the most frequent first, at most 3: where an autocast goes. Empty in older records."""
     optimizer_by: str = ""
     """The library whose code stepped the first optimizer, the one the script's line called into (``transformers``
     for its Trainer, ``pytorch_lightning`` or ``lightning`` for ``Trainer.fit``, ``accelerate`` for an optimizer it

@@ -90,6 +90,8 @@ class StepCapture:
     """The lines of the step's own code that ran them (``steps.no_grad_sites``)."""
     no_grad_by: str = ""
     """The library that ran them (``steps.no_grad_by``), or ""."""
+    forward_sites: tuple[CallSite, ...] = ()
+    """The lines that called the trained model's forward with gradients on (``steps.forward_sites``)."""
     optimizer_by: str = ""
     """The library whose code stepped the first optimizer (``steps.optimizer_by``), or ""."""
 

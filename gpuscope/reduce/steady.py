@@ -292,6 +292,8 @@ def summarize_capture(capture: StepCapture) -> StepSummary:
         steps = dataclasses.replace(steps, queue_waits=capture.queue_waits)
     if capture.optimizer_by:
         steps = dataclasses.replace(steps, optimizer_by=capture.optimizer_by)
+    if capture.forward_sites:
+        steps = dataclasses.replace(steps, forward_sites=capture.forward_sites)
     if capture.no_grad_s:
         # over every step but the first, as the passes' seconds are (NoGradPasses.seconds)
         total = sum(r.wall_s * (1.0 if r.index < capture.head else capture.body_weight) for r in capture.records

@@ -74,6 +74,49 @@ def test_a_float32_conv_net_on_a_cpu_whose_bfloat16_measured_faster_is_told_to_t
 
 
 
+NANOGPT_FORWARD = CallSite(file="train.py", line=298, function="<module>", code="logits, loss = model(X, Y)", calls=64)
+"""Where nanoGPT's train.py calls its model (inside ``with ctx:``, a nullcontext on a CPU)."""
+
+
+def test_the_autocast_goes_around_the_line_that_calls_the_model_where_the_scripts_own_code_does() -> None:
+    # given the run's training forward called from nanoGPT's line
+    run = conv_net_run()
+    at_line = dataclasses.replace(run, steps=dataclasses.replace(run.steps, forward_sites=(NANOGPT_FORWARD,)))
+    fix = {r.id: r for r in evaluate(at_line)[0]}[RULE].fix
+    # then the fix names that line
+    assert fix.splitlines()[0] == (
+        "train.py:298 `logits, loss = model(X, Y)`: run it, and the loss computed from its output, under "
+        "torch.autocast('cpu', dtype=torch.bfloat16); backward and the optimizer's step outside it; bfloat16 needs "
+        "no GradScaler")
+    # but where a library steps the optimizer, its setting is the fix, whatever line called into it
+    trainer = dataclasses.replace(at_line, steps=dataclasses.replace(at_line.steps, optimizer_by="transformers"))
+    assert {r.id: r for r in evaluate(trainer)[0]}[RULE].fix.startswith("TrainingArguments(..., bf16=True)")
+
+
+def test_the_steps_collector_keeps_the_lines_that_call_the_trained_model_with_gradients_on() -> None:
+    from gpuscope.collect.collectors.steps import StepsCollector
+
+    # given a loop that trains its model at one line and evaluates it at another
+    collector = StepsCollector()
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    collector.start(Path("."))
+    try:
+        for _ in range(8):
+            optimizer.zero_grad()
+            out = model(torch.randn(8, 4))
+            out.sum().backward()
+            optimizer.step()
+            with torch.no_grad():
+                model(torch.randn(8, 4))
+    finally:
+        result = collector.stop()
+    # then the training line is kept, the evaluation's is not
+    sites = result.payload.forward_sites
+    assert [site.code for site in sites] == ["out = model(torch.randn(8, 4))"]
+    assert sites[0].calls >= 5 and sites[0].file.endswith("test_cpu_mixed_precision.py")
+
+
 def test_where_the_gain_needs_the_pages_kept_glibcs_thresholds_are_part_of_the_fix() -> None:
     # given: shapes 2x faster under autocast with their pages kept, 1.05x faulted in afresh at each run (an MLP at
     # batch 64 under accelerate's bf16, on a fresh process: 27 ms a step against float32's 20; 14 ms with glibc's

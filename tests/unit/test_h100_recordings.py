@@ -7,6 +7,7 @@ wait too: the launch-side advice (CUDA graphs, a larger batch) may claim only th
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import json
 import statistics
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from gpuscope.diagnose import analyze
-from gpuscope.record import RunRecord
+from gpuscope.record import CallSite, RunRecord
 
 H100 = Path(__file__).resolve().parent.parent / "fixtures" / "gpu" / "h100"
 LAUNCH_ADVICE = {"static-graph", "larger-batch", "jit-fusion"}
@@ -99,6 +100,13 @@ def test_a_compute_bound_gpu_run_is_told_to_use_tensor_cores_and_bf16_delivers_a
     assert realised >= promised
     # at 2 ms a step the bf16 loop is bounded by launches: the next advice follows the measurement
     assert bf16.verdict.bound == "cpu-launch" and bf16.recommendations[0].id == "static-graph"
+    # and where the record knows the line that called the model (records made since it was kept), the autocast goes
+    # around that line
+    called = CallSite(file="compute_bound.py", line=80, function="main", code="loss = loss_fn(model(x), y)", calls=64)
+    raw["steps"]["forward_sites"] = [dataclasses.asdict(called)]
+    again = {r.id: r for r in analyze(RunRecord.from_json(raw)).recommendations}["mixed-precision"]
+    assert again.fix.startswith("compute_bound.py:80 `loss = loss_fn(model(x), y)`: run it, and the loss computed "
+                                "from its output, under torch.autocast('cuda', dtype=torch.bfloat16)")
 
 
 def test_a_launch_bound_gpu_run_profiled_for_50_steps_is_diagnosed_from_them_and_says_when() -> None:

@@ -95,6 +95,7 @@ class StepsCollector:
         self.loaders = LoaderBook()  # the DataLoaders iterated (the post-run probes load the slowest one again)
         self._loader_depth = 0
         self._queue_sites = SiteCounter()  # the lines whose waits on a queue were data wait (the first SITE_CALLS)
+        self._forward_sites = SiteCounter()  # the lines that called a training forward (the first SITE_CALLS)
         self._closure_calls = 0  # calls of the closures passed to optimizer.step that ran a backward, to the end
         self._backwards = 0  # backward() and autograd.grad() calls begun, to the end
         self._closure_end: list[Callable[[], None]] = []
@@ -239,6 +240,7 @@ class StepsCollector:
             device_markers=tracker.device.marked if tracker.device is not None else 0, losses=losses,
             closure_calls=self._closure_calls, no_grad_s=self.no_grad.seconds(log.count),
             no_grad_sites=self.no_grad.sites.sites(limit=3), no_grad_by=self.no_grad.by,
+            forward_sites=self._forward_sites.sites(limit=3),
             optimizer_by=self._optimizer_by or "",
             frozen_models=self.forward.frozen.records(),
             queue_waits=self._queue_sites.sites(limit=3),
@@ -484,6 +486,8 @@ class StepsCollector:
             # call's caller: this is called by forward_modules' wrapper)
         elif not nested:
             self.no_grad.training()
+            if self._forward_sites.total() < SITE_CALLS:  # (the caller of the timed call, as above)
+                self._forward_sites.count(user_frame(sys._getframe(2)))
         return True
 
     def _frozen_step(self) -> int | None:

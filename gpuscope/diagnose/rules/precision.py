@@ -101,7 +101,19 @@ def mixed_precision(run: RunRecord) -> Finding | None:
         f"the kernels streaming activations (element-wise, normalisation, attention, layout conversions) "
         f"{streamed * 1e3:.1f} ms at half their time (half the bytes); the optimizer's {kinds.optimizer * 1e3:.1f} ms "
         "stays in float32"]) + f"; {step_after(step, saved)}")
-    return _with_logits(Finding(step.saving(saved), tuple(evidence)), run, MIXED_PRECISION_FIX, cuda=True)
+    fix = _at_forward(run, "cuda", "; fp16 (no bfloat16 on the GPU): add torch.amp.GradScaler")
+    return _with_logits(Finding(step.saving(saved), tuple(evidence), fix=fix), run, MIXED_PRECISION_FIX, cuda=True)
+
+
+def _at_forward(run: RunRecord, device: str, scaler: str) -> str | None:
+    """The autocast fix at the line where the script's own code calls its model's training forward
+    (``steps.forward_sites``); None where that line is not known or a library steps the optimizer (its setting is
+    the fix)."""
+    sites = [s for s in run.steps.forward_sites if s.file]
+    if not sites or run.steps.optimizer_by:
+        return None
+    return (f"{_site(sites[0])}: run it, and the loss computed from its output, under torch.autocast('{device}', "
+            f"dtype=torch.bfloat16); backward and the optimizer's step outside it{scaler}")
 
 
 def _with_logits(finding: Finding, run: RunRecord, fix: str, cuda: bool) -> Finding:
@@ -518,7 +530,7 @@ def cpu_mixed_precision(run: RunRecord) -> Finding | None:
     by = run.steps.optimizer_by
     fix = [f"{MIXED_PRECISION_ON[by]}  # {by} steps the optimizer: its bfloat16 mixed precision runs the forward and "
            "the loss under torch.autocast('cpu', dtype=torch.bfloat16)" if by in MIXED_PRECISION_ON
-           else CPU_MIXED_PRECISION_FIX]
+           else _at_forward(run, "cpu", "; bfloat16 needs no GradScaler") or CPU_MIXED_PRECISION_FIX]
     if keep_attention:
         site = attention.timing.called_at  # type: ignore[union-attr]
         where = f"{_site(site)}: " if site is not None and site.file else ""
