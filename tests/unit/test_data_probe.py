@@ -192,9 +192,10 @@ class OneFetchDescheduled:
 
 def test_an_untraced_fetch_that_lost_its_core_does_not_set_the_items_time_or_cpu_share() -> None:
     data = probe_dataset(OneFetchDescheduled())
-    # the median fetch's: 0.2 ms on the CPU, not the mean's 17 ms at 1% CPU
+    # the median fetch's: 0.2 ms on the CPU, not the mean's 17 ms at 1% CPU (on a machine busy beside the test, the
+    # median fetch may itself wait for a core about as long as it runs: its share stays far above the mean's)
     assert data.untraced_s is not None and data.untraced_s < 5e-3
-    assert data.cpu_share is not None and data.cpu_share > 0.5
+    assert data.cpu_share is not None and data.cpu_share > 0.2
 
 
 def test_the_global_random_states_are_as_before() -> None:
