@@ -42,6 +42,29 @@ def rank_env() -> Distributed | None:
                        host=socket.gethostname())
 
 
+def group_now() -> Distributed | None:
+    """This process's place in the script's default process group where it has one of several ranks (its backend
+    too), or None."""
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            return Distributed(rank=dist.get_rank(), world_size=dist.get_world_size(), host=socket.gethostname(),
+                               backend=str(dist.get_backend()), profiled_alone=True)
+    except Exception:
+        pass
+    return None
+
+
+def alone_note(where: Distributed, command: str) -> str:
+    """What a record of one rank of a job whose other ranks ran without gpuscope cannot tell, and how to profile
+    them all."""
+    return (f"this process was rank {where.rank} of a {where.world_size}-rank job whose other ranks the script (or "
+            "its framework: PyTorch Lightning's ddp strategy starts them) ran without gpuscope: only this rank was "
+            "profiled, and the time it spent in collectives may hold waits for a slower rank, which its record alone "
+            f"cannot tell from communication; `gpuscope run --nproc-per-node {where.world_size} {command}` profiles "
+            "every rank and says who waits for whom")
+
+
 def backend_now() -> str | None:
     """The backend of the script's default process group, if it still has one."""
     dist = sys.modules.get("torch.distributed")

@@ -1573,6 +1573,10 @@ class Distributed:
     """Host name."""
     backend: str | None = None
     """The process group's backend (``gloo``, ``nccl``) if the script had one when it ended."""
+    profiled_alone: bool = False
+    """Not launched as a rank by torchrun: the script (or its framework: PyTorch Lightning's ``ddp`` strategy, which
+    starts the other ranks as copies of the script) joined a process group of ``world_size`` ranks, of which gpuscope
+    profiled this one alone; read from the group as the script ended."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -232,6 +232,14 @@ class Session:
             comm = record.op_profile.communication if record.op_profile is not None else None
             backend = backend_now() or (comm.backend if comm is not None else None)
             record = dataclasses.replace(record, distributed=dataclasses.replace(self.distributed, backend=backend))
+        else:
+            from gpuscope.diagnose.rules.host_allocator import command_text
+            from gpuscope.distributed import alone_note, group_now
+
+            if (alone := group_now()) is not None:  # a rank of a job whose other ranks run without gpuscope
+                note = alone_note(alone, command_text(record))
+                record = dataclasses.replace(record, distributed=alone, meta=dataclasses.replace(
+                    record.meta, notes=(*record.meta.notes, note)))
         return conclude(record, self.run_dir)
 
     # -- stages ----------------------------------------------------------------------------------------------

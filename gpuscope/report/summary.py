@@ -95,6 +95,13 @@ def summary_lines(record: RunRecord, run_dir: Path, report_path: Path | None = N
     measured = window_line(record)
     if measured is not None:
         lines.append(measured)
+    where = record.distributed
+    if where is not None and where.profiled_alone:
+        from gpuscope.diagnose.rules.host_allocator import command_text
+
+        lines.append(f"  rank {where.rank} of {where.world_size} profiled alone: the script started the other ranks "
+                     f"without gpuscope; `gpuscope run --nproc-per-node {where.world_size} {command_text(record)}` "
+                     "profiles them all")
     lines += memory_lines(record)
     for rec in record.recommendations[:3]:
         gain = f" (~{rec.expected_gain:.0%} of step time)" if rec.expected_gain is not None else ""

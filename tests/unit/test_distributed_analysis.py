@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -136,6 +137,56 @@ def test_a_tensor_parallel_rank_waiting_for_a_late_rank_waits_in_wait_tensor_as_
     # and the wait is no arithmetic of the step's
     profile = op_profile(op_table(events), Window(7, 9), 3, trace_figures(events), cuda=False, trace_bytes=1)
     assert profile.comm_ops_self_s >= sum(e["dur"] for e in waits) * 1e-6
+
+
+class TwoRankGroup:
+    """torch.distributed as a script sees it on rank 0 of 2 ranks it (or its framework) started itself."""
+
+    @staticmethod
+    def is_available() -> bool:
+        return True
+
+    @staticmethod
+    def is_initialized() -> bool:
+        return True
+
+    @staticmethod
+    def get_world_size() -> int:
+        return 2
+
+    @staticmethod
+    def get_rank() -> int:
+        return 0
+
+    @staticmethod
+    def get_backend() -> str:
+        return "gloo"
+
+
+def test_a_rank_whose_script_started_the_other_ranks_without_gpuscope_says_it_was_profiled_alone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuscope.distributed import alone_note, group_now
+    from gpuscope.report.summary import summary_lines
+
+    # given a script that joined a group of 2 ranks it started itself (PyTorch Lightning's ddp strategy does)
+    monkeypatch.setitem(sys.modules, "torch.distributed", TwoRankGroup)
+    where = group_now()
+    assert where is not None and (where.rank, where.world_size, where.backend, where.profiled_alone) == (
+        0, 2, "gloo", True)
+    # then its record says what it cannot tell and how to profile every rank, in the terminal too
+    assert alone_note(where, "train.py").endswith(
+        "`gpuscope run --nproc-per-node 2 train.py` profiles every rank and says who waits for whom")
+    record = dataclasses.replace(rank_record(0, 2, exposed=0.030), command=("train.py",), distributed=where)
+    assert ("  rank 0 of 2 profiled alone: the script started the other ranks without gpuscope; `gpuscope run "
+            "--nproc-per-node 2 train.py` profiles them all") in summary_lines(record, Path("run"))
+    # and the advice to send less says its wait may be a slower rank's
+    comm = Communication(calls_per_step=2, comm_s=0.035, exposed_s=0.030, backend="gloo", step_s=0.043)
+    record = dataclasses.replace(record, op_profile=dataclasses.replace(record.op_profile, communication=comm))
+    (advice,) = [r for r in evaluate(record)[0] if r.id == "reduce-communication"]
+    assert any(line.startswith("only this rank of 2 was profiled") for line in advice.evidence)
+    # while a group of one rank, or none, is no job
+    monkeypatch.setattr(TwoRankGroup, "get_world_size", staticmethod(lambda: 1))
+    assert group_now() is None
 
 
 def test_sending_gradients_less_often_leaves_out_the_wait_in_collectives_issued_in_forward() -> None:

@@ -45,10 +45,15 @@ def reduce_communication(run: RunRecord) -> Finding | None:
         return None
     in_forward = (f"{forward:.0%} of that wait is in collectives issued in forward (tensor parallelism's "
                   "activations, sharded parameters' gathers), which come with every forward pass: left out of the gain")
+    where = run.distributed
+    alone = (f"only this rank of {where.world_size} was profiled (the script started the others without gpuscope): "
+             "its wait may hold waits for a slower rank, which are imbalance, not communication"
+             if where is not None and where.profiled_alone else None)
     evidence = (
         comm_wait_text(comm, median),
         comm_flight_text(comm),
         *((in_forward,) if forward >= th.FORWARD_COMM_NOTABLE else ()),
+        *((alone,) if alone is not None else ()),
         *((unlike,) if (unlike := unlike_window(run)) is not None else ()),
     )
     steps = th.ACCUMULATION_STEPS
