@@ -117,8 +117,8 @@ class TorchTraceCollector(StepFollower):
         self._retraces: list[tuple[int, int, float]] = []  # (first step, last step, the pace's ratio) of the traces
         # taken again, the last one under way until saved
         self._previous: tuple[list[int], list[tuple[int, float]], list[tuple[int, float, float]]] | None = None
-        self._forward_range: Any = None  # the open ``## forward ##`` range (``_mark_forward``)
         # the saved trace's recorded steps, marks and waits, while one is taken again
+        self._forward_range: Any = None  # the open ``## forward ##`` range (``_mark_forward``)
 
     @classmethod
     def wants(cls, options: CollectOptions) -> WindowRequest:
