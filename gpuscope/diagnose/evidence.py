@@ -11,7 +11,8 @@ from typing import Literal
 
 from gpuscope.diagnose.clock import step_times, steady_times
 from gpuscope.diagnose.thresholds import (ACCUMULATED_MFU, EVALUATION_LOADING_WORTH_SAYING, EVALUATION_WORTH_SAYING,
-                                          TWO_SPEED_GAP, TWO_SPEED_MIN_SHARE, TWO_SPEED_SEPARATION, WINDOW_UNLIKE)
+                                          TWO_SPEED_GAP, TWO_SPEED_MIN_SHARE, TWO_SPEED_SEPARATION, WINDOW_UNLIKE,
+                                          COUNTED_STEP_UNLIKE)
 from gpuscope.record import Communication, KernelTimeline, Loader, RunRecord
 
 MIN_COMPUTE_S = 1e-9
@@ -76,6 +77,20 @@ def unlike_steps(record: RunRecord, first: int, last: int) -> UnlikeSteps | None
 
 NEIGHBOURS = 3
 """Steps on each side of the FLOP-counted one that tell whether it lies among steps like the steady ones."""
+
+
+def steps_around(record: RunRecord, step: int) -> UnlikeSteps | None:
+    """The steady steps nearest ``step`` (``NEIGHBOURS`` on each side at most) where their median is
+    ``COUNTED_STEP_UNLIKE`` times the steady median or more (or as far below), or None: a step counted there (its own
+    time no guide: the FLOP counter slows it) is of another size than the median one, as a reinforcement-learning
+    loop's early episodes are than its later ones."""
+    near = [t for i, t in _steady_walls(record).items() if 0 < abs(i - step) <= NEIGHBOURS]
+    if not near or not record.steps.median_s:
+        return None
+    ratio = statistics.median(near) / record.steps.median_s
+    if 1 / COUNTED_STEP_UNLIKE < ratio < COUNTED_STEP_UNLIKE:
+        return None
+    return UnlikeSteps(step, step, statistics.median(near), ratio, _skip_to_steady(record, step, step))
 
 
 def among_steady_steps(record: RunRecord, step: int) -> bool:

@@ -163,6 +163,12 @@ scripts, CPU and replayed GPU traces) the ratio stayed between 0.3 and 2.6 (the 
 steps by up to 1.5x; a data-bound loader's waits vary); a script whose first phase trained another model put the
 window in steps 17x and 50x the steady ones (two runs)."""
 
+COUNTED_STEP_UNLIKE = 2.0
+"""A step's FLOP count describes the steady steps unless the steady steps around it run at twice the steady median
+or more (or half or less): their work is then another size than the median step's, and FLOPs over the median step
+would be off by as much (pytorch/examples' REINFORCE counted a 14-step episode's 115 kFLOP at step 10 against a
+median episode several times longer). Tighter than ``WINDOW_UNLIKE``: the steps judged are unprofiled."""
+
 # -- a CPU step spent outside torch's ops ---------------------------------------------------------------
 OPS_COVER_STEP = 0.3
 """A CPU step whose torch ops (their self time in the profiled steps) take less than 30% of it is not bound by their

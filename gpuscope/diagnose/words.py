@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.evidence import (UnlikeSteps, among_steady_steps, comm_share, evaluation_time, profile_window,
-                                        two_speeds, unlike_steps)
+                                        steps_around, two_speeds, unlike_steps)
 from gpuscope.diagnose.loops import other_loop
 from gpuscope.record import Communication, FrozenModel, RunRecord, SpeedOfLight
 
@@ -285,7 +285,19 @@ def unlike_window(record: RunRecord) -> str | None:
 
 
 def counted_step_unlike(record: RunRecord, step: int) -> str | None:
-    """Why the step whose FLOPs were counted does not describe the steady-state ones (``unlike_reason``), or None:
-    also None where the steady steps around it are like the median one (``evidence.among_steady_steps``)."""
-    unlike = unlike_reason(record, step, step, "the step whose FLOPs were counted")
+    """Why the step whose FLOPs were counted does not describe the steady-state ones, or None: it ran in another
+    training loop, or the steady steps around it run at another pace than the median one (``steps_around``: the
+    counted step's own time is slowed by the counter); where none was sampled around it, its own time
+    (``unlike_reason``)."""
+    what = "the step whose FLOPs were counted"
+    if (other := other_loop(record, step, step, what)) is not None:
+        return other
+    around = steps_around(record, step)
+    if around is not None:
+        how = f"{around.ratio:.0f}x longer" if around.ratio > 1 else f"{1 / around.ratio:.0f}x shorter"
+        return (f"the steady steps around step {step}, whose FLOPs were counted (median {around.median_s * 1e3:.1f} "
+                f"ms), are {how} than the steady-state steps (median {record.steps.median_s * 1e3:.1f} ms): the run "
+                f"changed pace after them; `gpuscope run --skip-steps {around.skip} ...` counts a step like the "
+                "steady ones")
+    unlike = unlike_reason(record, step, step, what)
     return None if unlike is None or among_steady_steps(record, step) else unlike

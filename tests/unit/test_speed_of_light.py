@@ -430,11 +430,28 @@ def test_flops_counted_on_a_step_unlike_the_steady_ones_give_no_achieved_rate_an
     sol = complete_speed_of_light(record)
     # then: 6 GFLOP over 5 ms would be 1.2 TFLOP/s, twelve times the machine's peak: nothing is worked out of it
     assert sol is not None and sol.achieved_flops_per_s is None and sol.mfu is None
-    assert "the step whose FLOPs were counted (12, 200.0 ms) is 40x longer than the steady-state steps" in sol.note
+    assert ("the steady steps around step 12, whose FLOPs were counted (median 200.0 ms), are 40x longer than the "
+            "steady-state steps (median 5.0 ms)") in sol.note
     assert "--skip-steps 20" in sol.note
     # a counted step like the steady ones is used as before
     like = dataclasses.replace(record, speed_of_light=dataclasses.replace(record.speed_of_light, step=30))
     assert complete_speed_of_light(like).achieved_flops_per_s == pytest.approx(6e9 / 0.005)  # type: ignore[union-attr]
+
+
+def test_flops_counted_among_steps_half_the_median_give_no_achieved_rate() -> None:
+    # given: a reinforcement-learning loop whose episodes (its steps) lengthen from 5 ms by 1 ms each, 60 of them
+    # (median 34.5 ms); step 10's FLOPs counted, the counter slowing it to 30 ms, the steady steps after it 16-18 ms
+    base = compute_bound_record()
+    index = tuple(range(60))
+    wall = tuple(0.030 if i == 10 else 0.005 + 0.001 * i for i in index)
+    status = tuple("profiled" if i in (7, 8, 9, 10) else "steady" for i in index)
+    steps = dataclasses.replace(base.steps, median_s=0.0345, sample=StepSample(index=index, wall_s=wall, status=status))
+    record = dataclasses.replace(base, steps=steps, speed_of_light=dataclasses.replace(base.speed_of_light, step=10))
+    # then a short episode's FLOPs are not put over the median episode's time (the counted step's own time, within 4x
+    # of the median, gave a rate 2-3x low)
+    sol = complete_speed_of_light(record)
+    assert sol is not None and sol.achieved_flops_per_s is None and sol.mfu is None
+    assert "the steady steps around step 10, whose FLOPs were counted (median 17.0 ms), are 2x shorter" in sol.note
 
 
 def test_a_counted_step_slowed_by_the_counter_alone_among_steady_steps_gives_the_achieved_rate() -> None:
