@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuscope.collect.attention import CPU_FLASH
+from gpuscope.collect.rnn_flops import shape_formulas
 
 CPU_FLASH_OP = "aten::" + CPU_FLASH
 """The CPU's flash attention, which torch's formulas lack: counted as the GPU's is (``collect/attention.py``)."""
@@ -62,6 +63,7 @@ def formulas() -> dict[str, Callable[..., int]]:
     found[CPU_FLASH_OP] = lambda q, k, v, *args, **kwargs: int(flop_counter.sdpa_flop_count(q, k, v))
     found[CPU_FLASH_OP + "_backward"] = \
         lambda g, q, k, v, *args, **kwargs: int(flop_counter.sdpa_backward_flop_count(g, q, k, v))
+    found.update(shape_formulas())
     return found
 
 

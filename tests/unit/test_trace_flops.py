@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from gpuscope.collect.attention import cpu_formulas
+from gpuscope.collect.rnn_flops import rnn_formulas
 from gpuscope.collect.collectors.flops import SpeedOfLightCollector
 from gpuscope.record import CollectorStatus
 from gpuscope.collect.trace_flops import conv_output, count_flops, formulas, trace_flops
@@ -43,6 +44,7 @@ def models() -> dict[str, tuple[Any, Any]]:
             nn.Sequential(nn.Conv3d(2, 3, (2, 3, 3), stride=(1, 2, 2)), nn.Flatten(2), nn.Conv1d(3, 6, 5, padding=2)),
             torch.randn(1, 2, 6, 9, 9)),
         "an LSTM cell": (nn.LSTMCell(16, 32), torch.randn(5, 16)),
+        "a 2-layer LSTM (oneDNN's fused layer)": (nn.LSTM(16, 32, num_layers=2), torch.randn(7, 3, 16)),
         "the CPU's flash attention": (Attention(), torch.randn(2, 10, 32)),
         "bfloat16 matmuls": (nn.Linear(32, 32).to(torch.bfloat16), torch.randn(8, 32, dtype=torch.bfloat16)),
     }
@@ -57,7 +59,8 @@ def counted(model: Any, x: Any) -> dict[str, int]:
     """The step's FLOPs by op as the flops collector counts them (torch's formulas and gpuscope's CPU attention's)."""
     from torch.utils import flop_counter
 
-    with flop_counter.FlopCounterMode(display=False, custom_mapping=cpu_formulas(torch, flop_counter, [])) as mode:
+    mapping = {**cpu_formulas(torch, flop_counter, []), **rnn_formulas(torch)}
+    with flop_counter.FlopCounterMode(display=False, custom_mapping=mapping) as mode:
         one_step(model, x)
     return {str(op).removeprefix("aten."): n for op, n in mode.get_flop_counts().get("Global", {}).items() if n}
 
@@ -81,6 +84,25 @@ def test_the_flops_read_from_a_traces_shapes_are_the_flop_counters_op_by_op(name
     read = trace_flops(traced(model, x, tmp_path / "trace.json"))
     assert read is not None and read.step == 2 and not read.not_counted
     assert read.flops_by_op == expected and read.total > 0
+
+
+def test_an_lstm_on_a_cpu_counts_its_gates_matmuls_at_every_timestep_forward_and_backward() -> None:
+    # given a 2-layer LSTM of 32 over 7 timesteps of 3 sequences of 16 features, which a CPU runs as oneDNN's fused
+    # layers (torch's counter has no formula for them: it counted 0)
+    model, x = models()["a 2-layer LSTM (oneDNN's fused layer)"]
+    # then each layer's gates (4 x 32) take two matmuls a timestep: 2 x 21 rows x 128 x (16 + 32) and x (32 + 32);
+    # the backward twice that
+    forward = 2 * 21 * 128 * (16 + 32) + 2 * 21 * 128 * (32 + 32)
+    assert counted(model, x) == {"mkldnn_rnn_layer": forward, "mkldnn_rnn_layer_backward": 2 * forward}
+    # and so does the speed of light's counter on the step it counts
+    from test_speed_of_light import FakeSteps
+
+    steps, collector = FakeSteps(), SpeedOfLightCollector(start=2)
+    collector.follow(steps)
+    for index in (1, 2, 3):
+        steps.listener(index)
+        one_step(model, x)
+    assert collector.stop().payload.flops_per_step == 3 * forward
 
 
 def test_the_flops_are_held_by_the_dtype_of_each_ops_first_tensor(tmp_path: Path) -> None:

@@ -43,6 +43,7 @@ from gpuscope.collect.captures import AttentionCall, FlopCount, HeavyOp
 from gpuscope.collect.collectors.torch_trace import TRACE_FILE
 from gpuscope.collect.framework.base import CollectorResult, StepFollower, StepWindow, WindowRequest, register
 from gpuscope.collect.framework.schedule import PER_CLOSURE_CALLS
+from gpuscope.collect.rnn_flops import rnn_formulas
 from gpuscope.collect.trace_flops import trace_flops
 from gpuscope.record import CollectorStatus, ProbabilityLoss
 
@@ -157,7 +158,7 @@ class SpeedOfLightCollector(StepFollower):
 
         with warning_filters.ignored():
             formulas = {**flop_counter.flop_registry, **cpu_formulas(torch, flop_counter, self._attention),
-                        **fast_path_formulas(torch)}
+                        **fast_path_formulas(torch), **rnn_formulas(torch)}
             mapping = {k: tracking(str(k), v) for k, v in formulas.items()}
             mapping.update(probability_loss(torch, self._probability_loss))
             mode = lean_flops.counter(display=False, custom_mapping=mapping)
