@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from gpuscope.diagnose.clock import step_times, steady_times
-from gpuscope.diagnose.thresholds import (ACCUMULATED_MFU, EVALUATION_LOADING_WORTH_SAYING, EVALUATION_WORTH_SAYING,
-                                          TWO_SPEED_GAP, TWO_SPEED_MIN_SHARE, TWO_SPEED_SEPARATION, WINDOW_UNLIKE,
-                                          COUNTED_STEP_UNLIKE)
+from gpuscope.diagnose.thresholds import (ACCUMULATED_MFU, COUNTED_STEP_UNLIKE, EVALUATION_LOADING_WORTH_SAYING,
+                                          EVALUATION_WORTH_SAYING, TWO_SPEED_GAP, TWO_SPEED_MIN_SHARE,
+                                          TWO_SPEED_SEPARATION, WINDOW_UNLIKE)
 from gpuscope.record import Communication, KernelTimeline, Loader, RunRecord
 
 MIN_COMPUTE_S = 1e-9

@@ -109,7 +109,9 @@ def test_steps_that_lengthen_after_the_trace_are_traced_again_and_read_from_it(o
     # then: trace.json holds three of the longer steps, taken again there, and says so
     (note,) = [n for n in record["meta"]["notes"] if "taken again" in n]
     first = int(note.split("holds steps ")[1].split("-")[0])
-    assert first > 80 and note.endswith("x longer than just after the trace before")
+    # (taken again a second time where the pace moved once more: made beside four other runs, this one's steps just
+    # after the first retake ran 2.9x slower than later ones once in CI, and the second retake holds those)
+    assert first > 80 and "taken again there: the steps had become" in note
     steps = sorted({int(e["name"].removeprefix("ProfilerStep#")) for e in json.loads(
         (run_dir / "trace.json").read_text())["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")})
     assert steps[:3] == [first, first + 1, first + 2]

@@ -17,8 +17,8 @@ from gpuscope.diagnose.classify import classify
 from gpuscope.diagnose.rules import evaluate
 from gpuscope.diagnose.ranks import straggler
 from gpuscope.diagnose.ranks import combine
-from gpuscope.record import (Breakdown, CollectiveCall, Communication, Distributed, Memory, OpProfile, RankSummary, RunRecord,
-                             StepSample, Steps, Verdict, Window)
+from gpuscope.record import (Breakdown, CollectiveCall, Communication, Distributed, Memory, OpProfile, RankSummary,
+                             RunRecord, StepSample, Steps, Verdict, Window)
 from gpuscope.reduce.comms import communication
 from gpuscope.reduce.fields import op_profile
 from gpuscope.reduce.figures import trace_figures
