@@ -26,7 +26,8 @@ STEP_CAPACITY = 4096
 """Further steps kept as a uniform sample of at most this many records (about 1 MB of memory)."""
 
 LOSS_CAPACITY = 2048
-"""Losses kept at most (``LossLog``): a few tens of kilobytes of scalar tensors, on the device where they are."""
+"""Losses kept at most (``LossLog``): a few tens of kilobytes of scalar tensors on the device where they are (floats
+for a CPU run's)."""
 
 SOURCE_PRIORITY = {"explicit": 3, "optimizer": 2, "dataloader": 1, "backward": 0}
 """Which kind of marker defines steps when several are seen: explicit marks, then optimizer steps, DataLoader
@@ -168,7 +169,8 @@ class StepLog:
 
 class LossLog:
     """The loss of each step, as the tensor its backward() was called on: kept, not read, so that the loop never
-    waits for the device; read once the run is over. Every step's until ``capacity`` entries are held, then every
+    waits for the device; read once the run is over (a CPU loss is kept as its value, read at once: no device to wait
+    for, and no small tensor left among the step's large blocks). Every step's until ``capacity`` entries are held, then every
     2nd step's, every 4th... (the stride doubles each time it fills): bounded, spread evenly over the run."""
 
     def __init__(self, capacity: int = LOSS_CAPACITY) -> None:
