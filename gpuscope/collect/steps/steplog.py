@@ -170,8 +170,8 @@ class StepLog:
 class LossLog:
     """The loss of each step, as the tensor its backward() was called on: kept, not read, so that the loop never
     waits for the device; read once the run is over (a CPU loss is kept as its value, read at once: no device to wait
-    for, and no small tensor left among the step's large blocks). Every step's until ``capacity`` entries are held, then every
-    2nd step's, every 4th... (the stride doubles each time it fills): bounded, spread evenly over the run."""
+    for, and no small tensor left among the step's large blocks). Every step's until ``capacity`` entries are held,
+    then every 2nd step's, every 4th... (the stride doubles each time it fills): bounded, spread evenly over the run."""
 
     def __init__(self, capacity: int = LOSS_CAPACITY) -> None:
         self.capacity = capacity
