@@ -166,7 +166,7 @@ window in steps 17x and 50x the steady ones (two runs)."""
 COUNTED_STEP_UNLIKE = 2.0
 """A step's FLOP count describes the steady steps unless the steady steps around it run at twice the steady median
 or more (or half or less): their work is then another size than the median step's, and FLOPs over the median step
-would be off by as much (pytorch/examples' REINFORCE counted a 14-step episode's 115 kFLOP at step 10 against a
+would be off by as much (pytorch/examples' REINFORCE counted an early, short episode's 115 kFLOP at step 10 against a
 median episode several times longer). Tighter than ``WINDOW_UNLIKE``: the steps judged are unprofiled."""
 
 # -- a CPU step spent outside torch's ops ---------------------------------------------------------------
