@@ -79,26 +79,23 @@ NEIGHBOURS = 3
 """Steps on each side of the FLOP-counted one that tell whether it lies among steps like the steady ones."""
 
 
+def steady_steps_near(record: RunRecord, step: int) -> list[float]:
+    """The sampled steady steps' times nearest ``step``, ``NEIGHBOURS`` on each side at most."""
+    return [t for i, t in _steady_walls(record).items() if 0 < abs(i - step) <= NEIGHBOURS]
+
+
 def steps_around(record: RunRecord, step: int) -> UnlikeSteps | None:
-    """The steady steps nearest ``step`` (``NEIGHBOURS`` on each side at most) where their median is
-    ``COUNTED_STEP_UNLIKE`` times the steady median or more (or as far below), or None: a step counted there (its own
-    time no guide: the FLOP counter slows it) is of another size than the median one, as a reinforcement-learning
-    loop's early episodes are than its later ones."""
-    near = [t for i, t in _steady_walls(record).items() if 0 < abs(i - step) <= NEIGHBOURS]
+    """The steady steps nearest ``step`` (``steady_steps_near``) where their median is ``COUNTED_STEP_UNLIKE`` times
+    the steady median or more (or as far below), or None: a step counted there (its own time no guide: the FLOP
+    counter sends every op through Python, and an LBFGS loop's 1.6 s steps took 10.5 s) is of another size than the
+    median one, as a reinforcement-learning loop's early episodes are than its later ones."""
+    near = steady_steps_near(record, step)
     if not near or not record.steps.median_s:
         return None
     ratio = statistics.median(near) / record.steps.median_s
     if 1 / COUNTED_STEP_UNLIKE < ratio < COUNTED_STEP_UNLIKE:
         return None
     return UnlikeSteps(step, step, statistics.median(near), ratio, _skip_to_steady(record, step, step))
-
-
-def among_steady_steps(record: RunRecord, step: int) -> bool:
-    """Whether the steady steps nearest ``step`` (``NEIGHBOURS`` on each side at most) are like the median one: a
-    step unlike them for its profiler's sake alone (the FLOP counter sends every op through Python, tens of
-    microseconds each: an LBFGS loop's 1.6 s steps took 10.5 s) is then counted as one of them."""
-    near = [t for i, t in _steady_walls(record).items() if 0 < abs(i - step) <= NEIGHBOURS]
-    return bool(near) and 1 / WINDOW_UNLIKE < statistics.median(near) / record.steps.median_s < WINDOW_UNLIKE
 
 
 def _steady_walls(record: RunRecord) -> dict[int, float]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from gpuscope.diagnose import thresholds as th
-from gpuscope.diagnose.evidence import (UnlikeSteps, among_steady_steps, comm_share, evaluation_time, profile_window,
+from gpuscope.diagnose.evidence import (UnlikeSteps, comm_share, evaluation_time, profile_window, steady_steps_near,
                                         steps_around, two_speeds, unlike_steps)
 from gpuscope.diagnose.loops import other_loop
 from gpuscope.record import Communication, FrozenModel, RunRecord, SpeedOfLight
@@ -256,10 +256,15 @@ def comm_flight_text(comm: Communication) -> str:
 
 
 # -- steps unlike the steady ones ----------------------------------------------------------------------------------
+def _how_paced(ratio: float) -> str:
+    """Steps at ``ratio`` times the steady median, in words: "3x longer", "4x shorter"."""
+    return f"{ratio:.0f}x longer" if ratio > 1 else f"{1 / ratio:.0f}x shorter"
+
+
 def unlike_text(unlike: UnlikeSteps, what: str, steady_median_s: float) -> str:
     """Steps a profiler's window held (``what``) that are unlike the steady ones, and the ``--skip-steps`` that
     profiles steps like them."""
-    how = f"{unlike.ratio:.0f}x longer" if unlike.ratio > 1 else f"{1 / unlike.ratio:.0f}x shorter"
+    how = _how_paced(unlike.ratio)
     one = unlike.first == unlike.last
     took = f"{unlike.first}," if one else f"{unlike.first}-{unlike.last}, median"
     return (f"{what} ({took} {unlike.median_s * 1e3:.1f} ms) {'is' if one else 'are'} {how} than the "
@@ -294,10 +299,8 @@ def counted_step_unlike(record: RunRecord, step: int) -> str | None:
         return other
     around = steps_around(record, step)
     if around is not None:
-        how = f"{around.ratio:.0f}x longer" if around.ratio > 1 else f"{1 / around.ratio:.0f}x shorter"
         return (f"the steady steps around step {step}, whose FLOPs were counted (median {around.median_s * 1e3:.1f} "
-                f"ms), are {how} than the steady-state steps (median {record.steps.median_s * 1e3:.1f} ms): the run "
-                f"changed pace after them; `gpuscope run --skip-steps {around.skip} ...` counts a step like the "
-                "steady ones")
-    unlike = unlike_reason(record, step, step, what)
-    return None if unlike is None or among_steady_steps(record, step) else unlike
+                f"ms), are {_how_paced(around.ratio)} than the steady-state steps (median "
+                f"{record.steps.median_s * 1e3:.1f} ms): the run changed pace after them; `gpuscope run --skip-steps "
+                f"{around.skip} ...` counts a step like the steady ones")
+    return None if steady_steps_near(record, step) else unlike_reason(record, step, step, what)
