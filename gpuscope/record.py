@@ -762,6 +762,13 @@ class HostMemory:
     """Its page faults served without reading a disk, so far at each sample (getrusage's ``ru_minflt``)."""
     steps_seen: tuple[int, ...] = ()
     """Training steps counted by each sample."""
+    thread_user_s: tuple[float, ...] = ()
+    """The training thread's own CPU time in user mode so far at each sample (the thread that started the
+    profilers, which runs the steps; ``/proc/self/task/TID/stat``, in 10 ms ticks), seconds; empty where it could
+    not be read."""
+    thread_sys_s: tuple[float, ...] = ()
+    """...and in the kernel: the time the step itself stood still while the kernel served it (page faults, system
+    calls), where the other threads' kernel time may have overlapped the step's own work."""
     page_bytes: int = 0
     """The size of a page of memory, bytes."""
     allocator: str = ""

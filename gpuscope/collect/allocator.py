@@ -1,5 +1,5 @@
 """Which C allocator serves the process's ``malloc``, which of glibc's malloc settings the environment sets, and
-the process's own CPU time and page faults (``getrusage``).
+the process's own CPU time and page faults (``getrusage``), and the training thread's own CPU time.
 
 A CPU step that allocates large tensors and frees them again can spend much of its time in the kernel: glibc hands
 a freed block above its mmap threshold (dynamic, at most 32 MiB) back to the kernel at once, and trims freed memory
@@ -59,6 +59,28 @@ def own_usage() -> tuple[float, float, int]:
         return 0.0, 0.0, 0
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime, usage.ru_stime, usage.ru_minflt
+
+
+def thread_usage(tid: int, proc: str = "/proc") -> tuple[float, float] | None:
+    """Thread ``tid``'s (of this process) CPU seconds in user mode and in the kernel so far, from
+    ``/proc/self/task/TID/stat`` (clock ticks, 10 ms on Linux); None where that cannot be read (not Linux, the
+    thread gone)."""
+    try:
+        with open(f"{proc}/self/task/{tid}/stat", "rb") as stat:
+            fields = stat.read().rsplit(b")", 1)[1].split()  # the name, in parentheses, may hold spaces
+        return int(fields[11]) / _TICKS, int(fields[12]) / _TICKS
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _clock_ticks() -> int:
+    try:
+        return int(os.sysconf("SC_CLK_TCK")) or 100
+    except (AttributeError, ValueError, OSError):
+        return 100
+
+
+_TICKS = _clock_ticks()
 
 
 def page_bytes() -> int:

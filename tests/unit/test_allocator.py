@@ -1,14 +1,16 @@
 """Which allocator serves malloc, which of glibc's malloc settings are set (their names only), and the host memory
-sampler's reading of the process's CPU time, page faults and steps beside its memory."""
+sampler's reading of the process's CPU time, page faults and steps beside its memory, and of the training
+thread's own CPU time."""
 
 from __future__ import annotations
 
+import os
 import platform
 from pathlib import Path
 
 import pytest
 
-from gpuscope.collect.allocator import allocator_in_use, malloc_settings, own_usage
+from gpuscope.collect.allocator import allocator_in_use, malloc_settings, own_usage, thread_usage
 from gpuscope.collect.collectors.memory import HostMemoryCollector
 from gpuscope.record import CollectorStatus, HostMemory
 
@@ -69,6 +71,9 @@ def test_each_sample_reads_the_cpu_time_the_page_faults_and_the_steps_so_far(tmp
     assert memory.minor_faults[1] - memory.minor_faults[0] >= 0.9 * (64 << 20) / memory.page_bytes
     assert memory.user_s[1] >= memory.user_s[0] > 0 and memory.sys_s[1] >= memory.sys_s[0] > 0
     assert memory.page_bytes > 0
+    # and the training thread's own time (this one's: it started the sampler), in which it faulted those pages in
+    assert len(memory.thread_user_s) == len(memory.thread_sys_s) == 2
+    assert memory.sys_s[1] - memory.sys_s[0] + 0.02 >= memory.thread_sys_s[1] - memory.thread_sys_s[0] >= 0.01
     assert memory.allocator in ("glibc", "jemalloc", "tcmalloc", "mimalloc", "")
     del fresh
 
@@ -79,3 +84,14 @@ def test_the_process_cpu_time_grows() -> None:
     after = own_usage()
     assert after[0] + after[1] > before[0] + before[1]
     assert after[2] >= before[2]
+
+
+def test_a_threads_cpu_time_is_read_from_its_stat_whatever_its_name_holds(tmp_path: Path) -> None:
+    # /proc/self/task/TID/stat: the name in parentheses may hold spaces and parentheses; utime and stime are the
+    # 14th and 15th fields, in clock ticks (100 a second on Linux)
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    task = tmp_path / "self" / "task" / "4242"
+    task.mkdir(parents=True)
+    (task / "stat").write_text("4242 (pt main (x) 1) R 1 4242 4242 0 -1 4194560 9079 0 0 0 1234 56 0 0 20 0 3 0\n")
+    assert thread_usage(4242, str(tmp_path)) == (1234 / ticks, 56 / ticks)
+    assert thread_usage(4243, str(tmp_path)) is None

@@ -5,9 +5,9 @@ every start method: fork and spawn workers are our children, forkserver workers 
 stays bounded: when ``max_samples`` are held, every other sample is dropped and the interval doubles, so a run
 of any length is covered evenly. Peaks are kept over every sample taken, thinned ones included.
 
-Each sample also reads this process's own CPU time, user and kernel, and its page faults (``getrusage``), with
-the steps counted by then: how much of the steps' time the kernel takes faulting in fresh memory (the
-``tune-host-allocator`` rule), at no cost to the steps themselves.
+Each sample also reads this process's own CPU time, user and kernel, and its page faults (``getrusage``), the
+training thread's own CPU time, with the steps counted by then: how much of the steps' time the kernel takes
+faulting in fresh memory (the ``tune-host-allocator`` rule), at no cost to the steps themselves.
 
 At each scan the children's CPU time, and their time waiting for a core, are read too (``ChildrenCpu``, from the
 kernel's ``/proc/PID/schedstat``): how much of their time DataLoader workers spend on a CPU or waiting for one,
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from gpuscope.collect import last_reading
-from gpuscope.collect.allocator import allocator_in_use, malloc_settings, own_usage, page_bytes
+from gpuscope.collect.allocator import allocator_in_use, malloc_settings, own_usage, page_bytes, thread_usage
 from gpuscope.collect.children import ChildrenCpu, OwnThreads, descendants, helper_verdict, schedstat
 from gpuscope.collect.framework.base import CollectorResult, StepEvents, Watcher, register
 from gpuscope.collect.process_starts import ProcessStarts
@@ -90,8 +90,8 @@ class BoundedSeries(Generic[T]):
 
 class MemorySample(NamedTuple):
     """One reading: seconds since start, RSS of the process, summed RSS of its children, and how many; the
-    process's CPU seconds so far in user mode and in the kernel, its minor page faults so far, and the steps
-    counted by then."""
+    process's CPU seconds so far in user mode and in the kernel, its minor page faults so far, the steps
+    counted by then, and the training thread's own CPU seconds so far, user and kernel (None: not read)."""
 
     t_s: float
     process_bytes: int
@@ -101,6 +101,8 @@ class MemorySample(NamedTuple):
     sys_s: float = 0.0
     minor_faults: int = 0
     steps: int = 0
+    thread_user_s: float | None = None
+    thread_sys_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,10 +160,19 @@ def build_host_memory(
         sys_s=tuple(round(s.sys_s, 4) for s in samples),
         minor_faults=tuple(s.minor_faults for s in samples),
         steps_seen=tuple(s.steps for s in samples),
+        **_thread_times(samples),
         page_bytes=page_bytes(),
         allocator=allocator[0],
         malloc_settings=allocator[1],
     )
+
+
+def _thread_times(samples: Sequence[MemorySample]) -> dict[str, tuple[float, ...]]:
+    """The training thread's CPU times, one a sample, where every sample read them; none otherwise."""
+    if not samples or any(s.thread_user_s is None or s.thread_sys_s is None for s in samples):
+        return {}
+    return {"thread_user_s": tuple(round(s.thread_user_s or 0.0, 4) for s in samples),
+            "thread_sys_s": tuple(round(s.thread_sys_s or 0.0, 4) for s in samples)}
 
 
 @contextlib.contextmanager
@@ -211,6 +222,7 @@ class HostMemoryCollector(Watcher):
         self._allocator: tuple[str, tuple[str, ...]] = ("", ())
         self._starts = ProcessStarts()
         self._own = OwnThreads(os.getpid())
+        self._tid = 0  # the training thread, from start()
         self._unwatch: Callable[[], None] = lambda: None
         self._last_error = ""
         self._scan_error = ""
@@ -249,6 +261,7 @@ class HostMemoryCollector(Watcher):
         self._allocator = (allocator_in_use(), malloc_settings())
         self._unwatch = self._starts.install()
         self._own = OwnThreads(self._pid)
+        self._tid = threading.get_native_id()  # the thread that starts the run's collectors runs its steps
         self._sample(rescan=True)  # synchronous, so even a run shorter than one interval has a first point
         self._thread = threading.Thread(target=self._run, name="gpuscope-memory", daemon=True)
         self._thread.start()
@@ -306,7 +319,8 @@ class HostMemoryCollector(Watcher):
                 self._own.read()
             workers_bytes, workers = self._children_rss()
             steps = self._events.steps_seen() if self._events is not None else 0
-            sample = MemorySample(now - self._t0, process, workers_bytes, workers, *own_usage(), steps)
+            sample = MemorySample(now - self._t0, process, workers_bytes, workers, *own_usage(), steps,
+                                  *(thread_usage(self._tid) or (None, None)))
             with self._lock:
                 self._series.add(sample)
                 self._peaks = merge_peaks(self._peaks, sample)
