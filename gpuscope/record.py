@@ -769,6 +769,9 @@ class HostMemory:
     thread_sys_s: tuple[float, ...] = ()
     """...and in the kernel: the time the step itself stood still while the kernel served it (page faults, system
     calls), where the other threads' kernel time may have overlapped the step's own work."""
+    thread_runnable_s: tuple[float, ...] = ()
+    """...and its time runnable but waiting for a core so far (``/proc/self/task/TID/schedstat``), seconds: where
+    other threads or processes held the cores, each second of its CPU time took longer than a second of the step."""
     page_bytes: int = 0
     """The size of a page of memory, bytes."""
     allocator: str = ""

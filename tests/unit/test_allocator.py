@@ -72,7 +72,7 @@ def test_each_sample_reads_the_cpu_time_the_page_faults_and_the_steps_so_far(tmp
     assert memory.user_s[1] >= memory.user_s[0] > 0 and memory.sys_s[1] >= memory.sys_s[0] > 0
     assert memory.page_bytes > 0
     # and the training thread's own time (this one's: it started the sampler), in which it faulted those pages in
-    assert len(memory.thread_user_s) == len(memory.thread_sys_s) == 2
+    assert len(memory.thread_user_s) == len(memory.thread_sys_s) == len(memory.thread_runnable_s) == 2
     assert memory.sys_s[1] - memory.sys_s[0] + 0.02 >= memory.thread_sys_s[1] - memory.thread_sys_s[0] >= 0.01
     assert memory.allocator in ("glibc", "jemalloc", "tcmalloc", "mimalloc", "")
     del fresh

@@ -91,7 +91,8 @@ class BoundedSeries(Generic[T]):
 class MemorySample(NamedTuple):
     """One reading: seconds since start, RSS of the process, summed RSS of its children, and how many; the
     process's CPU seconds so far in user mode and in the kernel, its minor page faults so far, the steps
-    counted by then, and the training thread's own CPU seconds so far, user and kernel (None: not read)."""
+    counted by then, and the training thread's own CPU seconds so far, user and kernel, and its seconds runnable
+    but waiting for a core (None: not read)."""
 
     t_s: float
     process_bytes: int
@@ -103,6 +104,7 @@ class MemorySample(NamedTuple):
     steps: int = 0
     thread_user_s: float | None = None
     thread_sys_s: float | None = None
+    thread_runnable_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,11 +170,10 @@ def build_host_memory(
 
 
 def _thread_times(samples: Sequence[MemorySample]) -> dict[str, tuple[float, ...]]:
-    """The training thread's CPU times, one a sample, where every sample read them; none otherwise."""
-    if not samples or any(s.thread_user_s is None or s.thread_sys_s is None for s in samples):
-        return {}
-    return {"thread_user_s": tuple(round(s.thread_user_s or 0.0, 4) for s in samples),
-            "thread_sys_s": tuple(round(s.thread_sys_s or 0.0, 4) for s in samples)}
+    """The training thread's times, one a sample, each series where every sample read it; none otherwise."""
+    names = ("thread_user_s", "thread_sys_s", "thread_runnable_s")
+    return {name: tuple(round(getattr(s, name), 4) for s in samples) for name in names
+            if samples and all(getattr(s, name) is not None for s in samples)}
 
 
 @contextlib.contextmanager
@@ -319,8 +320,9 @@ class HostMemoryCollector(Watcher):
                 self._own.read()
             workers_bytes, workers = self._children_rss()
             steps = self._events.steps_seen() if self._events is not None else 0
+            waits = schedstat(self._tid, "/proc/self/task")
             sample = MemorySample(now - self._t0, process, workers_bytes, workers, *own_usage(), steps,
-                                  *(thread_usage(self._tid) or (None, None)))
+                                  *(thread_usage(self._tid) or (None, None)), waits and waits[1])
             with self._lock:
                 self._series.add(sample)
                 self._peaks = merge_peaks(self._peaks, sample)

@@ -42,14 +42,26 @@ class KernelTime:
     sys_s: float
     faults: int
     thread_sys_s: float | None = None
+    thread_cpu_s: float = 0.0
+    """The training thread's CPU time, user and kernel."""
+    thread_runnable_s: float = 0.0
+    """...and its time runnable but waiting for a core."""
+
+    def stretch(self) -> float:
+        """How much longer than its CPU time the training thread took to get it: 1 where it never waited for a
+        core (another process holding it, or the step's other threads)."""
+        if self.thread_cpu_s <= 0:
+            return 1.0
+        return (self.thread_cpu_s + self.thread_runnable_s) / self.thread_cpu_s
 
     def share(self) -> float:
-        """The kernel's share of the step. The training thread's kernel time over the time stepped, where it was
-        read: the step stands still while the kernel serves its thread, and the other threads' faults overlap
-        work. Else the process's kernel time, over the time stepped or over the process's CPU time where that is
-        longer (the step's threads computing side by side, each paying its own faults)."""
+        """The kernel's share of the step. The training thread's kernel time, as long as it took on the cores it
+        had, over the time stepped, where it was read: the step stands still while the kernel serves its thread,
+        and the other threads' faults overlap work. Else the process's kernel time, over the time stepped or over
+        the process's CPU time where that is longer (the step's threads computing side by side, each paying its
+        own faults)."""
         if self.thread_sys_s is not None:
-            return self.thread_sys_s / self.seconds
+            return min(1.0, self.thread_sys_s * self.stretch() / self.seconds)
         return self.sys_s / max(self.seconds, self.user_s + self.sys_s)
 
     def per_step(self, amount: float, median_s: float) -> float:
@@ -65,7 +77,7 @@ def kernel_time(run: RunRecord) -> KernelTime | None:
     m = run.host_memory
     if m is None or len(m.steps_seen) < 2 or not len(m.sys_s) == len(m.t_s) == len(m.steps_seen):
         return None
-    threads = len(m.thread_sys_s) == len(m.t_s)
+    threads = len(m.thread_sys_s) == len(m.thread_user_s) == len(m.t_s)
     sample = run.steps.sample
     unsteady = sorted(i for i, status in zip(sample.index, sample.status) if status != "steady")
     within: list[int] = []  # intervals inside the step in progress, none ended yet
@@ -93,8 +105,11 @@ def kernel_time(run: RunRecord) -> KernelTime | None:
     user_s, sys_s = summed(m.user_s), summed(m.sys_s)
     if steps < MIN_STEPS or seconds <= 0 or user_s + sys_s <= 0:
         return None
-    return KernelTime(steps, seconds, user_s, sys_s, int(summed(m.minor_faults)),
-                      summed(m.thread_sys_s) if threads else None)
+    if not threads:
+        return KernelTime(steps, seconds, user_s, sys_s, int(summed(m.minor_faults)))
+    waited = summed(m.thread_runnable_s) if len(m.thread_runnable_s) == len(m.t_s) else 0.0
+    return KernelTime(steps, seconds, user_s, sys_s, int(summed(m.minor_faults)), summed(m.thread_sys_s),
+                      summed(m.thread_user_s) + summed(m.thread_sys_s), waited)
 
 
 def _any_within(indices: list[int], low: int, high: int) -> bool:
@@ -153,10 +168,15 @@ def tune_host_allocator(run: RunRecord) -> Finding | None:
         return None
     process = (f"{k.per_step(k.sys_s, median) * 1e3:.1f} ms a step on all the process's threads, "
                f"{k.sys_s / (k.user_s + k.sys_s):.0%} of its CPU time")
-    if k.thread_sys_s is not None:
-        whose = f"{k.per_step(k.thread_sys_s, median) * 1e3:.1f} ms a step on the training thread ({process})"
-    else:
+    if k.thread_sys_s is None:
         whose = process
+    elif k.stretch() >= 1.05:
+        whose = (f"{k.per_step(k.thread_sys_s, median) * 1e3:.1f} ms a step on the training thread, "
+                 f"{k.per_step(k.thread_sys_s * k.stretch(), median) * 1e3:.1f} ms of the step as it waited for a "
+                 f"core {k.thread_runnable_s / (k.thread_cpu_s + k.thread_runnable_s):.0%} of the time it was "
+                 f"ready to run ({process})")
+    else:
+        whose = f"{k.per_step(k.thread_sys_s, median) * 1e3:.1f} ms a step on the training thread ({process})"
     evidence = [f"the kernel's CPU time took {share:.0%} of the step over {k.steps} steps after the warm-up: "
                 f"{whose}, against a {median * 1e3:.1f} ms median step (getrusage"
                 + (", and /proc for the thread" if k.thread_sys_s is not None else "")
