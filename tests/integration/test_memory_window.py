@@ -155,7 +155,7 @@ model = torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(), torch.n
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 x, y = torch.randn(128, 256), torch.randint(0, 10, (128,))
 features = []
-for step in range(300):  # ~1 s of readings after the windows: 90 steps of 3 ms gave the sampler too few under load
+for step in range(500):  # ~1.5 s of readings after the windows: 90, and once 300, steps of 3 ms gave too few under load
     opt.zero_grad(set_to_none=True)
     hidden = model[1](model[0](x))
     features.append(hidden)  # kept for a plot, with its graph

@@ -224,6 +224,27 @@ def test_a_stragglers_extra_work_in_one_phase_shows_against_its_pace_on_a_faster
     assert "over the run's steady steps too its forward takes 7.2 ms more" in late.evidence[1]
 
 
+def test_a_rank_held_back_by_its_core_more_than_its_pace_predicts_work_is_the_machines() -> None:
+    # given the faster-core straggler above (10.2 ms beyond its pace in forward), arriving last 14 ms after rank 0
+    # every step, which waits 14 ms a step for it; but its training thread waited for a CPU 13 ms a step, rank 0's 1
+    def held(arrival: RankArrival, cpu_wait_s: float, late_s: float, waiting_s: float) -> RankArrival:
+        return dataclasses.replace(arrival, cpu_wait_s=cpu_wait_s, late_s=(late_s,) * 3, waiting_s=waiting_s)
+
+    def job(slow_cpu_wait_s: float) -> Arrivals:
+        return Arrivals((held(paced(0, 1.0), 0.001, -0.014, 0.014),
+                         held(paced(1, 0.85, forward_extra_s=0.012), slow_cpu_wait_s, 0.014, 0.0)),
+                        steps=3, collectives=6, own_s=0.002, clock="shared")
+
+    ranks = [steady(0, forward_s=0.020), steady(1, forward_s=0.0272)]
+    # then its wait for a core, 12 ms over rank 0's, exceeds the 10.2 ms of work its pace predicts and is over half
+    # rank 0's wait for it: the machine holds it back more than its work, no straggler; the note says whose it is
+    assert straggler(ranks, job(0.013)) is None
+    assert late_for_a_core(job(0.013))
+    # with its wait for a core 9 ms over rank 0's, under its 10.2 ms of extra work, it is named as before
+    late = straggler(ranks, job(0.010))
+    assert late is not None and (late.rank, late.cause) == (1, "forward")
+
+
 def steady(rank: int, forward_s: float, median_s: float = 0.08) -> RankSummary:
     """A rank's steady steps (the whole run's, outside the profiled ones): ``forward_s`` of a ``median_s`` step, the
     rest spread over the other phases."""
