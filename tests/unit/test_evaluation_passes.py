@@ -17,7 +17,7 @@ from gpuscope.collect.steps.no_grad_passes import NoGradPasses
 from gpuscope.diagnose import analyze
 from gpuscope.diagnose.rules import evaluate
 from gpuscope.diagnose.rules.evaluation import evaluate_less_often
-from gpuscope.record import CallSite, RunRecord
+from gpuscope.record import Breakdown, CallSite, RunRecord
 from timed_modules import Slow
 
 RECORDS = Path(__file__).resolve().parents[1] / "fixtures" / "records"
@@ -119,6 +119,21 @@ def test_rollouts_evaluations_left_out_and_small_shares_are_no_finding() -> None
     assert evaluate_less_often(with_steps(evaluated=12)) is None
     assert evaluate_less_often(with_steps(no_grad_share=0.09)) is None
     assert evaluate_less_often(with_steps(no_grad_share=None)) is None
+
+
+def test_a_loop_that_only_evaluates_is_not_told_to_evaluate_less_often() -> None:
+    # given: pytorch/examples' Hogwild, whose main process only tests the model its child processes trained: every
+    # step a no-grad forward (78% of its time), no backward, no optimizer step
+    record = recorded()
+    evaluating = dataclasses.replace(
+        record, steps=dataclasses.replace(record.steps, forwards_per_backward=None, no_grad_share=0.78),
+        breakdown=Breakdown(data_wait=0.11, forward=0.87, backward=0.0, optimizer=0.0, other=0.02))
+    # then: nothing to evaluate less often against
+    assert evaluate_less_often(evaluating) is None
+    # where its steps did step an optimizer (gradients set by hand, no backward), they train
+    stepping = dataclasses.replace(evaluating, breakdown=Breakdown(data_wait=0.11, forward=0.77, backward=0.0,
+                                                                   optimizer=0.1, other=0.02))
+    assert evaluate_less_often(stepping) is not None
 
 
 def test_a_gpu_run_is_not_checked_as_its_passes_are_timed_on_the_host() -> None:
