@@ -233,7 +233,7 @@ class Session:
             backend = backend_now() or (comm.backend if comm is not None else None)
             record = dataclasses.replace(record, distributed=dataclasses.replace(self.distributed, backend=backend))
         else:
-            from gpuscope.diagnose.rules.host_allocator import command_text
+            from gpuscope.diagnose.words import command_text
             from gpuscope.distributed import alone_note, group_now
 
             if (alone := group_now()) is not None:  # a rank of a job whose other ranks run without gpuscope

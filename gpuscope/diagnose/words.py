@@ -4,6 +4,7 @@ renderer (the terminal summary, the HTML report, compare) say them alike."""
 
 from __future__ import annotations
 
+import shlex
 from typing import TYPE_CHECKING
 
 from gpuscope.diagnose import thresholds as th
@@ -22,6 +23,14 @@ BOUND_LABELS = {
     "communication": "communication-bound",
     "inconclusive": "inconclusive",
 }
+
+
+def command_text(run: RunRecord) -> str:
+    """The run's command as a user types it after ``python``, shortened where long."""
+    whole = shlex.join(run.command)
+    if len(whole) <= 60:
+        return whole
+    return shlex.join(run.command[:2] if run.command[:1] == ("-m",) else run.command[:1]) + " ..."
 
 
 def flop_text(value: float) -> str:

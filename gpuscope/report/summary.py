@@ -97,7 +97,7 @@ def summary_lines(record: RunRecord, run_dir: Path, report_path: Path | None = N
         lines.append(measured)
     where = record.distributed
     if where is not None and where.profiled_alone:
-        from gpuscope.diagnose.rules.host_allocator import command_text
+        from gpuscope.diagnose.words import command_text
 
         lines.append(f"  rank {where.rank} of {where.world_size} profiled alone: the script started the other ranks "
                      f"without gpuscope; `gpuscope run --nproc-per-node {where.world_size} {command_text(record)}` "

@@ -4,10 +4,10 @@ the allocator handed back to it at the step before."""
 from __future__ import annotations
 
 import bisect
-import shlex
 from dataclasses import dataclass
 
 from gpuscope.diagnose.evidence import STEP, Metric
+from gpuscope.diagnose.words import command_text
 from gpuscope.diagnose.rules.base import AtRunTime, Finding, rule
 from gpuscope.record import RunRecord
 
@@ -128,14 +128,6 @@ def keep_bytes(peak_bytes: int) -> int:
     """What glibc should keep for reuse: the process's peak memory, rounded up to a power of two (256 MiB at
     least): no block the run frees can be larger."""
     return 1 << max(28, (max(peak_bytes, 1) - 1).bit_length())
-
-
-def command_text(run: RunRecord) -> str:
-    """The run's command as a user types it after ``python``, shortened where long."""
-    whole = shlex.join(run.command)
-    if len(whole) <= 60:
-        return whole
-    return shlex.join(run.command[:2] if run.command[:1] == ("-m",) else run.command[:1]) + " ..."
 
 
 @rule(id="tune-host-allocator",

@@ -13,9 +13,9 @@ from gpuscope.diagnose import thresholds as th
 from gpuscope.diagnose.evidence import STEP, Metric, kernel_share, median_compute_s
 from gpuscope.reduce.optable import op_kind
 from gpuscope.diagnose.gpu_step import GpuStep, gpu_name, gpu_step
-from gpuscope.diagnose.words import datasheet_rates, gpu_busy, step_after
+from gpuscope.diagnose.words import command_text, datasheet_rates, gpu_busy, step_after
 from gpuscope.diagnose.rules.base import AtRunTime, Finding, Refused, rule
-from gpuscope.diagnose.rules.host_allocator import THRESHOLDS, command_text, keep_bytes
+from gpuscope.diagnose.rules.host_allocator import THRESHOLDS, keep_bytes
 from gpuscope.collect.captures import LOW_PRECISION
 from gpuscope.record import AttentionTiming, AutocastTiming, CallSite, KernelTimeline, RunRecord
 
