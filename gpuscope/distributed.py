@@ -20,6 +20,7 @@ from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 
+from gpuscope.collect.process_group import default_group
 from gpuscope.errors import GpuscopeError
 from gpuscope.pipeline import conclude
 from gpuscope.record import RUN_JSON, Distributed, RunRecord, load_record
@@ -45,14 +46,14 @@ def rank_env() -> Distributed | None:
 def group_now() -> Distributed | None:
     """This process's place in the script's default process group where it has one of several ranks (its backend
     too), or None."""
-    dist = sys.modules.get("torch.distributed")
     try:
-        if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            return Distributed(rank=dist.get_rank(), world_size=dist.get_world_size(), host=socket.gethostname(),
-                               backend=str(dist.get_backend()), profiled_alone=True)
+        group = default_group()
     except Exception:
-        pass
-    return None
+        return None
+    if group is None or group[1] <= 1:
+        return None
+    return Distributed(rank=group[0], world_size=group[1], host=socket.gethostname(), backend=group[2],
+                       profiled_alone=True)
 
 
 def alone_note(where: Distributed, command: str) -> str:
@@ -67,13 +68,11 @@ def alone_note(where: Distributed, command: str) -> str:
 
 def backend_now() -> str | None:
     """The backend of the script's default process group, if it still has one."""
-    dist = sys.modules.get("torch.distributed")
     try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            return str(dist.get_backend())
+        group = default_group()
     except Exception:
-        pass
-    return None
+        return None
+    return group[2] if group is not None else None
 
 
 def job_run_dir(output: str | None, stem: str) -> Path:

@@ -189,6 +189,24 @@ def test_a_rank_whose_script_started_the_other_ranks_without_gpuscope_says_it_wa
     assert group_now() is None
 
 
+def test_a_group_that_cannot_be_read_is_no_job_to_record_but_is_never_traced_as_one_process(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpuscope.collect.collectors.torch_trace import _several_ranks
+    from gpuscope.distributed import backend_now, group_now
+
+    def torn_down() -> int:
+        raise RuntimeError("Default process group has not been initialized")
+
+    # given a group torn down halfway: initialised, its size unreadable
+    monkeypatch.setitem(sys.modules, "torch.distributed", TwoRankGroup)
+    assert _several_ranks() and backend_now() == "gloo"
+    monkeypatch.setattr(TwoRankGroup, "get_world_size", staticmethod(torn_down))
+    # then the record names no group, while the trace collector takes it for several ranks (whose traces must
+    # never fall at different steps)
+    assert group_now() is None and backend_now() is None
+    assert _several_ranks()
+
+
 def test_sending_gradients_less_often_leaves_out_the_wait_in_collectives_issued_in_forward() -> None:
     # given a job waiting on its collectives' own work 30 ms of a 43 ms profiled step
     record = rank_record(0, 2, exposed=0.030)

@@ -29,6 +29,7 @@ from gpuscope.collect.framework.base import CollectorResult, StepFollower, Windo
 from gpuscope.collect.framework.options import TRACE_MAX_BYTES, TRACE_STEPS
 from gpuscope.collect.framework.schedule import PER_CLOSURE_CALLS
 from gpuscope.collect.lazy_dynamo import inductor_left_unimported
+from gpuscope.collect.process_group import default_group
 from gpuscope.record import CollectorStatus
 from gpuscope.versions import parse_version
 
@@ -402,11 +403,11 @@ class TorchTraceCollector(StepFollower):
 
 def _several_ranks() -> bool:
     """Whether the run is one rank of a job of several (torch.distributed initialised, world size above 1)."""
-    dist = sys.modules.get("torch.distributed")
     try:
-        return dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        group = default_group()
     except Exception:
-        return True
+        return True  # never trace the ranks of a job at different steps
+    return group is not None and group[1] > 1
 
 
 CUPTI_TEARDOWN_ENV = "TEARDOWN_CUPTI"
