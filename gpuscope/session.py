@@ -39,6 +39,7 @@ from gpuscope.collect.framework.probing import run_isolated, user_torch_threads
 from gpuscope.diagnose import thresholds
 from gpuscope.diagnose.classify import profiled_steps
 from gpuscope.diagnose.evidence import batches_per_step, compute_time_s
+from gpuscope.diagnose.words import command_text
 from gpuscope.errors import GpuscopeError
 from gpuscope.pipeline import conclude
 from gpuscope.record import CollectorStatus, Distributed, ProfilingWindow, RunMeta, RunRecord, Window
@@ -233,7 +234,6 @@ class Session:
             backend = backend_now() or (comm.backend if comm is not None else None)
             record = dataclasses.replace(record, distributed=dataclasses.replace(self.distributed, backend=backend))
         else:
-            from gpuscope.diagnose.words import command_text
             from gpuscope.distributed import alone_note, group_now
 
             if (alone := group_now()) is not None:  # a rank of a job whose other ranks run without gpuscope

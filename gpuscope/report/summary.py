@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gpuscope.diagnose.words import bound_label, flop_text, left_out, other_text, sparse_flops_text, speedup_text
+from gpuscope.diagnose.words import (bound_label, command_text, flop_text, left_out, other_text, sparse_flops_text,
+                                    speedup_text)
 from gpuscope.record import RunRecord
 
 PEAK_PHASES = {"forward": " in forward", "backward": " in backward", "optimizer": " at the optimizer"}
@@ -97,8 +98,6 @@ def summary_lines(record: RunRecord, run_dir: Path, report_path: Path | None = N
         lines.append(measured)
     where = record.distributed
     if where is not None and where.profiled_alone:
-        from gpuscope.diagnose.words import command_text
-
         lines.append(f"  rank {where.rank} of {where.world_size} profiled alone: the script started the other ranks "
                      f"without gpuscope; `gpuscope run --nproc-per-node {where.world_size} {command_text(record)}` "
                      "profiles them all")

@@ -42,6 +42,7 @@ class KernelTime:
     sys_s: float
     faults: int
     thread_sys_s: float | None = None
+    """The training thread's kernel time, where it was read."""
     thread_cpu_s: float = 0.0
     """The training thread's CPU time, user and kernel."""
     thread_runnable_s: float = 0.0
