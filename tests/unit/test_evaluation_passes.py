@@ -128,12 +128,15 @@ def test_a_loop_that_only_evaluates_is_not_told_to_evaluate_less_often() -> None
     evaluating = dataclasses.replace(
         record, steps=dataclasses.replace(record.steps, forwards_per_backward=None, no_grad_share=0.78),
         breakdown=Breakdown(data_wait=0.11, forward=0.87, backward=0.0, optimizer=0.0, other=0.02))
-    # then: nothing to evaluate less often against
-    assert evaluate_less_often(evaluating) is None
+    # then: nothing to evaluate less often against, and the check says why
+    _, checks = evaluate(evaluating)
+    assert checks["evaluate-less-often"].status == "not-checked"
+    assert (checks["evaluate-less-often"].reason or "").startswith("the steps train no model: no backward and no "
+                                                                   "optimizer step in them")
     # where its steps did step an optimizer (gradients set by hand, no backward), they train
     stepping = dataclasses.replace(evaluating, breakdown=Breakdown(data_wait=0.11, forward=0.77, backward=0.0,
                                                                    optimizer=0.1, other=0.02))
-    assert evaluate_less_often(stepping) is not None
+    assert evaluate(stepping)[1]["evaluate-less-often"].status == "fired"
 
 
 def test_a_gpu_run_is_not_checked_as_its_passes_are_timed_on_the_host() -> None:

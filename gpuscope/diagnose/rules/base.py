@@ -27,7 +27,8 @@ and under bfloat16 autocast), "batch_build"
 of memory), "glibc_malloc" (glibc's malloc served the process), "job" (a data-parallel
 job's merged record, its ranks set side by side), "host_recompute" (where the steps checkpointed, a CPU run:
 checkpointing's recomputation timed on the loop's thread), "host_passes" (a CPU run: the trained model's forward
-passes timed on the host's clock are their time)."""
+passes timed on the host's clock are their time), "training" (the steps train: a backward or an optimizer step in
+them, not an evaluation or inference loop alone)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +114,13 @@ def rule(id: str, title: str, fix: str, needs: Needs = (), *, resolved_by: Seque
     return register
 
 
+def _trains(record: RunRecord) -> bool:
+    """Whether the steps train: a backward or an optimizer step in them (Hogwild's main process only tests the model
+    its child processes train)."""
+    b = record.breakdown
+    return record.steps.forwards_per_backward is not None or b is None or b.backward > 0 or b.optimizer > 0
+
+
 def missing_input(record: RunRecord, needs: Needs) -> str | None:
     """Why the rule cannot be checked on this record, or None if everything it needs was collected."""
     for need in needs:
@@ -140,6 +148,9 @@ def missing_input(record: RunRecord, needs: Needs) -> str | None:
             return "no op-level profile" + _collector_reason(record, "op_profile")
         if need in ("op_profile", "kernels") and (unlike := unlike_window(record)) is not None:
             return unlike
+        if need == "training" and not _trains(record):
+            return ("the steps train no model: no backward and no optimizer step in them (an evaluation or "
+                    "inference loop; a script whose training runs in processes it started)")
         if need == "job" and not record.ranks:
             return "not a data-parallel job's merged record (one process: no rank to wait for)"
         if need == "loaders" and not record.loaders:

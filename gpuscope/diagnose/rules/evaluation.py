@@ -22,17 +22,10 @@ def _no_grad_share(run: RunRecord) -> float | None:
     return run.steps.no_grad_share
 
 
-def _trains(run: RunRecord) -> bool:
-    """Whether the steps train: a backward or an optimizer step in them. A process that only evaluates (Hogwild's
-    main process, its trainers in child processes) has nothing to evaluate less often against."""
-    b = run.breakdown
-    return run.steps.forwards_per_backward is not None or b is None or b.backward > 0 or b.optimizer > 0
-
-
 @rule(id="evaluate-less-often",
       title="Evaluate every few steps, not at every one",
       fix=f"run the evaluation every {th.EVALUATE_EVERY} steps: `if step % {th.EVALUATE_EVERY} == 0:` around it",
-      needs=("host_passes",),
+      needs=("host_passes", "training"),
       resolved_by=(Metric("passes without gradients' share of the steps", "share", _no_grad_share), STEP),
       trial=Refused("it changes what the run reports at each step (its evaluation figures), not only the speed"))
 def evaluate_less_often(run: RunRecord) -> Finding | None:
@@ -46,7 +39,7 @@ def evaluate_less_often(run: RunRecord) -> Finding | None:
     Gain: the passes' share less a tenth of it."""
     steps = run.steps
     share = steps.no_grad_share
-    if share is None or share < th.NO_GRAD_NOTABLE or steps.evaluated or steps.rollouts or not _trains(run):
+    if share is None or share < th.NO_GRAD_NOTABLE or steps.evaluated or steps.rollouts:
         return None
     passes = (steps.forwards_per_backward or 1.0) - 1.0
     lines = [s for s in steps.no_grad_sites if s.file]
