@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import platform
+import threading
 from pathlib import Path
 
 import pytest
@@ -43,13 +44,17 @@ def test_malloc_settings_are_named_never_valued() -> None:
 
 
 class Steps:
-    """The step events the sampler reads: only how many steps were counted."""
+    """The step events the sampler reads: how many steps were counted, and the thread they run in."""
 
     def __init__(self) -> None:
         self.count = 0
+        self.thread = threading.get_native_id()
 
     def steps_seen(self) -> int:
         return self.count
+
+    def loop_thread(self) -> int:
+        return self.thread
 
 
 @pytest.mark.skipif(platform.system() != "Linux", reason="page faults as Linux counts them")
@@ -95,3 +100,29 @@ def test_a_threads_cpu_time_is_read_from_its_stat_whatever_its_name_holds(tmp_pa
     (task / "stat").write_text("4242 (pt main (x) 1) R 1 4242 4242 0 -1 4194560 9079 0 0 0 1234 56 0 0 20 0 3 0\n")
     assert thread_usage(4242, str(tmp_path)) == (1234 / ticks, 56 / ticks)
     assert thread_usage(4243, str(tmp_path)) is None
+
+
+@pytest.mark.skipif(platform.system() != "Linux", reason="threads' CPU time as Linux counts it")
+def test_the_training_threads_time_is_the_one_the_steps_run_in(tmp_path: Path) -> None:
+    # given: a script training in a thread of its own while the thread that started gpuscope waits for it
+    steps = Steps()
+    collector = HostMemoryCollector(interval_s=60.0)
+    collector.follow(steps)  # type: ignore[arg-type]
+    collector.start(tmp_path)
+
+    def train() -> None:
+        steps.thread = threading.get_native_id()  # the steps collector follows it (LoopThread.adopt)
+        collector._sample(rescan=False)  # readings while it runs, as the sampler's own thread would take them
+        fresh = bytearray(256 << 20)  # its pages faulted in by this thread: kernel time
+        fresh[::4096] = b"\x01" * len(range(0, 256 << 20, 4096))
+        collector._sample(rescan=False)
+        steps.count = 5
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    trainer.join()
+    memory = collector.stop().payload
+    # then: the readings taken in training count its faults, and the one after it ended keeps its last reading
+    assert len(memory.thread_sys_s) == 4
+    assert memory.thread_sys_s[2] - memory.thread_sys_s[1] >= 0.01
+    assert memory.thread_sys_s[3] == memory.thread_sys_s[2]

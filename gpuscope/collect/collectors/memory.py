@@ -224,6 +224,7 @@ class HostMemoryCollector(Watcher):
         self._starts = ProcessStarts()
         self._own = OwnThreads(os.getpid())
         self._tid = 0  # the training thread, from start()
+        self._thread_times: tuple[int, tuple[float, float, float]] | None = None  # its id and last reading
         self._unwatch: Callable[[], None] = lambda: None
         self._last_error = ""
         self._scan_error = ""
@@ -262,7 +263,7 @@ class HostMemoryCollector(Watcher):
         self._allocator = (allocator_in_use(), malloc_settings())
         self._unwatch = self._starts.install()
         self._own = OwnThreads(self._pid)
-        self._tid = threading.get_native_id()  # the thread that starts the run's collectors runs its steps
+        self._tid = threading.get_native_id()  # the loop's thread where no steps are followed: the one starting them
         self._sample(rescan=True)  # synchronous, so even a run shorter than one interval has a first point
         self._thread = threading.Thread(target=self._run, name="gpuscope-memory", daemon=True)
         self._thread.start()
@@ -320,9 +321,8 @@ class HostMemoryCollector(Watcher):
                 self._own.read()
             workers_bytes, workers = self._children_rss()
             steps = self._events.steps_seen() if self._events is not None else 0
-            waits = schedstat(self._tid, "/proc/self/task")
             sample = MemorySample(now - self._t0, process, workers_bytes, workers, *own_usage(), steps,
-                                  *(thread_usage(self._tid) or (None, None)), waits and waits[1])
+                                  *self._loop_thread_times())
             with self._lock:
                 self._series.add(sample)
                 self._peaks = merge_peaks(self._peaks, sample)
@@ -332,6 +332,17 @@ class HostMemoryCollector(Watcher):
         except Exception as exc:
             self._failures += 1
             self._last_error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+
+    def _loop_thread_times(self) -> tuple[float | None, float | None, float | None]:
+        """The loop's thread's CPU time, user and kernel, and its wait for a core, so far; a thread that has ended
+        keeps its last reading (None where it never had one)."""
+        tid = self._events.loop_thread() if self._events is not None else self._tid
+        usage, waits = thread_usage(tid), schedstat(tid, "/proc/self/task")
+        if usage is not None and waits is not None:
+            self._thread_times = (tid, (*usage, waits[1]))
+        elif self._thread_times is None or self._thread_times[0] != tid:
+            return None, None, None
+        return self._thread_times[1]
 
     def _process_rss(self) -> int:
         if self._get_memory is None:

@@ -189,6 +189,9 @@ class StepsCollector:
     def steps_seen(self) -> int:  # steps counted so far
         return self.tracker.log.count  # type: ignore[union-attr]
 
+    def loop_thread(self) -> int:  # the kernel's id for the loop's thread (``LoopThread.native_id``)
+        return self._loop.native_id
+
     def epoch_steps(self) -> int | None:
         return self.loaders.epoch_steps(self.tracker.log.count)  # type: ignore[union-attr]
 

@@ -106,6 +106,11 @@ class StepEvents(Protocol):
         """Steps counted so far."""
         ...
 
+    def loop_thread(self) -> int:
+        """The kernel's id for the thread the steps run in (``/proc/self/task/TID``): the thread that started the
+        collectors, or the one training while it waits (``LoopThread``)."""
+        ...
+
     def step_evaluated(self, index: int) -> bool:
         """Whether the trained model ran forward in eval mode or without gradients in step ``index`` (ended)."""
         ...

@@ -15,10 +15,12 @@ class LoopThread:
     process that made it, and None in a forked child (no thread there is the loop's): the hot paths compare it with
     ``threading.get_ident()`` themselves, a call fewer than ``mine()``."""
 
-    __slots__ = ("ident", "pid", "stepped", "adopted", "__weakref__")
+    __slots__ = ("ident", "native_id", "pid", "stepped", "adopted", "__weakref__")
 
     def __init__(self) -> None:
         self.ident: int | None = threading.get_ident()
+        self.native_id = threading.get_native_id()
+        """The kernel's id for the followed thread (its ``/proc/self/task/TID``)."""
         self.pid = _this_pid
         self.stepped = False
         """The followed thread has defined a step: no other thread is adopted after that."""
@@ -40,6 +42,7 @@ class LoopThread:
         if self.stepped or self.forked():
             return False
         self.ident = threading.get_ident()
+        self.native_id = threading.get_native_id()
         self.adopted = threading.current_thread().name
         return True
 
