@@ -813,6 +813,10 @@ class StartedProcess:
     runnable_s: float | None = None
     """Time it had spent runnable but waiting for a core, read with ``cpu_s``: processes and their threads
     outnumbering the cores."""
+    threads: int | None = None
+    """Its threads that did work (a tenth of its busiest thread's CPU time or more): torch's intra-op threads, by
+    default as many as the cores, among them; null where its threads were not read. ``cpu_s`` and ``runnable_s`` are
+    then summed over all its threads (before: its first thread's alone)."""
 
 
 @dataclass(frozen=True, slots=True)

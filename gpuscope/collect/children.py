@@ -20,6 +20,10 @@ STARTED_BUSY = 0.5
 less than this share of the time: a worker started by spawn or forkserver first imports torch and the script's
 modules, seconds of CPU that say nothing of how busy its batches keep it (a short run's waiting workers passed for
 busy ones). A child busy from start to end keeps them all."""
+WORKING_THREAD = 0.1
+"""A thread of a process the script started did work where it ran at least this share of the CPU time of the
+process's busiest thread (Hogwild's trainers: their first thread and torch's intra-op threads, near alike; the
+helper thread each spawned trainer keeps, next to none)."""
 
 
 class ChildrenCpu:
@@ -97,6 +101,37 @@ class OwnThreads:
         cpu = sum(c - first.get(tid, (0.0, 0.0))[0] for tid, (c, _) in self._last.items())
         waiting = sum(w - first.get(tid, (0.0, 0.0))[1] for tid, (_, w) in self._last.items())
         return max(0.0, cpu), max(0.0, waiting)
+
+
+class ProcessThreads:
+    """A process's time on a CPU and runnable but waiting for one since it started, summed over all its threads
+    (``/proc/PID/task/TID/schedstat``: the process's own ``/proc/PID/schedstat`` is its first thread's alone, and a
+    trainer's torch threads were left out), a thread that ends keeping its last reading; and how many of its threads
+    did work (torch's intra-op threads among them)."""
+
+    def __init__(self, pid: int, proc: str = PROC) -> None:
+        self._tasks = f"{proc}/{pid}/task"
+        self._last: dict[int, tuple[float, float]] = {}
+
+    def read(self) -> None:
+        try:
+            tids = [int(tid) for tid in os.listdir(self._tasks)]
+        except (OSError, ValueError):  # exited
+            return
+        for tid in tids:
+            times = schedstat(tid, self._tasks)
+            if times is not None:
+                self._last[tid] = times
+
+    def totals(self) -> tuple[float, float, int] | None:
+        """(CPU seconds, seconds waiting for a core, threads that did work) as last read; None where it never was.
+        A thread did work where it ran ``WORKING_THREAD`` of its busiest thread's CPU time or more (a spawned
+        trainer's helper thread, which waits all run, does not)."""
+        if not self._last:
+            return None
+        busiest = max(c for c, _ in self._last.values())
+        working = sum(1 for c, _ in self._last.values() if c >= WORKING_THREAD * busiest)
+        return sum(c for c, _ in self._last.values()), sum(w for _, w in self._last.values()), working
 
 
 def helper_verdict(command: list[str], own_command: list[str], age_s: float, direct: bool) -> bool | None:

@@ -87,13 +87,18 @@ class ProcessStarts:
         method = getattr(getattr(process, "_popen", None), "method", "") or ""
         self.started.append((process.pid, target, kind, call_site(user_frame(frame)), method))
 
-    def record(self, cpu_by_pid: dict[int, tuple[float, float]]) -> tuple[StartedProcess, ...]:
-        """The record's entries, each with the CPU time and the time waiting for a core the sampler last read of it
+    def pids(self) -> set[int]:
+        return {started[0] for started in self.started}
+
+    def record(self, cpu_by_pid: dict[int, tuple[float, float]],
+               threads_by_pid: dict[int, tuple[float, float, int]]) -> tuple[StartedProcess, ...]:
+        """The record's entries, each with the CPU time and the time waiting for a core the sampler last read of it:
+        summed over its threads, with those that did work (``threads_by_pid``), else its first thread's
         (``cpu_by_pid``)."""
         def entry(pid: int, target: str, kind: str, site: Any, method: str) -> StartedProcess:
-            cpu, runnable = cpu_by_pid.get(pid, (None, None))
+            cpu, runnable, threads = threads_by_pid.get(pid) or (*cpu_by_pid.get(pid, (None, None)), None)
             return StartedProcess(pid=pid, target=target, kind=kind, started_at=site, start_method=method,
                                   cpu_s=None if cpu is None else round(cpu, 3),
-                                  runnable_s=None if runnable is None else round(runnable, 3))
+                                  runnable_s=None if runnable is None else round(runnable, 3), threads=threads)
 
         return tuple(entry(*started) for started in self.started)

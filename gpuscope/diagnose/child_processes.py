@@ -7,6 +7,7 @@ and how many torch threads each should run."""
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 from gpuscope.record import RunRecord, StartedProcess
 
@@ -59,29 +60,67 @@ def child_processes(record: RunRecord) -> str | None:
     more = f" (and {len(ranked) - 2} other functions)" if len(ranked) > 2 else ""
     ratio = f"{theirs / own:.1f}x" if own and theirs < 100 * own else "far more than"
     top = ranked[0][1][0]
-    how = {"script": f"; to profile one, run the body of {_short(top.target)} inside `with gpuscope.profile():` "
+    how = {"script": f"; to profile one, run the body of {short(top.target)} inside `with gpuscope.profile():` "
                      "(each process then writes its own report)",
            "library": "; to profile one, open `with gpuscope.profile():` in the code of yours they run (a callback or "
                       "hook the library calls in each process; each then writes its own report)"}.get(top.kind, "")
     processes = "1 process" if len(used) == 1 else f"{len(used)} processes"
     return (f"{processes} the script started used {theirs:.1f} s of CPU, {ratio} this process's {own:.1f} s: "
             f"{ran}{more}. gpuscope profiles this process only, so their work is not in these figures{how}"
-            + _crowded(record, ranked[0][1]))
+            + _crowded(record))
 
 
-def _crowded(record: RunRecord, processes: list[StartedProcess]) -> str:
-    """That ``processes`` (those of one function) waited for a core, where they did (``WAITING_FOR_CORES``)."""
+@dataclass(frozen=True, slots=True)
+class Crowded:
+    """Processes of one function the script started that waited for a core (``WAITING_FOR_CORES``), and the torch
+    threads each should run so that together they fit the cores."""
+
+    processes: tuple[StartedProcess, ...]
+    waited_s: float
+    ran_s: float
+    threads: int
+
+    @property
+    def share(self) -> float:  # of the time they were ready to run
+        return self.waited_s / (self.waited_s + self.ran_s)
+
+
+def crowded(record: RunRecord) -> Crowded | None:
+    """The busiest function's processes (by CPU), where they are worth saying (``notable``), waited for a core
+    ``WAITING_FOR_CORES`` of the time they were ready to run or more, and ran more threads each than the cores share
+    out among them (where their threads were counted); None otherwise."""
+    if not notable(record):
+        return None
+    assert record.host_memory is not None
+    by_target: dict[str, list[StartedProcess]] = defaultdict(list)
+    for process in record.host_memory.processes:
+        if process.cpu_s:
+            by_target[process.target].append(process)
+    processes = max(by_target.values(), key=lambda ps: sum(p.cpu_s or 0.0 for p in ps))
     waited = sum(p.runnable_s or 0.0 for p in processes)
     ran = sum(p.cpu_s or 0.0 for p in processes)
     if processes[0].kind != "script" or not ran or waited < WAITING_FOR_CORES * (ran + waited):
-        return ""
+        return None
     cores = record.meta.cpu_count
     threads = max(1, cores // len(processes)) if cores else 1
+    most = max(p.threads or 0 for p in processes)
+    if most and most <= threads:  # as few threads as fit already: more processes than cores (or other programs)
+        return None
+    return Crowded(tuple(processes), waited, ran, threads)
+
+
+def _crowded(record: RunRecord) -> str:
+    """That the busiest function's processes waited for a core, where they did (``crowded``)."""
+    found = crowded(record)
+    if found is None:
+        return ""
+    cores = record.meta.cpu_count
     machine = f"the machine's {cores} cores" if cores else "the machine's cores"
-    return (f". They waited for a core {waited / (ran + waited):.0%} of the time they were ready to run "
-            f"({waited:.1f} s, against {ran:.1f} s on a CPU): {len(processes)} processes, each running torch's own "
-            f"threads (by default as many as the cores), outnumber {machine}; `torch.set_num_threads({threads})` at "
-            f"the start of {_short(processes[0].target)} shares them out")
+    return (f". They waited for a core {found.share:.0%} of the time they were ready to run "
+            f"({found.waited_s:.1f} s, against {found.ran_s:.1f} s on a CPU): {len(found.processes)} processes, each "
+            f"running torch's own threads (by default as many as the cores), outnumber {machine}; "
+            f"`torch.set_num_threads({found.threads})` at the start of {short(found.processes[0].target)} shares "
+            "them out")
 
 
 def _ran(target: str, processes: list[StartedProcess]) -> str:
@@ -89,10 +128,10 @@ def _ran(target: str, processes: list[StartedProcess]) -> str:
     where = f", started at {site.file}:{site.line} `{site.code}`" if site and site.file else ""
     cpu = sum(p.cpu_s or 0.0 for p in processes)
     kind = " (a process pool's workers)" if processes[0].kind == "pool-worker" else ""
-    return f"{len(processes)} ran {_short(target)}{kind}{where}, {cpu:.1f} s"
+    return f"{len(processes)} ran {short(target)}{kind}{where}, {cpu:.1f} s"
 
 
-def _short(target: str) -> str:
+def short(target: str) -> str:
     """``train`` for the script's own ``__main__.train``; a library's function keeps its module."""
     for prefix in MAIN_PREFIXES:
         if target.startswith(prefix):

@@ -25,6 +25,8 @@ def test_training_in_processes_the_script_started_is_named_in_the_verdict(tmp_pa
     assert all(p["kind"] == "script" and p["start_method"] == "fork" for p in processes)
     # (read every 0.5 s while the run is watched: the last reading may come up to that long before a trainer ends)
     assert all(p["cpu_s"] is not None and p["cpu_s"] >= 0.5 for p in processes), processes
+    # (summed over their threads, those that did work counted: the first, and torch's intra-op ones)
+    assert all(p["threads"] is not None and p["threads"] >= 1 for p in processes), processes
     assert processes[0]["started_at"]["code"] == "p.start()"
     # and the verdict says that their work is not in the figures, and how to profile it
     line = next((e for e in record["verdict"]["evidence"] if "processes the script started" in e), None)

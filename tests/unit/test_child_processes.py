@@ -10,14 +10,17 @@ import dataclasses
 import json
 import multiprocessing
 import multiprocessing.pool
+from pathlib import Path
 
 import pytest
 from conftest import make_record
 
 from gpuscope.collect.process_starts import MAX_STARTED, ProcessStarts, describe
+from gpuscope.collect.children import ProcessThreads
 from gpuscope.diagnose.child_processes import child_processes
 from gpuscope.diagnose.classify import classify
 from gpuscope.diagnose.compare import compare
+from gpuscope.diagnose.rules import evaluate
 from gpuscope.record import CallSite, HostMemory, RunMeta, StartedProcess, Steps
 from gpuscope.report.compare_text import summary_lines
 from gpuscope.report.render import render_compare
@@ -75,16 +78,17 @@ def test_processes_are_recorded_with_their_cpu_time_and_dataloader_workers_left_
     starts.note(Started(11), f"{__name__}.train", "script", None)
     starts.note(Started(12), "torch.utils.data._utils.worker._worker_loop", "dataloader-worker", None)
     starts.note(Started(13), "multiprocessing.pool.worker", "pool-worker", None)
-    recorded = starts.record({11: (4.7444, 1.2), 12: (9.0, 0.0)})
-    assert [(p.pid, p.kind, p.cpu_s, p.runnable_s) for p in recorded] == [
-        (11, "script", 4.744, 1.2), (13, "pool-worker", None, None)]
+    recorded = starts.record({11: (4.7444, 1.2), 12: (9.0, 0.0), 13: (2.0, 0.5)}, {13: (3.5, 0.75, 2)})
+    # the first thread's figures where its threads were not read; all its threads' where they were, with their count
+    assert [(p.pid, p.kind, p.cpu_s, p.runnable_s, p.threads) for p in recorded] == [
+        (11, "script", 4.744, 1.2, None), (13, "pool-worker", 3.5, 0.75, 2)]
 
 
 def test_only_the_first_processes_are_listed_and_the_rest_counted() -> None:
     starts = ProcessStarts()
     for pid in range(MAX_STARTED + 3):
         starts.note(Started(pid), "multiprocessing.pool.worker", "pool-worker", None)
-    assert len(starts.record({})) == MAX_STARTED and starts.more == 3
+    assert len(starts.record({}, {})) == MAX_STARTED and starts.more == 3
 
 
 def memory(*processes: StartedProcess, own_s: float = 2.3) -> HostMemory:
@@ -182,3 +186,56 @@ def test_compare_shows_what_the_started_processes_used_and_the_whole_runs_time()
     assert f'<p id="child-work">Besides the steps, {line.replace(">", "&gt;")}.</p>' in page
     # and two runs whose processes did little have no such line
     assert compare(make_record(), make_record()).children is None
+
+
+def test_a_started_processs_time_is_summed_over_its_threads_and_its_working_threads_counted(tmp_path: Path) -> None:
+    # given a trainer's three threads: its first and torch's second near alike, a helper waiting all run
+    task = tmp_path / "77" / "task"
+    for tid, on_cpu_ns, waiting_ns in ((77, 4_000_000_000, 3_000_000_000), (78, 3_600_000_000, 2_500_000_000),
+                                       (79, 20_000_000, 1_000_000)):
+        (task / str(tid)).mkdir(parents=True)
+        (task / str(tid) / "schedstat").write_text(f"{on_cpu_ns} {waiting_ns} 12\n")
+    threads = ProcessThreads(77, str(tmp_path))
+    assert threads.totals() is None  # never read
+    threads.read()
+    assert threads.totals() == pytest.approx((7.62, 5.501, 2))
+    # a thread that ends keeps its last reading
+    (task / "78" / "schedstat").unlink()
+    (task / "78").rmdir()
+    threads.read()
+    assert threads.totals() == pytest.approx((7.62, 5.501, 2))
+
+
+def crowded_trainers(n: int, threads: int, cpu_s: float, runnable_s: float) -> list[StartedProcess]:
+    return [dataclasses.replace(trainer(i, cpu_s), runnable_s=runnable_s, threads=threads) for i in range(n)]
+
+
+def test_trainers_with_torchs_threads_each_outnumbering_the_cores_are_told_to_run_fewer() -> None:
+    # given Hogwild's two trainers on the 2-core machine, each with torch's 2 threads doing work: 13.1 s on a CPU
+    # and 10.5 s waiting for one each (with torch.set_num_threads(1): 5.4 s and 0.2 s, 14.1 -> 6.1 s a run)
+    record = make_record(host_memory=memory(*crowded_trainers(2, 2, 13.1, 10.5)), meta=RunMeta(cpu_count=2))
+    recommendations, checks = evaluate(record)
+    (found,) = [r for r in recommendations if r.id == "fewer-threads-per-process"]
+    # then one thread each is advised at the function they run, with their wait as the evidence, and no share of
+    # this process's step promised: their time is not its steps'
+    assert found.fix == ("`torch.set_num_threads(1)` as the first line of train (started at hogwild.py:93 "
+                         "`p.start()`): 2 processes sharing the machine's 2 cores")
+    assert found.evidence == (
+        "2 processes the script started ran train (started at hogwild.py:93 `p.start()`), 2 threads each doing work, "
+        "on the machine's 2 cores: they waited for a core 44% of the time they were ready to run (21.0 s, against "
+        "26.2 s on a CPU), 4 threads on 2 cores; this process's step figures do not hold their time",)
+    assert found.expected_gain is None
+    # and four on 8 cores get two threads each
+    wide = make_record(host_memory=memory(*crowded_trainers(4, 8, 13.1, 10.5)), meta=RunMeta(cpu_count=8))
+    (found,) = [r for r in evaluate(wide)[0] if r.id == "fewer-threads-per-process"]
+    assert found.fix.startswith("`torch.set_num_threads(2)` as the first line of train")
+
+
+@pytest.mark.parametrize(("n", "threads", "runnable_s"), [(4, 1, 5.0), (2, 2, 1.0)],
+                         ids=["one thread each, more processes than cores", "little wait"])
+def test_trainers_that_run_as_few_threads_as_fit_or_hardly_wait_are_not_told_to(
+        n: int, threads: int, runnable_s: float) -> None:
+    # four single-threaded trainers on 2 cores wait half their time whatever their threads: fewer cannot help
+    record = make_record(host_memory=memory(*crowded_trainers(n, threads, 5.0, runnable_s)), meta=RunMeta(cpu_count=2))
+    assert evaluate(record)[1]["fewer-threads-per-process"].status == "clear"
+    assert "waited for a core" not in (child_processes(record) or "")

@@ -32,7 +32,8 @@ from typing import Any, ClassVar, Generic, NamedTuple, TypeVar
 
 from gpuscope.collect import last_reading
 from gpuscope.collect.allocator import allocator_in_use, malloc_settings, own_usage, page_bytes, thread_usage
-from gpuscope.collect.children import ChildrenCpu, OwnThreads, descendants, helper_verdict, schedstat
+from gpuscope.collect.children import (ChildrenCpu, OwnThreads, ProcessThreads, descendants, helper_verdict,
+                                      schedstat)
 from gpuscope.collect.framework.base import CollectorResult, StepEvents, Watcher, register
 from gpuscope.collect.process_starts import ProcessStarts
 from gpuscope.record import CollectorStatus, HostMemory
@@ -211,6 +212,7 @@ class HostMemoryCollector(Watcher):
         self._clock = clock
         self._peaks = MemoryPeaks()
         self._children_cpu = ChildrenCpu()
+        self._started_threads: dict[int, ProcessThreads] = {}  # the processes the script started, by pid
         self._helpers: dict[int, bool] = {}  # pid -> whether it is one of multiprocessing's helpers
         self._max_helpers = 0
         self._lock = threading.Lock()
@@ -296,7 +298,7 @@ class HostMemoryCollector(Watcher):
             samples, interval_s, peaks, self._children_cpu.totals(), self._max_helpers, self._allocator)
         own = self._own.totals()
         return CollectorResult(CollectorStatus("ok"), dataclasses.replace(
-            memory, processes=self._starts.record(self._children_cpu.cpu_by_pid()),
+            memory, processes=self._starts.record(self._children_cpu.cpu_by_pid(), self._threads_by_pid()),
             processes_not_listed=self._starts.more, own_cpu_s=own and round(own[0], 3),
             own_runnable_s=own and round(own[1], 3)), notes=self.notes)
 
@@ -379,7 +381,17 @@ class HostMemoryCollector(Watcher):
             times = schedstat(child.pid)
             if times is not None:  # else exited since the scan, or no such statistics here: nothing is claimed
                 self._children_cpu.read(now, child.pid, *times)
+        started = self._starts.pids()
+        for child in self._children:
+            if child.pid in started:
+                self._started_threads.setdefault(child.pid, ProcessThreads(child.pid)).read()
         self._max_helpers = max(self._max_helpers, helpers)
+
+    def _threads_by_pid(self) -> dict[int, tuple[float, float, int]]:
+        """The started processes' (CPU seconds, seconds waiting for a core, threads that did work), over all their
+        threads."""
+        return {pid: totals for pid, threads in self._started_threads.items()
+                if (totals := threads.totals()) is not None}
 
     def _is_helper(self, child: Any) -> bool:
         """Whether ``child`` is multiprocessing's resource tracker or forkserver (decided once a process, once it can
