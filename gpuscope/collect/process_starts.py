@@ -87,7 +87,7 @@ class ProcessStarts:
         method = getattr(getattr(process, "_popen", None), "method", "") or ""
         self.started.append((process.pid, target, kind, call_site(user_frame(frame)), method))
 
-    def pids(self) -> set[int]:
+    def pids(self) -> set[int]:  # of the processes recorded
         return {started[0] for started in self.started}
 
     def record(self, cpu_by_pid: dict[int, tuple[float, float]],

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import make_record
 
-from gpuscope.collect.process_starts import MAX_STARTED, ProcessStarts, describe
 from gpuscope.collect.children import ProcessThreads
+from gpuscope.collect.process_starts import MAX_STARTED, ProcessStarts, describe
 from gpuscope.diagnose.child_processes import child_processes
 from gpuscope.diagnose.classify import classify
 from gpuscope.diagnose.compare import compare

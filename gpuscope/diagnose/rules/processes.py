@@ -1,7 +1,7 @@
 """Rules about processes the script started (``HostMemory.processes``): trainers that each run torch's own threads,
 as many as the cores, and together outnumber them (pytorch/examples' Hogwild: two ``mp.Process(target=train)``
-trainers on a 2-core machine waited for a core 37-43% of the time they were ready to run, and ran 2-4x slower a
-batch than with ``torch.set_num_threads(1)`` in each: benchmarks/README.md)."""
+trainers on a 2-core machine waited for a core 42-57% of the time they were ready to run, and trained 1.9-3.2x longer
+than with ``torch.set_num_threads(1)`` in each: benchmarks/README.md)."""
 
 from __future__ import annotations
 
@@ -45,10 +45,11 @@ def fewer_threads_per_process(run: RunRecord) -> Finding | None:
     most = max(p.threads or 0 for p in processes)
     each = f", {most} threads each doing work," if most else ""
     machine = f"the machine's {cores} cores" if cores else "the machine's cores"
+    outnumber = f", {len(processes) * most} threads on {cores} cores" if most and cores else ""
     evidence = (f"{len(processes)} processes the script started ran {target}{where}{each} on {machine}: they "
                 f"waited for a core {found.share:.0%} of the time they were ready to run ({found.waited_s:.1f} s, "
-                f"against {found.ran_s:.1f} s on a CPU), {len(processes) * most if most else 'more'} threads on "
-                f"{cores or 'fewer'} cores; this process's step figures do not hold their time",)
+                f"against {found.ran_s:.1f} s on a CPU){outnumber}; this process's step figures do not hold their "
+                "time",)
     fix = (f"`torch.set_num_threads({found.threads})` as the first line of {target}{where}: {len(processes)} "
            f"processes sharing {machine}")
     return Finding(None, evidence, fix=fix)
