@@ -292,15 +292,16 @@ def test_every_contract_id_has_exactly_one_rule() -> None:
     # file-system-sharing, fused-optimizer, float32-over-float64, cheaper-batches, split-iterable-stream,
     # skip-distribution-checks, tune-host-allocator, cpu-float32-attention, balance-ranks, fix-memory-leak,
     # reduce-memory, cache-frozen-outputs, skip-activation-checkpointing, skip-dropout,
-    # save-checkpoints-less-often, evaluate-less-often, cpu-mixed-precision and fewer-threads-per-process
-    # (docs/contract-additions.md)
-    assert len(contract_ids()) == 36
+    # save-checkpoints-less-often, evaluate-less-often, cpu-mixed-precision, fewer-threads-per-process and
+    # fewer-torch-threads (docs/contract-additions.md)
+    assert len(contract_ids()) == 37
     assert {"reduce-communication", "cpu-fp32-over-low-precision", "persistent-workers", "file-system-sharing",
             "fused-optimizer", "float32-over-float64", "cheaper-batches", "split-iterable-stream",
             "skip-distribution-checks", "tune-host-allocator", "cpu-float32-attention",
             "balance-ranks", "fix-memory-leak", "reduce-memory", "cache-frozen-outputs",
             "skip-activation-checkpointing", "skip-dropout", "save-checkpoints-less-often",
-            "evaluate-less-often", "cpu-mixed-precision", "fewer-threads-per-process"} <= contract_ids()
+            "evaluate-less-often", "cpu-mixed-precision", "fewer-threads-per-process",
+            "fewer-torch-threads"} <= contract_ids()
     assert set(ids) == contract_ids()
 
 

@@ -1,12 +1,14 @@
-"""Rules about processes the script started (``HostMemory.processes``): trainers that each run torch's own threads,
-as many as the cores, and together outnumber them (pytorch/examples' Hogwild: two ``mp.Process(target=train)``
-trainers on a 2-core machine waited for a core 42-57% of the time they were ready to run, and trained 1.9-3.2x longer
-than with ``torch.set_num_threads(1)`` in each: benchmarks/README.md)."""
+"""Rules about torch's threads outnumbering the cores. In processes the script started (``HostMemory.processes``):
+trainers that each run torch's own threads, as many as the cores, and together outnumber them (pytorch/examples'
+Hogwild: two ``mp.Process(target=train)`` trainers on a 2-core machine waited for a core 42-57% of the time they were
+ready to run, and trained 1.9-3.2x longer than with ``torch.set_num_threads(1)`` in each). In the run's own process:
+its threads waiting for cores that other processes hold (benchmarks/README.md)."""
 
 from __future__ import annotations
 
-from gpuscope.diagnose.child_processes import crowded, short, started_work
-from gpuscope.diagnose.evidence import Metric
+from gpuscope.diagnose.child_processes import WAITING_FOR_CORES, crowded, short, started_work
+from gpuscope.diagnose.contention import waited
+from gpuscope.diagnose.evidence import STEP, Metric
 from gpuscope.diagnose.rules.base import Finding, Refused, rule
 from gpuscope.record import RunRecord
 
@@ -15,6 +17,14 @@ def _started_wait(run: RunRecord) -> float | None:
     """The processes the script started: their share of the time they were ready to run spent waiting for a core."""
     cpu, waited = started_work(run)
     return waited / (cpu + waited) if cpu else None
+
+
+def _own_wait(run: RunRecord) -> float | None:
+    """This process's threads: their share of the time they were ready to run spent waiting for a core."""
+    memory = run.host_memory
+    if memory is None or memory.own_cpu_s is None or memory.own_runnable_s is None or not memory.own_cpu_s:
+        return None
+    return memory.own_runnable_s / (memory.own_cpu_s + memory.own_runnable_s)
 
 
 @rule(id="fewer-threads-per-process",
@@ -53,3 +63,40 @@ def fewer_threads_per_process(run: RunRecord) -> Finding | None:
     fix = (f"`torch.set_num_threads({found.threads})` as the first line of {target}{where}: {len(processes)} "
            f"processes sharing {machine}")
     return Finding(None, evidence, fix=fix)
+
+
+@rule(id="fewer-torch-threads",
+      title="Run fewer torch threads: this process's threads wait for cores that other processes hold",
+      fix="`torch.set_num_threads(K)` before the training loop, K the cores this process gets",
+      needs=("cpu", "host_memory"),
+      resolved_by=(Metric("this process's wait for a core", "share", _own_wait), STEP),
+      trial=Refused("its gain depends on what else holds the cores while it runs, which a trial run later does not "
+                    "share"))
+def fewer_torch_threads(run: RunRecord) -> Finding | None:
+    """Signal: on a CPU run with no DataLoader workers (``more-dataloader-workers`` shares the cores out with them),
+    the process's threads waited for a core ``WAITING_FOR_CORES`` of the time they were ready to run or more
+    (``contention.waited``) while torch ran more intra-op threads (``meta.torch_threads``) than the cores they got,
+    their threads times the share of their ready time they ran: sibling trainers (a Hogwild trainer profiled with
+    ``gpuscope.profile()``) or other programs hold the rest.
+    Why it matters: a parallel op ends when its last thread does; a thread waiting for a core holds the others
+    spinning, so threads past the cores the process gets slow every op down.
+    Fix: ``torch.set_num_threads(K)``, K those cores (at least 1).
+    Gain: the wait's share of the ready time, a floor (the spinning is saved too: an MLP beside a busy process, 33%
+    waiting, 48% faster with one thread; Hogwild's trainers, 50% waiting, 73%: benchmarks/README.md)."""
+    threads = run.meta.torch_threads or 0
+    found = waited(run)
+    if threads < 2 or found is None or any(loader.num_workers for loader in run.loaders):
+        return None
+    wait_s, ran_s = found
+    share = wait_s / (wait_s + ran_s)
+    cores = max(1, int(threads * (1 - share)))
+    if share < WAITING_FOR_CORES or cores >= threads:
+        return None
+    machine = f" of the machine's {run.meta.cpu_count}" if run.meta.cpu_count else ""
+    evidence = (f"this process's threads waited for a core {share:.0%} of the time they were ready to run "
+                f"({wait_s:.1f} s, against {ran_s:.1f} s on a CPU) with torch's {threads} intra-op threads: it got "
+                f"about {threads * (1 - share):.1f} cores{machine}, other processes holding the rest",)
+    fix = (f"`torch.set_num_threads({cores})` before the training loop, in the process that runs it (or "
+           f"`OMP_NUM_THREADS={cores}` in its environment): {threads} threads on the {threads * (1 - share):.1f} "
+           "cores it gets")
+    return Finding(share, evidence, fix=fix)
