@@ -79,6 +79,8 @@ class Crowded:
     waited_s: float
     ran_s: float
     threads: int
+    most: int
+    """The most threads doing work of any of them (0: not counted)."""
 
     @property
     def share(self) -> float:  # of the time they were ready to run
@@ -106,7 +108,7 @@ def crowded(record: RunRecord) -> Crowded | None:
     most = max(p.threads or 0 for p in processes)
     if most and most <= threads:  # as few threads as fit already: more processes than cores (or other programs)
         return None
-    return Crowded(tuple(processes), waited, ran, threads)
+    return Crowded(tuple(processes), waited, ran, threads, most)
 
 
 def _crowded(record: RunRecord) -> str:

@@ -14,14 +14,21 @@ CONTENDED_MIN_S = 0.5
 """...and at least this long."""
 
 
-def waited(record: RunRecord) -> tuple[float, float] | None:
-    """The run's own process's seconds waiting for a core and on a CPU, where the wait is notable (``CONTENDED``,
-    ``CONTENDED_MIN_S``); None otherwise."""
+def own_times(record: RunRecord) -> tuple[float, float] | None:
+    """The run's own process's seconds waiting for a core and on a CPU, its threads summed; None where not read."""
     memory = record.host_memory
     if memory is None or memory.own_cpu_s is None or memory.own_runnable_s is None:
         return None
-    wait, ran = memory.own_runnable_s, memory.own_cpu_s
-    return None if wait < CONTENDED_MIN_S or wait < CONTENDED * (wait + ran) else (wait, ran)
+    return memory.own_runnable_s, memory.own_cpu_s
+
+
+def waited(record: RunRecord) -> tuple[float, float] | None:
+    """``own_times`` where the wait is notable (``CONTENDED``, ``CONTENDED_MIN_S``); None otherwise."""
+    found = own_times(record)
+    if found is None:
+        return None
+    wait, ran = found
+    return None if wait < CONTENDED_MIN_S or wait < CONTENDED * (wait + ran) else found
 
 
 def contention(record: RunRecord) -> str | None:

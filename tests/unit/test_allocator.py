@@ -57,16 +57,29 @@ class Steps:
         return self.thread
 
 
+def following(steps: Steps) -> HostMemoryCollector:
+    """A sampler whose only samples are its first and last (at start and stop) and those a test takes, following
+    ``steps``."""
+    collector = HostMemoryCollector(interval_s=60.0)
+    collector.follow(steps)  # type: ignore[arg-type]
+    return collector
+
+
+def fresh_pages(size: int) -> bytearray:
+    """``size`` bytes of fresh memory, every page of it faulted in by the calling thread."""
+    fresh = bytearray(size)
+    fresh[::4096] = b"\x01" * len(range(0, size, 4096))
+    return fresh
+
+
 @pytest.mark.skipif(platform.system() != "Linux", reason="page faults as Linux counts them")
 def test_each_sample_reads_the_cpu_time_the_page_faults_and_the_steps_so_far(tmp_path: Path) -> None:
     # given: a sampler whose only samples are its first and last (at start and stop), following the steps
     steps = Steps()
-    collector = HostMemoryCollector(interval_s=60.0)
-    collector.follow(steps)  # type: ignore[arg-type]
+    collector = following(steps)
     collector.start(tmp_path)
     # when: seven steps run, which touch 64 MiB of fresh memory
-    fresh = bytearray(64 << 20)
-    fresh[::4096] = b"\x01" * len(range(0, 64 << 20, 4096))
+    fresh = fresh_pages(64 << 20)
     steps.count = 7
     result = collector.stop()
     # then
@@ -106,16 +119,15 @@ def test_a_threads_cpu_time_is_read_from_its_stat_whatever_its_name_holds(tmp_pa
 def test_the_training_threads_time_is_the_one_the_steps_run_in(tmp_path: Path) -> None:
     # given: a script training in a thread of its own while the thread that started gpuscope waits for it
     steps = Steps()
-    collector = HostMemoryCollector(interval_s=60.0)
-    collector.follow(steps)  # type: ignore[arg-type]
+    collector = following(steps)
     collector.start(tmp_path)
 
     def train() -> None:
         steps.thread = threading.get_native_id()  # the steps collector follows it (LoopThread.adopt)
         collector._sample(rescan=False)  # readings while it runs, as the sampler's own thread would take them
-        fresh = bytearray(256 << 20)  # its pages faulted in by this thread: kernel time
-        fresh[::4096] = b"\x01" * len(range(0, 256 << 20, 4096))
+        fresh = fresh_pages(256 << 20)  # kernel time, this thread's
         collector._sample(rescan=False)
+        del fresh
         steps.count = 5
 
     trainer = threading.Thread(target=train)
@@ -130,8 +142,7 @@ def test_the_training_threads_time_is_the_one_the_steps_run_in(tmp_path: Path) -
 @pytest.mark.skipif(platform.system() != "Linux", reason="threads as Linux lists them")
 def test_a_loop_thread_that_has_ended_keeps_its_last_reading(tmp_path: Path) -> None:
     steps = Steps()
-    collector = HostMemoryCollector(interval_s=60.0)
-    collector.follow(steps)  # type: ignore[arg-type]
+    collector = following(steps)
     gone = max(int(tid) for tid in os.listdir("/proc/self/task")) + 100_000  # no such thread
     steps.thread = gone
     assert collector._loop_thread_times() == (None, None, None)  # never read

@@ -374,6 +374,7 @@ class HostMemoryCollector(Watcher):
 
     def _read_children_cpu(self, now: float) -> None:
         helpers = 0
+        started = self._starts.pids()
         for child in self._children:
             if self._is_helper(child):
                 helpers += 1
@@ -381,9 +382,7 @@ class HostMemoryCollector(Watcher):
             times = schedstat(child.pid)
             if times is not None:  # else exited since the scan, or no such statistics here: nothing is claimed
                 self._children_cpu.read(now, child.pid, *times)
-        started = self._starts.pids()
-        for child in self._children:
-            if child.pid in started:
+            if child.pid in started:  # the script's own processes: every thread read
                 self._started_threads.setdefault(child.pid, ProcessThreads(child.pid)).read()
         self._max_helpers = max(self._max_helpers, helpers)
 

@@ -7,7 +7,7 @@ its threads waiting for cores that other processes hold (benchmarks/README.md)."
 from __future__ import annotations
 
 from gpuscope.diagnose.child_processes import WAITING_FOR_CORES, crowded, short, started_work
-from gpuscope.diagnose.contention import waited
+from gpuscope.diagnose.contention import own_times, waited
 from gpuscope.diagnose.evidence import STEP, Metric
 from gpuscope.diagnose.rules.base import Finding, Refused, rule
 from gpuscope.record import RunRecord
@@ -21,10 +21,8 @@ def _started_wait(run: RunRecord) -> float | None:
 
 def _own_wait(run: RunRecord) -> float | None:
     """This process's threads: their share of the time they were ready to run spent waiting for a core."""
-    memory = run.host_memory
-    if memory is None or memory.own_cpu_s is None or memory.own_runnable_s is None or not memory.own_cpu_s:
-        return None
-    return memory.own_runnable_s / (memory.own_cpu_s + memory.own_runnable_s)
+    found = own_times(run)
+    return found[0] / (found[0] + found[1]) if found is not None and found[1] else None
 
 
 @rule(id="fewer-threads-per-process",
@@ -52,7 +50,7 @@ def fewer_threads_per_process(run: RunRecord) -> Finding | None:
     target = short(processes[0].target)
     site = processes[0].started_at
     where = f" (started at {site.file}:{site.line} `{site.code}`)" if site and site.file else ""
-    most = max(p.threads or 0 for p in processes)
+    most = found.most
     each = f", {most} threads each doing work," if most else ""
     machine = f"the machine's {cores} cores" if cores else "the machine's cores"
     outnumber = f", {len(processes) * most} threads on {cores} cores" if most and cores else ""
