@@ -7,8 +7,8 @@ import bisect
 from dataclasses import dataclass
 
 from gpuscope.diagnose.evidence import STEP, Metric
-from gpuscope.diagnose.words import command_text
 from gpuscope.diagnose.rules.base import AtRunTime, Finding, rule
+from gpuscope.diagnose.words import command_text
 from gpuscope.record import RunRecord
 
 KERNEL_SHARE_MIN = 0.2
