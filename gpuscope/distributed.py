@@ -31,6 +31,9 @@ LAUNCHED = "--launched-by-gpuscope"
 """The option ``launch`` gives each rank's ``gpuscope run``: the launcher merges once all ranks have ended, so the
 ranks themselves do not."""
 LOCK_FILE = ".merge.lock"
+SAID_FILE = ".summary-said"
+"""Which ranks' records the job's summary was printed for: under torchrun every rank that finds the others'
+records written when it merges the job would print it."""
 
 
 def rank_env() -> Distributed | None:
@@ -129,6 +132,19 @@ def merge_job(job_dir: Path) -> RunRecord:
     with _locked(job_dir):
         record = conclude(combine(rank_records(job_dir)), job_dir)
     return record
+
+
+def claim_summary(job_dir: Path) -> bool:
+    """Whether this rank prints the job's summary: the first to ask since the ranks' records were last written
+    (named by each file's size and time: a job run again into the folder prints its own)."""
+    said = job_dir / SAID_FILE
+    with _locked(job_dir):
+        records = sorted(job_dir.glob(f"{RANK_DIR.format(rank='*')}/{RUN_JSON}"))
+        written = " ".join(f"{path.parent.name}:{path.stat().st_size}:{path.stat().st_mtime_ns}" for path in records)
+        if said.is_file() and said.read_text() == written:
+            return False
+        said.write_text(written)
+    return True
 
 
 def rank_records(job_dir: Path) -> list[RunRecord]:

@@ -203,10 +203,11 @@ def _forwarded(tokens: list[str]) -> list[str]:
 
 def _finish_job(job_dir: Path, quiet: bool, open_report: bool = False, only_if_complete: bool = False) -> None:
     """Merge the job's rank records into RUN_DIR/run.json and report.html; the summary (unless ``quiet``) and the
-    browser once every rank is in (``only_if_complete``), or from the launcher whatever is in."""
+    browser once every rank is in, from one rank (``only_if_complete``), or from the launcher whatever is in."""
 
     def complete(record: RunRecord) -> bool:
-        return not only_if_complete or (not record.missing_ranks and len(record.ranks) >= 2)
+        return not only_if_complete or (not record.missing_ranks and len(record.ranks) >= 2
+                                        and distributed.claim_summary(job_dir))
 
     finish(lambda: distributed.merge_job(job_dir), job_dir, quiet=quiet, open_report=open_report, announce=complete,
            failure=f"could not merge the ranks' records in {job_dir}")

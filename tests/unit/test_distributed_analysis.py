@@ -17,6 +17,7 @@ from gpuscope.diagnose.classify import classify
 from gpuscope.diagnose.rules import evaluate
 from gpuscope.diagnose.ranks import straggler
 from gpuscope.diagnose.ranks import combine
+from gpuscope.distributed import claim_summary
 from gpuscope.record import (Breakdown, CollectiveCall, Communication, Distributed, Memory, OpProfile, RankSummary,
                              RunRecord, StepSample, Steps, Verdict, Window)
 from gpuscope.reduce.comms import communication
@@ -312,6 +313,20 @@ def test_a_job_that_lost_a_rank_names_it_and_reports_the_others() -> None:
     merged = merge_ranks([rank_record(0, 4, 0.01), rank_record(2, 4, 0.01), rank_record(3, 4, 0.012)])
     assert merged.missing_ranks == (1,)
     assert [r.rank for r in merged.ranks] == [0, 2, 3]
+
+
+def test_of_the_ranks_that_find_the_job_complete_one_prints_its_summary(tmp_path: Path) -> None:
+    # given: a job folder whose two ranks have written their records (under torchrun each then merges the job)
+    for rank in (0, 1):
+        (tmp_path / f"rank-{rank}").mkdir()
+        (tmp_path / f"rank-{rank}" / "run.json").write_text(f'{{"rank": {rank}}}')
+    # then: the first rank to ask prints the summary, the second does not
+    assert claim_summary(tmp_path) is True
+    assert claim_summary(tmp_path) is False
+    # and a job run again into the folder (its ranks' records written anew) prints its own
+    (tmp_path / "rank-1" / "run.json").write_text('{"rank": 1, "again": true}')
+    assert claim_summary(tmp_path) is True
+    assert claim_summary(tmp_path) is False
 
 
 def test_each_ranks_memory_is_in_the_job_and_the_rank_with_least_to_spare_is_named() -> None:
