@@ -243,10 +243,10 @@ def test_the_cpu_peak_of_a_float64_step_is_measured_in_float64_with_float32_besi
     monkeypatch.setattr(cpu_peak, "time_matmuls", fake_timing)
     count = FlopCount(flops_per_step=10**9, flops_by_op={"mm": 10**9}, step=3, dtype="float64", cuda=False)
     peak = CpuPeakProbe().run(Path("."), post_run_facts(payloads={"flops": count})).payload
-    assert timed == [torch.float64, torch.float32]
+    assert timed == [torch.float64, torch.float32, torch.float64]  # the step's dtype at the probe's start and end
     assert (peak.dtype, peak.flops_per_s, peak.float32_flops_per_s) == ("float64", 35e9, 80e9)
     assert "1024x1024 float64 matmuls" in peak.source
     # a dtype it has no benchmark for is held against float32's
     timed.clear()
     CpuPeakProbe().run(Path("."), post_run_facts(payloads={"flops": dataclasses.replace(count, dtype="int8")}))
-    assert timed == [torch.float32]
+    assert timed == [torch.float32, torch.float32]
