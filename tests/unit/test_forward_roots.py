@@ -114,6 +114,43 @@ def test_a_gan_loop_times_the_forward_of_both_models_though_its_second_optimizer
     assert all(r.wall_s - sum(r.phases_s.values()) < 0.01 for r in timed), [r.phases_s for r in timed]  # "other"
 
 
+class Pair(nn.Module):
+    """A LightningModule's GAN: the generator and the discriminator held by one module whose own forward never runs
+    (Lightning calls its ``training_step``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.generator, self.discriminator = Slow(0.02), Slow(0.005)
+
+
+def test_a_discriminator_whose_optimizer_steps_second_in_a_module_holding_both_is_trained_not_frozen() -> None:
+    # given: Lightning's GAN tutorial order: the generator's optimizer steps first, then the discriminator's, each
+    # step, both models in one module whose forward is never called
+    collector = StepsCollector()
+    pair = Pair()
+    opt_g = torch.optim.SGD(pair.generator.parameters(), lr=0.01)
+    opt_d = torch.optim.SGD(pair.discriminator.parameters(), lr=0.01)
+    real = torch.randn(8, 4)
+    collector.start(Path("."))
+    try:
+        for _ in range(8):
+            fake = pair.generator(torch.randn(8, 4))
+            opt_g.zero_grad()
+            pair.discriminator(fake).mean().backward()
+            opt_g.step()
+            opt_d.zero_grad()
+            (pair.discriminator(real).mean() - pair.discriminator(fake.detach()).mean()).backward()
+            opt_d.step()
+    finally:
+        result = collector.stop()
+    capture = result.payload
+    # then: the discriminator is not taken for a frozen model (it read "Slow (20 parameters, none trained)", its
+    # three calls "other"), and its forward is the step's forward with the generator's
+    assert capture.frozen_models == (), capture.frozen_models
+    timed = [r for r in capture.records if not r.profiled and r.index >= 4]
+    assert timed and all(r.phases_s["forward"] >= 0.03 for r in timed), [r.phases_s for r in timed]
+
+
 class SelfTrainedLayer(nn.Linear):
     """A layer that trains itself, calling its own ``forward`` (pytorch/examples' forward-forward ``Layer``): its
     forward takes a known time (a sleep)."""

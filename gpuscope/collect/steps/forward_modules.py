@@ -66,8 +66,8 @@ class ForwardModules:
         """The trained model's forward passes in eval mode, and in train mode with gradients off."""
         self._descended = 0
         self._silent: list[str] = []  # modules hooked whose forward did not run (replaced by their children)
+        self._silent_ids: set[int] = set()  # ...their ids
         self._root_refs: list[weakref.ref[Any]] = []
-        self._covered: set[int] = set()  # ids of the parameters the hooked modules hold
         self.roots: list[str] = []
         """Class names of the roots found (empty until then)."""
         self.left_out = 0
@@ -100,15 +100,23 @@ class ForwardModules:
 
     def add_roots(self, nn: Any, trained: set[int]) -> bool:
         """An optimizer first stepped after the roots were found (a GAN's generator, stepped after its
-        discriminator): hook the outermost modules holding its parameters (``trained``) that no hooked module holds.
-        True when there were any: the step that just ended ran their forward untimed (to be left out)."""
-        if self._trained is None or trained <= self._covered:
-            return False  # every module held parameters already, or a hooked module holds these
+        discriminator): its parameters (``trained``) are trained, not a frozen model's, and the outermost modules
+        holding them that no hooked module holds are hooked. True when there were any: the step that just ended ran
+        their forward untimed (to be left out)."""
+        if self._trained is None:
+            return False  # every module held parameters already
         self._trained |= trained
         self.frozen.forget(self._updates)
-        roots = [m for m in self._outermost(_modules(nn)) if id(m) not in self._hooked
-                 and not any(id(p) in self._covered for p in m.parameters())]
-        roots = roots[:MAX_ROOT_MODULES - len(self._hooked)]
+        # (the modules hooked now, not every one hooked so far: a LightningModule holding both of a GAN's models
+        # was hooked first and replaced by the generator, the one its first optimizer trains)
+        held = {id(p) for _, ref in self._hooked.values() if (m := ref()) is not None for p in m.parameters()}
+        if trained <= held:
+            return False
+        holders = [m for m in _modules(nn) if id(m) not in self._hooked and id(m) not in self._silent_ids
+                   and any(id(p) in trained for p in m.parameters())
+                   and not any(id(p) in held for p in m.parameters())]
+        inner = {id(c) for m in holders for c in m.modules() if c is not m}
+        roots = [m for m in holders if id(m) not in inner][:MAX_ROOT_MODULES - len(self._hooked)]
         if not roots:
             return False
         self._hook(_with_wrapped(roots)[:MAX_ROOT_MODULES - len(self._hooked)])
@@ -152,6 +160,7 @@ class ForwardModules:
         for module in silent:
             del self._hooked[id(module)]
             self._silent.append(type(module).__name__)
+            self._silent_ids.add(id(module))
         if self._descended < MAX_DESCENT:
             self._descended += 1
             children: dict[int, Any] = {}
@@ -232,7 +241,6 @@ class ForwardModules:
     def _hook(self, modules: list[Any]) -> None:
         for module in modules:
             self._hooked[id(module)] = (type(module), weakref.ref(module))
-            self._covered.update(id(p) for p in module.parameters())
         self._wrap_classes(modules)
         self.checking = [weakref.ref(m) for m in modules]
 
