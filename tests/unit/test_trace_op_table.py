@@ -234,6 +234,11 @@ class StepEvents:
     def in_window(self) -> bool:
         return False
 
+    loops = 1
+
+    def loops_begun(self) -> int:
+        return self.loops
+
     def add_phase_listener(self, listener: Any) -> None:
         self.__dict__.setdefault("phase_listeners", []).append(listener)
 
@@ -371,6 +376,29 @@ def test_steps_whose_pace_moves_after_the_window_are_traced_again(tmp_path: Path
     longer = "longer" if step_ms(300) > 1 else "shorter"
     assert result.notes[-1].endswith(f"x {longer} than just after the trace before")
     assert not (tmp_path / (TRACE_FILE + ".part")).exists()
+
+
+def test_steps_three_times_slower_in_a_second_training_loop_are_not_traced_again(tmp_path: Path) -> None:
+    # given: a head trained alone for 100 steps, then the whole network by a new optimizer, 3x slower a step (the
+    # run's figures describe the loop its windows fell in, the first)
+    collector = started(tmp_path, active=3)
+    collector._quiet_from = {False: 5, True: 5}
+    events = collector._events
+    torch = pytest.importorskip("torch")
+    now, x, due = [0.0], torch.randn(16, 16), 0
+    collector._clock = lambda: now[0]
+    # when 400 steps run, the second loop from step 100
+    for index in range(400):
+        events.loops = 1 if index < 100 else 2  # type: ignore[union-attr]
+        if index >= due:
+            due = index + (collector._on_step(index) or 1)
+        (x @ x).relu().sum()
+        now[0] += (1.0 if index < 100 else 3.0) / 1e3
+    result = collector.stop()
+    # then: trace.json keeps the first loop's steps 2-4, with no note
+    assert isinstance(result.payload, TraceCapture)
+    assert result.payload.recorded == (2, 3, 4) and not result.notes
+    assert first_traced(tmp_path / TRACE_FILE) == 2
 
 
 def test_a_run_ending_before_the_trace_taken_again_is_whole_keeps_the_first(tmp_path: Path) -> None:

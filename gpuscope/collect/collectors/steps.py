@@ -186,6 +186,9 @@ class StepsCollector:
     def in_window(self) -> bool:  # whether one of gpuscope's profilers is running now
         return self.tracker.in_window  # type: ignore[union-attr]
 
+    def loops_begun(self) -> int:  # training loops begun so far (``LoopBook.begun``)
+        return self._optimizer_watch.loops.begun()
+
     def steps_seen(self) -> int:  # steps counted so far
         return self.tracker.log.count  # type: ignore[union-attr]
 

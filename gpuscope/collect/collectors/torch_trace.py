@@ -115,6 +115,7 @@ class TorchTraceCollector(StepFollower):
         self._pace_mark: tuple[int, float] | None = None  # (step, clock) of the last look at the pace
         self._clock: Callable[[], float] = time.perf_counter
         self._paces: list[float] = []  # each look's mean step time since the one before, after the windows
+        self._loop = 1  # the training loop the trace recorded steps of (``StepEvents.loops_begun``)
         self._retraces: list[tuple[int, int, float]] = []  # (first step, last step, the pace's ratio) of the traces
         # taken again, the last one under way until saved
         self._previous: tuple[list[int], list[tuple[int, float]], list[tuple[int, float, float]]] | None = None
@@ -182,6 +183,7 @@ class TorchTraceCollector(StepFollower):
                 return
             if phase == "active":
                 self._recorded.append(index)
+                self._loop = self._events.loops_begun()  # type: ignore[union-attr]
                 self._one_closure_call()
             if phase in ("active", "after"):
                 self._note_wait(index)
@@ -197,10 +199,13 @@ class TorchTraceCollector(StepFollower):
         """After the trace: a look at the steps' pace every few steps, once every window has closed; where it has moved
         ``RETRACE_PACE`` times from the pace just after the windows, the trace is taken again from the next step
         (``RETRACES`` times at most). None on a job of several ranks, whose traces must hold the same steps, on a run
-        of long steps (one step traced, a few in all) and after an optimizer closure's call was recorded."""
+        of long steps (one step traced, a few in all), after an optimizer closure's call was recorded, and once
+        another training loop has begun: the figures describe the loop the windows fell in (a head trained, then
+        the whole network, 3x slower a step, traced again, left the verdict without its op profile)."""
         events = self._events
         if len(self._retraces) >= RETRACES or self.active != self._asked_active or self._shapes \
-                or self._closure_base is not None or _several_ranks():
+                or self._closure_base is not None or _several_ranks() \
+                or events.loops_begun() != self._loop:  # type: ignore[union-attr]
             self._unfollow()
             return None
         now = self._clock()

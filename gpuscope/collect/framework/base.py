@@ -102,6 +102,11 @@ class StepEvents(Protocol):
         """Whether one of gpuscope's profilers is running now."""
         ...
 
+    def loops_begun(self) -> int:
+        """Training loops begun so far (an optimizer ending the steps over parameters unlike its predecessor's):
+        1 until a second begins."""
+        ...
+
     def steps_seen(self) -> int:
         """Steps counted so far."""
         ...

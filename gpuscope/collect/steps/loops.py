@@ -49,6 +49,10 @@ class LoopBook:
             self._starts.append(start)
         self.trains, self._since = trains, step
 
+    def begun(self) -> int:
+        """Loops begun so far (at least 1)."""
+        return max(1, len(self._starts))
+
     def starts(self) -> tuple[LoopStart, ...]:
         """Where each loop began; empty where the run had one loop (or none)."""
         return tuple(self._starts) if len(self._starts) > 1 else ()
