@@ -32,9 +32,11 @@ def reduce_communication(run: RunRecord) -> Finding | None:
     Fix: a larger batch per rank, or gradient accumulation with ``model.no_sync()`` (one all-reduce per k
     micro-batches); also DDP(bucket_cap_mb=...) to start all-reduces earlier, and ``gradient_as_bucket_view=True``.
     The share is of the profiled steps' own time, as the communication verdict's: where those steps ran at another
-    pace than the steady ones, it stands where the verdict does (at its bar), and says so. Collectives issued in
-    forward (tensor parallelism's all-reduces of activations) come with every forward pass, however often gradients
-    are sent: their part of the wait is left out of the gain."""
+    pace than the steady ones, it stands where the verdict does (at its bar), and says so. Where they ran like the
+    steady ones but for the profiler, the gain's share is of the steady step where it is larger there: the profiler
+    slows the step's own work, not the collectives'. Collectives issued in forward (tensor parallelism's all-reduces
+    of activations) come with every forward pass, however often gradients are sent: their part of the wait is left
+    out of the gain."""
     comm = run.op_profile.communication  # type: ignore[union-attr]
     median = run.steps.median_s
     if comm is None or not median:
@@ -57,6 +59,11 @@ def reduce_communication(run: RunRecord) -> Finding | None:
         *((unlike,) if (unlike := unlike_window(run)) is not None else ()),
     )
     steps = th.ACCUMULATION_STEPS
+    steady = min(1.0, comm.own_exposed_s / median) * (1 - forward)
+    if comm.step_s and unlike is None and steady > share:  # the profiler slowed the step's work, not the collectives'
+        evidence += (f"the profiler slowed the step's own work, not the collectives': against the {median * 1e3:.1f} "
+                     f"ms steady-state step that wait is {steady:.0%}, the share the gain is of",)
+        share = steady
     return Finding(share * (1 - 1 / steps), evidence)
 
 
