@@ -200,8 +200,7 @@ class TorchTraceCollector(StepFollower):
         ``RETRACE_PACE`` times from the pace just after the windows, the trace is taken again from the next step
         (``RETRACES`` times at most). None on a job of several ranks, whose traces must hold the same steps, on a run
         of long steps (one step traced, a few in all), after an optimizer closure's call was recorded, and once
-        another training loop has begun: the figures describe the loop the windows fell in (a head trained, then
-        the whole network, 3x slower a step, traced again, left the verdict without its op profile)."""
+        another training loop has begun: the figures describe the loop the windows fell in."""
         events = self._events
         if len(self._retraces) >= RETRACES or self.active != self._asked_active or self._shapes \
                 or self._closure_base is not None or _several_ranks() \
