@@ -140,7 +140,8 @@ def claim_summary(job_dir: Path) -> bool:
     said = job_dir / SAID_FILE
     with _locked(job_dir):
         records = sorted(job_dir.glob(f"{RANK_DIR.format(rank='*')}/{RUN_JSON}"))
-        written = " ".join(f"{path.parent.name}:{path.stat().st_size}:{path.stat().st_mtime_ns}" for path in records)
+        written = " ".join(f"{path.parent.name}:{stat.st_size}:{stat.st_mtime_ns}"
+                           for path, stat in ((path, path.stat()) for path in records))
         if said.is_file() and said.read_text() == written:
             return False
         said.write_text(written)

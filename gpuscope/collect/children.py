@@ -71,27 +71,42 @@ def schedstat(pid: int | str, proc: str = PROC) -> tuple[float, float] | None:
         return None
 
 
-class OwnThreads:
-    """The run's own process's time on a CPU and runnable but waiting for one, summed over its threads (the
-    kernel's ``/proc/PID/task/TID/schedstat``) from the first reading to the last: a thread that ends keeps its last
-    reading, a thread that begins counts from zero."""
+class _Threads:
+    """Each of a process's threads' last reading of its time on a CPU and runnable but waiting for one (the kernel's
+    ``/proc/PID/task/TID/schedstat``: the process's own ``/proc/PID/schedstat`` is its first thread's alone); a
+    thread that ends keeps its last reading."""
 
     def __init__(self, pid: int, proc: str = PROC) -> None:
         self._tasks = f"{proc}/{pid}/task"
-        self._first: dict[int, tuple[float, float]] | None = None
         self._last: dict[int, tuple[float, float]] = {}
 
-    def read(self) -> None:
+    def read(self) -> bool:
+        """Read every thread; False where the process is gone."""
         try:
             tids = [int(tid) for tid in os.listdir(self._tasks)]
         except (OSError, ValueError):
-            return
+            return False
         for tid in tids:
             times = schedstat(tid, self._tasks)
             if times is not None:
                 self._last[tid] = times
+        return True
+
+
+class OwnThreads(_Threads):
+    """The run's own process's time on a CPU and runnable but waiting for one, summed over its threads, from the
+    first reading to the last: a thread that begins counts from zero."""
+
+    def __init__(self, pid: int, proc: str = PROC) -> None:
+        super().__init__(pid, proc)
+        self._first: dict[int, tuple[float, float]] | None = None
+
+    def read(self) -> bool:
+        if not super().read():
+            return False
         if self._first is None:
             self._first = dict(self._last)
+        return True
 
     def totals(self) -> tuple[float, float] | None:
         """(CPU seconds, seconds runnable waiting for a core) since the first reading; None where none was made."""
@@ -103,25 +118,9 @@ class OwnThreads:
         return max(0.0, cpu), max(0.0, waiting)
 
 
-class ProcessThreads:
-    """A process's time on a CPU and runnable but waiting for one since it started, summed over all its threads
-    (``/proc/PID/task/TID/schedstat``: the process's own ``/proc/PID/schedstat`` is its first thread's alone, and a
-    trainer's torch threads were left out), a thread that ends keeping its last reading; and how many of its threads
-    did work (torch's intra-op threads among them)."""
-
-    def __init__(self, pid: int, proc: str = PROC) -> None:
-        self._tasks = f"{proc}/{pid}/task"
-        self._last: dict[int, tuple[float, float]] = {}
-
-    def read(self) -> None:
-        try:
-            tids = [int(tid) for tid in os.listdir(self._tasks)]
-        except (OSError, ValueError):  # exited
-            return
-        for tid in tids:
-            times = schedstat(tid, self._tasks)
-            if times is not None:
-                self._last[tid] = times
+class ProcessThreads(_Threads):
+    """A process the script started: its time on a CPU and runnable but waiting for one since it started, summed
+    over all its threads (a trainer's torch threads among them), and how many of its threads did work."""
 
     def totals(self) -> tuple[float, float, int] | None:
         """(CPU seconds, seconds waiting for a core, threads that did work) as last read; None where it never was.

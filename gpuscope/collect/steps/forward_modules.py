@@ -115,8 +115,7 @@ class ForwardModules:
         holders = [m for m in _modules(nn) if id(m) not in self._hooked and id(m) not in self._silent_ids
                    and any(id(p) in trained for p in m.parameters())
                    and not any(id(p) in held for p in m.parameters())]
-        inner = {id(c) for m in holders for c in m.modules() if c is not m}
-        roots = [m for m in holders if id(m) not in inner][:MAX_ROOT_MODULES - len(self._hooked)]
+        roots = self._outermost(holders)[:MAX_ROOT_MODULES - len(self._hooked)]
         if not roots:
             return False
         self._hook(_with_wrapped(roots)[:MAX_ROOT_MODULES - len(self._hooked)])
