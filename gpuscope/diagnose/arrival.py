@@ -140,6 +140,9 @@ def _rank(rank: int, comm: Communication, calls: Mapping[Key, CollectiveCall], g
     own_steps, cpu_waits, phase_steps = [], [], []
     exposed = step_us = 0.0
     for step in steps:
+        span = by_number.get(step)
+        if span is None:  # every figure is over the steps with a span
+            continue
         mine = [(k, c) for k, c in calls.items() if k[0] == step]
         waits = union((c.arrival_us, c.arrival_us + gap[k]) for k, c in mine if gap[k] > 0)
         idle: dict[str, list[Span]] = {}
@@ -153,9 +156,6 @@ def _rank(rank: int, comm: Communication, calls: Mapping[Key, CollectiveCall], g
             exposed += length(spans)
             blocked[phase] = length(spans)
             waited[phase] = length(intersect(spans, waits))
-        span = by_number.get(step)
-        if span is None:
-            continue
         length_us = span.end_us - span.start_us
         step_us += length_us
         phases = {p: span.phases_s.get(p, 0.0) * 1e6 for p in PHASES}

@@ -8,7 +8,9 @@ Analysis's communication/computation overlap, per device and within the recorded
 tell: DDP's all-reduce is queued from the autograd thread, and the training thread only waits at the end.)
 
 On a CPU run (gloo), on the host: gloo records each collective as a ``gloo:all_reduce`` range on its own worker
-thread. In flight: their union within the recorded steps; exposed: the part during which the *training thread*
+thread, from when its worker picked it up; the training thread issued it earlier (its ``c10d::`` call) and may
+wait on it while it is queued (a worker busy with an earlier one, or waiting for a core). In flight: each collective
+from its issue to gloo's end, their union within the recorded steps; exposed: the part during which the *training thread*
 (the one that ran the ``ProfilerStep#N`` ranges) was inside no op, waiting (DDP waits at the end of
 ``backward()``). If the trace holds no op of the training thread inside the steps at all (a sampled or stripped
 trace), what it did meanwhile is unknown, and no wait is claimed (``exposure_measured`` False).
@@ -115,7 +117,7 @@ def host_communication(index: TraceIndex, steps: Sequence[StepSpan], count: int)
     """gloo's collectives against the training thread's ops, within the steps (the whole trace when it has no
     step, and then the thread with the most ops stands for the training thread); None without a collective."""
     within = union((s.start_us, s.end_us) for s in steps) if steps else None
-    in_flight = union(index.collectives)
+    in_flight = union(_from_issue(index.issued, sorted(index.collectives)))
     if within is not None:
         in_flight = intersect(in_flight, within)
     if not in_flight:
@@ -153,16 +155,25 @@ def host_calls(index: TraceIndex, steps: Sequence[StepSpan], ops: list[Span] | N
                   if _step_at(steps, starts, span[0]) is not None)
     issued = sorted(call for call in index.issued if _step_at(steps, starts, call[0]) is not None)
     paired = len(issued) == len(runs)
+    arrivals = _from_issue(issued, [span for span, _ in runs])
     phases = {s.number: phase_spans(index, s) for s in steps}
     found = []
     for k, ((start, end), name) in enumerate(runs[:MAX_CALLS]):
-        arrival = min(issued[k][0], start) if paired else start
+        arrival = arrivals[k][0]
         step = _step_at(steps, starts, arrival) or _step_at(steps, starts, start)
         assert step is not None  # runs are within the steps
         idle = () if ops is None else tuple(_by_phase(_gaps(ops, arrival, end), phases[step.number]))
         kind = collective_kind(issued[k][2] if paired else name)  # gloo runs a reduce-scatter as an all-reduce
         found.append(CollectiveCall(step.number, kind, arrival, end, idle, _phase_at(phases[step.number], arrival)))
     return found
+
+
+def _from_issue(issued: Sequence[tuple[float, float, str]], runs: Sequence[Span]) -> list[Span]:
+    """gloo's ``runs`` (by start) each from when it was issued: the ``c10d::`` calls (by start) pair with them one to
+    one where there are as many; else the runs as they are."""
+    if len(issued) != len(runs):
+        return list(runs)
+    return [(min(call[0], start), end) for call, (start, end) in zip(sorted(issued), runs)]
 
 
 def _phase_at(phases: Mapping[str, list[Span]], t: float) -> str:

@@ -78,6 +78,30 @@ def test_collective_time_is_split_into_overlapped_and_exposed() -> None:
     assert comm.overlap == pytest.approx(200 / 600)
 
 
+def test_a_collective_queued_behind_gloos_worker_is_waited_on_from_when_the_step_issued_it() -> None:
+    # given: DDP's two buckets issued from backward at 390 and 590 us; gloo's worker runs the first 400-700 and picks
+    # the second up only at 900 (busy, or waiting for a core), while the training thread, its backward done at 600,
+    # sits idle until both have ended at 1000 (a compiled DDP step on a busy 2-core machine, 2026-12-01)
+    events = [
+        op("ProfilerStep#7", 0, 1100, cat="user_annotation"),
+        *(op("aten::mm", t, 100) for t in range(0, 600, 100)),
+        op("c10d::allreduce_", 390, 5), op("c10d::allreduce_", 590, 5),
+        op("gloo:all_reduce", 400, 300, tid=7, cat="user_annotation"),
+        op("gloo:all_reduce", 900, 100, tid=7, cat="user_annotation"),
+        op("aten::add_", 1000, 100),
+    ]
+    comm = communication(events, steps=1)
+    assert comm is not None and comm.calls_per_step == 2
+    # then: each collective is in flight from its issue, and the thread's whole wait, 600-1000, is exposed (the
+    # gloo ranges alone made it 200 us: 700-900, waiting on the queued bucket, was counted nowhere)
+    assert comm.comm_s == pytest.approx(610e-6)  # 390 to 1000
+    assert comm.exposed_s == pytest.approx(400e-6)
+    # and it is the time the calls say the thread sat idle inside them, which a job's wait for a later rank is of
+    idle = [(start, end) for call in comm.calls for start, end, _ in call.idle]
+    assert [call.arrival_us for call in comm.calls] == [390, 590]
+    assert max(end for _, end in idle) - min(start for start, _ in idle) == pytest.approx(400)
+
+
 def tensor_parallel_step(wait_us: float) -> list[dict]:
     """One step of a tensor-parallel MLP on gloo as torch.profiler records DTensor's functional collectives
     (pytorch/examples' tensor-parallel example on two CPU ranks): forward issues the all-reduce of the row-parallel
@@ -100,9 +124,9 @@ def test_a_functional_collectives_wait_is_the_training_threads_wait_not_its_arit
     # then the wait counts as time idle inside the collective, none of it overlapped with compute
     comm = communication(events, steps=1)
     assert comm is not None and comm.calls_per_step == 1
-    assert comm.comm_s == pytest.approx(10_040e-6)
+    assert comm.comm_s == pytest.approx(10_050e-6)  # from its issue (330) to gloo's end
     assert comm.exposed_s == pytest.approx(10_000e-6)  # 380 to 10380: inside wait_tensor, the thread ran nothing
-    assert comm.overlap == pytest.approx(40 / 10_040)
+    assert comm.overlap == pytest.approx(50 / 10_050)
     # the call arrived as forward issued it (c10d::allreduce_ at 330 us), and was waited for outside forward
     (call,) = comm.calls
     assert (call.arrival_us, call.issued_in) == (330, "forward")
