@@ -30,9 +30,12 @@ def memory_lines(record: RunRecord) -> list[str]:
     lines = []
     if memory.peak_bytes:
         parts = sorted((("parameters", memory.parameters_bytes), ("gradients", memory.gradients_bytes),
-                        ("optimizer state", memory.optimizer_state_bytes),
-                        ("activations", memory.activations_bytes)), key=lambda part: -part[1])
-        parts.append(("other", memory.inputs_bytes + memory.temporaries_bytes + memory.unknown_bytes))
+                        ("optimizer state", memory.optimizer_state_bytes), ("activations", memory.activations_bytes),
+                        ("inputs", memory.inputs_bytes), ("temporaries", memory.temporaries_bytes)),
+                       key=lambda part: -part[1])
+        small = [part for part in parts if part[1] < memory.peak_bytes / 100]  # said as "other", with the unplaced
+        parts = [part for part in parts if part not in small]
+        parts.append(("other", memory.unknown_bytes + sum(value for _, value in small)))
         split = ", ".join(f"{name} {byte_text(value)}" for name, value in parts if value)
         lines.append(f"  memory: peak {byte_text(memory.peak_bytes)}{PEAK_PHASES.get(memory.peak_phase, '')}"
                      f"{f' ({split})' if split else ''}")

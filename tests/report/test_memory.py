@@ -160,7 +160,7 @@ def test_the_summary_says_what_fills_memory_at_the_peak_and_names_the_leak() -> 
     memory = leak_record().memory
     assert memory_summary(leak_record()) == [
         "  memory: peak 30.3 MB at the optimizer (optimizer state 8.6 MB, parameters 4.3 MB, gradients 4.3 MB, "
-        "activations 4.2 MB, other 8.9 MB)",
+        "activations 4.2 MB, inputs 526.3 kB, other 8.4 MB)",
         "  memory grows 2.4 MB a step (leak): made at leak_feats.py:9 in forward"]
     not_a_leak = dataclasses.replace(memory, growth=dataclasses.replace(memory.growth, leak=False))
     assert len(memory_summary(make_record(memory=not_a_leak))) == 1
@@ -174,7 +174,7 @@ def test_the_summary_of_a_run_that_ran_out_of_memory_leads_with_it() -> None:
     assert not any(line.startswith("  memory") for line in lines)  # no peak was measured: no memory line
     full = memory_summary(gpu_record())
     assert full[0] == ("  memory: peak 42.9 GB in backward (optimizer state 12.9 GB, activations 12.9 GB, "
-                       "parameters 6.4 GB, gradients 6.4 GB, other 4.3 GB)")
+                       "parameters 6.4 GB, gradients 6.4 GB, temporaries 2.1 GB, inputs 1.1 GB, other 1.1 GB)")
     assert full[1] == ("  memory grows 104.9 MB a step (leak, 104.9 MB of it tensors kept): made at train.py:77 in "
                        "main, kept by the list "
                        "`history` (12 items)")

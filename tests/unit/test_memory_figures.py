@@ -65,6 +65,17 @@ def test_the_peak_is_split_into_categories_that_add_up_to_it_and_the_optimizers_
     assert memory.gradients_max_bytes == 4 * MB
 
 
+def test_what_a_step_made_is_no_parameter_whatever_the_timeline_took_it_for() -> None:
+    # given: per-sample gradients from torch.func (vmap over grad), 13 MB made in the step and alive as it ends, which
+    # torch's timeline took for parameters (DP-SGD on a 55k-parameter CNN, its real parameters 0.2 MB)
+    events = two_steps()
+    events.allocations.append(allocation(13 * MB, "parameters", 150, None))
+    memory = summarise(events, "cpu")
+    # then: the parameters are those made before the steps; the per-sample gradients are not placed
+    assert memory.parameters_bytes == 4 * MB
+    assert memory.unknown_bytes == 13 * MB
+
+
 def test_activations_at_their_highest_name_the_module_and_line_holding_them() -> None:
     memory = summarise(two_steps(), "cpu")
     # at 120-145: step 10's kept 2 MB, step 11's 3 MB and 2 MB

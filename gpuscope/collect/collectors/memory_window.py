@@ -501,12 +501,13 @@ RUNNER_FILE = os.path.join("gpuscope", "collect", "runner.py")
 def category_of(allocation: Allocation) -> str:
     """The category shown: an optimizer's and backward's intermediate results are temporaries, whatever the timeline's
     data flow made of them (it took Adam's per-parameter quotients for activations, left its foreach results
-    unplaced, and took their square roots, made and freed inside the measured steps, for parameters: a steady step's
-    parameters were all made before it)."""
+    unplaced, and took their square roots, made and freed inside the measured steps, for parameters), and nothing
+    made inside the measured steps is a parameter: a steady step's parameters were all made before it (the timeline
+    took per-sample gradients from ``torch.func``, 13.3 MB of a 55k-parameter CNN's, for parameters)."""
     made_here = allocation.created_ns is not None
     if allocation.category in ("activations", "unknown") and (allocation.in_optimizer or allocation.in_backward):
         return "temporaries"  # (and what it could not place there: Adam's foreach results, 8.4 MB of an MLP's peak)
-    if allocation.category == "parameters" and made_here and allocation.destroyed_ns is not None:
+    if allocation.category == "parameters" and made_here:
         return "temporaries" if allocation.in_optimizer else "unknown"
     return allocation.category
 
