@@ -169,6 +169,27 @@ def test_distribution_checks_are_costed_from_the_steady_steps_and_named_with_the
                        "torch.distributions.Distribution.set_default_validate_args(False) once before training")
 
 
+def test_checks_in_the_rollouts_left_out_of_the_steps_are_said_with_their_share_of_the_run() -> None:
+    # given: a PPO loop (CleanRL's) whose steps 1-10 are updates of 100 ms checking 4 ms each, and whose 4 rollouts (steps 11-14, a policy sampling an action per environment step) check 256 times,
+    # 15 ms of each rollout's 130 ms: 20 updates and the 4 rollouts in all
+    record = run_with(habits(distribution_check_steps=tuple(range(1, 15)),
+                             distribution_check_s=(0.004,) * 10 + (0.015,) * 4,
+                             distribution_check_counts=(2,) * 10 + (256,) * 4, distribution_sites=(POLICY,)))
+    sample = StepSample(index=tuple(range(15)), wall_s=(0.1,) * 11 + (0.13,) * 4,
+                        status=("warmup",) + ("steady",) * 10 + ("eval",) * 4)
+    steps = dataclasses.replace(record.steps, sample=sample, count=20, evaluated=4, evaluated_s=0.52,
+                                evaluated_in_train_mode=1.0)
+    check, rec = outcome(dataclasses.replace(record, steps=steps), "skip-distribution-checks")
+    # then: the evidence gives the run's share too, (20 x 4 + 4 x 15 ms) / (20 x 100 + 520 ms) = 5.6%; the gain
+    # stays the update step's (the contract's: a share of step time)
+    assert check.status == "fired"
+    assert rec.evidence[1] == (
+        "the 4 steps holding a rollout checked 256 times each, taking 15.00 ms of each one's 130.0 ms: with them "
+        "the checks are 6% of the run's training time (0.5 s of rollouts and 2.0 s of updates), which the step's "
+        "share leaves out")
+    assert rec.expected_gain == pytest.approx(0.04)
+
+
 def test_on_a_gpu_the_checks_waits_for_the_device_are_said() -> None:
     _, rec = outcome(policy_run((0.02,) * 10, device="cuda"), "skip-distribution-checks")
     assert rec.evidence[-1] == "on the GPU each check also waits for the device to hand back its verdict"
