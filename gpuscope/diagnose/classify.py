@@ -184,7 +184,24 @@ def _classify_steps(record: RunRecord, needed: int) -> Verdict:
     verdict = _classify_cuda(record) if record.device == "cuda" else _classify_cpu(record)
     if verdict.bound == "data-loading":  # waiting on an iterator of the script's own (_waiting_iterator)
         return verdict
-    return Verdict(verdict.bound, verdict.confidence, (*verdict.evidence, *waits))
+    return Verdict(verdict.bound, verdict.confidence, (*verdict.evidence, *waits, *_between_phases(record)))
+
+
+def _between_phases(record: RunRecord) -> list[str]:
+    """Where the step's ``other`` phase is notable, the script's functions that ran there, by the Python profile
+    (``python_profile.between_phases``), each with its share of the profiled steps' time."""
+    profile, other = record.python_profile, record.breakdown.other
+    if profile is None or other < th.OTHER_NAMED or not profile.between_phases:
+        return []
+    loop_s = profile.total_s - profile.startup_s
+    named = [f for f in profile.between_phases if loop_s > 0 and f.cumulative_s >= th.BETWEEN_PHASES_NAMED * loop_s]
+    if not named:
+        return []
+    window = profile.window
+    steps = "the whole run" if profile.whole_run else f"steps {window.first_step}-{window.last_step}"
+    said = ", ".join(f"{f.function} ({f.file}:{f.line}) {f.cumulative_s / loop_s:.0%}" for f in named)
+    return [f"other is {other:.0%} of each step: the script's own code between the phases, which the Python profile "
+            f"({steps}) finds in {said} of its time"]
 
 
 def _why_no_step(record: RunRecord) -> str:

@@ -183,6 +183,15 @@ the optimizer and loader waits: a generator building batches, logging, an enviro
 crops in a generator had "other" 70%, ops 33%, and read CPU-compute-bound at 0.92. Compute-bound runs here had "other"
 at most 7%, launch-bound tiny models 6-27%; a distillation loop's frozen teacher (no_grad) "other" 79%, ops 81%."""
 
+OTHER_NAMED = 0.15
+"""Where the step's "other" phase (the script's code between forward, backward, the optimizer and the loader waits)
+takes this share or more, the verdict names the script's functions that ran there, by the Python profile: an EMA of
+the weights updated after each step (timm's ModelEmaV2 on a 12-block MLP) was 20% of the step; launch-bound tiny
+models had "other" at 6-27%, mostly the loop's own lines, which no function holds."""
+BETWEEN_PHASES_NAMED = 0.02
+"""...each function named from this share of the Python profile's steps up: below it, a line that would not say
+where the time is."""
+
 AUTOCAST_KIND_NOTABLE = 0.05
 """``cpu-mixed-precision`` counts a kind of op (convolutions, matmuls) from a twentieth of the step's op time: a
 conv net's linear head (0.4% of it) would save a fraction of a millisecond, and its line would only crowd the

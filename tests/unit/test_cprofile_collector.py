@@ -123,3 +123,63 @@ def test_the_startup_profile_pauses_while_a_paused_import_runs(monkeypatch: pyte
     assert "heavy_import_body" not in functions
     assert "<built-in method builtins.sorted>" in functions
     assert StrictProfile.on is None
+
+
+# -- the script's code between the phases ---------------------------------------------------------------------------
+def ema_update(ema: list, params: list) -> None:
+    for e, p in zip(ema, params):
+        lerp(e, p)
+
+
+def lerp(e, p) -> None:
+    e.mul_(0.9).add_(p.detach(), alpha=0.1)
+
+
+def doubled(x):
+    return x * 2
+
+
+def train_step(model, opt, x) -> None:
+    model(x).sum().backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def loop(steps: int, model, opt, ema: list) -> None:
+    import torch
+
+    for _ in range(steps):
+        train_step(model, opt, torch.randn(4, 8))
+        ema_update(ema, list(model.parameters()))
+
+
+def model_and_ema() -> tuple:
+    import torch
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(8, 8)
+
+        def forward(self, x):
+            return doubled(self.fc(x))  # a function of the script's, run inside the forward
+
+    model = Net()
+    return model, torch.optim.SGD(model.parameters(), lr=0.1), [p.detach().clone() for p in model.parameters()]
+
+
+def test_the_scripts_functions_between_the_phases_are_those_that_call_no_phase_and_run_in_none() -> None:
+    # given: a loop whose step (train_step: forward, backward, the optimizer) is followed by an EMA of the weights
+    pytest.importorskip("torch")
+    if profiler_in_use():
+        pytest.skip("another profiler holds the slot")
+    model, opt, ema = model_and_ema()
+    profile = cProfile.Profile()
+    profile.enable()
+    loop(3, model, opt, ema)
+    profile.disable()
+    # then: the EMA is named, its lerp() inside it not again; the loop and the step, which run the phases, are not,
+    # nor the forward's helper, which runs inside one
+    named = collector_module.between_phases(pstats.Stats(profile))
+    assert [f.function for f in named] == ["ema_update"]
+    assert named[0].calls == 3 and named[0].file.endswith("test_cprofile_collector.py")

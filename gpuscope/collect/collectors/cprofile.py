@@ -205,6 +205,7 @@ class CProfileCollector(StepFollower):
             startup_s=startup_s,
             top_own=top_own,
             top_cumulative=top_cumulative,
+            between_phases=between_phases(loop) if loop is not None else (),
             **self._worker_fields(),
         )
         return CollectorResult(CollectorStatus("ok"), profile)
@@ -263,6 +264,66 @@ def top_functions(stats: pstats.Stats, by: str, limit: int = TOP_FUNCTIONS) -> t
     rows.sort(key=lambda r: (-r[column], r[0], r[1], r[2]))  # thousands of rows: only the top are named
     return tuple(FunctionStat(function, short_path(file), line, calls, own, cumulative)
                  for file, line, function, calls, own, cumulative in rows[:limit])
+
+
+PHASE_CODE = (("torch/nn/modules/module.py", "_call_impl"), ("torch/autograd/__init__.py", ""),
+              ("torch/_tensor.py", "backward"), ("torch/optim/", ""), ("torch/utils/data/", ""))
+"""(file, function) of the code that makes a step's phases (any function of the file where none is named): a
+module's call (forward), autograd's backward, an optimizer, a DataLoader."""
+BETWEEN_PHASES = 3
+
+
+def between_phases(stats: pstats.Stats, limit: int = BETWEEN_PHASES) -> tuple[FunctionStat, ...]:
+    """The script's own functions in ``stats`` that neither call into a phase's code (``PHASE_CODE``) nor run
+    inside it, heaviest by cumulative time first: the code between the phases (an EMA update after the optimizer's
+    step). A library's functions (site-packages, the standard library) and gpuscope's are not the script's."""
+    table: dict[tuple[str, int, str], tuple[Any, ...]] = stats.stats  # type: ignore[attr-defined]
+    callees: dict[tuple[str, int, str], list[tuple[str, int, str]]] = {}
+    for key, (*_, callers) in table.items():
+        for caller in callers:
+            callees.setdefault(caller, []).append(key)
+    phase = [key for key in table if _is_phase_code(key)]
+    inside = _reach(phase, lambda key: callees.get(key, ()))
+    around = _reach(phase, lambda key: table[key][4] if key in table else ())
+    rows = [(key, row) for key, row in table.items() if key not in inside and key not in around and _scripts(key[0])
+            and row[3] > 0]
+    rows.sort(key=lambda item: -item[1][3])
+    named: list[FunctionStat] = []
+    under: set[tuple[str, int, str]] = set()  # what the functions named call: their time is in the named ones'
+    for (file, line, function), row in rows:
+        if len(named) == limit:
+            break
+        if (file, line, function) in under:
+            continue
+        named.append(FunctionStat(function, short_path(file), line, row[1], row[2], row[3]))
+        under |= _reach([(file, line, function)], lambda key: callees.get(key, ()))
+    return tuple(named)
+
+
+def _is_phase_code(key: tuple[str, int, str]) -> bool:
+    path = key[0].replace(os.sep, "/")
+    return any(part in path and (not function or key[2] == function) for part, function in PHASE_CODE)
+
+
+def _reach(start: list[Any], step: Callable[[Any], Any]) -> set[Any]:
+    seen = set(start)
+    todo = list(start)
+    while todo:
+        for nxt in step(todo.pop()):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return seen
+
+
+def _scripts(file: str) -> bool:
+    """Whether ``file`` is the script's own code: a real file outside site-packages, the standard library and
+    gpuscope."""
+    if file == "~" or not os.path.isabs(file) or file.startswith(_GPUSCOPE_DIR):
+        return False
+    if any(marker in file for marker in ("site-packages" + os.sep, "dist-packages" + os.sep)):
+        return False
+    return not file.startswith(sysconfig.get_paths()["stdlib"] + os.sep)
 
 
 def _users_share(calls: int, own: float, cumulative: float, callers: dict[Any, tuple[Any, ...]]) -> tuple[
