@@ -10,8 +10,8 @@ tell: DDP's all-reduce is queued from the autograd thread, and the training thre
 On a CPU run (gloo), on the host: gloo records each collective as a ``gloo:all_reduce`` range on its own worker
 thread, from when its worker picked it up; the training thread issued it earlier (its ``c10d::`` call) and may
 wait on it while it is queued (a worker busy with an earlier one, or waiting for a core). In flight: each collective
-from its issue to gloo's end, their union within the recorded steps; exposed: the part during which the *training thread*
-(the one that ran the ``ProfilerStep#N`` ranges) was inside no op, waiting (DDP waits at the end of
+from its issue to gloo's end, their union within the recorded steps; exposed: the part during which the *training
+thread* (the one that ran the ``ProfilerStep#N`` ranges) was inside no op, waiting (DDP waits at the end of
 ``backward()``). If the trace holds no op of the training thread inside the steps at all (a sampled or stripped
 trace), what it did meanwhile is unknown, and no wait is claimed (``exposure_measured`` False).
 

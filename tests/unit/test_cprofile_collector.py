@@ -183,3 +183,9 @@ def test_the_scripts_functions_between_the_phases_are_those_that_call_no_phase_a
     named = collector_module.between_phases(pstats.Stats(profile))
     assert [f.function for f in named] == ["ema_update"]
     assert named[0].calls == 3 and named[0].file.endswith("test_cprofile_collector.py")
+
+
+def test_a_phases_code_is_torchs_own_not_a_package_whose_path_ends_like_it() -> None:
+    adam = ("/venv/lib/python3.11/site-packages/torch/optim/adam.py", 214, "step")
+    assert collector_module._is_phase_code(adam)
+    assert not collector_module._is_phase_code(("/home/me/mytorch/optim/schedule.py", 3, "step"))

@@ -266,8 +266,8 @@ def top_functions(stats: pstats.Stats, by: str, limit: int = TOP_FUNCTIONS) -> t
                  for file, line, function, calls, own, cumulative in rows[:limit])
 
 
-PHASE_CODE = (("torch/nn/modules/module.py", "_call_impl"), ("torch/autograd/__init__.py", ""),
-              ("torch/_tensor.py", "backward"), ("torch/optim/", ""), ("torch/utils/data/", ""))
+PHASE_CODE = (("/torch/nn/modules/module.py", "_call_impl"), ("/torch/autograd/__init__.py", ""),
+              ("/torch/_tensor.py", "backward"), ("/torch/optim/", ""), ("/torch/utils/data/", ""))
 """(file, function) of the code that makes a step's phases (any function of the file where none is named): a
 module's call (forward), autograd's backward, an optimizer, a DataLoader."""
 BETWEEN_PHASES = 3

@@ -226,12 +226,12 @@ def _distribution_check_s(run: RunRecord) -> tuple[float, float] | None:
     return statistics.median(s for s, _ in kept), statistics.median(n for _, n in kept)
 
 
-def _rollout_checks(run: RunRecord) -> tuple[float, float, float] | None:
+def _rollout_checks(run: RunRecord, checks: tuple[float, float]) -> tuple[float, float, float] | None:
     """Where the steps held rollouts (``steps.rollouts``): the checks' seconds and count in a rollout's step (medians
-    over those the practices kept), and their share of the run's training time, updates and rollouts together."""
+    over those the practices kept), and their share of the run's training time, updates (``checks`` a step) and
+    rollouts together."""
     p, steps = run.practices, run.steps
-    checks = _distribution_check_s(run)
-    if p is None or checks is None or not steps.rollouts or not steps.evaluated or not steps.evaluated_s:
+    if p is None or not steps.rollouts or not steps.evaluated or not steps.evaluated_s:
         return None
     sample = steps.sample
     held = {i for i, status in zip(sample.index, sample.status) if status == "eval"}
@@ -271,9 +271,9 @@ def skip_distribution_checks(run: RunRecord) -> Finding | None:
     rollout, 9% of the run, where the run without them was 10% faster)."""
     checks = _distribution_check_s(run)
     share = _distribution_share(run)
-    rollouts = _rollout_checks(run)
     if checks is None or share is None or share < DISTRIBUTION_CHECKS_MIN_SHARE:
         return None
+    rollouts = _rollout_checks(run, checks)
     seconds, count = checks
     p = run.practices
     assert p is not None
@@ -281,11 +281,13 @@ def skip_distribution_checks(run: RunRecord) -> Finding | None:
                 f"on by default), taking {seconds * 1e3:.2f} ms of the {run.steps.median_s * 1e3:.1f} ms median "
                 f"step ({min(share, 1.0):.0%}), timed around the checks in each step"]
     if rollouts is not None:
-        evidence.append(f"the {run.steps.evaluated} steps holding a rollout checked {rollouts[1]:.0f} times each, "
-                        f"taking {rollouts[0] * 1e3:.2f} ms of each one's "
-                        f"{run.steps.evaluated_s / run.steps.evaluated * 1e3:.1f} ms: with them the checks are {rollouts[2]:.0%} of "
-                        f"the run's training time ({run.steps.evaluated_s:.1f} s of rollouts and "
-                        f"{run.steps.median_s * run.steps.count:.1f} s of updates), which the step's share leaves out")
+        steps = run.steps
+        each_s = steps.evaluated_s / steps.evaluated
+        evidence.append(f"the {steps.evaluated} steps holding a rollout checked {rollouts[1]:.0f} times each, "
+                        f"taking {rollouts[0] * 1e3:.2f} ms of each one's {each_s * 1e3:.1f} ms: with them the "
+                        f"checks are {rollouts[2]:.0%} of the run's training time "
+                        f"({steps.evaluated_s:.1f} s of rollouts and {steps.median_s * steps.count:.1f} s of updates), "
+                        "which the step's share leaves out")
     if p.distribution_sites:
         evidence.append("the distributions were built at " + ", ".join(_site(s) for s in p.distribution_sites[:3]))
     if run.device == "cuda":
