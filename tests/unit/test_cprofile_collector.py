@@ -6,6 +6,7 @@ from __future__ import annotations
 import cProfile
 import pstats
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -189,3 +190,28 @@ def test_a_phases_code_is_torchs_own_not_a_package_whose_path_ends_like_it() -> 
     adam = ("/venv/lib/python3.11/site-packages/torch/optim/adam.py", 214, "step")
     assert collector_module._is_phase_code(adam)
     assert not collector_module._is_phase_code(("/home/me/mytorch/optim/schedule.py", 3, "step"))
+
+
+def test_a_hook_the_loop_calls_through_a_library_dispatcher_also_used_inside_a_phase_is_between_the_phases() -> None:
+    # given: PyTorch Lightning's shape (an EMA callback, 2026-12-01): its loop steps the optimizer, whose closure runs
+    # training_step and calls hooks through _call_callback_hooks; the loop calls on_train_batch_end through that same
+    # dispatcher, after the step
+    lib = "/venv/lib/python3.11/site-packages/"
+    advance = (lib + "pytorch_lightning/loops/training_epoch_loop.py", 200, "advance")
+    step = (lib + "torch/optim/optimizer.py", 509, "wrapper")
+    closure = (lib + "pytorch_lightning/loops/optimization/automatic.py", 140, "closure")
+    hooks = (lib + "pytorch_lightning/trainer/call.py", 200, "_call_callback_hooks")
+    training_step = ("/home/me/train.py", 30, "training_step")
+    ema = ("/home/me/train.py", 16, "on_train_batch_end")
+    edge = (4, 4, 0.0, 0.0)
+    stats = types.SimpleNamespace(stats={
+        advance: (1, 1, 0.001, 0.1, {}),
+        step: (4, 4, 0.001, 0.06, {advance: edge}),
+        closure: (4, 4, 0.001, 0.05, {step: edge}),
+        training_step: (4, 4, 0.001, 0.03, {closure: edge}),
+        hooks: (8, 8, 0.001, 0.02, {closure: edge, advance: edge}),
+        ema: (4, 4, 0.008, 0.014, {hooks: edge}),
+    })
+    # then: the hook is named (the dispatcher, called from outside the phases too, does not put it inside them);
+    # training_step, under the optimizer's closure only, is not
+    assert [f.function for f in collector_module.between_phases(stats)] == ["on_train_batch_end"]

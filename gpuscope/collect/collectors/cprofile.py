@@ -274,8 +274,8 @@ BETWEEN_PHASES = 3
 
 
 def between_phases(stats: pstats.Stats, limit: int = BETWEEN_PHASES) -> tuple[FunctionStat, ...]:
-    """The script's own functions in ``stats`` that neither call into a phase's code (``PHASE_CODE``) nor run
-    inside it, heaviest by cumulative time first: the code between the phases (an EMA update after the optimizer's
+    """The script's own functions in ``stats`` that neither call into a phase's code (``PHASE_CODE``) nor are
+    called from inside it only, heaviest by cumulative time first: the code between the phases (an EMA update after the optimizer's
     step). A library's functions (site-packages, the standard library) and gpuscope's are not the script's."""
     table: dict[tuple[str, int, str], tuple[Any, ...]] = stats.stats  # type: ignore[attr-defined]
     callees: dict[tuple[str, int, str], list[tuple[str, int, str]]] = {}
@@ -283,7 +283,7 @@ def between_phases(stats: pstats.Stats, limit: int = BETWEEN_PHASES) -> tuple[Fu
         for caller in callers:
             callees.setdefault(caller, []).append(key)
     phase = [key for key in table if _is_phase_code(key)]
-    inside = _reach(phase, lambda key: callees.get(key, ()))
+    inside = _only_under(phase, table, callees)
     around = _reach(phase, lambda key: table[key][4] if key in table else ())
     rows = [(key, row) for key, row in table.items() if key not in inside and key not in around and _scripts(key[0])
             and row[3] > 0]
@@ -303,6 +303,24 @@ def between_phases(stats: pstats.Stats, limit: int = BETWEEN_PHASES) -> tuple[Fu
 def _is_phase_code(key: tuple[str, int, str]) -> bool:
     path = key[0].replace(os.sep, "/")
     return any(part in path and (not function or key[2] == function) for part, function in PHASE_CODE)
+
+
+def _only_under(phase: list[Any], table: dict[Any, tuple[Any, ...]], callees: dict[Any, list[Any]]) -> set[Any]:
+    """``phase`` and the functions called only from inside it (every caller but themselves inside). A function
+    also called from outside is not (Lightning's ``_call_callback_hooks``, called from inside the optimizer's closure
+    and from the loop, between the phases, where it calls the script's ``on_train_batch_end``)."""
+    outside = {key: len(set(row[4]) - {key}) for key, row in table.items()}
+    inside = set(phase)
+    todo = list(phase)
+    while todo:
+        for callee in callees.get(todo.pop(), ()):
+            if callee in inside:
+                continue
+            outside[callee] -= 1
+            if outside[callee] <= 0:
+                inside.add(callee)
+                todo.append(callee)
+    return inside
 
 
 def _reach(start: list[Any], step: Callable[[Any], Any]) -> set[Any]:
