@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collect.framework.base import CollectorResult, StepFollower, WindowRequest, register
 from gpuscope.collect.framework.options import CPROFILE_STEPS
+from gpuscope.collect.callsites import is_user_file
 from gpuscope.collect.importwatch import ImportWatch
 from gpuscope.collect.workers import WORKERS_PROF, WorkerProfiler, merge_worker_profiles
 from gpuscope.record import CollectorStatus, FunctionStat, PythonProfile, Window
@@ -275,8 +276,9 @@ BETWEEN_PHASES = 3
 
 def between_phases(stats: pstats.Stats, limit: int = BETWEEN_PHASES) -> tuple[FunctionStat, ...]:
     """The script's own functions in ``stats`` that neither call into a phase's code (``PHASE_CODE``) nor are
-    called from inside it only, heaviest by cumulative time first: the code between the phases (an EMA update after the optimizer's
-    step). A library's functions (site-packages, the standard library) and gpuscope's are not the script's."""
+    called from inside it only, heaviest by cumulative time first: the code between the phases (an EMA update after
+    the optimizer's step). A library's functions (site-packages, the standard library, torch's source checkout) and
+    gpuscope's are not the script's (``callsites.is_user_file``; ``~``: a built-in)."""
     table: dict[tuple[str, int, str], tuple[Any, ...]] = stats.stats  # type: ignore[attr-defined]
     callees: dict[tuple[str, int, str], list[tuple[str, int, str]]] = {}
     for key, (*_, callers) in table.items():
@@ -285,8 +287,8 @@ def between_phases(stats: pstats.Stats, limit: int = BETWEEN_PHASES) -> tuple[Fu
     phase = [key for key in table if _is_phase_code(key)]
     inside = _only_under(phase, table, callees)
     around = _reach(phase, lambda key: table[key][4] if key in table else ())
-    rows = [(key, row) for key, row in table.items() if key not in inside and key not in around and _scripts(key[0])
-            and row[3] > 0]
+    rows = [(key, row) for key, row in table.items()
+            if key not in inside and key not in around and key[0] != "~" and is_user_file(key[0]) and row[3] > 0]
     rows.sort(key=lambda item: -item[1][3])
     named: list[FunctionStat] = []
     under: set[tuple[str, int, str]] = set()  # what the functions named call: their time is in the named ones'
@@ -332,16 +334,6 @@ def _reach(start: list[Any], step: Callable[[Any], Any]) -> set[Any]:
                 seen.add(nxt)
                 todo.append(nxt)
     return seen
-
-
-def _scripts(file: str) -> bool:
-    """Whether ``file`` is the script's own code: a real file outside site-packages, the standard library and
-    gpuscope."""
-    if file == "~" or not os.path.isabs(file) or file.startswith(_GPUSCOPE_DIR):
-        return False
-    if any(marker in file for marker in ("site-packages" + os.sep, "dist-packages" + os.sep)):
-        return False
-    return not file.startswith(sysconfig.get_paths()["stdlib"] + os.sep)
 
 
 def _users_share(calls: int, own: float, cumulative: float, callers: dict[Any, tuple[Any, ...]]) -> tuple[

@@ -215,28 +215,29 @@ def _distribution_check_s(run: RunRecord) -> tuple[float, float] | None:
     p = run.practices
     if p is None or not p.distribution_check_steps:
         return None
-    sample = run.steps.sample
-    steady = {i for i, status in zip(sample.index, sample.status) if status == "steady"}
-    kept = [(s, n) for i, s, n in zip(p.distribution_check_steps, p.distribution_check_s,
-                                      p.distribution_check_counts) if i in steady]
-    if not kept:
-        kept = list(zip(p.distribution_check_s[1:], p.distribution_check_counts[1:]))
+    kept = _checks_in(run, "steady") or list(zip(p.distribution_check_s[1:], p.distribution_check_counts[1:]))
     if not kept:
         return None
     return statistics.median(s for s, _ in kept), statistics.median(n for _, n in kept)
+
+
+def _checks_in(run: RunRecord, status: str) -> list[tuple[float, float]]:
+    """The checks' (seconds, count) in each step the practices kept whose status in the step sample is ``status``."""
+    p, sample = run.practices, run.steps.sample
+    assert p is not None
+    held = {i for i, kind in zip(sample.index, sample.status) if kind == status}
+    return [(s, n) for i, s, n in zip(p.distribution_check_steps, p.distribution_check_s,
+                                      p.distribution_check_counts) if i in held]
 
 
 def _rollout_checks(run: RunRecord, checks: tuple[float, float]) -> tuple[float, float, float] | None:
     """Where the steps held rollouts (``steps.rollouts``): the checks' seconds and count in a rollout's step (medians
     over those the practices kept), and their share of the run's training time, updates (``checks`` a step) and
     rollouts together."""
-    p, steps = run.practices, run.steps
-    if p is None or not steps.rollouts or not steps.evaluated or not steps.evaluated_s:
+    steps = run.steps
+    if run.practices is None or not steps.rollouts or not steps.evaluated or not steps.evaluated_s:
         return None
-    sample = steps.sample
-    held = {i for i, status in zip(sample.index, sample.status) if status == "eval"}
-    kept = [(s, n) for i, s, n in zip(p.distribution_check_steps, p.distribution_check_s,
-                                      p.distribution_check_counts) if i in held]
+    kept = _checks_in(run, "eval")
     if not kept:
         return None
     seconds, count = statistics.median(s for s, _ in kept), statistics.median(n for _, n in kept)
