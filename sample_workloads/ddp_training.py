@@ -47,13 +47,19 @@ class Points(Dataset):
         return self.x[i], self.y[i]
 
 
+EXTRA_WALLS = []
+"""The wall time of each call of ``work``: what the other ranks wait for, printed at the end as the job's truth."""
+
+
 def work(seconds, device):
     """``seconds`` of this thread's CPU time in arithmetic (on a GPU, its launches): the extra work of a slower rank,
-    the same amount however busy the machine is."""
+    the same amount however busy the machine is (its wall time grows with the machine's load: ``EXTRA_WALLS``)."""
+    start = time.perf_counter()
     a = torch.randn(128, 128, device=device)
     end = time.thread_time() + seconds
     while time.thread_time() < end:
         a = torch.tanh(a @ a)
+    EXTRA_WALLS.append(time.perf_counter() - start)
 
 
 def main():
@@ -122,7 +128,8 @@ def main():
         last = now
 
     print(f"rank={rank} world={world} steps={len(step_times)} "
-          f"median_step_s={statistics.median(step_times[1:] or step_times):.6f}")
+          f"median_step_s={statistics.median(step_times[1:] or step_times):.6f}"
+          + (f" median_extra_wall_s={statistics.median(EXTRA_WALLS):.6f}" if EXTRA_WALLS else ""))
     dist.destroy_process_group()
 
 

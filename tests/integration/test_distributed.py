@@ -4,6 +4,7 @@ communication measured; a killed rank named as missing while the others are stil
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -60,11 +61,14 @@ def test_a_rank_slow_to_load_its_data_is_named_the_straggler(tmp_path: Path) -> 
 def test_a_rank_late_inside_backward_is_named_and_not_mistaken_for_communication(tmp_path: Path) -> None:
     # rank 1's gradient hook does 20 ms more arithmetic a step: it is late for the last bucket's all-reduce, and
     # rank 0 waits for it inside backward, where the two ranks' steps and phases come out alike
-    record, _ = ddp_job(tmp_path, "--steps", "24", "--straggler-rank", "1", "--straggler-in", "backward",
-                        "--straggler-ms", "20")
+    record, result = run_job(tmp_path, DDP, "--steps", "24", "--straggler-rank", "1", "--straggler-in", "backward",
+                             "--straggler-ms", "20")
     straggler = record["straggler"]
     assert straggler is not None and straggler["rank"] == 1 and straggler["cause"] == "backward"
-    assert straggler["late_s"] == pytest.approx(0.020, rel=0.5)
+    # late by the hook's wall time, as the job measured it: 20 ms of its thread's CPU time, more where the other
+    # rank's threads share its cores (late 32 ms once, on this 2-core machine in a slow hour)
+    (extra_wall_s,) = map(float, re.findall(r"median_extra_wall_s=([0-9.]+)", result.stdout))
+    assert straggler["late_s"] == pytest.approx(extra_wall_s, rel=0.5)
     ids = [r["id"] for r in record["recommendations"]]
     assert "balance-ranks" in ids and "reduce-communication" not in ids
     assert record["verdict"]["bound"] != "communication"
