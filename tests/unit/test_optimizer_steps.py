@@ -106,3 +106,32 @@ def test_an_optimizer_built_and_never_stepped_holds_the_steps_back_only_so_long(
     assert collector.tracker.source == "backward"
     assert collector.tracker.dropped == HOLD_STEPS + 1
     assert heard == list(range(10))  # the rest of the 74 backward() calls' steps, from step 0
+
+
+def test_optimizers_stepped_inside_backward_end_the_step_where_backward_ends(tmp_path: Path) -> None:
+    # given: PyTorch's optimizer-in-backward tutorial: an optimizer a parameter, each stepped (and its gradient
+    # freed) by the parameter's post-accumulate-grad hook, and no optimizer.step() in the loop. A boundary inside
+    # backward had torch.profiler stop and export there, and the run died of SIGSEGV in kineto's save
+    collector = StepsCollector()
+    collector.start(tmp_path)
+    heard_in_backward: list[bool] = []
+    collector.add_step_listener(lambda index: heard_in_backward.append(bool(collector._in_backward)))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    optimizers = {p: torch.optim.Adam([p]) for p in model.parameters()}
+
+    def step_in_backward(parameter: torch.Tensor) -> None:
+        optimizers[parameter].step()
+        optimizers[parameter].zero_grad()
+
+    for parameter in model.parameters():
+        parameter.register_post_accumulate_grad_hook(step_in_backward)
+    # when
+    for _ in range(5):
+        model(torch.randn(16, 4)).pow(2).mean().backward()
+    capture = collector.stop().payload
+    # then: a step an iteration, the optimizers' time inside backward its optimizer phase, and every listener told
+    # of a step outside backward
+    assert (capture.source, capture.count) == ("optimizer", 5)
+    assert heard_in_backward == [False] * 5
+    assert all(record.phases_s["optimizer"] > 0 for record in capture.records)

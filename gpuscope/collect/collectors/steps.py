@@ -101,6 +101,7 @@ class StepsCollector:
         self._closure_end: list[Callable[[], None]] = []
         self._backward_depth = 0  # backward() in backward() (a gradient penalty) or in a closure marks no step
         self._in_backward = 0  # backward() calls open: the outermost one's tensor is the step's loss
+        self._stepped_in_backward: list[weakref.ref[Any]] = []  # optimizers stepped by gradient hooks, in order
         self._roots_found = False
         self._rooted: set[int] = set()  # ids of the optimizers whose modules were looked for
         self._discovery_s = 0.0
@@ -344,14 +345,22 @@ class StepsCollector:
         if get_ident() == self._loop.ident:
             now = self._clock()
             self.tracker.exit("optimizer", now)  # type: ignore[union-attr]
-            replaces = self._optimizer_watch.replaces_anchor(optimizer)
-            tracker = self.tracker
-            if tracker.optimizer_stepped(id(optimizer), now, replaces):  # type: ignore[union-attr]
-                anchor_id = tracker.anchor_optimizer  # type: ignore[union-attr]
-                # (another where the steps now end at the optimizer that stepped last before this one)
-                anchor = optimizer if anchor_id == id(optimizer) else self._optimizer_watch.stepped(anchor_id)
-                if anchor is not None:
-                    self._optimizer_watch.anchored(anchor, tracker.log.count - 1)  # type: ignore[union-attr]
+            if self._in_backward:  # stepped from a gradient hook (the optimizer fused into backward)
+                self._stepped_in_backward.append(weakref.ref(optimizer))
+            else:
+                self._optimizer_stepped(optimizer, now)
+
+    def _optimizer_stepped(self, optimizer: Any, now: float) -> None:
+        """``optimizer`` stepped at ``now``: the step may end here. One stepped by a gradient hook is told of at
+        backward's end: a step boundary inside backward stops the profilers there, and kineto's export crashes."""
+        replaces = self._optimizer_watch.replaces_anchor(optimizer)
+        tracker = self.tracker
+        if tracker.optimizer_stepped(id(optimizer), now, replaces):  # type: ignore[union-attr]
+            anchor_id = tracker.anchor_optimizer  # type: ignore[union-attr]
+            # (another where the steps now end at the optimizer that stepped last before this one)
+            anchor = optimizer if anchor_id == id(optimizer) else self._optimizer_watch.stepped(anchor_id)
+            if anchor is not None:
+                self._optimizer_watch.anchored(anchor, tracker.log.count - 1)  # type: ignore[union-attr]
 
     def _wrap_next(self, original: Callable[[Any], Any]) -> Callable[[Any], Any]:
         collector = self
@@ -439,6 +448,10 @@ class StepsCollector:
                     now = collector._clock()
                     tracker.exit(phase, now)  # type: ignore[union-attr]
                     if not collector._backward_depth:
+                        stepped, collector._stepped_in_backward = collector._stepped_in_backward, []
+                        for optimizer in stepped:
+                            if (alive := optimizer()) is not None:
+                                collector._optimizer_stepped(alive, now)
                         tracker.backward_ended(now)  # type: ignore[union-attr]
                         if collector._at_safe_point:
                             collector._safe_point()
