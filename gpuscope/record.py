@@ -1825,7 +1825,7 @@ class RunRecord:
     """The script (or `-m MODULE`) and its arguments, as run."""
     exit_status: int = 0
     """The script's exit status: 0, its sys.exit code, 1 after an uncaught exception, 130 after Ctrl-C, 143 after
-    SIGTERM."""
+    SIGTERM, 128 + N after a fatal signal N (139 a segfault; 137 recorded for a run killed outright)."""
     device: Literal["cuda", "cpu"] = "cpu"
     """Where the model's tensors ran."""
     steps: Steps = field(default_factory=Steps)

@@ -243,6 +243,27 @@ def test_a_run_killed_outright_near_its_limit_still_gets_a_record_and_a_report(t
     assert record.memory is not None and record.memory.out_of_memory is not None
     assert record.verdict.evidence[0].startswith("the script was killed outright (SIGKILL")
     assert (out / "report.html").exists() and not (out / ".gpuscope-last-reading.json").exists()
+    assert not (out / "faults.txt").exists()  # nothing struck it that faulthandler could see
+
+
+def test_a_run_that_crashes_in_native_code_is_recorded_with_its_signal_and_line(tmp_path) -> None:  # noqa: ANN001
+    import time
+
+    (tmp_path / "train.py").write_text(
+        "import ctypes\nimport torch\n\ndef native_crash():\n    ctypes.string_at(0)  # a C extension's bug\n\n"
+        "model = torch.nn.Linear(8, 8)\nfor step in range(10):\n    model(torch.randn(4, 8)).sum().backward()\n"
+        "    if step == 5:\n        native_crash()\n")
+    out = tmp_path / "crashed-run"
+    result = run_gpuscope(["run", "--no-probes", "-q", "-o", str(out), "train.py"], tmp_path)
+    assert result.returncode == -11  # as under python: the process ends on the signal
+    deadline = time.monotonic() + 30
+    while not (out / "report.html").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    record = RunRecord.from_json(load_run(out))
+    assert record.exit_status == 139
+    assert "Segmentation fault (SIGSEGV)" in record.verdict.evidence[0]
+    assert "called from the script's native_crash (train.py:5)" in record.verdict.evidence[0]
+    assert "train.py\", line 11 in <module>" in (out / "faults.txt").read_text()
 
 
 def test_a_run_that_ends_normally_leaves_no_watcher_and_no_reading_behind(tmp_path) -> None:  # noqa: ANN001
@@ -252,5 +273,5 @@ def test_a_run_that_ends_normally_leaves_no_watcher_and_no_reading_behind(tmp_pa
     out = tmp_path / "quiet-run"
     result = run_gpuscope(["run", "--no-probes", "-q", "-o", str(out), "train.py"], tmp_path)
     assert result.returncode == 0
-    assert not (out / ".gpuscope-last-reading.json").exists()
+    assert not (out / ".gpuscope-last-reading.json").exists() and not (out / "faults.txt").exists()
     assert processes_mentioning(str(out)) == []  # the watcher names the folder (run_gpuscope waits for them too)

@@ -5,6 +5,7 @@ census of a run that died of memory."""
 from __future__ import annotations
 
 import dataclasses
+import sysconfig
 
 import pytest
 import torch
@@ -490,3 +491,33 @@ def test_a_run_killed_with_room_left_is_not_said_to_have_run_out_of_memory_unles
     counted = killed_record(("train.py",), last, True, 0, (24000 * MB, "the host's memory"))
     assert counted.memory.out_of_memory is not None  # type: ignore[union-attr]
     assert "the container's oom_kill count rose" in counted.verdict.evidence[0]
+
+
+STDLIB = sysconfig.get_paths()["stdlib"]
+FAULTS = f"""Fatal Python error: Segmentation fault
+
+Thread 0x00007f6c6d2ff6c0 (most recent call first):
+  File "{STDLIB}/threading.py", line 331 in wait
+  File "{STDLIB}/threading.py", line 1002 in _bootstrap
+
+Current thread 0x00007f6c7a5e8b80 (most recent call first):
+  File "{STDLIB}/ctypes/__init__.py", line 519 in string_at
+  File "/home/me/project/train.py", line 7 in native_crash
+  File "/home/me/project/train.py", line 14 in <module>
+
+Extension modules: numpy.core._multiarray_umath, torch._C (total: 2)
+"""
+
+
+def test_a_run_that_crashed_on_a_fatal_signal_records_the_signals_status_and_where_it_struck() -> None:
+    from gpuscope.sentinel import crash, killed_record
+
+    last = {"steps": 20, "rss": 300 * MB, "vm": 2000 * MB}
+    record = killed_record(("train.py",), last, False, 0, (24000 * MB, "the host's memory"), FAULTS)
+    assert record.exit_status == 139
+    assert record.verdict.evidence[0].startswith(
+        "the script crashed: Segmentation fault (SIGSEGV) in string_at (__init__.py:519), called from the script's "
+        "native_crash (train.py:7); every thread's Python stack is in faults.txt; exit status 139 (128 + SIGSEGV)")
+    assert record.memory.out_of_memory is None  # type: ignore[union-attr]
+    assert crash(FAULTS.replace("Segmentation fault", "Aborted", 1))[0].name == "SIGABRT"  # type: ignore[index]
+    assert crash("") is None and crash("Fatal Python error: Cannot recover from stack overflow.\n") is None
