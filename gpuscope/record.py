@@ -1432,6 +1432,9 @@ class OptimizerProbe:
     (``note`` says why)."""
     note: str = ""
     """What was timed, where not everything, and why fused=True was not, if it was not."""
+    optimizers: int = 1
+    """Optimizers of this class the loop stepped in a step (a GAN's two, one per parameter): ``tensors``,
+    ``parameters`` and the update times are all of theirs."""
 
 
 @dataclass(frozen=True, slots=True)

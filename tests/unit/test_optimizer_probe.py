@@ -100,6 +100,21 @@ def test_a_model_over_the_size_cap_is_timed_on_its_first_tensors(monkeypatch: py
     assert found.note.startswith("timed on the first 4 tensors")  # type: ignore[union-attr]
 
 
+def test_optimizers_of_its_class_stepped_beside_it_are_timed_with_it() -> None:
+    # given: an Adam a parameter (PyTorch's optimizer-in-backward tutorial), and an SGD beside them
+    model = torch.nn.Sequential(*[torch.nn.Linear(16, 16) for _ in range(3)])
+    adams = [torch.optim.Adam([p], lr=1e-3) for p in model.parameters()]
+    sgd = torch.optim.SGD(torch.nn.Linear(2, 2).parameters())
+    model(torch.randn(4, 16)).sum().backward()
+    # when the first is probed with its peers (the steps collector's: those of its class that stepped with it)
+    facts = post_run_facts(optimizer=adams[0], optimizer_peers=tuple(adams))
+    found = OptimizerProbeCollector().run(None, facts).payload  # type: ignore[arg-type]
+    # then an update is all six Adams'
+    assert (found.optimizers, found.tensors, found.timed_tensors) == (6, 6, 6)  # type: ignore[union-attr]
+    assert found.parameters == 3 * (16 * 16 + 16) and found.fused_step_s  # type: ignore[union-attr]
+    assert sgd.param_groups  # (not among them: not of its class, not a peer)
+
+
 def test_the_loops_optimizer_is_probed_after_the_block_that_made_it_has_let_it_go(tmp_path) -> None:
     # given: a training function whose model and optimizer are gone when it returns, as in most scripts
     def train() -> None:
@@ -168,6 +183,17 @@ def test_beside_an_optimizer_of_another_class_the_gain_is_the_probed_ones_own_sa
     assert fused.expected_gain == pytest.approx(0.22e-3 / 8.7e-3, abs=1e-3)
     assert fused.fix == "torch.optim.Adam(..., fused=True)  # train.py:13"
     assert fused.evidence[-1].startswith("the script also builds SparseAdam, whose updates share the optimizer's time")
+
+
+def test_several_optimizers_probed_together_are_named_as_such_and_their_saving_not_counted_again() -> None:
+    sites = (CallSite(file="train.py", line=12, code="opts = {p: torch.optim.AdamW([p]) for p in model.parameters()}"),
+             CallSite(file="train.py", line=13, code="head_opt = torch.optim.SGD(head.parameters())"))
+    record = dataclasses.replace(run_with(0.2, 2.0e-3, 1.0e-3), practices=Practices(optimizer_sites=sites),
+                                 steps=dataclasses.replace(make_record().steps, median_s=20e-3))
+    record = dataclasses.replace(record, optimizer_probe=dataclasses.replace(record.optimizer_probe, optimizers=64))
+    fused = {r.id: r for r in evaluate(record)[0]}["fused-optimizer"]
+    assert fused.evidence[1].startswith("64 AdamW optimizers, stepped together each step, update 64 tensors")
+    assert fused.expected_gain == pytest.approx(1.0e-3 / 20e-3)  # the 64's saving, under 20% x (1 - 1/2)
 
 
 @pytest.mark.parametrize(("record", "why"), [

@@ -135,3 +135,19 @@ def test_optimizers_stepped_inside_backward_end_the_step_where_backward_ends(tmp
     assert (capture.source, capture.count) == ("optimizer", 5)
     assert heard_in_backward == [False] * 5
     assert all(record.phases_s["optimizer"] > 0 for record in capture.records)
+    # and the post-run optimizer probe is given all four of them, not the first alone
+    assert len(collector.probe_inputs().peers) == 4
+
+
+def test_an_earlier_loops_optimizer_of_the_same_class_is_no_peer_of_the_probed_one(tmp_path: Path) -> None:
+    collector = StepsCollector()
+    collector.start(tmp_path)
+    pretrain, finetune = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    first, second = torch.optim.Adam(pretrain.parameters()), torch.optim.Adam(finetune.parameters())
+    for model, optimizer in ((pretrain, first), (finetune, second)):
+        for _ in range(4):
+            model(torch.randn(2, 4)).sum().backward()
+            optimizer.step()
+    collector.stop()
+    inputs = collector.probe_inputs()
+    assert inputs.optimizer is first and inputs.peers == (first,)  # (the windows, had any opened, would pick theirs)

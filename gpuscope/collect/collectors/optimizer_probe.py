@@ -6,7 +6,8 @@ on CUDA, and on a CPU since torch 2.4, for Adam, AdamW, SGD and Adagrad). On a m
 first two spend the update launching ops. After the script has ended, this probe builds two optimizers of the
 loop's own class and hyperparameters over copies of its parameters and gradients (the first ones, up to
 ``PROBE_BYTES``), one as the run ran and one with ``fused=True``, and times an update of each, best of a few
-bursts taken in turns.
+bursts taken in turns. Where the loop stepped several optimizers of that class in a step (a GAN's two, one per
+parameter as in PyTorch's optimizer-in-backward tutorial), each is copied so, and an update is all of theirs.
 The run's parameters, optimizer state and random number generators are left as the script left them.
 """
 
@@ -52,12 +53,15 @@ class OptimizerProbeCollector(PostRunProbe):
         if "fused" not in inspect.signature(type(optimizer).__init__).parameters:
             return _unavailable(f"{name}'s constructor takes no fused argument (torch's Adam, AdamW, SGD and "
                                 "Adagrad do)")
-        groups = optimizer.param_groups
+        peers = [o for o in facts.optimizer_peers if o is not optimizer]
+        everyone = [optimizer, *peers]
+        groups = [group for o in everyone for group in o.param_groups]
         params = [p for group in groups for p in group["params"]]
         devices = {p.device.type for p in params}
         implementation = _implementation(torch, groups, params)
         found = OptimizerProbe(optimizer=name, implementation=implementation, device=",".join(sorted(devices)),
-                               tensors=len(params), parameters=sum(p.numel() for p in params))
+                               tensors=len(params), parameters=sum(p.numel() for p in params),
+                               optimizers=len(everyone))
         if implementation == "fused":
             return CollectorResult(CollectorStatus("ok"), found)
         if devices - {"cpu", "cuda"} or len(devices) != 1 or any(g.get("differentiable") for g in groups):
@@ -70,11 +74,11 @@ class OptimizerProbeCollector(PostRunProbe):
         deadline = time.perf_counter() + self.budget_s
         with torch.random.fork_rng(devices=[params[0].device] if cuda else []), torch.no_grad():
             try:
-                as_run, note = [_copy(torch, optimizer, groups, timed, {})], ""
+                as_run, note = [_copies(torch, everyone, timed, {})], ""
             except Exception as exc:  # a subclass whose constructor wants more than its hyperparameters
                 return _unavailable(f"{name} could not be built again over copies: {type(exc).__name__}: {exc}")
             try:
-                fused = [_copy(torch, optimizer, groups, timed, {"fused": True, "foreach": None})]
+                fused = [_copies(torch, everyone, timed, {"fused": True, "foreach": None})]
             except Exception as exc:  # this torch, device or dtype has no fused update
                 fused, note = [], f"fused=True could not be built: {type(exc).__name__}: {exc}"
             step_s, *fused_s = _best_updates(as_run + fused, deadline, cuda, torch)
@@ -123,6 +127,13 @@ def _first_tensors(params: list[Any], limit: int) -> list[Any]:
     return taken
 
 
+def _copies(torch: Any, optimizers: list[Any], timed: list[Any], options: dict[str, Any]) -> list[Any]:
+    """``_copy`` of each of ``optimizers`` that updates some of the ``timed`` parameters."""
+    chosen = {id(p) for p in timed}
+    return [_copy(torch, o, o.param_groups, timed, options) for o in optimizers
+            if any(id(p) in chosen for group in o.param_groups for p in group["params"])]
+
+
 def _copy(torch: Any, optimizer: Any, groups: list[dict[str, Any]], timed: list[Any],
           options: dict[str, Any]) -> Any:
     """An optimizer of ``optimizer``'s class and hyperparameters (``options`` over them) over copies of the ``timed``
@@ -146,23 +157,25 @@ def _copy(torch: Any, optimizer: Any, groups: list[dict[str, Any]], timed: list[
     return probe
 
 
-def _best_updates(optimizers: list[Any], deadline: float, cuda: bool, torch: Any) -> list[float]:
-    """One update of each optimizer (s): the best of ``BURSTS`` bursts, the optimizers' bursts taking turns so that
-    a machine's drift reaches them alike."""
+def _best_updates(updates: list[list[Any]], deadline: float, cuda: bool, torch: Any) -> list[float]:
+    """One update of each list of optimizers, all of them stepped (s): the best of ``BURSTS`` bursts, the lists'
+    bursts taking turns so that a machine's drift reaches them alike."""
     wait = torch.cuda.synchronize if cuda else (lambda: None)
     wait()
     sizes = []
-    for optimizer in optimizers:
+    for optimizers in updates:
         started = time.perf_counter()
-        optimizer.step()
+        for optimizer in optimizers:
+            optimizer.step()
         wait()
         sizes.append(max(1, int(BURST_S / max(time.perf_counter() - started, 1e-6))))
-    best = [float("inf")] * len(optimizers)
+    best = [float("inf")] * len(updates)
     for _ in range(BURSTS):
-        for i, (optimizer, size) in enumerate(zip(optimizers, sizes)):
+        for i, (optimizers, size) in enumerate(zip(updates, sizes)):
             started = time.perf_counter()
             for _ in range(size):
-                optimizer.step()
+                for optimizer in optimizers:
+                    optimizer.step()
             wait()
             best[i] = min(best[i], (time.perf_counter() - started) / size)
         if time.perf_counter() > deadline:

@@ -90,6 +90,7 @@ class StepsCollector:
         self._at_safe_point: Callable[[], None] | None = None
         self._undo: list[Callable[[], None]] = []
         self._optimizers: dict[int, weakref.ref[Any]] = {}  # stepped in the loop's thread, by id, in order
+        self._last_stepped: dict[int, int] = {}  # id of each of them -> the step it last stepped in
         self._optimizer_by: str | None = None  # the library that stepped the first optimizer ("": the script)
         self.probed_optimizer: Any = None  # kept alive for the post-run optimizer probe: the first, or the windows'
         self.loaders = LoaderBook()  # the DataLoaders iterated (the post-run probes load the slowest one again)
@@ -257,7 +258,16 @@ class StepsCollector:
     def probe_inputs(self) -> ProbeInputs:
         """The slowest loader and its dataset, and the optimizer stepped first, for the post-run probes."""
         dataset, fetch = self.loaders.probe_dataset()
-        return ProbeInputs(self.loaders.probe_loader(), dataset, fetch, self.probed_optimizer)
+        return ProbeInputs(self.loaders.probe_loader(), dataset, fetch, self.probed_optimizer, self._peers())
+
+    def _peers(self) -> tuple[Any, ...]:
+        """The optimizers of the probed one's class that stepped in the last step it stepped in."""
+        probed = self.probed_optimizer
+        last = self._last_stepped.get(id(probed))
+        if probed is None or last is None:
+            return ()
+        alive = (ref() for key, ref in self._optimizers.items() if self._last_stepped.get(key) == last)
+        return tuple(o for o in alive if o is not None and type(o) is type(probed))
 
     # -- hook installation -------------------------------------------------------------------------------
     def _install_torch_hooks(self) -> None:
@@ -311,7 +321,9 @@ class StepsCollector:
                 self._optimizer_by = "" if by == "gpuscope" else by
         if self.probed_optimizer is None:
             self.probed_optimizer = optimizer
-        self.tracker.enter("optimizer", self._clock())  # type: ignore[union-attr]
+        tracker = self.tracker
+        self._last_stepped[id(optimizer)] = tracker.log.count  # type: ignore[union-attr]
+        tracker.enter("optimizer", self._clock())  # type: ignore[union-attr]
         # step(self, closure) or step(self, closure=closure): the closure's time is not the update's
         if "closure" in kwargs and callable(kwargs["closure"]):
             return args, {**kwargs, "closure": self._timed_closure(kwargs["closure"])}

@@ -193,6 +193,9 @@ class ProbeInputs:
     dataset: object | None = None
     dataset_fetch: int | None = None
     optimizer: object | None = None
+    peers: tuple[object, ...] = ()
+    """The optimizers of ``optimizer``'s class stepped in the last step it stepped in, it among them: their updates
+    share the phase (a GAN's two Adams, an optimizer per parameter)."""
 
 
 class Probe(Collector, Protocol):

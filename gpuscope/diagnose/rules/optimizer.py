@@ -24,7 +24,8 @@ TORCH_OPTIMIZERS = ("ASGD", "Adadelta", "Adafactor", "Adagrad", "Adam", "AdamW",
 def fused_optimizer(run: RunRecord) -> Finding | None:
     """Signal: the optimizer phase is a notable share of the step, and the loop's optimizer, timed again after the
     run on copies of its parameters (the optimizer probe), updates them markedly faster with ``fused=True`` than as
-    the run ran it (one tensor at a time, the default on a CPU, or ``foreach``, the default on CUDA).
+    the run ran it (one tensor at a time, the default on a CPU, or ``foreach``, the default on CUDA); where the loop
+    steps several optimizers of its class each step (a GAN's two, one per parameter), all of theirs.
     Why it matters: an unfused update is several small ops per parameter tensor (Adam: about ten), each a pass over
     memory and, on a GPU, a launch; a fused one is one pass over all of them (Adam's update of a 650k-parameter VAE
     on a 2-core CPU: 1.7 ms one tensor at a time, 0.4 ms fused).
@@ -44,7 +45,7 @@ def fused_optimizer(run: RunRecord) -> Finding | None:
     evidence = [
         f"the optimizer's update is {share:.0%} of the step ({share * median * 1e3:.2f} ms of the "
         f"{median * 1e3:.1f} ms median step)",
-        f"{probe.optimizer} updates {probe.tensors} tensors ({probe.parameters / 1e6:.2f} M parameters) on the "
+        f"{_who(probe)} {probe.tensors} tensors ({probe.parameters / 1e6:.2f} M parameters) on the "
         f"{probe.device} {_as_run(probe.implementation)}",
         f"timed again after the run on copies{timed}: {probe.step_s * 1e3:.2f} ms an update as the run ran it, "
         f"{probe.fused_step_s * 1e3:.2f} ms with fused=True ({faster:.1f}x faster)",
@@ -53,8 +54,8 @@ def fused_optimizer(run: RunRecord) -> Finding | None:
     sites = _sites(run)
     mine = [s for s in sites if _builds(s, probe.optimizer)]
     others = sorted({name for s in sites for name in TORCH_OPTIMIZERS if _builds(s, name)} - {probe.optimizer})
-    if others and median > 0:
-        saved = max(1, len(mine)) * (probe.step_s - probe.fused_step_s) / median
+    if others and median > 0:  # (a probe of one optimizer, where the script built more of its class: each alike)
+        saved = (1 if probe.optimizers > 1 else max(1, len(mine))) * (probe.step_s - probe.fused_step_s) / median
         if saved < gain:
             gain = saved
             evidence.append(f"the script also builds {' and '.join(others)}, whose updates share the optimizer's "
@@ -62,6 +63,13 @@ def fused_optimizer(run: RunRecord) -> Finding | None:
                             f"{probe.optimizer}'s own saving, {(probe.step_s - probe.fused_step_s) * 1e3:.2f} ms an "
                             f"update")
     return Finding(gain, tuple(evidence), fix=_fix(probe.optimizer, mine), settings={"optimizer": probe.optimizer})
+
+
+def _who(probe: OptimizerProbe) -> str:
+    """``Adam updates``, or ``64 Adam optimizers, stepped together, update`` where the probe timed several."""
+    if probe.optimizers > 1:
+        return f"{probe.optimizers} {probe.optimizer} optimizers, stepped together each step, update"
+    return f"{probe.optimizer} updates"
 
 
 def _sites(run: RunRecord) -> tuple[CallSite, ...]:
