@@ -5,6 +5,7 @@ told of those batches as steps (each profiling window would be spent on single b
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import torch
@@ -136,6 +137,31 @@ def test_optimizers_stepped_inside_backward_end_the_step_where_backward_ends(tmp
     assert heard_in_backward == [False] * 5
     assert all(record.phases_s["optimizer"] > 0 for record in capture.records)
     # and the post-run optimizer probe is given all four of them, not the first alone
+    assert len(collector.probe_inputs().peers) == 4
+
+
+def test_optimizers_stepped_by_hooks_on_autograds_device_thread_end_the_step_at_backwards_end(tmp_path: Path) -> None:
+    # given: the same loop as CUDA runs it: backward's hooks on autograd's device thread, the loop's thread waiting
+    # in backward() (here a thread the hook starts and joins)
+    collector = StepsCollector()
+    collector.start(tmp_path)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    optimizers = {p: torch.optim.Adam([p]) for p in model.parameters()}
+
+    def step_in_backward(parameter: torch.Tensor) -> None:
+        device_thread = threading.Thread(target=optimizers[parameter].step)
+        device_thread.start()
+        device_thread.join()
+
+    for parameter in model.parameters():
+        parameter.register_post_accumulate_grad_hook(step_in_backward)
+    # when
+    for _ in range(5):
+        model(torch.randn(16, 4)).pow(2).mean().backward()
+    capture = collector.stop().payload
+    # then: the steps are the optimizers', one an iteration (not held back waiting for one, then backward's)
+    assert (capture.source, capture.count) == ("optimizer", 5)
     assert len(collector.probe_inputs().peers) == 4
 
 

@@ -308,21 +308,15 @@ class StepsCollector:
     # -- hooks -------------------------------------------------------------------------------------------
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> tuple[Any, Any] | None:
         loop = self._loop
-        if not (loop.stepped and get_ident() == loop.ident) and not self._defines_step():
-            return None
-        known = self._optimizers.get(id(optimizer))
-        if known is None or known() is not optimizer:  # new (its id may be a freed one's): its modules are to be
-            self._optimizers[id(optimizer)] = weakref.ref(optimizer)  # found at the next boundary
-            self._rooted.discard(id(optimizer))
-            self.tracker.schedule.wake(self._after_boundary)  # type: ignore[union-attr]
-            self.no_grad.stepper(sys._getframe(1))
-            if self._optimizer_by is None:
-                by = calling_library(sys._getframe(1), outermost=True)
-                self._optimizer_by = "" if by == "gpuscope" else by
-        if self.probed_optimizer is None:
-            self.probed_optimizer = optimizer
+        if not (loop.stepped and get_ident() == loop.ident):
+            if self._by_device_thread():  # known, its time left in backward's, its step told of at backward's end
+                self._known(optimizer)
+                self._stepped_in_backward.append(weakref.ref(optimizer))
+                return None
+            if not self._defines_step():
+                return None
+        self._known(optimizer)
         tracker = self.tracker
-        self._last_stepped[id(optimizer)] = tracker.log.count  # type: ignore[union-attr]
         tracker.enter("optimizer", self._clock())  # type: ignore[union-attr]
         # step(self, closure) or step(self, closure=closure): the closure's time is not the update's
         if "closure" in kwargs and callable(kwargs["closure"]):
@@ -330,6 +324,26 @@ class StepsCollector:
         if len(args) > 1 and callable(args[1]):
             return (args[0], self._timed_closure(args[1]), *args[2:]), kwargs
         return None
+
+    def _by_device_thread(self) -> bool:
+        """Whether an optimizer stepping on another thread than the loop's, the loop's inside backward(), is stepped
+        by a gradient hook on autograd's device thread (CUDA runs a device's backward there, the loop's waiting)."""
+        return bool(self._in_backward) and self._loop.stepped
+
+    def _known(self, optimizer: Any) -> None:
+        """``optimizer`` steps: kept, and the step it last stepped in."""
+        known = self._optimizers.get(id(optimizer))
+        if known is None or known() is not optimizer:  # new (its id may be a freed one's): its modules are to be
+            self._optimizers[id(optimizer)] = weakref.ref(optimizer)  # found at the next boundary
+            self._rooted.discard(id(optimizer))
+            self.tracker.schedule.wake(self._after_boundary)  # type: ignore[union-attr]
+            self.no_grad.stepper(sys._getframe(2))  # (the optimizer's step, calling _optimizer_pre)
+            if self._optimizer_by is None:
+                by = calling_library(sys._getframe(2), outermost=True)
+                self._optimizer_by = "" if by == "gpuscope" else by
+        if self.probed_optimizer is None:
+            self.probed_optimizer = optimizer
+        self._last_stepped[id(optimizer)] = self.tracker.log.count  # type: ignore[union-attr]
 
     def _timed_closure(self, closure: Callable[..., Any]) -> Callable[..., Any]:
         collector = self
