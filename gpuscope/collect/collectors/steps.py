@@ -256,7 +256,8 @@ class StepsCollector:
             notes=tuple(notes))
 
     def probe_inputs(self) -> ProbeInputs:
-        """The slowest loader and its dataset, and the optimizer stepped first, for the post-run probes."""
+        """The slowest loader and its dataset, and the optimizer stepped first and its peers, for the post-run
+        probes."""
         dataset, fetch = self.loaders.probe_dataset()
         return ProbeInputs(self.loaders.probe_loader(), dataset, fetch, self.probed_optimizer, self._peers())
 

@@ -66,7 +66,8 @@ def fused_optimizer(run: RunRecord) -> Finding | None:
 
 
 def _who(probe: OptimizerProbe) -> str:
-    """``Adam updates``, or ``64 Adam optimizers, stepped together, update`` where the probe timed several."""
+    """``Adam updates``, or ``64 Adam optimizers, stepped together each step, update`` where the probe timed
+    several."""
     if probe.optimizers > 1:
         return f"{probe.optimizers} {probe.optimizer} optimizers, stepped together each step, update"
     return f"{probe.optimizer} updates"
