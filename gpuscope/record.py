@@ -1435,6 +1435,12 @@ class OptimizerProbe:
     optimizers: int = 1
     """Optimizers of this class the loop stepped in a step (a GAN's two, one per parameter): ``tensors``,
     ``parameters`` and the update times are all of theirs."""
+    update_share: float | None = None
+    """The share of the run's optimizer steps (host time) spent inside this class's own steps: under 1 where a
+    wrapper's step around them does more (ZeroRedundancyOptimizer's broadcast of the updated shards); null where not
+    measured."""
+    around: str = ""
+    """The class of the other optimizer whose steps took the most of the rest (``ZeroRedundancyOptimizer``), or ""."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -293,7 +293,8 @@ class Session:
             if loader is not None:
                 figures["batches_per_step"] = batches_per_step(loader["batches"], capture.count)
         return post_run_facts(**figures, loader=loader, dataset=inputs.dataset, dataset_fetch=inputs.dataset_fetch,
-                              payloads=payloads, optimizer=inputs.optimizer, optimizer_peers=inputs.peers)
+                              payloads=payloads, optimizer=inputs.optimizer, optimizer_peers=inputs.peers,
+                              optimizer_update_share=inputs.update_share, optimizer_around=inputs.around)
 
     def _reduce(self, name: str, field: str, payload: object, payloads: Mapping[str, object]) -> dict[str, Any]:
         """``record_fields`` of collector ``name``'s payload, computed once (the record is written before and after
@@ -360,7 +361,8 @@ def post_run_facts(*, data_wait: float = 0.0, median_s: float | None = None, ste
                    batches_per_step: float = 1.0, loader: dict[str, object] | None = None,
                    dataset: object | None = None, dataset_fetch: int | None = None,
                    payloads: dict[str, object] | None = None, optimizer: object | None = None,
-                   optimizer_peers: tuple[object, ...] = (), optimizer_share: float | None = None,
+                   optimizer_peers: tuple[object, ...] = (), optimizer_update_share: float | None = None,
+                   optimizer_around: str = "", optimizer_share: float | None = None,
                    frozen_fed: bool = False) -> PostRunFacts:
     """The facts the probes get from the run's steady steps (``data_wait`` share, ``median_s``, ``steps``): whether
     data wait was notable, and the rate the step consumes batches (``batches_per_step`` of the slowest loader)."""
@@ -371,7 +373,8 @@ def post_run_facts(*, data_wait: float = 0.0, median_s: float | None = None, ste
         consume_batches_per_s=batches_per_step / compute_s if compute_s else None,
         keeps_up_margin=thresholds.LOADER_KEEPS_UP_MARGIN,
         loader=loader, dataset=dataset, dataset_fetch=dataset_fetch, payloads=payloads or {}, optimizer=optimizer,
-        optimizer_peers=optimizer_peers,
+        optimizer_peers=optimizer_peers, optimizer_update_share=optimizer_update_share,
+        optimizer_around=optimizer_around,
         optimizer_notable=optimizer_share is None or optimizer_share >= thresholds.OPTIMIZER_SHARE_NOTABLE,
         frozen_fed=frozen_fed,
     )

@@ -245,6 +245,10 @@ class PostRunFacts:
     times again on copies of its parameters."""
     optimizer_peers: tuple[object, ...] = ()
     """The optimizers of its class stepped in its last step, it among them (``ProbeInputs.peers``), timed together."""
+    optimizer_update_share: float | None = None
+    """``ProbeInputs.update_share``."""
+    optimizer_around: str = ""
+    """``ProbeInputs.around``."""
     frozen_fed: bool = False
     """Whether a frozen model took a notable share of the step, in eval mode with gradients off, on the DataLoader's
     batches as loaded from a dataset not known to give the same items (the repeat probe reads a few of them again)."""

@@ -482,6 +482,11 @@ FUSED_SPEEDUP_NOTABLE = 1.2
 """A fused update is recommended where the probe timed it at least this many times faster than the run's: under
 that, two timings of a few bursts after the run cannot tell it from noise."""
 
+OPTIMIZER_UPDATE_WHOLE = 0.9
+"""Where the probed optimizer class's own steps took this share of the run's optimizer steps or more, the phase is
+taken for its update; under it (a wrapper's step around them, ZeroRedundancyOptimizer's broadcast), the fused gain
+counts that share only."""
+
 # -- speed of light and number formats on a CPU (diagnose/speed.py, diagnose/rules/precision.py) ------------------
 TIMED_FLOPS_SHARE = 0.9
 """A compute-bound CPU step's what-if puts only its matmuls and attention at the peak, its other ops and Python kept

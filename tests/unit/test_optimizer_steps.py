@@ -6,6 +6,7 @@ told of those batches as steps (each profiling window would be spent on single b
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import torch
@@ -177,3 +178,33 @@ def test_an_earlier_loops_optimizer_of_the_same_class_is_no_peer_of_the_probed_o
     collector.stop()
     inputs = collector.probe_inputs()
     assert inputs.optimizer is first and inputs.peers == (first,)  # (the windows, had any opened, would pick theirs)
+
+
+def test_a_wrapper_optimizers_own_work_around_the_inner_ones_step_is_measured_apart(tmp_path: Path) -> None:
+    # given: an optimizer whose step runs an inner Adam's and then work of its own, as ZeroRedundancyOptimizer's
+    # broadcasts the updated shards
+    class Sharded(torch.optim.Optimizer):
+        def __init__(self, params) -> None:  # noqa: ANN001
+            params = list(params)
+            super().__init__(params, {})
+            self.inner = torch.optim.Adam(params)
+
+        def step(self, closure=None) -> None:  # noqa: ANN001
+            self.inner.step()
+            time.sleep(0.006)  # the broadcast
+
+    collector = StepsCollector()
+    collector.start(tmp_path)
+    model = torch.nn.Linear(64, 64)
+    optimizer = Sharded(model.parameters())
+    for _ in range(8):
+        model(torch.randn(8, 64)).sum().backward()
+        optimizer.step()
+    collector.stop()
+    inputs = collector.probe_inputs()
+    # then: the probed optimizer is the first to step (the wrapper here), its class's steps the whole of them; the
+    # inner Adam's steps a small share of them
+    assert inputs.optimizer is optimizer and inputs.update_share == 1.0
+    collector._step_s["Sharded"], collector.probed_optimizer = 0.0, optimizer.inner  # as when the windows chose it
+    inner = collector.probe_inputs()
+    assert inner.update_share < 0.5 and inner.around == "Sharded"  # type: ignore[operator]

@@ -61,7 +61,8 @@ class OptimizerProbeCollector(PostRunProbe):
         implementation = _implementation(torch, groups, params)
         found = OptimizerProbe(optimizer=name, implementation=implementation, device=",".join(sorted(devices)),
                                tensors=len(params), parameters=sum(p.numel() for p in params),
-                               optimizers=len(everyone))
+                               optimizers=len(everyone), update_share=facts.optimizer_update_share,
+                               around=facts.optimizer_around)
         if implementation == "fused":
             return CollectorResult(CollectorStatus("ok"), found)
         if devices - {"cpu", "cuda"} or len(devices) != 1 or any(g.get("differentiable") for g in groups):

@@ -91,6 +91,9 @@ class StepsCollector:
         self._undo: list[Callable[[], None]] = []
         self._optimizers: dict[int, weakref.ref[Any]] = {}  # stepped in the loop's thread, by id, in order
         self._last_stepped: dict[int, int] = {}  # id of each of them -> the step it last stepped in
+        self._open_steps: list[tuple[int, str, float]] = []  # optimizer steps open, outermost first: id, class, start
+        self._step_s: dict[str, float] = {}  # time inside the steps of each optimizer class, nested ones too
+        self._outermost_s: dict[str, float] = {}  # time inside the outermost ones, by class (ZeroRedundancyOptimizer)
         self._optimizer_by: str | None = None  # the library that stepped the first optimizer ("": the script)
         self.probed_optimizer: Any = None  # kept alive for the post-run optimizer probe: the first, or the windows'
         self.loaders = LoaderBook()  # the DataLoaders iterated (the post-run probes load the slowest one again)
@@ -259,7 +262,13 @@ class StepsCollector:
         """The slowest loader and its dataset, and the optimizer stepped first and its peers, for the post-run
         probes."""
         dataset, fetch = self.loaders.probe_dataset()
-        return ProbeInputs(self.loaders.probe_loader(), dataset, fetch, self.probed_optimizer, self._peers())
+        probed = self.probed_optimizer
+        name = type(probed).__name__
+        own, outermost = self._step_s.get(name), sum(self._outermost_s.values())
+        share = min(1.0, own / outermost) if probed is not None and own is not None and outermost > 0 else None
+        around = sorted((s, n) for n, s in self._outermost_s.items() if n != name)
+        return ProbeInputs(self.loaders.probe_loader(), dataset, fetch, probed, self._peers(), share,
+                           around[-1][1] if around else "")
 
     def _peers(self) -> tuple[Any, ...]:
         """The optimizers of the probed one's class that stepped in the last step it stepped in."""
@@ -318,7 +327,9 @@ class StepsCollector:
                 return None
         self._known(optimizer)
         tracker = self.tracker
-        tracker.enter("optimizer", self._clock())  # type: ignore[union-attr]
+        now = self._clock()
+        self._open_steps.append((id(optimizer), type(optimizer).__name__, now))
+        tracker.enter("optimizer", now)  # type: ignore[union-attr]
         # step(self, closure) or step(self, closure=closure): the closure's time is not the update's
         if "closure" in kwargs and callable(kwargs["closure"]):
             return args, {**kwargs, "closure": self._timed_closure(kwargs["closure"])}
@@ -372,10 +383,27 @@ class StepsCollector:
         if get_ident() == self._loop.ident:
             now = self._clock()
             self.tracker.exit("optimizer", now)  # type: ignore[union-attr]
+            self._step_ended(id(optimizer), now)
             if self._in_backward:  # stepped from a gradient hook (the optimizer fused into backward)
                 self._stepped_in_backward.append(weakref.ref(optimizer))
             else:
                 self._optimizer_stepped(optimizer, now)
+
+    def _step_ended(self, key: int, now: float) -> None:
+        """The step of the optimizer of id ``key`` ended at ``now``: its time counted for its class, and for the
+        outermost steps where it was one (those opened inside it and left open by an exception, dropped); not in
+        the first step, whose first optimizer step imports torch._dynamo and builds the state."""
+        opened = self._open_steps
+        for i in range(len(opened) - 1, -1, -1):
+            if opened[i][0] == key:
+                _, name, began = opened[i]
+                del opened[i:]
+                if not self.tracker.log.count:  # type: ignore[union-attr]
+                    return
+                self._step_s[name] = self._step_s.get(name, 0.0) + now - began
+                if not i:
+                    self._outermost_s[name] = self._outermost_s.get(name, 0.0) + now - began
+                return
 
     def _optimizer_stepped(self, optimizer: Any, now: float) -> None:
         """``optimizer`` stepped at ``now``: the step may end here. One stepped by a gradient hook is told of at
@@ -461,6 +489,8 @@ class StepsCollector:
                         or (collector._at_safe_point and collector._safe_point()):
                     return original(*args, **kwargs)
                 tracker = collector.tracker
+                if not collector._backward_depth:  # outside every optimizer's step: any left open raised
+                    collector._open_steps.clear()
                 if not collector._in_backward:
                     collector._keep_loss(args[0] if args else kwargs.get("tensors", kwargs.get("outputs")), by_grad)
                     collector.no_grad.training()  # (a backward between two evaluations: no part of them)

@@ -196,6 +196,11 @@ class ProbeInputs:
     peers: tuple[object, ...] = ()
     """The optimizers of ``optimizer``'s class stepped in the last step it stepped in, it among them: their updates
     share the phase (a GAN's two Adams, an optimizer per parameter)."""
+    update_share: float | None = None
+    """The share of the optimizers' steps spent inside the steps of ``optimizer``'s class (under 1 where a wrapper
+    around them does more: ZeroRedundancyOptimizer's broadcast); None where not measured."""
+    around: str = ""
+    """The class of the outermost optimizer steps other than ``optimizer``'s that took the most time, or ""."""
 
 
 class Probe(Collector, Protocol):
