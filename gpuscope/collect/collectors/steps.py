@@ -40,6 +40,7 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 from threading import get_ident
+from types import FrameType
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collect.callsites import SITE_CALLS, SiteCounter, calling_library, user_frame
@@ -106,6 +107,7 @@ class StepsCollector:
         self._backward_depth = 0  # backward() in backward() (a gradient penalty) or in a closure marks no step
         self._in_backward = 0  # backward() calls open: the outermost one's tensor is the step's loss
         self._stepped_in_backward: list[weakref.ref[Any]] = []  # optimizers stepped by gradient hooks, in order
+        self._inner: dict[int, weakref.ref[Any]] = {}  # id of a wrapper optimizer -> the one its step stepped
         self._roots_found = False
         self._rooted: set[int] = set()  # ids of the optimizers whose modules were looked for
         self._discovery_s = 0.0
@@ -262,17 +264,26 @@ class StepsCollector:
         """The slowest loader and its dataset, and the optimizer stepped first and its peers, for the post-run
         probes."""
         dataset, fetch = self.loaders.probe_dataset()
-        probed = self.probed_optimizer
+        probed = self._innermost(self.probed_optimizer)
         name = type(probed).__name__
         own, outermost = self._step_s.get(name), sum(self._outermost_s.values())
         share = min(1.0, own / outermost) if probed is not None and own is not None and outermost > 0 else None
         around = sorted((s, n) for n, s in self._outermost_s.items() if n != name)
-        return ProbeInputs(self.loaders.probe_loader(), dataset, fetch, probed, self._peers(), share,
+        return ProbeInputs(self.loaders.probe_loader(), dataset, fetch, probed, self._peers(probed), share,
                            around[-1][1] if around else "")
 
-    def _peers(self) -> tuple[Any, ...]:
-        """The optimizers of the probed one's class that stepped in the last step it stepped in."""
-        probed = self.probed_optimizer
+    def _innermost(self, optimizer: Any) -> Any:
+        """The optimizer whose update ``optimizer``'s step runs: the one a wrapper's step steps, or itself."""
+        for _ in range(4):
+            ref = self._inner.get(id(optimizer))
+            inner = ref() if ref is not None else None
+            if inner is None:
+                break
+            optimizer = inner
+        return optimizer
+
+    def _peers(self, probed: Any) -> tuple[Any, ...]:
+        """The optimizers of ``probed``'s class that stepped in the last step it stepped in."""
         last = self._last_stepped.get(id(probed))
         if probed is None or last is None:
             return ()
@@ -328,6 +339,8 @@ class StepsCollector:
         self._known(optimizer)
         tracker = self.tracker
         now = self._clock()
+        if self._open_steps:  # inside another's step, or left open by a step that raised
+            self._drop_ended_steps(sys._getframe(1))
         self._open_steps.append((id(optimizer), type(optimizer).__name__, now))
         tracker.enter("optimizer", now)  # type: ignore[union-attr]
         # step(self, closure) or step(self, closure=closure): the closure's time is not the update's
@@ -384,10 +397,23 @@ class StepsCollector:
             now = self._clock()
             self.tracker.exit("optimizer", now)  # type: ignore[union-attr]
             self._step_ended(id(optimizer), now)
-            if self._in_backward:  # stepped from a gradient hook (the optimizer fused into backward)
+            if self._open_steps:  # stepped by a wrapper's step (ZeroRedundancyOptimizer's): that one is the step's
+                self._inner[self._open_steps[-1][0]] = weakref.ref(optimizer)
+            elif self._in_backward:  # stepped from a gradient hook (the optimizer fused into backward)
                 self._stepped_in_backward.append(weakref.ref(optimizer))
             else:
                 self._optimizer_stepped(optimizer, now)
+
+    def _drop_ended_steps(self, wrapper: FrameType) -> None:
+        """Keep in ``_open_steps`` only the optimizers whose step is running: a frame above ``wrapper`` (torch's
+        hooked step, the same code for every optimizer) with that optimizer as its ``self``."""
+        running = set()
+        frame = wrapper.f_back
+        while frame is not None:
+            if frame.f_code is wrapper.f_code:
+                running.add(id(frame.f_locals.get("self")))
+            frame = frame.f_back
+        self._open_steps[:] = [opened for opened in self._open_steps if opened[0] in running]
 
     def _step_ended(self, key: int, now: float) -> None:
         """The step of the optimizer of id ``key`` ended at ``now``: its time counted for its class, and for the
