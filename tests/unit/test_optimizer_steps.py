@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -110,27 +111,32 @@ def test_an_optimizer_built_and_never_stepped_holds_the_steps_back_only_so_long(
     assert heard == list(range(10))  # the rest of the 74 backward() calls' steps, from step 0
 
 
+def train_with_an_optimizer_a_parameter(hook_steps: Callable[[torch.optim.Optimizer], None]) -> None:
+    """PyTorch's optimizer-in-backward tutorial, 5 iterations: an Adam a parameter, which ``hook_steps`` steps from
+    the parameter's post-accumulate-grad hook, and no optimizer.step() in the loop."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    optimizers = {p: torch.optim.Adam([p]) for p in model.parameters()}
+    for parameter in model.parameters():
+        parameter.register_post_accumulate_grad_hook(lambda p: hook_steps(optimizers[p]))
+    for _ in range(5):
+        model(torch.randn(16, 4)).pow(2).mean().backward()
+
+
+def step_and_free(optimizer: torch.optim.Optimizer) -> None:
+    optimizer.step()
+    optimizer.zero_grad()
+
+
 def test_optimizers_stepped_inside_backward_end_the_step_where_backward_ends(tmp_path: Path) -> None:
-    # given: PyTorch's optimizer-in-backward tutorial: an optimizer a parameter, each stepped (and its gradient
-    # freed) by the parameter's post-accumulate-grad hook, and no optimizer.step() in the loop. A boundary inside
-    # backward had torch.profiler stop and export there, and the run died of SIGSEGV in kineto's save
+    # given: the optimizer-in-backward tutorial, each optimizer stepped (and its gradient freed) by the hook. A
+    # boundary inside backward had torch.profiler stop and export there, and the run died of SIGSEGV in kineto's save
     collector = StepsCollector()
     collector.start(tmp_path)
     heard_in_backward: list[bool] = []
     collector.add_step_listener(lambda index: heard_in_backward.append(bool(collector._in_backward)))
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-    optimizers = {p: torch.optim.Adam([p]) for p in model.parameters()}
-
-    def step_in_backward(parameter: torch.Tensor) -> None:
-        optimizers[parameter].step()
-        optimizers[parameter].zero_grad()
-
-    for parameter in model.parameters():
-        parameter.register_post_accumulate_grad_hook(step_in_backward)
     # when
-    for _ in range(5):
-        model(torch.randn(16, 4)).pow(2).mean().backward()
+    train_with_an_optimizer_a_parameter(step_and_free)
     capture = collector.stop().payload
     # then: a step an iteration, the optimizers' time inside backward its optimizer phase, and every listener told
     # of a step outside backward
@@ -146,20 +152,14 @@ def test_optimizers_stepped_by_hooks_on_autograds_device_thread_end_the_step_at_
     # in backward() (here a thread the hook starts and joins)
     collector = StepsCollector()
     collector.start(tmp_path)
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
-    optimizers = {p: torch.optim.Adam([p]) for p in model.parameters()}
 
-    def step_in_backward(parameter: torch.Tensor) -> None:
-        device_thread = threading.Thread(target=optimizers[parameter].step)
+    def step_on_another_thread(optimizer: torch.optim.Optimizer) -> None:
+        device_thread = threading.Thread(target=optimizer.step)
         device_thread.start()
         device_thread.join()
 
-    for parameter in model.parameters():
-        parameter.register_post_accumulate_grad_hook(step_in_backward)
     # when
-    for _ in range(5):
-        model(torch.randn(16, 4)).pow(2).mean().backward()
+    train_with_an_optimizer_a_parameter(step_on_another_thread)
     capture = collector.stop().payload
     # then: the steps are the optimizers', one an iteration (not held back waiting for one, then backward's)
     assert (capture.source, capture.count) == ("optimizer", 5)

@@ -268,9 +268,8 @@ class StepsCollector:
         name = type(probed).__name__
         own, outermost = self._step_s.get(name), sum(self._outermost_s.values())
         share = min(1.0, own / outermost) if probed is not None and own is not None and outermost > 0 else None
-        around = sorted((s, n) for n, s in self._outermost_s.items() if n != name)
-        return ProbeInputs(self.loaders.probe_loader(), dataset, fetch, probed, self._peers(probed), share,
-                           around[-1][1] if around else "")
+        _, around = max(((s, n) for n, s in self._outermost_s.items() if n != name), default=(0.0, ""))
+        return ProbeInputs(self.loaders.probe_loader(), dataset, fetch, probed, self._peers(probed), share, around)
 
     def _innermost(self, optimizer: Any) -> Any:
         """The optimizer whose update ``optimizer``'s step runs: the one a wrapper's step steps, or itself."""
@@ -515,8 +514,6 @@ class StepsCollector:
                         or (collector._at_safe_point and collector._safe_point()):
                     return original(*args, **kwargs)
                 tracker = collector.tracker
-                if not collector._backward_depth:  # outside every optimizer's step: any left open raised
-                    collector._open_steps.clear()
                 if not collector._in_backward:
                     collector._keep_loss(args[0] if args else kwargs.get("tensors", kwargs.get("outputs")), by_grad)
                     collector.no_grad.training()  # (a backward between two evaluations: no part of them)
