@@ -215,3 +215,22 @@ def test_a_hook_the_loop_calls_through_a_library_dispatcher_also_used_inside_a_p
     # then: the hook is named (the dispatcher, called from outside the phases too, does not put it inside them);
     # training_step, under the optimizer's closure only, is not
     assert [f.function for f in collector_module.between_phases(stats)] == ["on_train_batch_end"]
+
+
+def test_an_update_under_a_decorator_the_optimizer_uses_too_is_between_the_phases() -> None:
+    # given: timm's EMA shape, an update decorated with @torch.no_grad(), whose decorate_context also wraps torch's
+    # own helpers inside the optimizer's step; the loop's frame ran before the profile began, so the calls it made
+    # have no caller in the profile (decorate_context: 9 calls, 5 of them from inside the optimizer)
+    lib = "/venv/lib/python3.11/site-packages/"
+    step = (lib + "torch/optim/adam.py", 214, "step")
+    grouping = (lib + "torch/optim/optimizer.py", 544, "_group_tensors_by_device_and_dtype")
+    decorator = (lib + "torch/utils/_contextlib.py", 120, "decorate_context")
+    ema = ("/home/me/train.py", 16, "update_ema")
+    stats = types.SimpleNamespace(stats={
+        step: (5, 5, 0.001, 0.026, {}),
+        grouping: (5, 5, 0.001, 0.002, {step: (5, 5, 0.001, 0.002)}),
+        decorator: (9, 9, 0.0001, 0.014, {grouping: (5, 5, 0.0, 0.001)}),
+        ema: (4, 4, 0.006, 0.013, {decorator: (4, 4, 0.006, 0.013)}),
+    })
+    # then: the update is named: the decorator, called from the loop too, does not put it inside the optimizer
+    assert [f.function for f in collector_module.between_phases(stats)] == ["update_ema"]

@@ -310,8 +310,11 @@ def _is_phase_code(key: tuple[str, int, str]) -> bool:
 def _only_under(phase: list[Any], table: dict[Any, tuple[Any, ...]], callees: dict[Any, list[Any]]) -> set[Any]:
     """``phase`` and the functions called only from inside it (every caller but themselves inside). A function
     also called from outside is not (Lightning's ``_call_callback_hooks``, called from inside the optimizer's closure
-    and from the loop, between the phases, where it calls the script's ``on_train_batch_end``)."""
-    outside = {key: len(set(row[4]) - {key}) for key, row in table.items()}
+    and from the loop, between the phases, where it calls the script's ``on_train_batch_end``); nor is one with calls
+    from no caller cProfile saw: the loop's own frame, running before the profile began (``torch.no_grad``'s
+    ``decorate_context`` around an EMA update, and around torch's own code inside the optimizer)."""
+    outside = {key: len(set(row[4]) - {key}) + (sum(edge[0] for edge in row[4].values()) < row[1])
+               for key, row in table.items()}
     inside = set(phase)
     todo = list(phase)
     while todo:
