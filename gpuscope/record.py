@@ -462,7 +462,8 @@ class PythonProfile:
     workers_top_own: tuple[FunctionStat, ...] = ()
     """DataLoader workers' heaviest functions (``workers.prof``), where they were profiled."""
     between_phases: tuple[FunctionStat, ...] = ()
-    """The script's own functions (not a library's) that ran between the step's phases: none of them called a
+    """The functions that ran between the step's phases, the script's own and a library's that the loop called itself
+    (``AveragedModel.update_parameters``; from 2026-12-02, the script's own only before): none of them called a
     module, backward, an optimizer or a DataLoader, nor was called from inside one only, by cumulative time over the steps, at most 3
     (an EMA of the weights, per-sample gradient clipping, metrics): what the breakdown's ``other`` holds. Empty in
     records made before it was kept."""

@@ -188,7 +188,7 @@ def _classify_steps(record: RunRecord, needed: int) -> Verdict:
 
 
 def _between_phases(record: RunRecord) -> list[str]:
-    """Where the step's ``other`` phase is notable, the script's functions that ran there, by the Python profile
+    """Where the step's ``other`` phase is notable, the functions the loop ran there, by the Python profile
     (``python_profile.between_phases``), each with its share of the profiled steps' time."""
     profile, other = record.python_profile, record.breakdown.other
     if profile is None or other < th.OTHER_NAMED or not profile.between_phases:
@@ -200,7 +200,7 @@ def _between_phases(record: RunRecord) -> list[str]:
     window = profile.window
     steps = "the whole run" if profile.whole_run else f"steps {window.first_step}-{window.last_step}"
     said = ", ".join(f"{f.function} ({f.file}:{f.line}) {f.cumulative_s / loop_s:.0%}" for f in named)
-    return [f"other is {other:.0%} of each step: the script's own code between the phases, which the Python profile "
+    return [f"other is {other:.0%} of each step: the code the loop runs between the phases, which the Python profile "
             f"({steps}) finds in {said} of its time"]
 
 

@@ -269,7 +269,7 @@ def test_an_other_phase_of_a_fifth_of_the_step_is_put_down_to_the_scripts_functi
         python_profile=PythonProfile(window=Window(first_step=0, last_step=4), total_s=0.5, startup_s=0.48,
                                      between_phases=(ema, FunctionStat("log", "train.py", 30, 4, 0.0002, 0.0002))))
     # then: the verdict's evidence names it, with its share of the profiled steps (the 1% of log() is not said)
-    assert ("other is 21% of each step: the script's own code between the phases, which the Python profile (steps "
+    assert ("other is 21% of each step: the code the loop runs between the phases, which the Python profile (steps "
             "0-4) finds in update (train.py:15) 17% of its time") in classify(record).evidence
     # and where "other" is under 15% of the step, nothing is said of it
     record = dataclasses.replace(record, breakdown=Breakdown(forward=0.3, backward=0.3, optimizer=0.3, other=0.1))

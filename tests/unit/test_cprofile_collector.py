@@ -4,6 +4,7 @@ second profile, or the same one twice, raises), whatever Python runs the tests."
 from __future__ import annotations
 
 import cProfile
+import os
 import pstats
 import sys
 import types
@@ -180,9 +181,9 @@ def test_the_scripts_functions_between_the_phases_are_those_that_call_no_phase_a
     loop(3, model, opt, ema)
     profile.disable()
     # then: the EMA is named, its lerp() inside it not again; the loop and the step, which run the phases, are not,
-    # nor the forward's helper, which runs inside one
+    # nor the forward's helper, which runs inside one; after it, the library's parameters() the loop calls itself
     named = collector_module.between_phases(pstats.Stats(profile))
-    assert [f.function for f in named] == ["ema_update"]
+    assert [f.function for f in named] == ["ema_update", "parameters"]
     assert named[0].calls == 3 and named[0].file.endswith("test_cprofile_collector.py")
 
 
@@ -234,3 +235,28 @@ def test_an_update_under_a_decorator_the_optimizer_uses_too_is_between_the_phase
     })
     # then: the update is named: the decorator, called from the loop too, does not put it inside the optimizer
     assert [f.function for f in collector_module.between_phases(stats)] == ["update_ema"]
+
+
+def test_a_librarys_update_the_loop_calls_is_between_the_phases_and_what_an_optimizers_frame_calls_is_not() -> None:
+    # given: torch's AveragedModel keeping an EMA (update_parameters, in torch/optim/ but no optimizer's step) called
+    # by the loop's own frame once a step, 4 steps profiled; and record_function's __exit__, called by the optimizer's
+    # step wrapper, whose frame was running as the profile began (the step boundary is its post-hook): once unseen
+    lib = os.getcwd() + "/.venv/lib/python3.11/site-packages/"
+    wrapper = (lib + "torch/optim/optimizer.py", 509, "wrapper")
+    update = (lib + "torch/optim/swa_utils.py", 294, "update_parameters")
+    averaged = (lib + "torch/optim/swa_utils.py", 40, "ema_update")
+    record_exit = (lib + "torch/autograd/profiler.py", 932, "record_exit")
+    setattr_ = (lib + "torch/nn/modules/module.py", 1971, "__setattr__")  # a framework's loop setting attributes
+    stats = types.SimpleNamespace(stats={
+        wrapper: (3, 3, 0.001, 0.02, {}),
+        update: (4, 4, 0.003, 0.019, {}),
+        averaged: (264, 264, 0.01, 0.015, {update: (264, 264, 0.01, 0.015)}),
+        record_exit: (4, 4, 0.0002, 0.0005, {wrapper: (3, 3, 0.0001, 0.0004)}),
+        setattr_: (180, 180, 0.0005, 0.0013, {}),
+    })
+    # then: the loop's call is named (not its per-tensor helper, inside it); the wrapper's is not, nor a special
+    # method, which names no call of the loop's
+    named = collector_module.between_phases(stats)
+    assert [f.function for f in named] == ["update_parameters"]
+    # its file as the user knows it, from site-packages, wherever the environment is (one in the project's folder)
+    assert named[0].file == "torch/optim/swa_utils.py"

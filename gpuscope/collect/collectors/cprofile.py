@@ -45,6 +45,9 @@ PAUSED_IMPORTS = ("torch", "torch._dynamo")
 torch._dynamo's, which torch runs at the script's first optimizer (as long again: 1.8 s of a 6-step script's 3 s)."""
 TOP_FUNCTIONS = 15
 _GPUSCOPE_DIR = str(Path(__file__).resolve().parent.parent) + os.sep
+_GPUSCOPE_ROOT = str(Path(__file__).resolve().parents[2]) + os.sep
+_STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
+_PACKAGES = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
 
 @register
@@ -271,14 +274,18 @@ PHASE_CODE = (("/torch/nn/modules/module.py", "_call_impl"), ("/torch/autograd/_
               ("/torch/_tensor.py", "backward"), ("/torch/optim/", ""), ("/torch/utils/data/", ""))
 """(file, function) of the code that makes a step's phases (any function of the file where none is named): a
 module's call (forward), autograd's backward, an optimizer, a DataLoader."""
+NOT_PHASE_CODE = ("/torch/optim/swa_utils.py", "/torch/optim/lr_scheduler.py")
+"""torch.optim's files whose code runs outside an optimizer's step: a weight average's update (``AveragedModel``'s
+EMA, timed in "other"), a learning-rate schedule."""
 BETWEEN_PHASES = 3
 
 
 def between_phases(stats: pstats.Stats, limit: int = BETWEEN_PHASES) -> tuple[FunctionStat, ...]:
-    """The script's own functions in ``stats`` that neither call into a phase's code (``PHASE_CODE``) nor are
-    called from inside it only, heaviest by cumulative time first: the code between the phases (an EMA update after
-    the optimizer's step). A library's functions (site-packages, the standard library, torch's source checkout) and
-    gpuscope's are not the script's (``callsites.is_user_file``; ``~``: a built-in)."""
+    """The functions of ``stats`` that neither call into a phase's code (``PHASE_CODE``) nor are called from inside
+    it only, heaviest by cumulative time first: the code between the phases (an EMA update after the optimizer's
+    step). The script's own (``callsites.is_user_file``), and a library's that the loop calls itself
+    (``_called_by_the_loop``: ``AveragedModel.update_parameters``) unless it only wraps the script's (a decorator's
+    ``decorate_context``); not the standard library's, gpuscope's or a built-in (``~``)."""
     table: dict[tuple[str, int, str], tuple[Any, ...]] = stats.stats  # type: ignore[attr-defined]
     callees: dict[tuple[str, int, str], list[tuple[str, int, str]]] = {}
     for key, (*_, callers) in table.items():
@@ -287,8 +294,11 @@ def between_phases(stats: pstats.Stats, limit: int = BETWEEN_PHASES) -> tuple[Fu
     phase = [key for key in table if _is_phase_code(key)]
     inside = _only_under(phase, table, callees)
     around = _reach(phase, lambda key: table[key][4] if key in table else ())
-    rows = [(key, row) for key, row in table.items()
-            if key not in inside and key not in around and key[0] != "~" and is_user_file(key[0]) and row[3] > 0]
+    between = {key: row for key, row in table.items()
+               if key not in inside and key not in around and key[0] != "~" and row[3] > 0}
+    scripts = {key for key in between if is_user_file(key[0])}
+    rows = [(key, row) for key, row in between.items() if key in scripts or (
+        _called_by_the_loop(key, row) and not scripts & _reach([key], lambda k: callees.get(k, ())))]
     rows.sort(key=lambda item: -item[1][3])
     named: list[FunctionStat] = []
     under: set[tuple[str, int, str]] = set()  # what the functions named call: their time is in the named ones'
@@ -304,17 +314,38 @@ def between_phases(stats: pstats.Stats, limit: int = BETWEEN_PHASES) -> tuple[Fu
 
 def _is_phase_code(key: tuple[str, int, str]) -> bool:
     path = key[0].replace(os.sep, "/")
-    return any(part in path and (not function or key[2] == function) for part, function in PHASE_CODE)
+    return any(part in path and (not function or key[2] == function) for part, function in PHASE_CODE) \
+        and not path.endswith(NOT_PHASE_CODE)
+
+
+def _loop_calls(row: tuple[Any, ...]) -> int:
+    """A function's calls from the loop's own frame: calls with no caller in the profile come from the frames that
+    ran before it began, and of those only the loop's goes on from step to step (the step boundary's and an
+    optimizer's frames, running as the profile began, end within the step: one such call at most)."""
+    unseen = row[1] - sum(edge[0] for edge in row[4].values())
+    return unseen if unseen >= 2 else 0
+
+
+def _called_by_the_loop(key: tuple[str, int, str], row: tuple[Any, ...]) -> bool:
+    """A library's function (a site-package's, torch's) called from the script's code or the loop's own frame, by
+    name: not a special method (a module's ``__setattr__``, which a framework's loop sets attributes through) nor a
+    comprehension."""
+    file, _, function = key
+    if file.startswith("<") or function.startswith("<") or (function.startswith("__") and function.endswith("__")):
+        return False  # <frozen importlib._bootstrap>: an import's machinery
+    path = os.path.realpath(file)
+    if (path.startswith(_STDLIB) and not any(m in path for m in _PACKAGES)) or path.startswith(_GPUSCOPE_ROOT):
+        return False
+    return any(caller[0] != "~" and is_user_file(caller[0]) for caller in row[4]) or _loop_calls(row) > 0
 
 
 def _only_under(phase: list[Any], table: dict[Any, tuple[Any, ...]], callees: dict[Any, list[Any]]) -> set[Any]:
     """``phase`` and the functions called only from inside it (every caller but themselves inside). A function
     also called from outside is not (Lightning's ``_call_callback_hooks``, called from inside the optimizer's closure
-    and from the loop, between the phases, where it calls the script's ``on_train_batch_end``); nor is one with calls
-    from no caller cProfile saw: the loop's own frame, running before the profile began (``torch.no_grad``'s
-    ``decorate_context`` around an EMA update, and around torch's own code inside the optimizer)."""
-    outside = {key: len(set(row[4]) - {key}) + (sum(edge[0] for edge in row[4].values()) < row[1])
-               for key, row in table.items()}
+    and from the loop, between the phases, where it calls the script's ``on_train_batch_end``); nor is one the loop's
+    own frame calls (``_loop_calls``: ``torch.no_grad``'s ``decorate_context`` around an EMA update, and around
+    torch's own code inside the optimizer)."""
+    outside = {key: len(set(row[4]) - {key}) + (_loop_calls(row) > 0) for key, row in table.items()}
     inside = set(phase)
     todo = list(phase)
     while todo:
@@ -349,16 +380,16 @@ def _users_share(calls: int, own: float, cumulative: float, callers: dict[Any, t
 
 
 def short_path(file: str) -> str:
-    """A function's file as the user knows it: relative to the cwd, from site-packages, or from the stdlib;
-    never a home directory."""
+    """A function's file as the user knows it: from site-packages (a virtual environment in the project's folder
+    too), relative to the cwd, or from the stdlib; never a home directory."""
     if file == "~" or not os.path.isabs(file):
         return file  # built-ins ("~") and synthetic names ("<string>")
-    cwd = os.getcwd() + os.sep
-    if file.startswith(cwd):
-        return file[len(cwd):]
     for marker in ("site-packages" + os.sep, "dist-packages" + os.sep):
         if marker in file:
             return file.split(marker, 1)[1]
+    cwd = os.getcwd() + os.sep
+    if file.startswith(cwd):
+        return file[len(cwd):]
     stdlib = sysconfig.get_paths()["stdlib"] + os.sep
     if file.startswith(stdlib):
         return "<stdlib>/" + file[len(stdlib):]
