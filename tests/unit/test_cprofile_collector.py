@@ -260,3 +260,50 @@ def test_a_librarys_update_the_loop_calls_is_between_the_phases_and_what_an_opti
     assert [f.function for f in named] == ["update_parameters"]
     # its file as the user knows it, from site-packages, wherever the environment is (one in the project's folder)
     assert named[0].file == "torch/optim/swa_utils.py"
+
+
+def test_a_module_the_loop_calls_besides_the_trained_model_runs_between_the_phases() -> None:
+    # given: a loop that calls its model, then a torchmetrics collection (a module with no parameters) on the logits
+    # each step, 4 steps profiled: torch's module call runs both, the model's forward (and its Linear's) timed as
+    # the step's forward, the metrics' forward not (the steps put its time in "other")
+    lib = os.getcwd() + "/.venv/lib/python3.11/site-packages/"
+    wrapped = (lib + "torch/nn/modules/module.py", 1770, "_wrapped_call_impl")
+    call = (lib + "torch/nn/modules/module.py", 1778, "_call_impl")
+    model = ("/home/me/train.py", 12, "forward")
+    linear = (lib + "torch/nn/modules/linear.py", 124, "forward")
+    collection = (lib + "torchmetrics/collections.py", 200, "forward")
+    metric = (lib + "torchmetrics/metric.py", 286, "forward")
+    stats = types.SimpleNamespace(stats={
+        wrapped: (20, 20, 0.001, 0.21, {}),  # (the loop's calls: its frame began before the profile)
+        call: (20, 20, 0.001, 0.21, {wrapped: (20, 20, 0.001, 0.21), collection: (12, 12, 0.0, 0.2)}),
+        model: (4, 4, 0.001, 0.004, {call: (4, 4, 0.001, 0.004)}),
+        linear: (8, 8, 0.001, 0.002, {call: (8, 8, 0.001, 0.002)}),
+        collection: (4, 4, 0.0001, 0.2, {call: (4, 4, 0.0001, 0.2)}),
+        metric: (12, 12, 0.01, 0.2, {call: (12, 12, 0.01, 0.2)}),
+    })
+    timed = frozenset({model, linear})
+    # then: the metrics' forward is named (the collection's own calls modules through the call the model's goes
+    # through too, so it counts as calling a phase; its metrics' forward is what the loop ran)
+    assert [f.function + " " + f.file for f in collector_module.between_phases(stats, forwards=timed)] == [
+        "forward torchmetrics/metric.py"]
+    # and where no timed module is known, a module's call is the forward phase, as before
+    assert collector_module.between_phases(stats) == ()
+
+
+def test_the_timed_modules_forwards_are_found_under_their_decorators() -> None:
+    torch = pytest.importorskip("torch")
+
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.fc = torch.nn.Linear(2, 2)
+
+        @torch.autocast("cpu", enabled=False)
+        def forward(self, x):
+            return self.fc(x)
+
+    codes = collector_module.forward_codes([Net()])
+    # the forward the profile sees run (the function under the decorator's wrapper), and the Linear's
+    assert {(name, os.path.basename(file)) for file, _, name in codes} == {
+        ("forward", "test_cprofile_collector.py"), ("forward", "linear.py")}
+    assert len(codes) == 2 and collector_module.forward_codes([]) is None

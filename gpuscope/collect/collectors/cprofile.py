@@ -72,6 +72,7 @@ class CProfileCollector(StepFollower):
         self._importing = 0  # PAUSED_IMPORTS running: the start-up profile is off while it is above 0
         self._unwrap: Callable[[], None] | None = None
         self._workers_error: str | None = None
+        self._forwards: frozenset[tuple[str, int, str]] | None = None  # the timed modules' forwards (``_close``)
 
     @classmethod
     def wants(cls, options: CollectOptions) -> WindowRequest | None:
@@ -173,6 +174,8 @@ class CProfileCollector(StepFollower):
         self._last_step = last_step
         if self._events is not None:
             self._events.window_closed()
+            # read while the models live (one made inside the script's train() is gone by the run's end)
+            self._forwards = forward_codes([*self._events.root_modules(), *self._events.frozen_modules()])
 
     def stop(self) -> CollectorResult:
         CProfileCollector._running = None
@@ -209,7 +212,7 @@ class CProfileCollector(StepFollower):
             startup_s=startup_s,
             top_own=top_own,
             top_cumulative=top_cumulative,
-            between_phases=between_phases(loop) if loop is not None else (),
+            between_phases=between_phases(loop, forwards=self._forwards) if loop is not None else (),
             **self._worker_fields(),
         )
         return CollectorResult(CollectorStatus("ok"), profile)
@@ -270,28 +273,47 @@ def top_functions(stats: pstats.Stats, by: str, limit: int = TOP_FUNCTIONS) -> t
                  for file, line, function, calls, own, cumulative in rows[:limit])
 
 
-PHASE_CODE = (("/torch/nn/modules/module.py", "_call_impl"), ("/torch/autograd/__init__.py", ""),
-              ("/torch/_tensor.py", "backward"), ("/torch/optim/", ""), ("/torch/utils/data/", ""))
+MODULE_CALL = ("/torch/nn/modules/module.py", "_call_impl")
+PHASE_CODE = (MODULE_CALL, ("/torch/autograd/__init__.py", ""), ("/torch/_tensor.py", "backward"),
+              ("/torch/optim/", ""), ("/torch/utils/data/", ""))
 """(file, function) of the code that makes a step's phases (any function of the file where none is named): a
-module's call (forward), autograd's backward, an optimizer, a DataLoader."""
+module's call (forward), autograd's backward, an optimizer, a DataLoader. Where the steps' timed modules are known,
+their forwards stand for the module's call: another module the loop calls (a torchmetrics collection, a loss
+module) runs between the phases, as the steps time it."""
 NOT_PHASE_CODE = ("/torch/optim/swa_utils.py", "/torch/optim/lr_scheduler.py")
 """torch.optim's files whose code runs outside an optimizer's step: a weight average's update (``AveragedModel``'s
 EMA, timed in "other"), a learning-rate schedule."""
 BETWEEN_PHASES = 3
 
 
-def between_phases(stats: pstats.Stats, limit: int = BETWEEN_PHASES) -> tuple[FunctionStat, ...]:
+def forward_codes(models: list[Any]) -> frozenset[tuple[str, int, str]] | None:
+    """The profile keys of the ``forward`` of ``models`` and of every module they hold, each unwrapped from its
+    decorators (``functools.wraps``); None without a model (the module's call stands for them)."""
+    import inspect
+
+    codes = set()
+    for model in models:
+        for module in model.modules():
+            code = getattr(inspect.unwrap(getattr(type(module), "forward", None) or (lambda: None)), "__code__", None)
+            if code is not None:
+                codes.add((code.co_filename, code.co_firstlineno, code.co_name))
+    return frozenset(codes) if models else None
+
+
+def between_phases(stats: pstats.Stats, limit: int = BETWEEN_PHASES,
+                   forwards: frozenset[tuple[str, int, str]] | None = None) -> tuple[FunctionStat, ...]:
     """The functions of ``stats`` that neither call into a phase's code (``PHASE_CODE``) nor are called from inside
     it only, heaviest by cumulative time first: the code between the phases (an EMA update after the optimizer's
     step). The script's own (``callsites.is_user_file``), and a library's that the loop calls itself
     (``_called_by_the_loop``: ``AveragedModel.update_parameters``) unless it only wraps the script's (a decorator's
-    ``decorate_context``); not the standard library's, gpuscope's or a built-in (``~``)."""
+    ``decorate_context``); not the standard library's, gpuscope's or a built-in (``~``). ``forwards``: the timed
+    modules' (``forward_codes``)."""
     table: dict[tuple[str, int, str], tuple[Any, ...]] = stats.stats  # type: ignore[attr-defined]
     callees: dict[tuple[str, int, str], list[tuple[str, int, str]]] = {}
     for key, (*_, callers) in table.items():
         for caller in callers:
             callees.setdefault(caller, []).append(key)
-    phase = [key for key in table if _is_phase_code(key)]
+    phase = [key for key in table if _is_phase_code(key, modules=forwards is None) or key in (forwards or ())]
     inside = _only_under(phase, table, callees)
     around = _reach(phase, lambda key: table[key][4] if key in table else ())
     between = {key: row for key, row in table.items()
@@ -312,10 +334,11 @@ def between_phases(stats: pstats.Stats, limit: int = BETWEEN_PHASES) -> tuple[Fu
     return tuple(named)
 
 
-def _is_phase_code(key: tuple[str, int, str]) -> bool:
+def _is_phase_code(key: tuple[str, int, str], modules: bool = True) -> bool:
+    """``modules``: a module's call is phase code (no timed module known)."""
     path = key[0].replace(os.sep, "/")
-    return any(part in path and (not function or key[2] == function) for part, function in PHASE_CODE) \
-        and not path.endswith(NOT_PHASE_CODE)
+    return any(part in path and (not function or key[2] == function) and (modules or (part, function) != MODULE_CALL)
+               for part, function in PHASE_CODE) and not path.endswith(NOT_PHASE_CODE)
 
 
 def _loop_calls(row: tuple[Any, ...]) -> int:
@@ -327,16 +350,22 @@ def _loop_calls(row: tuple[Any, ...]) -> int:
 
 
 def _called_by_the_loop(key: tuple[str, int, str], row: tuple[Any, ...]) -> bool:
-    """A library's function (a site-package's, torch's) called from the script's code or the loop's own frame, by
-    name: not a special method (a module's ``__setattr__``, which a framework's loop sets attributes through) nor a
-    comprehension."""
+    """A library's function (a site-package's, torch's) called from the script's code or the loop's own frame, or the
+    forward of a library's module called there (its timed modules' are phase code), by name: not a special method (a
+    module's ``__setattr__``, which a framework's loop sets attributes through) nor a comprehension."""
     file, _, function = key
     if file.startswith("<") or function.startswith("<") or (function.startswith("__") and function.endswith("__")):
         return False  # <frozen importlib._bootstrap>: an import's machinery
     path = os.path.realpath(file)
     if (path.startswith(_STDLIB) and not any(m in path for m in _PACKAGES)) or path.startswith(_GPUSCOPE_ROOT):
         return False
-    return any(caller[0] != "~" and is_user_file(caller[0]) for caller in row[4]) or _loop_calls(row) > 0
+    return any(caller[0] != "~" and (is_user_file(caller[0]) or (_module_call(caller) and function == "forward"))
+               for caller in row[4]) or _loop_calls(row) > 0
+
+
+def _module_call(key: tuple[str, int, str]) -> bool:
+    """torch's call of a module (``module(x)``): what it calls is the forward of a module the caller called."""
+    return key[0].replace(os.sep, "/").endswith(MODULE_CALL[0]) and key[2] in ("_call_impl", "_wrapped_call_impl")
 
 
 def _only_under(phase: list[Any], table: dict[Any, tuple[Any, ...]], callees: dict[Any, list[Any]]) -> set[Any]:
