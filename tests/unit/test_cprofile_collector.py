@@ -307,3 +307,10 @@ def test_the_timed_modules_forwards_are_found_under_their_decorators() -> None:
     assert {(name, os.path.basename(file)) for file, _, name in codes} == {
         ("forward", "test_cprofile_collector.py"), ("forward", "linear.py")}
     assert len(codes) == 2 and collector_module.forward_codes([]) is None
+
+    # and a model whose modules cannot be listed leaves the module's call standing for them, in the user's step
+    class Broken(torch.nn.Module):
+        def modules(self):
+            raise RuntimeError("lazy module not materialised")
+
+    assert collector_module.forward_codes([Broken()]) is None

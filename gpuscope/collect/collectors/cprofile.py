@@ -288,15 +288,20 @@ BETWEEN_PHASES = 3
 
 def forward_codes(models: list[Any]) -> frozenset[tuple[str, int, str]] | None:
     """The profile keys of the ``forward`` of ``models`` and of every module they hold, each unwrapped from its
-    decorators (``functools.wraps``); None without a model (the module's call stands for them)."""
+    decorators (``functools.wraps``); None without a model, or where they cannot be read (the module's call stands
+    for them). Read at a step boundary: never raises into the user's step."""
     import inspect
 
     codes = set()
-    for model in models:
-        for module in model.modules():
-            code = getattr(inspect.unwrap(getattr(type(module), "forward", None) or (lambda: None)), "__code__", None)
-            if code is not None:
-                codes.add((code.co_filename, code.co_firstlineno, code.co_name))
+    try:
+        for model in models:
+            for module in model.modules():
+                forward = getattr(type(module), "forward", None)
+                code = getattr(inspect.unwrap(forward), "__code__", None) if forward is not None else None
+                if code is not None:
+                    codes.add((code.co_filename, code.co_firstlineno, code.co_name))
+    except Exception:  # a model's own modules() or a decorator's __wrapped__ gone wrong
+        return None
     return frozenset(codes) if models else None
 
 
@@ -313,7 +318,7 @@ def between_phases(stats: pstats.Stats, limit: int = BETWEEN_PHASES,
     for key, (*_, callers) in table.items():
         for caller in callers:
             callees.setdefault(caller, []).append(key)
-    phase = [key for key in table if _is_phase_code(key, modules=forwards is None) or key in (forwards or ())]
+    phase = [key for key in table if _is_phase_code(key, module_calls=forwards is None) or key in (forwards or ())]
     inside = _only_under(phase, table, callees)
     around = _reach(phase, lambda key: table[key][4] if key in table else ())
     between = {key: row for key, row in table.items()
@@ -334,10 +339,11 @@ def between_phases(stats: pstats.Stats, limit: int = BETWEEN_PHASES,
     return tuple(named)
 
 
-def _is_phase_code(key: tuple[str, int, str], modules: bool = True) -> bool:
-    """``modules``: a module's call is phase code (no timed module known)."""
+def _is_phase_code(key: tuple[str, int, str], module_calls: bool = True) -> bool:
+    """``module_calls``: a module's call is phase code (no timed module known)."""
     path = key[0].replace(os.sep, "/")
-    return any(part in path and (not function or key[2] == function) and (modules or (part, function) != MODULE_CALL)
+    return any(part in path and (not function or key[2] == function)
+               and (module_calls or (part, function) != MODULE_CALL)
                for part, function in PHASE_CODE) and not path.endswith(NOT_PHASE_CODE)
 
 
