@@ -22,6 +22,8 @@ _LIBRARY_ROOTS = tuple(
     os.path.realpath(p) + os.sep
     for p in {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
 )
+_STDLIB_ROOT = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
+_PACKAGE_DIRS = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 _GPUSCOPE_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
 _GPUSCOPE_DIRS = tuple({_GPUSCOPE_ROOT, os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep})
 """gpuscope's package folder, resolved and as imported (a code object's file is named as it was imported)."""
@@ -48,8 +50,19 @@ def is_user_file(file: str) -> bool:
         path = os.path.realpath(file)
         known = _USER_FILES[file] = not (
             path.startswith(_GPUSCOPE_ROOT) or path.startswith(_LIBRARY_ROOTS) or path.startswith(frameworks)
-            or os.sep + "site-packages" + os.sep in path or os.sep + "dist-packages" + os.sep in path)
+            or any(packages in path for packages in _PACKAGE_DIRS))
     return known
+
+
+def is_library_file(file: str) -> bool:
+    """Whether ``file`` is an installed library's code (a site-package's, torch's source checkout's): a real file
+    neither the user's (``is_user_file``), nor the standard library's (a site-packages inside it aside), nor
+    gpuscope's."""
+    if not file or file.startswith("<") or is_user_file(file):
+        return False
+    path = os.path.realpath(file)
+    return not path.startswith(_GPUSCOPE_ROOT) and (
+        not path.startswith(_STDLIB_ROOT) or any(packages in path for packages in _PACKAGE_DIRS))
 
 
 def framework_dirs() -> tuple[str, ...]:

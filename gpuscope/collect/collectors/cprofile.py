@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from gpuscope.collect.framework.base import CollectorResult, StepFollower, WindowRequest, register
 from gpuscope.collect.framework.options import CPROFILE_STEPS
-from gpuscope.collect.callsites import is_user_file
+from gpuscope.collect.callsites import is_library_file, is_user_file
 from gpuscope.collect.importwatch import ImportWatch
 from gpuscope.collect.workers import WORKERS_PROF, WorkerProfiler, merge_worker_profiles
 from gpuscope.record import CollectorStatus, FunctionStat, PythonProfile, Window
@@ -45,9 +45,6 @@ PAUSED_IMPORTS = ("torch", "torch._dynamo")
 torch._dynamo's, which torch runs at the script's first optimizer (as long again: 1.8 s of a 6-step script's 3 s)."""
 TOP_FUNCTIONS = 15
 _GPUSCOPE_DIR = str(Path(__file__).resolve().parent.parent) + os.sep
-_GPUSCOPE_ROOT = str(Path(__file__).resolve().parents[2]) + os.sep
-_STDLIB = os.path.realpath(sysconfig.get_paths()["stdlib"]) + os.sep
-_PACKAGES = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
 
 @register
@@ -360,10 +357,7 @@ def _called_by_the_loop(key: tuple[str, int, str], row: tuple[Any, ...]) -> bool
     forward of a library's module called there (its timed modules' are phase code), by name: not a special method (a
     module's ``__setattr__``, which a framework's loop sets attributes through) nor a comprehension."""
     file, _, function = key
-    if file.startswith("<") or function.startswith("<") or (function.startswith("__") and function.endswith("__")):
-        return False  # <frozen importlib._bootstrap>: an import's machinery
-    path = os.path.realpath(file)
-    if (path.startswith(_STDLIB) and not any(m in path for m in _PACKAGES)) or path.startswith(_GPUSCOPE_ROOT):
+    if not is_library_file(file) or function.startswith("<") or (function.startswith("__") and function.endswith("__")):
         return False
     return any(caller[0] != "~" and (is_user_file(caller[0]) or (_module_call(caller) and function == "forward"))
                for caller in row[4]) or _loop_calls(row) > 0
